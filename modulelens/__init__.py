@@ -1,0 +1,59 @@
+"""modulelens: capture a submodule of a real PyTorch job, store it, rebuild and replay it anywhere.
+
+Capture (while the real job runs)::
+
+    import modulelens
+    modulelens.track_init()                        # record constructor args of modules built from now on
+    model = build_model()
+    with modulelens.capture(model, targets=["blocks.*.attn", "TopMLP"], name="ranker", warmup=2):
+        train(model)                               # hooks go away once every target is recorded
+
+Restore (anywhere, in seconds)::
+
+    cap = modulelens.load("ranker/top_mlp")       # or "ranker/top_mlp:v3", "ranker/top_mlp:golden"
+    out = cap.module(*cap.calls[0].args, **cap.calls[0].kwargs)
+    print(cap.replay())                            # bit-exact comparison with the recorded outputs
+
+Store::
+
+    repo = modulelens.Repo()                       # $MODULELENS_REPO or ~/.cache/modulelens/repo
+    repo.set_alias("ranker/top_mlp:v3", "golden")
+"""
+
+from modulelens.capture import CaptureWarning, capture, get_init_record, track_init
+from modulelens.errors import (
+    CaptureNotFoundError,
+    CorruptCaptureError,
+    InvalidNameError,
+    ModulelensError,
+    RestoreError,
+    UnsupportedValueError,
+)
+from modulelens.format import FORMAT_VERSION, Unrecorded, register_codec
+from modulelens.repo import Repo, VersionInfo
+from modulelens.restore import Call, Capture, ReplayReport, load
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Call",
+    "Capture",
+    "CaptureNotFoundError",
+    "CaptureWarning",
+    "CorruptCaptureError",
+    "InvalidNameError",
+    "ModulelensError",
+    "ReplayReport",
+    "Repo",
+    "RestoreError",
+    "Unrecorded",
+    "UnsupportedValueError",
+    "VersionInfo",
+    "__version__",
+    "capture",
+    "get_init_record",
+    "load",
+    "register_codec",
+    "track_init",
+]

@@ -1,0 +1,3 @@
+from modulelens.interfaces.cli import main
+
+main()

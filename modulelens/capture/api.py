@@ -1,0 +1,76 @@
+"""``modulelens.capture``: the public entry point to the tracer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from modulelens.capture.tracer import Tracer
+
+
+class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(model, ...)`
+    """Record calls of chosen submodules of ``model`` and save them to a repo.
+
+    ``targets`` are qualified-name globs (``"encoder.layers.*.attn"``) or class names
+    (``"LlamaMLP"``). Per target, ``warmup`` calls are skipped and the next ``max_calls`` are
+    recorded; then the hooks go away and ``on_complete(tracer)`` runs. Leaving the ``with`` block
+    (or calling :meth:`save`) saves whatever was captured as ``<name>/<qualified name>``.
+
+    Example::
+
+        modulelens.track_init()                  # before the model is built
+        model = build_model()
+        with modulelens.capture(model, targets=["mlp", "blocks.*.attn"], name="ranker") as cap:
+            train(model)
+        print([v.ref for v in cap.saved])        # ['ranker/mlp:v1', 'ranker/blocks.0.attn:v1', ...]
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        targets: Sequence[str] | str,
+        *,
+        repo: Any = None,
+        name: str | None = None,
+        warmup: int = 0,
+        max_calls: int = 1,
+        on_complete: Callable[[Tracer], Any] | None = None,
+        strict: bool = False,
+        tags: Iterable[str] = (),
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,
+                             on_complete=on_complete, strict=strict)
+        self.repo = repo
+        self.name = name
+        self.tags = list(tags)
+        self.metadata = metadata
+        self.saved: list[Any] = []
+        self._saved_once = False
+
+    def __enter__(self) -> capture:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.tracer.stop()
+        if not self._saved_once:
+            self.save()
+
+    @property
+    def complete(self) -> bool:
+        return self.tracer.complete
+
+    @property
+    def records(self) -> dict[str, Any]:
+        return self.tracer.records
+
+    def stop(self) -> None:
+        self.tracer.stop()
+
+    def save(self) -> list[Any]:
+        """Save what was captured so far (each call makes new versions)."""
+        self._saved_once = True
+        self.saved = self.tracer.save(self.repo, self.name, tags=self.tags, metadata=self.metadata)
+        return self.saved

@@ -1,0 +1,94 @@
+"""Tensors <-> raw payload bytes, and the content hash that names a payload.
+
+A payload is the tensor's elements in row-major order, little-endian, with no header: the
+safetensors idea without the container, so one tensor is one content-addressed blob that can be
+shared by many captures and memory-mapped on load. dtype, shape and strides live in the JSON
+metadata, never in the blob.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import blake3
+import torch
+
+from modulelens.errors import UnsupportedValueError
+
+HASH_ALGORITHM = "blake3"
+
+# Stable names for dtypes in the metadata (the short names torch itself prints).
+_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
+        "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    )
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+if sys.byteorder != "little":  # pragma: no cover - no big-endian torch builds are in use
+    raise ImportError("modulelens payloads are little-endian; big-endian hosts are not supported")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise UnsupportedValueError(f"tensor dtype {dtype} has no modulelens encoding") from None
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise UnsupportedValueError(f"unknown dtype {name!r} in capture metadata") from None
+
+
+def check_storable(tensor: torch.Tensor, what: str) -> None:
+    """Fail loudly for tensors whose bytes are not plain strided memory."""
+    if tensor.layout != torch.strided:
+        raise UnsupportedValueError(f"{what}: {tensor.layout} tensors are not supported yet")
+    if tensor.is_quantized:
+        raise UnsupportedValueError(f"{what}: quantized tensors are not supported yet")
+    if tensor.device.type == "meta":
+        raise UnsupportedValueError(f"{what}: a meta tensor has no data to store")
+    dtype_name(tensor.dtype)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's elements as a read-only byte view (a copy only when it is not contiguous)."""
+    flat = tensor.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).toreadonly()
+
+
+def hash_bytes(data: memoryview | bytes) -> str:
+    """Content hash of a payload, prefixed with its algorithm (``blake3:<hex>``)."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if len(data) > (1 << 22) else blake3.blake3()
+    hasher.update(data)
+    return f"{HASH_ALGORITHM}:{hasher.hexdigest()}"
+
+
+def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:
+    strides: list[int] = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return list(reversed(strides))
+
+
+def tensor_from_bytes(buffer: Any, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """Wrap a bytes-like object (e.g. an mmap) as a tensor without copying."""
+    if not shape or 0 not in shape:
+        flat = torch.frombuffer(buffer, dtype=torch.uint8)
+        return flat.view(dtype).reshape(shape)
+    return torch.empty(shape, dtype=dtype)

@@ -1,0 +1,312 @@
+"""Typed JSON encoding of Python values: constructor arguments and non-tensor call data.
+
+Plain JSON values (``None``, ``bool``, ``int``, finite ``float``, ``str``) and lists are written
+as themselves. Everything else is an object with a ``"$type"`` tag, so a user's dict can never be
+confused with an encoded value (dicts are always tagged). Tensors are references into the
+capture's tensor table; nested modules are references to their own recorded construction.
+
+Types beyond the built-in ones go through the codec registry (:func:`register_codec`). Nothing here
+unpickles: decoding only ever imports a class or function by its recorded import path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import importlib
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from modulelens.errors import UnsupportedValueError
+
+JSON = Any
+
+
+# --------------------------------------------------------------------------------------------
+# Import paths
+# --------------------------------------------------------------------------------------------
+
+
+def import_path(obj: Any) -> str:
+    """``"package.module:Qual.Name"`` for a class or function that can be imported back."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
+        raise UnsupportedValueError(f"{obj!r} cannot be referenced by import path")
+    path = f"{module}:{qualname}"
+    try:
+        resolved = import_object(path)
+    except Exception:
+        resolved = None
+    if resolved is not obj:
+        raise UnsupportedValueError(f"{obj!r} is not importable as {path}")
+    return path
+
+
+def import_object(path: str) -> Any:
+    """Resolve ``"package.module:Qual.Name"`` (the only code decoding ever runs is this import)."""
+    module_name, _, qualname = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Codec registry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Codec:
+    name: str
+    type: type
+    encode: Callable[[Any], Any]
+    decode: Callable[[type, Any], Any]
+    subclasses: bool
+
+
+_CODECS: dict[str, Codec] = {}
+
+
+def register_codec(
+    type_: type,
+    encode: Callable[[Any], Any],
+    decode: Callable[[type, Any], Any],
+    *,
+    name: str | None = None,
+    subclasses: bool = True,
+) -> None:
+    """Teach modulelens to store values of ``type_`` (constructor arguments, call inputs).
+
+    ``encode(value)`` returns plain data (which may itself hold tensors, lists, dicts or other
+    encodable values); ``decode(cls, data)`` rebuilds the value from that data, where ``cls`` is the
+    value's exact class, imported from its recorded path. With ``subclasses=True`` the codec also
+    serves subclasses of ``type_``.
+
+    Example::
+
+        import modulelens
+
+        class Scale:
+            def __init__(self, factor): self.factor = factor
+
+        modulelens.register_codec(Scale, lambda s: {"factor": s.factor}, lambda cls, d: cls(**d))
+    """
+    codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
+    _CODECS[codec_name] = Codec(codec_name, type_, encode, decode, subclasses)
+
+
+def _find_codec(value: Any) -> Codec | None:
+    cls = type(value)
+    for codec in reversed(list(_CODECS.values())):  # the most recently registered wins
+        if cls is codec.type:
+            return codec
+    for codec in reversed(list(_CODECS.values())):
+        if codec.subclasses and isinstance(value, codec.type):
+            return codec
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding context
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodeContext:
+    """What an encoding pass needs besides the value.
+
+    ``add_tensor`` puts a tensor into the capture's tensor table and returns its id;
+    ``add_module`` does the same for an ``nn.Module`` constructor argument (``None`` when modules
+    are not allowed here). With ``lenient=True`` (call data), a value with no encoding becomes an
+    explicit "unrecorded" marker instead of an error, and its path is listed in ``unrecorded``.
+    """
+
+    add_tensor: Callable[[torch.Tensor, str], str]
+    add_module: Callable[[torch.nn.Module, str], str] | None = None
+    lenient: bool = False
+    unrecorded: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class DecodeContext:
+    get_tensor: Callable[[str], torch.Tensor]
+    get_module: Callable[[str], torch.nn.Module] | None = None
+
+
+_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType)
+
+
+def encode_value(value: Any, ctx: EncodeContext, path: str) -> JSON:
+    """Encode ``value``; ``path`` names it in errors (``"kwargs['activation']"``)."""
+    try:
+        return _encode(value, ctx, path)
+    except UnsupportedValueError as error:
+        if not ctx.lenient:
+            raise
+        ctx.unrecorded.append({"path": path, "type": _type_label(value), "reason": str(error)})
+        return {"$type": "unrecorded", "class": _type_label(value), "reason": str(error)}
+
+
+def _type_label(value: Any) -> str:
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int) and type(value) is int:
+        return value
+    if type(value) is float:
+        if math.isfinite(value):
+            return value
+        return {"$type": "float", "value": repr(value)}
+    if isinstance(value, torch.Tensor):
+        return {"$type": "tensor", "id": ctx.add_tensor(value, path)}
+    if isinstance(value, torch.nn.Module):
+        if ctx.add_module is None:
+            raise UnsupportedValueError(f"{path}: an nn.Module cannot be stored here")
+        return {"$type": "module", "ref": ctx.add_module(value, path)}
+    if isinstance(value, torch.dtype):
+        return {"$type": "dtype", "value": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"$type": "device", "value": str(value)}
+    if isinstance(value, torch.Size):
+        return {"$type": "size", "value": list(value)}
+    if type(value) is list:
+        return [encode_value(v, ctx, f"{path}[{i}]") for i, v in enumerate(value)]
+    if type(value) is tuple:
+        return {"$type": "tuple", "items": [encode_value(v, ctx, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if type(value) is dict:
+        return {"$type": "dict", "items": [
+            [encode_value(k, ctx, f"{path}.key"), encode_value(v, ctx, f"{path}[{k!r}]")] for k, v in value.items()
+        ]}
+    if type(value) in (set, frozenset):
+        items = sorted(value, key=repr)
+        return {"$type": type(value).__name__, "items": [encode_value(v, ctx, f"{path}[{i}]") for i, v in enumerate(items)]}
+    if type(value) is complex:
+        return {"$type": "complex", "real": value.real, "imag": value.imag}
+    if type(value) is bytes:
+        return {"$type": "bytes", "hex": value.hex()}
+    if type(value) is slice:
+        return {"$type": "slice", "items": [encode_value(v, ctx, path) for v in (value.start, value.stop, value.step)]}
+    if value is Ellipsis:
+        return {"$type": "ellipsis"}
+    if isinstance(value, type) or isinstance(value, _FUNCTION_TYPES):
+        try:
+            return {"$type": "import", "path": import_path(value)}
+        except UnsupportedValueError as error:
+            raise UnsupportedValueError(f"{path}: {error}") from None
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # namedtuple
+        return {"$type": "namedtuple", "class": _class_path(value, path),
+                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(type(value)._fields, value)]}
+    codec = _find_codec(value)
+    if codec is None and dataclasses.is_dataclass(value):
+        return {"$type": "dataclass", "class": _class_path(value, path),
+                "fields": encode_value(_encode_dataclass(value), ctx, path)}
+    if codec is not None:
+        cls_path = _class_path(value, path)
+        data = codec.encode(value)
+        return {"$type": "codec", "codec": codec.name, "class": cls_path, "value": encode_value(data, ctx, path)}
+    raise UnsupportedValueError(
+        f"{path}: cannot store a value of type {_type_label(value)} "
+        f"(register one with modulelens.register_codec)"
+    )
+
+
+def _class_path(value: Any, path: str) -> str:
+    try:
+        return import_path(type(value))
+    except UnsupportedValueError as error:
+        raise UnsupportedValueError(f"{path}: {error}") from None
+
+
+def decode_value(data: JSON, ctx: DecodeContext) -> Any:
+    if data is None or isinstance(data, (bool, int, float, str)):
+        return data
+    if isinstance(data, list):
+        return [decode_value(v, ctx) for v in data]
+    tag = data.get("$type")
+    if tag == "tensor":
+        return ctx.get_tensor(data["id"])
+    if tag == "module":
+        if ctx.get_module is None:
+            raise UnsupportedValueError("a module reference appears where none is allowed")
+        return ctx.get_module(data["ref"])
+    if tag == "float":
+        return float(data["value"])
+    if tag == "dtype":
+        return getattr(torch, data["value"])
+    if tag == "device":
+        return torch.device(data["value"])
+    if tag == "size":
+        return torch.Size(data["value"])
+    if tag == "tuple":
+        return tuple(decode_value(v, ctx) for v in data["items"])
+    if tag == "dict":
+        return {decode_value(k, ctx): decode_value(v, ctx) for k, v in data["items"]}
+    if tag in ("set", "frozenset"):
+        items = [decode_value(v, ctx) for v in data["items"]]
+        return set(items) if tag == "set" else frozenset(items)
+    if tag == "complex":
+        return complex(data["real"], data["imag"])
+    if tag == "bytes":
+        return bytes.fromhex(data["hex"])
+    if tag == "slice":
+        return slice(*(decode_value(v, ctx) for v in data["items"]))
+    if tag == "ellipsis":
+        return Ellipsis
+    if tag == "import":
+        return import_object(data["path"])
+    if tag == "namedtuple":
+        return import_object(data["class"])(*(decode_value(v, ctx) for v in data["items"]))
+    if tag == "dataclass":
+        return import_object(data["class"])(**decode_value(data["fields"], ctx))
+    if tag == "unrecorded":
+        return Unrecorded(data["class"], data.get("reason", ""))
+    if tag == "codec":
+        codec = _CODECS.get(data["codec"])
+        if codec is None:
+            raise UnsupportedValueError(
+                f"no codec {data['codec']!r} is registered (import the package that registers it)"
+            )
+        cls = import_object(data["class"])
+        return codec.decode(cls, decode_value(data["value"], ctx))
+    raise UnsupportedValueError(f"unknown value tag {tag!r} in capture metadata")
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """Stands in for a call value that could not be stored (e.g. a cache object)."""
+
+    type_name: str
+    reason: str = ""
+
+    def __repr__(self) -> str:
+        return f"<unrecorded {self.type_name}>"
+
+
+# --------------------------------------------------------------------------------------------
+# Built-in codecs for common constructor arguments
+# --------------------------------------------------------------------------------------------
+
+
+def _encode_dataclass(value: Any) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+
+
+register_codec(enum.Enum, lambda e: e.value, lambda cls, v: cls(v), name="enum")
+register_codec(
+    functools.partial,
+    lambda p: {"func": p.func, "args": tuple(p.args), "keywords": dict(p.keywords)},
+    lambda cls, d: cls(d["func"], *d["args"], **d["keywords"]),
+    name="partial",
+)

@@ -1,0 +1,454 @@
+"""The embedded local repo: content-addressed payload blobs plus immutable, numbered versions.
+
+Layout (see docs/repo-layout.md)::
+
+    <root>/modulelens-repo.json          layout version
+    <root>/blobs/<2 hex>/<hash hex>      raw tensor payloads, named by their blake3 hash
+    <root>/blobs/<2 hex>/<hash hex>.ok   "size mtime" of the blob when its hash was last checked
+    <root>/names/<quoted name>/versions/<N>/capture.json
+    <root>/names/<quoted name>/versions/<N>/reports/<kind>-<time>-<id>.json
+    <root>/names/<quoted name>/aliases/<alias>     text: the version number
+    <root>/tmp/                          staging area; everything becomes visible by rename
+    <root>/lock                          shared by writers, exclusive for gc
+
+A version directory appears in one ``rename`` of a fully written staging directory, so a crash
+never leaves a half-visible version, and two writers racing for ``N`` both succeed: the loser of
+the rename takes ``N+1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import mmap
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import torch
+
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, ModulelensError
+from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
+from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
+
+LAYOUT_VERSION = 1
+_MARKER = "modulelens-repo.json"
+CAPTURE_FILE = "capture.json"
+
+
+def default_repo_path() -> Path:
+    """``$MODULELENS_REPO``, else ``$XDG_CACHE_HOME/modulelens/repo`` (``~/.cache/...``)."""
+    env = os.environ.get("MODULELENS_REPO")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "modulelens" / "repo"
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    name: str
+    version: int
+    path: Path
+    created: str
+    tags: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    nbytes: int = 0
+    module_class: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:v{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "version": self.version, "ref": self.ref, "path": str(self.path),
+            "created": self.created, "tags": list(self.tags), "aliases": list(self.aliases),
+            "payload_bytes": self.nbytes, "module_class": self.module_class,
+        }
+
+
+@dataclass
+class GcReport:
+    removed_blobs: int = 0
+    freed_bytes: int = 0
+    kept_blobs: int = 0
+    removed_tmp: int = 0
+    dry_run: bool = False
+    removed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"removed_blobs": self.removed_blobs, "freed_bytes": self.freed_bytes,
+                "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run}
+
+
+class Repo:
+    """A local modulelens repository.
+
+    Example::
+
+        repo = modulelens.Repo("/data/captures")   # or Repo() for $MODULELENS_REPO / the default
+        for info in repo.list():
+            print(info.ref, info.module_class)
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True) -> None:
+        if path is None:
+            path = default_repo_path()
+        text = os.fspath(path)
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        elif "://" in text:
+            raise ModulelensError(f"repo URL {text!r}: only local directories are supported so far")
+        self.root = Path(text).expanduser().absolute()
+        marker = self.root / _MARKER
+        if not marker.exists():
+            if not create:
+                raise CaptureNotFoundError(f"no modulelens repo at {self.root}")
+            self._initialise()
+        else:
+            try:
+                layout = json.loads(marker.read_text())["layout_version"]
+            except (ValueError, KeyError) as error:
+                raise CorruptCaptureError(f"{marker}: unreadable repo marker ({error})") from None
+            if layout > LAYOUT_VERSION:
+                raise ModulelensError(
+                    f"repo {self.root} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}"
+                )
+
+    def __repr__(self) -> str:
+        return f"Repo({str(self.root)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    # ---------------------------------------------------------------------------------- setup
+
+    def _initialise(self) -> None:
+        for sub in ("blobs", "names", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._atomic_write(self.root / _MARKER, json.dumps({"layout_version": LAYOUT_VERSION}).encode())
+
+    @contextlib.contextmanager
+    def _lock(self, exclusive: bool) -> Iterator[None]:
+        with open(self.root / "lock", "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _tmp_path(self, suffix: str = "") -> Path:
+        tmp = self.root / "tmp"
+        tmp.mkdir(exist_ok=True)
+        return tmp / f"{os.getpid()}-{uuid.uuid4().hex}{suffix}"
+
+    def _atomic_write(self, target: Path, data: bytes | memoryview) -> None:
+        tmp = self._tmp_path()
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, target)
+
+    # ---------------------------------------------------------------------------------- blobs
+
+    def blob_path(self, digest: str) -> Path:
+        algorithm, _, hexdigest = digest.partition(":")
+        if algorithm != HASH_ALGORITHM or len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+            raise CorruptCaptureError(f"malformed payload hash {digest!r}")
+        return self.root / "blobs" / hexdigest[:2] / hexdigest
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).exists()
+
+    def write_blob(self, digest: str, data: memoryview | bytes) -> bool:
+        """Store a payload under its hash; returns False when it was already there (dedup)."""
+        path = self.blob_path(digest)
+        if path.exists():
+            return False
+        path.parent.mkdir(exist_ok=True)
+        tmp = self._tmp_path()
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+        self._mark_verified(path)
+        return True
+
+    def _mark_verified(self, path: Path) -> None:
+        stat = path.stat()
+        with contextlib.suppress(OSError):
+            self._atomic_write(path.with_name(path.name + ".ok"), f"{stat.st_size} {stat.st_mtime_ns}".encode())
+
+    def _is_marked_verified(self, path: Path, stat: os.stat_result) -> bool:
+        try:
+            return path.with_name(path.name + ".ok").read_text() == f"{stat.st_size} {stat.st_mtime_ns}"
+        except OSError:
+            return False
+
+    def check_blob(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+        """Path of a payload after checking it: size always; hash when the blob changed since it
+        was last checked (its size or mtime differ from the record), or always with ``full``."""
+        path = self.blob_path(digest)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            raise CorruptCaptureError(f"payload {digest} is missing from {self.root}") from None
+        if stat.st_size != nbytes:
+            raise CorruptCaptureError(
+                f"payload {digest} has {stat.st_size} bytes, expected {nbytes} (truncated or damaged)"
+            )
+        if full or not self._is_marked_verified(path, stat):
+            actual = self._hash_file(path, stat.st_size)
+            if actual != digest:
+                raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
+            self._mark_verified(path)
+        return path
+
+    @staticmethod
+    def _hash_file(path: Path, size: int) -> str:
+        if size == 0:
+            return hash_bytes(b"")
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return hash_bytes(memoryview(mapped))
+
+    def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
+        """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
+        writing to the tensor never touches the blob."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        path = self.check_blob(digest, nbytes)
+        flat = torch.from_file(str(path), shared=False, size=numel, dtype=dtype)
+        return flat.view(shape)
+
+    def read_blob(self, digest: str, nbytes: int) -> bytes:
+        return self.check_blob(digest, nbytes).read_bytes()
+
+    # ---------------------------------------------------------------------------------- names
+
+    def _name_dir(self, name: str) -> Path:
+        return self.root / "names" / quote(validate_name(name), safe="")
+
+    def _version_dir(self, name: str, version: int) -> Path:
+        return self._name_dir(name) / "versions" / str(version)
+
+    def names(self) -> list[str]:
+        base = self.root / "names"
+        if not base.exists():
+            return []
+        found = []
+        for entry in base.iterdir():
+            if entry.is_dir() and self._version_numbers(entry):
+                found.append(unquote(entry.name))
+        return sorted(found)
+
+    @staticmethod
+    def _version_numbers(name_dir: Path) -> list[int]:
+        versions = name_dir / "versions"
+        if not versions.exists():
+            return []
+        return sorted(int(p.name) for p in versions.iterdir() if p.name.isdigit())
+
+    def version_numbers(self, name: str) -> list[int]:
+        return self._version_numbers(self._name_dir(name))
+
+    def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
+        """Write payloads (skipping those already stored) and then the version, atomically."""
+        validate_name(name)
+        with self._lock(exclusive=False):
+            for digest, data in payloads.items():
+                self.write_blob(digest, data)
+            staging = self._tmp_path(".version")
+            staging.mkdir()
+            (staging / "reports").mkdir()
+            versions_dir = self._name_dir(name) / "versions"
+            versions_dir.mkdir(parents=True, exist_ok=True)
+            for _attempt in range(1000):
+                existing = self._version_numbers(self._name_dir(name))
+                version = (existing[-1] if existing else 0) + 1
+                metadata["version"] = version
+                metadata["name"] = name
+                (staging / CAPTURE_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False))
+                try:
+                    os.rename(staging, versions_dir / str(version))
+                except OSError as error:
+                    if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                        continue  # another writer took this number; take the next one
+                    raise
+                return self.info(name, version)
+        raise ModulelensError(f"could not allocate a version for {name!r} after 1000 attempts")
+
+    def resolve(self, ref: str | Ref) -> tuple[str, int]:
+        """``"name"``, ``"name:v3"``, ``"name:alias"`` -> ``(name, 3)``."""
+        parsed = parse_ref(ref) if isinstance(ref, str) else ref
+        versions = self.version_numbers(parsed.name)
+        if not versions:
+            raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {self.root}")
+        if parsed.selector in (None, LATEST):
+            return parsed.name, versions[-1]
+        if parsed.version is not None:
+            if parsed.version not in versions:
+                raise CaptureNotFoundError(
+                    f"{parsed.name} has no version v{parsed.version} (versions: "
+                    + ", ".join(f"v{v}" for v in versions) + ")"
+                )
+            return parsed.name, parsed.version
+        aliases = self.aliases(parsed.name)
+        if parsed.selector not in aliases:
+            raise CaptureNotFoundError(f"{parsed.name} has no alias {parsed.selector!r}")
+        return parsed.name, aliases[parsed.selector]
+
+    def version_path(self, name: str, version: int) -> Path:
+        path = self._version_dir(name, version)
+        if not path.exists():
+            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.root}")
+        return path
+
+    def read_metadata(self, name: str, version: int) -> dict[str, Any]:
+        path = self.version_path(name, version) / CAPTURE_FILE
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise CorruptCaptureError(f"{path} is missing") from None
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise CorruptCaptureError(f"{path} is not valid JSON (truncated or damaged): {error}") from None
+        if not isinstance(data, dict) or "format_version" not in data:
+            raise CorruptCaptureError(f"{path} is not a modulelens capture")
+        return data
+
+    def info(self, name: str, version: int) -> VersionInfo:
+        meta = self.read_metadata(name, version)
+        aliases = tuple(sorted(a for a, v in self.aliases(name).items() if v == version))
+        if version == self.version_numbers(name)[-1]:
+            aliases = (LATEST, *aliases)
+        return VersionInfo(
+            name=name, version=version, path=self._version_dir(name, version),
+            created=meta.get("created", ""), tags=tuple(meta.get("tags", ())), aliases=aliases,
+            nbytes=sum(t["nbytes"] for t in meta.get("tensors", {}).values()),
+            module_class=meta.get("module", {}).get("class", ""),
+        )
+
+    def list(self, name: str | None = None) -> list[VersionInfo]:
+        names = [validate_name(name)] if name else self.names()
+        return [self.info(n, v) for n in names for v in self.version_numbers(n)]
+
+    # ---------------------------------------------------------------------------------- aliases
+
+    def aliases(self, name: str) -> dict[str, int]:
+        folder = self._name_dir(name) / "aliases"
+        if not folder.exists():
+            return {}
+        result = {}
+        for entry in folder.iterdir():
+            if not entry.name.startswith("."):
+                with contextlib.suppress(ValueError, OSError):
+                    result[entry.name] = int(entry.read_text().strip())
+        return result
+
+    def set_alias(self, ref: str, alias: str) -> VersionInfo:
+        """Point ``alias`` at the version ``ref`` resolves to (aliases are movable)."""
+        validate_alias(alias)
+        if alias == LATEST:
+            raise InvalidNameError("'latest' is maintained automatically and cannot be set")
+        name, version = self.resolve(ref)
+        folder = self._name_dir(name) / "aliases"
+        folder.mkdir(exist_ok=True)
+        self._atomic_write(folder / alias, str(version).encode())
+        return self.info(name, version)
+
+    def remove_alias(self, name: str, alias: str) -> None:
+        path = self._name_dir(name) / "aliases" / validate_alias(alias)
+        if not path.exists():
+            raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
+        path.unlink()
+
+    # ---------------------------------------------------------------------------------- removal
+
+    def remove(self, ref: str) -> list[str]:
+        """Remove one version (``name:v2`` / ``name:alias``) or, for a bare name, every version.
+        Payloads stay until :meth:`gc`."""
+        parsed = parse_ref(ref)
+        if parsed.selector is None:
+            targets = self.version_numbers(parsed.name)
+            if not targets:
+                raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {self.root}")
+        else:
+            targets = [self.resolve(parsed)[1]]
+        removed = []
+        for version in targets:
+            trash = self._tmp_path(".trash")
+            os.rename(self._version_dir(parsed.name, version), trash)  # disappears atomically
+            shutil.rmtree(trash, ignore_errors=True)
+            removed.append(f"{parsed.name}:v{version}")
+        for alias, version in self.aliases(parsed.name).items():
+            if version in targets:
+                self.remove_alias(parsed.name, alias)
+        if not self.version_numbers(parsed.name):
+            shutil.rmtree(self._name_dir(parsed.name), ignore_errors=True)
+        return removed
+
+    def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0) -> GcReport:
+        """Delete payloads no version references, and stale staging files."""
+        report = GcReport(dry_run=dry_run)
+        with self._lock(exclusive=True):
+            referenced: set[str] = set()
+            for name in self.names():
+                for version in self.version_numbers(name):
+                    meta = self.read_metadata(name, version)
+                    referenced.update(t["payload"] for t in meta.get("tensors", {}).values())
+            referenced_hex = {digest.partition(":")[2] for digest in referenced}
+            for blob in (self.root / "blobs").glob("*/*"):
+                if blob.name.endswith(".ok"):
+                    continue
+                if blob.name in referenced_hex:
+                    report.kept_blobs += 1
+                    continue
+                report.removed_blobs += 1
+                report.freed_bytes += blob.stat().st_size
+                report.removed.append(blob.name)
+                if not dry_run:
+                    blob.unlink()
+                    blob.with_name(blob.name + ".ok").unlink(missing_ok=True)
+            cutoff = time.time() - tmp_age_s
+            for entry in (self.root / "tmp").iterdir():
+                if entry.stat().st_mtime < cutoff:
+                    report.removed_tmp += 1
+                    if not dry_run:
+                        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        return report
+
+    # ---------------------------------------------------------------------------------- reports
+
+    def add_report(self, ref: str, kind: str, data: dict[str, Any]) -> Path:
+        """Store a tool's report (profile, verify, ...) with the version it was made on."""
+        name, version = self.resolve(ref)
+        folder = self.version_path(name, version) / "reports"
+        folder.mkdir(exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = folder / f"{kind}-{stamp}-{uuid.uuid4().hex[:8]}.json"
+        self._atomic_write(target, json.dumps({"kind": kind, "created": stamp, **data}, indent=1, default=str).encode())
+        return target
+
+    def reports(self, ref: str, kind: str | None = None) -> list[dict[str, Any]]:
+        name, version = self.resolve(ref)
+        folder = self.version_path(name, version) / "reports"
+        if not folder.exists():
+            return []
+        found = []
+        for path in sorted(folder.glob("*.json")):
+            if kind is None or path.name.startswith(kind + "-"):
+                with contextlib.suppress(ValueError, OSError):
+                    found.append({"path": str(path), **json.loads(path.read_text())})
+        return found

@@ -1,0 +1,165 @@
+"""Leaf-by-leaf comparison of outputs: bit-exact, or within per-dtype tolerances."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from modulelens.format.values import Unrecorded
+
+# (rtol, atol) per dtype, as torch.testing.assert_close uses them.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex64: (1.3e-6, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+# Different hardware (e.g. a CUDA capture replayed on CPU) reorders float reductions and may use
+# TF32: fp32 results then agree to about 1e-4, not to the last bit.
+CROSS_DEVICE_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    **DEFAULT_TOLERANCES,
+    torch.float32: (1e-4, 1e-5),
+    torch.complex64: (1e-4, 1e-5),
+}
+
+
+def tolerance_for(dtype: torch.dtype, cross_device: bool = False) -> tuple[float, float]:
+    table = CROSS_DEVICE_TOLERANCES if cross_device else DEFAULT_TOLERANCES
+    return table.get(dtype, (0.0, 0.0))
+
+
+@dataclass
+class LeafResult:
+    """How one output leaf compared."""
+
+    path: str
+    passed: bool
+    kind: str  # "tensor", "value", "structure", "unrecorded"
+    dtype: str | None = None
+    shape: list[int] | None = None
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    mismatched: int = 0
+    numel: int = 0
+    rtol: float | None = None
+    atol: float | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("max_abs_error", "max_rel_error"):
+            if not math.isfinite(data[key]):
+                data[key] = str(data[key])
+        return data
+
+
+def compare(
+    expected: Any,
+    actual: Any,
+    *,
+    exact: bool,
+    rtol: float | None = None,
+    atol: float | None = None,
+    cross_device: bool = False,
+) -> list[LeafResult]:
+    """Compare two output trees. ``exact`` demands identical bits; otherwise ``rtol``/``atol``
+    (default: per dtype) bound ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN."""
+    expected_leaves, expected_spec = pytree.tree_flatten_with_path(expected)
+    actual_leaves, actual_spec = pytree.tree_flatten_with_path(actual)
+    if expected_spec != actual_spec:
+        return [LeafResult(
+            path="<output>", passed=False, kind="structure",
+            message=f"output structure differs: expected {_describe(expected_spec)}, got {_describe(actual_spec)}",
+        )]
+    results = []
+    for (key_path, want), (_, got) in zip(expected_leaves, actual_leaves):
+        path = "output" + pytree.keystr(key_path)
+        results.append(_compare_leaf(path, want, got, exact, rtol, atol, cross_device))
+    return results
+
+
+def _describe(spec: pytree.TreeSpec) -> str:
+    text = str(spec)
+    return text if len(text) < 120 else text[:117] + "..."
+
+
+def _compare_leaf(
+    path: str, want: Any, got: Any, exact: bool, rtol: float | None, atol: float | None, cross_device: bool
+) -> LeafResult:
+    if isinstance(want, Unrecorded):
+        return LeafResult(path, True, "unrecorded", message=f"not recorded ({want.type_name}); not compared")
+    if not isinstance(want, torch.Tensor):
+        if isinstance(got, torch.Tensor):
+            return LeafResult(path, False, "value", message=f"expected {type(want).__name__}, got a tensor")
+        same = want == got or (isinstance(want, float) and isinstance(got, float) and math.isnan(want) and math.isnan(got))
+        return LeafResult(path, bool(same), "value", message="" if same else f"expected {want!r}, got {got!r}")
+    if not isinstance(got, torch.Tensor):
+        return LeafResult(path, False, "tensor", message=f"expected a tensor, got {type(got).__name__}")
+    result = LeafResult(path, True, "tensor", dtype=str(want.dtype).removeprefix("torch."),
+                        shape=list(want.shape), numel=want.numel())
+    if want.shape != got.shape:
+        result.passed = False
+        result.message = f"shape {list(got.shape)} != recorded {list(want.shape)}"
+        return result
+    got = got.detach().to("cpu")
+    want = want.detach().to("cpu")
+    if exact and want.dtype != got.dtype:
+        exact = False
+    if want.numel() == 0:
+        return result
+    if want.dtype.is_floating_point or want.dtype.is_complex:
+        w = want.to(torch.complex128 if want.dtype.is_complex else torch.float64)
+        g = got.to(w.dtype)
+        diff = (g - w).abs()
+        both_nan = torch.isnan(w) & torch.isnan(g)
+        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+        if diff.dtype.is_complex:
+            diff = diff.real
+        rel = diff / w.abs().clamp_min(torch.finfo(torch.float64).tiny)
+        if rel.dtype.is_complex:
+            rel = rel.real
+        result.max_abs_error = float(diff.max())
+        result.max_rel_error = float(torch.where(diff == 0, torch.zeros_like(rel), rel).max())
+        if exact:
+            equal = _bitwise_equal(want, got) | both_nan
+            result.mismatched = int((~equal).sum())
+        else:
+            default_rtol, default_atol = tolerance_for(got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype, cross_device)
+            result.rtol = default_rtol if rtol is None else rtol
+            result.atol = default_atol if atol is None else atol
+            bad = diff > (result.atol + result.rtol * w.abs())
+            bad = bad | (torch.isnan(w) ^ torch.isnan(g))
+            result.mismatched = int(bad.sum())
+    else:
+        equal = want == got.to(want.dtype)
+        result.mismatched = int((~equal).sum())
+        if result.mismatched:
+            diff = (want.to(torch.float64) - got.to(torch.float64)).abs()
+            result.max_abs_error = float(diff.max())
+    if result.mismatched:
+        result.passed = False
+        mode = "bit-exact" if exact else f"rtol={result.rtol:g}, atol={result.atol:g}"
+        result.message = (f"{result.mismatched}/{result.numel} elements differ ({mode}); "
+                          f"max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}")
+    return result
+
+
+def _lower(a: torch.dtype, b: torch.dtype) -> bool:
+    return torch.finfo(a).eps > torch.finfo(b).eps if a.is_floating_point and b.is_floating_point else False
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dtype.itemsize == 1:
+        return a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)
+    int_type = {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[a.dtype.itemsize]
+    av = a.contiguous().view(int_type)
+    bv = b.contiguous().view(int_type)
+    if a.dtype.itemsize == 16:  # complex128: two int64 per element
+        return (av == bv).reshape(*a.shape, 2).all(-1) if a.dim() else (av == bv).all()
+    return av == bv

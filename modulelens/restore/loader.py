@@ -1,0 +1,360 @@
+"""``modulelens.load``: a capture back as a module, its recorded calls, and replay.
+
+The module is rebuilt from its recorded constructor arguments on the meta device (no memory, no
+initialisation work), then given its recorded parameters and buffers as memory-mapped,
+copy-on-write views of the payload blobs, so even a multi-GB module is ready in milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from modulelens.errors import RestoreError, UnsupportedValueError
+from modulelens.format.spec import FORMAT_VERSION
+from modulelens.format.tensors import contiguous_strides, dtype_from_name
+from modulelens.format.tree import decode_tree
+from modulelens.format.values import DecodeContext, Unrecorded, decode_value, import_object
+from modulelens.repo.local import Repo
+
+
+@dataclass
+class Call:
+    """One recorded call. ``args``/``kwargs``/``output`` are loaded on first access."""
+
+    index: int
+    training: bool
+    grad_enabled: bool
+    state_index: int
+    finished: bool
+    autocast: dict[str, str]
+    _capture: Capture = field(repr=False)
+    _data: dict[str, Any] = field(repr=False)
+
+    @functools.cached_property
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context())
+        return tuple(args), dict(kwargs)
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        return self.inputs[0]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return self.inputs[1]
+
+    @functools.cached_property
+    def output(self) -> Any:
+        if self._data.get("output") is None:
+            return None
+        return decode_tree(self._data["output"], self._capture._decode_context())
+
+    @property
+    def rng(self) -> dict[str, torch.Tensor]:
+        return {device: self._capture.tensor(tid) for device, tid in self._data.get("rng", {}).items()}
+
+    @property
+    def unrecorded(self) -> list[str]:
+        prefix = f"call{self.index}."
+        return [u["path"] for u in self._capture.metadata.get("unrecorded", []) if u["path"].startswith(prefix)]
+
+    def fresh_inputs(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify."""
+        def copy(value: Any) -> Any:
+            if isinstance(value, Unrecorded):
+                raise RestoreError(
+                    f"call {self.index} needs an input that was not recorded ({value.type_name}); "
+                    "pass it yourself: module(*call.args, ...)"
+                )
+            if not isinstance(value, torch.Tensor):
+                return value
+            out = value.to(device) if device is not None else value
+            if dtype is not None and out.dtype.is_floating_point:
+                out = out.to(dtype)
+            return out.clone(memory_format=torch.preserve_format) if out is value else out
+        args, kwargs = self.inputs
+        return torch.utils._pytree.tree_map(copy, (args, kwargs))
+
+
+class Capture:
+    """A stored capture: metadata, the rebuilt module, recorded calls and replay.
+
+    Example::
+
+        cap = modulelens.load("ranker/mlp:v2")
+        out = cap.module(*cap.calls[0].args, **cap.calls[0].kwargs)
+        report = cap.replay()
+        assert report.passed, report
+    """
+
+    def __init__(
+        self,
+        repo: Repo,
+        name: str,
+        version: int,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        init_args: Sequence[Any] | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+        verify: bool = False,
+    ) -> None:
+        self.repo = repo
+        self.name = name
+        self.version = version
+        self.metadata = repo.read_metadata(name, version)
+        if self.metadata.get("format_version", 0) > FORMAT_VERSION:
+            raise RestoreError(
+                f"{self.ref} uses capture format {self.metadata['format_version']}; "
+                f"this modulelens reads up to {FORMAT_VERSION} (upgrade modulelens)"
+            )
+        self.device = torch.device(device) if device is not None else None
+        self.dtype = dtype
+        self._init_args = tuple(init_args) if init_args is not None else None
+        self._init_kwargs = dict(init_kwargs or {})
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._module: torch.nn.Module | None = None
+        self._current_state: int | None = None
+        self.notes: list[str] = []
+        if verify:
+            for entry in self.metadata["tensors"].values():
+                repo.check_blob(entry["payload"], entry["nbytes"], full=True)
+        self.calls = [
+            Call(index=c["index"], training=c["training"], grad_enabled=c["grad_enabled"], state_index=c["state"],
+                 finished=c.get("finished", True), autocast=c.get("autocast", {}), _capture=self, _data=c)
+            for c in self.metadata["calls"]
+        ]
+
+    # ---------------------------------------------------------------------------------- info
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:v{self.version}"
+
+    @property
+    def module_class(self) -> str:
+        return self.metadata["module"]["class"]
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.metadata.get("environment", {})
+
+    @property
+    def has_construction(self) -> bool:
+        return self.metadata["module"].get("construction") is not None
+
+    def __repr__(self) -> str:
+        return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
+                f"{len(self.metadata.get('states', []))} state(s)>")
+
+    # ---------------------------------------------------------------------------------- tensors
+
+    def tensor(self, tid: str) -> torch.Tensor:
+        """A recorded tensor, memory-mapped, as it was captured (no device/dtype override)."""
+        cached = self._tensors.get(tid)
+        if cached is not None:
+            return cached
+        entry = self.metadata["tensors"][tid]
+        dtype = dtype_from_name(entry["dtype"])
+        flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
+        stride = entry.get("stride")
+        if stride is not None and entry["shape"] and stride != contiguous_strides(entry["shape"]) and flat.numel() > 1:
+            try:
+                strided = torch.empty_strided(entry["shape"], stride, dtype=dtype)
+                strided.copy_(flat)
+                flat = strided
+            except RuntimeError:
+                pass  # an overlapping layout cannot be rebuilt; the contiguous tensor is equal in value
+        self._tensors[tid] = flat
+        return flat
+
+    def _decode_context(self) -> DecodeContext:
+        return DecodeContext(get_tensor=self.tensor, get_module=self._build_construction)
+
+    # ---------------------------------------------------------------------------------- module
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The original class rebuilt from its recorded arguments, with the recorded weights."""
+        if self._module is None:
+            self._module = self._restore_module()
+        return self._module
+
+    def _build_construction(self, mid: str) -> torch.nn.Module:
+        entry = self.metadata["constructions"][mid]
+        cls = self._import_class(entry["class"])
+        ctx = self._decode_context()
+        try:
+            args = [decode_value(a, ctx) for a in entry["args"]]
+            kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
+        except (UnsupportedValueError, ImportError, AttributeError) as error:
+            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
+        return cls(*args, **kwargs)
+
+    def _import_class(self, path: str) -> type:
+        try:
+            return import_object(path)
+        except (ImportError, AttributeError) as error:
+            raise RestoreError(f"{self.ref}: cannot import module class {path}: {error}") from None
+
+    def _construct(self) -> torch.nn.Module:
+        module_info = self.metadata["module"]
+        if self._init_args is not None or self._init_kwargs:
+            cls = self._import_class(module_info["class"])
+            return cls(*(self._init_args or ()), **self._init_kwargs)
+        if module_info.get("construction") is None:
+            reason = module_info.get("construction_missing", "no constructor record")
+            raise RestoreError(
+                f"{self.ref}: cannot rebuild {module_info['class']}: {reason}; "
+                "pass its arguments with load(..., init_args=(...), init_kwargs={...})"
+            )
+        return self._build_construction(module_info["construction"])
+
+    def _restore_module(self) -> torch.nn.Module:
+        try:
+            with torch.device("meta"):
+                module = self._construct()
+            self._assign_state(module, 0)
+            if _has_meta_tensors(module):
+                raise _NeedsRealConstruction("tensors outside parameters and buffers")
+        except _NeedsRealConstruction as why:
+            self.notes.append(f"built on the CPU, not the meta device ({why})")
+            module = self._construct()
+            self._assign_state(module, 0)
+        except RestoreError:
+            raise
+        except Exception as error:  # the constructor did real computation on meta tensors
+            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
+            module = self._construct()
+            self._assign_state(module, 0)
+        if self.device is not None and self.device.type != "cpu":
+            module.to(self.device)
+        if self.dtype is not None:
+            module.to(self.dtype)
+        return module
+
+    def _assign_state(self, module: torch.nn.Module, index: int) -> None:
+        states = self.metadata.get("states", [])
+        if not states:
+            return
+        state = states[index]
+        expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+        expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}
+        recorded_params, recorded_buffers = set(state["parameters"]), set(state["buffers"])
+        if expected_params != recorded_params or not recorded_buffers <= expected_buffers | _none_buffers(module):
+            missing = sorted((expected_params - recorded_params) | (expected_buffers - recorded_buffers - _none_buffers(module)))
+            unexpected = sorted((recorded_params - expected_params) | (recorded_buffers - expected_buffers - _none_buffers(module)))
+            if missing or unexpected:
+                raise RestoreError(
+                    f"{self.ref}: the rebuilt {type(module).__name__} does not match the captured state "
+                    f"(missing: {missing[:5]}, unexpected: {unexpected[:5]}); has its code changed?"
+                )
+        parameters: dict[str, torch.nn.Parameter] = {}
+        live = self._module is module
+        for name, entry in state["parameters"].items():
+            owner, leaf = _owner(module, name)
+            if live:
+                with torch.no_grad():
+                    owner._parameters[leaf].copy_(self.tensor(entry["tensor"]))
+                continue
+            param = parameters.get(entry["tensor"])
+            if param is None:  # tied parameters share one recorded tensor -> one Parameter
+                param = torch.nn.Parameter(self.tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
+                parameters[entry["tensor"]] = param
+            owner._parameters[leaf] = param
+        for name, entry in state["buffers"].items():
+            owner, leaf = _owner(module, name)
+            if live:
+                owner._buffers[leaf].copy_(self.tensor(entry["tensor"]))
+                continue
+            owner._buffers[leaf] = self.tensor(entry["tensor"])
+            if not entry["persistent"]:
+                owner._non_persistent_buffers_set.add(leaf)
+        ctx = self._decode_context()
+        for name, value in state.get("extra_state", {}).items():
+            owner, _ = _owner(module, name)
+            owner.set_extra_state(decode_value(value, ctx))
+        self._current_state = index
+
+    def use_state(self, index: int) -> torch.nn.Module:
+        """Load the parameters/buffers recorded for state ``index`` (calls name theirs)."""
+        module = self.module
+        if self._current_state != index:
+            self._assign_state(module, index)
+        return module
+
+    def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:
+        state = self.metadata["states"][index]
+        result = {n: self.tensor(e["tensor"]) for n, e in state["parameters"].items()}
+        result.update({n: self.tensor(e["tensor"]) for n, e in state["buffers"].items() if e["persistent"]})
+        return result
+
+    # ---------------------------------------------------------------------------------- replay
+
+    def replay(self, **options: Any) -> Any:
+        """Run the module on every recorded call and compare with the recorded outputs.
+
+        Options: ``calls`` (indices into ``.calls``), ``exact`` (default: bit-exact when device and
+        dtype are unchanged), ``rtol``/``atol`` overrides. Returns a :class:`ReplayReport`."""
+        from modulelens.restore.replay import replay
+
+        return replay(self, **options)
+
+
+class _NeedsRealConstruction(Exception):
+    pass
+
+
+def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
+    prefix, _, leaf = dotted.rpartition(".")
+    return (module.get_submodule(prefix) if prefix else module), leaf
+
+
+def _none_buffers(module: torch.nn.Module) -> set[str]:
+    return {f"{p}.{n}" if p else n for p, m in module.named_modules() for n, b in m._buffers.items() if b is None}
+
+
+def _has_meta_tensors(module: torch.nn.Module) -> bool:
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.device.type == "meta":
+            return True
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor) and value.device.type == "meta":
+                return True
+    return False
+
+
+def load(
+    ref: str,
+    *,
+    repo: Repo | str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    init_args: Sequence[Any] | None = None,
+    init_kwargs: dict[str, Any] | None = None,
+    verify: bool = False,
+) -> Capture:
+    """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
+
+    ``device``/``dtype`` move the module and the inputs used by replay. ``init_args`` and
+    ``init_kwargs`` rebuild a module that was captured without a constructor record. ``verify``
+    re-hashes every payload (normally only payloads changed since their last check are hashed).
+
+    Example::
+
+        cap = modulelens.load("demo/top_mlp:latest")
+        print(cap.replay())
+    """
+    repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
+    name, version = repo.resolve(ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
+                       init_kwargs=init_kwargs, verify=verify)
