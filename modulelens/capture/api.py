@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from modulelens.capture.budget import PayloadPolicy
 from modulelens.capture.tracer import Tracer
 
 
@@ -17,6 +18,12 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
     (``"LlamaMLP"``). Per target, ``warmup`` calls are skipped and the next ``max_calls`` are
     recorded; then the hooks go away and ``on_complete(tracer)`` runs. Leaving the ``with`` block
     (or calling :meth:`save`) saves whatever was captured as ``<name>/<qualified name>``.
+
+    Fidelity options (docs/fidelity.md): ``backward=True`` also records each recorded call's
+    backward (output gradients in, input and parameter gradients out). ``shape_only_over`` (bytes)
+    stores bigger call tensors shape-only (dtype, shape, statistics; no payload) and ``max_bytes``
+    caps a capture's payload bytes by storing its largest call tensors shape-only; parameters and
+    buffers keep their payload unless ``shape_only_params=True``.
 
     Example::
 
@@ -40,9 +47,15 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         strict: bool = False,
         tags: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
+        backward: bool = False,
+        shape_only_over: int | None = None,
+        max_bytes: int | None = None,
+        shape_only_params: bool = False,
     ) -> None:
+        self.policy = PayloadPolicy(shape_only_over=shape_only_over, max_bytes=max_bytes,
+                                    shape_only_params=shape_only_params)
         self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,
-                             on_complete=on_complete, strict=strict)
+                             on_complete=on_complete, strict=strict, backward=backward)
         self.repo = repo
         self.name = name
         self.tags = list(tags)
@@ -72,5 +85,6 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
     def save(self) -> list[Any]:
         """Save what was captured so far (each call makes new versions)."""
         self._saved_once = True
-        self.saved = self.tracer.save(self.repo, self.name, tags=self.tags, metadata=self.metadata)
+        self.saved = self.tracer.save(self.repo, self.name, tags=self.tags, metadata=self.metadata,
+                                      policy=self.policy)
         return self.saved

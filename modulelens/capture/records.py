@@ -22,6 +22,16 @@ class StateSnapshot:
 
 
 @dataclass
+class BackwardRecord:
+    """Gradients of one recorded call (``capture(..., backward=True)``), module-local: the
+    gradient that flowed into the outputs, and what the module's own backward made of it."""
+
+    output_grads: Any  # the output's structure, a gradient (or None) per output leaf
+    input_grads: Any  # the (args, kwargs) structure, a gradient (or None) per input leaf
+    param_grads: dict[str, torch.Tensor | None]  # parameter name -> gradient (None: unused)
+
+
+@dataclass
 class CallRecord:
     """One recorded call: inputs as they were on entry, the output, and the state deciding it."""
 
@@ -36,6 +46,8 @@ class CallRecord:
     output: Any = None
     finished: bool = False
     error: str | None = None
+    backward: BackwardRecord | None = None
+    backward_pending: bool = False  # forward done, waiting for its backward pass
 
 
 @dataclass

@@ -11,6 +11,7 @@ and the job continues. ``strict=True`` raises instead.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 
+from modulelens.capture.backward import watch_backward
+from modulelens.capture.budget import PayloadPolicy
 from modulelens.capture.environment import describe_environment
 from modulelens.capture.init_tracking import get_init_record
 from modulelens.capture.records import CallRecord, ModuleRecord, StateSnapshot
@@ -47,6 +50,19 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def is_wrapper(module: torch.nn.Module) -> bool:
+    return unwrap_model(module) is not module
+
+
+def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
+    """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
+    the same submodule as the unwrapped one does."""
+    if is_wrapper(model):
+        while pattern.startswith(("module.", "_orig_mod.")):
+            pattern = pattern.partition(".")[2]
+    return normalise_name(pattern)
+
+
 def normalise_name(name: str) -> str:
     """Drop wrapper segments (``module.``, ``_orig_mod.``) from a qualified module name."""
     parts = [p for p in name.split(".") if p not in ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")]
@@ -67,8 +83,8 @@ def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, t
     seen_ids: set[int] = set()
     for raw_name, module in unwrap_model(model).named_modules():
         name = normalise_name(raw_name)
-        if id(module) in seen_ids:
-            continue
+        if id(module) in seen_ids or is_wrapper(module):
+            continue  # a compiled/DDP submodule is found again as the module it wraps
         if any(matches(p, name, module) for p in patterns):
             found[name] = module
             seen_ids.add(id(module))
@@ -78,6 +94,13 @@ def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, t
 @dataclass
 class _Pending:
     call: CallRecord
+    live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
+
+
+def _eager(hook: Callable[..., None]) -> Callable[..., None]:
+    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(hook) if disable is not None else hook
 
 
 class Tracer:
@@ -93,6 +116,7 @@ class Tracer:
         on_complete: Callable[[Tracer], Any] | None = None,
         strict: bool = False,
         record_rng: bool = True,
+        backward: bool = False,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -101,12 +125,14 @@ class Tracer:
         if warmup < 0 or max_calls < 1:
             raise ModulelensError("warmup must be >= 0 and max_calls >= 1")
         self.model = model
-        self.patterns = list(targets)
+        self.patterns = [normalise_pattern(p, model) for p in targets]
         self.warmup = warmup
         self.max_calls = max_calls
         self.on_complete = on_complete
         self.strict = strict
         self.record_rng = record_rng
+        self.backward = backward
+        self._backward_handles: list[Any] = []
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
         self._snap = Snapshotter()
@@ -141,15 +167,15 @@ class Tracer:
                 self._on_enter(name, module, args, kwargs)
             except Exception as error:  # fail open
                 self._fail(name, error)
-        return pre_hook
+        return _eager(pre_hook)
 
     def _make_post_hook(self, name: str) -> Callable[..., None]:
         def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             try:
-                self._on_exit(name, output)
+                self._on_exit(name, module, output)
             except Exception as error:  # fail open
                 self._fail(name, error)
-        return post_hook
+        return _eager(post_hook)
 
     def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         with self._lock:
@@ -171,9 +197,10 @@ class Tracer:
             if self.record_rng:
                 call.rng = _rng_state(args, kwargs)
             record.calls.append(call)
-            self._stacks[name].append(_Pending(call))
+            live = (tuple(args), dict(kwargs)) if self.backward and call.grad_enabled else None
+            self._stacks[name].append(_Pending(call, live))
 
-    def _on_exit(self, name: str, output: Any) -> None:
+    def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
         with self._lock:
             stack = self._stacks[name]
             pending = stack.pop() if stack else None
@@ -181,12 +208,31 @@ class Tracer:
                 return
             pending.call.output = self._snap.tree(output)
             pending.call.finished = True
+            if pending.live_inputs is not None:
+                handle = watch_backward(pending.call, module, pending.live_inputs, output, self._snap,
+                                        functools.partial(self._on_backward, name))
+                if handle is not None:
+                    self._backward_handles.append(handle)
             record = self.records[name]
             if len(record.calls) >= self.max_calls and all(c.finished for c in record.calls):
-                record.complete = True
-                self._detach(name)
-            if not self._handles:
-                self._finish()
+                self._detach(name)  # forward hooks are done; a backward may still be pending
+                self._check_complete(name)
+
+    def _on_backward(self, name: str, call: CallRecord, error: BaseException | None) -> None:
+        if error is not None:
+            warnings.warn(f"modulelens: backward of {name or '<root>'} call {call.index} not recorded: {error}",
+                          CaptureWarning, stacklevel=2)
+            if self.strict:
+                raise error
+        with self._lock:
+            self._check_complete(name)
+
+    def _check_complete(self, name: str) -> None:
+        record = self.records[name]
+        if name not in self._handles and not any(c.backward_pending for c in record.calls):
+            record.complete = record.complete or (len(record.calls) >= self.max_calls and not record.failed)
+        if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
+            self._finish()
 
     def _state_index(self, name: str, module: torch.nn.Module) -> int:
         """Snapshot parameters and buffers when they changed since the last recorded call
@@ -235,6 +281,7 @@ class Tracer:
         self.finished = True
         self._snap.synchronize()
         self._snap.clear()
+        self._backward_handles.clear()
         if self.on_complete is not None:
             try:
                 self.on_complete(self)
@@ -257,6 +304,9 @@ class Tracer:
         """Remove every hook now (captured calls are kept)."""
         for name in list(self._handles):
             self._detach(name)
+        for handle in self._backward_handles:
+            handle.remove()
+        self._backward_handles.clear()
         self._snap.synchronize()
         self._snap.clear()
 
@@ -267,6 +317,7 @@ class Tracer:
         *,
         tags: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
+        policy: PayloadPolicy | None = None,
     ) -> list[Any]:
         """Save every target that recorded at least one call; returns their ``VersionInfo``s."""
         from modulelens.repo.local import Repo
@@ -276,7 +327,8 @@ class Tracer:
         repo = repo if isinstance(repo, Repo) else Repo(repo)
         prefix = name or type(unwrap_model(self.model)).__name__
         saved = []
-        settings = {"targets": self.patterns, "warmup": self.warmup, "max_calls": self.max_calls}
+        settings = {"targets": self.patterns, "warmup": self.warmup, "max_calls": self.max_calls,
+                    "backward": self.backward}
         for qualified, record in self.records.items():
             if not record.calls:
                 if record.failed:
@@ -287,7 +339,7 @@ class Tracer:
             capture_name = f"{prefix}/{qualified}" if qualified else prefix
             try:
                 meta, payloads = encode_record(record, environment=self.environment, settings=settings,
-                                               tags=list(tags), metadata=metadata)
+                                               tags=list(tags), metadata=metadata, policy=policy)
             except UnsupportedValueError as error:
                 if self.strict:
                     raise
@@ -295,7 +347,7 @@ class Tracer:
                 construction, record.construction = record.construction, None
                 try:
                     meta, payloads = encode_record(record, environment=self.environment, settings=settings,
-                                                   tags=list(tags), metadata=metadata)
+                                                   tags=list(tags), metadata=metadata, policy=policy)
                 finally:
                     record.construction = construction
                 meta["module"]["construction_missing"] = str(error)

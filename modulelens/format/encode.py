@@ -7,9 +7,13 @@ from typing import Any
 
 import torch
 
+from modulelens.capture.budget import PayloadPolicy, plan_shape_only
 from modulelens.capture.init_tracking import get_init_record
 from modulelens.capture.records import CallRecord, ModuleRecord, StateSnapshot
+from modulelens.capture.snapshot import BASE_ATTR
+from modulelens.capture.source import collect_sources
 from modulelens.errors import UnsupportedValueError
+from modulelens.format.shape_only import tensor_stats
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION
 from modulelens.format.tensors import check_storable, dtype_name, hash_bytes, tensor_bytes
 from modulelens.format.tree import encode_tree
@@ -21,11 +25,19 @@ def class_path(cls: type) -> str:
 
 
 class TensorTable:
-    """Tensors of one capture: each distinct tensor object gets an id; payloads dedupe by hash."""
+    """Tensors of one capture: each distinct tensor object gets an id; payloads dedupe by hash.
 
-    def __init__(self) -> None:
+    Three kinds of entry: a payload (``"payload"``, ``"nbytes"``); a view into another entry's
+    payload (``"view_of"``, ``"storage_offset"``: views of one storage are stored once); and a
+    shape-only record (``"shape_only": true`` with ``"stats"``, no payload) for the units in
+    ``shape_only`` (ids of tensors or of the shared span behind views).
+    """
+
+    def __init__(self, shape_only: set[int] | None = None) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
         self.payloads: dict[str, memoryview] = {}
+        self.shape_only_paths: list[str] = []
+        self._shape_only = shape_only or set()
         self._ids: dict[int, str] = {}
         self._keepalive: list[torch.Tensor] = []
 
@@ -34,18 +46,26 @@ class TensorTable:
         if existing is not None:
             return existing
         check_storable(tensor, path)
-        data = tensor_bytes(tensor)
-        digest = hash_bytes(data)
-        self.payloads.setdefault(digest, data)
-        tid = f"t{len(self.entries)}"
-        self.entries[tid] = {
+        base = getattr(tensor, BASE_ATTR, None)
+        entry: dict[str, Any] = {
             "dtype": dtype_name(tensor.dtype),
             "shape": list(tensor.shape),
             "stride": list(tensor.stride()),
             "device": str(getattr(tensor, "_modulelens_device", tensor.device)),
-            "payload": digest,
-            "nbytes": len(data),
         }
+        if id(base if base is not None else tensor) in self._shape_only:
+            entry.update(shape_only=True, stats=tensor_stats(tensor), nbytes=0)
+            self.shape_only_paths.append(path)
+        elif base is not None:
+            entry.update(view_of=self.add(base, f"{path}<storage>"),
+                         storage_offset=tensor.storage_offset() - base.storage_offset(), nbytes=0)
+        else:
+            data = tensor_bytes(tensor)
+            digest = hash_bytes(data)
+            self.payloads.setdefault(digest, data)
+            entry.update(payload=digest, nbytes=len(data))
+        tid = f"t{len(self.entries)}"
+        self.entries[tid] = entry
         self._ids[id(tensor)] = tid
         self._keepalive.append(tensor)
         return tid
@@ -56,6 +76,7 @@ class ConstructionTable:
 
     def __init__(self, tensors: TensorTable) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
+        self.classes: list[type] = []
         self._tensors = tensors
         self._ids: dict[int, str] = {}
 
@@ -87,6 +108,7 @@ class ConstructionTable:
             del self._ids[key]
             raise
         self.entries[mid] = entry
+        self.classes.append(cls)
         return mid
 
 
@@ -97,9 +119,11 @@ def encode_record(
     settings: dict[str, Any],
     tags: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
+    policy: PayloadPolicy | None = None,
 ) -> tuple[dict[str, Any], dict[str, memoryview]]:
     """Capture metadata and the payloads it references (hash -> bytes)."""
-    tensors = TensorTable()
+    policy = policy or PayloadPolicy()
+    tensors = TensorTable(plan_shape_only(record, policy))
     constructions = ConstructionTable(tensors)
     module_info: dict[str, Any] = {
         "class": class_path(record.module_class),
@@ -130,10 +154,16 @@ def encode_record(
         "states": states,
         "calls": calls,
         "unrecorded": call_ctx.unrecorded,
-        "capture": {**settings, "complete": record.complete, "calls_seen": record.seen_calls},
+        "shape_only": tensors.shape_only_paths,
+        "capture": {**settings, **policy.settings(), "complete": record.complete, "calls_seen": record.seen_calls},
         "environment": environment,
         "tensors": tensors.entries,
     }
+    meta["sources"] = collect_sources(meta, [record.module_class, *constructions.classes])
+    own = meta["sources"].get(record.module_class.__module__)
+    if own is not None:
+        module_info["source"] = {"module": record.module_class.__module__, "file": own["file"], "hash": own["hash"],
+                                 "class_hash": own["classes"].get(record.module_class.__qualname__, {}).get("hash")}
     return meta, tensors.payloads
 
 
@@ -149,6 +179,20 @@ def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
         "output": encode_tree(call.output, ctx, f"call{call.index}.output") if call.finished else None,
         "finished": call.finished,
         "error": call.error,
+        **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),
+        **({"backward_missing": "its backward had not run when the capture was saved"}
+           if call.backward_pending else {}),
+    }
+
+
+def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
+    backward = call.backward
+    assert backward is not None
+    where = f"call{call.index}.backward"
+    return {
+        "output_grads": encode_tree(backward.output_grads, ctx, f"{where}.output_grads"),
+        "input_grads": encode_tree(backward.input_grads, ctx, f"{where}.input_grads"),
+        "param_grads": encode_tree(backward.param_grads, ctx, f"{where}.param_grads"),
     }
 
 

@@ -8,6 +8,9 @@ handles what ``treespec_dumps`` cannot (namedtuples, non-string dict keys).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils._pytree as pytree
@@ -19,7 +22,6 @@ from modulelens.format.values import (
     EncodeContext,
     decode_value,
     encode_value,
-    import_object,
     import_path,
 )
 
@@ -28,13 +30,14 @@ _LEAF = "*"
 
 def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
     leaves_with_paths, spec = pytree.tree_flatten_with_path(tree)
-    leaves = [encode_value(leaf, ctx, path + pytree.keystr(kp)) for kp, leaf in leaves_with_paths]
-    return {"spec": _encode_spec(spec, path), "leaves": leaves}
+    leaves: list[JSON] = []
+    encoded_spec = _encode_node(spec, iter(leaves_with_paths), leaves, ctx, path)
+    return {"spec": encoded_spec, "leaves": leaves}
 
 
 def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
     leaves = [decode_value(leaf, ctx) for leaf in data["leaves"]]
-    return pytree.tree_unflatten(leaves, _decode_spec(data["spec"]))
+    return pytree.tree_unflatten(leaves, _decode_spec(data["spec"], ctx))
 
 
 def tree_leaves(data: JSON) -> list[JSON]:
@@ -42,15 +45,37 @@ def tree_leaves(data: JSON) -> list[JSON]:
     return list(data["leaves"])
 
 
-def _encode_spec(spec: pytree.TreeSpec, path: str) -> JSON:
+def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
+                 ctx: EncodeContext, path: str) -> JSON:
     if spec.is_leaf():
+        key_path, leaf = next(leaves_in)
+        leaves_out.append(encode_value(leaf, ctx, path + pytree.keystr(key_path)))
         return _LEAF
+    try:
+        node = _encode_node_header(spec, path)
+    except UnsupportedValueError as error:
+        if not ctx.lenient:
+            raise
+        # A container that cannot be stored becomes one explicit "unrecorded" leaf.
+        subtree = [next(leaves_in) for _ in range(spec.num_leaves)]
+        where = path + (pytree.keystr(subtree[0][0][:-1]) if subtree and subtree[0][0] else "")
+        ctx.unrecorded.append({"path": where, "type": _type_name(spec.type), "reason": str(error)})
+        leaves_out.append({"$type": "unrecorded", "class": _type_name(spec.type), "reason": str(error)})
+        return _LEAF
+    node["children"] = [_encode_node(child, leaves_in, leaves_out, ctx, path) for child in spec.children()]
+    return node
+
+
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _encode_node_header(spec: pytree.TreeSpec, path: str) -> dict[str, JSON]:
     node_type = spec.type
     try:
         type_path = import_path(node_type)
     except UnsupportedValueError as error:
         raise UnsupportedValueError(f"{path}: container type {node_type!r}: {error}") from None
-    children = [_encode_spec(child, path) for child in spec.children()]
     strict = EncodeContext(add_tensor=_no_tensors)
     try:
         context = {"value": encode_value(spec.context, strict, path)}
@@ -61,20 +86,20 @@ def _encode_spec(spec: pytree.TreeSpec, path: str) -> JSON:
                 f"{path}: cannot store the structure of {type_path} (its pytree context has no encoding)"
             ) from None
         context = {"dumpable": node.to_dumpable_context(spec.context)}
-    return {"type": type_path, "context": context, "children": children}
+    return {"type": type_path, "context": context}
 
 
-def _decode_spec(data: JSON) -> pytree.TreeSpec:
+def _decode_spec(data: JSON, ctx: DecodeContext) -> pytree.TreeSpec:
     if data == _LEAF:
         return pytree.treespec_leaf()
-    node_type = import_object(data["type"])
+    node_type = ctx.resolve(data["type"])
     context_data = data["context"]
     if "dumpable" in context_data:
         node = pytree.SUPPORTED_NODES[node_type]
         context = node.from_dumpable_context(context_data["dumpable"])
     else:
-        context = decode_value(context_data["value"], DecodeContext(get_tensor=_no_tensor_ids))
-    return pytree.TreeSpec(node_type, context, [_decode_spec(child) for child in data["children"]])
+        context = decode_value(context_data["value"], DecodeContext(get_tensor=_no_tensor_ids, resolve=ctx.resolve))
+    return pytree.TreeSpec(node_type, context, [_decode_spec(child, ctx) for child in data["children"]])
 
 
 def _no_tensors(_tensor: Any, path: str) -> str:
@@ -83,3 +108,64 @@ def _no_tensors(_tensor: Any, path: str) -> str:
 
 def _no_tensor_ids(_id: str) -> Any:
     raise UnsupportedValueError("a tensor reference inside a pytree context")
+
+
+# --------------------------------------------------------------------------------------------
+# Walking call data, dataclass leaves included
+# --------------------------------------------------------------------------------------------
+# torch's pytree treats an unregistered dataclass as a leaf; the value encoding stores it field by
+# field. These helpers look inside such leaves too, so tensors in a dataclass input are copied,
+# moved and compared like any other tensor (without registering user types with pytree globally).
+
+
+def is_dataclass_leaf(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type) and type(value) not in pytree.SUPPORTED_NODES
+
+
+def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "") -> Any:
+    """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves."""
+
+    def visit(key_path: pytree.KeyPath, leaf: Any) -> Any:
+        where = path + pytree.keystr(key_path)
+        if not is_dataclass_leaf(leaf):
+            return fn(where, leaf)
+        changed = {}
+        for f in dataclasses.fields(leaf):
+            if hasattr(leaf, f.name):
+                old = getattr(leaf, f.name)
+                new = map_leaves(fn, old, f"{where}.{f.name}")
+                if new is not old:
+                    changed[f.name] = new
+        if not changed:
+            return leaf
+        result = copy.copy(leaf)
+        for name, value in changed.items():
+            object.__setattr__(result, name, value)
+        return result
+
+    return pytree.tree_map_with_path(visit, tree)
+
+
+def deep_leaves(tree: Any) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` for every leaf, dataclass fields included, in a stable order."""
+    found: list[tuple[str, Any]] = []
+
+    def collect(where: str, leaf: Any) -> Any:
+        found.append((where, leaf))
+        return leaf
+
+    map_leaves(collect, tree)
+    return found
+
+
+def expand_dataclasses(tree: Any) -> Any:
+    """``tree`` with dataclass leaves turned into dicts (class name included) for comparison."""
+
+    def expand(leaf: Any) -> Any:
+        if not is_dataclass_leaf(leaf):
+            return leaf
+        fields = {f.name: expand_dataclasses(getattr(leaf, f.name)) for f in dataclasses.fields(leaf)
+                  if hasattr(leaf, f.name)}
+        return {"<dataclass>": type(leaf).__qualname__, **fields}
+
+    return pytree.tree_map(expand, tree)

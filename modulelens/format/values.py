@@ -16,6 +16,7 @@ import enum
 import functools
 import importlib
 import math
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,7 +104,38 @@ def register_codec(
     _CODECS[codec_name] = Codec(codec_name, type_, encode, decode, subclasses)
 
 
+# Codecs for optional libraries, installed the first time they can matter: at encode time once
+# the library is imported by the job (``module in sys.modules``), at decode time when a capture
+# names the codec. No optional library is ever imported just to encode a value.
+_LAZY_CODECS: dict[str, tuple[str, str]] = {}  # codec name -> (library module, "pkg.mod:installer")
+
+
+def register_lazy_codec(name: str, library: str, installer: str) -> None:
+    """Declare codec ``name`` for values of ``library``; ``installer`` (an import path to a
+    no-argument function) calls :func:`register_codec` when ``library`` is in use."""
+    _LAZY_CODECS[name] = (library, installer)
+
+
+def _install_lazy(name: str) -> None:
+    _library, installer = _LAZY_CODECS.pop(name)
+    import_object(installer)()
+
+
+def _install_loaded_lazy_codecs() -> None:
+    for name, (library, _installer) in list(_LAZY_CODECS.items()):
+        if library in sys.modules:
+            _install_lazy(name)
+
+
+def _codec_named(name: str) -> Codec | None:
+    if name not in _CODECS and name in _LAZY_CODECS:
+        _install_lazy(name)
+    return _CODECS.get(name)
+
+
 def _find_codec(value: Any) -> Codec | None:
+    if _LAZY_CODECS:
+        _install_loaded_lazy_codecs()
     cls = type(value)
     for codec in reversed(list(_CODECS.values())):  # the most recently registered wins
         if cls is codec.type:
@@ -137,8 +169,12 @@ class EncodeContext:
 
 @dataclass
 class DecodeContext:
+    """What decoding needs besides the data. ``resolve`` turns a recorded import path into the
+    object (the loader swaps in one that falls back to source stored with the capture)."""
+
     get_tensor: Callable[[str], torch.Tensor]
     get_module: Callable[[str], torch.nn.Module] | None = None
+    resolve: Callable[[str], Any] = import_object
 
 
 _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType)
@@ -265,20 +301,20 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
     if tag == "ellipsis":
         return Ellipsis
     if tag == "import":
-        return import_object(data["path"])
+        return ctx.resolve(data["path"])
     if tag == "namedtuple":
-        return import_object(data["class"])(*(decode_value(v, ctx) for v in data["items"]))
+        return ctx.resolve(data["class"])(*(decode_value(v, ctx) for v in data["items"]))
     if tag == "dataclass":
-        return import_object(data["class"])(**decode_value(data["fields"], ctx))
+        return _decode_dataclass(ctx.resolve(data["class"]), decode_value(data["fields"], ctx))
     if tag == "unrecorded":
         return Unrecorded(data["class"], data.get("reason", ""))
     if tag == "codec":
-        codec = _CODECS.get(data["codec"])
+        codec = _codec_named(data["codec"])
         if codec is None:
             raise UnsupportedValueError(
                 f"no codec {data['codec']!r} is registered (import the package that registers it)"
             )
-        cls = import_object(data["class"])
+        cls = ctx.resolve(data["class"])
         return codec.decode(cls, decode_value(data["value"], ctx))
     raise UnsupportedValueError(f"unknown value tag {tag!r} in capture metadata")
 
@@ -300,7 +336,17 @@ class Unrecorded:
 
 
 def _encode_dataclass(value: Any) -> dict[str, Any]:
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+    """Every field (``init=False`` ones too, set after construction), so a dataclass round-trips."""
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if hasattr(value, f.name)}
+
+
+def _decode_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
+    value = cls(**{k: v for k, v in fields.items() if k in init_names})
+    for name, field_value in fields.items():
+        if name not in init_names:
+            object.__setattr__(value, name, field_value)  # frozen dataclasses too
+    return value
 
 
 register_codec(enum.Enum, lambda e: e.value, lambda cls, v: cls(v), name="enum")
@@ -310,3 +356,7 @@ register_codec(
     lambda cls, d: cls(d["func"], *d["args"], **d["keywords"]),
     name="partial",
 )
+
+
+# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects.
+register_lazy_codec("transformers.PretrainedConfig", "transformers", "modulelens.format.transformers_codecs:install")

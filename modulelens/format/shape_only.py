@@ -1,0 +1,85 @@
+"""Shape-only tensor records: dtype, shape and summary statistics instead of the payload.
+
+Huge call tensors (a batch of token ids, a giant activation) can be stored this way (see
+``capture(shape_only_over=..., max_bytes=...)``). The statistics are what a replay needs to build
+a plausible stand-in (``load(..., synthesize=True)``): integer tensors keep their exact value
+range, so synthetic indices stay valid indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+QUANTILES = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
+_SAMPLE = 1 << 20  # elements used for quantiles (a strided sample of bigger tensors)
+_CHUNK = 1 << 22  # elements per step when accumulating sums
+
+
+def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
+    """Summary statistics of ``tensor`` as plain JSON (non-finite values as strings)."""
+    flat = tensor.detach().reshape(-1)
+    numel = flat.numel()
+    stats: dict[str, Any] = {"numel": numel}
+    if numel == 0:
+        return stats
+    if flat.dtype == torch.bool:
+        stats["fraction_true"] = float(flat.sum()) / numel
+        return stats
+    if flat.dtype.is_complex:
+        flat = torch.view_as_real(flat).reshape(-1)
+    integer = not flat.dtype.is_floating_point
+    total = total_sq = 0.0
+    zeros = nonfinite = 0
+    low = high = None
+    for start in range(0, numel, _CHUNK):
+        chunk = flat[start:start + _CHUNK].to(torch.float64)
+        finite = torch.isfinite(chunk)
+        nonfinite += int((~finite).sum())
+        chunk = chunk[finite]
+        zeros += int((chunk == 0).sum())
+        if chunk.numel():
+            total += float(chunk.sum())
+            total_sq += float((chunk * chunk).sum())
+            chunk_low, chunk_high = float(chunk.min()), float(chunk.max())
+            low = chunk_low if low is None else min(low, chunk_low)
+            high = chunk_high if high is None else max(high, chunk_high)
+    finite_count = numel - nonfinite
+    stats["zero_fraction"] = zeros / numel
+    if nonfinite:
+        stats["nonfinite"] = nonfinite
+    if finite_count == 0:
+        return stats
+    mean = total / finite_count
+    variance = max(total_sq / finite_count - mean * mean, 0.0)
+    stats.update(min=_number(low, integer), max=_number(high, integer), mean=mean, std=variance ** 0.5)
+    sample = flat[:: max(1, numel // _SAMPLE)][:_SAMPLE].to(torch.float64)
+    sample = sample[torch.isfinite(sample)]
+    if sample.numel():
+        values = torch.quantile(sample, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+        stats["quantiles"] = {str(q): _number(v, integer) for q, v in zip(QUANTILES, values, strict=True)}
+    return stats
+
+
+def _number(value: float | None, integer: bool) -> float | int | None:
+    if value is None:
+        return None
+    return round(value) if integer else value
+
+
+@dataclass(frozen=True)
+class ShapeOnly:
+    """Stands in for a tensor stored shape-only: no values, only dtype, shape and statistics."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stats: dict[str, Any] = field(default_factory=dict, compare=False)
+    tensor_id: str = ""
+
+    def describe(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+
+    def __repr__(self) -> str:
+        return f"<shape-only {self.describe()}>"
