@@ -43,7 +43,8 @@ class PayloadPolicy:
 
 
 def unit_of(tensor: torch.Tensor) -> torch.Tensor:
-    return getattr(tensor, BASE_ATTR, None) or tensor
+    base = getattr(tensor, BASE_ATTR, None)
+    return tensor if base is None else base
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

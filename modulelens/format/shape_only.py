@@ -9,7 +9,7 @@ range, so synthetic indices stay valid indices.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -73,6 +73,7 @@ def _number(value: float | None, integer: bool) -> float | int | None:
 class ShapeOnly:
     """Stands in for a tensor stored shape-only: no values, only dtype, shape and statistics."""
 
+    __modulelens_marker__: ClassVar[bool] = True
     dtype: torch.dtype
     shape: tuple[int, ...]
     stats: dict[str, Any] = field(default_factory=dict, compare=False)

@@ -119,7 +119,9 @@ def _no_tensor_ids(_id: str) -> Any:
 
 
 def is_dataclass_leaf(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type) and type(value) not in pytree.SUPPORTED_NODES
+    """A dataclass instance torch's pytree sees as a leaf (modulelens' own markers excepted)."""
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)
+            and type(value) not in pytree.SUPPORTED_NODES and not getattr(value, "__modulelens_marker__", False))
 
 
 def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "") -> Any:

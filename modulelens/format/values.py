@@ -20,7 +20,7 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -323,6 +323,7 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
 class Unrecorded:
     """Stands in for a call value that could not be stored (e.g. a cache object)."""
 
+    __modulelens_marker__: ClassVar[bool] = True
     type_name: str
     reason: str = ""
 

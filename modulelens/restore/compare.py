@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.format.shape_only import ShapeOnly, tensor_stats
+from modulelens.format.tree import expand_dataclasses
 from modulelens.format.values import Unrecorded
 
 # (rtol, atol) per dtype, as torch.testing.assert_close uses them.
@@ -39,8 +41,8 @@ class LeafResult:
     """How one output leaf compared."""
 
     path: str
-    passed: bool
-    kind: str  # "tensor", "value", "structure", "unrecorded"
+    passed: bool  # nothing contradicts the recording (see ``compared``)
+    kind: str  # "tensor", "value", "structure", "unrecorded", "shape-only", "synthetic"
     dtype: str | None = None
     shape: list[int] | None = None
     max_abs_error: float = 0.0
@@ -50,6 +52,7 @@ class LeafResult:
     rtol: float | None = None
     atol: float | None = None
     message: str = ""
+    compared: bool = True  # False: the recorded leaf has no values (unrecorded, shape-only)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -67,11 +70,16 @@ def compare(
     rtol: float | None = None,
     atol: float | None = None,
     cross_device: bool = False,
+    synthetic: bool = False,
 ) -> list[LeafResult]:
     """Compare two output trees. ``exact`` demands identical bits; otherwise ``rtol``/``atol``
-    (default: per dtype) bound ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN."""
-    expected_leaves, expected_spec = pytree.tree_flatten_with_path(expected)
-    actual_leaves, actual_spec = pytree.tree_flatten_with_path(actual)
+    (default: per dtype) bound ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN.
+    When the replay ran in another dtype than the recording, the default ``atol`` grows to
+    ``rtol * max|e|``: rounding errors of the lower precision scale with the values' magnitude.
+    ``synthetic=True`` (the replay ran on synthetic inputs) checks shapes only: no leaf counts as
+    compared."""
+    expected_leaves, expected_spec = pytree.tree_flatten_with_path(expand_dataclasses(expected))
+    actual_leaves, actual_spec = pytree.tree_flatten_with_path(expand_dataclasses(actual))
     if expected_spec != actual_spec:
         return [LeafResult(
             path="<output>", passed=False, kind="structure",
@@ -80,7 +88,10 @@ def compare(
     results = []
     for (key_path, want), (_, got) in zip(expected_leaves, actual_leaves):
         path = "output" + pytree.keystr(key_path)
-        results.append(_compare_leaf(path, want, got, exact, rtol, atol, cross_device))
+        if synthetic:
+            results.append(_compare_synthetic(path, want, got))
+        else:
+            results.append(_compare_leaf(path, want, got, exact, rtol, atol, cross_device))
     return results
 
 
@@ -93,7 +104,10 @@ def _compare_leaf(
     path: str, want: Any, got: Any, exact: bool, rtol: float | None, atol: float | None, cross_device: bool
 ) -> LeafResult:
     if isinstance(want, Unrecorded):
-        return LeafResult(path, True, "unrecorded", message=f"not recorded ({want.type_name}); not compared")
+        return LeafResult(path, True, "unrecorded", message=f"not recorded ({want.type_name}); NOT compared",
+                          compared=False)
+    if isinstance(want, ShapeOnly):
+        return _compare_shape_only(path, want, got)
     if not isinstance(want, torch.Tensor):
         if isinstance(got, torch.Tensor):
             return LeafResult(path, False, "value", message=f"expected {type(want).__name__}, got a tensor")
@@ -130,7 +144,10 @@ def _compare_leaf(
             equal = _bitwise_equal(want, got) | both_nan
             result.mismatched = int((~equal).sum())
         else:
-            default_rtol, default_atol = tolerance_for(got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype, cross_device)
+            lower = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
+            default_rtol, default_atol = tolerance_for(lower, cross_device)
+            if got.dtype != want.dtype:  # another precision: errors scale with the magnitude
+                default_atol = max(default_atol, default_rtol * float(w.abs().max()))
             result.rtol = default_rtol if rtol is None else rtol
             result.atol = default_atol if atol is None else atol
             bad = diff > (result.atol + result.rtol * w.abs())
@@ -147,6 +164,41 @@ def _compare_leaf(
         mode = "bit-exact" if exact else f"rtol={result.rtol:g}, atol={result.atol:g}"
         result.message = (f"{result.mismatched}/{result.numel} elements differ ({mode}); "
                           f"max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}")
+    return result
+
+
+def _compare_synthetic(path: str, want: Any, got: Any) -> LeafResult:
+    if isinstance(want, torch.Tensor):
+        want = ShapeOnly(want.dtype, tuple(want.shape), tensor_stats(want))
+    if isinstance(want, ShapeOnly):
+        result = _compare_shape_only(path, want, got)
+        result.message = result.message.replace("stored shape-only", "computed from synthetic inputs")
+        return result
+    return LeafResult(path, True, "synthetic", compared=False,
+                      message="computed from synthetic inputs: NOT compared")
+
+
+def _compare_shape_only(path: str, want: ShapeOnly, got: Any) -> LeafResult:
+    """A shape-only recording has no values: check the shape, say plainly nothing else was."""
+    result = LeafResult(path, True, "shape-only", dtype=str(want.dtype).removeprefix("torch."),
+                        shape=list(want.shape), compared=False)
+    if not isinstance(got, torch.Tensor):
+        result.passed = False
+        result.message = f"expected a tensor ({want.describe()}), got {type(got).__name__}"
+        return result
+    result.numel = got.numel()
+    if list(got.shape) != list(want.shape):
+        result.passed = False
+        result.message = f"shape {list(got.shape)} != recorded {list(want.shape)}"
+        return result
+    recorded = want.stats
+    summary = ""
+    if "mean" in recorded and got.numel() and not got.dtype.is_complex:
+        values = got.detach().to("cpu", torch.float64)
+        summary = (f"; recorded mean {recorded['mean']:.4g} std {recorded['std']:.4g}, "
+                   f"replayed mean {float(values.mean()):.4g} std {float(values.std(unbiased=False)):.4g}")
+    dtype_note = "" if got.dtype == want.dtype else f" (replayed as {str(got.dtype).removeprefix('torch.')})"
+    result.message = f"stored shape-only: shape matches{dtype_note}, values NOT compared{summary}"
     return result
 
 

@@ -16,11 +16,15 @@ from typing import Any
 import torch
 
 from modulelens.errors import RestoreError, UnsupportedValueError
+from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree
-from modulelens.format.values import DecodeContext, Unrecorded, decode_value, import_object
+from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
+from modulelens.restore.inputs import check_inputs_usable, copy_inputs
+from modulelens.restore.source import SourceResolver
+from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
 
 @dataclass
@@ -38,7 +42,9 @@ class Call:
 
     @functools.cached_property
     def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context())
+        """``(args, kwargs)``; a tensor stored shape-only is a :class:`ShapeOnly` marker, or with
+        ``load(..., synthesize=True)`` a synthetic tensor matching its recorded statistics."""
+        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context(synthesize=True))
         return tuple(args), dict(kwargs)
 
     @property
@@ -56,6 +62,31 @@ class Call:
         return decode_tree(self._data["output"], self._capture._decode_context())
 
     @property
+    def has_backward(self) -> bool:
+        return self._data.get("backward") is not None
+
+    @functools.cached_property
+    def backward(self) -> dict[str, Any] | None:
+        """Recorded gradients (``capture(..., backward=True)``): ``output_grads`` (the output's
+        structure), ``input_grads`` (the ``(args, kwargs)`` structure) and ``param_grads``."""
+        data = self._data.get("backward")
+        if data is None:
+            return None
+        ctx = self._capture._decode_context()
+        result = {key: decode_tree(data[key], ctx) for key in ("input_grads", "param_grads")}
+        result["output_grads"] = decode_tree(data["output_grads"], self._capture._decode_context(synthesize=True))
+        return result
+
+    def shape_only_in(self, part: str) -> bool:
+        """Whether ``part`` (``"inputs"``, ``"output"``, ``"backward.output_grads"``...) holds a
+        tensor stored shape-only (replayed, it is synthetic, so results cannot be compared)."""
+        data: Any = self._data
+        for key in part.split("."):
+            data = data.get(key) if isinstance(data, dict) else None
+        tensors = self._capture.metadata["tensors"]
+        return any(tensors[tid].get("shape_only") for tid in _tensor_ids(data))
+
+    @property
     def rng(self) -> dict[str, torch.Tensor]:
         return {device: self._capture.tensor(tid) for device, tid in self._data.get("rng", {}).items()}
 
@@ -64,22 +95,14 @@ class Call:
         prefix = f"call{self.index}."
         return [u["path"] for u in self._capture.metadata.get("unrecorded", []) if u["path"].startswith(prefix)]
 
-    def fresh_inputs(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify."""
-        def copy(value: Any) -> Any:
-            if isinstance(value, Unrecorded):
-                raise RestoreError(
-                    f"call {self.index} needs an input that was not recorded ({value.type_name}); "
-                    "pass it yourself: module(*call.args, ...)"
-                )
-            if not isinstance(value, torch.Tensor):
-                return value
-            out = value.to(device) if device is not None else value
-            if dtype is not None and out.dtype.is_floating_point:
-                out = out.to(dtype)
-            return out.clone(memory_format=torch.preserve_format) if out is value else out
+    def fresh_inputs(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify.
+        Inputs that were views of one storage stay views of one (copied) storage."""
         args, kwargs = self.inputs
-        return torch.utils._pytree.tree_map(copy, (args, kwargs))
+        check_inputs_usable(self, (args, kwargs))
+        return copy_inputs((args, kwargs), device, dtype)
 
 
 class Capture:
@@ -104,6 +127,7 @@ class Capture:
         init_args: Sequence[Any] | None = None,
         init_kwargs: dict[str, Any] | None = None,
         verify: bool = False,
+        synthesize: bool = False,
     ) -> None:
         self.repo = repo
         self.name = name
@@ -122,9 +146,15 @@ class Capture:
         self._module: torch.nn.Module | None = None
         self._current_state: int | None = None
         self.notes: list[str] = []
+        self.synthesize = synthesize
+        self._synthetic: dict[str, torch.Tensor] = {}
+        self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref)
+        self._sources.check_changes()
+        self._collect_source_notes()
         if verify:
             for entry in self.metadata["tensors"].values():
-                repo.check_blob(entry["payload"], entry["nbytes"], full=True)
+                if "payload" in entry:
+                    repo.check_blob(entry["payload"], entry["nbytes"], full=True)
         self.calls = [
             Call(index=c["index"], training=c["training"], grad_enabled=c["grad_enabled"], state_index=c["state"],
                  finished=c.get("finished", True), autocast=c.get("autocast", {}), _capture=self, _data=c)
@@ -156,12 +186,19 @@ class Capture:
     # ---------------------------------------------------------------------------------- tensors
 
     def tensor(self, tid: str) -> torch.Tensor:
-        """A recorded tensor, memory-mapped, as it was captured (no device/dtype override)."""
+        """A recorded tensor, memory-mapped, as it was captured (no device/dtype override).
+        A shape-only tensor raises :class:`RestoreError` unless ``load(..., synthesize=True)``."""
         cached = self._tensors.get(tid)
         if cached is not None:
             return cached
         entry = self.metadata["tensors"][tid]
+        if entry.get("shape_only"):
+            return self._shape_only_tensor(tid, synthesize=True, strict=True)
         dtype = dtype_from_name(entry["dtype"])
+        if "view_of" in entry:  # one of several views of one stored storage span
+            view = self.tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"], entry["storage_offset"])
+            self._tensors[tid] = view
+            return view
         flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
         stride = entry.get("stride")
         if stride is not None and entry["shape"] and stride != contiguous_strides(entry["shape"]) and flat.numel() > 1:
@@ -174,8 +211,30 @@ class Capture:
         self._tensors[tid] = flat
         return flat
 
-    def _decode_context(self) -> DecodeContext:
-        return DecodeContext(get_tensor=self.tensor, get_module=self._build_construction)
+    def _shape_only_tensor(self, tid: str, *, synthesize: bool, strict: bool = False) -> Any:
+        entry = self.metadata["tensors"][tid]
+        if synthesize and self.synthesize:
+            if tid not in self._synthetic:
+                self._synthetic[tid] = synthesize_tensor(entry, f"{self.ref}/{tid}")
+            return self._synthetic[tid]
+        marker = ShapeOnly(dtype_from_name(entry["dtype"]), tuple(entry["shape"]), entry.get("stats", {}), tid)
+        if strict:
+            raise RestoreError(f"{self.ref}: tensor {tid} ({marker.describe()}) was stored shape-only, without "
+                               "values; load(..., synthesize=True) builds a synthetic one from its statistics")
+        return marker
+
+    def _decode_context(self, synthesize: bool = False) -> DecodeContext:
+        def get_tensor(tid: str) -> Any:
+            if self.metadata["tensors"][tid].get("shape_only"):
+                return self._shape_only_tensor(tid, synthesize=synthesize)
+            return self.tensor(tid)
+
+        return DecodeContext(get_tensor=get_tensor, get_module=self._build_construction, resolve=self._sources.resolve)
+
+    @property
+    def shape_only(self) -> list[str]:
+        """Paths of the tensors this capture stored shape-only."""
+        return list(self.metadata.get("shape_only", []))
 
     # ---------------------------------------------------------------------------------- module
 
@@ -184,6 +243,7 @@ class Capture:
         """The original class rebuilt from its recorded arguments, with the recorded weights."""
         if self._module is None:
             self._module = self._restore_module()
+            self._collect_source_notes()
         return self._module
 
     def _build_construction(self, mid: str) -> torch.nn.Module:
@@ -199,9 +259,16 @@ class Capture:
 
     def _import_class(self, path: str) -> type:
         try:
-            return import_object(path)
+            return self._sources.resolve(path)
         except (ImportError, AttributeError) as error:
             raise RestoreError(f"{self.ref}: cannot import module class {path}: {error}") from None
+        finally:
+            self._collect_source_notes()
+
+    def _collect_source_notes(self) -> None:
+        for note in self._sources.notes:
+            if note not in self.notes:
+                self.notes.append(note)
 
     def _construct(self) -> torch.nn.Module:
         module_info = self.metadata["module"]
@@ -301,10 +368,23 @@ class Capture:
         """Run the module on every recorded call and compare with the recorded outputs.
 
         Options: ``calls`` (indices into ``.calls``), ``exact`` (default: bit-exact when device and
-        dtype are unchanged), ``rtol``/``atol`` overrides. Returns a :class:`ReplayReport`."""
+        dtype are unchanged), ``rtol``/``atol`` overrides, ``backward`` (also run backward with the
+        recorded output gradients and compare input and parameter gradients). Returns a
+        :class:`ReplayReport`."""
         from modulelens.restore.replay import replay
 
         return replay(self, **options)
+
+
+def _tensor_ids(data: Any) -> list[str]:
+    """Ids of every tensor referenced in an encoded value or tree."""
+    if isinstance(data, dict):
+        if data.get("$type") == "tensor":
+            return [data["id"]]
+        return [tid for value in data.values() for tid in _tensor_ids(value)]
+    if isinstance(data, list):
+        return [tid for value in data for tid in _tensor_ids(value)]
+    return []
 
 
 class _NeedsRealConstruction(Exception):
@@ -340,12 +420,15 @@ def load(
     init_args: Sequence[Any] | None = None,
     init_kwargs: dict[str, Any] | None = None,
     verify: bool = False,
+    synthesize: bool = False,
 ) -> Capture:
     """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
 
     ``device``/``dtype`` move the module and the inputs used by replay. ``init_args`` and
     ``init_kwargs`` rebuild a module that was captured without a constructor record. ``verify``
     re-hashes every payload (normally only payloads changed since their last check are hashed).
+    ``synthesize`` replaces tensors stored shape-only by synthetic ones matching their recorded
+    dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
 
     Example::
 
@@ -357,4 +440,4 @@ def load(
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify)
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize)

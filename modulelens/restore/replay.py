@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
 
 if TYPE_CHECKING:
@@ -18,21 +19,41 @@ if TYPE_CHECKING:
 
 @dataclass
 class CallReplay:
+    """How one call replayed. ``status``: ``"pass"`` (every leaf compared and matching), ``"fail"``,
+    or ``"unverified"`` (it ran and nothing contradicts the recording, but some leaves had no
+    recorded values to compare: shape-only or unrecorded). ``passed`` is ``status == "pass"``."""
+
     call: int  # position in capture.calls
     index: int  # the module's call number in the original job
     passed: bool
     leaves: list[LeafResult] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    grad_leaves: list[LeafResult] = field(default_factory=list)  # replay(backward=True)
+
+    @property
+    def all_leaves(self) -> list[LeafResult]:
+        return [*self.leaves, *self.grad_leaves]
+
+    @property
+    def status(self) -> str:
+        if self.error is not None or not all(leaf.passed for leaf in self.all_leaves):
+            return "fail"
+        return "pass" if all(leaf.compared for leaf in self.all_leaves) else "unverified"
+
+    @property
+    def not_compared(self) -> list[LeafResult]:
+        return [leaf for leaf in self.all_leaves if not leaf.compared]
 
     @property
     def worst(self) -> LeafResult | None:
-        failing = [leaf for leaf in self.leaves if not leaf.passed]
+        failing = [leaf for leaf in self.all_leaves if not leaf.passed]
         return failing[0] if failing else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"call": self.call, "index": self.index, "passed": self.passed, "error": self.error,
-                "seconds": self.seconds, "leaves": [leaf.to_dict() for leaf in self.leaves]}
+        return {"call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
+                "error": self.error, "seconds": self.seconds, "leaves": [leaf.to_dict() for leaf in self.leaves],
+                "grad_leaves": [leaf.to_dict() for leaf in self.grad_leaves]}
 
 
 @dataclass
@@ -46,19 +67,37 @@ class ReplayReport:
 
     @property
     def passed(self) -> bool:
-        return bool(self.calls) and all(c.passed for c in self.calls)
+        """Every call ran and every output leaf was compared and matched (see ``status``)."""
+        return bool(self.calls) and all(c.status == "pass" for c in self.calls)
+
+    @property
+    def status(self) -> str:
+        """``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"`` (ran, but some outputs had no recorded values)."""
+        if not self.calls or any(c.status == "fail" for c in self.calls):
+            return "FAIL"
+        return "PASS" if self.passed else "UNVERIFIED"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ref": self.ref, "passed": self.passed, "mode": self.mode, "device": self.device,
-                "dtype": self.dtype, "notes": self.notes, "calls": [c.to_dict() for c in self.calls]}
+        return {"ref": self.ref, "passed": self.passed, "status": self.status, "mode": self.mode,
+                "device": self.device, "dtype": self.dtype, "notes": self.notes,
+                "calls": [c.to_dict() for c in self.calls]}
 
     def __str__(self) -> str:
-        lines = [f"replay {self.ref} on {self.device} ({self.mode}): {'PASS' if self.passed else 'FAIL'}"]
+        lines = [f"replay {self.ref} on {self.device} ({self.mode}): {self.status}"]
         for c in self.calls:
-            status = "pass" if c.passed else "FAIL"
-            detail = c.error or (c.worst.message if c.worst else f"{len(c.leaves)} leaves match")
-            worst_abs = max((leaf.max_abs_error for leaf in c.leaves), default=0.0)
+            status = {"pass": "pass", "fail": "FAIL", "unverified": "UNVERIFIED"}[c.status]
+            compared = len(c.all_leaves) - len(c.not_compared)
+            detail = c.error or (c.worst.message if c.worst else f"{compared} leaves match")
+            if c.not_compared and c.error is None:
+                kinds = sorted({leaf.kind for leaf in c.not_compared})
+                detail += f"; {len(c.not_compared)} NOT compared ({', '.join(kinds)}: no recorded values)"
+            worst_abs = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
             lines.append(f"  call {c.index}: {status}  max abs err {worst_abs:.3g}  {detail}")
+            if c.grad_leaves:
+                grads_ok = sum(leaf.passed and leaf.compared for leaf in c.grad_leaves)
+                unverified = sum(leaf.passed and not leaf.compared for leaf in c.grad_leaves)
+                extra = f", {unverified} NOT compared" if unverified else ""
+                lines.append(f"    backward: {grads_ok}/{len(c.grad_leaves)} gradients match{extra}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -98,6 +137,7 @@ def replay(
     rtol: float | None = None,
     atol: float | None = None,
     module: torch.nn.Module | None = None,
+    backward: bool = False,
 ) -> ReplayReport:
     device = capture.device or torch.device("cpu")
     cross_device = recorded_device_type(capture) != device.type
@@ -115,10 +155,17 @@ def replay(
         if not call.finished:
             result.error = "the recorded call did not finish (it raised in the original job)"
             continue
+        grads_wanted = backward and call.has_backward
+        if backward and not call.has_backward:
+            result.error = ("no backward was recorded for this call "
+                            f"({call._data.get('backward_missing', 'capture with backward=True')})")
+            continue
         try:
             if module is None:
                 capture.use_state(call.state_index)
             args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
+            if grads_wanted:
+                args, kwargs = require_recorded_grads((args, kwargs), call)
             target.train(call.training)
             with call_context(call, device):
                 start = time.perf_counter()
@@ -126,11 +173,27 @@ def replay(
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 result.seconds = time.perf_counter() - start
+                if grads_wanted:
+                    expected_grads, actual_grads = run_backward(call, target, (args, kwargs), output, device)
         except Exception as error:  # report, don't crash: the next call may still work
             result.error = f"{type(error).__name__}: {error}"
             continue
-        result.leaves = compare(call.output, output, exact=exact, rtol=rtol, atol=atol, cross_device=cross_device)
-        result.passed = all(leaf.passed for leaf in result.leaves)
-    if any(leaf.kind == "unrecorded" for c in report.calls for leaf in c.leaves):
-        report.notes.append("some outputs were not recorded and could not be compared")
+        synthetic = call.shape_only_in("inputs")
+        result.leaves = compare(call.output, output, exact=exact, rtol=rtol, atol=atol, cross_device=cross_device,
+                                synthetic=synthetic)
+        if grads_wanted:
+            grad_leaves = compare(expected_grads, actual_grads, exact=exact, rtol=rtol, atol=atol,
+                                  cross_device=cross_device,
+                                  synthetic=synthetic or call.shape_only_in("backward.output_grads"))
+            result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
+        result.passed = result.status == "pass"
+    not_compared = sorted({leaf.kind for c in report.calls for leaf in c.not_compared})
+    if not_compared:
+        report.notes.append(f"some outputs had no recorded values ({', '.join(not_compared)}) and were NOT "
+                            "compared: the replay ran, but those leaves are unverified")
     return report
+
+
+def _rename(leaf: LeafResult) -> LeafResult:
+    leaf.path = "grad" + leaf.path.removeprefix("output")
+    return leaf
