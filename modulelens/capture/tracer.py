@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -147,6 +148,10 @@ class Tracer:
             raise ModulelensError(f"no submodule matches the targets {self.patterns}")
         if unmatched:
             warnings.warn(f"modulelens: targets {unmatched} match no submodule", CaptureWarning, stacklevel=3)
+        # torch.compile does not guard on module hooks: code compiled before the hooks existed
+        # would never call them. Drop compiled code now (the model recompiles once with the hooks)
+        # and again once the hooks are gone (see stop()).
+        self._compiled = _reset_compiled_code(model)
         for name, module in modules.items():
             self._attach(name, module)
 
@@ -309,6 +314,8 @@ class Tracer:
         self._backward_handles.clear()
         self._snap.synchronize()
         self._snap.clear()
+        if self._compiled:
+            self._compiled = not _reset_compiled_code(self.model)
 
     def save(
         self,
@@ -353,6 +360,17 @@ class Tracer:
                 meta["module"]["construction_missing"] = str(error)
             saved.append(repo.save_version(capture_name, meta, payloads))
         return saved
+
+
+def _reset_compiled_code(model: torch.nn.Module) -> bool:
+    """Reset torch.compile's caches if ``model`` holds a compiled module; True if it did."""
+    compiled = any(type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+                   for m in (model, *model.modules()))
+    dynamo = sys.modules.get("torch._dynamo")
+    if not compiled or dynamo is None:
+        return False
+    dynamo.reset()
+    return True
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
