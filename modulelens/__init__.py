@@ -29,9 +29,10 @@ from modulelens.errors import (
     RestoreError,
     UnsupportedValueError,
 )
-from modulelens.format import FORMAT_VERSION, Unrecorded, register_codec
+from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
 from modulelens.repo import Repo, VersionInfo
 from modulelens.restore import Call, Capture, ReplayReport, load
+from modulelens.restore.source import SourceChangedWarning
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,8 @@ __all__ = [
     "ReplayReport",
     "Repo",
     "RestoreError",
+    "ShapeOnly",
+    "SourceChangedWarning",
     "Unrecorded",
     "UnsupportedValueError",
     "VersionInfo",

@@ -80,12 +80,15 @@ def _encode_node_header(spec: pytree.TreeSpec, path: str) -> dict[str, JSON]:
     try:
         context = {"value": encode_value(spec.context, strict, path)}
     except UnsupportedValueError:
-        node = pytree.SUPPORTED_NODES.get(node_type)
+        node = pytree.SUPPORTED_SERIALIZED_TYPES.get(node_type)
         if node is None or node.to_dumpable_context is None:
             raise UnsupportedValueError(
                 f"{path}: cannot store the structure of {type_path} (its pytree context has no encoding)"
             ) from None
-        context = {"dumpable": node.to_dumpable_context(spec.context)}
+        try:
+            context = {"dumpable": node.to_dumpable_context(spec.context)}
+        except Exception as error:  # e.g. a namedtuple class that is not importable
+            raise UnsupportedValueError(f"{path}: cannot store the structure of {type_path}: {error}") from None
     return {"type": type_path, "context": context}
 
 
@@ -95,7 +98,7 @@ def _decode_spec(data: JSON, ctx: DecodeContext) -> pytree.TreeSpec:
     node_type = ctx.resolve(data["type"])
     context_data = data["context"]
     if "dumpable" in context_data:
-        node = pytree.SUPPORTED_NODES[node_type]
+        node = pytree.SUPPORTED_SERIALIZED_TYPES[node_type]
         context = node.from_dumpable_context(context_data["dumpable"])
     else:
         context = decode_value(context_data["value"], DecodeContext(get_tensor=_no_tensor_ids, resolve=ctx.resolve))

@@ -407,7 +407,7 @@ class Repo:
             for name in self.names():
                 for version in self.version_numbers(name):
                     meta = self.read_metadata(name, version)
-                    referenced.update(t["payload"] for t in meta.get("tensors", {}).values())
+                    referenced.update(t["payload"] for t in meta.get("tensors", {}).values() if "payload" in t)
             referenced_hex = {digest.partition(":")[2] for digest in referenced}
             for blob in (self.root / "blobs").glob("*/*"):
                 if blob.name.endswith(".ok"):

@@ -23,7 +23,7 @@ from modulelens.format.tree import decode_tree
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceResolver
+from modulelens.restore.source import SourceChangedWarning, SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
 
@@ -149,7 +149,8 @@ class Capture:
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
         self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref)
-        self._sources.check_changes()
+        for message in self._sources.check_changes():
+            warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
         if verify:
             for entry in self.metadata["tensors"].values():

@@ -18,7 +18,6 @@ import ast
 import os
 import sys
 import types
-import warnings
 from typing import Any
 
 from modulelens.capture.source import class_source, source_hash
@@ -131,7 +130,9 @@ class SourceResolver:
         except (AttributeError, KeyError, SyntaxError, NameError) as error:
             raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
                                f"({type(error).__name__}: {error})") from None
-        self.notes.append(f"{path} was rebuilt from the source stored with the capture ({entry.get('file')})")
+        note = f"classes of {module_name} were rebuilt from the source stored with the capture ({entry.get('file')})"
+        if note not in self.notes:
+            self.notes.append(note)
         return obj
 
     @staticmethod
@@ -144,11 +145,13 @@ class SourceResolver:
         except OSError:
             return False
 
-    def check_changes(self) -> None:
-        """Warn about captured user classes whose code is not what was captured."""
+    def check_changes(self) -> list[str]:
+        """Messages about captured user classes whose code is not what was captured (also noted;
+        the caller warns with :class:`SourceChangedWarning`)."""
+        changed: list[str] = []
         for module_name, entry in self.sources.items():
             if module_name == "__main__" or not entry.get("classes"):
-                self._check_file(module_name, entry)
+                changed.extend(self._check_file(module_name, entry))
                 continue
             for qualname, info in entry["classes"].items():
                 if info.get("hash") is None or "<locals>" in qualname:
@@ -158,22 +161,21 @@ class SourceResolver:
                 except Exception:  # not importable here: the stored source will be used
                     continue
                 if current is not None and source_hash(current) != info["hash"]:
-                    self._changed(f"{module_name}.{qualname} has changed since it was captured "
-                                  f"(source hash differs); replay may not match")
+                    changed.append(f"{module_name}.{qualname} has changed since it was captured "
+                                   f"(its source differs); replay may not match")
+        self.notes.extend(changed)
+        return changed
 
-    def _check_file(self, module_name: str, entry: dict[str, Any]) -> None:
+    @staticmethod
+    def _check_file(module_name: str, entry: dict[str, Any]) -> list[str]:
         file = entry.get("file")
         if not file or not entry.get("hash") or not os.path.isfile(file):
-            return
+            return []
         try:
             with open(file, encoding="utf-8") as handle:
                 current = handle.read()
         except (OSError, UnicodeDecodeError):
-            return
-        if source_hash(current) != entry["hash"]:
-            self._changed(f"{file} ({module_name}) has changed since it was captured; "
-                          "the captured source is used")
-
-    def _changed(self, message: str) -> None:
-        self.notes.append(message)
-        warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=4)
+            return []
+        if source_hash(current) == entry["hash"]:
+            return []
+        return [f"{file} ({module_name}) has changed since it was captured; the captured source is used"]

@@ -14,7 +14,8 @@ def _leaf_summaries(tree: dict[str, Any] | None, tensors: dict[str, Any], prefix
     for i, leaf in enumerate(tree["leaves"]):
         if isinstance(leaf, dict) and leaf.get("$type") == "tensor":
             entry = tensors[leaf["id"]]
-            out.append({"leaf": f"{prefix}[{i}]", "kind": "tensor", "shape": entry["shape"], "dtype": entry["dtype"],
+            out.append({"leaf": f"{prefix}[{i}]", "kind": "shape-only" if entry.get("shape_only") else "tensor",
+                        "shape": entry["shape"], "dtype": entry["dtype"],
                         "device": entry.get("device", "cpu"), "stats": entry.get("stats")})
         elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
             out.append({"leaf": f"{prefix}[{i}]", "kind": "unrecorded", "type": leaf.get("class")})
