@@ -304,3 +304,349 @@ def test_unrecorded_output_makes_replay_unverified_not_pass(repo: modulelens.Rep
     assert report.status == "UNVERIFIED" and not report.passed
     assert [leaf.kind for leaf in report.calls[0].leaves] == ["tensor", "unrecorded"]
     assert "NOT compared" in str(report)
+
+
+# ============================================================================================
+# 3. Classes that cannot be imported later: source stored with the capture
+# ============================================================================================
+
+SCRIPT = '''
+import sys
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+import modulelens
+
+WIDTH = 6
+print("top-level side effect ran")
+
+
+class Act(Enum):
+    TANH = "tanh"
+    RELU = "relu"
+
+
+@dataclass
+class Cfg:
+    width: int
+    act: Act = Act.TANH
+
+
+class ScriptBlock(torch.nn.Module):
+    def __init__(self, cfg: Cfg) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.lin = torch.nn.Linear(cfg.width, cfg.width)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.tanh(y) if self.cfg.act is Act.TANH else torch.relu(y)
+
+
+def make_head():
+    class LocalHead(torch.nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(width, 2)
+
+        def forward(self, x):
+            return self.fc(x) * 2
+
+    return LocalHead
+
+
+for step in range(3):
+    print("a training loop at module level", step)
+
+if __name__ == "__main__":
+    modulelens.track_init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(ScriptBlock(Cfg(WIDTH, Act.RELU)), make_head()(WIDTH))
+    with modulelens.capture(model, targets=["0", "1"], repo=sys.argv[1], name="script") as cap:
+        model(torch.randn(3, WIDTH))
+    print("SAVED", [info.ref for info in cap.saved])
+'''
+
+LOAD_AND_REPLAY = '''
+import json, sys, warnings
+import modulelens
+results = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for ref in sys.argv[2:]:
+        cap = modulelens.load(ref, repo=sys.argv[1])
+        report = cap.replay()
+        results[ref] = {"status": report.status, "notes": cap.notes, "module": type(cap.module).__module__,
+                        "class": type(cap.module).__name__}
+results["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+print(json.dumps(results))
+'''
+
+
+def test_class_defined_in_main_restores_from_stored_source(tmp_path: Path) -> None:
+    script_dir = tmp_path / "job"
+    script_dir.mkdir()
+    script = script_dir / "train.py"
+    script.write_text(SCRIPT)
+    repo = tmp_path / "repo"
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT), "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, str(script), str(repo)], cwd=script_dir, env=env, capture_output=True,
+                         text=True, timeout=180, check=False)
+    assert ran.returncode == 0, ran.stderr
+    assert "SAVED ['script/0:v1', 'script/1:v1']" in ran.stdout
+    meta = modulelens.Repo(repo).read_metadata("script/0", 1)
+    assert meta["module"]["class"] == "__main__:ScriptBlock"
+    assert meta["module"]["source"]["file"] == str(script) and meta["sources"]["__main__"]["text"] == SCRIPT
+
+    elsewhere = tmp_path / "elsewhere"  # another process, another folder: train.py is not importable
+    elsewhere.mkdir()
+    loaded = run_python(LOAD_AND_REPLAY, str(repo), "script/0", "script/1", cwd=elsewhere)
+    assert loaded.returncode == 0, loaded.stderr
+    out = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert "side effect" not in loaded.stdout and "training loop" not in loaded.stdout  # definitions only
+    for ref, cls in (("script/0", "ScriptBlock"), ("script/1", "LocalHead")):
+        assert out[ref]["status"] == "PASS" and out[ref]["class"] == cls
+        assert out[ref]["module"].startswith("modulelens_source.")
+        assert any("rebuilt from the source stored with the capture" in note for note in out[ref]["notes"])
+    assert out["warnings"] == []
+
+    script.write_text(SCRIPT.replace("* 2", "* 3"))  # the script changed since the capture
+    loaded = run_python(LOAD_AND_REPLAY, str(repo), "script/1", cwd=elsewhere)
+    out = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert out["script/1"]["status"] == "PASS"  # the captured source is what runs
+    assert any(w.startswith("SourceChangedWarning") and "train.py" in w for w in out["warnings"])
+    assert any("has changed since it was captured" in note for note in out["script/1"]["notes"])
+
+
+MODULE_V1 = '''
+import torch
+
+
+class FolderBlock(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+'''
+
+CAPTURE_FOLDER_MODULE = '''
+import sys, torch, modulelens
+modulelens.track_init()
+from folder_model import FolderBlock
+model = torch.nn.Sequential(FolderBlock(4))
+with modulelens.capture(model, targets=["0"], repo=sys.argv[1], name="folder") as cap:
+    model(torch.randn(2, 4))
+print([info.ref for info in cap.saved])
+'''
+
+
+def test_script_folder_module_warns_when_changed_and_falls_back_to_stored_source(tmp_path: Path) -> None:
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    (folder / "folder_model.py").write_text(MODULE_V1)
+    repo = tmp_path / "repo"
+    captured = run_python(CAPTURE_FOLDER_MODULE, str(repo), cwd=tmp_path, extra_path=[folder])
+    assert captured.returncode == 0, captured.stderr
+    meta = modulelens.Repo(repo).read_metadata("folder/0", 1)
+    assert meta["module"]["class"] == "folder_model:FolderBlock" and meta["module"]["source"]["class_hash"]
+
+    # importable and unchanged: imported, no warning
+    same = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path,
+                                 extra_path=[folder]).stdout.strip().splitlines()[-1])
+    assert same["folder/0"]["status"] == "PASS" and same["folder/0"]["module"] == "folder_model"
+    assert same["warnings"] == []
+
+    # importable but changed: imported, SourceChangedWarning, noted, and the replay shows the change
+    (folder / "folder_model.py").write_text(MODULE_V1.replace(".relu()", ".tanh()"))
+    changed = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path,
+                                    extra_path=[folder]).stdout.strip().splitlines()[-1])
+    assert changed["folder/0"]["status"] == "FAIL"
+    assert any(w.startswith("SourceChangedWarning") and "FolderBlock" in w for w in changed["warnings"])
+    assert any("has changed since it was captured" in note for note in changed["folder/0"]["notes"])
+
+    # not importable any more (folder not on the path): rebuilt from the stored, original source
+    gone = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert gone["folder/0"]["status"] == "PASS" and gone["folder/0"]["module"].startswith("modulelens_source.")
+
+
+def test_stored_source_runs_definitions_only() -> None:
+    text = textwrap.dedent('''
+        import math
+        from collections import namedtuple
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        WIDTH = 4
+        Pair = namedtuple("Pair", "a b")
+        data = load_everything()
+        train(model)
+        for _ in range(10):
+            pass
+        def helper():
+            return math.pi
+        class Thing:
+            pass
+        if __name__ == "__main__":
+            main()
+    ''')
+    kept = [type(node).__name__ for node in definitions_only(text, "<x>").body]
+    assert kept == ["Import", "ImportFrom", "Try", "Assign", "Assign", "FunctionDef", "ClassDef"]
+
+
+# ============================================================================================
+# 4. Shape-only records for huge tensors
+# ============================================================================================
+
+
+class Recommender(nn.Module):
+    def __init__(self, rows: int, dim: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(rows, dim)
+        self.proj = nn.Linear(dim, 1)
+
+    def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.table(ids).mean(1) + dense)
+
+
+def _recommender_capture(repo: modulelens.Repo, **options: Any) -> modulelens.VersionInfo:
+    torch.manual_seed(0)
+    model = Recommender(rows=1000, dim=8)
+    ids = torch.randint(100, 900, (64, 16))  # 8 KiB of indices, a "huge" tensor here
+    with modulelens.capture(model, targets=["Recommender"], repo=repo, name="rec", **options) as cap:
+        model(ids, torch.randn(64, 8))
+    return cap.saved[0]
+
+
+def test_shape_only_index_input_synthesizes_valid_indices(repo: modulelens.Repo) -> None:
+    info = _recommender_capture(repo, shape_only_over=4096)
+    cap = modulelens.load(info.ref, repo=repo)
+    assert cap.shape_only == ["call0.inputs[0][0]"]  # ids only: dense (2 KiB) and parameters keep payloads
+    ids_entry = next(e for e in cap.metadata["tensors"].values() if e.get("shape_only"))
+    assert "payload" not in ids_entry and ids_entry["dtype"] == "int64" and ids_entry["shape"] == [64, 16]
+    stats = ids_entry["stats"]
+    assert 100 <= stats["min"] <= stats["quantiles"]["0.5"] <= stats["max"] <= 899
+    assert isinstance(cap.calls[0].args[0], modulelens.ShapeOnly)
+    with pytest.raises(modulelens.RestoreError, match=r"args\[0\] \(int64\[64, 16\]\) was stored shape-only.*synthesize=True"):
+        cap.calls[0].fresh_inputs()
+    report = cap.replay()
+    assert report.status == "FAIL" and "shape-only" in report.calls[0].error
+
+    synth = modulelens.load(info.ref, repo=repo, synthesize=True)
+    ids = synth.calls[0].args[0]
+    assert ids.dtype == torch.int64 and ids.shape == (64, 16)
+    assert int(ids.min()) >= stats["min"] and int(ids.max()) <= stats["max"]  # valid embedding rows
+    assert torch.equal(synth.calls[0].args[1], cap.calls[0].args[1])  # the stored input is the real one
+    report = synth.replay()
+    assert report.status == "UNVERIFIED" and not report.passed  # it ran; nothing pretends to pass
+    leaf = report.calls[0].leaves[0]
+    assert leaf.kind == "shape-only" and not leaf.compared and leaf.passed
+    assert "synthetic inputs" in leaf.message and "NOT compared" in str(report)
+
+
+def test_max_bytes_budget_and_parameters(repo: modulelens.Repo) -> None:
+    info = _recommender_capture(repo, max_bytes=40_000)  # weights 32 KiB + ids 8 KiB + dense 2 KiB > 40 KB
+    cap = modulelens.load(info.ref, repo=repo)
+    assert cap.shape_only == ["call0.inputs[0][0]"]  # the largest call tensor went; parameters never do
+    assert cap.metadata["capture"]["max_bytes"] == 40_000
+    assert all("payload" in cap.metadata["tensors"][e["tensor"]]
+               for e in cap.metadata["states"][0]["parameters"].values())
+
+    info = _recommender_capture(repo, shape_only_over=1024, shape_only_params=True)
+    cap = modulelens.load(info.ref, repo=repo)
+    assert "state0.table.weight" in cap.shape_only
+    with pytest.raises(modulelens.RestoreError, match="stored shape-only"):
+        _ = cap.module
+    synth = modulelens.load(info.ref, repo=repo, synthesize=True)
+    assert synth.module.table.weight.shape == (1000, 8)
+    assert synth.replay().status == "UNVERIFIED"
+
+
+def test_tensor_stats() -> None:
+    values = torch.tensor([0.0, 0.0, 1.0, 3.0, float("inf")])
+    stats = tensor_stats(values)
+    assert stats["zero_fraction"] == 0.4 and stats["nonfinite"] == 1
+    assert stats["min"] == 0.0 and stats["max"] == 3.0 and stats["mean"] == 1.0
+    ints = tensor_stats(torch.arange(10, 20))
+    assert (ints["min"], ints["max"]) == (10, 19) and isinstance(ints["min"], int)
+    assert tensor_stats(torch.tensor([True, False, True, True]))["fraction_true"] == 0.75
+
+
+# ============================================================================================
+# 5. Shared tensors are stored once
+# ============================================================================================
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(ids))))
+
+
+def test_tied_weights_stay_tied(repo: modulelens.Repo) -> None:
+    cap = capture_one(TiedLM(50, 8), "TiedLM", repo, lambda m: m(torch.randint(0, 50, (2, 5))).sum().backward(),
+                      backward=True)
+    params = cap.metadata["states"][0]["parameters"]
+    assert params["embed.weight"]["tensor"] == params["head.weight"]["tensor"]
+    module = cap.module
+    assert module.embed.weight is module.head.weight
+    payloads = {e["payload"] for e in cap.metadata["tensors"].values() if "payload" in e}
+    weight_digest = cap.metadata["tensors"][params["embed.weight"]["tensor"]]["payload"]
+    assert weight_digest in payloads and sum(e.get("payload") == weight_digest for e in cap.metadata["tensors"].values()) == 1
+    report = cap.replay(backward=True)
+    assert report.passed, report
+    assert {leaf.path for leaf in report.calls[0].grad_leaves} >= {"grad['params']['embed.weight']",
+                                                                   "grad['params']['head.weight']"}
+
+
+def test_output_of_one_capture_feeding_another_is_stored_once(repo: modulelens.Repo) -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4))
+    with modulelens.capture(model, targets=["0", "1"], repo=repo, name="chain") as cap:
+        model(torch.randn(32, 64))
+    first, second = (modulelens.load(info.ref, repo=repo) for info in cap.saved)
+
+    def digest(c: modulelens.Capture, tree: dict[str, Any]) -> str:
+        return c.metadata["tensors"][tree["leaves"][0]["id"]]["payload"]
+
+    out_digest = digest(first, first.metadata["calls"][0]["output"])
+    assert out_digest == digest(second, second.metadata["calls"][0]["inputs"])
+    blob_files = [p for p in (repo.root / "blobs").glob("*/*") if not p.name.endswith(".ok")]
+    every = {e["payload"] for c in (first, second) for e in c.metadata["tensors"].values() if "payload" in e}
+    assert len(blob_files) == len(every)  # content-addressed: the shared activation is one blob
+
+
+class TwoViews(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        q.mul_(2)  # in place, through a view: the other view of the storage must not see it
+        return self.lin(q) + k
+
+
+def test_views_of_one_storage_are_stored_once_and_restored_as_views(repo: modulelens.Repo) -> None:
+    qk = torch.randn(3, 8)
+    q, k = qk.chunk(2, dim=-1)
+    cap = capture_one(TwoViews(), "TwoViews", repo, lambda m: m(q, k))
+    tensors = cap.metadata["tensors"]
+    leaves = cap.metadata["calls"][0]["inputs"]["leaves"]
+    q_entry, k_entry = (tensors[leaf["id"]] for leaf in leaves)
+    assert q_entry["view_of"] == k_entry["view_of"] and "payload" not in q_entry
+    assert (q_entry["storage_offset"], k_entry["storage_offset"], q_entry["stride"]) == (0, 4, [8, 1])
+    assert tensors[q_entry["view_of"]]["shape"] == [3 * 8]  # one span of the storage, not two copies
+    args = cap.calls[0].args
+    assert args[0].untyped_storage().data_ptr() == args[1].untyped_storage().data_ptr()
+    fresh, _ = cap.calls[0].fresh_inputs()
+    assert fresh[0].untyped_storage().data_ptr() == fresh[1].untyped_storage().data_ptr()
+    assert fresh[0].untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr()
+    assert cap.replay().passed
