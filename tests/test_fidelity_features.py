@@ -650,3 +650,251 @@ def test_views_of_one_storage_are_stored_once_and_restored_as_views(repo: module
     assert fresh[0].untyped_storage().data_ptr() == fresh[1].untyped_storage().data_ptr()
     assert fresh[0].untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr()
     assert cap.replay().passed
+
+
+# ============================================================================================
+# 6. State that decides the result
+# ============================================================================================
+
+
+class Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.drop(self.lin(x)), torch.rand_like(x)
+
+
+def test_dropout_in_training_mode_replays_bit_exact(repo: modulelens.Repo) -> None:
+    model = Noisy().train()
+    cap = capture_one(model, "Noisy", repo, lambda m: [m(torch.randn(8, 16)) for _ in range(3)], max_calls=3)
+    assert [c.training for c in cap.calls] == [True, True, True]
+    assert all(c.rng and "cpu" in c.rng for c in cap.calls)
+    masks = [(c.output[0] == 0) for c in cap.calls]
+    assert int(masks[0].sum()) > 16 and not torch.equal(masks[0], masks[1])  # dropout really dropped, per call
+    report = cap.replay()
+    assert report.passed and report.mode == "bit-exact", report
+    # the recorded RNG state is what makes it exact: from another RNG state the replay differs
+    module = cap.use_state(0).train()
+    torch.manual_seed(12345)
+    assert not torch.equal(module(*cap.calls[0].fresh_inputs()[0])[0], cap.calls[0].output[0])
+
+
+def test_grad_mode_and_autocast_are_recorded_and_replayed(repo: modulelens.Repo) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+
+    def drive(m: nn.Module) -> None:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            m(torch.randn(4, 8))
+
+    cap = capture_one(model, "0", repo, drive)
+    call = cap.calls[0]
+    assert call.grad_enabled is False and call.autocast == {"cpu": "bfloat16"}
+    assert call.output.dtype == torch.bfloat16
+    report = cap.replay()
+    assert report.passed and report.mode == "bit-exact", report
+    assert report.calls[0].leaves[0].dtype == "bfloat16"
+
+
+class Stateful(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4), persistent=False)
+        self.step = 0
+
+    def get_extra_state(self) -> Any:
+        return {"step": self.step, "offset": torch.full((4,), float(self.step))}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.step = state["step"]
+        self.offset = state["offset"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.offset = torch.full((4,), float(self.step))
+        return self.lin(x) * self.scale + self.offset
+
+
+def test_extra_state_and_non_persistent_buffers_restore(repo: modulelens.Repo) -> None:
+    model = Stateful()
+    model.scale.mul_(3)
+    model.step = 5
+    cap = capture_one(model, "Stateful", repo, lambda m: m(torch.randn(2, 4)))
+    state = cap.metadata["states"][0]
+    assert state["buffers"]["scale"]["persistent"] is False and state["extra_state"]["_extra_state"]
+    module = cap.module
+    assert module.step == 5 and torch.equal(module.scale, torch.full((4,), 3.0))
+    assert "scale" not in module.state_dict() and "scale" in dict(module.named_buffers())
+    assert cap.replay().passed
+
+
+# ============================================================================================
+# 7. Backward
+# ============================================================================================
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.down(self.drop(torch.relu(self.up(x))))
+        return h * gate, h.sum(-1)
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, 6)
+        self.block = ResidualBlock(6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        gate = torch.sigmoid(h)
+        y, s = self.block(h, gate)
+        return self.out(y + h).sum() + s.mean() + (h * 3).sum()  # h is used outside the block too
+
+
+def test_backward_replay_compares_input_and_parameter_gradients(repo: modulelens.Repo) -> None:
+    model = Stack().train()
+    x = torch.randn(5, 6)
+    cap = capture_one(model, "block", repo, lambda m: m(x).backward(), backward=True)
+    call = cap.calls[0]
+    grads = call.backward
+    assert grads is not None and set(grads["param_grads"]) == {"up.weight", "up.bias", "down.weight", "down.bias"}
+    assert isinstance(grads["input_grads"][0][0], torch.Tensor) and isinstance(grads["input_grads"][0][1], torch.Tensor)
+    assert model.block.up.weight.grad is not None and torch.equal(grads["param_grads"]["up.weight"],
+                                                                   model.block.up.weight.grad)
+    report = cap.replay(backward=True)
+    assert report.passed and report.mode == "bit-exact", report
+    grad_paths = {leaf.path for leaf in report.calls[0].grad_leaves}
+    assert grad_paths == {"grad['inputs']['[0][0]']", "grad['inputs']['[0][1]']", "grad['params']['up.weight']",
+                          "grad['params']['up.bias']", "grad['params']['down.weight']", "grad['params']['down.bias']"}
+    assert "backward: 6/6 gradients match" in str(report)
+
+    with torch.no_grad():
+        cap.module.up.weight[0, 0] += 1e-3  # a different module must not pass the backward check
+    broken = cap.replay(backward=True)
+    assert not broken.passed and any(not leaf.passed for leaf in broken.calls[0].grad_leaves)
+
+
+def test_backward_input_gradient_is_module_local(repo: modulelens.Repo) -> None:
+    model = Stack().eval()  # gate = sigmoid(h) and h both enter the block; h is also used after it
+    seen: dict[str, torch.Tensor] = {}
+    model.block.register_forward_pre_hook(lambda m, args: seen.setdefault("h", args[0]))
+    cap = capture_one(model, "block", repo, lambda m: m(torch.randn(3, 6)).backward(), backward=True)
+    recorded = cap.calls[0].backward
+    h = seen["h"].detach().requires_grad_(True)
+    gate = torch.sigmoid(seen["h"]).detach().requires_grad_(True)
+    y, s = model.block(h, gate)
+    grad_h, grad_gate = torch.autograd.grad((y, s), (h, gate), tuple(recorded["output_grads"]))
+    assert torch.equal(recorded["input_grads"][0][0], grad_h)  # not the job's total dL/dh
+    assert torch.equal(recorded["input_grads"][0][1], grad_gate)
+
+
+# ============================================================================================
+# 8. dtype (and device) overrides
+# ============================================================================================
+
+
+def test_dtype_override_tolerances(repo: modulelens.Repo) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+    with modulelens.capture(model, targets=["Sequential"], repo=repo, name="mlp") as cap:
+        model(torch.randn(8, 16))
+    ref = cap.saved[0].ref
+    exact = modulelens.load(ref, repo=repo, device="cpu").replay()
+    assert exact.passed and exact.mode == "bit-exact"
+
+    wide = modulelens.load(ref, repo=repo, dtype=torch.float64)
+    report = wide.replay()
+    leaf = report.calls[0].leaves[0]
+    assert report.passed and report.mode == "tolerance" and report.dtype == "float64", report
+    assert leaf.rtol == pytest.approx(1.3e-6) and leaf.max_abs_error > 0  # float32 rounding is real
+    assert not wide.replay(exact=True).passed  # and bit-exactness would (rightly) fail
+
+    narrow = modulelens.load(ref, repo=repo, dtype=torch.bfloat16)
+    assert narrow.module[0].weight.dtype == torch.bfloat16
+    report = narrow.replay()
+    leaf = report.calls[0].leaves[0]
+    assert report.passed, report
+    assert leaf.rtol == pytest.approx(1.6e-2) and leaf.atol >= 1.6e-2 * 1.0  # scaled to |output| ~ O(1)
+    assert leaf.max_abs_error > 1e-3  # bf16 really ran
+    assert not narrow.replay(rtol=1e-6, atol=1e-6).passed
+
+
+# ============================================================================================
+# 9. Wrapped models: torch.compile and DDP
+# ============================================================================================
+
+
+class Tower(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_torch_compile_model(repo: modulelens.Repo) -> None:
+    model = Tower()
+    compiled = torch.compile(model, backend="eager")
+    compiled(torch.randn(3, 8))  # compiled before the capture exists
+    with modulelens.capture(compiled, targets=["_orig_mod.b", "a"], repo=repo, name="compiled", max_calls=2) as cap:
+        compiled(torch.randn(3, 8))
+        compiled(torch.randn(5, 8))
+    assert sorted(info.name for info in cap.saved) == ["compiled/a", "compiled/b"]
+    assert cap.tracer.active_hooks == 0
+    for info in cap.saved:
+        loaded = modulelens.load(info.ref, repo=repo)
+        assert [c.args[0].shape[0] for c in loaded.calls] == [3, 5]
+        assert loaded.metadata["module"]["qualified_name"] in ("a", "b")
+        assert loaded.replay().passed
+    assert compiled(torch.randn(2, 8)).shape == (2, 8)  # the job goes on
+
+
+def test_ddp_wrapped_model(repo: modulelens.Repo, tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(Tower())
+        with modulelens.capture(ddp, targets=["module.a", "b.0"], repo=repo, name="ddp", backward=True) as cap:
+            ddp(torch.randn(4, 8)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert sorted(info.name for info in cap.saved) == ["ddp/a", "ddp/b.0"]
+    for info in cap.saved:
+        loaded = modulelens.load(info.ref, repo=repo)
+        assert loaded.environment["world_size"] == 1
+        report = loaded.replay(backward=True)
+        assert report.passed and report.calls[0].grad_leaves, report
+
+
+# ============================================================================================
+# 10. Many calls with different shapes
+# ============================================================================================
+
+
+def test_variable_sequence_lengths_each_recorded_and_replayed(repo: modulelens.Repo) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, use_cache=False)
+    model = transformers.LlamaModel(config).eval()
+    lengths = [5, 11, 3]
+    with modulelens.capture(model, targets=["layers.1"], repo=repo, name="llama", max_calls=3) as cap:
+        for n in lengths:
+            model(input_ids=torch.randint(0, 32, (2, n)))
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert [c.args[0].shape[1] for c in loaded.calls] == lengths
+    assert [c.kwargs["position_embeddings"][0].shape[1] for c in loaded.calls] == lengths
+    report = loaded.replay()
+    assert report.passed and len(report.calls) == 3, report

@@ -29,6 +29,19 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(seen.values())
 
 
+def separate_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The call's inputs with each tensor that requires grad replaced by a view of itself, so the
+    module's input gradients can be taken alone: two inputs the job derived from one another
+    (``gate = sigmoid(h)`` passed with ``h``) would otherwise leak gradient into each other.
+    ``None`` when no input requires grad (the call then runs on its own inputs)."""
+    if not any(isinstance(t, torch.Tensor) and t.requires_grad for _, t in deep_leaves((args, kwargs))):
+        return None
+    def view(_path: str, value: Any) -> Any:
+        return value.view_as(value) if isinstance(value, torch.Tensor) and value.requires_grad else value
+    new_args, new_kwargs = map_leaves(view, (args, kwargs))
+    return tuple(new_args), dict(new_kwargs)
+
+
 def watch_backward(
     call: CallRecord,
     module: torch.nn.Module,
@@ -45,8 +58,14 @@ def watch_backward(
     named_params = [(n, p) for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad]
     params = _unique([p for _, p in named_params])
     call.backward_pending = True
+    state = {"running": False, "done": False}
 
     def hook(grads: Any) -> None:
+        # Our own autograd.grad below reaches these outputs again: ignore that (and any later
+        # backward through the same graph); the first backward of the call is the recorded one.
+        if state["running"] or state["done"]:
+            return
+        state["running"] = True
         try:
             reached = [(t, g) for t, g in zip(outputs, grads, strict=True) if g is not None]
             targets = input_tensors + params
@@ -73,6 +92,8 @@ def watch_backward(
             error = None
         except Exception as caught:  # fail open: never break the job's backward
             error = caught
+        finally:
+            state["running"], state["done"] = False, True
         call.backward_pending = False
         on_done(call, error)
 

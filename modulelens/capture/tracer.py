@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from modulelens.capture.backward import watch_backward
+from modulelens.capture.backward import separate_inputs, watch_backward
 from modulelens.capture.budget import PayloadPolicy
 from modulelens.capture.environment import describe_environment
 from modulelens.capture.init_tracking import get_init_record
@@ -167,11 +167,12 @@ class Tracer:
         self._handles[name] = [pre, post]
 
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
-        def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             try:
-                self._on_enter(name, module, args, kwargs)
+                return self._on_enter(name, module, args, kwargs)
             except Exception as error:  # fail open
                 self._fail(name, error)
+                return None
         return _eager(pre_hook)
 
     def _make_post_hook(self, name: str) -> Callable[..., None]:
@@ -182,14 +183,15 @@ class Tracer:
                 self._fail(name, error)
         return _eager(post_hook)
 
-    def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Record the call; returns replacement ``(args, kwargs)`` only when capturing its backward."""
         with self._lock:
             record = self.records[name]
             index = record.seen_calls
             record.seen_calls += 1
             if index < self.warmup or len(record.calls) >= self.max_calls or record.failed:
                 self._stacks[name].append(None)
-                return
+                return None
             call = CallRecord(
                 index=index,
                 args=self._snap.tree(tuple(args)),
@@ -202,8 +204,12 @@ class Tracer:
             if self.record_rng:
                 call.rng = _rng_state(args, kwargs)
             record.calls.append(call)
-            live = (tuple(args), dict(kwargs)) if self.backward and call.grad_enabled else None
+            live = replacement = None
+            if self.backward and call.grad_enabled:
+                replacement = separate_inputs(tuple(args), dict(kwargs))
+                live = replacement if replacement is not None else (tuple(args), dict(kwargs))
             self._stacks[name].append(_Pending(call, live))
+            return replacement
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
         with self._lock:
