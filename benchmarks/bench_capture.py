@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report  # noqa: E402
+from _common import report
 
-import modulelens  # noqa: E402
-from modulelens.capture.init_tracking import stop_tracking, track_init  # noqa: E402
-from modulelens.demo.model import CARDINALITIES, RecModel, synthetic_batch  # noqa: E402
+import modulelens
+from modulelens.capture.init_tracking import stop_tracking, track_init
+from modulelens.demo.model import CARDINALITIES, RecModel, synthetic_batch
 
 
 def step_times(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list, steps: int) -> list[float]:

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import median, report, timed  # noqa: E402
+from _common import median, report, timed
 
-import modulelens  # noqa: E402
+import modulelens
 
 
 class Big(nn.Module):
@@ -84,7 +84,7 @@ def main() -> None:
         safetensors.torch.save_file(state, str(work / "w.safetensors"))
         repo = modulelens.Repo(work / "repo")
         capture.tracer.save(repo, "big")
-        del capture, model, state
+        capture.tracer.records.clear()  # the saved snapshot copies are no longer needed
 
         def load_torch() -> nn.Module:
             m = Big(width, depth)

@@ -68,6 +68,8 @@ class Call:
         self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify."""
+        copies: dict[int, torch.Tensor] = {}  # one copy per recorded tensor: attn(x, x, x) stays aliased
+
         def copy(value: Any) -> Any:
             if isinstance(value, Unrecorded):
                 raise RestoreError(
@@ -76,10 +78,13 @@ class Call:
                 )
             if not isinstance(value, torch.Tensor):
                 return value
+            if id(value) in copies:
+                return copies[id(value)]
             out = value.to(device) if device is not None else value
             if dtype is not None and out.dtype.is_floating_point:
                 out = out.to(dtype)
-            return out.clone(memory_format=torch.preserve_format) if out is value else out
+            copies[id(value)] = out = out.clone(memory_format=torch.preserve_format) if out is value else out
+            return out
         args, kwargs = self.inputs
         return torch.utils._pytree.tree_map(copy, (args, kwargs))
 
