@@ -269,8 +269,8 @@ class Tracer:
         metadata: dict[str, Any] | None = None,
     ) -> list[Any]:
         """Save every target that recorded at least one call; returns their ``VersionInfo``s."""
-        from modulelens.repo.local import Repo
         from modulelens.format.encode import encode_record
+        from modulelens.repo.local import Repo
 
         self._snap.synchronize()
         repo = repo if isinstance(repo, Repo) else Repo(repo)
