@@ -63,9 +63,9 @@ def make_repo(root: Path) -> Path:
     """A repo with ``toy/gate`` (2 calls), ``toy/head`` and ``toy/noisy``."""
     import modulelens
 
-    modulelens.track_init()
     torch.manual_seed(0)
-    model = Net()
+    with modulelens.track_init():
+        model = Net()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         with modulelens.capture(model, targets=["gate", "head", "noisy"], repo=root, name="toy", max_calls=2):
