@@ -11,6 +11,7 @@ and the job continues. ``strict=True`` raises instead.
 from __future__ import annotations
 
 import fnmatch
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -178,6 +179,11 @@ class Tracer:
             stack = self._stacks[name]
             pending = stack.pop() if stack else None
             if pending is None:
+                return
+            raised = sys.exc_info()[1]
+            if output is None and raised is not None:
+                # forward raised (this is the always_call path): drop the call, record a later one
+                self.records[name].calls.remove(pending.call)
                 return
             pending.call.output = self._snap.tree(output)
             pending.call.finished = True
