@@ -88,6 +88,17 @@ class Call:
         args, kwargs = self.inputs
         return torch.utils._pytree.tree_map(copy, (args, kwargs))
 
+    def __repr__(self) -> str:
+        from modulelens.interfaces.tensor_info import call_repr
+
+        return call_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
+        from modulelens.interfaces.html import call_html
+
+        return call_html(self)
+
 
 class Capture:
     """A stored capture: metadata, the rebuilt module, recorded calls and replay.
@@ -159,6 +170,12 @@ class Capture:
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: class, constructor, parameter and call tensors as tables."""
+        from modulelens.interfaces.html import capture_html
+
+        return capture_html(self)
 
     # ---------------------------------------------------------------------------------- tensors
 
