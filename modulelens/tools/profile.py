@@ -93,7 +93,7 @@ class ProfileReport:
             f"{', compiled ' + self.compiled if self.compiled else ''}):",
             f"  latency median {lat['median_ms']:.4g} ms  p10 {lat['p10_ms']:.4g}  p90 {lat['p90_ms']:.4g}"
             f"  ({lat['iterations']} iterations)",
-            f"  peak memory {_fmt(self.memory.get('peak_bytes'))} B ({self.memory.get('method')})",
+            f"  peak memory {_fmt(self.memory.get('peak_bytes'))} B ({self.memory.get('source')})",
             f"  FLOPs {_fmt(self.flops['total'])}  bytes {_fmt(self.bytes_moved['total'])}"
             f"  achieved {_fmt(self.achieved_flops_per_s)} FLOP/s  intensity {_fmt(self.arithmetic_intensity)} FLOP/B",
         ]
@@ -283,14 +283,16 @@ def _cpu_memory_from_profiler(prof: Any, iterations: int) -> dict[str, Any]:
         events = [e for e in prof.profiler.kineto_results.events()
                   if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
     except Exception as error:  # private profiler API; report rather than guess
-        return {"peak_bytes": None, "method": f"unavailable ({type(error).__name__}: {error})"}
+        return {"peak_bytes": None, "source": "unavailable",
+                "method": f"unavailable ({type(error).__name__}: {error})"}
     events.sort(key=lambda e: e.start_ns())
     running = peak = allocated = 0
     for event in events:
         running += event.nbytes()
         peak = max(peak, running)
         allocated += max(event.nbytes(), 0)
-    return {"peak_bytes": peak, "allocated_bytes_per_iter": allocated // max(iterations, 1), "method": method}
+    return {"peak_bytes": peak, "allocated_bytes_per_iter": allocated // max(iterations, 1),
+            "source": "torch.profiler CPU allocator events", "method": method}
 
 
 def _cuda_memory(workload: _Workload, device: torch.device) -> dict[str, Any]:
@@ -305,6 +307,7 @@ def _cuda_memory(workload: _Workload, device: torch.device) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
     return {"peak_bytes": peak - baseline, "peak_allocated_bytes": peak, "baseline_bytes": baseline,
+            "source": "torch.cuda.max_memory_allocated",
             "method": "torch.cuda.max_memory_allocated during one iteration, minus the allocation before it"}
 
 
