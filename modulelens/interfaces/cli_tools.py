@@ -219,11 +219,15 @@ def diff_cmd(
         rows = [t for t in r["tensors"] if show_all or t["status"] != "same"]
         if rows:
             table = Table(title="parameters and buffers (first recorded state)")
-            for col in ("tensor", "kind", "status", "shape A", "shape B", "max abs diff", "||a-b||/||a||"):
+            table.add_column("tensor", overflow="fold")
+            for col in ("status", "shape", "max abs diff", "‖a-b‖/‖a‖"):
                 table.add_column(col)
             for t in rows:
-                table.add_row(t["name"], t["kind"], t["status"], str(t["shape_a"]), str(t["shape_b"]),
-                              _num(t["max_abs_diff"]), _num(t["rel_norm"]))
+                shape = str(t["shape_a"] or t["shape_b"])
+                if t["shape_a"] and t["shape_b"] and t["shape_a"] != t["shape_b"]:
+                    shape = f"{t['shape_a']} → {t['shape_b']}"
+                kind = "" if t["kind"] == "parameter" else f" ({t['kind']})"
+                table.add_row(t["name"] + kind, t["status"], shape, _num(t["max_abs_diff"]), _num(t["rel_norm"]))
             console.print(table)
         same = sum(t["status"] == "same" for t in r["tensors"])
         console.print(f"{same}/{s['tensors']} tensors identical")
