@@ -63,6 +63,7 @@ def assert_matches(
         cap = modulelens.load("ranker/mlp:golden")
         assert_matches(MyMLP.from_original(cap.module), cap, rtol=1e-4)
     """
+    __tracebackhide__ = True  # pytest: show the test's line, not this helper's
     from modulelens.restore.loader import Capture, load
     from modulelens.tools.verify import verify
 

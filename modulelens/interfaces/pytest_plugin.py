@@ -77,8 +77,9 @@ def modulelens_capture(request: pytest.FixtureRequest) -> Any:
     try:
         return load(ref, repo=repo, device=marker.kwargs.get("device"), dtype=dtype)
     except CaptureNotFoundError as error:
-        if request.config.getoption("modulelens_skip_missing", default=False):
-            pytest.skip(f"modulelens: {error}")
-        pytest.fail(f"modulelens: {error}", pytrace=False)
+        problem, missing = f"modulelens: {error}", True
     except ModulelensError as error:
-        pytest.fail(f"modulelens: cannot load {ref}: {error}", pytrace=False)
+        problem, missing = f"modulelens: cannot load {ref}: {error}", False
+    if missing and request.config.getoption("modulelens_skip_missing", default=False):
+        pytest.skip(problem)
+    pytest.fail(problem, pytrace=False)
