@@ -151,11 +151,13 @@ def _workload(
         tensor.requires_grad_(True)
     params = [p for p in module.parameters() if p.requires_grad]
     with context():
-        probe = output_tensors(module(*args, **kwargs))
+        output = module(*args, **kwargs)
+    probe = output_tensors(output)
     if not probe:
         raise ToolError("--backward: no output requires grad (no trainable parameters and no floating inputs)")
     grads = [torch.ones_like(t) for t in probe]
-    del probe
+    single = isinstance(output, torch.Tensor)
+    del probe, output
 
     def before_each() -> None:
         for tensor in params:
@@ -163,8 +165,14 @@ def _workload(
         for tensor in inputs:
             tensor.grad = None
 
-    def step() -> None:
-        torch.autograd.backward(output_tensors(fn(*args, **kwargs)), grads)
+    if single:  # the common case, without flattening the output every iteration
+        grad = grads[0]
+
+        def step() -> None:
+            fn(*args, **kwargs).backward(grad)
+    else:
+        def step() -> None:
+            torch.autograd.backward(output_tensors(fn(*args, **kwargs)), grads)
 
     return _Workload(step=step, before_each=before_each, context=context)
 
