@@ -126,9 +126,17 @@ def test_cli_exit_codes(repo: Path) -> None:
     assert wrong.returncode == 1, wrong.stderr
     result = json.loads(wrong.stdout)["result"]
     assert result["passed"] is False and "output['logits']" in result["failures"][0]
-    loose = _cli("--candidate", "tools_models:SubtlyWrongMLP", "--no-timing", "--rtol", "2e-3", repo=repo)
-    assert loose.returncode == 0, loose.stdout + loose.stderr
-    keys = _cli("--candidate", "tools_models:RenamedMLP", repo=repo)
-    assert keys.returncode == 1 and "unexpected keys" in keys.stdout
     missing = _cli("--candidate", "tools_models:DoesNotExist", repo=repo)
     assert missing.returncode == 2 and missing.stderr.startswith("error:") and missing.stderr.count("\n") == 1
+
+
+def test_cli_tolerances_and_key_mismatch(repo: Path) -> None:
+    from typer.testing import CliRunner
+
+    from modulelens.interfaces.cli import app
+
+    base = ["verify", "mlp/inner", "--repo", str(repo), "--no-store", "--no-timing", "--candidate"]
+    loose = CliRunner().invoke(app, [*base, "tools_models:SubtlyWrongMLP", "--rtol", "2e-3"])
+    assert loose.exit_code == 0, loose.output
+    keys = CliRunner().invoke(app, [*base, "tools_models:RenamedMLP"])
+    assert keys.exit_code == 1 and "unexpected keys" in keys.stdout and "fc1.weight" in keys.stdout
