@@ -140,3 +140,18 @@ def test_cli_tolerances_and_key_mismatch(repo: Path) -> None:
     assert loose.exit_code == 0, loose.output
     keys = CliRunner().invoke(app, [*base, "tools_models:RenamedMLP"])
     assert keys.exit_code == 1 and "unexpected keys" in keys.stdout and "fc1.weight" in keys.stdout
+
+
+def test_training_capture_with_several_states(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ref = tm.capture_training(tmp_path, "train")
+    cap = modulelens.load(ref, repo=tmp_path)
+    assert len(cap.metadata["states"]) == 3 and all(c.training for c in cap.calls)
+    for _ in range(2):  # verifying (and timing the reference) leaves the capture as recorded
+        report = cap.verify(tm.FunctionalNormed, iters=3, store=False)
+        assert report.passed, report
+    cap.profile(call=2, backward=True, iters=3, store=False)
+    cap.replay()  # switches the capture's own module between states
+    assert cap.verify(tm.FunctionalNormed, timing=False, store=False).passed
+    one = cap.verify(tm.FunctionalNormed, timing=False, store=False, calls=[1])
+    assert [c.index for c in one.calls] == [1] and one.passed

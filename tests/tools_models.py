@@ -120,3 +120,43 @@ class RenamedMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         hidden = torch.relu(self.first(x))
         return {"hidden": hidden, "logits": self.second(hidden)}
+
+
+class Normed(torch.nn.Module):
+    """Linear + BatchNorm with keyword inputs and a nested output: several recorded states when trained."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.bn = torch.nn.BatchNorm1d(dim)
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        y = self.bn(self.lin(x)) * scale
+        return y, {"mean": y.mean()}
+
+
+class FunctionalNormed(Normed):
+    """The same maths through torch.nn.functional."""
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        bn = self.bn
+        y = F.batch_norm(F.linear(x, self.lin.weight, self.lin.bias), bn.running_mean, bn.running_var, bn.weight,
+                         bn.bias, self.training, bn.momentum, bn.eps) * scale
+        return y, {"mean": y.mean()}
+
+
+def capture_training(repo: Path, name: str, steps: int = 3) -> str:
+    """Capture ``steps`` training calls of a :class:`Normed` with an optimizer step between them."""
+    tracking = modulelens.track_init()
+    try:
+        model = Holder(Normed(6))
+    finally:
+        tracking.stop()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, max_calls=steps) as cap:
+        for _ in range(steps):
+            y, _aux = model.inner(torch.randn(10, 6), scale=2.0)
+            y.square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return cap.saved[0].ref

@@ -19,6 +19,7 @@ import torch
 
 from modulelens.errors import ModulelensError, RestoreError, UnsupportedValueError
 from modulelens.format.values import decode_value
+from modulelens.tools.common import working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture
@@ -119,7 +120,7 @@ def build_candidate(candidate: Any, capture: Capture, state_index: int = 0) -> t
     from_original = getattr(candidate, "from_original", None)
     try:
         if callable(from_original):
-            built, how = from_original(capture.use_state(state_index)), "from_original"
+            built, how = from_original(working_module(capture, state_index)), "from_original"
         else:
             args, kwargs = recorded_init_arguments(capture)
             built, how = candidate(*args, **kwargs), "constructor"

@@ -134,6 +134,39 @@ def run_device(capture: Capture, device: str | torch.device | None = None) -> to
     return capture.device or torch.device("cpu")
 
 
+def pristine_tensor(capture: Capture, tid: str) -> torch.Tensor:
+    """Recorded tensor ``tid`` from a fresh copy-on-write mapping of its payload.
+
+    ``Capture.tensor`` returns cached tensors that the rebuilt module also uses as its parameter
+    and buffer storage, so switching states (``use_state``) or a training-mode forward (BatchNorm
+    running stats) changes them in place. Tools read recorded state from here instead.
+    """
+    from modulelens.format.tensors import dtype_from_name
+
+    entry = capture.metadata["tensors"][tid]
+    return capture.repo.open_tensor(entry["payload"], dtype_from_name(entry["dtype"]), entry["shape"], entry["nbytes"])
+
+
+def pristine_state_dict(capture: Capture, index: int = 0, *, persistent_only: bool = True) -> dict[str, torch.Tensor]:
+    """Parameters and (persistent) buffers of recorded state ``index``, as recorded."""
+    state = capture.metadata["states"][index]
+    result = {name: pristine_tensor(capture, e["tensor"]) for name, e in state["parameters"].items()}
+    result.update({name: pristine_tensor(capture, e["tensor"]) for name, e in state["buffers"].items()
+                   if e["persistent"] or not persistent_only})
+    return result
+
+
+def load_pristine_state(module: torch.nn.Module, capture: Capture, index: int) -> None:
+    """Copy recorded state ``index`` (parameters and all buffers) into ``module``'s own storage."""
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers(remove_duplicate=False))}
+    with torch.no_grad():
+        for name, value in pristine_state_dict(capture, index, persistent_only=False).items():
+            target = tensors.get(name)
+            if target is not None:
+                target.copy_(value)
+
+
 def working_module(
     capture: Capture,
     state_index: int = 0,
@@ -144,21 +177,29 @@ def working_module(
 ) -> torch.nn.Module:
     """The capture's module in recorded state ``state_index``, on ``device``/``dtype``.
 
-    The capture's own module is returned when it already lives there; a deep copy is made when it
-    must move, or when ``private`` (the caller will change buffers, e.g. BatchNorm in training).
+    The capture's own module is returned when it can be used as it is: one recorded state, already
+    on that device/dtype, and ``private`` not asked (the caller will not change buffers). Otherwise
+    a deep copy gets the recorded state from fresh mappings (see :func:`pristine_tensor`), so
+    switching states never writes into the capture's cached tensors.
     """
-    module = capture.use_state(state_index)
     same_device = device is None or device == (capture.device or torch.device("cpu")) or (
         device.type == "cpu" and capture.device is None)
     same_dtype = dtype is None or dtype == capture.dtype
-    if same_device and same_dtype and not private:
-        return module
-    module = copy.deepcopy(module)
+    single_state = len(capture.metadata.get("states", [])) <= 1
+    if same_device and same_dtype and single_state and not private:
+        return capture.use_state(state_index)
+    module = copy.deepcopy(capture.module)
+    if capture.metadata.get("states"):
+        load_pristine_state(module, capture, state_index)
     if device is not None:
         module.to(device)
     if dtype is not None:
         module.to(dtype)
     return module
+
+
+def has_buffers(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.buffers())
 
 
 def output_tensors(output: Any) -> list[torch.Tensor]:

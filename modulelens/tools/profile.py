@@ -40,6 +40,7 @@ from modulelens.tools.common import (
     Timing,
     ToolError,
     environment_facts,
+    has_buffers,
     json_safe,
     output_tensors,
     run_device,
@@ -454,7 +455,7 @@ def profile(
         raise ToolError("CUDA is not available on this machine")
     dtype = dtype if dtype is not None else capture.dtype
     module = working_module(capture, recorded.state_index, device=run_on, dtype=dtype,
-                            private=recorded.training and any(True for _ in capture.module.buffers()))
+                            private=recorded.training and has_buffers(capture.module))
     module.train(recorded.training)
     args, kwargs = recorded.fresh_inputs(run_on, dtype)
     notes: list[str] = list(capture.notes)

@@ -22,7 +22,16 @@ import torch.utils._pytree as pytree
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import build_candidate, describe_candidate
-from modulelens.tools.common import json_safe, run_device, store_report, time_iterations, working_module
+from modulelens.tools.common import (
+    has_buffers,
+    json_safe,
+    load_pristine_state,
+    pristine_state_dict,
+    run_device,
+    store_report,
+    time_iterations,
+    working_module,
+)
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture
@@ -262,6 +271,7 @@ def verify(
     if not selected:
         report.error = f"{capture.ref} has no recorded calls to verify against"
     current_state: int | None = None if load_state or built_with == "from_original" else first_state
+    references = _References(capture, device, dtype)
     for position in selected:
         if report.error:
             break
@@ -271,11 +281,12 @@ def verify(
         if not call.finished:
             result.error = "the recorded call did not finish (it raised in the original job)"
             continue
-        if call.state_index != current_state:
+        # a training-mode call changes buffers (BatchNorm running stats): give each one its state afresh
+        if call.state_index != current_state or (call.training and has_buffers(module)):
             if built_with == "from_original" and current_state is not None:
                 module, _ = build_candidate(candidate, capture, call.state_index)
             if load_state:
-                mismatch = load_state_strict(module, capture.state_dict(call.state_index))
+                mismatch = load_state_strict(module, pristine_state_dict(capture, call.state_index))
                 if mismatch is not None:
                     report.state_mismatch = mismatch
                     report.error = describe_mismatch(mismatch)
@@ -285,7 +296,8 @@ def verify(
             if dtype is not None:
                 module.to(dtype)
             current_state = call.state_index
-        note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device, timing, iters, warmup)
+        note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
+                         references if timing else None, iters, warmup)
         if note:
             report.notes.append(note)
     if cross_device:
@@ -299,7 +311,7 @@ def verify(
 def _run_call(
     module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
-    timing: bool, iters: int, warmup: int,
+    references: _References | None, iters: int, warmup: int,
 ) -> str | None:
     """Run, compare and time one call; returns a note if timing failed."""
     before = call.fresh_inputs(device, dtype)
@@ -318,9 +330,9 @@ def _run_call(
     result.mean_abs_error, result.mean_rel_error = error_means(call.output, output)
     result.passed = all(leaf.passed for leaf in result.leaves) and not result.mutated_inputs
     del output
-    if not timing or iters <= 0:
+    if references is None or iters <= 0:
         return None
-    reference = working_module(capture, call.state_index, device=device, dtype=dtype)
+    reference = references.get(call.state_index, call.training)
     reference.train(call.training)
     ref_args, ref_kwargs = call.fresh_inputs(device, dtype)
     try:
@@ -333,3 +345,28 @@ def _run_call(
         result.reference_ms = result.candidate_ms = None
         return f"timing call {call.index} failed: {type(error).__name__}: {error}"
     return None
+
+
+class _References:
+    """The original module for timing, in the state each call needs, without disturbing the capture.
+
+    The capture's own module serves when there is one recorded state and the call cannot change
+    buffers; otherwise one private copy is kept and given each recorded state from fresh mappings.
+    """
+
+    def __init__(self, capture: Capture, device: torch.device, dtype: torch.dtype | None) -> None:
+        self.capture, self.device, self.dtype = capture, device, dtype
+        self._private: torch.nn.Module | None = None
+        self._private_state: int | None = None
+
+    def get(self, state_index: int, training: bool) -> torch.nn.Module:
+        capture = self.capture
+        private = len(capture.metadata.get("states", [])) > 1 or (training and has_buffers(capture.module))
+        if not private:
+            return working_module(capture, state_index, device=self.device, dtype=self.dtype)
+        if self._private is None:
+            self._private = working_module(capture, state_index, device=self.device, dtype=self.dtype, private=True)
+        elif self._private_state != state_index or training:
+            load_pristine_state(self._private, capture, state_index)
+        self._private_state = state_index
+        return self._private
