@@ -155,3 +155,12 @@ def test_training_capture_with_several_states(tmp_path: Path) -> None:
     assert cap.verify(tm.FunctionalNormed, timing=False, store=False).passed
     one = cap.verify(tm.FunctionalNormed, timing=False, store=False, calls=[1])
     assert [c.index for c in one.calls] == [1] and one.passed
+
+
+def test_bare_file_spec_picks_the_only_module_class(cap: modulelens.Capture, tmp_path: Path) -> None:
+    single = tmp_path / "fast_mlp.py"
+    single.write_text("import tools_models\n\nclass Fast(tools_models.FusedMLP):\n    pass\n")
+    report = cap.verify(str(single), timing=False, store=False)
+    assert report.passed and report.candidate == str(single)
+    with pytest.raises(modulelens.ModulelensError, match=r"classes defined there: .*FusedMLP"):
+        cap.verify(str(CANDIDATES), timing=False, store=False)

@@ -32,16 +32,21 @@ class CandidateError(ModulelensError):
 
 
 def load_candidate(spec: str) -> Any:
-    """The object a ``"file.py:Name"`` or ``"package.module:Name"`` spec names.
+    """The object a ``"file.py:Name"`` or ``"package.module:Name"`` spec names; a bare
+    ``"file.py"`` names the one ``nn.Module`` class defined in it (or the one called ``Candidate``).
 
     Example::
 
         cls = load_candidate("kernels/fused_mlp.py:FusedMLP")
         cls = load_candidate("mypkg.layers:FusedMLP")
+        cls = load_candidate("kernels/fused_mlp.py")
     """
+    if spec.endswith(".py"):  # a file holding exactly one candidate class
+        return _only_module_class(_import_file(Path(spec), spec), spec)
     source, sep, qualname = spec.rpartition(":")
     if not sep or not source or not qualname:
-        raise CandidateError(f"candidate {spec!r}: use path/to/file.py:ClassName or package.module:ClassName")
+        raise CandidateError(
+            f"candidate {spec!r}: use path/to/file.py:ClassName, path/to/file.py or package.module:ClassName")
     if source.endswith(".py") or "/" in source or "\\" in source:
         module = _import_file(Path(source), spec)
     else:
@@ -56,6 +61,20 @@ def load_candidate(spec: str) -> Any:
         except AttributeError:
             raise CandidateError(f"candidate {spec!r}: {source} has no attribute {qualname!r}") from None
     return obj
+
+
+def _only_module_class(module: Any, spec: str) -> type:
+    """The one ``nn.Module`` subclass defined in ``module`` (or the one named ``Candidate``)."""
+    classes = [obj for obj in vars(module).values()
+               if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__]
+    if len(classes) == 1:
+        return classes[0]
+    named = [cls for cls in classes if cls.__name__ == "Candidate"]
+    if len(named) == 1:
+        return named[0]
+    found = ", ".join(sorted(cls.__name__ for cls in classes)) or "none"
+    raise CandidateError(f"candidate {spec!r}: name the class as {spec}:ClassName "
+                         f"(nn.Module classes defined there: {found})")
 
 
 def _import_file(path: Path, spec: str) -> Any:
