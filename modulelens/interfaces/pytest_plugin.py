@@ -26,6 +26,7 @@ MARKER = "modulelens"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--modulelens-repo``, ``--modulelens-skip-missing`` and the ``modulelens_repo`` ini option."""
     group = parser.getgroup("modulelens", "golden tests against modulelens captures")
     group.addoption("--modulelens-repo", dest="modulelens_repo", default=None, metavar="DIR",
                     help="modulelens repo holding the captures (default: ini modulelens_repo, "
@@ -36,6 +37,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``modulelens`` marker."""
     config.addinivalue_line(
         "markers",
         f"{MARKER}(ref, *, device=None, dtype=None, repo=None): load capture ref (NAME[:vN|:alias]) "
@@ -44,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
+    """Name the repo in the session header when one is configured."""
     repo = _configured_repo(config)
     return f"modulelens repo: {repo}" if repo else None
 
@@ -61,7 +64,14 @@ def _configured_repo(config: pytest.Config) -> str | None:
 
 @pytest.fixture
 def modulelens_capture(request: pytest.FixtureRequest) -> Any:
-    """The :class:`modulelens.Capture` named by the test's ``@pytest.mark.modulelens(ref)`` marker."""
+    """The :class:`modulelens.Capture` named by the test's ``@pytest.mark.modulelens(ref)`` marker.
+
+    Example::
+
+        @pytest.mark.modulelens("ranker/mlp:golden", device="cpu")
+        def test_mlp(modulelens_capture):
+            assert_matches(modulelens_capture.module, modulelens_capture)
+    """
     marker = request.node.get_closest_marker(MARKER)
     if marker is None or not marker.args:
         pytest.fail("the modulelens_capture fixture needs @pytest.mark.modulelens('name[:version]')", pytrace=False)

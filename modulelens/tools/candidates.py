@@ -101,6 +101,7 @@ def _import_file(path: Path, spec: str) -> Any:
 
 
 def describe_candidate(candidate: Any) -> str:
+    """How a candidate is named in reports: its spec, or its class as ``module:Qualname``."""
     if isinstance(candidate, str):
         return candidate
     cls = candidate if isinstance(candidate, type) else type(candidate)
@@ -108,7 +109,13 @@ def describe_candidate(candidate: Any) -> str:
 
 
 def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The captured module's constructor arguments, decoded (nested modules rebuilt)."""
+    """The captured module's constructor arguments, decoded (nested modules rebuilt).
+
+    Example::
+
+        args, kwargs = recorded_init_arguments(cap)
+        fused = FusedMLP(*args, **kwargs)
+    """
     if capture._init_args is not None or capture._init_kwargs:
         return tuple(capture._init_args or ()), dict(capture._init_kwargs)
     module_info = capture.metadata["module"]
@@ -129,7 +136,12 @@ def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str
 
 def build_candidate(candidate: Any, capture: Capture, state_index: int = 0) -> tuple[torch.nn.Module, str]:
     """An ``nn.Module`` from a spec, class or instance, and how it was built:
-    ``"instance"``, ``"from_original"`` or ``"constructor"``."""
+    ``"instance"``, ``"from_original"`` or ``"constructor"``.
+
+    Example::
+
+        module, how = build_candidate("kernels/fused.py:FusedMLP", cap)
+    """
     if isinstance(candidate, str):
         candidate = load_candidate(candidate)
     if isinstance(candidate, torch.nn.Module):

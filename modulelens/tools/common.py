@@ -12,7 +12,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,7 +148,12 @@ def pristine_tensor(capture: Capture, tid: str) -> torch.Tensor:
 
 
 def pristine_state_dict(capture: Capture, index: int = 0, *, persistent_only: bool = True) -> dict[str, torch.Tensor]:
-    """Parameters and (persistent) buffers of recorded state ``index``, as recorded."""
+    """Parameters and (persistent) buffers of recorded state ``index``, as recorded.
+
+    Example::
+
+        candidate.load_state_dict(pristine_state_dict(cap, cap.calls[3].state_index))
+    """
     state = capture.metadata["states"][index]
     result = {name: pristine_tensor(capture, e["tensor"]) for name, e in state["parameters"].items()}
     result.update({name: pristine_tensor(capture, e["tensor"]) for name, e in state["buffers"].items()
@@ -181,6 +186,10 @@ def working_module(
     on that device/dtype, and ``private`` not asked (the caller will not change buffers). Otherwise
     a deep copy gets the recorded state from fresh mappings (see :func:`pristine_tensor`), so
     switching states never writes into the capture's cached tensors.
+
+    Example::
+
+        module = working_module(cap, cap.calls[2].state_index, device=torch.device("cuda"))
     """
     same_device = device is None or device == (capture.device or torch.device("cpu")) or (
         device.type == "cpu" and capture.device is None)
@@ -199,6 +208,7 @@ def working_module(
 
 
 def has_buffers(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (or a submodule) has any buffer (e.g. BatchNorm running statistics)."""
     return any(True for _ in module.buffers())
 
 
@@ -208,6 +218,7 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
 
 
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """Every tensor leaf of a pytree, in flattening order."""
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
@@ -224,10 +235,6 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def dataclass_dict(obj: Any) -> dict[str, Any]:
-    return json_safe(asdict(obj))
-
-
 def store_report(capture: Capture, kind: str, data: dict[str, Any]) -> str | None:
     """Store a tool report with the capture's version; returns its path (None if the repo is read-only)."""
     try:
@@ -237,6 +244,7 @@ def store_report(capture: Capture, kind: str, data: dict[str, Any]) -> str | Non
 
 
 def environment_facts(device: torch.device) -> dict[str, Any]:
+    """torch version, device, CPU threads (and GPU name) for a report."""
     facts: dict[str, Any] = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads()}
     if device.type == "cuda":
         facts["gpu_name"] = torch.cuda.get_device_name(device)

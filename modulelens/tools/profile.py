@@ -210,7 +210,7 @@ def _op_category(func: Any) -> str:
     return "other"
 
 
-def count_flops(workload: _Workload) -> tuple[dict[str, Any], dict[str, Any]]:
+def _count_flops(workload: _Workload) -> tuple[dict[str, Any], dict[str, Any]]:
     """FLOPs (with the ops that have no formula) and bytes moved of one iteration of ``workload``."""
     counter = FlopCounterMode(display=False)
     census = _OpCensus()
@@ -325,7 +325,12 @@ def _cuda_memory(workload: _Workload, device: torch.device) -> dict[str, Any]:
 
 
 def recorded_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """Dim 0 of the first input tensor with at least one dimension (``None`` if there is none)."""
+    """Dim 0 of the first input tensor with at least one dimension (``None`` if there is none).
+
+    Example::
+
+        recorded_batch_size(*cap.calls[0].inputs)   # 64
+    """
     for tensor in tensor_leaves((args, kwargs)):
         if tensor.dim() >= 1:
             return int(tensor.shape[0])
@@ -377,7 +382,13 @@ def synthetic_inputs(
 
 
 def draw_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> str:
-    """A PNG of latency (median with p10-p90) and throughput against batch size (Agg, no pyplot)."""
+    """A PNG of latency (median with p10-p90) and throughput against batch size (Agg, no pyplot).
+
+    Example::
+
+        report = cap.profile(batch_sizes=[1, 8, 64])
+        draw_plot(report.batch_sweep, "sweep.png", report.ref)
+    """
     from matplotlib.figure import Figure
 
     ok = [r for r in rows if r.get("median_ms") is not None]
@@ -479,7 +490,7 @@ def profile(
     if run_on.type == "cuda":
         memory = _cuda_memory(workload, run_on)
     eager = workload if not backend else _workload(module, module, recorded, args, kwargs, run_on, backward)
-    flops, moved = count_flops(eager)
+    flops, moved = _count_flops(eager)
     if backend:
         notes.append("FLOPs and bytes are counted on the eager module (what the compiled graph computes, "
                      "before fusion)")
@@ -545,7 +556,7 @@ def _sweep(
             eager = workload
             if fn is not module:
                 eager = _workload(module, module, call, new_args, new_kwargs, device, backward)
-            flops, _ = count_flops(eager)
+            flops, _ = _count_flops(eager)
             row.update({
                 "median_ms": timing.median_ms, "p10_ms": timing.percentile(10), "p90_ms": timing.percentile(90),
                 "iterations": timing.iterations,

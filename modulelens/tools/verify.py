@@ -152,6 +152,12 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -
 
     ``missing`` are keys the candidate has that the recording lacks; ``unexpected`` are recorded
     keys the candidate has no place for; ``shape`` lists same-named tensors of different shapes.
+
+    Example::
+
+        mismatch = load_state_strict(candidate, cap.state_dict())
+        if mismatch:
+            print(describe_mismatch(mismatch))
     """
     own = module.state_dict()
     shapes = [
@@ -173,6 +179,7 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -
 
 
 def describe_mismatch(mismatch: dict[str, Any], limit: int = 8) -> str:
+    """One line naming missing, unexpected and reshaped keys (at most ``limit`` of each)."""
     def keys(items: list[Any]) -> str:
         shown = ", ".join(str(k) for k in items[:limit])
         return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
@@ -191,7 +198,12 @@ def describe_mismatch(mismatch: dict[str, Any], limit: int = 8) -> str:
 
 def error_means(expected: Any, actual: Any) -> tuple[float, float]:
     """Mean absolute and mean relative error over all floating tensor elements of two output trees
-    (relative error only where the expected value is non-zero; NaN matching NaN counts as 0)."""
+    (relative error only where the expected value is non-zero; NaN matching NaN counts as 0).
+
+    Example::
+
+        mean_abs, mean_rel = error_means(call.output, candidate(*call.args))
+    """
     want_leaves, want_spec = pytree.tree_flatten(expected)
     got_leaves, got_spec = pytree.tree_flatten(actual)
     if want_spec != got_spec:
