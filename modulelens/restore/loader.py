@@ -335,6 +335,33 @@ class Capture:
 
         return replay(self, **options)
 
+    # ---------------------------------------------------------------------------------- tools
+
+    def profile(self, **options: Any) -> Any:
+        """Latency, peak memory, FLOPs, bytes and top ops of a recorded call (see
+        :func:`modulelens.tools.profile.profile` for the options). Returns a ``ProfileReport``.
+
+        Example::
+
+            report = modulelens.load("ranker/mlp").profile(backward=True, batch_sizes=[1, 8, 64])
+        """
+        from modulelens.tools.profile import profile
+
+        return profile(self, **options)
+
+    def verify(self, candidate: Any, **options: Any) -> Any:
+        """Check that ``candidate`` (a class, an instance or ``"file.py:Class"``) reproduces every
+        recorded call (see :func:`modulelens.tools.verify.verify`). Returns a ``VerifyReport``.
+
+        Example::
+
+            report = modulelens.load("ranker/mlp").verify(FusedMLP)
+            assert report.passed, report
+        """
+        from modulelens.tools.verify import verify
+
+        return verify(self, candidate, **options)
+
 
 class _NeedsRealConstructionError(Exception):
     pass
