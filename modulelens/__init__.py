@@ -20,6 +20,7 @@ Store::
     repo.set_alias("ranker/top_mlp:v3", "golden")
 """
 
+from modulelens import testing as testing  # modulelens.testing.assert_matches for golden tests
 from modulelens.capture import CaptureWarning, capture, get_init_record, track_init
 from modulelens.errors import (
     CaptureNotFoundError,
@@ -35,6 +36,21 @@ from modulelens.restore import Call, Capture, ReplayReport, load
 from modulelens.restore.source import SourceChangedWarning
 
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext modulelens``: register the ``%ml_*`` magics (modulelens.interfaces.ipython)."""
+    from modulelens.interfaces.ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    """``%unload_ext modulelens``: remove the ``%ml_*`` magics."""
+    from modulelens.interfaces.ipython import unload_ipython_extension as unload
+
+    unload(ipython)
+
 
 __all__ = [
     "FORMAT_VERSION",

@@ -217,6 +217,11 @@ class Tracer:
             pending = stack.pop() if stack else None
             if pending is None:
                 return
+            raised = sys.exc_info()[1]
+            if output is None and raised is not None:
+                # forward raised (this is the always_call path): drop the call, record a later one
+                self.records[name].calls.remove(pending.call)
+                return
             pending.call.output = self._snap.tree(output)
             pending.call.finished = True
             if pending.live_inputs is not None:
@@ -333,8 +338,8 @@ class Tracer:
         policy: PayloadPolicy | None = None,
     ) -> list[Any]:
         """Save every target that recorded at least one call; returns their ``VersionInfo``s."""
-        from modulelens.repo.local import Repo
         from modulelens.format.encode import encode_record
+        from modulelens.repo.local import Repo
 
         self._snap.synchronize()
         repo = repo if isinstance(repo, Repo) else Repo(repo)

@@ -15,7 +15,7 @@ from modulelens.capture.source import collect_sources
 from modulelens.errors import UnsupportedValueError
 from modulelens.format.shape_only import tensor_stats
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION
-from modulelens.format.tensors import check_storable, dtype_name, hash_bytes, tensor_bytes
+from modulelens.format.tensors import check_storable, dtype_name, tensor_bytes
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
 
@@ -25,17 +25,18 @@ def class_path(cls: type) -> str:
 
 
 class TensorTable:
-    """Tensors of one capture: each distinct tensor object gets an id; payloads dedupe by hash.
+    """Tensors of one capture: each distinct tensor object gets an id.
 
-    Three kinds of entry: a payload (``"payload"``, ``"nbytes"``); a view into another entry's
-    payload (``"view_of"``, ``"storage_offset"``: views of one storage are stored once); and a
-    shape-only record (``"shape_only": true`` with ``"stats"``, no payload) for the units in
-    ``shape_only`` (ids of tensors or of the shared span behind views).
+    Three kinds of entry: a payload (``"payload"``: its content hash, filled in by the repo when it
+    stores the bytes, which are in ``payloads`` under the tensor id; identical contents share one
+    blob); a view into another entry's payload (``"view_of"``, ``"storage_offset"``: views of one
+    storage are stored once); and a shape-only record (``"shape_only": true`` with ``"stats"``, no
+    payload) for the units in ``shape_only`` (ids of tensors or of the shared span behind views).
     """
 
     def __init__(self, shape_only: set[int] | None = None) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
-        self.payloads: dict[str, memoryview] = {}
+        self.payloads: dict[str, memoryview] = {}  # tensor id -> bytes
         self.shape_only_paths: list[str] = []
         self._shape_only = shape_only or set()
         self._ids: dict[int, str] = {}
@@ -59,12 +60,11 @@ class TensorTable:
         elif base is not None:
             entry.update(view_of=self.add(base, f"{path}<storage>"),
                          storage_offset=tensor.storage_offset() - base.storage_offset(), nbytes=0)
-        else:
-            data = tensor_bytes(tensor)
-            digest = hash_bytes(data)
-            self.payloads.setdefault(digest, data)
-            entry.update(payload=digest, nbytes=len(data))
         tid = f"t{len(self.entries)}"
+        if "nbytes" not in entry:
+            data = tensor_bytes(tensor)
+            self.payloads[tid] = data
+            entry.update(payload=None, nbytes=len(data))  # payload: content hash, set by Repo.save_version
         self.entries[tid] = entry
         self._ids[id(tensor)] = tid
         self._keepalive.append(tensor)
@@ -121,7 +121,7 @@ def encode_record(
     metadata: dict[str, Any] | None = None,
     policy: PayloadPolicy | None = None,
 ) -> tuple[dict[str, Any], dict[str, memoryview]]:
-    """Capture metadata and the payloads it references (hash -> bytes)."""
+    """Capture metadata and the payloads it references (tensor id -> bytes)."""
     policy = policy or PayloadPolicy()
     tensors = TensorTable(plan_shape_only(record, policy))
     constructions = ConstructionTable(tensors)

@@ -98,11 +98,23 @@ class Call:
     def fresh_inputs(
         self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify.
-        Inputs that were views of one storage stay views of one (copied) storage."""
+        """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify. The
+        aliasing of the recording is kept: one recorded tensor passed twice (``attn(x, x, x)``) is
+        one copy, and views of one storage stay views of one (copied) storage."""
         args, kwargs = self.inputs
         check_inputs_usable(self, (args, kwargs))
         return copy_inputs((args, kwargs), device, dtype)
+
+    def __repr__(self) -> str:
+        from modulelens.interfaces.tensor_info import call_repr
+
+        return call_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
+        from modulelens.interfaces.html import call_html
+
+        return call_html(self)
 
 
 class Capture:
@@ -144,7 +156,7 @@ class Capture:
         self._init_kwargs = dict(init_kwargs or {})
         self._tensors: dict[str, torch.Tensor] = {}
         self._module: torch.nn.Module | None = None
-        self._current_state: int | None = None
+        self._current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
@@ -184,22 +196,40 @@ class Capture:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
 
+    def _repr_html_(self) -> str:
+        """Jupyter: class, constructor, parameter and call tensors as tables."""
+        from modulelens.interfaces.html import capture_html
+
+        return capture_html(self)
+
     # ---------------------------------------------------------------------------------- tensors
 
     def tensor(self, tid: str) -> torch.Tensor:
         """A recorded tensor, memory-mapped, as it was captured (no device/dtype override).
         A shape-only tensor raises :class:`RestoreError` unless ``load(..., synthesize=True)``."""
         cached = self._tensors.get(tid)
-        if cached is not None:
-            return cached
+        if cached is None:
+            entry = self.metadata["tensors"][tid]
+            if "view_of" in entry:  # views of one stored storage span share that storage here too
+                cached = self.tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
+                                                                  entry["storage_offset"])
+            elif entry.get("shape_only"):
+                cached = self._shape_only_tensor(tid, synthesize=True, strict=True)
+            else:
+                cached = self._open_tensor(tid)
+            self._tensors[tid] = cached
+        return cached
+
+    def _open_tensor(self, tid: str) -> torch.Tensor:
+        """A new copy-on-write mapping of a recorded tensor: the module's parameters get their own,
+        so running or training the module never changes what `tensor()` returns."""
         entry = self.metadata["tensors"][tid]
         if entry.get("shape_only"):
-            return self._shape_only_tensor(tid, synthesize=True, strict=True)
+            return self._shape_only_tensor(tid, synthesize=True, strict=True).clone()
+        if "view_of" in entry:
+            return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
+                                                                  entry["storage_offset"])
         dtype = dtype_from_name(entry["dtype"])
-        if "view_of" in entry:  # one of several views of one stored storage span
-            view = self.tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"], entry["storage_offset"])
-            self._tensors[tid] = view
-            return view
         flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
         stride = entry.get("stride")
         if stride is not None and entry["shape"] and stride != contiguous_strides(entry["shape"]) and flat.numel() > 1:
@@ -209,7 +239,6 @@ class Capture:
                 flat = strided
             except RuntimeError:
                 pass  # an overlapping layout cannot be rebuilt; the contiguous tensor is equal in value
-        self._tensors[tid] = flat
         return flat
 
     def _shape_only_tensor(self, tid: str, *, synthesize: bool, strict: bool = False) -> Any:
@@ -290,8 +319,8 @@ class Capture:
                 module = self._construct()
             self._assign_state(module, 0)
             if _has_meta_tensors(module):
-                raise _NeedsRealConstruction("tensors outside parameters and buffers")
-        except _NeedsRealConstruction as why:
+                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
+        except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
             module = self._construct()
             self._assign_state(module, 0)
@@ -329,31 +358,32 @@ class Capture:
             owner, leaf = _owner(module, name)
             if live:
                 with torch.no_grad():
-                    owner._parameters[leaf].copy_(self.tensor(entry["tensor"]))
+                    owner._parameters[leaf].copy_(self._open_tensor(entry["tensor"]))
                 continue
             param = parameters.get(entry["tensor"])
             if param is None:  # tied parameters share one recorded tensor -> one Parameter
-                param = torch.nn.Parameter(self.tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
+                param = torch.nn.Parameter(self._open_tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
                 parameters[entry["tensor"]] = param
             owner._parameters[leaf] = param
         for name, entry in state["buffers"].items():
             owner, leaf = _owner(module, name)
             if live:
-                owner._buffers[leaf].copy_(self.tensor(entry["tensor"]))
+                owner._buffers[leaf].copy_(self._open_tensor(entry["tensor"]))
                 continue
-            owner._buffers[leaf] = self.tensor(entry["tensor"])
+            owner._buffers[leaf] = self._open_tensor(entry["tensor"])
             if not entry["persistent"]:
                 owner._non_persistent_buffers_set.add(leaf)
         ctx = self._decode_context()
         for name, value in state.get("extra_state", {}).items():
             owner, _ = _owner(module, name)
             owner.set_extra_state(decode_value(value, ctx))
-        self._current_state = index
+        self._current_state = (index, _state_versions(module))
 
     def use_state(self, index: int) -> torch.nn.Module:
-        """Load the parameters/buffers recorded for state ``index`` (calls name theirs)."""
+        """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
+        module holds exactly them already (no other state loaded, nothing changed in place)."""
         module = self.module
-        if self._current_state != index:
+        if self._current_state != (index, _state_versions(module)):
             self._assign_state(module, index)
         return module
 
@@ -376,6 +406,33 @@ class Capture:
 
         return replay(self, **options)
 
+    # ---------------------------------------------------------------------------------- tools
+
+    def profile(self, **options: Any) -> Any:
+        """Latency, peak memory, FLOPs, bytes and top ops of a recorded call (see
+        :func:`modulelens.tools.profile.profile` for the options). Returns a ``ProfileReport``.
+
+        Example::
+
+            report = modulelens.load("ranker/mlp").profile(backward=True, batch_sizes=[1, 8, 64])
+        """
+        from modulelens.tools.profile import profile
+
+        return profile(self, **options)
+
+    def verify(self, candidate: Any, **options: Any) -> Any:
+        """Check that ``candidate`` (a class, an instance or ``"file.py:Class"``) reproduces every
+        recorded call (see :func:`modulelens.tools.verify.verify`). Returns a ``VerifyReport``.
+
+        Example::
+
+            report = modulelens.load("ranker/mlp").verify(FusedMLP)
+            assert report.passed, report
+        """
+        from modulelens.tools.verify import verify
+
+        return verify(self, candidate, **options)
+
 
 def _tensor_ids(data: Any) -> list[str]:
     """Ids of every tensor referenced in an encoded value or tree."""
@@ -388,8 +445,13 @@ def _tensor_ids(data: Any) -> list[str]:
     return []
 
 
-class _NeedsRealConstruction(Exception):
+class _NeedsRealConstructionError(Exception):
     pass
+
+
+def _state_versions(module: torch.nn.Module) -> tuple[int, ...]:
+    """Identity and version counter of every parameter and buffer: changes on any in-place update."""
+    return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
 
 
 def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
