@@ -23,7 +23,7 @@ import modulelens
 
 pytest.importorskip("transformers")
 
-import fidelity_models  # noqa: E402 - after the transformers check
+import fidelity_models
 
 HERE = Path(__file__).resolve().parent
 PACKAGE_ROOT = Path(modulelens.__file__).resolve().parent.parent

@@ -4,6 +4,7 @@ wrapped models and repeated calls."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -27,17 +28,6 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.restore.source import definitions_only
 
 PACKAGE_ROOT = Path(modulelens.__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True)
-def _tracking() -> Any:
-    with modulelens.track_init():
-        yield
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> modulelens.Repo:
-    return modulelens.Repo(tmp_path / "repo")
 
 
 def run_python(code: str, *args: str, cwd: Path, extra_path: list[Path] | None = None) -> subprocess.CompletedProcess:
@@ -230,9 +220,10 @@ def test_dataclass_output_mismatch_is_detected(repo: modulelens.Repo) -> None:
     model = Structured()
     cap = capture_one(model, "Structured", repo, lambda m: m(Packed(torch.randn(4, 3), [1, 3]), Options(1.0, "t"),
                                                              {"bias": (torch.tensor(0.0),), "offsets": [0, 0]}))
+    other = copy.deepcopy(cap.module)
     with torch.no_grad():
-        cap.module.lin.bias.add_(1e-3)
-    report = cap.replay()
+        other.lin.bias.add_(1e-3)
+    report = cap.replay(module=other)
     assert not report.passed
     assert any(not leaf.passed and "per_item" in leaf.path for leaf in report.calls[0].leaves)
 
@@ -778,16 +769,21 @@ def test_backward_replay_compares_input_and_parameter_gradients(repo: modulelens
                           "grad['params']['up.bias']", "grad['params']['down.weight']", "grad['params']['down.bias']"}
     assert "backward: 6/6 gradients match" in str(report)
 
+    other = copy.deepcopy(cap.module)
     with torch.no_grad():
-        cap.module.up.weight[0, 0] += 1e-3  # a different module must not pass the backward check
-    broken = cap.replay(backward=True)
+        other.up.weight[0, 0] += 1e-3  # a different module must not pass the backward check
+    broken = cap.replay(backward=True, module=other)
     assert not broken.passed and any(not leaf.passed for leaf in broken.calls[0].grad_leaves)
 
 
 def test_backward_input_gradient_is_module_local(repo: modulelens.Repo) -> None:
     model = Stack().eval()  # gate = sigmoid(h) and h both enter the block; h is also used after it
     seen: dict[str, torch.Tensor] = {}
-    model.block.register_forward_pre_hook(lambda m, args: seen.setdefault("h", args[0]))
+
+    def keep_input(_module: nn.Module, args: tuple[Any, ...]) -> None:
+        seen.setdefault("h", args[0])
+
+    model.block.register_forward_pre_hook(keep_input)
     cap = capture_one(model, "block", repo, lambda m: m(torch.randn(3, 6)).backward(), backward=True)
     recorded = cap.calls[0].backward
     h = seen["h"].detach().requires_grad_(True)
@@ -817,7 +813,7 @@ def test_dtype_override_tolerances(repo: modulelens.Repo) -> None:
     leaf = report.calls[0].leaves[0]
     assert report.passed and report.mode == "tolerance" and report.dtype == "float64", report
     assert leaf.rtol == pytest.approx(1.3e-6) and leaf.max_abs_error > 0  # float32 rounding is real
-    assert not wide.replay(exact=True).passed  # and bit-exactness would (rightly) fail
+    assert not wide.replay(rtol=0.0, atol=0.0).passed  # and zero tolerance (rightly) fails
 
     narrow = modulelens.load(ref, repo=repo, dtype=torch.bfloat16)
     assert narrow.module[0].weight.dtype == torch.bfloat16

@@ -35,10 +35,13 @@ JSON = Any
 
 
 def import_path(obj: Any) -> str:
-    """``"package.module:Qual.Name"`` for a class or function that can be imported back."""
+    """``"package.module:Qual.Name"`` for a class or function that can be imported back.
+
+    ``__main__`` paths are accepted: the capture stores the source of the user's own modules and
+    the loader rebuilds such classes from it (see :mod:`modulelens.restore.source`)."""
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
-    if not module or not qualname or "<locals>" in qualname or "<lambda>" in qualname or module == "__main__":
+    if not module or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
         raise UnsupportedValueError(f"{obj!r} cannot be referenced by import path")
     # Builtins such as torch.relu report a private qualname (_VariableFunctionsClass.relu) but are
     # importable under their plain name: try both, and accept only a path that gives back `obj`.
