@@ -42,16 +42,23 @@ def _describe_path(path: str) -> str:
 
 
 def copy_inputs(inputs: Any, device: torch.device | str | None, dtype: torch.dtype | None) -> Any:
-    """Copies of the tensors in ``inputs`` (moved/cast as asked); tensors that shared a storage
-    share one copied storage, so in-place updates through one view show through the others."""
+    """Copies of the tensors in ``inputs`` (moved/cast as asked). One tensor passed twice is one
+    copy; tensors that shared a storage share one copied storage, so in-place updates through one
+    view show through the others."""
     target = torch.device(device) if device is not None else None
     tensors = [leaf for _, leaf in deep_leaves(inputs) if isinstance(leaf, torch.Tensor)]
     shared = _shared_storages(tensors, dtype)
     storages: dict[int, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}  # one copy per recorded tensor: attn(x, x, x) stays aliased
 
     def copy(_path: str, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
+        if id(value) not in copies:
+            copies[id(value)] = copy_tensor(value)
+        return copies[id(value)]
+
+    def copy_tensor(value: torch.Tensor) -> torch.Tensor:
         key = _storage_ptr(value)
         if key is not None and key in shared:
             if key not in storages:
