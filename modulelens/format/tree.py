@@ -92,7 +92,8 @@ def _encode_node_header(spec: pytree.TreeSpec, path: str) -> dict[str, JSON]:
     return {"type": type_path, "context": context}
 
 
-def _decode_spec(data: JSON, ctx: DecodeContext) -> pytree.TreeSpec:
+def _decode_spec(data: JSON, ctx: DecodeContext | None = None) -> pytree.TreeSpec:
+    ctx = ctx or DecodeContext(get_tensor=_no_tensor_ids)
     if data == _LEAF:
         return pytree.treespec_leaf()
     node_type = ctx.resolve(data["type"])
