@@ -9,6 +9,7 @@ the class's own source; see :mod:`modulelens.restore.source` for how it is used 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -34,13 +35,14 @@ def class_source(cls: type) -> str | None:
         return None
 
 
-def _library_roots() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
     roots = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:
             roots.add(os.path.realpath(path))
-    return sorted(roots)
+    return tuple(sorted(roots))
 
 
 def is_user_module(module_name: str) -> bool:

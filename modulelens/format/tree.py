@@ -58,12 +58,25 @@ def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: li
             raise
         # A container that cannot be stored becomes one explicit "unrecorded" leaf.
         subtree = [next(leaves_in) for _ in range(spec.num_leaves)]
-        where = path + (pytree.keystr(subtree[0][0][:-1]) if subtree and subtree[0][0] else "")
-        ctx.unrecorded.append({"path": where, "type": _type_name(spec.type), "reason": str(error)})
-        leaves_out.append({"$type": "unrecorded", "class": _type_name(spec.type), "reason": str(error)})
+        depth = _first_leaf_depth(spec)
+        where = path + (pytree.keystr(subtree[0][0][:-depth]) if subtree and depth else "")
+        label = _type_name(spec.context if isinstance(spec.context, type) else spec.type)  # a namedtuple's class
+        ctx.unrecorded.append({"path": where, "type": label, "reason": str(error)})
+        leaves_out.append({"$type": "unrecorded", "class": label, "reason": str(error)})
         return _LEAF
     node["children"] = [_encode_node(child, leaves_in, leaves_out, ctx, path) for child in spec.children()]
     return node
+
+
+def _first_leaf_depth(spec: pytree.TreeSpec) -> int | None:
+    """How many levels below ``spec`` its first leaf is (``None``: it has no leaves)."""
+    if spec.is_leaf():
+        return 0
+    for child in spec.children():
+        depth = _first_leaf_depth(child)
+        if depth is not None:
+            return depth + 1
+    return None
 
 
 def _type_name(cls: type) -> str:
@@ -79,7 +92,7 @@ def _encode_node_header(spec: pytree.TreeSpec, path: str) -> dict[str, JSON]:
     strict = EncodeContext(add_tensor=_no_tensors)
     try:
         context = {"value": encode_value(spec.context, strict, path)}
-    except UnsupportedValueError:
+    except UnsupportedValueError as value_error:
         node = pytree.SUPPORTED_SERIALIZED_TYPES.get(node_type)
         if node is None or node.to_dumpable_context is None:
             raise UnsupportedValueError(
@@ -87,8 +100,8 @@ def _encode_node_header(spec: pytree.TreeSpec, path: str) -> dict[str, JSON]:
             ) from None
         try:
             context = {"dumpable": node.to_dumpable_context(spec.context)}
-        except Exception as error:  # e.g. a namedtuple class that is not importable
-            raise UnsupportedValueError(f"{path}: cannot store the structure of {type_path}: {error}") from None
+        except Exception:  # e.g. a namedtuple class that is not importable
+            raise UnsupportedValueError(f"cannot store the structure of {type_path}: {value_error}") from None
     return {"type": type_path, "context": context}
 
 
