@@ -11,6 +11,7 @@ and the job continues. ``strict=True`` raises instead.
 from __future__ import annotations
 
 import fnmatch
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -179,6 +180,11 @@ class Tracer:
             pending = stack.pop() if stack else None
             if pending is None:
                 return
+            raised = sys.exc_info()[1]
+            if output is None and raised is not None:
+                # forward raised (this is the always_call path): drop the call, record a later one
+                self.records[name].calls.remove(pending.call)
+                return
             pending.call.output = self._snap.tree(output)
             pending.call.finished = True
             record = self.records[name]
@@ -269,8 +275,8 @@ class Tracer:
         metadata: dict[str, Any] | None = None,
     ) -> list[Any]:
         """Save every target that recorded at least one call; returns their ``VersionInfo``s."""
-        from modulelens.repo.local import Repo
         from modulelens.format.encode import encode_record
+        from modulelens.repo.local import Repo
 
         self._snap.synchronize()
         repo = repo if isinstance(repo, Repo) else Repo(repo)

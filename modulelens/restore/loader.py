@@ -64,8 +64,12 @@ class Call:
         prefix = f"call{self.index}."
         return [u["path"] for u in self._capture.metadata.get("unrecorded", []) if u["path"].startswith(prefix)]
 
-    def fresh_inputs(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def fresh_inputs(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify."""
+        copies: dict[int, torch.Tensor] = {}  # one copy per recorded tensor: attn(x, x, x) stays aliased
+
         def copy(value: Any) -> Any:
             if isinstance(value, Unrecorded):
                 raise RestoreError(
@@ -74,12 +78,26 @@ class Call:
                 )
             if not isinstance(value, torch.Tensor):
                 return value
+            if id(value) in copies:
+                return copies[id(value)]
             out = value.to(device) if device is not None else value
             if dtype is not None and out.dtype.is_floating_point:
                 out = out.to(dtype)
-            return out.clone(memory_format=torch.preserve_format) if out is value else out
+            copies[id(value)] = out = out.clone(memory_format=torch.preserve_format) if out is value else out
+            return out
         args, kwargs = self.inputs
         return torch.utils._pytree.tree_map(copy, (args, kwargs))
+
+    def __repr__(self) -> str:
+        from modulelens.interfaces.tensor_info import call_repr
+
+        return call_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
+        from modulelens.interfaces.html import call_html
+
+        return call_html(self)
 
 
 class Capture:
@@ -153,6 +171,12 @@ class Capture:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
 
+    def _repr_html_(self) -> str:
+        """Jupyter: class, constructor, parameter and call tensors as tables."""
+        from modulelens.interfaces.html import capture_html
+
+        return capture_html(self)
+
     # ---------------------------------------------------------------------------------- tensors
 
     def tensor(self, tid: str) -> torch.Tensor:
@@ -222,8 +246,8 @@ class Capture:
                 module = self._construct()
             self._assign_state(module, 0)
             if _has_meta_tensors(module):
-                raise _NeedsRealConstruction("tensors outside parameters and buffers")
-        except _NeedsRealConstruction as why:
+                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
+        except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
             module = self._construct()
             self._assign_state(module, 0)
@@ -307,7 +331,7 @@ class Capture:
         return replay(self, **options)
 
 
-class _NeedsRealConstruction(Exception):
+class _NeedsRealConstructionError(Exception):
     pass
 
 
