@@ -57,9 +57,9 @@ def capture_all(repo: str, name: str = "km") -> None:
     """Capture act / mlp / bag (and the whole Wrapper) over two eval-mode calls into ``repo``."""
     import modulelens
 
-    modulelens.track_init()
     torch.manual_seed(0)
-    model = Wrapper().eval()
+    with modulelens.track_init():
+        model = Wrapper().eval()
     with torch.no_grad():
         model.act.scale.uniform_(0.5, 1.5)
         model.act.shift.uniform_(-0.1, 0.1)

@@ -81,7 +81,8 @@ def export_cmd(
     max_calls: MaxCallsOpt = 8,
     inline: Annotated[bool, typer.Option("--inline/--no-inline", help="Inline the module's source (default) or import its class.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace the problem files of a non-empty folder.")] = False,
-    check: Annotated[bool, typer.Option("--check/--no-check", help="Exec problem.py as KernelBench does and compare with the recorded outputs.")] = True,
+    check: Annotated[bool, typer.Option("--check/--no-check",
+                                        help="Exec problem.py as KernelBench does; compare with the recorded outputs.")] = True,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
     repo: RepoOpt = None,
@@ -112,8 +113,8 @@ def _render_export(result: dict[str, Any]) -> None:
     check = m.get("self_check")
     if check:
         ok = check.get("reproduces_recorded_outputs")
-        console.print(("[green]problem.py reproduces the recorded outputs[/green]" if ok else
-                       f"[red]problem.py does not reproduce the recorded outputs[/red] {check.get('error', '')}"))
+        console.print("[green]problem.py reproduces the recorded outputs[/green]" if ok else
+                       f"[red]problem.py does not reproduce the recorded outputs[/red] {check.get('error', '')}")
     if m["kernelbench_compatible"]:
         console.print(f"[green]KernelBench compatible[/green] (precision {m['kernelbench_precision']})")
     else:
@@ -260,7 +261,8 @@ def agent_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Problem folder (default: ./kernel-problems/NAME-vN).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the problem files of a non-empty folder.")] = False,
-    run: Annotated[bool, typer.Option("--run/--no-run", help="Run KernelAgent when it is installed (default) or only print the commands.")] = True,
+    run: Annotated[bool, typer.Option("--run/--no-run",
+                                      help="Run KernelAgent when it is installed (default) or only print the commands.")] = True,
     agent_timeout: Annotated[float, typer.Option("--agent-timeout", help="Seconds before KernelAgent is stopped.")] = 7200.0,
     timeout: Annotated[float, typer.Option("--timeout", help="Verifier timeout for the candidate (seconds).")] = 300.0,
     calls: CallsOpt = None,

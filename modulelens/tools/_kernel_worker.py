@@ -314,7 +314,7 @@ def run_reference(spec: dict[str, Any]) -> int:
         generator = torch.Generator().manual_seed(int(spec["seed"]) * 1000 + j)
         notes: list[dict[str, str]] = []
         args = [_randomize(value, generator, name, notes)
-                for value, name in zip(binding.positional[position], binding.names)]
+                for value, name in zip(binding.positional[position], binding.names, strict=True)]
         plan.append((f"random {j}", "random", position, args, notes))
     for j, (sample_id, kind, position, args, notes) in enumerate(plan):
         call = capture.calls[position]
@@ -331,7 +331,7 @@ def run_reference(spec: dict[str, Any]) -> int:
             positional = to_device(list(args), device)
             n = len(positional) - len(binding.kw_names)
             with call_context(call, device), torch.no_grad():
-                out = module(*positional[:n], **dict(zip(binding.kw_names, positional[n:])))
+                out = module(*positional[:n], **dict(zip(binding.kw_names, positional[n:], strict=True)))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return out
@@ -345,14 +345,14 @@ def run_reference(spec: dict[str, Any]) -> int:
                 deterministic = all(
                     same_bits(expected[a["key"]], scratch[b["key"]]) if "key" in a and "key" in b
                     else a.get("value") == b.get("value")
-                    for a, b in zip(entry["reference"]["leaves"], again["leaves"]))
+                    for a, b in zip(entry["reference"]["leaves"], again["leaves"], strict=False))
                 entry["reference"]["deterministic"] = deterministic
                 if not deterministic:
                     entry["skip"] = "the reference module is not deterministic on this input"
             if timer is not None:
                 positional = to_device(list(args), device)
                 n = len(positional) - len(binding.kw_names)
-                kwargs = dict(zip(binding.kw_names, positional[n:]))
+                kwargs = dict(zip(binding.kw_names, positional[n:], strict=True))
                 with torch.no_grad():
                     entry["reference"]["timing"] = timer.time(
                         lambda p=positional[:n], k=kwargs: module(*p, **k), spec["warmup"], spec["trials"])
@@ -438,16 +438,19 @@ class _LaunchCounter:
         except Exception:
             pass
         for cls in classes:
-            original = cls.run
-
-            def run(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-                if not kwargs.get("warmup", False):
-                    counter.count += 1
-                return __original(self, *args, **kwargs)
-
-            counter = self
-            cls.run = run  # type: ignore[method-assign]
+            cls.run = self._counting(cls.run)  # type: ignore[method-assign]
         self.installed = True
+
+
+    def _counting(self, original: Any) -> Any:
+        counter = self
+
+        def run(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            if not kwargs.get("warmup", False):
+                counter.count += 1
+            return original(kernel, *args, **kwargs)
+
+        return run
 
 
 def _load_candidate(path: Path) -> Any:
@@ -601,7 +604,7 @@ def run_candidate(spec: dict[str, Any]) -> int:
             if synchronize is not None:
                 synchronize(device)
             first = result["samples"][first_ok]["output"]
-            diffs = [_leaf_difference(a, b, outputs, scratch) for a, b in zip(first["leaves"], again["leaves"])]
+            diffs = [_leaf_difference(a, b, outputs, scratch) for a, b in zip(first["leaves"], again["leaves"], strict=False)]
             if len(first["leaves"]) != len(again["leaves"]):
                 diffs.append(math.inf)
             result["checks"]["determinism"] = {"sample": sample["id"], "identical": all(d == 0.0 for d in diffs),
@@ -628,9 +631,10 @@ def run_candidate(spec: dict[str, Any]) -> int:
 def _mutated(passed: list[Any], originals: list[Any], names: list[str]) -> list[str]:
     """Names of the arguments whose tensors changed during the call."""
     changed = []
-    for i, (value, original) in enumerate(zip(passed, originals)):
+    for i, (value, original) in enumerate(zip(passed, originals, strict=True)):
         name = names[i] if i < len(names) else f"arg{i}"
-        for (key_path, leaf), before in zip(pytree.tree_flatten_with_path(value)[0], pytree.tree_leaves(original)):
+        for (key_path, leaf), before in zip(pytree.tree_flatten_with_path(value)[0], pytree.tree_leaves(original),
+                                            strict=False):
             if isinstance(before, torch.Tensor) and not (isinstance(leaf, torch.Tensor) and same_bits(leaf, before)):
                 changed.append(name + pytree.keystr(key_path))
     return changed

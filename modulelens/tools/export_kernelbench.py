@@ -550,7 +550,7 @@ def class_source(cls: type, extra_names: set[str] | None = None, *, inline: bool
         if previous is not None:
             imports = (ast.Import, ast.ImportFrom)
             assigns = (ast.Assign, ast.AnnAssign)
-            if isinstance(statement, imports) and isinstance(previous, imports) or (
+            if (isinstance(statement, imports) and isinstance(previous, imports)) or (
                     isinstance(statement, assigns) and isinstance(previous, assigns)):
                 code += "\n"
             elif isinstance(statement, (*imports, *assigns)) and isinstance(previous, (*imports, *assigns)):
@@ -690,7 +690,7 @@ def export_kernelbench(
     for position in positions:
         values = binding.positional[position]
         items = [renderer.value(v, f"call{capture.calls[position].index}.{name}", call_tensors)
-                 for v, name in zip(values, binding.names)]
+                 for v, name in zip(values, binding.names, strict=True)]
         call_exprs.append(f"    lambda t: [{', '.join(items)}],  # call {capture.calls[position].index}")
     for name, default in binding.defaults_used.items():
         try:
@@ -912,7 +912,7 @@ def _compatibility(capture: Capture, positions: list[int], binding: CallBinding,
             floating.add(tensor_leaves[0]["dtype"])
         if entry["autocast"]:
             reasons.append(f"call {entry['index']} ran under autocast {entry['autocast']}; problem.py runs without it")
-    for name, tensor in weights.items():
+    for tensor in weights.values():
         if tensor.dtype.is_floating_point:
             floating.add(dtype_name(tensor.dtype))
     precision = None
@@ -940,7 +940,7 @@ def check_problem(problem_text: str, outputs: dict[str, torch.Tensor], expected:
     namespace: dict[str, Any] = {"__name__": "modulelens_problem_check"}
     result: dict[str, Any] = {"reproduces_recorded_outputs": False, "calls": []}
     try:
-        exec(compile(problem_text, "<string>", "exec"), namespace)  # noqa: S102 - our own generated file
+        exec(compile(problem_text, "<string>", "exec"), namespace)
         torch.manual_seed(0)
         with torch.no_grad():
             model = namespace["Model"](*namespace["get_init_inputs"]())
@@ -951,7 +951,7 @@ def check_problem(problem_text: str, outputs: dict[str, torch.Tensor], expected:
                 want = [outputs[leaf["key"]] if "key" in leaf else leaf.get("value") for leaf in expected[i]]
                 worst = 0.0
                 passed = len(got) == len(want)
-                for w, g in zip(want, got):
+                for w, g in zip(want, got, strict=False):
                     dtype = dtype_name(w.dtype) if isinstance(w, torch.Tensor) else ""
                     tol = tolerances.get(dtype, {"rtol": 0.0, "atol": 0.0, "exact": True})
                     leaf = compare(w, g, exact=tol["exact"], rtol=tol["rtol"], atol=tol["atol"])[0]

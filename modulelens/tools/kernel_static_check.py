@@ -258,7 +258,7 @@ class _Checker:
                     and self.entry is None:
                 self.entry = "kernel_function"
         for node in ast.walk(self.tree):
-            method = getattr(self, f"visit_{type(node).__name__}", None)
+            method = getattr(self, f"visit_{type(node).__name__.lower()}", None)
             if method is not None:
                 method(node)
         self._strings()
@@ -291,11 +291,11 @@ class _Checker:
 
     # ------------------------------------------------------------------ imports
 
-    def visit_Import(self, node: ast.Import) -> None:
+    def visit_import(self, node: ast.Import) -> None:
         for alias in node.names:
             self._imported(alias.name, node.lineno)
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+    def visit_importfrom(self, node: ast.ImportFrom) -> None:
         if node.level:
             return
         module = node.module or ""
@@ -333,7 +333,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ definitions
 
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+    def visit_classdef(self, node: ast.ClassDef) -> None:
         for base in node.bases:
             path = self.resolve(base) or ""
             if path in ("torch.Tensor", "torch._C._TensorBase", "torch._C.TensorBase") or path.endswith(".Tensor"):
@@ -345,7 +345,7 @@ class _Checker:
             if isinstance(item, ast.FunctionDef) and item.name in ("__torch_function__", "__torch_dispatch__"):
                 self.add("lazy_eval", item.lineno, f"defines {item.name}: intercepting torch calls")
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+    def visit_functiondef(self, node: ast.FunctionDef) -> None:
         for decorator in node.decorator_list:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             path = self.resolve(target) or ""
@@ -364,12 +364,12 @@ class _Checker:
                         if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in params:
                             self.warn("input_mutation", sub.lineno, f"assigns into input {t.value.id}[...]")
 
-    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_asyncfunctiondef = visit_functiondef
 
-    def visit_Global(self, node: ast.Global) -> None:
+    def visit_global(self, node: ast.Global) -> None:
         self.warn("global_state", node.lineno, f"global {', '.join(node.names)}: state kept across calls (a cache?)")
 
-    def visit_Try(self, node: ast.Try) -> None:
+    def visit_try(self, node: ast.Try) -> None:
         computes = []
         for handler in node.handlers:
             for sub in ast.walk(handler):
@@ -382,21 +382,21 @@ class _Checker:
         else:
             self.warn("try_except", node.lineno, "try/except in a kernel: make sure no fallback path exists")
 
-    visit_TryStar = visit_Try
+    visit_trystar = visit_try
 
     # ------------------------------------------------------------------ assignments
 
-    def visit_Assign(self, node: ast.Assign) -> None:
+    def visit_assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             self._assigned(target, node.lineno, node.value)
 
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+    def visit_augassign(self, node: ast.AugAssign) -> None:
         self._assigned(node.target, node.lineno, node.value)
 
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+    def visit_annassign(self, node: ast.AnnAssign) -> None:
         self._assigned(node.target, node.lineno, node.value)
 
-    def visit_Delete(self, node: ast.Delete) -> None:
+    def visit_delete(self, node: ast.Delete) -> None:
         for target in node.targets:
             self._assigned(target, node.lineno, None)
 
@@ -419,7 +419,7 @@ class _Checker:
                 self.add("precision_downgrade", line, f"sets {ast.unparse(target)}: reduced-precision math on a fp32 reference")
             return
         path = self.resolve(target.value)
-        if path is None or path.startswith("builtins.") and path != "builtins":
+        if path is None or (path.startswith("builtins.") and path != "builtins"):
             return
         root = path.split(".")[0]
         if root in self.aliases.values() or path in self.aliases.values() or root in ("torch", "time", "triton", "os", "sys"):
@@ -429,7 +429,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ calls
 
-    def visit_Call(self, node: ast.Call) -> None:
+    def visit_call(self, node: ast.Call) -> None:
         path = self.resolve(node.func)
         line = node.lineno
         attr = node.func.attr if isinstance(node.func, ast.Attribute) else None
@@ -492,8 +492,8 @@ class _Checker:
             self.add("cached_output", line, f"{path}(): loading saved results (pickle) is refused")
         elif path in _FILE_READS:
             self.warn("file_read", line, f"{path}(): the candidate reads files")
-        elif path in ("os.putenv", "os.unsetenv") or self._starts(path, ("os.environ",)) and path.split(".")[-1] in (
-                "update", "setdefault", "pop", "clear", "__setitem__", "popitem"):
+        elif path in ("os.putenv", "os.unsetenv") or (self._starts(path, ("os.environ",)) and path.split(".")[-1] in (
+                "update", "setdefault", "pop", "clear", "__setitem__", "popitem")):
             self.add("env_write", line, f"{path}(): writes the environment")
         elif path == "torch.set_float32_matmul_precision" and self.reference.wants_full_precision:
             value = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
@@ -531,8 +531,8 @@ class _Checker:
             last = path.split(".")[-1]
             if path.startswith("torch.nn.") and last == ref.class_name:
                 return True
-            if last == ref.functional_name and (path.startswith("torch.nn.functional.") or path.count(".") == 1
-                                                and path.startswith("torch.")):
+            if last == ref.functional_name and (path.startswith("torch.nn.functional.") or (path.count(".") == 1
+                                                and path.startswith("torch."))):
                 return True
         return False
 
@@ -572,7 +572,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ attributes and names
 
-    def visit_Attribute(self, node: ast.Attribute) -> None:
+    def visit_attribute(self, node: ast.Attribute) -> None:
         if node.attr in _FRAME_ATTRS and not (node.attr == "__dict__" and isinstance(node.value, ast.Name)
                                               and node.value.id == "self"):
             self.add("introspection", node.lineno, f".{node.attr}: reaching into frames/modules/closures")
@@ -586,7 +586,7 @@ class _Checker:
         if isinstance(node.ctx, ast.Load) and not self._is_callee_or_base(node):
             self._reference_name(node, node.lineno)
 
-    def visit_Name(self, node: ast.Name) -> None:
+    def visit_name(self, node: ast.Name) -> None:
         if node.id == "__builtins__":
             self.add("introspection", node.lineno, "__builtins__: patching or reaching builtins")
         ref = self.reference
@@ -604,10 +604,10 @@ class _Checker:
         parent = self.parents.get(node)
         return (isinstance(parent, ast.Call) and parent.func is node) or isinstance(parent, ast.Attribute)
 
-    def visit_List(self, node: ast.List) -> None:
+    def visit_list(self, node: ast.List) -> None:
         self._embedded(node)
 
-    def visit_Tuple(self, node: ast.Tuple) -> None:
+    def visit_tuple(self, node: ast.Tuple) -> None:
         self._embedded(node)
 
     def _embedded(self, node: ast.List | ast.Tuple) -> None:

@@ -1,4 +1,5 @@
 """KernelBench style: ModelNew for kernel_models.LinearRelu (Triton matmul + bias + relu, IEEE fp32 dot)."""
+# ruff: noqa: N803, N806 - Triton style: uppercase sizes and constexpr block names
 
 import torch
 import torch.nn as nn

@@ -1,4 +1,5 @@
 """KernelAgent style: a correct Triton kernel_function for kernel_models.ScaledGelu."""
+# ruff: noqa: N803 - Triton style: uppercase sizes and constexpr block names
 
 import torch
 import triton

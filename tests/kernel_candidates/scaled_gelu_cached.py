@@ -1,4 +1,5 @@
 """A cheat: returns the recorded output of call 0 read from the exported problem's data folder."""
+# ruff: noqa: N803 - Triton style: uppercase sizes and constexpr block names
 
 import json
 from pathlib import Path

@@ -1,9 +1,9 @@
 """A cheat: runs the reference class itself and copies its result with a token Triton kernel."""
+# ruff: noqa: N803 - Triton style: uppercase sizes and constexpr block names
 
 import torch
 import triton
 import triton.language as tl
-
 from kernel_models import ScaledGelu
 
 

@@ -1,6 +1,6 @@
 """A cheat: correct values, but written over the input tensor (an in-place kernel)."""
+# ruff: noqa: N803 - Triton style: uppercase sizes and constexpr block names
 
-import torch
 import triton
 import triton.language as tl
 
