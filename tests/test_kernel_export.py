@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -124,6 +125,7 @@ def test_integer_inputs_are_marked_not_kernelbench_compatible(repo: str, tmp_pat
     assert any("returns 2 tensors" in r for r in root["kernelbench_incompatible_reasons"])
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_kernelagent_test_file_runs_kernel_from_another_directory(repo: str, tmp_path: Path) -> None:
     result = export_kernelbench("km/act", tmp_path / "act", repo=repo)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ""}
@@ -138,6 +140,15 @@ def test_kernelagent_test_file_runs_kernel_from_another_directory(repo: str, tmp
         outcomes[name] = (run.returncode, run.stdout)
     assert outcomes["scaled_gelu"][0] == 0 and "PASS" in outcomes["scaled_gelu"][1]
     assert outcomes["scaled_gelu_tanh"][0] == 1 and "elements differ" in outcomes["scaled_gelu_tanh"][1]
+
+
+def test_export_from_a_loaded_capture_and_selected_calls(repo: str, tmp_path: Path) -> None:
+    capture = modulelens.load("km/mlp", repo=repo)  # what the MCP tool passes
+    result = export_kernelbench(capture, tmp_path / "mlp", calls=[1], check=False)
+    assert [c["index"] for c in result.manifest["calls"]] == [1]
+    assert "self_check" not in result.manifest
+    with pytest.raises(modulelens.ModulelensError, match="no call at position 5"):
+        export_kernelbench(capture, tmp_path / "bad", calls=[5])
 
 
 def test_export_cli_json_and_refusal_to_overwrite(repo: str, tmp_path: Path) -> None:

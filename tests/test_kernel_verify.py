@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import textwrap
 import time
@@ -12,12 +13,15 @@ from kernel_models import capture_all
 from typer.testing import CliRunner
 
 import modulelens
+from modulelens.errors import ModulelensError
 from modulelens.interfaces.cli import app
 from modulelens.tools.export_kernelbench import export_kernelbench
 from modulelens.tools.kernel_static_check import ReferenceInfo, check_source
-from modulelens.tools.kernel_verify import verify_kernel
+from modulelens.tools.kernel_verify import read_candidate, verify_kernel
 
 CANDIDATES = Path(__file__).parent / "kernel_candidates"
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton is not installed (pip install 'modulelens[kernels]')")
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +31,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
+@needs_triton
 def test_correct_triton_kernel_function_passes_and_is_stored(repo: str) -> None:
     report = verify_kernel("km/act", CANDIDATES / "scaled_gelu.py", repo=repo, timeout=120)
     d = report.to_dict()
@@ -46,6 +51,7 @@ def test_correct_triton_kernel_function_passes_and_is_stored(repo: str) -> None:
     assert "def kernel_function" in stored[-1]["candidate"]["source"]
 
 
+@needs_triton
 def test_modelnew_with_keyword_only_argument_passes(repo: str) -> None:
     report = verify_kernel("km/mlp", CANDIDATES / "linear_relu_modelnew.py", repo=repo, timeout=120)
     assert report.passed, report.failures
@@ -54,6 +60,7 @@ def test_modelnew_with_keyword_only_argument_passes(repo: str) -> None:
     assert sorted(d["checks"]["weights"]["loaded"]) == ["fc.bias", "fc.weight"]
 
 
+@needs_triton
 def test_subtly_wrong_kernel_fails_naming_the_call_and_error_size(repo: str) -> None:
     report = verify_kernel("km/act", CANDIDATES / "scaled_gelu_tanh.py", repo=repo, timeout=120, store=False)
     assert not report.passed
@@ -65,6 +72,7 @@ def test_subtly_wrong_kernel_fails_naming_the_call_and_error_size(repo: str) -> 
     assert report.to_dict()["correctness"]["fp32_passes_at_1e-3"] is True
 
 
+@needs_triton
 def test_cached_output_is_caught_statically_and_by_random_inputs(repo: str, tmp_path: Path) -> None:
     problem = export_kernelbench("km/act", tmp_path / "act", repo=repo)
     candidate = tmp_path / "cached.py"
@@ -78,6 +86,7 @@ def test_cached_output_is_caught_statically_and_by_random_inputs(repo: str, tmp_
     assert all(by_id[f"random {i}"]["passed"] is False for i in range(5))
 
 
+@needs_triton
 def test_input_mutation_is_caught(repo: str) -> None:
     d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_inplace.py", repo=repo, timeout=120, store=False).to_dict()
     assert not d["passed"]
@@ -85,6 +94,7 @@ def test_input_mutation_is_caught(repo: str) -> None:
     assert "call 0 (recorded): modified its input(s) in place: x" in d["failures"]
 
 
+@needs_triton
 def test_calling_the_reference_is_caught(repo: str) -> None:
     d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_calls_reference.py", repo=repo, timeout=120,
                       store=False).to_dict()
@@ -94,6 +104,7 @@ def test_calling_the_reference_is_caught(repo: str) -> None:
     assert "may not import kernel_models" in d["candidate"]["load_error"]  # blocked at run time too
 
 
+@needs_triton
 def test_hanging_candidate_is_killed_by_the_timeout(repo: str) -> None:
     start = time.perf_counter()
     d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_hangs.py", repo=repo, timeout=8, store=False).to_dict()
@@ -103,6 +114,7 @@ def test_hanging_candidate_is_killed_by_the_timeout(repo: str) -> None:
     assert time.perf_counter() - start < 90
 
 
+@needs_triton
 def test_cli_verify_json_and_exit_code(repo: str) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["kernel", "verify", "km/act", "--candidate", str(CANDIDATES / "scaled_gelu_tanh.py"),
@@ -126,6 +138,7 @@ def test_agent_without_kernelagent_prints_the_commands(repo: str, tmp_path: Path
     assert (tmp_path / "p" / "problem.py").exists()
 
 
+@needs_triton
 def test_agent_with_kernelagent_verifies_and_stores_its_kernel(repo: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "fake-kernelagent" / "Fuser"
@@ -150,11 +163,21 @@ def test_agent_with_kernelagent_verifies_and_stores_its_kernel(repo: str, tmp_pa
     assert len(modulelens.Repo(repo).reports("km/act", "kernel")) == before + 1
 
 
+def test_candidate_from_a_kernelagent_result_json(tmp_path: Path) -> None:
+    result = tmp_path / "agent_result.json"
+    result.write_text("routing...\n" + json.dumps({"route": "kernelagent", "success": True, "kernel_code": "x = 1\n"}))
+    assert read_candidate(result) == ("x = 1\n", f"kernel_code of {result}")
+    result.write_text(json.dumps({"route": None, "success": False, "details": {}}))
+    with pytest.raises(ModulelensError, match="no kernel_code"):
+        read_candidate(result)
+
+
 @pytest.mark.parametrize(("source", "rule"), [
     ("import time\ntime.perf_counter = lambda: 0.0", "timing_patch"),
     ("import torch as T\nT.cuda.synchronize = lambda *a: None", "timing_patch"),
     ("import torch\nsetattr(torch.cuda.Event, 'elapsed_time', lambda s, e: 1.0)", "timing_patch"),
     ("import torch\ns = torch.cuda.Stream()", "stream_injection"),
+    ("from torch.cuda import Stream as S\ns = S()", "stream_injection"),
     ("import torch\nStream = getattr(torch.cuda, 'Stream')\ns = Stream()", "stream_injection"),
     ("import torch\ndef f(x, s):\n    x.record_stream(s)", "stream_injection"),
     ("import threading", "thread_injection"),
@@ -198,3 +221,26 @@ def test_static_check_builtin_reference_and_clean_kernels() -> None:
     allowed = check_source("import threading\n" + (CANDIDATES / "scaled_gelu.py").read_text(),
                            ReferenceInfo("m:C", {"float32"}), allow=["thread_injection"])
     assert allowed.passed and allowed.warnings[0].rule == "thread_injection"
+
+
+def test_timing_summary_speedups_geomean_and_review_flag() -> None:
+    from modulelens.tools._kernel_worker import timing_stats
+    from modulelens.tools.kernel_verify import _timing
+
+    stats = timing_stats([1.0, 2.0, 3.0, 4.0], warmup=2)
+    assert stats["mean_ms"] == 2.5 and stats["median_ms"] == 2.5 and stats["trials"] == 4 and stats["warmup"] == 2
+    assert abs(stats["std_ms"] - 1.2909944) < 1e-6
+    ref = {"mean_ms": 2.0, "median_ms": 2.0}
+    info = {"l2_flush_bytes": 1 << 27, "samples": [
+        {"id": "call 0", "reference": {"timing": ref}}, {"id": "random 0", "reference": {"timing": ref}},
+        {"id": "random 1", "reference": {"timing": ref}}]}
+    result = {"samples": [{"id": "call 0", "timing": {"mean_ms": 1.0, "median_ms": 1.0}},
+                          {"id": "random 0", "timing": {"mean_ms": 0.5, "median_ms": 0.5}},
+                          {"id": "random 1", "timing": {"mean_ms": 0.1, "median_ms": 0.1}}]}
+    report = {"settings": {"warmup": 10, "trials": 100}, "review_required": False, "review_reasons": [],
+              "samples": [{"passed": True}, {"passed": True}, {"passed": False}]}
+    _timing(report, info, result)
+    timing = report["timing"]
+    assert [row["speedup"] for row in timing["samples"]] == [2.0, 4.0, 20.0]
+    assert timing["speedup_samples"] == 2 and abs(timing["speedup_geomean"] - 8 ** 0.5) < 1e-9  # passing samples only
+    assert report["review_required"] and "above 10x on 1 sample" in report["review_reasons"][0]

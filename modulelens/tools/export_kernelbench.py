@@ -630,7 +630,7 @@ def _describe_arg(name: str, value: Any, key_of: Callable[[torch.Tensor], str | 
 
 
 def export_kernelbench(
-    ref: str,
+    ref: str | Capture,
     out_dir: str | os.PathLike[str],
     *,
     repo: Repo | str | None = None,
@@ -642,7 +642,8 @@ def export_kernelbench(
     rtol: float | None = None,
     atol: float | None = None,
 ) -> ExportResult:
-    """Write a KernelBench/KernelAgent problem folder for capture ``ref`` into ``out_dir``.
+    """Write a KernelBench/KernelAgent problem folder for capture ``ref`` (a ref or a loaded
+    :class:`Capture`) into ``out_dir``.
 
     ``calls`` selects recorded calls by position (default: all, up to ``max_calls`` that share
     the first call's weights). ``inline=False`` imports the class instead of inlining its source.
@@ -655,8 +656,11 @@ def export_kernelbench(
         result = export_kernelbench("ranker/top_mlp:v3", "problems/top_mlp")
         print(result.manifest["kernelbench_compatible"], result.problem)
     """
-    store = repo if isinstance(repo, Repo) else Repo(repo, create=False)
-    capture = load(ref, repo=store)
+    if isinstance(ref, Capture):
+        capture, store = ref, ref.repo
+    else:
+        store = repo if isinstance(repo, Repo) else Repo(repo, create=False)
+        capture = load(ref, repo=store)
     directory = Path(out_dir).expanduser().absolute()
     if directory.exists() and any(directory.iterdir()):
         if not overwrite:

@@ -604,6 +604,10 @@ class _Checker:
         parent = self.parents.get(node)
         return (isinstance(parent, ast.Call) and parent.func is node) or isinstance(parent, ast.Attribute)
 
+    def visit_binop(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.MatMult):
+            self.warn("pytorch_compute", node.lineno, "a @ b: PyTorch computes this matmul, not the kernel")
+
     def visit_list(self, node: ast.List) -> None:
         self._embedded(node)
 

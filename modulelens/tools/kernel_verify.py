@@ -168,7 +168,7 @@ def _tail(path: Path, limit: int = 2000) -> str:
 
 
 def verify_kernel(
-    ref: str,
+    ref: str | Capture,
     candidate: str | os.PathLike[str],
     *,
     repo: Repo | str | None = None,
@@ -186,7 +186,8 @@ def verify_kernel(
     allow: Sequence[str] = (),
     store: bool = True,
 ) -> KernelReport:
-    """Verify a kernel candidate file against capture ``ref`` and store the report.
+    """Verify a kernel candidate file against capture ``ref`` (a ref or a loaded :class:`Capture`)
+    and store the report.
 
     ``timeout`` bounds the candidate's process (the reference's gets at least 120 s);
     ``rtol``/``atol`` override the per-dtype tolerances; ``allow`` downgrades static-check rules
@@ -202,8 +203,11 @@ def verify_kernel(
         raise ModulelensError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
     if random_samples < 0 or max_calls < 1 or trials < 1 or warmup < 0 or timeout <= 0:
         raise ModulelensError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
-    store_repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
-    capture = load(ref, repo=store_repo)
+    if isinstance(ref, Capture):
+        capture, store_repo = ref, ref.repo
+    else:
+        store_repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
+        capture = load(ref, repo=store_repo)
     source, origin = read_candidate(candidate)
     positions = select_calls(capture, calls, max_calls, same_state=False)
     output_dtypes = _output_dtypes(capture, positions)
