@@ -302,6 +302,7 @@ def run_reference(spec: dict[str, Any]) -> int:
     positions = select_calls(capture, spec.get("calls"), spec["max_calls"], same_state=False)
     binding = bind_calls(capture, positions)
     module = capture.module
+    has_buffers = any(True for _ in module.buffers())
     timer = CudaTimer(device) if spec.get("timing") and device.type == "cuda" else None
     inputs: dict[str, torch.Tensor] = {}
     expected: dict[str, torch.Tensor] = {}
@@ -324,7 +325,10 @@ def run_reference(spec: dict[str, Any]) -> int:
                                  "state": call.state_index, "training": call.training, "args": encoded,
                                  "randomized": notes, "reference": {}}
         samples.append(entry)
-        capture.use_state(call.state_index)
+        if has_buffers:
+            capture._assign_state(module, call.state_index)  # a call may have changed the buffers
+        else:
+            capture.use_state(call.state_index)
         module.train(call.training)
 
         def run_once(args: Any = args, call: Any = call) -> Any:
@@ -561,6 +565,7 @@ def run_candidate(spec: dict[str, Any]) -> int:
         return everything, lambda: entry(*everything)
 
     names = list(info["arg_names"]) + ([] if model is not None else list(info["weight_names"]))
+    has_buffers = isinstance(model, torch.nn.Module) and any(True for _ in model.buffers())
     first_ok: int | None = None
     for j, sample in enumerate(info["samples"]):
         record: dict[str, Any] = {"id": sample["id"]}
@@ -569,11 +574,11 @@ def run_candidate(spec: dict[str, Any]) -> int:
         if sample.get("skip"):
             record["skipped"] = sample["skip"]
             continue
-        if model is not None and loaded_state != sample["state"]:
-            load_state(sample["state"])
+        if model is not None and (loaded_state != sample["state"] or has_buffers):
+            load_state(sample["state"])  # reloaded every call when there are buffers: a call may change them
             loaded_state = sample["state"]
-            if isinstance(model, torch.nn.Module):
-                model.train(sample["training"])
+        if isinstance(model, torch.nn.Module):
+            model.train(sample["training"])
         passed, run = prepare(to_device([decode_arg(a, inputs) for a in sample["args"]], device), sample["state"])
         originals = [to_device(v, torch.device("cpu")) for v in passed]
         launches = counter.count

@@ -173,6 +173,7 @@ def verify_kernel(
     *,
     repo: Repo | str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    reference_timeout: float | None = None,
     device: str | None = None,
     calls: Sequence[int] | None = None,
     max_calls: int = MAX_CALLS,
@@ -189,7 +190,8 @@ def verify_kernel(
     """Verify a kernel candidate file against capture ``ref`` (a ref or a loaded :class:`Capture`)
     and store the report.
 
-    ``timeout`` bounds the candidate's process (the reference's gets at least 120 s);
+    ``timeout`` bounds the candidate's process; ``reference_timeout`` the reference's (default:
+    ``max(timeout, 120)``);
     ``rtol``/``atol`` override the per-dtype tolerances; ``allow`` downgrades static-check rules
     to warnings; ``entry`` forces ``"ModelNew"`` or ``"kernel_function"``.
 
@@ -229,7 +231,8 @@ def verify_kernel(
         "static": static.to_dict(),
         "tolerances": tolerances,
         "tolerance_overrides": {"rtol": rtol, "atol": atol},
-        "settings": {"device": device, "timeout_s": timeout, "max_calls": max_calls, "random_samples": random_samples,
+        "settings": {"device": device, "timeout_s": timeout,
+                     "reference_timeout_s": reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT), "max_calls": max_calls, "random_samples": random_samples,
                      "seed": seed, "warmup": warmup, "trials": trials, "entry": entry, "allow": list(allow)},
         "runtime": {"device": device, "triton_interpret": not timing_on},
         "samples": [],
@@ -246,6 +249,7 @@ def verify_kernel(
     workdir = Path(tempfile.mkdtemp(prefix="modulelens-kernel-"))
     try:
         _run_workers(report, capture, store_repo, positions, workdir, source, device=device, timeout=timeout,
+                     reference_timeout=reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
                      random_samples=random_samples, seed=seed, warmup=warmup, trials=trials, entry=entry,
                      timing_on=timing_on, backend=static.backend)
     finally:
@@ -270,7 +274,7 @@ def _triton_version() -> str | None:
 
 
 def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
-                 source: str, *, device: str, timeout: float, random_samples: int, seed: int, warmup: int,
+                 source: str, *, device: str, timeout: float, reference_timeout: float, random_samples: int, seed: int, warmup: int,
                  trials: int, entry: str, timing_on: bool, backend: str) -> None:
     failures: list[str] = report["failures"]
     # ---- reference process
@@ -282,7 +286,7 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
         "random": random_samples, "seed": seed, "device": device, "timing": timing_on, "warmup": warmup,
         "trials": trials, "out_dir": str(ref_out)}))
     run = _run([sys.executable, "-m", "modulelens.tools._kernel_worker", "reference", str(spec_path)],
-               env=_worker_env(device, candidate=False), cwd=Path.cwd(), timeout=max(timeout, REFERENCE_MIN_TIMEOUT),
+               env=_worker_env(device, candidate=False), cwd=Path.cwd(), timeout=reference_timeout,
                logs=workdir / "reference-logs")
     report["runtime"]["reference_process"] = {k: v for k, v in run.items() if k != "stdout_tail"}
     if run["timed_out"] or run["returncode"] != 0 or not (ref_out / "reference.json").exists():
