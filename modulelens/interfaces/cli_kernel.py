@@ -135,6 +135,8 @@ def verify_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     candidate: Annotated[Path, typer.Option("--candidate", "-c", help="ModelNew/kernel_function .py file, or KernelAgent's result JSON.")],
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the candidate's process is killed.")] = 300.0,
+    reference_timeout: Annotated[float | None, typer.Option("--reference-timeout",
+                                                            help="Seconds for the reference process (default: max(timeout, 120)).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when available).")] = None,
     calls: CallsOpt = None,
     max_calls: MaxCallsOpt = 8,
@@ -153,7 +155,8 @@ def verify_cmd(
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
     from modulelens.tools.kernel_verify import verify_kernel
 
-    report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, device=device, calls=_positions(calls),
+    report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
+                           device=device, calls=_positions(calls),
                            max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
                            warmup=warmup, trials=trials, entry=entry, allow=allow or (), store=store)
     emit("kernel verify", as_json, report.to_dict(), render_kernel_report)

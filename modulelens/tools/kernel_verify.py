@@ -252,7 +252,8 @@ def verify_kernel(
         _run_workers(report, capture, store_repo, positions, workdir, source, device=device, timeout=timeout,
                      reference_timeout=reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
                      random_samples=random_samples, seed=seed, warmup=warmup, trials=trials, entry=entry,
-                     timing_on=timing_on, backend=static.backend)
+                     timing_on=timing_on, backend=static.backend,
+                     candidate_home=Path(candidate).expanduser().absolute().parent)
     finally:
         if not os.environ.get("MODULELENS_KEEP_KERNEL_WORKDIR"):
             shutil.rmtree(workdir, ignore_errors=True)
@@ -276,7 +277,7 @@ def _triton_version() -> str | None:
 
 def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
                  source: str, *, device: str, timeout: float, reference_timeout: float, random_samples: int, seed: int, warmup: int,
-                 trials: int, entry: str, timing_on: bool, backend: str) -> None:
+                 trials: int, entry: str, timing_on: bool, backend: str, candidate_home: Path | None) -> None:
     failures: list[str] = report["failures"]
     # ---- reference process
     ref_out = workdir / "reference"
@@ -335,6 +336,8 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
         "timing": timing_on, "out_dir": str(cand_out), "count_triton_launches": "triton" in backend}))
     env = _worker_env(device, candidate=True)
     env["MODULELENS_PROBLEM_DATA"] = str(problem_data)
+    if candidate_home is not None:  # helper modules next to the candidate stay importable
+        env["PYTHONPATH"] = os.pathsep.join([str(candidate_home), env["PYTHONPATH"]])
     command = [sys.executable]
     if sys.version_info >= (3, 11):
         command.append("-P")
