@@ -39,6 +39,21 @@ class LinearRelu(nn.Module):
         return F.relu(self.fc(x)) * alpha
 
 
+class Gated(nn.Module):
+    """Constructor arguments that are not plain values: a module, a tensor and a function."""
+
+    def __init__(self, inner: nn.Module, gate: torch.Tensor, act=F.silu, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("gate", gate.clone())
+        self.act = act
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.act(self.inner(x)) * self.gate + self.eps
+        return y if mask is None else y * mask
+
+
 class Wrapper(nn.Module):
     """A parent model: the tests capture its children."""
 

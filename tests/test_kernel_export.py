@@ -151,6 +151,26 @@ def test_export_from_a_loaded_capture_and_selected_calls(repo: str, tmp_path: Pa
         export_kernelbench(capture, tmp_path / "bad", calls=[5])
 
 
+def test_constructor_with_module_tensor_and_function_arguments(tmp_path: Path) -> None:
+    from kernel_models import Gated
+
+    repo = str(tmp_path / "repo")
+    with modulelens.track_init():
+        model = Gated(torch.nn.Linear(4, 4), torch.linspace(0.5, 1.5, 4), torch.nn.functional.gelu, eps=0.25).eval()
+    with modulelens.capture(model, targets=["Gated"], repo=repo, name="g"), torch.no_grad():
+        model(torch.randn(2, 4))
+    result = export_kernelbench("g", tmp_path / "g", repo=repo)
+    source = result.problem.read_text()
+    assert "get_init_inputs():\n" in source and "return []" in source  # not plain values: written into __init__
+    assert "torch.nn.Linear(4, 4)" in source and "_ml_init['init.0']" in source
+    assert "torch.nn.functional.gelu" in source and "eps=0.25" in source
+    assert (result.directory / "data" / "init.safetensors").exists()
+    assert result.manifest["model"]["forward_arguments"] == ["x"]  # the unused default `mask` is left out
+    assert result.manifest["self_check"]["reproduces_recorded_outputs"] is True, result.manifest["self_check"]
+    _, output = run_like_kernelbench(source, 0)
+    torch.testing.assert_close(output, modulelens.load("g", repo=repo).calls[0].output, rtol=0, atol=0)
+
+
 def test_export_cli_json_and_refusal_to_overwrite(repo: str, tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "cli"

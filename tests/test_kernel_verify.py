@@ -245,3 +245,27 @@ def test_timing_summary_speedups_geomean_and_review_flag() -> None:
     assert [row["speedup"] for row in timing["samples"]] == [2.0, 4.0, 20.0]
     assert timing["speedup_samples"] == 2 and abs(timing["speedup_geomean"] - 8 ** 0.5) < 1e-9  # passing samples only
     assert report["review_required"] and "above 10x on 1 sample" in report["review_reasons"][0]
+
+
+def test_random_inputs_keep_shapes_dtypes_and_index_structure() -> None:
+    import torch
+
+    from modulelens.tools._kernel_worker import _randomize
+
+    notes: list[dict[str, str]] = []
+    generator = torch.Generator().manual_seed(0)
+    indices = torch.tensor([3, 17, 5, 9, 12, 4])
+    offsets = torch.tensor([0, 2, 5])
+    mask = torch.tensor([True, False, True, True])
+    x = torch.randn(64, 8) * 3 + 1
+    new_indices, new_offsets, new_mask, new_x, scale = (
+        _randomize(v, generator, name, notes) for v, name in
+        [(indices, "input"), (offsets, "offsets"), (mask, "mask"), (x, "x"), (2.0, "scale")])
+    assert new_indices.dtype == torch.int64 and new_indices.shape == (6,) and not torch.equal(new_indices, indices)
+    assert int(new_indices.min()) >= 3 and int(new_indices.max()) <= 17  # stays a valid index
+    assert torch.equal(new_offsets, offsets)  # sorted offsets are structure: kept
+    assert new_mask.dtype == torch.bool and new_mask.shape == (4,)
+    assert new_x.dtype == torch.float32 and new_x.shape == (64, 8) and not torch.equal(new_x, x)
+    assert abs(float(new_x.mean()) - float(x.mean())) < 1.0 and scale == 2.0
+    assert [n["arg"] for n in notes] == ["input", "offsets", "mask", "x"]
+    assert notes[1]["how"].startswith("kept") and notes[3]["how"].startswith("normal(")
