@@ -98,6 +98,7 @@ def test_manifest_hashes_tolerances_and_safetensors_data(repo: str, tmp_path: Pa
     for name, digest in m["files"].items():
         assert hash_bytes((result.directory / name).read_bytes()) == digest
     assert m["kernelbench_compatible"] is True and m["kernelbench_precision"] == "fp32"
+    assert m["model"]["requires_modules"] == []  # kernel_models imports only math and torch
     assert m["tolerances"]["float32"] == {"rtol": 1e-4, "atol": 1e-4, "exact": False}
     # keyword-only `alpha` is bound to a position; Model.forward takes it positionally
     assert m["model"]["forward_arguments"] == ["x", "alpha"] and m["model"]["keyword_arguments"] == ["alpha"]

@@ -441,6 +441,7 @@ class ClassSource:
     module: str = ""
     included: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    imports: set[str] = field(default_factory=set)  # top-level packages the inlined code imports
 
 
 def _free_names(node: ast.AST) -> set[str]:
@@ -538,6 +539,7 @@ def class_source(cls: type, extra_names: set[str] | None = None, *, inline: bool
                  for s in statements)
     code = f"# from {module_name} ({getattr(module, '__file__', '?')})\n"
     included = []
+    imported: set[str] = set()
     previous: ast.stmt | None = None
     for i in sorted(include):
         statement = statements[i]
@@ -545,7 +547,12 @@ def class_source(cls: type, extra_names: set[str] | None = None, *, inline: bool
             continue
         if isinstance(statement, ast.ImportFrom) and statement.level:
             chunk = _absolute_import(statement, package)
+            imported.add(chunk.split()[1].split(".")[0])
         else:
+            if isinstance(statement, ast.Import):
+                imported.update(a.name.split(".")[0] for a in statement.names)
+            elif isinstance(statement, ast.ImportFrom) and statement.module:
+                imported.add(statement.module.split(".")[0])
             chunk = _segment(lines, statement)
         if previous is not None:
             imports = (ast.Import, ast.ImportFrom)
@@ -562,7 +569,10 @@ def class_source(cls: type, extra_names: set[str] | None = None, *, inline: bool
         included.append(", ".join(sorted(_bound_names(statement))) or type(statement).__name__)
     code += "\n"
     _check_reserved(statements, include, module_name)
-    return ClassSource("inlined", qualname, code=code, future_annotations=future, module=module_name, included=included)
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    third_party = {name for name in imported if name not in stdlib and name not in ("torch", "__future__")}
+    return ClassSource("inlined", qualname, code=code, future_annotations=future, module=module_name, included=included,
+                       imports=third_party)
 
 
 def _check_reserved(statements: list[ast.stmt], include: set[int], module_name: str) -> None:
@@ -748,6 +758,9 @@ def export_kernelbench(
     tolerances = tolerance_table(output_dtypes or ["float32"], rtol, atol)
     compatible_reasons, notes, precision = _compatibility(capture, positions, binding, call_entries, weights)
     notes.extend(source.notes)
+    if renderer.required_modules | source.imports:
+        notes.append("problem.py imports " + ", ".join(sorted(renderer.required_modules | source.imports))
+                     + ": they must be installed where the problem runs")
     notes.extend(binding.notes)
     if training:
         notes.append("the calls were recorded in training mode; Model stays in training mode "
@@ -839,7 +852,7 @@ def export_kernelbench(
                   "constructor_inline": not plain_init, "training": training, "state": state_index,
                   "forward_arguments": binding.names, "keyword_arguments": binding.kw_names,
                   "defaults_filled": sorted(binding.defaults_used),
-                  "requires_modules": sorted(renderer.required_modules)},
+                  "requires_modules": sorted(renderer.required_modules | source.imports)},
         "calls": call_entries,
         "left_out_calls": left_out,
         "weights": weight_entries,
