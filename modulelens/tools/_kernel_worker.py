@@ -302,7 +302,6 @@ def run_reference(spec: dict[str, Any]) -> int:
     positions = select_calls(capture, spec.get("calls"), spec["max_calls"], same_state=False)
     binding = bind_calls(capture, positions)
     module = capture.module
-    has_buffers = any(True for _ in module.buffers())
     timer = CudaTimer(device) if spec.get("timing") and device.type == "cuda" else None
     inputs: dict[str, torch.Tensor] = {}
     expected: dict[str, torch.Tensor] = {}
@@ -325,10 +324,7 @@ def run_reference(spec: dict[str, Any]) -> int:
                                  "state": call.state_index, "training": call.training, "args": encoded,
                                  "randomized": notes, "reference": {}}
         samples.append(entry)
-        if has_buffers:
-            capture._assign_state(module, call.state_index)  # a call may have changed the buffers
-        else:
-            capture.use_state(call.state_index)
+        capture.use_state(call.state_index)  # reloads too when a call changed a buffer in place
         module.train(call.training)
 
         def run_once(args: Any = args, call: Any = call) -> Any:
