@@ -1,0 +1,1 @@
+"""The `modulelens demo` job: a small recommendation model trained under capture."""

@@ -1,0 +1,1 @@
+"""How people and agents reach modulelens: the CLI, IPython, MCP, pytest."""

@@ -1,0 +1,72 @@
+"""A compact, JSON-ready description of a stored capture (for `show`, IPython and MCP)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modulelens.repo.local import Repo
+
+
+def _leaf_summaries(tree: dict[str, Any] | None, tensors: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    if tree is None:
+        return []
+    out = []
+    for i, leaf in enumerate(tree["leaves"]):
+        if isinstance(leaf, dict) and leaf.get("$type") == "tensor":
+            entry = tensors[leaf["id"]]
+            out.append({"leaf": f"{prefix}[{i}]", "kind": "tensor", "shape": entry["shape"], "dtype": entry["dtype"],
+                        "device": entry.get("device", "cpu"), "stats": entry.get("stats")})
+        elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
+            out.append({"leaf": f"{prefix}[{i}]", "kind": "unrecorded", "type": leaf.get("class")})
+        else:
+            out.append({"leaf": f"{prefix}[{i}]", "kind": "value", "value": leaf})
+    return out
+
+
+def describe(repo: Repo, ref: str) -> dict[str, Any]:
+    """Metadata, state size, per-call input/output shapes, environment and report history."""
+    name, version = repo.resolve(ref)
+    meta = repo.read_metadata(name, version)
+    info = repo.info(name, version)
+    tensors = meta.get("tensors", {})
+    states = meta.get("states", [])
+    first_state = states[0] if states else {"parameters": {}, "buffers": {}}
+    param_numel = 0
+    for entry in first_state["parameters"].values():
+        n = 1
+        for s in tensors[entry["tensor"]]["shape"]:
+            n *= s
+        param_numel += n
+    module = meta["module"]
+    construction = meta.get("constructions", {}).get(module.get("construction") or "", None)
+    return {
+        "ref": info.ref,
+        "name": name,
+        "version": version,
+        "aliases": list(info.aliases),
+        "tags": list(info.tags),
+        "created": meta.get("created"),
+        "path": str(info.path),
+        "module_class": module["class"],
+        "qualified_name": module.get("qualified_name"),
+        "construction": construction,
+        "construction_missing": module.get("construction_missing"),
+        "parameters": {n: tensors[e["tensor"]]["shape"] for n, e in first_state["parameters"].items()},
+        "parameter_count": param_numel,
+        "buffers": {n: tensors[e["tensor"]]["shape"] for n, e in first_state["buffers"].items()},
+        "states": len(states),
+        "payload_bytes": info.nbytes,
+        "calls": [
+            {"index": c["index"], "training": c["training"], "grad_enabled": c["grad_enabled"], "state": c["state"],
+             "finished": c.get("finished", True),
+             "inputs": _leaf_summaries(c["inputs"], tensors, "in"),
+             "outputs": _leaf_summaries(c.get("output"), tensors, "out")}
+            for c in meta.get("calls", [])
+        ],
+        "unrecorded": meta.get("unrecorded", []),
+        "capture": meta.get("capture", {}),
+        "environment": meta.get("environment", {}),
+        "metadata": meta.get("metadata", {}),
+        "reports": [{"kind": r.get("kind"), "created": r.get("created"), "path": r.get("path"),
+                     "passed": r.get("passed")} for r in repo.reports(info.ref)],
+    }
