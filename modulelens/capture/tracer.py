@@ -436,7 +436,7 @@ class Tracer:
             distributed = self._distributed_metadata(qualified, record)
             if distributed is not None:
                 meta["distributed"] = distributed
-                if incidents:
+                if distributed["incomplete"]:
                     meta["capture"]["complete"] = False
             saved.append(repo.save_version(capture_name, meta, payloads))
         return saved
@@ -476,7 +476,7 @@ class Tracer:
             "parameters": notes.get("parameters", {}),
             "inputs": notes.get("inputs", {}),
             "outputs": notes.get("output", {}),
-            "incomplete": list(self._incidents.get(qualified, [])),
+            "incomplete": [*self._incidents.get(qualified, []), *([record.failed] if record.failed else [])],
         }
 
 
