@@ -130,6 +130,18 @@ def scenario_sharded(rank: int, repo: str, out: str) -> dict[str, Any]:
                     reference[f"fsdp_full.{n}"] = p.full_tensor().detach().numpy().copy()
             _train_step(fsdp, opt, *_batch(step, rank))
     result["fsdp"] = _refs(cap.saved)
+
+    # Capture attached before parallelize_module: tensor parallel's input hook lands after ours, so
+    # the tracer moves its hooks back into place and records from the next call on.
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    early = Net()
+    with modulelens.capture(early, ["blocks.0.mlp.down"], name="tpearly", repo=repo) as cap:
+        parallelize_module(early.blocks[0].mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        for step in range(2):
+            early(_batch(step)[0])
+    result["tpearly"] = _refs(cap.saved)
     if rank == 0:
         np.savez(os.path.join(out, "reference.npz"), **reference)
     return result

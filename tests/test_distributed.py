@@ -260,6 +260,23 @@ def test_fsdp2_module_restores_as_its_own_class(sharded_job: dict[str, Any]) -> 
     assert net["meta"]["parameters"]["blocks.0.mlp.up.weight"]["placements"] == ["Shard(dim=0)"]
 
 
+@needs_gloo
+def test_capture_attached_before_tensor_parallel_still_records_full_tensors(sharded_job: dict[str, Any]) -> None:
+    assert sharded_job["ranks"][0]["tpearly"] == ["tpearly/blocks.0.mlp.down:v1"]
+    check = """
+    import json, sys
+    import modulelens
+    cap = modulelens.load("tpearly/blocks.0.mlp.down", repo=sys.argv[1])
+    report = cap.replay()
+    print(json.dumps({"passed": report.passed, "report": str(report), "index": cap.calls[0].index,
+                      "input": list(cap.calls[0].args[0].shape), "output": list(cap.calls[0].output.shape)}))
+    """
+    result = _fresh(check, str(sharded_job["repo"]))
+    assert result["index"] == 1  # call 0 met tensor parallel's hook out of order and was skipped
+    assert (result["input"], result["output"]) == ([6, 32], [6, 16])  # full, not the local shard
+    assert result["passed"], result["report"]
+
+
 # --------------------------------------------------------------------------------------- no hang
 
 
