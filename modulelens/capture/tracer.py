@@ -391,8 +391,8 @@ class Tracer:
 
         In a distributed job only recording ranks save (others return ``[]``); when several ranks
         record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``."""
-        from modulelens.repo.local import Repo
         from modulelens.format.encode import encode_record
+        from modulelens.repo.local import Repo
 
         self._snap.synchronize()
         if not self.recording:

@@ -7,6 +7,8 @@ top MLP -> click logit.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -55,7 +57,7 @@ class MLP(nn.Module):
     def __init__(self, sizes: list[int], activation: type[nn.Module] = nn.ReLU, dropout: float = 0.0) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
             layers.append(nn.Linear(n_in, n_out))
             if i < len(sizes) - 2:
                 layers.append(activation())
@@ -87,7 +89,10 @@ class RecModel(nn.Module):
 CARDINALITIES = {"user_id": 1000, "item_id": 5000, "category": 50, "country": 30}
 
 
-def synthetic_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+JaggedFeatures = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def synthetic_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, JaggedFeatures, torch.Tensor]:
     """Dense features, jagged sparse features (1-4 ids per example) and click labels."""
     dense = torch.randn(batch, 13, generator=generator)
     sparse = {}

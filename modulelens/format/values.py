@@ -37,16 +37,21 @@ def import_path(obj: Any) -> str:
     """``"package.module:Qual.Name"`` for a class or function that can be imported back."""
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
-    if not module or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
+    if not module or not qualname or "<locals>" in qualname or "<lambda>" in qualname or module == "__main__":
         raise UnsupportedValueError(f"{obj!r} cannot be referenced by import path")
-    path = f"{module}:{qualname}"
-    try:
-        resolved = import_object(path)
-    except Exception:
-        resolved = None
-    if resolved is not obj:
-        raise UnsupportedValueError(f"{obj!r} is not importable as {path}")
-    return path
+    # Builtins such as torch.relu report a private qualname (_VariableFunctionsClass.relu) but are
+    # importable under their plain name: try both, and accept only a path that gives back `obj`.
+    candidates = [f"{module}:{qualname}"]
+    name = getattr(obj, "__name__", None)
+    if name and name != qualname:
+        candidates.append(f"{module}:{name}")
+    for path in candidates:
+        try:
+            if import_object(path) is obj:
+                return path
+        except Exception:
+            continue
+    raise UnsupportedValueError(f"{obj!r} is not importable as {candidates[0]}")
 
 
 def import_object(path: str) -> Any:
@@ -207,7 +212,7 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
             raise UnsupportedValueError(f"{path}: {error}") from None
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # namedtuple
         return {"$type": "namedtuple", "class": _class_path(value, path),
-                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(type(value)._fields, value)]}
+                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(type(value)._fields, value, strict=False)]}
     codec = _find_codec(value)
     if codec is None and dataclasses.is_dataclass(value):
         return {"$type": "dataclass", "class": _class_path(value, path),

@@ -26,7 +26,7 @@ def validate_name(name: str) -> str:
 
 
 def validate_alias(alias: str) -> str:
-    if not _ALIAS_RE.fullmatch(alias or "") or _VERSION_RE.fullmatch(alias):
+    if not _ALIAS_RE.fullmatch(alias or "") or re.fullmatch(r"v[0-9]+", alias):
         raise InvalidNameError(
             f"invalid alias {alias!r}: start with a letter, then letters, digits, '.', '_', '-' "
             "(and not of the form vN)"

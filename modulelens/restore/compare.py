@@ -78,7 +78,7 @@ def compare(
             message=f"output structure differs: expected {_describe(expected_spec)}, got {_describe(actual_spec)}",
         )]
     results = []
-    for (key_path, want), (_, got) in zip(expected_leaves, actual_leaves):
+    for (key_path, want), (_, got) in zip(expected_leaves, actual_leaves, strict=False):
         path = "output" + pytree.keystr(key_path)
         results.append(_compare_leaf(path, want, got, exact, rtol, atol, cross_device))
     return results
@@ -130,7 +130,9 @@ def _compare_leaf(
             equal = _bitwise_equal(want, got) | both_nan
             result.mismatched = int((~equal).sum())
         else:
-            default_rtol, default_atol = tolerance_for(got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype, cross_device)
+            # a run in lower precision than recorded is judged by the lower precision's tolerance
+            judged = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
+            default_rtol, default_atol = tolerance_for(judged, cross_device)
             result.rtol = default_rtol if rtol is None else rtol
             result.atol = default_atol if atol is None else atol
             bad = diff > (result.atol + result.rtol * w.abs())

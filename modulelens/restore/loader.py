@@ -64,7 +64,9 @@ class Call:
         prefix = f"call{self.index}."
         return [u["path"] for u in self._capture.metadata.get("unrecorded", []) if u["path"].startswith(prefix)]
 
-    def fresh_inputs(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def fresh_inputs(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify."""
         def copy(value: Any) -> Any:
             if isinstance(value, Unrecorded):
@@ -222,8 +224,8 @@ class Capture:
                 module = self._construct()
             self._assign_state(module, 0)
             if _has_meta_tensors(module):
-                raise _NeedsRealConstruction("tensors outside parameters and buffers")
-        except _NeedsRealConstruction as why:
+                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
+        except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
             module = self._construct()
             self._assign_state(module, 0)
@@ -307,7 +309,7 @@ class Capture:
         return replay(self, **options)
 
 
-class _NeedsRealConstruction(Exception):
+class _NeedsRealConstructionError(Exception):
     pass
 
 

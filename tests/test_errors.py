@@ -1,0 +1,111 @@
+"""Damaged data and unsupported values give clear errors, never silent substitutes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import warnings
+
+import pytest
+import torch
+from conftest import PYTHON, subprocess_env
+from modules_for_tests import Opaque, TakesOpaque
+from torch import nn
+
+import modulelens
+from modulelens.capture.init_tracking import stop_tracking, track_init
+
+
+def _capture_linear(repo: modulelens.Repo, name: str = "lin") -> modulelens.VersionInfo:
+    module = nn.Linear(64, 32)
+    with modulelens.capture(module, targets="Linear", repo=repo, name=name) as cap:
+        module(torch.randn(4, 64))
+    return cap.saved[0]
+
+
+def test_corrupted_payload_is_detected(repo: modulelens.Repo) -> None:
+    info = _capture_linear(repo)
+    meta = repo.read_metadata("lin", 1)
+    weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
+    path = repo.blob_path(weight["payload"])
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:
+        handle.seek(10)
+        handle.write(b"\xff\xff\xff\xff")
+    with pytest.raises(modulelens.CorruptCaptureError, match="corrupted"):
+        modulelens.load(info.ref, repo=repo).module  # noqa: B018
+    result = subprocess.run([PYTHON, "-m", "modulelens", "replay", info.ref, "--repo", str(repo.root)],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == modulelens.CorruptCaptureError.exit_code
+    assert "corrupted" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2
+
+
+def test_truncated_payload_is_detected(repo: modulelens.Repo) -> None:
+    _capture_linear(repo)
+    meta = repo.read_metadata("lin", 1)
+    weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
+    path = repo.blob_path(weight["payload"])
+    os.chmod(path, 0o644)
+    os.truncate(path, 100)
+    with pytest.raises(modulelens.CorruptCaptureError, match="truncated"):
+        modulelens.load("lin", repo=repo).module  # noqa: B018
+
+
+def test_full_verification_rehashes_everything(repo: modulelens.Repo) -> None:
+    _capture_linear(repo)
+    assert modulelens.load("lin", repo=repo, verify=True).replay().passed
+
+
+def test_truncated_metadata_is_a_clear_error(repo: modulelens.Repo) -> None:
+    info = _capture_linear(repo)
+    meta = info.path / "capture.json"
+    meta.write_text(meta.read_text()[:200])
+    with pytest.raises(modulelens.CorruptCaptureError, match="not valid JSON"):
+        modulelens.load("lin", repo=repo)
+    result = subprocess.run([PYTHON, "-m", "modulelens", "show", "lin", "--repo", str(repo.root)],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 3 and "Traceback" not in result.stderr and "not valid JSON" in result.stderr
+
+
+def test_unsupported_constructor_argument_is_named_in_strict_mode(repo: modulelens.Repo) -> None:
+    module = TakesOpaque(Opaque(3))
+    with pytest.raises(modulelens.UnsupportedValueError, match=r"args\[0\].*Opaque"):
+        with modulelens.capture(module, targets="TakesOpaque", repo=repo, name="opaque", strict=True):
+            module(torch.randn(2, 4))
+
+
+def test_unsupported_constructor_argument_fails_open_then_errors_on_load(repo: modulelens.Repo) -> None:
+    module = TakesOpaque(Opaque(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with modulelens.capture(module, targets="TakesOpaque", repo=repo, name="opaque"):
+            module(torch.randn(2, 4))
+    assert any("Opaque" in str(w.message) for w in caught)
+    with pytest.raises(modulelens.RestoreError, match=r"args\[0\].*Opaque.*init_args"):
+        modulelens.load("opaque", repo=repo).module  # noqa: B018
+    restored = modulelens.load("opaque", repo=repo, init_args=(Opaque(3),)).module
+    assert restored.factor == 3
+    assert modulelens.load("opaque", repo=repo, init_args=(Opaque(3),)).replay().passed
+
+
+def test_module_built_before_tracking_needs_init_args(repo: modulelens.Repo) -> None:
+    stop_tracking()
+    try:
+        module = nn.Linear(6, 2)
+    finally:
+        track_init()
+    with modulelens.capture(module, targets="Linear", repo=repo, name="untracked"):
+        module(torch.randn(1, 6))
+    with pytest.raises(modulelens.RestoreError, match=r"before modulelens\.track_init"):
+        modulelens.load("untracked", repo=repo).module  # noqa: B018
+    capture = modulelens.load("untracked", repo=repo, init_args=(6, 2))
+    assert capture.replay().passed
+
+
+def test_unknown_capture_and_bad_names(repo: modulelens.Repo) -> None:
+    with pytest.raises(modulelens.CaptureNotFoundError):
+        modulelens.load("missing", repo=repo)
+    for bad in ("../etc/passwd", "a/../b", "/abs", "a//b", ".hidden", "x:"):
+        with pytest.raises(modulelens.InvalidNameError):
+            modulelens.load(bad, repo=repo)

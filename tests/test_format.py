@@ -1,0 +1,127 @@
+"""Typed JSON values and pytree call data round-trip without pickle."""
+
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import modulelens
+from modulelens.format.tree import decode_tree, encode_tree
+from modulelens.format.values import DecodeContext, EncodeContext, decode_value, encode_value
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclass
+class Settings:
+    width: int
+    act: str = "relu"
+
+
+def _roundtrip(value: object, lenient: bool = False) -> object:
+    tensors: dict[str, torch.Tensor] = {}
+
+    def add(t: torch.Tensor, _path: str) -> str:
+        tensors[f"t{len(tensors)}"] = t
+        return f"t{len(tensors) - 1}"
+
+    ctx = EncodeContext(add_tensor=add, lenient=lenient)
+    encoded = encode_value(value, ctx, "value")
+    import json
+
+    encoded = json.loads(json.dumps(encoded, allow_nan=False))  # must be strict JSON
+    return decode_value(encoded, DecodeContext(get_tensor=tensors.__getitem__))
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, 2.5, "s", [1, (2, 3)], (1, [2]), {"a": 1, 2: "b", (1, 2): None}, torch.float16,
+    torch.device("cpu"), torch.Size([2, 3]), {1, 2}, frozenset({"a"}), complex(1, 2), b"\x00\x01", slice(1, None, 2),
+    Point(1, 2), Color.RED, Settings(3), torch.nn.GELU, math.sqrt, torch.relu,
+])
+def test_values_round_trip(value: object) -> None:
+    assert _roundtrip(value) == value
+
+
+def test_partial_round_trips() -> None:
+    out = _roundtrip(functools.partial(torch.nn.functional.gelu, approximate="tanh"))
+    assert out.func is torch.nn.functional.gelu and out.keywords == {"approximate": "tanh"}
+
+
+def test_special_floats_round_trip() -> None:
+    out = _roundtrip([math.inf, -math.inf, math.nan])
+    assert out[0] == math.inf and out[1] == -math.inf and math.isnan(out[2])
+
+
+def test_unsupported_value_names_its_path() -> None:
+    with pytest.raises(modulelens.UnsupportedValueError, match=r"value\[1\]\['k'\].*object"):
+        _roundtrip([1, {"k": object()}])
+
+
+def test_lenient_mode_records_an_explicit_marker() -> None:
+    out = _roundtrip([1, object()], lenient=True)
+    assert isinstance(out[1], modulelens.Unrecorded) and out[1].type_name == "builtins.object"
+
+
+def test_local_functions_are_refused() -> None:
+    def local() -> None: ...
+    with pytest.raises(modulelens.UnsupportedValueError, match="import path"):
+        _roundtrip(local)
+
+
+def test_pytree_structure_round_trips_with_namedtuples_and_int_keys() -> None:
+    tree = ((torch.ones(2), Point(torch.zeros(1), 3)), {"a": [None, "x"], 4: torch.arange(3)})
+    tensors: dict[str, torch.Tensor] = {}
+
+    def add(t: torch.Tensor, _path: str) -> str:
+        tensors[f"t{len(tensors)}"] = t
+        return f"t{len(tensors) - 1}"
+
+    encoded = encode_tree(tree, EncodeContext(add_tensor=add), "in")
+    out = decode_tree(encoded, DecodeContext(get_tensor=tensors.__getitem__))
+    assert isinstance(out[0][1], Point) and out[0][1].y == 3
+    assert torch.equal(out[1][4], torch.arange(3)) and out[1]["a"] == [None, "x"]
+
+
+def test_registered_codec(repo: modulelens.Repo) -> None:
+    class Scale:
+        def __init__(self, factor: float) -> None:
+            self.factor = factor
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Scale) and other.factor == self.factor
+
+    Scale.__qualname__ = "Scale"
+    globals()["Scale"] = Scale
+    Scale.__module__ = __name__
+    modulelens.register_codec(Scale, lambda s: {"factor": s.factor}, lambda cls, d: cls(**d))
+    assert _roundtrip(Scale(2.0)) == Scale(2.0)
+
+
+def test_dtypes_round_trip_through_payloads(repo: modulelens.Repo) -> None:
+    class Many(torch.nn.Module):
+        def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(x.clone() for x in xs)
+
+    globals()["Many"] = Many
+    Many.__qualname__ = "Many"
+    module = Many()
+    xs = [torch.randn(3, 2).to(d) for d in (torch.float16, torch.bfloat16, torch.float64)]
+    xs += [torch.tensor([True, False]), torch.tensor(7), torch.randn(4, 3).t(), torch.zeros(0, 3),
+           torch.randint(0, 9, (5,), dtype=torch.int8), torch.complex(torch.randn(2), torch.randn(2))]
+    with modulelens.capture(module, targets="Many", repo=repo, name="many"):
+        module(*xs)
+    call = modulelens.load("many", repo=repo).calls[0]
+    for original, restored in zip(xs, call.args, strict=False):
+        assert restored.dtype == original.dtype and restored.shape == original.shape
+        assert torch.equal(restored, original)
+    assert call.args[5].stride() == xs[5].stride()  # the transposed layout came back
