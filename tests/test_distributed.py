@@ -306,6 +306,26 @@ def test_rank_failing_inside_capture_leaves_job_running_and_capture_incomplete(n
     assert any("did not reach" in why for why in uneven["meta"]["incomplete"])
 
 
+# ---------------------------------------------------------------------------------------- example
+
+
+@needs_gloo
+def test_example_trains_under_torchrun_and_replays_in_one_process(tmp_path: Path) -> None:
+    example = ROOT / "examples" / "distributed"
+    repo = tmp_path / "repo"
+    for _attempt in range(3):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                   str(example / "train.py"), "--repo", str(repo), "--steps", "5"]
+        code, output, _ = _run(command, JOB_TIMEOUT_S)
+        if code == 0 or "address already in use" not in output.lower():
+            break
+    assert code == 0 and "rank 0: saved shardnet-fsdp/blocks.2.ff:v1" in output, output[-4000:]
+    code, output, _ = _run(["env", "-u", "RANK", "-u", "WORLD_SIZE", sys.executable, str(example / "replay.py"),
+                            "--repo", str(repo)], LOAD_TIMEOUT_S)
+    assert code == 0 and "PASS" in output and "stored full [256, 64]" in output, output
+
+
 # ---------------------------------------------------------------------------- single-process units
 
 

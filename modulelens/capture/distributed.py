@@ -92,6 +92,28 @@ def original_class(cls: type) -> type:
     return cls
 
 
+# ---------------------------------------------------------------------------------------- hooks
+
+
+def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
+    """Keep the tracer's pre-hook last and its post-hook first among the module's hooks, so that it
+    sees what forward itself sees (tensor parallel's inputs already DTensors, its outputs not yet
+    turned into local shards), even when tensor parallel added its hooks after the tracer's.
+    Returns True when a hook had to move (the call at hand was seen out of order)."""
+    if len(handles) != 2:
+        return False
+    pre, post = handles
+    moved = False
+    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
+    if pre.id in pre_hooks and next(reversed(pre_hooks)) != pre.id:
+        pre_hooks.move_to_end(pre.id)
+        moved = True
+    if post.id in post_hooks and next(iter(post_hooks)) != post.id:
+        post_hooks.move_to_end(post.id, last=False)
+        moved = True
+    return moved
+
+
 # ---------------------------------------------------------------------------------------- DTensors
 
 
@@ -240,3 +262,48 @@ class ShardSync:
 
     def _dropped_key(self, target: str) -> str:
         return f"{self.prefix}/dropped/{target or '<root>'}"
+
+
+# ---------------------------------------------------------------------------------------- metadata
+
+
+def capture_metadata(tracer: Any, record: Any, sharding: dict[str, dict[str, dict[str, Any]]],
+                     incomplete: list[str]) -> dict[str, Any] | None:
+    """The ``distributed`` block of a capture's metadata: rank, world, backend, recording ranks, the
+    wrapper class, device meshes and the placements of sharded tensors (stored full), and why the
+    capture is incomplete. ``None`` for a plain single-process capture of unsharded tensors."""
+    notes = {k: {p: dict(e) for p, e in v.items()} for k, v in sharding.items()}
+    module = record.module
+    wrapper = None
+    if module is not None:
+        if original_class(type(module)) is not type(module):
+            wrapper = type(module).__name__
+        state = (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False))
+        for state_name, tensor in state:  # outside forward: as sharded between calls
+            if is_dtensor(tensor):
+                notes.setdefault("parameters", {})[state_name] = describe_dtensor(tensor)
+    if tracer.world_size <= 1 and not notes and wrapper is None:
+        return None
+    meshes: list[dict[str, Any]] = []
+    for group in notes.values():
+        for entry in group.values():
+            if entry["mesh"] not in meshes:
+                meshes.append(entry["mesh"])
+            entry["mesh"] = meshes.index(entry["mesh"])
+    env = tracer.environment
+    return {
+        "rank": env.get("rank", tracer.rank),
+        "world_size": env.get("world_size", tracer.world_size),
+        "local_rank": env.get("local_rank"),
+        "backend": env.get("backend"),
+        "ranks": tracer.ranks,
+        "recording_ranks": sorted(recording_ranks(tracer.ranks, tracer.world_size)),
+        "wrapper_class": wrapper,
+        "sharded": bool(notes),
+        "stored": "full tensors (DTensors gathered on their meshes)",
+        "meshes": meshes,
+        "parameters": notes.get("parameters", {}),
+        "inputs": notes.get("inputs", {}),
+        "outputs": notes.get("output", {}),
+        "incomplete": list(incomplete),
+    }

@@ -23,6 +23,7 @@ import torch
 from modulelens.capture.distributed import (
     RanksSpec,
     ShardSync,
+    capture_metadata,
     describe_dtensor,
     dtensor_leaves,
     full_tensor,
@@ -32,6 +33,7 @@ from modulelens.capture.distributed import (
     original_class,
     rank_and_world,
     recording_ranks,
+    reorder_hooks,
     several_recorders,
     signature,
 )
@@ -197,7 +199,7 @@ class Tracer:
             record.seen_calls += 1
             # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
             # call would be seen before them, so it is skipped (alike on every rank).
-            reordered = self.world_size > 1 and _reorder_hooks(module, self._handles.get(name, []))
+            reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stacks[name].append(None)
                 return
@@ -433,51 +435,16 @@ class Tracer:
                 finally:
                     record.construction = construction
                 meta["module"]["construction_missing"] = str(error)
-            distributed = self._distributed_metadata(qualified, record)
+            distributed = capture_metadata(
+                self, record, self._sharding.get(qualified, {}),
+                [*self._incidents.get(qualified, []), *([record.failed] if record.failed else [])],
+            )
             if distributed is not None:
                 meta["distributed"] = distributed
                 if distributed["incomplete"]:
                     meta["capture"]["complete"] = False
             saved.append(repo.save_version(capture_name, meta, payloads))
         return saved
-
-    def _distributed_metadata(self, qualified: str, record: ModuleRecord) -> dict[str, Any] | None:
-        """Rank, world, backend, the device meshes and placements of sharded tensors (stored full)."""
-        notes = {k: {p: dict(e) for p, e in v.items()} for k, v in self._sharding.get(qualified, {}).items()}
-        module = record.module
-        wrapper = None
-        if module is not None:
-            if original_class(type(module)) is not type(module):
-                wrapper = type(module).__name__
-            params, buffers, _ = _live_state(module)  # outside forward: as sharded between calls
-            for state_name, tensor in (*params.items(), *buffers.items()):
-                if is_dtensor(tensor):
-                    notes.setdefault("parameters", {})[state_name] = describe_dtensor(tensor)
-        if self.world_size <= 1 and not notes and wrapper is None:
-            return None
-        meshes: list[dict[str, Any]] = []
-        for group in notes.values():
-            for entry in group.values():
-                if entry["mesh"] not in meshes:
-                    meshes.append(entry["mesh"])
-                entry["mesh"] = meshes.index(entry["mesh"])
-        env = self.environment
-        return {
-            "rank": env.get("rank", self.rank),
-            "world_size": env.get("world_size", self.world_size),
-            "local_rank": env.get("local_rank"),
-            "backend": env.get("backend"),
-            "ranks": self.ranks,
-            "recording_ranks": sorted(self._recorders),
-            "wrapper_class": wrapper,
-            "sharded": bool(notes),
-            "stored": "full tensors (DTensors gathered on their meshes)",
-            "meshes": meshes,
-            "parameters": notes.get("parameters", {}),
-            "inputs": notes.get("inputs", {}),
-            "outputs": notes.get("output", {}),
-            "incomplete": [*self._incidents.get(qualified, []), *([record.failed] if record.failed else [])],
-        }
 
 
 def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]:
@@ -486,23 +453,6 @@ def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[
     buffers = dict(module.named_buffers(remove_duplicate=False))
     key = tuple((id(t), t._version) for t in (*params.values(), *buffers.values()))
     return params, buffers, key
-
-
-def _reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
-    """Keep our pre-hook last and our post-hook first among the module's hooks, so that we see what
-    forward itself sees even when tensor parallel added its hooks after ours; True if we moved."""
-    if len(handles) != 2:
-        return False
-    pre, post = handles
-    moved = False
-    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
-    if pre.id in pre_hooks and next(reversed(pre_hooks)) != pre.id:
-        pre_hooks.move_to_end(pre.id)
-        moved = True
-    if post.id in post_hooks and next(iter(post_hooks)) != post.id:
-        post_hooks.move_to_end(post.id, last=False)
-        moved = True
-    return moved
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
