@@ -35,6 +35,21 @@ from modulelens.restore import Call, Capture, ReplayReport, load
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext modulelens``: register the ``%ml_*`` magics (modulelens.interfaces.ipython)."""
+    from modulelens.interfaces.ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    """``%unload_ext modulelens``: remove the ``%ml_*`` magics."""
+    from modulelens.interfaces.ipython import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
 __all__ = [
     "FORMAT_VERSION",
     "Call",

@@ -81,3 +81,15 @@ def test_nested_module_argument_is_rebuilt_from_its_own_record(repo: modulelens.
     assert meta["constructions"]["m1"]["class"] == "modules_for_tests:KeywordModule"
     restored = modulelens.load("wrap", repo=repo).module
     assert restored.inner.scale == 3.0 and restored.residual is False
+
+
+def test_aliased_inputs_stay_aliased_on_replay(repo: modulelens.Repo) -> None:
+    attn = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    with modulelens.capture(attn, targets="MultiheadAttention", repo=repo, name="self_attn"), torch.no_grad():
+        attn(x, x, x)  # query is key is value: torch takes its fused self-attention path
+    capture = modulelens.load("self_attn", repo=repo)
+    args, _ = capture.calls[0].fresh_inputs()
+    assert args[0] is args[1] is args[2]
+    report = capture.replay()
+    assert report.passed and report.mode == "bit-exact", report

@@ -127,3 +127,13 @@ def test_track_init_is_idempotent_and_a_context_manager() -> None:
     assert is_tracking()  # still on: the outer handle owns it
     record = modulelens.get_init_record(lin)
     assert record is not None and record.args == (2, 3) and record.kwargs == {"bias": False}
+
+
+def test_a_forward_that_raises_inside_the_target_is_dropped(repo: modulelens.Repo) -> None:
+    lin = nn.Linear(2, 2)
+    cap = modulelens.capture(lin, targets="Linear", repo=repo, name="raise")
+    with pytest.raises(RuntimeError):
+        lin(torch.randn(1, 3))  # wrong shape: forward raises
+    assert cap.records[""].calls == [] and not cap.complete
+    lin(torch.randn(1, 2))
+    assert cap.complete and cap.records[""].calls[0].index == 1

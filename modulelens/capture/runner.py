@@ -100,6 +100,8 @@ class _Session:
         self.saved: list[dict[str, Any]] = []
         self.failed: list[str] = []
         self._seen: set[int] = set()
+        self._prefixes: dict[int, str] = {}  # tracer id -> capture name prefix
+        self._saved_tracers: set[int] = set()
         self._lock = threading.RLock()
         self._done = False
         track_init()
@@ -130,8 +132,8 @@ class _Session:
             self.resolved.update(patterns)
             tracer = Tracer(module, patterns, warmup=self.config.warmup, max_calls=self.config.max_calls,
                             on_complete=self._on_tracer_complete, strict=self.config.strict)
-            tracer.name_prefix = self.config.name or type(unwrap_model(module)).__name__
             self.tracers.append(tracer)
+            self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             if len(self.resolved) == len(self.config.targets):
                 self._hook.remove()
 
@@ -148,12 +150,13 @@ class _Session:
                 raise SystemExit(0)
 
     def _save(self, tracer: Any) -> None:
-        if getattr(tracer, "_run_saved", False):
+        if id(tracer) in self._saved_tracers:
             return
-        tracer._run_saved = True
+        self._saved_tracers.add(id(tracer))
         tracer.stop()
+        prefix = self._prefixes[id(tracer)]
         try:
-            infos = tracer.save(self.config.repo, tracer.name_prefix, tags=self.config.tags)
+            infos = tracer.save(self.config.repo, prefix, tags=self.config.tags)
         except Exception as error:
             if self.config.strict:
                 raise
@@ -161,8 +164,7 @@ class _Session:
             warnings.warn(f"modulelens: saving captures failed: {error}", stacklevel=2)
             return
         for info in infos:
-            record = next((r for q, r in tracer.records.items()
-                           if info.name == (f"{tracer.name_prefix}/{q}" if q else tracer.name_prefix)), None)
+            record = next((r for q, r in tracer.records.items() if info.name == (f"{prefix}/{q}" if q else prefix)), None)
             self.saved.append({**info.to_dict(), "calls": len(record.calls) if record else None})
             print(f"modulelens: saved {info.ref}", file=sys.stderr, flush=True)
 

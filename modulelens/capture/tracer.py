@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -234,6 +235,14 @@ class Tracer:
             stack = self._stacks[name]
             pending = stack.pop() if stack else None
             if pending is None:
+                return
+            raised = sys.exc_info()[1]
+            if output is None and raised is not None:
+                # forward raised (this is the always_call path): drop the call, record a later one
+                if pending.call is not None:
+                    self.records[name].calls.remove(pending.call)
+                else:
+                    self._participated[name] -= 1
                 return
             record = self.records[name]
             gathered = self._gather(name, pending.index, "output", output)

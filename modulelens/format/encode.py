@@ -12,7 +12,7 @@ from modulelens.capture.init_tracking import get_init_record
 from modulelens.capture.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.errors import UnsupportedValueError
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION
-from modulelens.format.tensors import check_storable, dtype_name, hash_bytes, tensor_bytes
+from modulelens.format.tensors import check_storable, dtype_name, tensor_bytes
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
 
@@ -22,11 +22,14 @@ def class_path(cls: type) -> str:
 
 
 class TensorTable:
-    """Tensors of one capture: each distinct tensor object gets an id; payloads dedupe by hash."""
+    """Tensors of one capture: each distinct tensor object gets an id and a payload to store.
+
+    Payloads are hashed by the repo when it stores them (hashing overlaps with writing there), which
+    fills in each entry's ``"payload"``; identical contents then share one blob."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
-        self.payloads: dict[str, memoryview] = {}
+        self.payloads: dict[str, memoryview] = {}  # tensor id -> bytes
         self._ids: dict[int, str] = {}
         self._keepalive: list[torch.Tensor] = []
 
@@ -36,15 +39,14 @@ class TensorTable:
             return existing
         check_storable(tensor, path)
         data = tensor_bytes(tensor)
-        digest = hash_bytes(data)
-        self.payloads.setdefault(digest, data)
         tid = f"t{len(self.entries)}"
+        self.payloads[tid] = data
         self.entries[tid] = {
             "dtype": dtype_name(tensor.dtype),
             "shape": list(tensor.shape),
             "stride": list(tensor.stride()),
             "device": str(getattr(tensor, "_modulelens_device", tensor.device)),
-            "payload": digest,
+            "payload": None,  # content hash, filled in by Repo.save_version
             "nbytes": len(data),
         }
         self._ids[id(tensor)] = tid
@@ -100,7 +102,7 @@ def encode_record(
     tags: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, memoryview]]:
-    """Capture metadata and the payloads it references (hash -> bytes)."""
+    """Capture metadata and the payloads it references (tensor id -> bytes)."""
     tensors = TensorTable()
     constructions = ConstructionTable(tensors)
     module_info: dict[str, Any] = {

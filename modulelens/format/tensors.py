@@ -9,7 +9,6 @@ metadata, never in the blob.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import blake3
 import torch
@@ -70,9 +69,10 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).toreadonly()
 
 
-def hash_bytes(data: memoryview | bytes) -> str:
+def hash_bytes(data: memoryview | bytes, *, threads: bool = True) -> str:
     """Content hash of a payload, prefixed with its algorithm (``blake3:<hex>``)."""
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if len(data) > (1 << 22) else blake3.blake3()
+    use_threads = threads and len(data) > (1 << 22)
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if use_threads else blake3.blake3()
     hasher.update(data)
     return f"{HASH_ALGORITHM}:{hasher.hexdigest()}"
 
@@ -84,11 +84,3 @@ def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:
         strides.append(acc)
         acc *= max(size, 1)
     return list(reversed(strides))
-
-
-def tensor_from_bytes(buffer: Any, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    """Wrap a bytes-like object (e.g. an mmap) as a tensor without copying."""
-    if not shape or 0 not in shape:
-        flat = torch.frombuffer(buffer, dtype=torch.uint8)
-        return flat.view(dtype).reshape(shape)
-    return torch.empty(shape, dtype=dtype)

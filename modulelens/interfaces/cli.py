@@ -300,6 +300,8 @@ def demo_cmd(
 # Commands of the tools and interfaces live in their own modules and register themselves here
 # through `command` (one import line each).
 
+from modulelens.interfaces import cli_agents  # noqa: E402,F401 - registers commands
+
 
 def main() -> None:
     try:

@@ -28,6 +28,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,11 +269,12 @@ class Repo:
         return self._version_numbers(self._name_dir(name))
 
     def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
-        """Write payloads (skipping those already stored) and then the version, atomically."""
+        """Store a capture: hash and write its payloads (``tensor id -> bytes``; blobs already
+        present are skipped), fill the hashes into ``metadata["tensors"]``, then make the version
+        visible in one atomic rename."""
         validate_name(name)
         with self._lock(exclusive=False):
-            for digest, data in payloads.items():
-                self.write_blob(digest, data)
+            self._write_payloads(metadata["tensors"], payloads)
             staging = self._tmp_path(".version")
             staging.mkdir()
             (staging / "reports").mkdir()
@@ -292,6 +294,16 @@ class Repo:
                     raise
                 return self.info(name, version)
         raise ModulelensError(f"could not allocate a version for {name!r} after 1000 attempts")
+
+    def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
+        # Pipeline: a worker thread hashes payload k+1 while this thread writes payload k (both
+        # release the GIL), so a save costs about max(hash, write) rather than their sum.
+        items = list(payloads.items())
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
+            digests = [pool.submit(hash_bytes, data, threads=len(items) == 1) for _, data in items]
+            for (tid, data), digest in zip(items, digests, strict=False):
+                entries[tid]["payload"] = digest.result()
+                self.write_blob(entries[tid]["payload"], data)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
         """``"name"``, ``"name:v3"``, ``"name:alias"`` -> ``(name, 3)``."""
@@ -341,7 +353,7 @@ class Repo:
         return VersionInfo(
             name=name, version=version, path=self._version_dir(name, version),
             created=meta.get("created", ""), tags=tuple(meta.get("tags", ())), aliases=aliases,
-            nbytes=sum(t["nbytes"] for t in meta.get("tensors", {}).values()),
+            nbytes=sum(t["nbytes"] for t in meta.get("tensors", {}).values() if t.get("payload")),
             module_class=meta.get("module", {}).get("class", ""),
         )
 
@@ -412,7 +424,7 @@ class Repo:
             for name in self.names():
                 for version in self.version_numbers(name):
                     meta = self.read_metadata(name, version)
-                    referenced.update(t["payload"] for t in meta.get("tensors", {}).values())
+                    referenced.update(t["payload"] for t in meta.get("tensors", {}).values() if t.get("payload"))
             referenced_hex = {digest.partition(":")[2] for digest in referenced}
             for blob in (self.root / "blobs").glob("*/*"):
                 if blob.name.endswith(".ok"):

@@ -68,6 +68,8 @@ class Call:
         self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify."""
+        copies: dict[int, torch.Tensor] = {}  # one copy per recorded tensor: attn(x, x, x) stays aliased
+
         def copy(value: Any) -> Any:
             if isinstance(value, Unrecorded):
                 raise RestoreError(
@@ -76,12 +78,26 @@ class Call:
                 )
             if not isinstance(value, torch.Tensor):
                 return value
+            if id(value) in copies:
+                return copies[id(value)]
             out = value.to(device) if device is not None else value
             if dtype is not None and out.dtype.is_floating_point:
                 out = out.to(dtype)
-            return out.clone(memory_format=torch.preserve_format) if out is value else out
+            copies[id(value)] = out = out.clone(memory_format=torch.preserve_format) if out is value else out
+            return out
         args, kwargs = self.inputs
         return torch.utils._pytree.tree_map(copy, (args, kwargs))
+
+    def __repr__(self) -> str:
+        from modulelens.interfaces.tensor_info import call_repr
+
+        return call_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
+        from modulelens.interfaces.html import call_html
+
+        return call_html(self)
 
 
 class Capture:
@@ -154,6 +170,12 @@ class Capture:
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: class, constructor, parameter and call tensors as tables."""
+        from modulelens.interfaces.html import capture_html
+
+        return capture_html(self)
 
     # ---------------------------------------------------------------------------------- tensors
 

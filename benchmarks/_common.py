@@ -1,0 +1,57 @@
+"""Shared helpers for the benchmark scripts: timing, tables, JSON results."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def timed(func: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None = None) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        func()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": torch.get_num_threads(),
+            "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def report(name: str, title: str, rows: list[dict[str, Any]], columns: list[str], extra: dict[str, Any]) -> Path:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), "rows": rows, **extra}, indent=1))
+    print(f"wrote {path}")
+    return path
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)

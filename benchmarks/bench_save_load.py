@@ -1,0 +1,137 @@
+"""Save and load-to-runnable of a module with 1 GiB of weights: modulelens vs torch.save/torch.load
+and safetensors, measured in the same run.
+
+    python benchmarks/bench_save_load.py [--gib 1.0] [--repeat 3]
+
+"load to runnable" = from nothing in memory to a module object with its weights, as each user of
+each tool would write it:
+  * torch:        m = Model(); m.load_state_dict(torch.load(f, weights_only=True))
+  * safetensors:  m = Model(); m.load_state_dict(safetensors.torch.load_file(f))
+  * modulelens:   m = modulelens.load(ref).module      (meta-device build + memory-mapped weights)
+The "+ first forward" column adds one forward pass, which touches every weight: it shows what
+lazy memory mapping defers rather than saves. Files are in the page cache (warm) for every tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import median, report, timed
+
+import modulelens
+
+
+class Big(nn.Module):
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    width = 4096
+    depth = max(1, round(args.gib * (1 << 30) / (4 * (width * width + width))))
+    modulelens.track_init()
+    model = Big(width, depth)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.randn(2, width)
+    state = model.state_dict()
+    work = Path(tempfile.mkdtemp(prefix="ml-bench-"))
+    try:
+        # ------------------------------------------------------------------ save
+        def fresh() -> None:
+            for p in work.iterdir():
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+        capture = modulelens.capture(model, targets="Big", repo=work / "repo", name="big")
+        model(x)
+        capture.stop()
+        savers = {
+            "torch": lambda: torch.save(state, work / "w.pt"),
+            "safetensors": lambda: safetensors.torch.save_file(state, str(work / "w.safetensors")),
+            "modulelens": lambda: capture.tracer.save(work / "repo", "big"),  # hashing included
+        }
+        save_times: dict[str, list[float]] = {k: [] for k in savers}
+        for r in range(args.repeat):
+            # rotate the order and start each save with no dirty pages, so that no tool pays for
+            # another's writeback
+            for label in list(savers)[r % 3:] + list(savers)[:r % 3]:
+                fresh()
+                os.sync()
+                save_times[label] += timed(savers[label], 1)
+        torch_save, st_save, ml_save = save_times["torch"], save_times["safetensors"], save_times["modulelens"]
+
+        # ------------------------------------------------------------------ load (files kept warm)
+        torch.save(state, work / "w.pt")
+        safetensors.torch.save_file(state, str(work / "w.safetensors"))
+        repo = modulelens.Repo(work / "repo")
+        capture.tracer.save(repo, "big")
+        capture.tracer.records.clear()  # the saved snapshot copies are no longer needed
+
+        def load_torch() -> nn.Module:
+            m = Big(width, depth)
+            m.load_state_dict(torch.load(work / "w.pt", weights_only=True))
+            return m
+
+        def load_torch_file_only() -> dict:
+            return torch.load(work / "w.pt", weights_only=True)
+
+        def load_st() -> nn.Module:
+            m = Big(width, depth)
+            m.load_state_dict(safetensors.torch.load_file(str(work / "w.safetensors")))
+            return m
+
+        def load_ml() -> nn.Module:
+            return modulelens.load("big", repo=repo).module
+
+        rows_load = {}
+        for label, fn in (("torch.load", load_torch), ("safetensors", load_st), ("modulelens", load_ml)):
+            fn()  # warm the page cache and imports
+            rows_load[label] = (median(timed(fn, args.repeat)), median(timed(lambda f=fn: f()(x), args.repeat)))
+        file_only = median(timed(load_torch_file_only, args.repeat))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    ml_s, st_s, t_s = median(ml_save), median(st_save), median(torch_save)
+    ml_l = rows_load["modulelens"][0]
+    rows = [
+        {"tool": "torch.save / torch.load", "save_s": t_s, "load_to_runnable_s": rows_load["torch.load"][0],
+         "load_plus_forward_s": rows_load["torch.load"][1]},
+        {"tool": "safetensors", "save_s": st_s, "load_to_runnable_s": rows_load["safetensors"][0],
+         "load_plus_forward_s": rows_load["safetensors"][1]},
+        {"tool": "modulelens", "save_s": ml_s, "load_to_runnable_s": ml_l, "load_plus_forward_s": rows_load["modulelens"][1]},
+    ]
+    ratios = {
+        "save_vs_safetensors": ml_s / st_s,
+        "save_vs_torch_save": ml_s / t_s,
+        "load_speedup_vs_torch_load": rows_load["torch.load"][0] / ml_l,
+        "load_speedup_vs_torch_load_file_only": file_only / ml_l,
+        "load_speedup_vs_safetensors": rows_load["safetensors"][0] / ml_l,
+    }
+    report("save_load", f"save / load-to-runnable, {nbytes / 2**30:.2f} GiB of fp32 weights ({depth}x Linear({width}))",
+           rows, ["tool", "save_s", "load_to_runnable_s", "load_plus_forward_s"],
+           {"weight_bytes": nbytes, "repeat": args.repeat, "torch_load_file_only_s": file_only, "ratios": ratios})
+    for key, value in ratios.items():
+        print(f"{key}: {value:.3g}")
+
+
+if __name__ == "__main__":
+    main()

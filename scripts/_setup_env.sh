@@ -1,0 +1,22 @@
+# Sourced by scripts/demo and scripts/test: make .venv with torch and modulelens installed.
+# torch is installed first, pinned (TORCH_SPEC overrides it), so that pip never resolves a bare
+# `torch` requirement to a multi-GB CUDA build on a CPU machine.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON_BIN=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [ ! -x .venv/bin/python ]; then
+  echo "setting up .venv (first run only)..." >&2
+  "$PYTHON_BIN" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+stamp=".venv/.modulelens-setup"
+want="$(cat pyproject.toml scripts/_setup_env.sh | sha256sum | cut -c1-16) $TORCH_SPEC"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  python -m pip install -q --disable-pip-version-check --upgrade pip >&2
+  # shellcheck disable=SC2086
+  python -m pip install -q --disable-pip-version-check $TORCH_SPEC >&2
+  python -m pip install -q --disable-pip-version-check -e ".[test]" >&2
+  echo "$want" > "$stamp"
+fi
