@@ -62,18 +62,17 @@ def scenario_ddp(rank: int, repo: str, out: str) -> dict[str, Any]:
     # Raw concurrent writes of one name: a shared payload and one per rank, five versions each.
     shared = torch.arange(4096, dtype=torch.float32)
     mine = torch.full((1024,), float(rank))
-    from modulelens.format.tensors import hash_bytes, tensor_bytes
+    from modulelens.format.encode import TensorTable
 
-    payloads = {hash_bytes(tensor_bytes(t)): tensor_bytes(t) for t in (shared, mine)}
-    tensors = {f"t{i}": {"dtype": "float32", "shape": [t.numel()], "stride": [1], "device": "cpu",
-                         "payload": hash_bytes(tensor_bytes(t)), "nbytes": t.numel() * 4}
-               for i, t in enumerate((shared, mine))}
+    table = TensorTable()
+    table.add(shared, "shared")
+    table.add(mine, "mine")
     dist.barrier()
     versions = []
     for _ in range(5):
-        meta = {"format_version": 1, "created": "", "module": {"class": "x:y"}, "tensors": tensors,
-                "metadata": {"rank": rank}}
-        versions.append(Repo(repo).save_version("race/same", meta, payloads).version)
+        meta = {"format_version": 1, "created": "", "module": {"class": "x:y"}, "metadata": {"rank": rank},
+                "tensors": {tid: dict(entry) for tid, entry in table.entries.items()}}
+        versions.append(Repo(repo).save_version("race/same", meta, dict(table.payloads)).version)
     result["race_versions"] = versions
     return result
 
