@@ -334,7 +334,8 @@ def test_ranks_setting_is_validated() -> None:
     assert normalise_ranks(3) == [3]
     assert normalise_ranks([2, 0]) == [0, 2]
     assert normalise_ranks("all") == "all"
-    for bad in ("some", [], [-1], [1, 1], ["x"]):
+    assert normalise_ranks("0, 3") == [0, 3]  # as `modulelens run --ranks` passes it
+    for bad in ("some", "", "1,,2", [], [-1], [1, 1], ["x"], "1,1"):
         with pytest.raises(ModulelensError):
             normalise_ranks(bad)  # type: ignore[arg-type]
     assert recording_ranks("all", 4) == frozenset(range(4))

@@ -45,11 +45,16 @@ def rank_and_world() -> tuple[int, int]:
 
 
 def normalise_ranks(spec: RanksSpec) -> str | list[int]:
-    """Validate ``ranks=``: ``"all"``, one rank, or a list of ranks (JSON-ready)."""
+    """Validate ``ranks=``: ``"all"``, one rank, a list of ranks, or a comma-separated string of
+    ranks as the ``modulelens run --ranks`` option takes (``"0,3"``). Returns ``"all"`` or a list."""
     if isinstance(spec, str):
-        if spec != "all":
+        text = spec.strip()
+        if text == "all":
+            return "all"
+        parts = [p.strip() for p in text.split(",")]
+        if not text or not all(p.isdigit() for p in parts):
             raise ModulelensError(f"ranks={spec!r}: use a list of ranks or 'all'")
-        return "all"
+        spec = [int(p) for p in parts]
     if isinstance(spec, int) and not isinstance(spec, bool):
         spec = [spec]
     try:
