@@ -20,6 +20,7 @@ Store::
     repo.set_alias("ranker/top_mlp:v3", "golden")
 """
 
+from modulelens import testing as testing  # modulelens.testing.assert_matches for golden tests
 from modulelens.capture import CaptureWarning, capture, get_init_record, track_init
 from modulelens.errors import (
     CaptureNotFoundError,

@@ -93,3 +93,19 @@ def test_aliased_inputs_stay_aliased_on_replay(repo: modulelens.Repo) -> None:
     assert args[0] is args[1] is args[2]
     report = capture.replay()
     assert report.passed and report.mode == "bit-exact", report
+
+
+def test_replay_twice_with_batchnorm_and_several_states(repo: modulelens.Repo) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="bn", max_calls=3):
+        for _ in range(3):
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+    capture = modulelens.load("bn", repo=repo)
+    recorded = {k: v.clone() for k, v in capture.state_dict(0).items()}
+    assert len(capture.metadata["states"]) == 3
+    first, second = capture.replay(), capture.replay()
+    assert first.passed and second.passed, (first, second)
+    for key, value in capture.state_dict(0).items():
+        assert torch.equal(value, recorded[key]), key  # running the module never changed the record

@@ -300,7 +300,10 @@ def demo_cmd(
 # Commands of the tools and interfaces live in their own modules and register themselves here
 # through `command` (one import line each).
 
-from modulelens.interfaces import cli_agents  # noqa: E402,F401 - registers commands
+from modulelens.interfaces import (  # noqa: E402 - after `command`, which they use
+    cli_agents,  # noqa: F401 - registers commands
+    cli_tools,  # noqa: F401 - registers commands
+)
 
 
 def main() -> None:

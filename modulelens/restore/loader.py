@@ -138,7 +138,7 @@ class Capture:
         self._init_kwargs = dict(init_kwargs or {})
         self._tensors: dict[str, torch.Tensor] = {}
         self._module: torch.nn.Module | None = None
-        self._current_state: int | None = None
+        self._current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
         self.notes: list[str] = []
         if verify:
             for entry in self.metadata["tensors"].values():
@@ -182,8 +182,13 @@ class Capture:
     def tensor(self, tid: str) -> torch.Tensor:
         """A recorded tensor, memory-mapped, as it was captured (no device/dtype override)."""
         cached = self._tensors.get(tid)
-        if cached is not None:
-            return cached
+        if cached is None:
+            cached = self._tensors[tid] = self._open_tensor(tid)
+        return cached
+
+    def _open_tensor(self, tid: str) -> torch.Tensor:
+        """A new copy-on-write mapping of a recorded tensor: the module's parameters get their own,
+        so running or training the module never changes what `tensor()` returns."""
         entry = self.metadata["tensors"][tid]
         dtype = dtype_from_name(entry["dtype"])
         flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
@@ -195,7 +200,6 @@ class Capture:
                 flat = strided
             except RuntimeError:
                 pass  # an overlapping layout cannot be rebuilt; the contiguous tensor is equal in value
-        self._tensors[tid] = flat
         return flat
 
     def _decode_context(self) -> DecodeContext:
@@ -285,31 +289,32 @@ class Capture:
             owner, leaf = _owner(module, name)
             if live:
                 with torch.no_grad():
-                    owner._parameters[leaf].copy_(self.tensor(entry["tensor"]))
+                    owner._parameters[leaf].copy_(self._open_tensor(entry["tensor"]))
                 continue
             param = parameters.get(entry["tensor"])
             if param is None:  # tied parameters share one recorded tensor -> one Parameter
-                param = torch.nn.Parameter(self.tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
+                param = torch.nn.Parameter(self._open_tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
                 parameters[entry["tensor"]] = param
             owner._parameters[leaf] = param
         for name, entry in state["buffers"].items():
             owner, leaf = _owner(module, name)
             if live:
-                owner._buffers[leaf].copy_(self.tensor(entry["tensor"]))
+                owner._buffers[leaf].copy_(self._open_tensor(entry["tensor"]))
                 continue
-            owner._buffers[leaf] = self.tensor(entry["tensor"])
+            owner._buffers[leaf] = self._open_tensor(entry["tensor"])
             if not entry["persistent"]:
                 owner._non_persistent_buffers_set.add(leaf)
         ctx = self._decode_context()
         for name, value in state.get("extra_state", {}).items():
             owner, _ = _owner(module, name)
             owner.set_extra_state(decode_value(value, ctx))
-        self._current_state = index
+        self._current_state = (index, _state_versions(module))
 
     def use_state(self, index: int) -> torch.nn.Module:
-        """Load the parameters/buffers recorded for state ``index`` (calls name theirs)."""
+        """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
+        module holds exactly them already (no other state loaded, nothing changed in place)."""
         module = self.module
-        if self._current_state != index:
+        if self._current_state != (index, _state_versions(module)):
             self._assign_state(module, index)
         return module
 
@@ -330,9 +335,41 @@ class Capture:
 
         return replay(self, **options)
 
+    # ---------------------------------------------------------------------------------- tools
+
+    def profile(self, **options: Any) -> Any:
+        """Latency, peak memory, FLOPs, bytes and top ops of a recorded call (see
+        :func:`modulelens.tools.profile.profile` for the options). Returns a ``ProfileReport``.
+
+        Example::
+
+            report = modulelens.load("ranker/mlp").profile(backward=True, batch_sizes=[1, 8, 64])
+        """
+        from modulelens.tools.profile import profile
+
+        return profile(self, **options)
+
+    def verify(self, candidate: Any, **options: Any) -> Any:
+        """Check that ``candidate`` (a class, an instance or ``"file.py:Class"``) reproduces every
+        recorded call (see :func:`modulelens.tools.verify.verify`). Returns a ``VerifyReport``.
+
+        Example::
+
+            report = modulelens.load("ranker/mlp").verify(FusedMLP)
+            assert report.passed, report
+        """
+        from modulelens.tools.verify import verify
+
+        return verify(self, candidate, **options)
+
 
 class _NeedsRealConstructionError(Exception):
     pass
+
+
+def _state_versions(module: torch.nn.Module) -> tuple[int, ...]:
+    """Identity and version counter of every parameter and buffer: changes on any in-place update."""
+    return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
 
 
 def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:

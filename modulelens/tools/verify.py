@@ -1,0 +1,384 @@
+"""``modulelens verify``: does a candidate implementation reproduce every recorded call?
+
+The candidate (a class, an instance, or a ``file.py:Class`` / ``module:Class`` spec) is built
+like the original (``from_original(module)`` if it defines it, else the recorded constructor
+arguments), given the recorded state dict strictly, and run on every recorded call under the
+recorded grad mode / autocast / RNG state / training flag. Outputs are compared leaf by leaf with
+:func:`modulelens.restore.compare.compare` (per-dtype tolerances, overridable), the inputs are
+checked for in-place modification, and reference and candidate are timed on the same inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.replay import call_context, recorded_device_type
+from modulelens.tools.candidates import build_candidate, describe_candidate
+from modulelens.tools.common import (
+    has_buffers,
+    json_safe,
+    load_pristine_state,
+    pristine_state_dict,
+    run_device,
+    store_report,
+    time_iterations,
+    working_module,
+)
+
+if TYPE_CHECKING:
+    from modulelens.restore.loader import Capture
+
+
+@dataclass
+class CallVerification:
+    """How the candidate did on one recorded call."""
+
+    call: int  # position in capture.calls
+    index: int  # the module's call number in the original job
+    passed: bool = False
+    error: str | None = None
+    leaves: list[LeafResult] = field(default_factory=list)
+    mutated_inputs: list[LeafResult] = field(default_factory=list)
+    max_abs_error: float = 0.0
+    mean_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    mean_rel_error: float = 0.0
+    reference_ms: float | None = None
+    candidate_ms: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.reference_ms is None or not self.candidate_ms:
+            return None
+        return self.reference_ms / self.candidate_ms
+
+    @property
+    def failures(self) -> list[str]:
+        """One readable line per problem: which output leaf, how far off; which input was modified."""
+        lines = []
+        if self.error:
+            lines.append(f"call {self.index}: {self.error}")
+        lines.extend(f"call {self.index}: {leaf.path}: {leaf.message}" for leaf in self.leaves if not leaf.passed)
+        lines.extend(f"call {self.index}: the candidate modified its input {leaf.path} in place ({leaf.message})"
+                     for leaf in self.mutated_inputs)
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe({
+            "call": self.call, "index": self.index, "passed": self.passed, "error": self.error,
+            "max_abs_error": self.max_abs_error, "mean_abs_error": self.mean_abs_error,
+            "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error,
+            "reference_ms": self.reference_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
+            "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
+            "leaves": [leaf.to_dict() for leaf in self.leaves],
+        })
+
+
+@dataclass
+class VerifyReport:
+    """The verdict of :func:`verify`; ``passed`` is true only if every call passed."""
+
+    ref: str
+    candidate: str
+    built_with: str
+    device: str
+    dtype: str | None
+    rtol: float | None
+    atol: float | None
+    calls: list[CallVerification] = field(default_factory=list)
+    state_mismatch: dict[str, Any] | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    report_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.calls) and all(c.passed for c in self.calls)
+
+    @property
+    def speedup(self) -> float | None:
+        """Sum of reference medians over sum of candidate medians (calls timed for both)."""
+        timed = [c for c in self.calls if c.reference_ms is not None and c.candidate_ms]
+        if not timed:
+            return None
+        return sum(c.reference_ms or 0.0 for c in timed) / sum(c.candidate_ms or 0.0 for c in timed)
+
+    @property
+    def failures(self) -> list[str]:
+        lines = [self.error] if self.error else []
+        for c in self.calls:
+            lines.extend(c.failures)
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe({
+            "ref": self.ref, "candidate": self.candidate, "built_with": self.built_with, "passed": self.passed,
+            "device": self.device, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
+            "speedup": self.speedup, "error": self.error, "state_mismatch": self.state_mismatch,
+            "failures": self.failures, "notes": self.notes, "calls": [c.to_dict() for c in self.calls],
+        })
+
+    def __str__(self) -> str:
+        tol = f"rtol={self.rtol}, atol={self.atol}"
+        if self.rtol is None and self.atol is None:
+            tol = "per-dtype tolerances"
+        lines = [f"verify {self.candidate} against {self.ref} on {self.device} ({tol}): "
+                 f"{'PASS' if self.passed else 'FAIL'}"]
+        if self.error:
+            lines.append(f"  {self.error}")
+        for c in self.calls:
+            timing = f"  {c.speedup:.2f}x" if c.speedup else ""
+            lines.append(f"  call {c.index}: {'pass' if c.passed else 'FAIL'}  max abs err {c.max_abs_error:.3g}"
+                         f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{timing}")
+            lines.extend(f"    {line.split(': ', 1)[1]}" for line in c.failures)
+        if self.speedup:
+            lines.append(f"  speedup {self.speedup:.2f}x (reference time / candidate time)")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+    """Load ``state`` into ``module``; return the mismatch (``None`` when it loaded exactly).
+
+    ``missing`` are keys the candidate has that the recording lacks; ``unexpected`` are recorded
+    keys the candidate has no place for; ``shape`` lists same-named tensors of different shapes.
+
+    Example::
+
+        mismatch = load_state_strict(candidate, cap.state_dict())
+        if mismatch:
+            print(describe_mismatch(mismatch))
+    """
+    own = module.state_dict()
+    shapes = [
+        {"key": key, "candidate": list(own[key].shape), "recorded": list(value.shape)}
+        for key, value in state.items() if key in own and tuple(own[key].shape) != tuple(value.shape)
+    ]
+    if shapes:
+        result_missing = sorted(set(own) - set(state))
+        result_unexpected = sorted(set(state) - set(own))
+        return {"missing": result_missing, "unexpected": result_unexpected, "shape": shapes}
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # size mismatches found by load hooks
+        found = re.findall(r"size mismatch for ([^:]+):", str(error))
+        return {"missing": [], "unexpected": [], "shape": [{"key": k} for k in found] or [{"error": str(error)}]}
+    if result.missing_keys or result.unexpected_keys:
+        return {"missing": sorted(result.missing_keys), "unexpected": sorted(result.unexpected_keys), "shape": []}
+    return None
+
+
+def describe_mismatch(mismatch: dict[str, Any], limit: int = 8) -> str:
+    """One line naming missing, unexpected and reshaped keys (at most ``limit`` of each)."""
+    def keys(items: list[Any]) -> str:
+        shown = ", ".join(str(k) for k in items[:limit])
+        return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+    parts = []
+    if mismatch["missing"]:
+        parts.append(f"missing keys (the candidate has them, the recording does not): {keys(mismatch['missing'])}")
+    if mismatch["unexpected"]:
+        parts.append(f"unexpected keys (recorded, the candidate has no such tensor): {keys(mismatch['unexpected'])}")
+    if mismatch["shape"]:
+        parts.append("shape mismatch: " + keys([
+            f"{s['key']} candidate {s['candidate']} vs recorded {s['recorded']}" if "candidate" in s else str(s)
+            for s in mismatch["shape"]]))
+    return "the candidate's state dict does not match the recorded one: " + "; ".join(parts)
+
+
+def error_means(expected: Any, actual: Any) -> tuple[float, float]:
+    """Mean absolute and mean relative error over all floating tensor elements of two output trees
+    (relative error only where the expected value is non-zero; NaN matching NaN counts as 0).
+
+    Example::
+
+        mean_abs, mean_rel = error_means(call.output, candidate(*call.args))
+    """
+    want_leaves, want_spec = pytree.tree_flatten(expected)
+    got_leaves, got_spec = pytree.tree_flatten(actual)
+    if want_spec != got_spec:
+        return math.nan, math.nan
+    total_abs = total_rel = 0.0
+    count_abs = count_rel = 0
+    for want, got in zip(want_leaves, got_leaves, strict=True):
+        if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)) or want.shape != got.shape:
+            continue
+        if not (want.is_floating_point() or want.is_complex()) or want.numel() == 0:
+            continue
+        w = want.detach().to("cpu", torch.complex128 if want.is_complex() else torch.float64)
+        g = got.detach().to("cpu", w.dtype)
+        diff = (g - w).abs()
+        diff = torch.where(torch.isnan(w) & torch.isnan(g), torch.zeros_like(diff), diff)
+        if diff.dtype.is_complex:
+            diff = diff.real
+        total_abs += float(diff.sum())
+        count_abs += diff.numel()
+        nonzero = w.abs() > 0
+        if bool(nonzero.any()):
+            total_rel += float((diff[nonzero] / w.abs()[nonzero]).sum())
+            count_rel += int(nonzero.sum())
+    return (total_abs / count_abs if count_abs else 0.0), (total_rel / count_rel if count_rel else 0.0)
+
+
+def _mutations(before: tuple[Any, Any], after: tuple[Any, Any]) -> list[LeafResult]:
+    changed = []
+    for prefix, want, got in (("args", before[0], after[0]), ("kwargs", before[1], after[1])):
+        for leaf in compare(want, got, exact=True):
+            if not leaf.passed:
+                leaf.path = prefix + leaf.path.removeprefix("output")
+                changed.append(leaf)
+    return changed
+
+
+def verify(
+    capture: Capture,
+    candidate: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    calls: Sequence[int] | None = None,
+    load_state: bool | None = None,
+    timing: bool = True,
+    iters: int = 20,
+    warmup: int = 3,
+    store: bool = True,
+) -> VerifyReport:
+    """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
+
+    ``candidate``: an ``nn.Module`` class, an instance, or a ``"file.py:Class"`` /
+    ``"package.module:Class"`` spec. ``rtol``/``atol`` override the per-dtype tolerances.
+    ``load_state`` (default: yes, unless the candidate was built by ``from_original``) loads the
+    recorded state dict strictly. ``timing`` times reference and candidate (``iters`` iterations
+    each) on the same inputs. Runs on the capture's device and dtype (``load(..., device=...)``).
+    With ``store`` the report is kept with the capture's version.
+
+    Example::
+
+        cap = modulelens.load("ranker/mlp:golden")
+        report = cap.verify("kernels/fused_mlp.py:FusedMLP", rtol=1e-4)
+        assert report.passed, "\\n".join(report.failures)
+        print(f"{report.speedup:.2f}x faster")
+    """
+    device = run_device(capture)
+    dtype = capture.dtype
+    cross_device = recorded_device_type(capture) != device.type
+    selected = list(range(len(capture.calls))) if calls is None else list(calls)
+    first_state = capture.calls[selected[0]].state_index if selected else 0
+    module, built_with = build_candidate(candidate, capture, first_state)
+    if load_state is None:
+        load_state = built_with != "from_original"
+    report = VerifyReport(ref=capture.ref, candidate=describe_candidate(candidate), built_with=built_with,
+                          device=str(device), dtype=str(dtype).removeprefix("torch.") if dtype else None,
+                          rtol=rtol, atol=atol, notes=list(capture.notes))
+    if not selected:
+        report.error = f"{capture.ref} has no recorded calls to verify against"
+    current_state: int | None = None if load_state or built_with == "from_original" else first_state
+    references = _References(capture, device, dtype)
+    for position in selected:
+        if report.error:
+            break
+        call = capture.calls[position]
+        result = CallVerification(call=position, index=call.index)
+        report.calls.append(result)
+        if not call.finished:
+            result.error = "the recorded call did not finish (it raised in the original job)"
+            continue
+        # a training-mode call changes buffers (BatchNorm running stats): give each one its state afresh
+        if call.state_index != current_state or (call.training and has_buffers(module)):
+            if built_with == "from_original" and current_state is not None:
+                module, _ = build_candidate(candidate, capture, call.state_index)
+            if load_state:
+                mismatch = load_state_strict(module, pristine_state_dict(capture, call.state_index))
+                if mismatch is not None:
+                    report.state_mismatch = mismatch
+                    report.error = describe_mismatch(mismatch)
+                    report.calls.pop()
+                    break
+            module.to(device)
+            if dtype is not None:
+                module.to(dtype)
+            current_state = call.state_index
+        note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
+                         references if timing else None, iters, warmup)
+        if note:
+            report.notes.append(note)
+    if cross_device:
+        report.notes.append(f"recorded on {recorded_device_type(capture)}, run on {device.type}: "
+                            "float32 tolerances widened for reordered reductions")
+    if store:
+        report.report_path = store_report(capture, "verify", report.to_dict())
+    return report
+
+
+def _run_call(
+    module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
+    dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
+    references: _References | None, iters: int, warmup: int,
+) -> str | None:
+    """Run, compare and time one call; returns a note if timing failed."""
+    before = call.fresh_inputs(device, dtype)
+    args, kwargs = call.fresh_inputs(device, dtype)
+    module.train(call.training)
+    try:
+        with call_context(call, device):
+            output = module(*args, **kwargs)
+    except Exception as error:
+        result.error = f"the candidate raised {type(error).__name__}: {error}"
+        return None
+    result.leaves = compare(call.output, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
+    result.mutated_inputs = _mutations(before, (args, kwargs))
+    result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
+    result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
+    result.mean_abs_error, result.mean_rel_error = error_means(call.output, output)
+    result.passed = all(leaf.passed for leaf in result.leaves) and not result.mutated_inputs
+    del output
+    if references is None or iters <= 0:
+        return None
+    reference = references.get(call.state_index, call.training)
+    reference.train(call.training)
+    ref_args, ref_kwargs = call.fresh_inputs(device, dtype)
+    try:
+        with call_context(call, device):
+            result.reference_ms = time_iterations(lambda: reference(*ref_args, **ref_kwargs), device,
+                                                  warmup=warmup, iters=iters).median_ms
+            result.candidate_ms = time_iterations(lambda: module(*args, **kwargs), device,
+                                                  warmup=warmup, iters=iters).median_ms
+    except Exception as error:  # timing is a bonus; the verdict stands
+        result.reference_ms = result.candidate_ms = None
+        return f"timing call {call.index} failed: {type(error).__name__}: {error}"
+    return None
+
+
+class _References:
+    """The original module for timing, in the state each call needs, without disturbing the capture.
+
+    The capture's own module serves when there is one recorded state and the call cannot change
+    buffers; otherwise one private copy is kept and given each recorded state from fresh mappings.
+    """
+
+    def __init__(self, capture: Capture, device: torch.device, dtype: torch.dtype | None) -> None:
+        self.capture, self.device, self.dtype = capture, device, dtype
+        self._private: torch.nn.Module | None = None
+        self._private_state: int | None = None
+
+    def get(self, state_index: int, training: bool) -> torch.nn.Module:
+        capture = self.capture
+        private = len(capture.metadata.get("states", [])) > 1 or (training and has_buffers(capture.module))
+        if not private:
+            return working_module(capture, state_index, device=self.device, dtype=self.dtype)
+        if self._private is None:
+            self._private = working_module(capture, state_index, device=self.device, dtype=self.dtype, private=True)
+        elif self._private_state != state_index or training:
+            load_pristine_state(self._private, capture, state_index)
+        self._private_state = state_index
+        return self._private

@@ -1,0 +1,162 @@
+"""Small importable models and candidate implementations for the tools tests (profile, verify,
+diff, pytest plugin). Captures record classes by import path, so they live in a module, not a test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+import modulelens
+
+
+class MLP(torch.nn.Module):
+    """Returns a dict so that failures can name a leaf (output['logits'])."""
+
+    def __init__(self, d_in: int, hidden: int, d_out: int = 4) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, hidden)
+        self.fc2 = torch.nn.Linear(hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = torch.relu(self.fc1(x))
+        return {"hidden": hidden, "logits": self.fc2(hidden)}
+
+
+class Holder(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return self.inner(*args)
+
+
+class Tagger(torch.nn.Module):
+    """Integer ids + float features: exercises synthetic integer inputs."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.emb(ids).mean(1) + features)
+
+
+def capture(module_factory: Any, inputs: list[tuple[Any, ...]], repo: Path, name: str) -> str:
+    """Build ``module_factory()`` with constructor tracking, capture every call on ``inputs``; return the ref."""
+    tracking = modulelens.track_init()
+    try:
+        model = Holder(module_factory())
+    finally:
+        tracking.stop()
+    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, max_calls=len(inputs)) as cap:
+        for args in inputs:
+            model(*args)
+    return cap.saved[0].ref
+
+
+# ------------------------------------------------------------------------------------- candidates
+
+
+class FusedMLP(torch.nn.Module):
+    """A correct rewrite: same parameters, different code (addmm, clamp_min, F.linear)."""
+
+    def __init__(self, d_in: int, hidden: int, d_out: int = 4) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, hidden)
+        self.fc2 = torch.nn.Linear(hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = torch.addmm(self.fc1.bias, x, self.fc1.weight.t()).clamp_min(0)
+        return {"hidden": hidden, "logits": F.linear(hidden, self.fc2.weight, self.fc2.bias)}
+
+
+class PackedMLP(torch.nn.Module):
+    """A rewrite with a different parameter layout, built from the original by ``from_original``."""
+
+    def __init__(self, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> None:
+        super().__init__()
+        self.first = torch.nn.Parameter(torch.cat([w1, b1[:, None]], 1).clone())
+        self.second = torch.nn.Parameter(torch.cat([w2, b2[:, None]], 1).clone())
+
+    @classmethod
+    def from_original(cls, mlp: MLP) -> PackedMLP:
+        return cls(mlp.fc1.weight.detach(), mlp.fc1.bias.detach(), mlp.fc2.weight.detach(), mlp.fc2.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = torch.relu(F.linear(x, self.first[:, :-1], self.first[:, -1]))
+        return {"hidden": hidden, "logits": F.linear(hidden, self.second[:, :-1], self.second[:, -1])}
+
+
+class SubtlyWrongMLP(FusedMLP):
+    """Right hidden layer, logits off by a relative 1e-3: a plausible numerical bug."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(x)
+        return {"hidden": out["hidden"], "logits": out["logits"] * (1 + 1e-3)}
+
+
+class MutatingMLP(FusedMLP):
+    """Right outputs, but scales its input in place afterwards."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(x)
+        x.mul_(0.5)
+        return out
+
+
+class RenamedMLP(torch.nn.Module):
+    """Right maths, different state-dict keys (``first``/``second`` instead of ``fc1``/``fc2``)."""
+
+    def __init__(self, d_in: int, hidden: int, d_out: int = 4) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(d_in, hidden)
+        self.second = torch.nn.Linear(hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = torch.relu(self.first(x))
+        return {"hidden": hidden, "logits": self.second(hidden)}
+
+
+class Normed(torch.nn.Module):
+    """Linear + BatchNorm with keyword inputs and a nested output: several recorded states when trained."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.bn = torch.nn.BatchNorm1d(dim)
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        y = self.bn(self.lin(x)) * scale
+        return y, {"mean": y.mean()}
+
+
+class FunctionalNormed(Normed):
+    """The same maths through torch.nn.functional."""
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        bn = self.bn
+        y = F.batch_norm(F.linear(x, self.lin.weight, self.lin.bias), bn.running_mean, bn.running_var, bn.weight,
+                         bn.bias, self.training, bn.momentum, bn.eps) * scale
+        return y, {"mean": y.mean()}
+
+
+def capture_training(repo: Path, name: str, steps: int = 3) -> str:
+    """Capture ``steps`` training calls of a :class:`Normed` with an optimizer step between them."""
+    tracking = modulelens.track_init()
+    try:
+        model = Holder(Normed(6))
+    finally:
+        tracking.stop()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, max_calls=steps) as cap:
+        for _ in range(steps):
+            y, _aux = model.inner(torch.randn(10, 6), scale=2.0)
+            y.square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return cap.saved[0].ref
