@@ -18,6 +18,13 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
     recorded; then the hooks go away and ``on_complete(tracer)`` runs. Leaving the ``with`` block
     (or calling :meth:`save`) saves whatever was captured as ``<name>/<qualified name>``.
 
+    In a distributed job (torchrun, any ``torch.distributed`` launcher) ``ranks`` says which ranks
+    record: ``[0]`` (default), a list, or ``"all"``; with several recording ranks the names are
+    ``<name>/rank<k>/<qualified name>``. Sharded (DTensor) parameters, inputs and outputs are
+    stored as full tensors, gathered on every rank of their mesh once those ranks agreed within
+    ``sync_timeout`` seconds; otherwise the capture stops incomplete and the job goes on. Call
+    ``capture`` on every rank alike. See docs/distributed.md.
+
     Example::
 
         modulelens.track_init()                  # before the model is built
@@ -40,9 +47,11 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         strict: bool = False,
         tags: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
+        ranks: Sequence[int] | int | str = (0,),
+        sync_timeout: float = 60.0,
     ) -> None:
         self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,
-                             on_complete=on_complete, strict=strict)
+                             on_complete=on_complete, strict=strict, ranks=ranks, sync_timeout=sync_timeout)
         self.repo = repo
         self.name = name
         self.tags = list(tags)
