@@ -25,6 +25,13 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
     caps a capture's payload bytes by storing its largest call tensors shape-only; parameters and
     buffers keep their payload unless ``shape_only_params=True``.
 
+    In a distributed job (torchrun, any ``torch.distributed`` launcher) ``ranks`` says which ranks
+    record: ``[0]`` (default), a list, or ``"all"``; with several recording ranks the names are
+    ``<name>/rank<k>/<qualified name>``. Sharded (DTensor) parameters, inputs and outputs are
+    stored as full tensors, gathered on every rank of their mesh once those ranks agreed within
+    ``sync_timeout`` seconds; otherwise the capture stops incomplete and the job goes on. Call
+    ``capture`` on every rank alike. See docs/distributed.md.
+
     Example::
 
         modulelens.track_init()                  # before the model is built
@@ -51,11 +58,14 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         shape_only_over: int | None = None,
         max_bytes: int | None = None,
         shape_only_params: bool = False,
+        ranks: Sequence[int] | int | str = (0,),
+        sync_timeout: float = 60.0,
     ) -> None:
         self.policy = PayloadPolicy(shape_only_over=shape_only_over, max_bytes=max_bytes,
                                     shape_only_params=shape_only_params)
         self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,
-                             on_complete=on_complete, strict=strict, backward=backward)
+                             on_complete=on_complete, strict=strict, backward=backward, ranks=ranks,
+                             sync_timeout=sync_timeout)
         self.repo = repo
         self.name = name
         self.tags = list(tags)

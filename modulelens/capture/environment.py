@@ -45,8 +45,12 @@ def distributed_info() -> dict[str, Any]:
         for key, env_name in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
             if os.environ.get(env_name, "").isdigit():
                 info[key] = int(os.environ[env_name])
-    if os.environ.get("LOCAL_RANK", "").isdigit():
-        info["local_rank"] = int(os.environ["LOCAL_RANK"])
+    for key, env_name in (("local_rank", "LOCAL_RANK"), ("local_world_size", "LOCAL_WORLD_SIZE"),
+                          ("node_rank", "GROUP_RANK")):
+        if os.environ.get(env_name, "").isdigit():
+            info[key] = int(os.environ[env_name])
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        info["launcher"] = "torchelastic"  # torchrun / torch.distributed.run
     return info
 
 

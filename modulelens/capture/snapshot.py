@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from modulelens.errors import ModulelensError
 from modulelens.format.tree import deep_leaves, map_leaves
 
 BASE_ATTR = "_modulelens_base"
@@ -28,6 +29,9 @@ class Snapshotter:
     def __init__(self) -> None:
         self._memo: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         self.pending_device_copies = False
+        # id(DTensor) -> its full tensor, gathered by the tracer on every rank of its mesh before
+        # the snapshot (a gather here, on the recording rank only, would hang the job).
+        self.gathered: dict[int, torch.Tensor] = {}
 
     def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         key = (id(tensor), tensor._version)
@@ -44,9 +48,10 @@ class Snapshotter:
         return copy
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        source = tensor.detach()
+        source = self.gathered.get(id(tensor), tensor).detach()
         if type(source) is not torch.Tensor and hasattr(source, "full_tensor"):
-            source = source.full_tensor()  # DTensor: a collective, run inside the module's forward
+            raise ModulelensError("a sharded tensor (DTensor) was not gathered on every rank of its mesh; "
+                                  "not recorded")
         if source.device.type == "cpu":
             return source.clone(memory_format=torch.preserve_format)
         if source.device.type == "meta":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import itertools
 import sys
 import threading
 import warnings
@@ -23,13 +24,32 @@ import torch
 
 from modulelens.capture.backward import separate_inputs, watch_backward
 from modulelens.capture.budget import PayloadPolicy
-from modulelens.capture.environment import describe_environment
+from modulelens.capture.distributed import (
+    RanksSpec,
+    ShardSync,
+    capture_metadata,
+    describe_dtensor,
+    dtensor_leaves,
+    full_tensor,
+    is_dtensor,
+    mesh_ranks,
+    normalise_ranks,
+    original_class,
+    rank_and_world,
+    recording_ranks,
+    reorder_hooks,
+    several_recorders,
+    signature,
+)
+from modulelens.capture.environment import describe_environment, distributed_info
 from modulelens.capture.init_tracking import get_init_record
 from modulelens.capture.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.capture.snapshot import Snapshotter
 from modulelens.errors import ModulelensError, UnsupportedValueError
 
 _WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
+_WRAPPER_CLASSES = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+_SESSIONS = itertools.count()  # tracers are numbered alike on every rank (SPMD) to name gather points
 
 
 class CaptureWarning(UserWarning):
@@ -37,12 +57,12 @@ class CaptureWarning(UserWarning):
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's own module under DDP / DataParallel / ``torch.compile`` wrappers."""
+    """The user's own module under DDP / DataParallel / FSDP1 / ``torch.compile`` wrappers."""
     seen = 0
     while seen < 8:
         seen += 1
         cls_name = type(model).__name__
-        if cls_name in ("DistributedDataParallel", "DataParallel") and isinstance(getattr(model, "module", None), torch.nn.Module):
+        if cls_name in _WRAPPER_CLASSES and isinstance(getattr(model, "module", None), torch.nn.Module):
             model = model.module
         elif cls_name == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
             model = model._orig_mod
@@ -71,10 +91,11 @@ def normalise_name(name: str) -> str:
 
 
 def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
-    """A target pattern matches a qualified-name glob, a class name, or a full class path."""
-    cls = type(module)
-    if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
-        return True
+    """A target pattern matches a qualified-name glob, a class name, or a full class path (the
+    user's class, also under FSDP2's ``FSDP<Cls>``)."""
+    for cls in (type(module), original_class(type(module))):
+        if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
+            return True
     return bool(qualified_name) and fnmatch.fnmatchcase(qualified_name, pattern)
 
 
@@ -94,11 +115,12 @@ def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, t
 
 @dataclass
 class _Pending:
-    call: CallRecord
+    call: CallRecord | None  # None on a rank that only takes part in gathers
+    index: int
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
 
 
-def _eager(hook: Callable[..., None]) -> Callable[..., None]:
+def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
     """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(hook) if disable is not None else hook
@@ -118,6 +140,8 @@ class Tracer:
         strict: bool = False,
         record_rng: bool = True,
         backward: bool = False,
+        ranks: RanksSpec = (0,),
+        sync_timeout: float = 60.0,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -142,6 +166,19 @@ class Tracer:
         self._state_keys: dict[str, tuple[tuple[int, int], ...]] = {}
         self._lock = threading.RLock()
         self.finished = False
+        # Distributed jobs (docs/distributed.md): which ranks record, and bounded gathers of DTensors.
+        self.ranks = normalise_ranks(ranks)
+        self.rank, self.world_size = rank_and_world()
+        self._recorders = recording_ranks(self.ranks, self.world_size)
+        self.recording = self.world_size <= 1 or self.rank in self._recorders
+        self.sync_timeout = float(sync_timeout)
+        self._sync = ShardSync(f"{next(_SESSIONS)}-{'|'.join(self.patterns)}", self.sync_timeout)
+        self._participated: dict[str, int] = {}
+        self._incidents: dict[str, list[str]] = {}
+        self._sharding: dict[str, dict[str, dict[str, Any]]] = {}
+        if self.world_size > 1 and not self._recorders:
+            warnings.warn(f"modulelens: ranks={self.ranks} names no rank of a world of {self.world_size}; "
+                          "nothing will be recorded", CaptureWarning, stacklevel=3)
         modules = find_targets(model, self.patterns)
         unmatched = [p for p in self.patterns if not any(matches(p, n, m) for n, m in modules.items())]
         if not modules:
@@ -159,11 +196,15 @@ class Tracer:
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
         self.records[name] = ModuleRecord(
-            qualified_name=name, module_class=type(module), construction=get_init_record(module), module=module
+            qualified_name=name, module_class=original_class(type(module)), construction=get_init_record(module),
+            module=module,
         )
         self._stacks[name] = []
         pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
-        post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True)
+        # First among the post-hooks: the output as forward returned it (a DTensor under tensor
+        # parallel, before its output hook turns it into a local shard).
+        post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
+                                            prepend=True)
         self._handles[name] = [pre, post]
 
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
@@ -189,18 +230,33 @@ class Tracer:
             record = self.records[name]
             index = record.seen_calls
             record.seen_calls += 1
-            if index < self.warmup or len(record.calls) >= self.max_calls or record.failed:
+            # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
+            # call would be seen before them, so it is skipped (alike on every rank).
+            reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
+            if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stacks[name].append(None)
                 return None
-            call = CallRecord(
-                index=index,
-                args=self._snap.tree(tuple(args)),
-                kwargs=self._snap.tree(dict(kwargs)),
-                state_index=self._state_index(name, module),
-                training=module.training,
-                grad_enabled=torch.is_grad_enabled(),
-                autocast=_autocast_state(),
-            )
+            gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), module)
+            if isinstance(gathered, str):
+                self._abort(name, index, "inputs", gathered)
+                return None
+            if not self.recording:
+                self._participated[name] = self._participated.get(name, 0) + 1
+                self._stacks[name].append(_Pending(None, index))
+                return None
+            self._snap.gathered = gathered
+            try:
+                call = CallRecord(
+                    index=index,
+                    args=self._snap.tree(tuple(args)),
+                    kwargs=self._snap.tree(dict(kwargs)),
+                    state_index=self._state_index(name, module),
+                    training=module.training,
+                    grad_enabled=torch.is_grad_enabled(),
+                    autocast=_autocast_state(),
+                )
+            finally:
+                self._snap.gathered = {}
             if self.record_rng:
                 call.rng = _rng_state(args, kwargs)
             record.calls.append(call)
@@ -208,7 +264,7 @@ class Tracer:
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
-            self._stacks[name].append(_Pending(call, live))
+            self._stacks[name].append(_Pending(call, index, live))
             return replacement
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
@@ -220,17 +276,32 @@ class Tracer:
             raised = sys.exc_info()[1]
             if output is None and raised is not None:
                 # forward raised (this is the always_call path): drop the call, record a later one
-                self.records[name].calls.remove(pending.call)
+                if pending.call is not None:
+                    self.records[name].calls.remove(pending.call)
+                else:
+                    self._participated[name] -= 1
                 return
-            pending.call.output = self._snap.tree(output)
-            pending.call.finished = True
-            if pending.live_inputs is not None:
-                handle = watch_backward(pending.call, module, pending.live_inputs, output, self._snap,
-                                        functools.partial(self._on_backward, name))
-                if handle is not None:
-                    self._backward_handles.append(handle)
             record = self.records[name]
-            if len(record.calls) >= self.max_calls and all(c.finished for c in record.calls):
+            gathered = self._gather(name, pending.index, "output", output)
+            if isinstance(gathered, str):
+                if pending.call is not None and pending.call in record.calls:
+                    record.calls.remove(pending.call)
+                self._abort(name, pending.index, "output", gathered)
+                return
+            if pending.call is not None:
+                self._snap.gathered = gathered
+                try:
+                    pending.call.output = self._snap.tree(output)
+                finally:
+                    self._snap.gathered = {}
+                pending.call.finished = True
+                if pending.live_inputs is not None:
+                    handle = watch_backward(pending.call, module, pending.live_inputs, output, self._snap,
+                                            functools.partial(self._on_backward, name))
+                    if handle is not None:
+                        self._backward_handles.append(handle)
+            done = all(c.finished for c in record.calls) if self.recording else not stack
+            if self._taken(name) >= self.max_calls and done:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
 
@@ -246,16 +317,14 @@ class Tracer:
     def _check_complete(self, name: str) -> None:
         record = self.records[name]
         if name not in self._handles and not any(c.backward_pending for c in record.calls):
-            record.complete = record.complete or (len(record.calls) >= self.max_calls and not record.failed)
+            record.complete = record.complete or (self._taken(name) >= self.max_calls and not record.failed)
         if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
             self._finish()
 
     def _state_index(self, name: str, module: torch.nn.Module) -> int:
         """Snapshot parameters and buffers when they changed since the last recorded call
         (optimizer steps bump version counters), else reuse the last snapshot."""
-        params = dict(module.named_parameters(remove_duplicate=False))
-        buffers = dict(module.named_buffers(remove_duplicate=False))
-        key = tuple((id(t), t._version) for t in (*params.values(), *buffers.values()))
+        params, buffers, key = _live_state(module)
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
             return len(record.states) - 1
@@ -274,11 +343,66 @@ class Tracer:
         self._state_keys[name] = key
         return len(record.states) - 1
 
+    def _taken(self, name: str) -> int:
+        """Calls recorded (or, on a rank that does not record, taken part in) so far."""
+        return len(self.records[name].calls) if self.recording else self._participated.get(name, 0)
+
+    def _gather(self, name: str, index: int, phase: str, tree: Any,
+                module: torch.nn.Module | None = None) -> dict[int, torch.Tensor] | str:
+        """Full tensors of the DTensors this call records (inputs or output, and the module's state
+        when it changed), keyed by ``id``: gathered on every rank of their meshes once those ranks
+        agreed to. ``{}`` when nothing is sharded; a reason (str) when the ranks did not agree."""
+        leaves = dtensor_leaves(tree)
+        state_key = None
+        if module is not None:
+            params, buffers, state_key = _live_state(module)
+            if self._state_keys.get(name) != state_key:
+                seen = {id(t) for _, t in leaves}
+                for state_name, tensor in (*params.items(), *buffers.items()):
+                    if is_dtensor(tensor) and id(tensor) not in seen:
+                        seen.add(id(tensor))
+                        leaves.append((f"state:{state_name}", tensor))
+            if not self.recording:  # the recording rank updates it when it snapshots the state
+                self._state_keys[name] = state_key
+        if not leaves:
+            return {}
+        group = sorted({r for _, t in leaves for r in mesh_ranks(t)})
+        if not self._recorders.intersection(group):
+            return {}  # no rank on these meshes records: nobody gathers
+        if len(group) > 1:
+            reason = self._sync.agree(f"{name or '<root>'}/{index}/{phase}", name, group,
+                                      signature(t for _, t in leaves))
+            if reason is not None:
+                return reason
+        if self.recording:
+            notes = self._sharding.setdefault(name, {})
+            for path, tensor in leaves:
+                if path.startswith("state:"):
+                    notes.setdefault("parameters", {})[path[len("state:"):]] = describe_dtensor(tensor)
+                else:
+                    notes.setdefault(phase, {})[f"call{index}.{phase}{path}"] = describe_dtensor(tensor)
+        return {id(t): full_tensor(t) for _, t in leaves}
+
+    def _abort(self, name: str, index: int, phase: str, reason: str) -> None:
+        """The ranks did not agree on a gather: drop the target here (alike on the other ranks)."""
+        message = f"call {index} ({phase}): {reason}"
+        self._incidents.setdefault(name, []).append(message)
+        self._detach(name)
+        self._stacks[name] = []
+        warnings.warn(f"modulelens: rank {self.rank}: capture of {name or '<root>'} stopped incomplete, "
+                      f"the job goes on: {message}", CaptureWarning, stacklevel=2)
+        if not self._handles:
+            self._finish()
+        if self.strict:
+            raise ModulelensError(f"capture of {name or '<root>'} is incomplete: {message}")
+
     def _detach(self, name: str) -> None:
         for handle in self._handles.pop(name, []):
             handle.remove()
 
     def _fail(self, name: str, error: Exception) -> None:
+        if self.world_size > 1:  # the other ranks stop waiting for this one at this target's gathers
+            self._sync.mark_dropped(name, f"{type(error).__name__}: {error}")
         if self.strict:
             raise error
         with self._lock:
@@ -337,19 +461,34 @@ class Tracer:
         metadata: dict[str, Any] | None = None,
         policy: PayloadPolicy | None = None,
     ) -> list[Any]:
-        """Save every target that recorded at least one call; returns their ``VersionInfo``s."""
+        """Save every target that recorded at least one call; returns their ``VersionInfo``s.
+
+        In a distributed job only recording ranks save (others return ``[]``); when several ranks
+        record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``."""
         from modulelens.format.encode import encode_record
         from modulelens.repo.local import Repo
 
         self._snap.synchronize()
+        if not self.recording:
+            return []
+        self.environment.update(distributed_info())
         repo = repo if isinstance(repo, Repo) else Repo(repo)
         prefix = name or type(unwrap_model(self.model)).__name__
+        if self.world_size > 1 and several_recorders(self.ranks, self.world_size):
+            prefix = f"{prefix}/rank{self.rank}"
         saved = []
         settings = {"targets": self.patterns, "warmup": self.warmup, "max_calls": self.max_calls,
                     "backward": self.backward}
+        if self.world_size > 1:
+            settings["ranks"] = self.ranks
         for qualified, record in self.records.items():
+            incidents = self._incidents.get(qualified, [])
             if not record.calls:
                 if record.failed:
+                    continue
+                if incidents:
+                    warnings.warn(f"modulelens: rank {self.rank}: {qualified or '<root>'} recorded no complete call "
+                                  f"({incidents[-1]}); nothing saved", CaptureWarning, stacklevel=2)
                     continue
                 warnings.warn(f"modulelens: {qualified or '<root>'} was never called after warm-up; nothing saved",
                               CaptureWarning, stacklevel=2)
@@ -369,6 +508,14 @@ class Tracer:
                 finally:
                     record.construction = construction
                 meta["module"]["construction_missing"] = str(error)
+            distributed = capture_metadata(
+                self, record, self._sharding.get(qualified, {}),
+                [*self._incidents.get(qualified, []), *([record.failed] if record.failed else [])],
+            )
+            if distributed is not None:
+                meta["distributed"] = distributed
+                if distributed["incomplete"]:
+                    meta["capture"]["complete"] = False
             saved.append(repo.save_version(capture_name, meta, payloads))
         return saved
 
@@ -382,6 +529,14 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
         return False
     dynamo.reset()
     return True
+
+
+def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]:
+    """Parameters, buffers and the (identity, version) key that tells whether they changed."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    key = tuple((id(t), t._version) for t in (*params.values(), *buffers.values()))
+    return params, buffers, key
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from modulelens.capture.budget import PayloadPolicy, plan_shape_only
+from modulelens.capture.distributed import original_class
 from modulelens.capture.init_tracking import get_init_record
 from modulelens.capture.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.capture.snapshot import BASE_ATTR
@@ -90,7 +91,8 @@ class ConstructionTable:
                 f"{path}: {type(module).__qualname__} was built before modulelens.track_init() "
                 "was on, so its constructor arguments are unknown"
             )
-        return self.add_record(type(module), record.args, record.kwargs, path, key=id(module))
+        cls = original_class(type(module))  # the user's class, not FSDP2's FSDP<Cls>
+        return self.add_record(cls, record.args, record.kwargs, path, key=id(module))
 
     def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
         ctx = EncodeContext(add_tensor=self._tensors.add, add_module=self.add)

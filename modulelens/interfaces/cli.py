@@ -302,6 +302,7 @@ def demo_cmd(
 
 from modulelens.interfaces import (  # noqa: E402 - after `command`, which they use
     cli_agents,  # noqa: F401 - registers commands
+    cli_kernel,  # noqa: F401 - registers commands
     cli_tools,  # noqa: F401 - registers commands
 )
 
