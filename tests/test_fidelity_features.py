@@ -461,6 +461,14 @@ def test_script_folder_module_warns_when_changed_and_falls_back_to_stored_source
     # not importable any more (folder not on the path): rebuilt from the stored, original source
     gone = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path).stdout.strip().splitlines()[-1])
     assert gone["folder/0"]["status"] == "PASS" and gone["folder/0"]["module"].startswith("modulelens_source.")
+    refused = run_python("""
+        import sys, modulelens
+        try:
+            modulelens.load("folder/0", repo=sys.argv[1], run_source=False).module
+        except modulelens.RestoreError as error:
+            print("REFUSED", error)
+    """, str(repo), cwd=tmp_path)
+    assert "REFUSED" in refused.stdout and "run_source=False" in refused.stdout
 
 
 def test_stored_source_runs_definitions_only() -> None:

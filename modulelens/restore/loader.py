@@ -140,6 +140,7 @@ class Capture:
         init_kwargs: dict[str, Any] | None = None,
         verify: bool = False,
         synthesize: bool = False,
+        run_source: bool = True,
     ) -> None:
         self.repo = repo
         self.name = name
@@ -160,7 +161,7 @@ class Capture:
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
-        self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref)
+        self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref, run_source=run_source)
         for message in self._sources.check_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
@@ -484,6 +485,7 @@ def load(
     init_kwargs: dict[str, Any] | None = None,
     verify: bool = False,
     synthesize: bool = False,
+    run_source: bool = True,
 ) -> Capture:
     """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
 
@@ -492,6 +494,8 @@ def load(
     re-hashes every payload (normally only payloads changed since their last check are hashed).
     ``synthesize`` replaces tensors stored shape-only by synthetic ones matching their recorded
     dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
+    ``run_source=False`` never runs the source stored with a capture for classes that cannot be
+    imported here (see docs/fidelity.md); such a class is then a :class:`RestoreError`.
 
     Example::
 
@@ -503,4 +507,4 @@ def load(
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize)
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, run_source=run_source)

@@ -101,9 +101,10 @@ def _lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> A
 class SourceResolver:
     """``resolve(path)`` for one capture; ``notes`` collects what happened (also warned)."""
 
-    def __init__(self, sources: dict[str, dict[str, Any]], ref: str) -> None:
+    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, run_source: bool = True) -> None:
         self.sources = sources
         self.ref = ref
+        self.run_source = run_source
         self.notes: list[str] = []
         self._cache: dict[str, Any] = {}
 
@@ -125,6 +126,9 @@ class SourceResolver:
                                        "no source for it") from None
         if entry is None or "text" not in entry:
             raise RestoreError(f"{self.ref}: {path} cannot be imported here and the capture holds no source for it")
+        if not self.run_source:
+            raise RestoreError(f"{self.ref}: {path} cannot be imported here; its source is stored with the capture "
+                               f"({entry.get('file')}) but running it was turned off (load(..., run_source=False))")
         try:
             obj = _lookup(_module_from_source(module_name, entry), qualname, entry)
         except (AttributeError, KeyError, SyntaxError, NameError) as error:
