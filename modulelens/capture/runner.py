@@ -43,11 +43,6 @@ class RunConfig:
     strict: bool = False
     tags: list[str] = field(default_factory=list)
 
-    def rank_selected(self, rank: int) -> bool:
-        if self.ranks.strip() == "all":
-            return True
-        return rank in {int(r) for r in self.ranks.split(",") if r.strip()}
-
 
 # ------------------------------------------------------------------------------------------ parent
 
@@ -131,7 +126,8 @@ class _Session:
             patterns = [p for p in pending if any(matches(p, n, m) for n, m in found.items())]
             self.resolved.update(patterns)
             tracer = Tracer(module, patterns, warmup=self.config.warmup, max_calls=self.config.max_calls,
-                            on_complete=self._on_tracer_complete, strict=self.config.strict)
+                            on_complete=self._on_tracer_complete, strict=self.config.strict,
+                            ranks=self.config.ranks)
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             if len(self.resolved) == len(self.config.targets):
@@ -164,8 +160,7 @@ class _Session:
             warnings.warn(f"modulelens: saving captures failed: {error}", stacklevel=2)
             return
         for info in infos:
-            record = next((r for q, r in tracer.records.items() if info.name == (f"{prefix}/{q}" if q else prefix)), None)
-            self.saved.append({**info.to_dict(), "calls": len(record.calls) if record else None})
+            self.saved.append(info.to_dict())
             print(f"modulelens: saved {info.ref}", file=sys.stderr, flush=True)
 
     def finish(self) -> None:
@@ -200,11 +195,6 @@ def activate_from_env() -> None:
     raw = os.environ.get(ENV_CONFIG)
     if not raw or _session is not None:
         return
-    config = RunConfig(**json.loads(raw))
-    rank = int(os.environ.get("RANK", "0") or 0)
-    if not config.rank_selected(rank):
-        from modulelens.capture.init_tracking import track_init
-
-        track_init()  # modules still get constructor records; this rank just doesn't record calls
-        return
-    _session = _Session(config)
+    # Every rank gets a session, recording or not: ranks that don't record still take part in the
+    # gathers of sharded tensors (the Tracer decides from `ranks` who records and who saves).
+    _session = _Session(RunConfig(**json.loads(raw)))

@@ -64,6 +64,7 @@ class VersionInfo:
     aliases: tuple[str, ...] = ()
     nbytes: int = 0
     module_class: str = ""
+    calls: int = 0
 
     @property
     def ref(self) -> str:
@@ -73,7 +74,7 @@ class VersionInfo:
         return {
             "name": self.name, "version": self.version, "ref": self.ref, "path": str(self.path),
             "created": self.created, "tags": list(self.tags), "aliases": list(self.aliases),
-            "payload_bytes": self.nbytes, "module_class": self.module_class,
+            "payload_bytes": self.nbytes, "module_class": self.module_class, "calls": self.calls,
         }
 
 
@@ -355,6 +356,7 @@ class Repo:
             created=meta.get("created", ""), tags=tuple(meta.get("tags", ())), aliases=aliases,
             nbytes=sum(t["nbytes"] for t in meta.get("tensors", {}).values() if t.get("payload")),
             module_class=meta.get("module", {}).get("class", ""),
+            calls=len(meta.get("calls", [])),
         )
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
