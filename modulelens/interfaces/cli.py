@@ -156,26 +156,29 @@ def replay_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
-    import torch
-
     from modulelens.format.tensors import dtype_from_name
     from modulelens.restore.loader import load
 
     capture = load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None)
     report = capture.replay(rtol=rtol, atol=atol)
-    del torch
+    styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
     def render(r: Any) -> None:
-        style = "green" if r.passed else "red"
-        console.print(f"[{style}]{'PASS' if r.passed else 'FAIL'}[/{style}] replay of {r.ref} on {r.device} ({r.mode})")
+        style = styles[r.status]
+        console.print(f"[{style}]{r.status}[/{style}] replay of {r.ref} on {r.device} ({r.mode})")
         table = Table()
         for col in ("call", "result", "max abs err", "max rel err", "time", "detail"):
             table.add_column(col)
         for c in r.calls:
-            abs_err = max((leaf.max_abs_error for leaf in c.leaves), default=0.0)
-            rel_err = max((leaf.max_rel_error for leaf in c.leaves), default=0.0)
-            detail = c.error or (c.worst.path + ": " + c.worst.message if c.worst else f"{len(c.leaves)} output leaves match")
-            table.add_row(str(c.index), "[green]pass[/green]" if c.passed else "[red]FAIL[/red]", f"{abs_err:.3g}",
+            abs_err = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
+            rel_err = max((leaf.max_rel_error for leaf in c.all_leaves), default=0.0)
+            if c.error or c.worst:
+                detail = c.error or f"{c.worst.path}: {c.worst.message}"
+            elif c.not_compared:
+                detail = f"not compared: {', '.join(leaf.path for leaf in c.not_compared)} ({c.not_compared[0].message})"
+            else:
+                detail = f"{len(c.all_leaves)} leaves match"
+            table.add_row(str(c.index), f"[{styles[c.status]}]{c.status}[/{styles[c.status]}]", f"{abs_err:.3g}",
                           f"{rel_err:.3g}", f"{c.seconds * 1e3:.2f} ms", detail)
         console.print(table)
         for note in r.notes:
