@@ -33,8 +33,14 @@ class _State:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def command(name: str, **settings: Any) -> Callable[[F], F]:
-    """Register a command whose ModulelensErrors become one line (or a JSON error) and an exit code."""
+def command(name: str, *, group: typer.Typer | None = None, json_name: str | None = None,
+            **settings: Any) -> Callable[[F], F]:
+    """Register a command whose ModulelensErrors become one line (or a JSON error) and an exit code.
+
+    ``group`` registers it on a sub-app (``modulelens kernel verify``) instead of the top level;
+    ``json_name`` is the ``command`` field of its JSON envelope (default: ``name``)."""
+    label = json_name or name
+
     def decorate(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,11 +51,11 @@ def command(name: str, **settings: Any) -> Callable[[F], F]:
                     raise
                 code = getattr(error, "exit_code", 1)
                 if kwargs.get("as_json"):
-                    emit_json(name, error=error, exit_code=code)
+                    emit_json(label, error=error, exit_code=code)
                 else:
                     err_console.print(f"[red]error:[/red] {error}", markup=True, highlight=False, soft_wrap=True)
                 raise typer.Exit(code) from None
-        app.command(name, **settings)(wrapper)
+        (group or app).command(name, **settings)(wrapper)
         return func
     return decorate
 

@@ -5,7 +5,6 @@ Imported at the bottom of ``cli.py`` so the commands register on the main ``app`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -13,8 +12,8 @@ import typer
 from rich.table import Table
 
 from modulelens.errors import ModulelensError
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _State, app, command
-from modulelens.interfaces.output import console, emit, emit_json, err_console
+from modulelens.interfaces.cli import JsonOpt, RepoOpt, app, command
+from modulelens.interfaces.output import console, emit, err_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,24 +26,8 @@ app.add_typer(agent_app, name="agent")
 
 
 def _agent_command(name: str, **settings: Any) -> Callable[[F], F]:
-    """Like ``cli.command`` for the ``agent`` sub-app; the JSON ``command`` is ``"agent NAME"``."""
-    def decorate(func: F) -> F:
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except (ModulelensError, FileNotFoundError, PermissionError, ValueError) as error:
-                if _State.debug:
-                    raise
-                code = getattr(error, "exit_code", 1)
-                if kwargs.get("as_json"):
-                    emit_json(f"agent {name}", error=error, exit_code=code)
-                else:
-                    err_console.print(f"[red]error:[/red] {error}", markup=True, highlight=False, soft_wrap=True)
-                raise typer.Exit(code) from None
-        agent_app.command(name, **settings)(wrapper)
-        return func
-    return decorate
+    """``cli.command`` for ``modulelens agent <name>`` (JSON ``command``: ``"agent <name>"``)."""
+    return command(name, group=agent_app, json_name=f"agent {name}", **settings)
 
 
 # ------------------------------------------------------------------------------------- shell

@@ -5,7 +5,6 @@ Registered on the main typer app by one import line at the bottom of :mod:`modul
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import subprocess
@@ -18,8 +17,8 @@ import typer
 from rich.table import Table
 
 from modulelens.errors import ModulelensError
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, _State, app, command
-from modulelens.interfaces.output import console, emit, emit_json, err_console
+from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, app, command
+from modulelens.interfaces.output import console, emit, err_console
 
 kernel_app = typer.Typer(
     name="kernel",
@@ -34,24 +33,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
-    """Like :func:`modulelens.interfaces.cli.command`, for ``modulelens kernel <name>``."""
-    def decorate(func: F) -> F:
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except (ModulelensError, FileNotFoundError, PermissionError, ValueError) as error:
-                if _State.debug:
-                    raise
-                code = getattr(error, "exit_code", 1)
-                if kwargs.get("as_json"):
-                    emit_json(f"kernel {name}", error=error, exit_code=code)
-                else:
-                    err_console.print(f"[red]error:[/red] {error}", markup=True, highlight=False, soft_wrap=True)
-                raise typer.Exit(code) from None
-        kernel_app.command(name, **settings)(wrapper)
-        return func
-    return decorate
+    """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
+    return command(name, group=kernel_app, json_name=f"kernel {name}", **settings)
 
 
 def _positions(calls: str | None) -> list[int] | None:
