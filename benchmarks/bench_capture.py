@@ -1,11 +1,10 @@
-"""Training-step time with capture active, after early stop, and with no tracing at all, measured
-in one run on identical models; plus the cost of constructor tracking per module construction.
+"""Training-step time of one model before capture, while capturing, and after early stop; plus
+the cost of constructor tracking per module construction.
 
-    python benchmarks/bench_capture.py [--steps 200] [--rounds 5]
+    python benchmarks/bench_capture.py [--steps 200] [--rounds 10]
 
-Rounds alternate the untraced and the traced-after-early-stop models so that machine noise hits
-both alike; the ratio is the median over rounds of (median step after early stop) / (median
-untraced step).
+The after/before ratio is corrected by an identical never-traced control model measured
+interleaved with it in both phases (see main()).
 """
 
 from __future__ import annotations
@@ -59,8 +58,8 @@ def construction_cost(n: int = 20000) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=512)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -71,12 +70,25 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     batches = [synthetic_batch(args.batch, generator) for _ in range(16)]
     base = RecModel(CARDINALITIES)
-    plain, traced = copy.deepcopy(base), copy.deepcopy(base)
-    opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    # `traced` is measured before capture and after early stop; `control` (an identical copy that
+    # is never traced) is measured interleaved with it in both phases. Two copies of one model
+    # differ by a few percent on their own (memory placement), and the machine drifts, so the
+    # overhead is the ratio of ratios: (traced/control after) / (traced/control before).
+    traced, control = copy.deepcopy(base), copy.deepcopy(base)
     opt_traced = torch.optim.Adam(traced.parameters(), lr=1e-3)
-    step_times(plain, opt_plain, batches, 20)  # warm up both
-    step_times(traced, opt_traced, batches, 20)
+    opt_control = torch.optim.Adam(control.parameters(), lr=1e-3)
+    step_times(traced, opt_traced, batches, 20)  # warm up both
+    step_times(control, opt_control, batches, 20)
 
+    def paired_rounds() -> tuple[list[float], list[float]]:
+        t_medians, c_medians = [], []
+        for round_index in range(args.rounds):
+            pair = [(traced, opt_traced, t_medians), (control, opt_control, c_medians)]
+            for model, optimizer, medians in pair if round_index % 2 == 0 else reversed(pair):
+                medians.append(statistics.median(step_times(model, optimizer, batches, args.steps)))
+        return t_medians, c_medians
+
+    before_t, before_c = paired_rounds()
     targets = ["embeddings", "attention", "interaction", "top_mlp"]
     with tempfile.TemporaryDirectory() as repo:
         capture = modulelens.capture(traced, targets=targets, repo=repo, name="bench", warmup=0, max_calls=10)
@@ -85,32 +97,33 @@ def main() -> None:
         start = time.perf_counter()
         capture.save()
         save_seconds = time.perf_counter() - start
+    after_t, after_c = paired_rounds()
 
-    untraced_rounds, after_rounds = [], []
-    for round_index in range(args.rounds):
-        # alternate which model goes first, so slow drifts of the machine cancel out
-        if round_index % 2 == 0:
-            untraced_rounds.append(statistics.median(step_times(plain, opt_plain, batches, args.steps)))
-            after_rounds.append(statistics.median(step_times(traced, opt_traced, batches, args.steps)))
-        else:
-            after_rounds.append(statistics.median(step_times(traced, opt_traced, batches, args.steps)))
-            untraced_rounds.append(statistics.median(step_times(plain, opt_plain, batches, args.steps)))
-    untraced = statistics.median(untraced_rounds)
-    after = statistics.median(after_rounds)
-    ratio_after = statistics.median(a / u for a, u in zip(after_rounds, untraced_rounds, strict=True))
+    before = statistics.median(t / c for t, c in zip(before_t, before_c, strict=True))
+    after = statistics.median(t / c for t, c in zip(after_t, after_c, strict=True))
+    untraced = statistics.median(before_t)
+    ratio_after = after / before
     rows = [
-        {"phase": "untraced", "median_step_ms": untraced * 1e3, "ratio_vs_untraced": 1.0},
+        {"phase": "before capture (untraced)", "median_step_ms": untraced * 1e3, "ratio_vs_untraced": 1.0},
         {"phase": "capturing (4 targets, every step recorded)", "median_step_ms": statistics.median(capturing) * 1e3,
          "ratio_vs_untraced": statistics.median(capturing) / untraced},
-        {"phase": "after early stop", "median_step_ms": after * 1e3, "ratio_vs_untraced": ratio_after},
+        {"phase": "after early stop", "median_step_ms": statistics.median(after_t) * 1e3, "ratio_vs_untraced": ratio_after},
     ]
+    hooks_left = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in traced.modules())
     report("capture_overhead", f"training step of the demo RecModel (batch {args.batch}, 1 thread)", rows,
            ["phase", "median_step_ms", "ratio_vs_untraced"],
            {"rounds": args.rounds, "steps_per_round": args.steps, "save_seconds": save_seconds,
             "construction_us_tracking_off": off * 1e6, "construction_us_tracking_on": on * 1e6,
-            "ratio_after_early_stop": ratio_after})
+            "ratio_after_early_stop": ratio_after,
+            # per-round traced/control ratios before capture: how much two identical untraced
+            # models differ on this machine, i.e. the noise band of ratio_after_early_stop
+            "noise_band_before": [min(t / c for t, c in zip(before_t, before_c, strict=True)),
+                                  max(t / c for t, c in zip(before_t, before_c, strict=True))],
+            "hooks_after_early_stop": hooks_left})
     print(f"module construction: {off * 1e6:.2f} us untracked, {on * 1e6:.2f} us tracked")
-    print(f"after early stop / untraced: {ratio_after:.4f}")
+    band = [t / c for t, c in zip(before_t, before_c, strict=True)]
+    print(f"after early stop / untraced: {ratio_after:.4f} (per-round traced/control before capture: "
+          f"{min(band):.3f}..{max(band):.3f}; hooks left on the model: {hooks_left})")
 
 
 if __name__ == "__main__":
