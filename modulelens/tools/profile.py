@@ -35,6 +35,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from modulelens.errors import ModulelensError
 from modulelens.restore.replay import call_context
 from modulelens.tools.common import (
     Timing,
@@ -389,7 +390,10 @@ def draw_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> str:
         report = cap.profile(batch_sizes=[1, 8, 64])
         draw_plot(report.batch_sweep, "sweep.png", report.ref)
     """
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ModulelensError("plotting needs matplotlib: pip install 'modulelens[plot]'") from None
 
     ok = [r for r in rows if r.get("median_ms") is not None]
     if not ok:
