@@ -41,6 +41,23 @@ def test_corrupted_payload_is_detected(repo: modulelens.Repo) -> None:
     assert len(result.stderr.strip().splitlines()) <= 2
 
 
+def test_corrupted_large_payload_is_detected_through_its_changed_mtime(repo: modulelens.Repo) -> None:
+    module = nn.Linear(1024, 512)  # a 2 MiB weight: verified once, then trusted by size and mtime
+    with modulelens.capture(module, targets="Linear", repo=repo, name="big"):
+        module(torch.randn(2, 1024))
+    meta = repo.read_metadata("big", 1)
+    weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
+    path = repo.blob_path(weight["payload"])
+    assert path.with_name(path.name + ".ok").exists()
+    assert modulelens.load("big", repo=repo).replay().passed  # trusted: no re-hash needed
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:  # same size, new content, written right away
+        handle.seek(1 << 20)
+        handle.write(b"\x00\x01\x02\x03")
+    with pytest.raises(modulelens.CorruptCaptureError, match="corrupted"):
+        modulelens.load("big", repo=repo).module  # noqa: B018
+
+
 def test_truncated_payload_is_detected(repo: modulelens.Repo) -> None:
     _capture_linear(repo)
     meta = repo.read_metadata("lin", 1)

@@ -41,6 +41,9 @@ from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
 
 LAYOUT_VERSION = 1
+# Payloads smaller than this are simply re-hashed on every load (microseconds); larger ones get a
+# verification marker so that loading a big module does not re-read all of its weights.
+_MARK_MIN_BYTES = 1 << 20
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 
@@ -195,7 +198,8 @@ class Repo:
         tmp = self._tmp_path()
         _write_preallocated(tmp, memoryview(data).cast("B"))
         os.replace(tmp, path)
-        self._mark_verified(path)
+        if len(data) >= _MARK_MIN_BYTES:
+            self._mark_verified(path)
         return True
 
     def _mark_verified(self, path: Path) -> None:
@@ -205,8 +209,10 @@ class Repo:
         with contextlib.suppress(OSError):
             os.utime(path, ns=(backdated, backdated))
         stat = path.stat()
-        with contextlib.suppress(OSError):
-            self._atomic_write(path.with_name(path.name + ".ok"), f"{stat.st_size} {stat.st_mtime_ns}".encode())
+        # A plain write, not write-and-rename: a torn or stale marker only fails to match, and the
+        # blob is then re-hashed (markers are written once per new blob, so this is on the save path).
+        with contextlib.suppress(OSError), open(path.with_name(path.name + ".ok"), "w") as marker:
+            marker.write(f"{stat.st_size} {stat.st_mtime_ns}")
 
     def _is_marked_verified(self, path: Path, stat: os.stat_result) -> bool:
         try:
@@ -226,11 +232,12 @@ class Repo:
             raise CorruptCaptureError(
                 f"payload {digest} has {stat.st_size} bytes, expected {nbytes} (truncated or damaged)"
             )
-        if full or not self._is_marked_verified(path, stat):
+        if full or stat.st_size < _MARK_MIN_BYTES or not self._is_marked_verified(path, stat):
             actual = self._hash_file(path, stat.st_size)
             if actual != digest:
                 raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
-            self._mark_verified(path)
+            if stat.st_size >= _MARK_MIN_BYTES:
+                self._mark_verified(path)
         return path
 
     @staticmethod
