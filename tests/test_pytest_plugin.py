@@ -49,7 +49,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _plugin_args() -> list[str]:
     """``-p`` only when the entry point is not installed (registering it twice is an error)."""
     installed = any(ep.name == "modulelens" for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "modulelens.interfaces.pytest_plugin"]
+    return [] if installed else ["-p", "modulelens_pytest"]
 
 
 @pytest.fixture

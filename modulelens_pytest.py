@@ -1,6 +1,6 @@
 """pytest plugin: golden tests against stored captures.
 
-Registered through the ``pytest11`` entry point (or ``-p modulelens.interfaces.pytest_plugin``)::
+Registered through the ``pytest11`` entry point (or ``-p modulelens_pytest``)::
 
     import pytest
     from modulelens.testing import assert_matches
@@ -12,7 +12,8 @@ Registered through the ``pytest11`` entry point (or ``-p modulelens.interfaces.p
 The repo comes from ``--modulelens-repo``, else the ``modulelens_repo`` ini option (relative to the
 ini file), else ``$MODULELENS_REPO`` / the user repo. The marker also takes ``device=``, ``dtype=``
 and ``repo=``. ``--modulelens-skip-missing`` skips tests whose capture is not in the repo instead of
-failing them. Nothing heavy (torch) is imported until a test asks for the fixture.
+failing them. Nothing heavy (torch) is imported until a test asks for the fixture: this module
+lives outside the ``modulelens`` package because importing the package imports torch.
 """
 
 from __future__ import annotations
