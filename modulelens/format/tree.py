@@ -40,11 +40,6 @@ def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
     return pytree.tree_unflatten(leaves, _decode_spec(data["spec"], ctx))
 
 
-def tree_leaves(data: JSON) -> list[JSON]:
-    """The encoded leaves of an encoded tree, in flattening order."""
-    return list(data["leaves"])
-
-
 def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
                  ctx: EncodeContext, path: str) -> JSON:
     if spec.is_leaf():

@@ -186,9 +186,6 @@ class Repo:
             raise CorruptCaptureError(f"malformed payload hash {digest!r}")
         return self.root / "blobs" / hexdigest[:2] / hexdigest
 
-    def has_blob(self, digest: str) -> bool:
-        return self.blob_path(digest).exists()
-
     def write_blob(self, digest: str, data: memoryview | bytes) -> bool:
         """Store a payload under its hash; returns False when it was already there (dedup)."""
         path = self.blob_path(digest)
@@ -258,9 +255,6 @@ class Repo:
         path = self.check_blob(digest, nbytes)
         flat = torch.from_file(str(path), shared=False, size=numel, dtype=dtype)
         return flat.view(shape)
-
-    def read_blob(self, digest: str, nbytes: int) -> bytes:
-        return self.check_blob(digest, nbytes).read_bytes()
 
     # ---------------------------------------------------------------------------------- names
 
