@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from modulelens.errors import ReplayMismatchError
+from modulelens.errors import MatchError
 
 if TYPE_CHECKING:
     import torch
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["MatchError", "assert_matches"]
 
 _MAX_LINES = 20
-
-
-class MatchError(ReplayMismatchError, AssertionError):
-    """A module did not reproduce a capture (an ``AssertionError``, so pytest reports it as a failure)."""
 
 
 def assert_matches(

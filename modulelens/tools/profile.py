@@ -35,21 +35,11 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import MissingDependencyError, ToolError
 from modulelens.restore.replay import call_context
-from modulelens.tools.common import (
-    Timing,
-    ToolError,
-    environment_facts,
-    has_buffers,
-    json_safe,
-    output_tensors,
-    run_device,
-    store_report,
-    tensor_leaves,
-    time_iterations,
-    working_module,
-)
+from modulelens.tools.reports import environment_facts, json_safe, store_report
+from modulelens.tools.timing import Timing, time_iterations
+from modulelens.tools.working_copy import has_buffers, run_device, working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Call, Capture
@@ -387,13 +377,13 @@ def draw_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> str:
 
     Example::
 
-        report = cap.profile(batch_sizes=[1, 8, 64])
+        report = modulelens.profile(cap, batch_sizes=[1, 8, 64])
         draw_plot(report.batch_sweep, "sweep.png", report.ref)
     """
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ModulelensError("plotting needs matplotlib: pip install 'modulelens[plot]'") from None
+        raise MissingDependencyError("plotting needs matplotlib: pip install 'modulelens[plot]'") from None
 
     ok = [r for r in rows if r.get("median_ms") is not None]
     if not ok:
@@ -453,7 +443,7 @@ def profile(
     Example::
 
         cap = modulelens.load("ranker/mlp:v2")
-        report = cap.profile(backward=True, batch_sizes=[1, 8, 64], plot="mlp.png")
+        report = modulelens.profile(cap, backward=True, batch_sizes=[1, 8, 64], plot="mlp.png")
         print(report.latency["median_ms"], report.flops["total"])
     """
     if not capture.calls:
@@ -576,3 +566,13 @@ def _sweep(
     for module_param in module.parameters():
         module_param.grad = None
     return rows
+
+
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """Tensor leaves of an output that autograd can differentiate."""
+    return [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """Every tensor leaf of a pytree, in flattening order."""
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]

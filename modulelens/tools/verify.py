@@ -22,16 +22,9 @@ import torch.utils._pytree as pytree
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import build_candidate, describe_candidate
-from modulelens.tools.common import (
-    has_buffers,
-    json_safe,
-    load_pristine_state,
-    pristine_state_dict,
-    run_device,
-    store_report,
-    time_iterations,
-    working_module,
-)
+from modulelens.tools.reports import json_safe, store_report
+from modulelens.tools.timing import time_iterations
+from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture
@@ -265,7 +258,7 @@ def verify(
     Example::
 
         cap = modulelens.load("ranker/mlp:golden")
-        report = cap.verify("kernels/fused_mlp.py:FusedMLP", rtol=1e-4)
+        report = modulelens.verify(cap, "kernels/fused_mlp.py:FusedMLP", rtol=1e-4)
         assert report.passed, "\\n".join(report.failures)
         print(f"{report.speedup:.2f}x faster")
     """
@@ -298,7 +291,7 @@ def verify(
             if built_with == "from_original" and current_state is not None:
                 module, _ = build_candidate(candidate, capture, call.state_index)
             if load_state:
-                mismatch = load_state_strict(module, pristine_state_dict(capture, call.state_index))
+                mismatch = load_state_strict(module, capture.fresh_state_dict(call.state_index))
                 if mismatch is not None:
                     report.state_mismatch = mismatch
                     report.error = describe_mismatch(mismatch)
