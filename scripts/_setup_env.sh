@@ -18,5 +18,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # shellcheck disable=SC2086
   python -m pip install -q --disable-pip-version-check $TORCH_SPEC >&2
   python -m pip install -q --disable-pip-version-check -e ".[test]" >&2
+  # timm for the third-party tests, without its torchvision requirement: every torchvision wheel
+  # pins a CUDA torch, which would replace the CPU one (tests/support/shims stands in for it).
+  python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0" >&2
   echo "$want" > "$stamp"
 fi

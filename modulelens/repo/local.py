@@ -284,13 +284,18 @@ class Repo:
     def version_numbers(self, name: str) -> list[int]:
         return self._version_numbers(self._name_dir(name))
 
-    def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
+    def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview], *,
+                     hash_in_thread: bool = True) -> VersionInfo:
         """Store a capture: hash and write its payloads (``tensor id -> bytes``; blobs already
         present are skipped), fill the hashes into ``metadata["tensors"]``, then make the version
-        visible in one atomic rename."""
+        visible in one atomic rename.
+
+        ``hash_in_thread=False`` hashes on the calling thread: at interpreter exit (an ``atexit``
+        handler) no thread pool can start ("cannot schedule new futures after interpreter shutdown").
+        """
         validate_name(name)
         with self._lock(exclusive=False):
-            self._write_payloads(metadata["tensors"], payloads)
+            self._write_payloads(metadata["tensors"], payloads, hash_in_thread)
             staging = self._tmp_path(".version")
             staging.mkdir()
             (staging / "reports").mkdir()
@@ -311,11 +316,17 @@ class Repo:
                 return self.info(name, version)
         raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
 
-    def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
+    def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview],
+                        hash_in_thread: bool = True) -> None:
         # Pipeline: a worker thread hashes payload k+1 (blake3 itself uses every core for large
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
         items = list(payloads.items())
+        if not hash_in_thread:
+            for tid, data in items:
+                entries[tid]["payload"] = hash_bytes(data)
+                self.write_blob(entries[tid]["payload"], data)
+            return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
             digests = [pool.submit(hash_bytes, data) for _, data in items]
             for (tid, data), digest in zip(items, digests, strict=False):

@@ -4,9 +4,9 @@ Order for ``module:Qual.Name``: import it (a ``__main__`` path only counts when 
 the very script that was captured); if that fails, and the capture stored the defining file (see
 :mod:`modulelens.tracing.source`), execute that file's *definitions* into a fresh module and take
 the class from there. This is the one place where code from a capture runs: it is the user's own
-source, recorded from their job. Only imports, ``def``/``class`` statements, ``try`` blocks of
-imports and simple assignments run; everything else at module level (a training loop, an
-``if __name__ == "__main__":`` block, calls) is skipped.
+source, recorded from their job. Only the classes the capture names and what they depend on run
+(imports, helper functions, constants: see :mod:`modulelens.restore.source_slice`); the rest of a
+script (its training loop, an ``if __name__ == "__main__":`` block) does not.
 
 When the class that is imported has changed since the capture (its source hash differs), or a
 captured script's file changed on disk, a :class:`SourceChangedWarning` is issued and noted.
@@ -14,52 +14,26 @@ captured script's file changed on disk, a :class:`SourceChangedWarning` is issue
 
 from __future__ import annotations
 
-import ast
 import os
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 from modulelens.errors import RestoreError
 from modulelens.format.sources import class_source, source_hash
 from modulelens.format.values import import_object
+from modulelens.restore.source_slice import slice_source
 
-_EXECUTED: dict[str, types.ModuleType] = {}  # source hash -> module built from it (one per process)
-_SAFE_CALLS = {"namedtuple", "NamedTuple", "TypeVar", "NewType", "ParamSpec", "getLogger", "field", "dataclass",
-               "make_dataclass", "Enum", "IntEnum", "partial", "frozenset", "set", "dict", "list", "tuple", "cast"}
-
-
-def _call_names(node: ast.AST) -> set[str]:
-    names = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            func = sub.func
-            names.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "?"))
-    return names
+_EXECUTED: dict[tuple[str, tuple[str, ...]], types.ModuleType] = {}  # (source hash, roots) -> module (per process)
 
 
-def _is_definition(node: ast.stmt) -> bool:
-    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return True
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        value = node.value
-        return value is None or _call_names(value) <= _SAFE_CALLS
-    if isinstance(node, ast.Try):
-        body = [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
-        return all(_is_definition(s) or isinstance(s, ast.Pass) for s in body)
-    return False
-
-
-def definitions_only(text: str, filename: str) -> ast.Module:
-    """The module's imports, definitions and simple assignments (see the module docstring)."""
-    tree = ast.parse(text, filename=filename)
-    tree.body = [node for node in tree.body if _is_definition(node)]
-    return tree
-
-
-def _module_from_source(module_name: str, entry: dict[str, Any]) -> types.ModuleType:
+def _module_from_source(module_name: str, entry: dict[str, Any], text: str) -> types.ModuleType:
     digest = entry["hash"]
-    cached = _EXECUTED.get(digest)
+    # The classes the capture names, by their top-level name (a class defined in a function needs
+    # that function): the slice executed is what they depend on (restore/source_slice.py).
+    roots = tuple(sorted({qualname.partition(".")[0] for qualname in entry.get("classes", {})}))
+    cached = _EXECUTED.get((digest, roots))
     if cached is not None:
         return cached
     safe = "".join(c if c.isalnum() else "_" for c in module_name)
@@ -68,13 +42,13 @@ def _module_from_source(module_name: str, entry: dict[str, Any]) -> types.Module
     module.__file__ = entry.get("file") or f"<captured {module_name}>"
     sys.modules[name] = module  # dataclasses and typing look classes' modules up here
     try:
-        code = compile(definitions_only(entry["text"], module.__file__), module.__file__, "exec")
+        code = compile(slice_source(text, module.__file__, roots), module.__file__, "exec")
         exec(code, module.__dict__)  # the user's own captured source; see the module docstring
     except Exception as error:
         del sys.modules[name]
         raise RestoreError(f"the source stored for {module_name} ({module.__file__}) does not run here: "
                            f"{type(error).__name__}: {error}") from None
-    _EXECUTED[digest] = module
+    _EXECUTED[(digest, roots)] = module
     return module
 
 
@@ -97,12 +71,24 @@ def _lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> A
 class SourceResolver:
     """``resolve(path)`` for one capture; ``notes`` collects what happened (also warned)."""
 
-    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, run_source: bool = True) -> None:
+    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, run_source: bool = True,
+                 read_text: Callable[[str], str] | None = None) -> None:
         self.sources = sources
         self.ref = ref
         self.run_source = run_source
         self.notes: list[str] = []
         self._cache: dict[str, Any] = {}
+        self._read_text = read_text
+
+    def text(self, module_name: str) -> str | None:
+        """The stored source of ``module_name``: inline (``"text"``, captures before the source
+        blobs) or a blob referenced by ``"text_id"`` (read with ``read_text``); ``None`` if none."""
+        entry = self.sources.get(module_name) or {}
+        if "text" in entry:
+            return entry["text"]
+        if "text_id" in entry and self._read_text is not None:
+            return self._read_text(entry["text_id"])
+        return None
 
     def resolve(self, path: str) -> Any:
         cached = self._cache.get(path)
@@ -113,20 +99,23 @@ class SourceResolver:
     def _resolve(self, path: str) -> Any:
         module_name, _, qualname = path.partition(":")
         entry = self.sources.get(module_name)
+        has_text = entry is not None and ("text" in entry or "text_id" in entry)
         if (module_name != "__main__" or self._running_captured_script(entry)) and "<locals>" not in qualname:
             try:
                 return import_object(path)
             except (ImportError, AttributeError) as error:
-                if entry is None or "text" not in entry:
+                if not has_text:
                     raise RestoreError(f"{self.ref}: cannot import {path} ({error}) and the capture holds "
                                        "no source for it") from None
-        if entry is None or "text" not in entry:
+        if entry is None or not has_text:
             raise RestoreError(f"{self.ref}: {path} cannot be imported here and the capture holds no source for it")
         if not self.run_source:
             raise RestoreError(f"{self.ref}: {path} cannot be imported here; its source is stored with the capture "
                                f"({entry.get('file')}) but running it was turned off (load(..., run_source=False))")
+        text = self.text(module_name)
+        assert text is not None
         try:
-            obj = _lookup(_module_from_source(module_name, entry), qualname, entry)
+            obj = _lookup(_module_from_source(module_name, entry, text), qualname, entry)
         except (AttributeError, KeyError, SyntaxError, NameError) as error:
             raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
                                f"({type(error).__name__}: {error})") from None

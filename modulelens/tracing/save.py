@@ -29,11 +29,15 @@ def save_records(
     tags: Iterable[str] = (),
     metadata: dict[str, Any] | None = None,
     policy: PayloadPolicy | None = None,
+    only: Iterable[str] | None = None,
+    hash_in_thread: bool = True,
 ) -> list[VersionInfo]:
     """Save every target of ``tracer`` that recorded at least one call; returns their versions.
 
     In a distributed job only recording ranks save (others return ``[]``); when several ranks
-    record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``.
+    record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``. ``only`` limits
+    the save to those qualified names; ``hash_in_thread=False`` starts no thread (for interpreter
+    exit, see :meth:`Repo.save_version`).
     """
     tracer.synchronize()
     if not tracer.recording:
@@ -47,9 +51,10 @@ def save_records(
                                 "backward": tracer.backward}
     if tracer.world_size > 1:
         settings["ranks"] = tracer.ranks
+    wanted = None if only is None else set(only)
     saved = []
     for qualified, record in tracer.records.items():
-        if not _has_calls(tracer, qualified, record):
+        if (wanted is not None and qualified not in wanted) or not _has_calls(tracer, qualified, record):
             continue
         capture_name = f"{prefix}/{qualified}" if qualified else prefix
         meta, payloads = _encode(tracer, record, capture_name, settings, list(tags), metadata, policy)
@@ -59,7 +64,7 @@ def save_records(
             meta["distributed"] = distributed
             if distributed["incomplete"]:
                 meta["capture"]["complete"] = False
-        saved.append(repo.save_version(capture_name, meta, payloads))
+        saved.append(repo.save_version(capture_name, meta, payloads, hash_in_thread=hash_in_thread))
     return saved
 
 
