@@ -63,7 +63,9 @@ def _text_hash(text: str) -> str:
 def _module_text(module_name: str) -> tuple[str | None, str | None]:
     """``(file, text)`` of a module's source; a notebook's ``__main__`` gives its cell history."""
     module = sys.modules.get(module_name)
-    file = getattr(module, "__file__", None)
+    # CPython deletes ``__main__.__file__`` once the script has run, before ``atexit`` handlers
+    # (which save what `modulelens run` captured last); its loader still knows the path.
+    file = getattr(module, "__file__", None) or getattr(getattr(module, "__loader__", None), "path", None)
     if file:
         path = os.path.abspath(file)
         try:
