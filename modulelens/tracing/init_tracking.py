@@ -56,10 +56,16 @@ def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     # A class with its own __new__ may call us with different arguments than __init__ gets:
     # record nothing rather than something wrong.
     if cls.__new__ is _recording_new:
-        for value in (*args, *kwargs.values()):
+        # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
+        for value in args:
             if type(value) in _CONTAINERS:
                 args, kwargs = _copy_containers(args), _copy_containers(kwargs)
                 break
+        else:
+            for value in kwargs.values():
+                if type(value) in _CONTAINERS:
+                    kwargs = _copy_containers(kwargs)
+                    break
         object.__setattr__(instance, _ATTR, InitRecord(args, kwargs))
     return instance
 
@@ -68,10 +74,10 @@ def _copy_containers(value: Any) -> Any:
     """``value`` with its lists, dicts, tuples and sets copied all the way down (other objects are
     the same objects: see :func:`freeze_objects`)."""
     kind = type(value)
-    if kind is tuple or kind is list or kind is set or kind is frozenset:
-        return kind(_copy_containers(v) for v in value)
     if kind is dict:
-        return {k: _copy_containers(v) for k, v in value.items()}
+        return {k: _copy_containers(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
+    if kind in _CONTAINERS:
+        return kind([_copy_containers(v) if type(v) in _CONTAINERS else v for v in value])
     return value
 
 
