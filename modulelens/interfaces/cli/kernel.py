@@ -1,6 +1,6 @@
 """Kernel commands: ``modulelens export --format kernelbench`` and ``modulelens kernel verify|agent``.
 
-Registered on the main typer app by one import line at the bottom of :mod:`modulelens.interfaces.cli`.
+``app`` holds the top-level ``export``; ``kernel_app`` is the ``kernel`` group (both assembled by ``app.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, app, command
+from modulelens.errors import UsageError
+from modulelens.format.human import human_number as _num
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, err_console
+from modulelens.interfaces.session import open_repo as _repo
+
+app = typer.Typer()
 
 kernel_app = typer.Typer(
     name="kernel",
@@ -27,14 +32,13 @@ kernel_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(kernel_app, name="kernel")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
     """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
-    return command(name, group=kernel_app, json_name=f"kernel {name}", **settings)
+    return command(kernel_app, name, json_name=f"kernel {name}", **settings)
 
 
 def _positions(calls: str | None) -> list[int] | None:
@@ -43,7 +47,7 @@ def _positions(calls: str | None) -> list[int] | None:
     try:
         return [int(part) for part in calls.split(",") if part.strip()]
     except ValueError:
-        raise ModulelensError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
+        raise UsageError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
 
 
 CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]
@@ -55,7 +59,7 @@ AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute toleranc
 # ------------------------------------------------------------------------------------- export
 
 
-@command("export")
+@command(app, "export")
 def export_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Problem folder to write.")],
@@ -75,7 +79,7 @@ def export_cmd(
     from modulelens.tools.export_kernelbench import export_kernelbench
 
     if format != "kernelbench":
-        raise ModulelensError(f"unknown export format {format!r} (available: kernelbench)")
+        raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
     result = export_kernelbench(ref, output, repo=_repo(repo), calls=_positions(calls), max_calls=max_calls,
                                 inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol)
     emit("export", as_json, result.to_dict(), _render_export)
@@ -202,14 +206,6 @@ def render_kernel_report(d: dict[str, Any]) -> None:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if d.get("report_path"):
         console.print(f"report stored: {d['report_path']}", highlight=False)
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return f"{value:.3g}"
 
 
 # ------------------------------------------------------------------------------------- agent
