@@ -37,6 +37,7 @@ from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_co
 from modulelens.repo import Repo, VersionInfo
 from modulelens.restore import Call, Capture, ReplayReport, load
 from modulelens.tools.profile import profile
+from modulelens.tools.timing import TimingConfig
 from modulelens.tools.verify import verify
 from modulelens.tracing import capture, get_init_record, track_init
 
@@ -71,6 +72,7 @@ __all__ = [
     "RestoreError",
     "ShapeOnly",
     "SourceChangedWarning",
+    "TimingConfig",
     "Unrecorded",
     "UnsupportedValueError",
     "VersionInfo",

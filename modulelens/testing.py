@@ -65,7 +65,7 @@ def assert_matches(
 
     if not isinstance(capture, Capture):
         capture = load(str(capture), repo=repo)
-    report = verify(capture, module, rtol=rtol, atol=atol, calls=calls, load_state=False, timing=False, store=False)
+    report = verify(capture, module, rtol=rtol, atol=atol, calls=calls, load_state=False, timing=None, store=False)
     if report.passed:
         return report
     tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"

@@ -240,18 +240,17 @@ class ModulelensMagics(Magics):
 
 
 def _call_tool(capture: Any, method: str, what: str, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    func = getattr(capture, method, None)
-    if func is None:
-        raise UsageError(NOT_AVAILABLE.format(what=what.capitalize(), detail=f"Capture.{method} is missing",
-                                              module=method))
+    from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
+    from modulelens.tools.verify import verify
+
+    timing = {key: options.pop(key) for key in ("warmup", "iters", "target_seconds") if key in options}
+    if timing:
+        options["timing"] = TimingConfig(**timing)
+    func = {"profile": profile, "verify": verify}[method]
     try:
-        return func(*args, **options)
-    except ModuleNotFoundError as error:
-        if (error.name or "").startswith("modulelens"):
-            raise UsageError(NOT_AVAILABLE.format(what=what.capitalize(), detail=f"no module {error.name}",
-                                                  module=method)) from None
-        raise UsageError(f"{method}: {error}") from None
-    except (ModulelensError, ImportError, TypeError, ValueError) as error:
+        return func(capture, *args, **options)
+    except ModulelensError as error:
         raise UsageError(f"{method}: {error}") from None
 
 
