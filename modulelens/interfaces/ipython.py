@@ -213,14 +213,16 @@ class ModulelensMagics(Magics):
         """Latency, memory, FLOPs and top operators of the module on a recorded call."""
         from modulelens.interfaces.html import profile_html
         from modulelens.tools.profile import profile
+        from modulelens.tools.timing import TimingConfig
 
         args = parse_argstring(self.ml_profile, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
         sizes = _positions(args.batch_sizes, "--batch-sizes")
         with tempfile.TemporaryDirectory(prefix="modulelens-plot-") as folder, _one_line():
             plot = Path(folder) / "sweep.png" if sizes else None
-            report = profile(capture, call=args.call, backward=args.backward, iters=args.iters, warmup=args.warmup,
-                             batch_sizes=sizes, plot=plot, store=args.store)
+            report = profile(capture, call=args.call, backward=args.backward,
+                             timing=TimingConfig(warmup=args.warmup, iters=args.iters), batch_sizes=sizes, plot=plot,
+                             store=args.store)
             png = plot.read_bytes() if plot is not None and plot.exists() else None
         report.plot = None  # the temporary file is gone; the PNG is embedded in the HTML
         return ResultView(report, lambda d: profile_html(d, png))
@@ -240,6 +242,7 @@ class ModulelensMagics(Magics):
     def ml_verify(self, line: str) -> ResultView:
         """Check a candidate implementation against every recorded call: verdict first, then failures."""
         from modulelens.interfaces.html import verify_html
+        from modulelens.tools.timing import TimingConfig
         from modulelens.tools.verify import verify
 
         args = parse_argstring(self.ml_verify, line)
@@ -248,8 +251,8 @@ class ModulelensMagics(Magics):
         if candidate.isidentifier() and candidate in self.shell.user_ns:
             candidate = self.shell.user_ns[candidate]
         with _one_line():
-            report = verify(capture, candidate, rtol=args.rtol, atol=args.atol, timing=not args.no_timing,
-                            store=args.store)
+            report = verify(capture, candidate, rtol=args.rtol, atol=args.atol,
+                            timing=None if args.no_timing else TimingConfig(warmup=3), store=args.store)
         return ResultView(report, verify_html)
 
     @magic_arguments()

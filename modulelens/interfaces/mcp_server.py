@@ -224,9 +224,10 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """Latency (median/p10/p90), peak memory, FLOPs, bytes moved and top operators on a recorded call."""
         from modulelens.tools.profile import profile
+        from modulelens.tools.timing import TimingConfig
 
         capture = session.load_capture(ref, repo, device=device, dtype=dtype)
-        return _result(profile(capture, call=call, backward=backward, iters=iters, warmup=warmup,
+        return _result(profile(capture, call=call, backward=backward, timing=TimingConfig(warmup=warmup, iters=iters),
                                batch_sizes=batch_sizes, store=store))
 
     @server.tool(annotations=_RUNS_CANDIDATE)

@@ -11,19 +11,19 @@ import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, UnsupportedValueError
+from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedValueError
 from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_VERSION
+from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceChangedWarning, SourceResolver
+from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
 
@@ -38,7 +38,7 @@ class Call:
     finished: bool
     autocast: dict[str, str]
     _capture: Capture = field(repr=False)
-    _data: dict[str, Any] = field(repr=False)
+    _data: CallEntry = field(repr=False)
 
     @functools.cached_property
     def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -157,7 +157,7 @@ class Capture:
         self.repo = repo
         self.name = name
         self.version = version
-        self.metadata = repo.read_metadata(name, version)
+        self.metadata = cast(CaptureMetadata, repo.read_metadata(name, version))
         if self.metadata.get("format_version", 0) > FORMAT_VERSION:
             raise RestoreError(
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
@@ -200,10 +200,6 @@ class Capture:
     @property
     def environment(self) -> dict[str, Any]:
         return self.metadata.get("environment", {})
-
-    @property
-    def has_construction(self) -> bool:
-        return self.metadata["module"].get("construction") is not None
 
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
@@ -395,9 +391,33 @@ class Capture:
         return module
 
     def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:
+        """Parameters and persistent buffers of recorded state ``index`` (cached mappings, which the
+        rebuilt module shares: see :meth:`fresh_state_dict` for copies nothing else touches)."""
+        return self._state_tensors(index, self.tensor, persistent_only=True)
+
+    def fresh_tensor(self, tid: str) -> torch.Tensor:
+        """Recorded tensor ``tid`` from a new copy-on-write mapping of its payload, as recorded.
+
+        :meth:`tensor` returns cached tensors that the rebuilt module also uses as its parameter and
+        buffer storage, so switching states or a training-mode forward (BatchNorm running stats)
+        changes them in place; tools read recorded values from here instead.
+        """
+        return self._open_tensor(tid)
+
+    def fresh_state_dict(self, index: int = 0, *, persistent_only: bool = True) -> dict[str, torch.Tensor]:
+        """Parameters and (persistent) buffers of recorded state ``index``, freshly mapped.
+
+        Example::
+
+            candidate.load_state_dict(cap.fresh_state_dict(cap.calls[3].state_index))
+        """
+        return self._state_tensors(index, self._open_tensor, persistent_only=persistent_only)
+
+    def _state_tensors(self, index: int, open_tensor: Any, *, persistent_only: bool) -> dict[str, torch.Tensor]:
         state = self.metadata["states"][index]
-        result = {n: self.tensor(e["tensor"]) for n, e in state["parameters"].items()}
-        result.update({n: self.tensor(e["tensor"]) for n, e in state["buffers"].items() if e["persistent"]})
+        result = {n: open_tensor(e["tensor"]) for n, e in state["parameters"].items()}
+        result.update({n: open_tensor(e["tensor"]) for n, e in state["buffers"].items()
+                       if e["persistent"] or not persistent_only})
         return result
 
     # ---------------------------------------------------------------------------------- replay
@@ -412,33 +432,6 @@ class Capture:
         from modulelens.restore.replay import replay
 
         return replay(self, **options)
-
-    # ---------------------------------------------------------------------------------- tools
-
-    def profile(self, **options: Any) -> Any:
-        """Latency, peak memory, FLOPs, bytes and top ops of a recorded call (see
-        :func:`modulelens.tools.profile.profile` for the options). Returns a ``ProfileReport``.
-
-        Example::
-
-            report = modulelens.load("ranker/mlp").profile(backward=True, batch_sizes=[1, 8, 64])
-        """
-        from modulelens.tools.profile import profile
-
-        return profile(self, **options)
-
-    def verify(self, candidate: Any, **options: Any) -> Any:
-        """Check that ``candidate`` (a class, an instance or ``"file.py:Class"``) reproduces every
-        recorded call (see :func:`modulelens.tools.verify.verify`). Returns a ``VerifyReport``.
-
-        Example::
-
-            report = modulelens.load("ranker/mlp").verify(FusedMLP)
-            assert report.passed, report
-        """
-        from modulelens.tools.verify import verify
-
-        return verify(self, candidate, **options)
 
 
 def _tensor_ids(data: Any) -> list[str]:

@@ -56,11 +56,12 @@ def profile_cmd(
 ) -> None:
     """Latency (median/p10/p90), peak memory, FLOPs, bytes, top ops of a captured module; batch sweeps."""
     from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
 
     capture = session.load_capture(ref, repo, device=device, dtype=dtype)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
-                     warmup=warmup, iters=iters, batch_sizes=_batch_sizes(batch_sizes), plot=plot, trace=trace,
-                     top=top, store=store)
+                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=_batch_sizes(batch_sizes), plot=plot,
+                     trace=trace, top=top, store=store)
 
     def render(r: dict[str, Any]) -> None:
         lat = r["latency"]
@@ -133,10 +134,12 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
     capture = session.load_capture(ref, repo, device=device, dtype=dtype)
-    report = verify(capture, candidate, rtol=rtol, atol=atol, timing=timing, iters=iters, store=store)
+    report = verify(capture, candidate, rtol=rtol, atol=atol,
+                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store)
 
     def render(r: dict[str, Any]) -> None:
         style = "green" if r["passed"] else "red"
