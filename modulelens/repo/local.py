@@ -31,14 +31,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-import torch
-
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
-from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUT_VERSION = 1
 # Payloads smaller than this are simply re-hashed on every load (microseconds); larger ones get a
@@ -247,6 +248,8 @@ class Repo:
     def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
         """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
         writing to the tensor never touches the blob."""
+        import torch  # here, not at the top: listing and showing captures must not import torch
+
         numel = 1
         for size in shape:
             numel *= size

@@ -35,12 +35,20 @@ def ls(
         if not result:
             console.print(f"no captures in {store.root}")
             return
-        table = Table(title=f"captures in {store.root}")
-        for col in ("ref", "aliases", "module class", "payload", "created"):
-            table.add_column(col)
+        # A ref is what people copy into the next command, so it is never cut: it gets its full
+        # width, the other columns fold, and the least useful ones go when the terminal is narrow.
+        widest = max(len(row["ref"]) for row in result)
+        columns = ["aliases", "module class", "payload", "created"]
+        while columns and widest + 12 * len(columns) > console.width:
+            columns.pop()
+        table = Table(title=f"captures in {store.root}", title_justify="left")
+        table.add_column("ref", no_wrap=True, min_width=widest)
+        for col in columns:
+            table.add_column(col, overflow="fold")
         for row in result:
-            table.add_row(row["ref"], ", ".join(row["aliases"]), row["module_class"].rsplit(":", 1)[-1],
-                          human_bytes(row["payload_bytes"]), row["created"])
+            cells = {"aliases": ", ".join(row["aliases"]), "module class": row["module_class"].rsplit(":", 1)[-1],
+                     "payload": human_bytes(row["payload_bytes"]), "created": row["created"]}
+            table.add_row(row["ref"], *(cells[col] for col in columns))
         console.print(table)
 
     emit("ls", as_json, rows, render)
