@@ -319,10 +319,20 @@ class Repo:
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
         items = list(payloads.items())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
-            digests = [pool.submit(hash_bytes, data) for _, data in items]
-            for (tid, data), digest in zip(items, digests, strict=False):
-                entries[tid]["payload"] = digest.result()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
+                digests = [pool.submit(hash_bytes, data) for _, data in items]
+                for (tid, data), digest in zip(items, digests, strict=False):
+                    entries[tid]["payload"] = digest.result()
+                    self.write_blob(entries[tid]["payload"], data)
+        except RuntimeError as error:
+            # A save from an atexit handler (`modulelens run` saving what a job recorded before it
+            # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
+            # after interpreter shutdown". Hash in this thread instead.
+            if "interpreter shutdown" not in str(error):
+                raise
+            for tid, data in items:
+                entries[tid]["payload"] = hash_bytes(data)
                 self.write_blob(entries[tid]["payload"], data)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
