@@ -40,6 +40,12 @@ def ls(
         # A ref is what people copy into the next command, so it is never cut: it gets its full
         # width, the other columns fold, and the least useful ones go when the terminal is narrow.
         widest = max(len(row["ref"]) for row in result)
+        if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
+            console.print(f"captures in {store.root}", soft_wrap=True, highlight=False)
+            for row in result:
+                console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
+                              f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
+            return
         columns = ["aliases", "module class", "payload", "created"]
         while columns and widest + 12 * len(columns) > console.width:
             columns.pop()
