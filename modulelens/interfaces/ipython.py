@@ -195,13 +195,16 @@ class ModulelensMagics(Magics):
     @argument("--dtype", default=None, help="Cast floating weights and inputs.")
     @argument("--rtol", type=float, default=None, help="Relative tolerance (default: bit-exact if nothing changed).")
     @argument("--atol", type=float, default=None, help="Absolute tolerance.")
+    @argument("--current-weights", action="store_true",
+              help="Run the module with its current weights (your edits) instead of each call's recorded ones.")
     @line_magic
     def ml_replay(self, line: str) -> Any:
         """Replay every recorded call and compare with the recorded outputs (a ReplayReport)."""
         args = parse_argstring(self.ml_replay, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
         try:
-            return capture.replay(rtol=args.rtol, atol=args.atol)
+            return capture.replay(rtol=args.rtol, atol=args.atol,
+                                  weights="current" if args.current_weights else "recorded")
         except ModulelensError as error:
             raise UsageError(str(error)) from None
 

@@ -11,7 +11,7 @@ import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -25,6 +25,9 @@ from modulelens.repo.local import Repo
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
 from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
+
+if TYPE_CHECKING:
+    from modulelens.restore.replay import ReplayReport
 
 
 @dataclass
@@ -376,11 +379,12 @@ class Capture:
             owner.set_extra_state(decode_value(value, ctx))
         self._current_state = (index, _state_versions(module))
 
-    def use_state(self, index: int) -> torch.nn.Module:
+    def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
-        module holds exactly them already (no other state loaded, nothing changed in place)."""
+        module holds exactly them already (no other state loaded, nothing changed in place).
+        ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
-        if self._current_state != (index, _state_versions(module)):
+        if force or self._current_state != (index, _state_versions(module)):
             self._assign_state(module, index)
         return module
 
@@ -416,16 +420,29 @@ class Capture:
 
     # ---------------------------------------------------------------------------------- replay
 
-    def replay(self, **options: Any) -> Any:
-        """Run the module on every recorded call and compare with the recorded outputs.
+    def replay(
+        self,
+        *,
+        calls: Sequence[int] | None = None,
+        exact: bool | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        module: torch.nn.Module | None = None,
+        weights: str = "recorded",
+        backward: bool = False,
+    ) -> ReplayReport:
+        """Run the module on every recorded call and compare with the recorded outputs; see
+        :func:`modulelens.restore.replay.replay` for the arguments.
 
-        Options: ``calls`` (indices into ``.calls``), ``exact`` (default: bit-exact when device and
-        dtype are unchanged), ``rtol``/``atol`` overrides, ``backward`` (also run backward with the
-        recorded output gradients and compare input and parameter gradients). Returns a
-        :class:`ReplayReport`."""
+        Example::
+
+            report = modulelens.load("ranker/mlp").replay()
+            assert report.passed, report
+        """
         from modulelens.restore.replay import replay
 
-        return replay(self, **options)
+        return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
+                      backward=backward)
 
 
 def _tensor_ids(data: Any) -> list[str]:
