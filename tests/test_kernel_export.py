@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import modulelens
 from modulelens.interfaces.cli import app
-from modulelens.tools.export_kernelbench import export_kernelbench
+from modulelens.kernels.export import export_kernelbench
 
 CANDIDATES = Path(__file__).parent / "kernel_candidates"
 

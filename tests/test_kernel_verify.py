@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 import modulelens
 from modulelens.errors import ModulelensError
 from modulelens.interfaces.cli import app
-from modulelens.tools.export_kernelbench import export_kernelbench
-from modulelens.tools.kernel_static_check import ReferenceInfo, check_source
-from modulelens.tools.kernel_verify import read_candidate, verify_kernel
+from modulelens.kernels.export import export_kernelbench
+from modulelens.kernels.static_check import ReferenceInfo, check_source
+from modulelens.kernels.verify import read_candidate, verify_kernel
 
 CANDIDATES = Path(__file__).parent / "kernel_candidates"
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -225,8 +225,8 @@ def test_static_check_builtin_reference_and_clean_kernels() -> None:
 
 
 def test_timing_summary_speedups_geomean_and_review_flag() -> None:
-    from modulelens.tools._kernel_worker import timing_stats
-    from modulelens.tools.kernel_verify import _timing
+    from modulelens.kernels.verify import _timing
+    from modulelens.tools.timing import timing_stats
 
     stats = timing_stats([1.0, 2.0, 3.0, 4.0], warmup=2)
     assert stats["mean_ms"] == 2.5 and stats["median_ms"] == 2.5 and stats["trials"] == 4 and stats["warmup"] == 2
@@ -250,7 +250,7 @@ def test_timing_summary_speedups_geomean_and_review_flag() -> None:
 def test_random_inputs_keep_shapes_dtypes_and_index_structure() -> None:
     import torch
 
-    from modulelens.tools._kernel_worker import _randomize
+    from modulelens.kernels.worker_reference import _randomize
 
     notes: list[dict[str, str]] = []
     generator = torch.Generator().manual_seed(0)

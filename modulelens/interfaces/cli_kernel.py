@@ -72,7 +72,7 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a KernelBench/KernelAgent problem folder (problem.py, test, manifest, real data)."""
-    from modulelens.tools.export_kernelbench import export_kernelbench
+    from modulelens.kernels.export import export_kernelbench
 
     if format != "kernelbench":
         raise ModulelensError(f"unknown export format {format!r} (available: kernelbench)")
@@ -136,7 +136,7 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
-    from modulelens.tools.kernel_verify import verify_kernel
+    from modulelens.kernels.verify import verify_kernel
 
     report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
                            device=device, calls=_positions(calls),
@@ -256,8 +256,9 @@ def agent_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export the problem, run KernelAgent on it (if installed; extra args after -- go to it), verify and store its kernel."""
-    from modulelens.tools.export_kernelbench import export_kernelbench
-    from modulelens.tools.kernel_verify import _worker_env, verify_kernel
+    from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.process import worker_env
+    from modulelens.kernels.verify import verify_kernel
 
     store = _repo(repo)
     name, version = store.resolve(ref)
@@ -282,7 +283,7 @@ def agent_cmd(
     if result["kernelagent_available"] and run:
         if not as_json:
             err_console.print(f"running KernelAgent on {exported.problem} (this calls an LLM and may take long)…")
-        env = _worker_env("cuda", candidate=False)
+        env = worker_env("cuda", candidate=False)
         try:
             completed = subprocess.run(agent_command, cwd=exported.directory, env=env, stdout=subprocess.PIPE,
                                        stderr=None if not as_json else subprocess.DEVNULL, text=True, timeout=agent_timeout)

@@ -1,21 +1,11 @@
-"""Helpers the tools share: timing loops, the module and inputs to run, JSON-safe numbers.
-
-Timing is measured per iteration so a distribution (median, p10, p90) comes out, not a mean that
-one slow outlier can drag: on CUDA with a pair of CUDA events around each iteration (device time,
-no host sync inside the loop), on the CPU with ``time.perf_counter`` (CPU kernels are synchronous,
-so the wall clock around the call is the kernel time plus Python overhead).
-"""
+"""Helpers the tools share: the module and inputs to run, JSON-safe numbers (timing: :mod:`.timing`)."""
 
 from __future__ import annotations
 
 import copy
 import math
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
@@ -29,102 +19,6 @@ class ToolError(ModulelensError):
     """A tool (profile, verify, diff) cannot do what it was asked (bad option, nothing to run)."""
 
     exit_code = 2
-
-
-@dataclass
-class Timing:
-    """Per-iteration latencies of one timed loop, in milliseconds."""
-
-    samples_ms: list[float] = field(default_factory=list)
-    warmup: int = 0
-    method: str = ""
-
-    @property
-    def iterations(self) -> int:
-        return len(self.samples_ms)
-
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self.samples_ms, q)) if self.samples_ms else math.nan
-
-    @property
-    def median_ms(self) -> float:
-        return self.percentile(50)
-
-    def to_dict(self, samples: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "median_ms": self.median_ms,
-            "p10_ms": self.percentile(10),
-            "p90_ms": self.percentile(90),
-            "mean_ms": float(np.mean(self.samples_ms)) if self.samples_ms else math.nan,
-            "min_ms": min(self.samples_ms, default=math.nan),
-            "max_ms": max(self.samples_ms, default=math.nan),
-            "iterations": self.iterations,
-            "warmup": self.warmup,
-            "method": self.method,
-        }
-        if samples:
-            data["samples_ms"] = list(self.samples_ms)
-        return json_safe(data)
-
-
-def time_iterations(
-    step: Callable[[], Any],
-    device: torch.device,
-    *,
-    warmup: int = 5,
-    iters: int | None = None,
-    target_seconds: float = 1.0,
-    min_iters: int = 10,
-    max_iters: int = 1000,
-    before_each: Callable[[], Any] | None = None,
-) -> Timing:
-    """Time ``step()`` once per iteration after ``warmup`` untimed runs.
-
-    ``iters=None`` picks the count from the warm-up speed so the timed loop lasts about
-    ``target_seconds`` (clamped to ``[min_iters, max_iters]``). ``before_each`` runs before every
-    iteration outside the timed region (e.g. clearing gradients).
-
-    Example::
-
-        timing = time_iterations(lambda: model(x), torch.device("cpu"), warmup=3, iters=50)
-        print(timing.median_ms, timing.percentile(90))
-    """
-    cuda = device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    start = time.perf_counter()
-    for _ in range(max(warmup, 1)):
-        if before_each is not None:
-            before_each()
-        step()
-    sync()
-    per_iter = (time.perf_counter() - start) / max(warmup, 1)
-    if iters is None:
-        iters = int(min(max(target_seconds / max(per_iter, 1e-7), min_iters), max_iters))
-    iters = max(int(iters), 1)
-    timing = Timing(warmup=max(warmup, 1))
-    if cuda:
-        timing.method = "CUDA events around each iteration"
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for begin, end in events:
-            if before_each is not None:
-                before_each()
-            begin.record()
-            step()
-            end.record()
-        sync()
-        timing.samples_ms = [begin.elapsed_time(end) for begin, end in events]
-    else:
-        timing.method = f"time.perf_counter around each iteration ({device.type}, synchronous)"
-        samples = []
-        clock = time.perf_counter
-        for _ in range(iters):
-            if before_each is not None:
-                before_each()
-            t0 = clock()
-            step()
-            samples.append((clock() - t0) * 1e3)
-        timing.samples_ms = samples
-    return timing
 
 
 def run_device(capture: Capture, device: str | torch.device | None = None) -> torch.device:

@@ -29,9 +29,9 @@ from modulelens.tools.common import (
     pristine_state_dict,
     run_device,
     store_report,
-    time_iterations,
     working_module,
 )
+from modulelens.tools.timing import time_iterations
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture

@@ -1,7 +1,7 @@
 """Text templates of the exported KernelBench problem (``problem.py``) and KernelAgent test.
 
 Placeholders are ``@@NAME@@`` (no ``str.format``, so the Python braces stay as they are); the
-exporter fills them in :mod:`modulelens.tools.export_kernelbench`. The generated files must stay
+exporter fills them in :mod:`modulelens.kernels.export`. The generated files must stay
 self-contained: torch and the standard library only, data read by absolute path (overridable with
 ``$MODULELENS_PROBLEM_DATA``), no pickle.
 """
