@@ -68,6 +68,8 @@ def export_cmd(
                                         help="Exec problem.py as KernelBench does; compare with the recorded outputs.")] = True,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Put Model in eval or training mode (default: as recorded).")] = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -77,7 +79,8 @@ def export_cmd(
     if format != "kernelbench":
         raise ModulelensError(f"unknown export format {format!r} (available: kernelbench)")
     result = export_kernelbench(ref, output, repo=_repo(repo), calls=_positions(calls), max_calls=max_calls,
-                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol)
+                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
+                                mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
     emit("export", as_json, result.to_dict(), _render_export)
 
 
@@ -131,6 +134,8 @@ def verify_cmd(
     trials: Annotated[int, typer.Option("--trials", help="Timed trials per sample (CUDA).")] = 100,
     entry: Annotated[str, typer.Option("--entry", help="auto, ModelNew or kernel_function.")] = "auto",
     allow: Annotated[list[str] | None, typer.Option("--allow", help="Static-check rule to downgrade to a warning; repeatable.")] = None,
+    allow_torch_ops: Annotated[bool, typer.Option("--allow-torch-ops",
+                                                  help="Accept heavy ops (matmul/conv/attention) run through PyTorch.")] = False,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture version.")] = True,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
@@ -141,7 +146,8 @@ def verify_cmd(
     report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
                            device=device, calls=_positions(calls),
                            max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
-                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), store=store)
+                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,
+                           store=store)
     emit("kernel verify", as_json, report.to_dict(), render_kernel_report)
     if not report.passed:
         raise typer.Exit(1)

@@ -146,8 +146,8 @@ def export_kernelbench(
     if training:
         rng_ops = _rng_ops(capture, positions[0], binding)
         if rng_ops:
-            reasons.append(f"Model runs in training mode and uses random ops ({', '.join(rng_ops)}): its outputs change "
-                           "from run to run, so KernelBench's correctness check fails even for the reference "
+            reasons.append(f"Model runs in training mode and uses random ops ({', '.join(rng_ops)}): dropout or other "
+                           "RNG changes its outputs from run to run, so KernelBench's correctness check fails even for the reference "
                            "(export with --eval to compare deterministic outputs)")
     data_dir = directory / "data"
     _write_data(data_dir, data, model.renderer, capture.ref)
