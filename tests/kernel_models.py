@@ -108,3 +108,10 @@ def capture_dropout(repo: str, *, training: bool, name: str) -> None:
     with modulelens.capture(model, targets=["DropMLP"], repo=repo, name=name, max_calls=2), torch.no_grad():
         for _ in range(2):
             model(torch.randn(4, 8))
+
+
+class AlwaysDropMLP(DropMLP):
+    """A wrong rewrite of DropMLP: applies dropout in eval mode too."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(F.gelu(self.fc(x)), self.drop.p, training=True)

@@ -294,3 +294,21 @@ def test_class_defined_in_a_script_exports_from_its_stored_source(tmp_path: Path
     assert m["model"]["source"] == "inlined" and "def _scale" in result.problem.read_text()
     assert m["self_check"]["reproduces_recorded_outputs"] is True, m["self_check"]
     assert kernelbench_correctness(result.problem.read_text()) == 3
+
+
+def test_tools_verify_eval_mode_compares_with_the_reference_in_eval(tmp_path: Path) -> None:
+    repo = str(tmp_path / "repo")
+    capture_dropout(repo, training=True, name="drop")
+    runner = CliRunner()
+    base = ["verify", "drop", "--repo", repo, "--no-timing", "--no-store", "--json", "--candidate"]
+    good = runner.invoke(app, [*base, "kernel_models:DropMLP", "--eval"])
+    assert good.exit_code == 0, good.output
+    notes = json.loads(good.stdout)["result"]["notes"]
+    assert any("recorded in training mode and ran in eval mode" in n for n in notes), notes
+    wrong = runner.invoke(app, [*base, "kernel_models:AlwaysDropMLP", "--eval"])
+    assert wrong.exit_code == 1, wrong.output
+    cap = modulelens.load("drop", repo=repo)
+    from modulelens.tools.verify import verify
+
+    with pytest.raises(modulelens.ModulelensError, match="mode must be"):
+        verify(cap, "kernel_models:DropMLP", mode="inference", timing=False, store=False)

@@ -23,6 +23,7 @@ from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import build_candidate, describe_candidate
 from modulelens.tools.common import (
+    ToolError,
     has_buffers,
     json_safe,
     load_pristine_state,
@@ -252,6 +253,7 @@ def verify(
     iters: int = 20,
     warmup: int = 3,
     store: bool = True,
+    mode: str = "recorded",
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
@@ -260,6 +262,9 @@ def verify(
     ``load_state`` (default: yes, unless the candidate was built by ``from_original``) loads the
     recorded state dict strictly. ``timing`` times reference and candidate (``iters`` iterations
     each) on the same inputs. Runs on the capture's device and dtype (``load(..., device=...)``).
+    ``mode`` ``"eval"``/``"train"`` runs every call in that mode instead of the recorded one; a call
+    recorded in the other mode is then compared with the original module run in that mode on the
+    same inputs (the recorded output came from the other mode).
     With ``store`` the report is kept with the capture's version.
 
     Example::
@@ -269,6 +274,8 @@ def verify(
         assert report.passed, "\\n".join(report.failures)
         print(f"{report.speedup:.2f}x faster")
     """
+    if mode not in ("recorded", "eval", "train"):
+        raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type
@@ -308,8 +315,13 @@ def verify(
             if dtype is not None:
                 module.to(dtype)
             current_state = call.state_index
+        training = call.training if mode == "recorded" else mode == "train"
+        if training != call.training:
+            report.notes.append(f"call {call.index} was recorded in {'training' if call.training else 'eval'} mode "
+                                f"and ran in {mode} mode: compared with the original module run in {mode} mode")
         note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
-                         references if timing else None, iters, warmup)
+                         references if timing else None, iters, warmup, training=training,
+                         expected_from=references if training != call.training else None)
         if note:
             report.notes.append(note)
     if cross_device:
@@ -323,29 +335,39 @@ def verify(
 def _run_call(
     module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
-    references: _References | None, iters: int, warmup: int,
+    references: _References | None, iters: int, warmup: int, *, training: bool,
+    expected_from: _References | None = None,
 ) -> str | None:
-    """Run, compare and time one call; returns a note if timing failed."""
+    """Run, compare and time one call in ``training`` mode; returns a note if timing failed.
+
+    ``expected_from`` (when the mode is not the recorded one) supplies the original module, whose
+    run on the same inputs is the expected output instead of the recorded one."""
     before = call.fresh_inputs(device, dtype)
     args, kwargs = call.fresh_inputs(device, dtype)
-    module.train(call.training)
+    want = call.output
+    if expected_from is not None:
+        reference = expected_from.get(call.state_index, training)
+        reference.train(training)
+        with call_context(call, device), torch.no_grad():
+            want = reference(*call.fresh_inputs(device, dtype)[0], **call.fresh_inputs(device, dtype)[1])
+    module.train(training)
     try:
         with call_context(call, device):
             output = module(*args, **kwargs)
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
-    result.leaves = compare(call.output, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
+    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
     result.mutated_inputs = _mutations(before, (args, kwargs))
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
-    result.mean_abs_error, result.mean_rel_error = error_means(call.output, output)
+    result.mean_abs_error, result.mean_rel_error = error_means(want, output)
     result.passed = all(leaf.passed for leaf in result.leaves) and not result.mutated_inputs
     del output
     if references is None or iters <= 0:
         return None
-    reference = references.get(call.state_index, call.training)
-    reference.train(call.training)
+    reference = references.get(call.state_index, training)
+    reference.train(training)
     ref_args, ref_kwargs = call.fresh_inputs(device, dtype)
     try:
         with call_context(call, device):
