@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import UsageError
 from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, app, command
 from modulelens.interfaces.output import console, emit, err_console
 
@@ -43,7 +43,7 @@ def _positions(calls: str | None) -> list[int] | None:
     try:
         return [int(part) for part in calls.split(",") if part.strip()]
     except ValueError:
-        raise ModulelensError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
+        raise UsageError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
 
 
 CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]
@@ -68,16 +68,19 @@ def export_cmd(
                                         help="Exec problem.py as KernelBench does; compare with the recorded outputs.")] = True,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Put Model in eval or training mode (default: as recorded).")] = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a KernelBench/KernelAgent problem folder (problem.py, test, manifest, real data)."""
-    from modulelens.tools.export_kernelbench import export_kernelbench
+    from modulelens.kernels.export import export_kernelbench
 
     if format != "kernelbench":
-        raise ModulelensError(f"unknown export format {format!r} (available: kernelbench)")
+        raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
     result = export_kernelbench(ref, output, repo=_repo(repo), calls=_positions(calls), max_calls=max_calls,
-                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol)
+                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
+                                mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
     emit("export", as_json, result.to_dict(), _render_export)
 
 
@@ -131,17 +134,20 @@ def verify_cmd(
     trials: Annotated[int, typer.Option("--trials", help="Timed trials per sample (CUDA).")] = 100,
     entry: Annotated[str, typer.Option("--entry", help="auto, ModelNew or kernel_function.")] = "auto",
     allow: Annotated[list[str] | None, typer.Option("--allow", help="Static-check rule to downgrade to a warning; repeatable.")] = None,
+    allow_torch_ops: Annotated[bool, typer.Option("--allow-torch-ops",
+                                                  help="Accept heavy ops (matmul/conv/attention) run through PyTorch.")] = False,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture version.")] = True,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
-    from modulelens.tools.kernel_verify import verify_kernel
+    from modulelens.kernels.verify import verify_kernel
 
     report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
                            device=device, calls=_positions(calls),
                            max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
-                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), store=store)
+                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,
+                           store=store)
     emit("kernel verify", as_json, report.to_dict(), render_kernel_report)
     if not report.passed:
         raise typer.Exit(1)
@@ -256,8 +262,9 @@ def agent_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export the problem, run KernelAgent on it (if installed; extra args after -- go to it), verify and store its kernel."""
-    from modulelens.tools.export_kernelbench import export_kernelbench
-    from modulelens.tools.kernel_verify import _worker_env, verify_kernel
+    from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.process import worker_env
+    from modulelens.kernels.verify import verify_kernel
 
     store = _repo(repo)
     name, version = store.resolve(ref)
@@ -282,7 +289,7 @@ def agent_cmd(
     if result["kernelagent_available"] and run:
         if not as_json:
             err_console.print(f"running KernelAgent on {exported.problem} (this calls an LLM and may take long)…")
-        env = _worker_env("cuda", candidate=False)
+        env = worker_env("cuda", candidate=False)
         try:
             completed = subprocess.run(agent_command, cwd=exported.directory, env=env, stdout=subprocess.PIPE,
                                        stderr=None if not as_json else subprocess.DEVNULL, text=True, timeout=agent_timeout)

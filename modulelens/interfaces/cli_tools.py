@@ -143,6 +143,8 @@ def verify_cmd(
     atol: Annotated[float | None, typer.Option(help="Absolute tolerance (default: per dtype).")] = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Run every call in eval or training mode (default: as recorded).")] = None,
     store: StoreOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -151,7 +153,9 @@ def verify_cmd(
     from modulelens.tools.verify import verify
 
     capture = _load(ref, repo, device, dtype)
-    report = verify(capture, candidate, rtol=rtol, atol=atol, timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store)
+    report = verify(capture, candidate, rtol=rtol, atol=atol,
+                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
+                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
 
     def render(r: dict[str, Any]) -> None:
         style = "green" if r["passed"] else "red"

@@ -7,7 +7,7 @@ Tools (results are structured JSON, the same data as the CLI's ``--json`` ``resu
     replay_capture(ref, device?, dtype?, rtol?, atol?)  replay report (a mismatch is a result, not an error)
     profile_capture(ref, device?, options?)             modulelens.tools.profile
     verify_candidate(ref, candidate, device?)           modulelens.tools.verify
-    export_kernel_problem(ref, output_dir, options?)    modulelens.tools.export_kernelbench
+    export_kernel_problem(ref, output_dir, options?)    modulelens.kernels.export
 
 User-caused failures (unknown capture, bad candidate path, a tool not installed) come back as MCP
 tool errors with a one-line message. The protocol owns stdout: the SDK points file descriptor 1 at
@@ -183,7 +183,7 @@ def build_server(repo: str | None = None) -> MCPServer:
     ) -> dict[str, Any]:
         """Export the capture as a self-contained kernel problem (reference module, inputs, checker)."""
         try:
-            export_kernelbench = importlib.import_module("modulelens.tools.export_kernelbench")
+            export_kernelbench = importlib.import_module("modulelens.kernels.export")
         except ModuleNotFoundError as error:
             if not (error.name or "").startswith("modulelens"):
                 raise ToolError(f"kernel export needs a package that is missing: {error}") from None

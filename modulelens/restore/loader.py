@@ -192,6 +192,70 @@ class Capture:
     def environment(self) -> dict[str, Any]:
         return self.metadata.get("environment", {})
 
+    @property
+    def module_type(self) -> type:
+        """The captured module's class, resolved as :attr:`module` resolves it (an import, else the
+        source stored with the capture).
+
+        Raises:
+            RestoreError: the class cannot be imported and the capture holds no usable source for it.
+
+        Example::
+
+            cls = cap.module_type          # e.g. <class 'model.TopMLP'>
+        """
+        cls = self._import_class(self.module_class)
+        if not isinstance(cls, type):
+            raise RestoreError(f"{self.ref}: {self.module_class} is not a class")
+        return cls
+
+    @property
+    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """The recorded constructor arguments ``(args, kwargs)``, decoded (tensors memory-mapped,
+        nested modules rebuilt), or ``None`` when the capture has no constructor record.
+
+        Raises:
+            RestoreError: an argument cannot be decoded here.
+
+        Example::
+
+            args, kwargs = cap.init_arguments   # ((64, 128), {"bias": True})
+        """
+        mid = self.metadata["module"].get("construction")
+        if mid is None:
+            return None
+        entry = self.metadata["constructions"][mid]
+        ctx = self._decode_context()
+        try:
+            return (tuple(decode_value(a, ctx) for a in entry["args"]),
+                    {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()})
+        except (UnsupportedValueError, ImportError, AttributeError) as error:
+            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
+
+    def stored_source(self, module_name: str) -> str | None:
+        """The source text of ``module_name`` stored with the capture (see
+        :mod:`modulelens.restore.source`), or ``None`` when none was stored.
+
+        Example::
+
+            text = cap.stored_source("__main__")
+        """
+        entry = self.metadata.get("sources", {}).get(module_name)
+        return entry.get("text") if isinstance(entry, dict) else None
+
+    def payload_of(self, tensor: torch.Tensor) -> str | None:
+        """The payload hash of a tensor this capture returned (from :meth:`tensor`, a call's inputs or
+        outputs, a state), found by identity; ``None`` for any other tensor.
+
+        Example::
+
+            cap.payload_of(cap.calls[0].args[0])   # "blake3:..."
+        """
+        for tid, known in self._tensors.items():
+            if known is tensor:
+                return self.metadata["tensors"][tid].get("payload")
+        return None
+
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")

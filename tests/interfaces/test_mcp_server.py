@@ -20,7 +20,7 @@ from modulelens.restore.loader import Capture  # noqa: E402
 
 TOOLS = {"list_captures", "show_capture", "replay_capture", "profile_capture", "verify_candidate",
          "export_kernel_problem"}
-HAS_EXPORT = importlib.util.find_spec("modulelens.tools.export_kernelbench") is not None \
+HAS_EXPORT = importlib.util.find_spec("modulelens.kernels.export") is not None \
     if importlib.util.find_spec("modulelens.tools") else False
 
 
