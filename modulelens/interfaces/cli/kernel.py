@@ -1,6 +1,6 @@
 """Kernel commands: ``modulelens export --format kernelbench`` and ``modulelens kernel verify|agent``.
 
-Registered on the main typer app by one import line at the bottom of :mod:`modulelens.interfaces.cli`.
+``app`` holds the top-level ``export``; ``kernel_app`` is the ``kernel`` group (both assembled by ``app.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,13 @@ import typer
 from rich.table import Table
 
 from modulelens.errors import UsageError
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, app, command
+from modulelens.format.human import human_number as _num
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, err_console
+from modulelens.interfaces.session import open_repo as _repo
+
+app = typer.Typer()
 
 kernel_app = typer.Typer(
     name="kernel",
@@ -27,14 +32,13 @@ kernel_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(kernel_app, name="kernel")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
     """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
-    return command(name, group=kernel_app, json_name=f"kernel {name}", **settings)
+    return command(kernel_app, name, json_name=f"kernel {name}", **settings)
 
 
 def _positions(calls: str | None) -> list[int] | None:
@@ -55,7 +59,7 @@ AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute toleranc
 # ------------------------------------------------------------------------------------- export
 
 
-@command("export")
+@command(app, "export")
 def export_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Problem folder to write.")],
@@ -208,14 +212,6 @@ def render_kernel_report(d: dict[str, Any]) -> None:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if d.get("report_path"):
         console.print(f"report stored: {d['report_path']}", highlight=False)
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return f"{value:.3g}"
 
 
 # ------------------------------------------------------------------------------------- agent
