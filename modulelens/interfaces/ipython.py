@@ -101,14 +101,9 @@ def _split_as(line: str) -> tuple[str, str | None]:
     return shlex.join(tokens), var
 
 
-def _positions(text: str | None, option: str) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{option} takes integers separated by commas (0,2 or 1,8,64), not {text!r}") from None
-    return values or None
+def _int_list(text: str | None, option: str) -> list[int] | None:
+    with _one_line():
+        return session.parse_int_list(text, option, positive=option == "--batch-sizes")
 
 
 @magics_class
@@ -220,7 +215,7 @@ class ModulelensMagics(Magics):
 
         args = parse_argstring(self.ml_profile, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
-        sizes = _positions(args.batch_sizes, "--batch-sizes")
+        sizes = _int_list(args.batch_sizes, "--batch-sizes")
         with tempfile.TemporaryDirectory(prefix="modulelens-plot-") as folder, _one_line():
             plot = Path(folder) / "sweep.png" if sizes else None
             report = profile(capture, call=args.call, backward=args.backward,
@@ -296,7 +291,7 @@ class ModulelensMagics(Magics):
         args = parse_argstring(self.ml_export, line)
         capture = self._capture(args.ref, args.repo)
         with _one_line():
-            result = export_kernelbench(capture, args.output, calls=_positions(args.calls, "--calls"),
+            result = export_kernelbench(capture, args.output, calls=_int_list(args.calls, "--calls"),
                                         overwrite=args.force, check=not args.no_check)
         return ResultView(_ExportView(result), export_html)
 

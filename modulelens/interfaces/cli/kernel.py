@@ -18,6 +18,7 @@ from rich.table import Table
 
 from modulelens.errors import UsageError
 from modulelens.format.human import human_number as _num
+from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, err_console
@@ -39,15 +40,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
     """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
     return command(kernel_app, name, json_name=f"kernel {name}", **settings)
-
-
-def _positions(calls: str | None) -> list[int] | None:
-    if not calls:
-        return None
-    try:
-        return [int(part) for part in calls.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
 
 
 CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]
@@ -82,7 +74,7 @@ def export_cmd(
 
     if format != "kernelbench":
         raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
-    result = export_kernelbench(ref, output, repo=_repo(repo), calls=_positions(calls), max_calls=max_calls,
+    result = export_kernelbench(ref, output, repo=_repo(repo), calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
                                 inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
                                 mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
     emit("export", as_json, result.to_dict(), _render_export)
@@ -121,7 +113,7 @@ def _render_export(result: dict[str, Any]) -> None:
 
 
 @kernel_command("verify")
-def verify_cmd(
+def kernel_verify_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     candidate: Annotated[Path, typer.Option("--candidate", "-c", help="ModelNew/kernel_function .py file, or KernelAgent's result JSON.")],
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the candidate's process is killed.")] = 300.0,
@@ -148,7 +140,7 @@ def verify_cmd(
     from modulelens.kernels.verify import verify_kernel
 
     report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
-                           device=device, calls=_positions(calls),
+                           device=device, calls=session.parse_int_list(calls, "--calls"),
                            max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
                            warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,
                            store=store)
@@ -265,7 +257,7 @@ def agent_cmd(
     store = _repo(repo)
     name, version = store.resolve(ref)
     directory = output or Path("kernel-problems") / f"{name.replace('/', '__')}-v{version}"
-    exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=_positions(calls),
+    exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=session.parse_int_list(calls, "--calls"),
                                   overwrite=force or (directory / "manifest.json").exists())
     manifest = exported.manifest
     extra = [a for a in ctx.args if a != "--"]

@@ -7,7 +7,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from modulelens.errors import UsageError
 from modulelens.format.human import human_bytes
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
@@ -16,18 +15,6 @@ from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, Jso
 from modulelens.interfaces.output import console, emit
 
 app = typer.Typer()
-
-
-def _batch_sizes(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        sizes = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise UsageError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,64") from None
-    if not sizes or min(sizes) < 1:
-        raise UsageError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,64")
-    return sizes
 
 
 # ------------------------------------------------------------------------------------- profile
@@ -59,8 +46,9 @@ def profile_cmd(
     from modulelens.tools.timing import TimingConfig
 
     capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    sizes = session.parse_int_list(batch_sizes, "--batch-sizes", positive=True)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
-                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=_batch_sizes(batch_sizes), plot=plot, trace=trace,
+                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
                      top=top, store=store)
 
     def render(r: dict[str, Any]) -> None:
