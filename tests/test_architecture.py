@@ -30,7 +30,7 @@ LAYERS = {
 }
 SIDE_BY_SIDE = {frozenset({"modulelens.tracing", "modulelens.restore"})}
 
-# Upward imports not yet removed: each entry is a debt with its owner; the list only shrinks.
+# Upward imports not yet removed: each entry is a debt; the list only shrinks (it is empty now).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 

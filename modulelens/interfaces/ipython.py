@@ -101,14 +101,9 @@ def _split_as(line: str) -> tuple[str, str | None]:
     return shlex.join(tokens), var
 
 
-def _positions(text: str | None, option: str) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{option} takes integers separated by commas (0,2 or 1,8,64), not {text!r}") from None
-    return values or None
+def _int_list(text: str | None, option: str) -> list[int] | None:
+    with _one_line():
+        return session.parse_int_list(text, option, positive=option == "--batch-sizes")
 
 
 @magics_class
@@ -189,13 +184,16 @@ class ModulelensMagics(Magics):
     @argument("--dtype", default=None, help="Cast floating weights and inputs.")
     @argument("--rtol", type=float, default=None, help="Relative tolerance (default: bit-exact if nothing changed).")
     @argument("--atol", type=float, default=None, help="Absolute tolerance.")
+    @argument("--current-weights", action="store_true",
+              help="Run the module with its current weights (your edits) instead of each call's recorded ones.")
     @line_magic
     def ml_replay(self, line: str) -> Any:
         """Replay every recorded call and compare with the recorded outputs (a ReplayReport)."""
         args = parse_argstring(self.ml_replay, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
         with _one_line():
-            return capture.replay(rtol=args.rtol, atol=args.atol)
+            return capture.replay(rtol=args.rtol, atol=args.atol,
+                                  weights="current" if args.current_weights else "recorded")
 
     @magic_arguments()
     @argument("ref", help="NAME[:vN|:alias] or a variable holding a loaded capture.")
@@ -217,12 +215,12 @@ class ModulelensMagics(Magics):
 
         args = parse_argstring(self.ml_profile, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
-        sizes = _positions(args.batch_sizes, "--batch-sizes")
+        sizes = _int_list(args.batch_sizes, "--batch-sizes")
         with tempfile.TemporaryDirectory(prefix="modulelens-plot-") as folder, _one_line():
             plot = Path(folder) / "sweep.png" if sizes else None
             report = profile(capture, call=args.call, backward=args.backward,
-                             timing=TimingConfig(warmup=args.warmup, iters=args.iters), batch_sizes=sizes, plot=plot,
-                             store=args.store)
+                             timing=TimingConfig(warmup=args.warmup, iters=args.iters),
+                             batch_sizes=sizes, plot=plot, store=args.store)
             png = plot.read_bytes() if plot is not None and plot.exists() else None
         report.plot = None  # the temporary file is gone; the PNG is embedded in the HTML
         return ResultView(report, lambda d: profile_html(d, png))
@@ -252,7 +250,8 @@ class ModulelensMagics(Magics):
             candidate = self.shell.user_ns[candidate]
         with _one_line():
             report = verify(capture, candidate, rtol=args.rtol, atol=args.atol,
-                            timing=None if args.no_timing else TimingConfig(warmup=3), store=args.store)
+                            timing=None if args.no_timing else TimingConfig(warmup=3, iters=20),
+                            store=args.store)
         return ResultView(report, verify_html)
 
     @magic_arguments()
@@ -287,12 +286,12 @@ class ModulelensMagics(Magics):
     def ml_export(self, line: str) -> ResultView:
         """Write a KernelBench/KernelAgent problem folder for the capture."""
         from modulelens.interfaces.html import export_html
-        from modulelens.tools.export_kernelbench import export_kernelbench
+        from modulelens.kernels.export import export_kernelbench
 
         args = parse_argstring(self.ml_export, line)
         capture = self._capture(args.ref, args.repo)
         with _one_line():
-            result = export_kernelbench(capture, args.output, calls=_positions(args.calls, "--calls"),
+            result = export_kernelbench(capture, args.output, calls=_int_list(args.calls, "--calls"),
                                         overwrite=args.force, check=not args.no_check)
         return ResultView(_ExportView(result), export_html)
 

@@ -268,7 +268,7 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
         random inputs in worker processes with a timeout; ``passed`` false is a result."""
-        from modulelens.tools.kernel_verify import verify_kernel as run_verify_kernel
+        from modulelens.kernels.verify import verify_kernel as run_verify_kernel
 
         _check_candidate_path(candidate)
         store_repo = session.open_repo(repo)
@@ -291,7 +291,7 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         atol: AtolArg = None,
     ) -> dict[str, Any]:
         """Export the capture as a self-contained KernelBench/KernelAgent problem (reference module, inputs, checker)."""
-        from modulelens.tools.export_kernelbench import export_kernelbench
+        from modulelens.kernels.export import export_kernelbench
 
         capture = session.load_capture(ref, repo)
         return _result(export_kernelbench(capture, output_dir, calls=calls, max_calls=max_calls, inline=inline,

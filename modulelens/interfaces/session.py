@@ -87,6 +87,23 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
         raise UsageError(f"unknown dtype {name!r} (one of: {', '.join(dtype_names())})") from None
 
 
+def parse_int_list(text: str | None, option: str, *, positive: bool = False) -> list[int] | None:
+    """``"0,2,3"`` -> ``[0, 2, 3]`` (``None`` for an empty value), for ``--calls``/``--batch-sizes``.
+
+    Raises:
+        UsageError: a part is not an integer, or (``positive``) not >= 1.
+    """
+    if not text:
+        return None
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"{option} takes integers separated by commas (0,2 or 1,8,64), not {text!r}") from None
+    if positive and values and min(values) < 1:
+        raise UsageError(f"{option} takes positive integers separated by commas (1,8,64), not {text!r}")
+    return values or None
+
+
 def check_device(device: str | None) -> str | None:
     """``device`` when this machine has it.
 

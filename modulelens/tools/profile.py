@@ -38,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from modulelens.errors import MissingDependencyError, ToolError
 from modulelens.format.human import human_number
 from modulelens.restore.replay import call_context
+from modulelens.restore.synthesize import random_like
 from modulelens.tools.reports import environment_facts, json_safe, store_report
 from modulelens.tools.timing import Timing, TimingConfig, time_iterations
 from modulelens.tools.working_copy import has_buffers, run_device, working_module
@@ -344,23 +345,14 @@ def synthetic_inputs(
     if recorded is None:
         raise ToolError("--batch-sizes: the call has no input tensor with a batch dimension")
 
+    # without a generator, seed one from torch's global RNG (as torch.randn would use it)
+    draw = generator if generator is not None else torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+
     def resize(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != recorded:
             return value
-        shape = (batch_size, *value.shape[1:])
-        source = value.detach()
-        if source.dtype == torch.bool:
-            return torch.randint(0, 2, shape, generator=generator).to(device=source.device, dtype=torch.bool)
-        if source.is_floating_point() or source.is_complex():
-            stats = source.to(torch.float64) if not source.is_complex() else source.abs().to(torch.float64)
-            mean = float(stats.mean()) if stats.numel() else 0.0
-            std = float(stats.std()) if stats.numel() > 1 else 1.0
-            noise = torch.randn(shape, generator=generator, dtype=torch.float64)
-            return (noise * (std if std > 0 else 1.0) + mean).to(device=source.device, dtype=source.dtype)
-        low = int(source.min()) if source.numel() else 0
-        high = int(source.max()) if source.numel() else 0
-        return torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64).to(
-            device=source.device, dtype=source.dtype)
+        tensor, _ = random_like(value, draw, shape=(batch_size, *value.shape[1:]))
+        return tensor.to(value.device)
 
     new_args, new_kwargs = pytree.tree_map(resize, (tuple(args), dict(kwargs)))
     return tuple(new_args), dict(new_kwargs)

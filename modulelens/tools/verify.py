@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.errors import ToolError
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import build_candidate, describe_candidate
@@ -245,6 +246,7 @@ def verify(
     load_state: bool | None = None,
     timing: TimingConfig | None = _TIMING,
     store: bool = True,
+    mode: str = "recorded",
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
@@ -267,6 +269,9 @@ def verify(
 
     Raises:
         CandidateError: the candidate cannot be found, imported or built.
+        mode: ``"recorded"`` runs each call in its recorded mode; ``"eval"``/``"train"`` runs every
+            call in that mode instead, and a call recorded in the other mode is then compared with
+            the original module run in that mode on the same inputs.
 
     Example::
 
@@ -275,6 +280,8 @@ def verify(
         assert report.passed, "\\n".join(report.failures)
         print(f"{report.speedup:.2f}x faster")
     """
+    if mode not in ("recorded", "eval", "train"):
+        raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type
@@ -289,7 +296,7 @@ def verify(
     if not selected:
         report.error = f"{capture.ref} has no recorded calls to verify against"
     current_state: int | None = None if load_state or built_with == "from_original" else first_state
-    references = _References(capture, device, dtype) if timing is not None else None
+    references = _References(capture, device, dtype)
     for position in selected:
         if report.error:
             break
@@ -309,7 +316,13 @@ def verify(
             if dtype is not None:
                 module.to(dtype)
             current_state = call.state_index
-        note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device, references, timing)
+        training = call.training if mode == "recorded" else mode == "train"
+        if training != call.training:
+            report.notes.append(f"call {call.index} was recorded in {'training' if call.training else 'eval'} mode "
+                                f"and ran in {mode} mode: compared with the original module run in {mode} mode")
+        note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
+                         references if timing is not None else None, timing, training=training,
+                         expected_from=references if training != call.training else None)
         if note:
             report.notes.append(note)
     if cross_device:
@@ -334,29 +347,39 @@ def _load_recorded_state(module: torch.nn.Module, capture: Capture, state_index:
 def _run_call(
     module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
-    references: _References | None, timing: TimingConfig | None,
+    references: _References | None, timing: TimingConfig | None, *, training: bool,
+    expected_from: _References | None = None,
 ) -> str | None:
-    """Run, compare and time one call; returns a note if timing failed."""
+    """Run, compare and time one call in ``training`` mode; returns a note if timing failed.
+
+    ``expected_from`` (when the mode is not the recorded one) supplies the original module, whose
+    run on the same inputs is the expected output instead of the recorded one."""
     before = call.fresh_inputs(device, dtype)
     args, kwargs = call.fresh_inputs(device, dtype)
-    module.train(call.training)
+    want = call.output
+    if expected_from is not None:
+        reference = expected_from.get(call.state_index, training)
+        reference.train(training)
+        with call_context(call, device), torch.no_grad():
+            want = reference(*call.fresh_inputs(device, dtype)[0], **call.fresh_inputs(device, dtype)[1])
+    module.train(training)
     try:
         with call_context(call, device):
             output = module(*args, **kwargs)
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
-    result.leaves = compare(call.output, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
+    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
     result.mutated_inputs = _mutations(before, (args, kwargs))
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
-    result.mean_abs_error, result.mean_rel_error = error_means(call.output, output)
+    result.mean_abs_error, result.mean_rel_error = error_means(want, output)
     result.passed = all(leaf.passed for leaf in result.leaves) and not result.mutated_inputs
     del output
     if references is None or timing is None:
         return None
-    reference = references.get(call.state_index, call.training)
-    reference.train(call.training)
+    reference = references.get(call.state_index, training)
+    reference.train(training)
     ref_args, ref_kwargs = call.fresh_inputs(device, dtype)
     try:
         with call_context(call, device):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
-import agents_support as support
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agents_support as support
 
 from modulelens.interfaces.html import FAIL_COLOR, PASS_COLOR, esc, result_html
 from modulelens.restore.loader import Capture, load
@@ -84,14 +87,19 @@ def test_replay_pass_then_fail_after_edit(ip: Any, repo: Path) -> None:
     assert report.passed
     html = html_of(ip, report)
     assert PASS_COLOR in html and "PASS" in html and "toy/gate:v1" in html
-    # a variable holding a capture is replayed as is, edits included
+    # edits to the module's weights: replay uses the recorded weights unless asked for the current ones
     ip.run_line_magic("ml_load", f"toy/gate --repo {repo}")
     ip.run_cell("module.down.bias.data += 1")
-    report = ip.run_line_magic("ml_replay", "capture")
-    assert not report.passed
+    report = ip.run_line_magic("ml_replay", "capture --current-weights")
+    assert not report.passed and report.weights == "current"
     html = html_of(ip, report)
     assert FAIL_COLOR in html and "FAIL" in html
-    assert "replay toy/gate:v1" in repr(report)
+    assert "replay toy/gate:v1 on cpu (bit-exact, the module's current weights): FAIL" in repr(report)
+    ip.run_cell("module.down.weight.mul_(2)")
+    report = ip.run_line_magic("ml_replay", "capture --current-weights")
+    assert not report.passed
+    report = ip.run_line_magic("ml_replay", "capture")
+    assert report.passed and "(bit-exact, recorded weights): PASS" in repr(report)
 
 
 def test_errors_are_one_line_usage_errors(ip: Any, repo: Path) -> None:

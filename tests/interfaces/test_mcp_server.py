@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import agents_support as support
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agents_support as support
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402

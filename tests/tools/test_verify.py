@@ -166,3 +166,18 @@ def test_bare_file_spec_picks_the_only_module_class(cap: modulelens.Capture, tmp
     assert report.passed and report.candidate == str(single)
     with pytest.raises(modulelens.ModulelensError, match=r"classes defined there: .*FusedMLP"):
         modulelens.verify(cap, str(CANDIDATES), timing=None, store=False)
+
+
+def test_assert_matches_gives_each_call_its_recorded_weights(tmp_path: Path) -> None:
+    """Weights changed between the recorded calls: a correct module passes, and is left untouched."""
+    torch.manual_seed(0)
+    cap = modulelens.load(tm.capture_training(tmp_path, "train"), repo=tmp_path)
+    module = cap.module
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    report = assert_matches(module, cap)
+    assert report.passed and any("each call ran on a copy of the module" in n for n in report.notes)
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+    renamed = tm.RenamedMLP(8, 16)
+    with pytest.raises(MatchError, match="the weights changed between the recorded calls"):
+        assert_matches(renamed, cap)

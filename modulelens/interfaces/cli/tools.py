@@ -7,7 +7,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from modulelens.errors import UsageError
 from modulelens.format.human import human_bytes
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
@@ -16,18 +15,6 @@ from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, Jso
 from modulelens.interfaces.output import console, emit
 
 app = typer.Typer()
-
-
-def _batch_sizes(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        sizes = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise UsageError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,64") from None
-    if not sizes or min(sizes) < 1:
-        raise UsageError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,64")
-    return sizes
 
 
 # ------------------------------------------------------------------------------------- profile
@@ -59,9 +46,10 @@ def profile_cmd(
     from modulelens.tools.timing import TimingConfig
 
     capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    sizes = session.parse_int_list(batch_sizes, "--batch-sizes", positive=True)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
-                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=_batch_sizes(batch_sizes), plot=plot,
-                     trace=trace, top=top, store=store)
+                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
+                     top=top, store=store)
 
     def render(r: dict[str, Any]) -> None:
         lat = r["latency"]
@@ -130,6 +118,8 @@ def verify_cmd(
     atol: AtolOpt = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Run every call in eval or training mode (default: as recorded).")] = None,
     store: StoreOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -139,7 +129,8 @@ def verify_cmd(
 
     capture = session.load_capture(ref, repo, device=device, dtype=dtype)
     report = verify(capture, candidate, rtol=rtol, atol=atol,
-                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store)
+                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
+                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
 
     def render(r: dict[str, Any]) -> None:
         style = "green" if r["passed"] else "red"
