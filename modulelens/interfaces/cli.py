@@ -259,7 +259,7 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command (after `--`) with capture on, no code change: modulelens run -t mlp -- python train.py."""
-    from modulelens.capture.runner import RunConfig, run_command
+    from modulelens.tracing.runner import RunConfig, run_command
 
     command_line = list(ctx.args)
     if command_line and command_line[0] == "--":

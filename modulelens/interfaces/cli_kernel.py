@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import UsageError
 from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, app, command
 from modulelens.interfaces.output import console, emit, err_console
 
@@ -43,7 +43,7 @@ def _positions(calls: str | None) -> list[int] | None:
     try:
         return [int(part) for part in calls.split(",") if part.strip()]
     except ValueError:
-        raise ModulelensError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
+        raise UsageError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
 
 
 CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]
@@ -77,7 +77,7 @@ def export_cmd(
     from modulelens.kernels.export import export_kernelbench
 
     if format != "kernelbench":
-        raise ModulelensError(f"unknown export format {format!r} (available: kernelbench)")
+        raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
     result = export_kernelbench(ref, output, repo=_repo(repo), calls=_positions(calls), max_calls=max_calls,
                                 inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
                                 mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))

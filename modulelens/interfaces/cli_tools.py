@@ -69,10 +69,11 @@ def profile_cmd(
 ) -> None:
     """Latency (median/p10/p90), peak memory, FLOPs, bytes, top ops of a captured module; batch sweeps."""
     from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
 
     capture = _load(ref, repo, device, dtype)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
-                     warmup=warmup, iters=iters, batch_sizes=_batch_sizes(batch_sizes), plot=plot, trace=trace,
+                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=_batch_sizes(batch_sizes), plot=plot, trace=trace,
                      top=top, store=store)
 
     def render(r: dict[str, Any]) -> None:
@@ -148,10 +149,12 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
     capture = _load(ref, repo, device, dtype)
-    report = verify(capture, candidate, rtol=rtol, atol=atol, timing=timing, iters=iters, store=store,
+    report = verify(capture, candidate, rtol=rtol, atol=atol,
+                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
                     mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
 
     def render(r: dict[str, Any]) -> None:

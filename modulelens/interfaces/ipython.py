@@ -195,13 +195,16 @@ class ModulelensMagics(Magics):
     @argument("--dtype", default=None, help="Cast floating weights and inputs.")
     @argument("--rtol", type=float, default=None, help="Relative tolerance (default: bit-exact if nothing changed).")
     @argument("--atol", type=float, default=None, help="Absolute tolerance.")
+    @argument("--current-weights", action="store_true",
+              help="Run the module with its current weights (your edits) instead of each call's recorded ones.")
     @line_magic
     def ml_replay(self, line: str) -> Any:
         """Replay every recorded call and compare with the recorded outputs (a ReplayReport)."""
         args = parse_argstring(self.ml_replay, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
         try:
-            return capture.replay(rtol=args.rtol, atol=args.atol)
+            return capture.replay(rtol=args.rtol, atol=args.atol,
+                                  weights="current" if args.current_weights else "recorded")
         except ModulelensError as error:
             raise UsageError(str(error)) from None
 
@@ -240,18 +243,17 @@ class ModulelensMagics(Magics):
 
 
 def _call_tool(capture: Any, method: str, what: str, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    func = getattr(capture, method, None)
-    if func is None:
-        raise UsageError(NOT_AVAILABLE.format(what=what.capitalize(), detail=f"Capture.{method} is missing",
-                                              module=method))
+    from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
+    from modulelens.tools.verify import verify
+
+    timing = {key: options.pop(key) for key in ("warmup", "iters", "target_seconds") if key in options}
+    if timing:
+        options["timing"] = TimingConfig(**timing)
+    func = {"profile": profile, "verify": verify}[method]
     try:
-        return func(*args, **options)
-    except ModuleNotFoundError as error:
-        if (error.name or "").startswith("modulelens"):
-            raise UsageError(NOT_AVAILABLE.format(what=what.capitalize(), detail=f"no module {error.name}",
-                                                  module=method)) from None
-        raise UsageError(f"{method}: {error}") from None
-    except (ModulelensError, ImportError, TypeError, ValueError) as error:
+        return func(capture, *args, **options)
+    except ModulelensError as error:
         raise UsageError(f"{method}: {error}") from None
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.utils._pytree as pytree
 from safetensors.torch import save_file
 
-from modulelens.errors import ModulelensError, RestoreError, UnsupportedValueError
+from modulelens.errors import KernelError, RestoreError, UnsupportedValueError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.kernels import template as templates
 from modulelens.kernels.inline import ClassSource, class_source
@@ -130,7 +130,7 @@ def export_kernelbench(
         print(result.manifest["kernelbench_compatible"], result.problem)
     """
     if mode not in MODES:
-        raise ModulelensError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        raise UsageError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     capture, store = _open(ref, repo)
     directory = _prepare_directory(Path(out_dir).expanduser().absolute(), overwrite)
     left_out: list[dict[str, Any]] = []
@@ -174,7 +174,7 @@ def _open(ref: str | Capture, repo: Repo | str | None) -> tuple[Capture, Repo]:
 def _prepare_directory(directory: Path, overwrite: bool) -> Path:
     if directory.exists() and any(directory.iterdir()):
         if not overwrite:
-            raise ModulelensError(f"{directory} is not empty (use --force to replace its problem files)")
+            raise UsageError(f"{directory} is not empty (use --force to replace its problem files)")
         for stale in ("problem.py", TEST_FILE, "manifest.json", "data"):
             target = directory / stale
             if target.is_dir():
@@ -218,7 +218,7 @@ def _collect_data(capture: Capture, positions: list[int], binding: CallBinding, 
         try:
             renderer.value(default, f"default of {name}", {})
         except UnsupportedValueError as error:
-            raise ModulelensError(f"cannot export: {error}") from None
+            raise KernelError(f"cannot export: {error}") from None
     _collect_weights(capture, capture.calls[positions[0]].state_index, data)
     for position in positions:
         _collect_call(capture, position, binding, renderer, data)

@@ -15,7 +15,7 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import KernelError
 
 RESERVED = {"Model", "get_inputs", "get_init_inputs", "get_benchmark_config", "DATA_DIR", "_Captured", "_ML_CALLS"}
 _SAFE_REBINDS = {  # names the template uses; the module may bind them only to the same thing
@@ -208,7 +208,7 @@ def _check_reserved(statements: list[ast.stmt], include: set[int], module_name: 
         for name in _bound_names(statement) & (RESERVED | set(_SAFE_REBINDS)):
             if name in _SAFE_REBINDS and _binds_same(statement, name):
                 continue
-            raise ModulelensError(f"{module_name} binds {name!r} at top level, which the problem file reserves; "
+            raise KernelError(f"{module_name} binds {name!r} at top level, which the problem file reserves; "
                                   "export with --no-inline to import the class instead")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import KernelError
 from modulelens.format.values import Unrecorded
 from modulelens.restore.loader import Capture
 
@@ -63,11 +63,11 @@ def select_calls(capture: Capture, calls: Sequence[int] | None = None, max_calls
         select_calls(cap, max_calls=2)   # [0, 1]
     """
     if not capture.calls:
-        raise ModulelensError(f"{capture.ref} has no recorded calls")
+        raise KernelError(f"{capture.ref} has no recorded calls")
     wanted = list(range(len(capture.calls))) if calls is None else list(calls)
     for position in wanted:
         if not 0 <= position < len(capture.calls):
-            raise ModulelensError(f"{capture.ref} has no call at position {position} ({len(capture.calls)} recorded)")
+            raise KernelError(f"{capture.ref} has no call at position {position} ({len(capture.calls)} recorded)")
     chosen: list[int] = []
     for position in wanted:
         call = capture.calls[position]
@@ -77,7 +77,7 @@ def select_calls(capture: Capture, calls: Sequence[int] | None = None, max_calls
         elif left_out is not None:
             left_out.append({"index": call.index, "position": position, "reason": reason})
     if not chosen:
-        raise ModulelensError(f"{capture.ref}: no usable recorded call (every call raised in the original job)")
+        raise KernelError(f"{capture.ref}: no usable recorded call (every call raised in the original job)")
     return chosen
 
 
@@ -101,7 +101,7 @@ def forward_parameters(cls: type) -> list[inspect.Parameter]:
     try:
         signature = inspect.signature(cls.forward)
     except (TypeError, ValueError) as error:
-        raise ModulelensError(f"cannot read the signature of {cls.__qualname__}.forward: {error}") from None
+        raise KernelError(f"cannot read the signature of {cls.__qualname__}.forward: {error}") from None
     params = list(signature.parameters.values())
     return params[1:] if params and params[0].name == "self" else params
 
@@ -110,7 +110,7 @@ def check_recorded(value: Any, where: str) -> None:
     """Refuse values that were not recorded (``<unrecorded>`` placeholders)."""
     for leaf in pytree.tree_leaves(value):
         if isinstance(leaf, Unrecorded):
-            raise ModulelensError(f"{where} was not recorded ({leaf.type_name}); it cannot be exported or replayed")
+            raise KernelError(f"{where} was not recorded ({leaf.type_name}); it cannot be exported or replayed")
 
 
 @dataclass
@@ -156,7 +156,7 @@ def bind_calls(capture: Capture, positions: Sequence[int]) -> CallBinding:
         try:
             bound_calls[position] = signature.bind(*args, **kwargs).arguments
         except TypeError as error:
-            raise ModulelensError(f"call {call.index} does not fit {cls.__qualname__}.forward{signature}: {error}") from None
+            raise KernelError(f"call {call.index} does not fit {cls.__qualname__}.forward{signature}: {error}") from None
     layout = _layout(params, list(bound_calls.values()))
     binding = CallBinding(positions=list(positions), positional={}, names=layout.names, kw_names=layout.kw_names,
                           weight_names=state_names(capture), init_inputs=init_inputs(capture))
@@ -182,7 +182,7 @@ def _layout(params: list[inspect.Parameter], bound: list[dict[str, Any]]) -> _La
             if p.kind == p.VAR_KEYWORD:
                 kw_names.extend(k for k in arguments.get(p.name, {}) if k not in kw_names)
     if len(var_counts) > 1:
-        raise ModulelensError(f"the recorded calls pass different numbers of *{var_positional.name} "  # type: ignore[union-attr]
+        raise KernelError(f"the recorded calls pass different numbers of *{var_positional.name} "  # type: ignore[union-attr]
                               "arguments; export them one at a time (--calls)")
     var_count = var_counts.pop()
     if var_count:
@@ -205,7 +205,7 @@ def _positional_values(layout: _Layout, arguments: dict[str, Any], index: int, b
             continue
         extra = arguments.get(layout.var_keyword.name, {}) if layout.var_keyword else {}
         if name not in extra:
-            raise ModulelensError(f"call {index} does not pass keyword {name!r} that other recorded calls pass; "
+            raise KernelError(f"call {index} does not pass keyword {name!r} that other recorded calls pass; "
                                   "export the calls separately (--calls)")
         values.append(extra[name])
     return values
@@ -215,7 +215,7 @@ def _argument_or_default(arguments: dict[str, Any], p: inspect.Parameter, index:
     if p.name in arguments:
         return arguments[p.name]
     if p.default is inspect.Parameter.empty:
-        raise ModulelensError(f"call {index} has no value for {p.name!r}")
+        raise KernelError(f"call {index} has no value for {p.name!r}")
     binding.defaults_used[p.name] = p.default
     return p.default
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import CandidateError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.kernels.exchange import load_tensors, save_tensors
 from modulelens.kernels.problems import MAX_CALLS, select_calls
@@ -96,16 +96,16 @@ def read_candidate(path: str | os.PathLike[str]) -> tuple[str, str]:
     KernelAgent ``auto_agent`` result JSON)."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ModulelensError(f"candidate {file} does not exist")
+        raise CandidateError(f"candidate {file} does not exist")
     text = file.read_text()
     if file.suffix == ".json":
         try:
             data = json.loads(text[text.index("{"):]) if "{" in text else {}
         except ValueError as error:
-            raise ModulelensError(f"{file}: not a KernelAgent result JSON ({error})") from None
+            raise CandidateError(f"{file}: not a KernelAgent result JSON ({error})") from None
         code = data.get("kernel_code") if isinstance(data, dict) else None
         if not code:
-            raise ModulelensError(f"{file} has no kernel_code (KernelAgent found no kernel: success="
+            raise CandidateError(f"{file} has no kernel_code (KernelAgent found no kernel: success="
                                   f"{data.get('success') if isinstance(data, dict) else None})")
         return code, f"kernel_code of {file}"
     return text, str(file)
@@ -177,9 +177,9 @@ def verify_kernel(
         assert report.passed, report.failures
     """
     if entry not in ("auto", "ModelNew", "kernel_function"):
-        raise ModulelensError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
+        raise UsageError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
     if random_samples < 0 or max_calls < 1 or trials < 1 or warmup < 0 or timeout <= 0:
-        raise ModulelensError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
+        raise UsageError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
     if isinstance(ref, Capture):
         capture, store_repo = ref, ref.repo
     else:

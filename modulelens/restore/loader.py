@@ -11,20 +11,23 @@ import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, UnsupportedValueError
+from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedValueError
 from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_VERSION
+from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceChangedWarning, SourceResolver
+from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
+
+if TYPE_CHECKING:
+    from modulelens.restore.replay import ReplayReport
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Call:
     finished: bool
     autocast: dict[str, str]
     _capture: Capture = field(repr=False)
-    _data: dict[str, Any] = field(repr=False)
+    _data: CallEntry = field(repr=False)
 
     @functools.cached_property
     def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -145,7 +148,7 @@ class Capture:
         self.repo = repo
         self.name = name
         self.version = version
-        self.metadata = repo.read_metadata(name, version)
+        self.metadata = cast(CaptureMetadata, repo.read_metadata(name, version))
         if self.metadata.get("format_version", 0) > FORMAT_VERSION:
             raise RestoreError(
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
@@ -188,10 +191,6 @@ class Capture:
     @property
     def environment(self) -> dict[str, Any]:
         return self.metadata.get("environment", {})
-
-    @property
-    def has_construction(self) -> bool:
-        return self.metadata["module"].get("construction") is not None
 
     @property
     def module_type(self) -> type:
@@ -444,59 +443,70 @@ class Capture:
             owner.set_extra_state(decode_value(value, ctx))
         self._current_state = (index, _state_versions(module))
 
-    def use_state(self, index: int) -> torch.nn.Module:
+    def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
-        module holds exactly them already (no other state loaded, nothing changed in place)."""
+        module holds exactly them already (no other state loaded, nothing changed in place).
+        ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
-        if self._current_state != (index, _state_versions(module)):
+        if force or self._current_state != (index, _state_versions(module)):
             self._assign_state(module, index)
         return module
 
     def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:
+        """Parameters and persistent buffers of recorded state ``index`` (cached mappings, which the
+        rebuilt module shares: see :meth:`fresh_state_dict` for copies nothing else touches)."""
+        return self._state_tensors(index, self.tensor, persistent_only=True)
+
+    def fresh_tensor(self, tid: str) -> torch.Tensor:
+        """Recorded tensor ``tid`` from a new copy-on-write mapping of its payload, as recorded.
+
+        :meth:`tensor` returns cached tensors that the rebuilt module also uses as its parameter and
+        buffer storage, so switching states or a training-mode forward (BatchNorm running stats)
+        changes them in place; tools read recorded values from here instead.
+        """
+        return self._open_tensor(tid)
+
+    def fresh_state_dict(self, index: int = 0, *, persistent_only: bool = True) -> dict[str, torch.Tensor]:
+        """Parameters and (persistent) buffers of recorded state ``index``, freshly mapped.
+
+        Example::
+
+            candidate.load_state_dict(cap.fresh_state_dict(cap.calls[3].state_index))
+        """
+        return self._state_tensors(index, self._open_tensor, persistent_only=persistent_only)
+
+    def _state_tensors(self, index: int, open_tensor: Any, *, persistent_only: bool) -> dict[str, torch.Tensor]:
         state = self.metadata["states"][index]
-        result = {n: self.tensor(e["tensor"]) for n, e in state["parameters"].items()}
-        result.update({n: self.tensor(e["tensor"]) for n, e in state["buffers"].items() if e["persistent"]})
+        result = {n: open_tensor(e["tensor"]) for n, e in state["parameters"].items()}
+        result.update({n: open_tensor(e["tensor"]) for n, e in state["buffers"].items()
+                       if e["persistent"] or not persistent_only})
         return result
 
     # ---------------------------------------------------------------------------------- replay
 
-    def replay(self, **options: Any) -> Any:
-        """Run the module on every recorded call and compare with the recorded outputs.
-
-        Options: ``calls`` (indices into ``.calls``), ``exact`` (default: bit-exact when device and
-        dtype are unchanged), ``rtol``/``atol`` overrides, ``backward`` (also run backward with the
-        recorded output gradients and compare input and parameter gradients). Returns a
-        :class:`ReplayReport`."""
-        from modulelens.restore.replay import replay
-
-        return replay(self, **options)
-
-    # ---------------------------------------------------------------------------------- tools
-
-    def profile(self, **options: Any) -> Any:
-        """Latency, peak memory, FLOPs, bytes and top ops of a recorded call (see
-        :func:`modulelens.tools.profile.profile` for the options). Returns a ``ProfileReport``.
+    def replay(
+        self,
+        *,
+        calls: Sequence[int] | None = None,
+        exact: bool | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        module: torch.nn.Module | None = None,
+        weights: str = "recorded",
+        backward: bool = False,
+    ) -> ReplayReport:
+        """Run the module on every recorded call and compare with the recorded outputs; see
+        :func:`modulelens.restore.replay.replay` for the arguments.
 
         Example::
 
-            report = modulelens.load("ranker/mlp").profile(backward=True, batch_sizes=[1, 8, 64])
-        """
-        from modulelens.tools.profile import profile
-
-        return profile(self, **options)
-
-    def verify(self, candidate: Any, **options: Any) -> Any:
-        """Check that ``candidate`` (a class, an instance or ``"file.py:Class"``) reproduces every
-        recorded call (see :func:`modulelens.tools.verify.verify`). Returns a ``VerifyReport``.
-
-        Example::
-
-            report = modulelens.load("ranker/mlp").verify(FusedMLP)
+            report = modulelens.load("ranker/mlp").replay()
             assert report.passed, report
         """
-        from modulelens.tools.verify import verify
+        from modulelens.restore.replay import replay
 
-        return verify(self, candidate, **options)
+        return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
+                      backward=backward)
 
 
 def _tensor_ids(data: Any) -> list[str]:

@@ -1,4 +1,4 @@
-"""The timing loops of modulelens (profile, verify, kernel verify).
+"""The timing loop every tool uses: per-iteration latencies, so a distribution comes out.
 
 Timing is measured per iteration so a distribution (median, p10, p90) comes out, not a mean that
 one slow outlier can drag: on CUDA with a pair of CUDA events around each iteration (device time,
@@ -55,35 +55,55 @@ class Timing:
         }
         if samples:
             data["samples_ms"] = list(self.samples_ms)
-        from modulelens.tools.common import json_safe  # lazy: this module imports no modulelens code
+        from modulelens.tools.reports import json_safe  # lazy: this module imports no modulelens code
 
         return json_safe(data)
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How long to time: ``warmup`` untimed runs, then ``iters`` timed ones, or (``iters=None``) as
+    many as fill about ``target_seconds``, clamped to ``[min_iters, max_iters]``.
+
+    Example::
+
+        modulelens.profile(cap, timing=TimingConfig(warmup=3, iters=50))
+    """
+
+    warmup: int = 5
+    iters: int | None = None
+    target_seconds: float = 1.0
+    min_iters: int = 10
+    max_iters: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or (self.iters is not None and self.iters < 1) or self.target_seconds <= 0:
+            from modulelens.errors import ToolError  # lazy: this module imports no modulelens code
+
+            raise ToolError(f"timing needs warmup >= 0, iters >= 1 (or None) and target_seconds > 0, got {self}")
 
 
 def time_iterations(
     step: Callable[[], Any],
     device: torch.device,
+    config: TimingConfig = TimingConfig(),
     *,
-    warmup: int = 5,
-    iters: int | None = None,
-    target_seconds: float = 1.0,
-    min_iters: int = 10,
-    max_iters: int = 1000,
     before_each: Callable[[], Any] | None = None,
 ) -> Timing:
     """Time ``step()`` once per iteration after ``warmup`` untimed runs.
 
-    ``iters=None`` picks the count from the warm-up speed so the timed loop lasts about
-    ``target_seconds`` (clamped to ``[min_iters, max_iters]``). ``before_each`` runs before every
-    iteration outside the timed region (e.g. clearing gradients).
+    ``config.iters=None`` picks the count from the warm-up speed so the timed loop lasts about
+    ``config.target_seconds``. ``before_each`` runs before every iteration outside the timed region
+    (e.g. clearing gradients).
 
     Example::
 
-        timing = time_iterations(lambda: model(x), torch.device("cpu"), warmup=3, iters=50)
+        timing = time_iterations(lambda: model(x), torch.device("cpu"), TimingConfig(warmup=3, iters=50))
         print(timing.median_ms, timing.percentile(90))
     """
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    warmup, iters = config.warmup, config.iters
     start = time.perf_counter()
     for _ in range(max(warmup, 1)):
         if before_each is not None:
@@ -92,7 +112,7 @@ def time_iterations(
     sync()
     per_iter = (time.perf_counter() - start) / max(warmup, 1)
     if iters is None:
-        iters = int(min(max(target_seconds / max(per_iter, 1e-7), min_iters), max_iters))
+        iters = int(min(max(config.target_seconds / max(per_iter, 1e-7), config.min_iters), config.max_iters))
     iters = max(int(iters), 1)
     timing = Timing(warmup=max(warmup, 1))
     if cuda:
