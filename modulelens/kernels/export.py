@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from modulelens.errors import KernelError, RestoreError, UnsupportedValueError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.kernels import template as templates
-from modulelens.kernels.inline import ClassSource, class_source
+from modulelens.kernels.inline import ClassSource, inlined_class_source
 from modulelens.kernels.op_watch import OpCounter
 from modulelens.kernels.problems import (
     MAX_CALLS,
@@ -199,7 +199,7 @@ def _model_source(capture: Capture, inline: bool) -> _ModelSource:
     for k, v in construction["kwargs"].items():
         probe.encoded(v, f"constructor argument {k!r}")
     stored = capture.stored_source(module_name) if cls.__module__ != module_name else None
-    source = class_source(cls, probe.needed_names, inline=inline, module_name=module_name, text=stored)
+    source = inlined_class_source(cls, probe.needed_names, inline=inline, module_name=module_name, text=stored)
     renderer = SourceRenderer(capture, source.module if source.origin == "inlined" else None)
     args = [renderer.encoded(a, f"constructor argument {i}") for i, a in enumerate(construction["args"])]
     kwargs = [f"{k}={renderer.encoded(v, f'constructor argument {k!r}')}" for k, v in construction["kwargs"].items()]

@@ -82,7 +82,7 @@ def _absolute_import(node: ast.ImportFrom, package: str | None) -> str:
     return f"from {module} import {names}\n"
 
 
-def class_source(cls: type, extra_names: set[str] | None = None, *, inline: bool = True,
+def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inline: bool = True,
                  module_name: str | None = None, text: str | None = None) -> ClassSource:
     """The source ``problem.py`` needs for ``cls``: torch builtins by import, otherwise the class and
     the top-level code of its module that it uses (imports, helpers, constants), in file order.

@@ -19,7 +19,7 @@ from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedVal
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
-from modulelens.format.tree import decode_tree
+from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
@@ -108,16 +108,28 @@ class Call:
         check_inputs_usable(self, (args, kwargs))
         return copy_inputs((args, kwargs), device, dtype)
 
+    @property
+    def capture(self) -> Capture:
+        """The capture this call belongs to."""
+        return self._capture
+
+    @property
+    def input_tree(self) -> dict[str, Any]:
+        """The encoded ``(args, kwargs)`` tree as stored (for summaries that must not decode values)."""
+        return self._data["inputs"]
+
+    @property
+    def output_tree(self) -> dict[str, Any] | None:
+        """The encoded output tree as stored, or ``None`` when the call raised in the original job."""
+        return self._data.get("output")
+
     def __repr__(self) -> str:
-        from modulelens.interfaces.tensor_info import call_repr
-
-        return call_repr(self)
-
-    def _repr_html_(self) -> str:
-        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
-        from modulelens.interfaces.html import call_html
-
-        return call_html(self)
+        # From metadata only: a repr must work even when an input's type cannot be imported here.
+        mode = ("train" if self.training else "eval") + ("" if self.grad_enabled else ", no_grad")
+        status = "" if self.finished else ", raised"
+        tensors = self._capture.metadata["tensors"]
+        return (f"<Call {self.index} of {self._capture.ref} ({mode}{status}): "
+                f"inputs {tree_summary(self.input_tree, tensors)} -> output {tree_summary(self.output_tree, tensors)}>")
 
 
 class Capture:
@@ -259,12 +271,6 @@ class Capture:
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
-
-    def _repr_html_(self) -> str:
-        """Jupyter: class, constructor, parameter and call tensors as tables."""
-        from modulelens.interfaces.html import capture_html
-
-        return capture_html(self)
 
     # ---------------------------------------------------------------------------------- tensors
 

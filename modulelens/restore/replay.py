@@ -106,12 +106,6 @@ class ReplayReport:
 
     __repr__ = __str__
 
-    def _repr_html_(self) -> str:
-        """Jupyter: the verdict (coloured) and one table row per call."""
-        from modulelens.interfaces.html import replay_html
-
-        return replay_html(self)
-
 
 @contextlib.contextmanager
 def call_context(call: Call, device: torch.device) -> Iterator[None]:

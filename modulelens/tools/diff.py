@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.format.tree import input_path
 from modulelens.format.values import Unrecorded, import_object
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
@@ -241,12 +242,7 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
 
 
 def _leaf_name(key_path: tuple[Any, ...]) -> str:
-    text = pytree.keystr(key_path)  # "[0][1]" for args, "[1]['mask']" for kwargs
-    if text.startswith("[0]"):
-        return "args" + text[3:]
-    if text.startswith("[1]"):
-        return "kwargs" + text[3:]
-    return "inputs" + text
+    return input_path(pytree.keystr(key_path))  # "[0][1]" -> "args[1]", "[1]['mask']" -> "kwargs['mask']"
 
 
 @dataclass
