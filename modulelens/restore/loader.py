@@ -223,26 +223,23 @@ class Capture:
 
     @property
     def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """The recorded constructor arguments ``(args, kwargs)``, decoded (tensors memory-mapped,
-        nested modules rebuilt), or ``None`` when the capture has no constructor record.
+        """The constructor arguments :attr:`module` is built with, ``(args, kwargs)``: those given to
+        ``load(..., init_args=, init_kwargs=)``, else the recorded ones, decoded (tensors
+        memory-mapped, nested modules rebuilt); ``None`` when there are neither.
 
         Raises:
-            RestoreError: an argument cannot be decoded here.
+            RestoreError: a recorded argument cannot be decoded here.
 
         Example::
 
             args, kwargs = cap.init_arguments   # ((64, 128), {"bias": True})
         """
+        if self._init_args is not None or self._init_kwargs:
+            return tuple(self._init_args or ()), dict(self._init_kwargs)
         mid = self.metadata["module"].get("construction")
         if mid is None:
             return None
-        entry = self.metadata["constructions"][mid]
-        ctx = self._decode_context()
-        try:
-            return (tuple(decode_value(a, ctx) for a in entry["args"]),
-                    {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()})
-        except (UnsupportedValueError, ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
+        return self._decode_construction(self.metadata["constructions"][mid])
 
     def stored_source(self, module_name: str) -> str | None:
         """The source text of ``module_name`` stored with the capture (see
@@ -349,13 +346,17 @@ class Capture:
     def _build_construction(self, mid: str) -> torch.nn.Module:
         entry = self.metadata["constructions"][mid]
         cls = self._import_class(entry["class"])
+        args, kwargs = self._decode_construction(entry)
+        return cls(*args, **kwargs)
+
+    def _decode_construction(self, entry: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The one constructor decoder: a construction record's ``(args, kwargs)``."""
         ctx = self._decode_context()
         try:
-            args = [decode_value(a, ctx) for a in entry["args"]]
-            kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
+            return (tuple(decode_value(a, ctx) for a in entry["args"]),
+                    {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()})
         except (UnsupportedValueError, ImportError, AttributeError) as error:
             raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
-        return cls(*args, **kwargs)
 
     def _import_class(self, path: str) -> type:
         try:
