@@ -46,7 +46,7 @@ def test_notebook_loads_and_replays_a_capture(tmp_path: Path) -> None:
         "capture",
         "module(*args, **kwargs)[0].shape",
         "%ml_replay capture",
-        "module.down.bias.data += 1\n%ml_replay capture",
+        "module.down.bias.data += 1\n%ml_replay capture --current-weights",
         "%ml_replay no/such --repo " + str(repo),
         # a plain kernel: HTML without %load_ext (formatters registered by `import modulelens`)
         f"%unload_ext modulelens\ncap = modulelens.load('toy/head', repo={str(repo)!r})\ncap",
