@@ -45,3 +45,15 @@ class ReplayMismatchError(ModulelensError):
     """Raised by helpers that assert a replay or verification passed."""
 
     exit_code = 5
+
+
+class RemoteRepoError(ModulelensError):
+    """A remote repo (``s3://``, ``memory://``, ...) cannot be reached, or its storage lacks an
+    operation modulelens needs to stay correct (conditional writes)."""
+
+    exit_code = 6
+
+
+class RepoBusyError(RemoteRepoError):
+    """Another process holds the repo (``gc`` waits for saves to finish and saves wait for ``gc``)
+    longer than the wait allows; nothing was changed."""
