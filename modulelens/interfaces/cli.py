@@ -23,7 +23,8 @@ app = typer.Typer(
 )
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli-json.md) instead of tables.")]
-RepoOpt = Annotated[str | None, typer.Option("--repo", help="Repo directory (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
+RepoOpt = Annotated[str | None, typer.Option(
+    "--repo", help="Repo directory or URL such as s3://bucket/prefix (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
 
 
 class _State:
@@ -87,9 +88,9 @@ def ls(
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            console.print(f"no captures in {store.root}")
+            console.print(f"no captures in {store.location}")
             return
-        table = Table(title=f"captures in {store.root}")
+        table = Table(title=f"captures in {store.location}")
         for col in ("ref", "aliases", "module class", "payload", "created"):
             table.add_column(col)
         for row in result:
@@ -312,6 +313,7 @@ def demo_cmd(
 from modulelens.interfaces import (  # noqa: E402 - after `command`, which they use
     cli_agents,  # noqa: F401 - registers commands
     cli_kernel,  # noqa: F401 - registers commands
+    cli_repo,  # noqa: F401 - registers commands
     cli_tools,  # noqa: F401 - registers commands
 )
 

@@ -452,9 +452,12 @@ class Repo:
         return data
 
     def info(self, name: str, version: int) -> VersionInfo:
+        return self._info(name, version, self.aliases(name), self.version_numbers(name))
+
+    def _info(self, name: str, version: int, all_aliases: dict[str, int], versions: list[int]) -> VersionInfo:
         meta = self.read_metadata(name, version)
-        aliases = tuple(sorted(a for a, v in self.aliases(name).items() if v == version))
-        if version == self.version_numbers(name)[-1]:
+        aliases = tuple(sorted(a for a, v in all_aliases.items() if v == version))
+        if versions and version == versions[-1]:
             aliases = (LATEST, *aliases)
         return VersionInfo(
             name=name, version=version, path=self._version_dir(name, version),

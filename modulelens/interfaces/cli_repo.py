@@ -1,0 +1,48 @@
+"""CLI commands that move captures between repos: ``push`` and ``pull`` (registered on import by cli.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, command
+from modulelens.interfaces.output import console, emit, human_bytes
+
+AliasesOpt = Annotated[bool, typer.Option("--aliases/--no-aliases", help="Also set the source's aliases of the copied versions.")]
+
+
+def _render(r: dict[str, Any]) -> None:
+    for ref in r["copied"]:
+        console.print(f"copied {ref}")
+    for ref in r["present"]:
+        console.print(f"{ref} was already there")
+    for alias in r["aliases"]:
+        console.print(f"alias {alias} set")
+    console.print(f"{r['blobs_copied']} payloads ({human_bytes(r['bytes_copied'])}) transferred")
+
+
+@command("push")
+def push_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME (every version), NAME:vN, NAME:alias or NAME:latest")],
+    to: Annotated[str, typer.Option("--to", help="Target repo: a directory or URL (s3://bucket/prefix, memory://...).")],
+    repo: RepoOpt = None,
+    aliases: AliasesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy versions to another repo, uploading only the payloads it lacks (tags, metadata, reports kept)."""
+    report = _repo(repo).push(ref, _repo(to, create=True), aliases=aliases)
+    emit("push", as_json, report.to_dict(), _render)
+
+
+@command("pull")
+def pull_cmd(
+    source: Annotated[str, typer.Argument(help="Source repo: a directory or URL (s3://bucket/prefix, ...).")],
+    ref: Annotated[str, typer.Argument(help="NAME (every version), NAME:vN, NAME:alias or NAME:latest")],
+    repo: RepoOpt = None,
+    aliases: AliasesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy versions from another repo into this one, downloading only the payloads it lacks."""
+    report = _repo(repo, create=True).pull(_repo(source), ref, aliases=aliases)
+    emit("pull", as_json, report.to_dict(), _render)
