@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RemoteRepoError, RepoBusyError
 from modulelens.repo._store import ObjectStore, is_network_error
 from modulelens.repo.local import _MARK_MIN_BYTES, _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo
-from modulelens.repo.names import LATEST, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
 _LOCK_STALE_S = 3600.0  # a lease older than this belongs to a crashed process
@@ -316,6 +316,14 @@ class RemoteRepo(Repo):
 
     def aliases(self, name: str) -> dict[str, int]:
         return dict(self._listing(name)["aliases"])
+
+    def resolve(self, ref: str | Ref) -> tuple[str, int]:
+        """As for a local repo; an explicit ``name:vN`` whose manifest is cached needs no request
+        (versions are immutable), while ``latest`` and aliases are looked up on the server."""
+        parsed = parse_ref(ref) if isinstance(ref, str) else ref
+        if parsed.version is not None and (self._version_dir(parsed.name, parsed.version) / CAPTURE_FILE).exists():
+            return parsed.name, parsed.version
+        return super().resolve(parsed)
 
     def version_path(self, name: str, version: int) -> Path:
         """The version's folder in the local mirror (its ``capture.json``, once read)."""
