@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-import torch
-
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, ModulelensError
-from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 
 if TYPE_CHECKING:
+    import torch
+
     from modulelens.repo.transfer import TransferReport
 
 LAYOUT_VERSION = 1
@@ -178,7 +178,7 @@ class Repo:
             except (ValueError, KeyError) as error:
                 raise CorruptCaptureError(f"{marker}: unreadable repo marker ({error})") from None
             if layout > LAYOUT_VERSION:
-                raise ModulelensError(
+                raise RepoError(
                     f"repo {self.root} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}"
                 )
 
@@ -320,6 +320,8 @@ class Repo:
     def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
         """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
         writing to the tensor never touches the blob."""
+        import torch  # here, not at the top: listing and showing captures must not import torch
+
         numel = 1
         for size in shape:
             numel *= size
@@ -398,17 +400,27 @@ class Repo:
                     continue  # another writer took this number; take the next one
                 raise
             return self.info(name, version)
-        raise ModulelensError(f"could not allocate a version for {name!r} after 1000 attempts")
+        raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
 
     def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
         # Pipeline: a worker thread hashes payload k+1 (blake3 itself uses every core for large
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
         items = list(payloads.items())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
-            digests = [pool.submit(hash_bytes, data) for _, data in items]
-            for (tid, data), digest in zip(items, digests, strict=False):
-                entries[tid]["payload"] = digest.result()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
+                digests = [pool.submit(hash_bytes, data) for _, data in items]
+                for (tid, data), digest in zip(items, digests, strict=False):
+                    entries[tid]["payload"] = digest.result()
+                    self.write_blob(entries[tid]["payload"], data)
+        except RuntimeError as error:
+            # A save from an atexit handler (`modulelens run` saving what a job recorded before it
+            # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
+            # after interpreter shutdown". Hash in this thread instead.
+            if "interpreter shutdown" not in str(error):
+                raise
+            for tid, data in items:
+                entries[tid]["payload"] = hash_bytes(data)
                 self.write_blob(entries[tid]["payload"], data)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:

@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RemoteRepoError, RepoBusyError
+from modulelens.errors import (
+    CaptureNotFoundError,
+    CorruptCaptureError,
+    InvalidNameError,
+    ModulelensWarning,
+    RemoteRepoError,
+    RepoBusyError,
+)
 from modulelens.repo._store import ObjectStore, is_network_error
 from modulelens.repo.local import _MARK_MIN_BYTES, _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
@@ -103,7 +110,8 @@ class RemoteRepo(Repo):
         except Exception as error:  # any failure to reach the server: fall back to the cache
             if not is_network_error(error) or not self.mirror.exists():
                 raise
-            warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", stacklevel=3)
+            warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
+                          stacklevel=3)
             self._unreachable = True
             return
         if data is None:
@@ -254,7 +262,8 @@ class RemoteRepo(Repo):
             except Exception as error:
                 if not is_network_error(error):
                     raise
-                warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", stacklevel=3)
+                warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
+                          stacklevel=3)
                 self._unreachable = True
         try:
             return json.loads(index.read_text())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import CorruptCaptureError, ModulelensError
+from modulelens.errors import CorruptCaptureError, MissingDependencyError, UsageError
 from modulelens.repo.local import CAPTURE_FILE, Repo, VersionInfo
 from modulelens.repo.names import LATEST, parse_ref, validate_report_file
 
@@ -50,7 +50,7 @@ class WandbTarget:
         path, _, alias = body.partition(":")
         parts = path.split("/")
         if len(parts) != 3 or not all(parts):
-            raise ModulelensError(f"{url!r}: expected wandb://ENTITY/PROJECT/COLLECTION[:alias]")
+            raise UsageError(f"{url!r}: expected wandb://ENTITY/PROJECT/COLLECTION[:alias]")
         return cls(*parts, alias or None)
 
     @property
@@ -66,7 +66,7 @@ def _wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise ModulelensError("the W&B Registry needs the wandb SDK: pip install 'modulelens[wandb]'") from None
+        raise MissingDependencyError("the W&B Registry needs the wandb SDK: pip install 'modulelens[wandb]'") from None
     return wandb
 
 

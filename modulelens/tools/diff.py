@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.format.tree import input_path
 from modulelens.format.values import Unrecorded, import_object
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
-from modulelens.tools.common import json_safe, pristine_tensor, run_device, working_module
+from modulelens.tools.reports import json_safe
 from modulelens.tools.verify import error_means
+from modulelens.tools.working_copy import run_device, working_module
 
 if TYPE_CHECKING:
     from modulelens.repo.local import Repo
@@ -221,8 +223,8 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
         elif meta_a["shape"] != meta_b["shape"]:
             row.update(status="shape changed", max_abs_diff=None, rel_norm=None)
         elif meta_a["payload"] != meta_b["payload"] or meta_a["dtype"] != meta_b["dtype"]:
-            ta = pristine_tensor(a, ea[name][1]).to(torch.float64)
-            tb = pristine_tensor(b, eb[name][1]).to(torch.float64)
+            ta = a.fresh_tensor(ea[name][1]).to(torch.float64)
+            tb = b.fresh_tensor(eb[name][1]).to(torch.float64)
             delta = tb - ta
             norm_a = float(ta.norm()) if ta.numel() else 0.0
             row["max_abs_diff"] = float(delta.abs().max()) if delta.numel() else 0.0
@@ -240,12 +242,7 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
 
 
 def _leaf_name(key_path: tuple[Any, ...]) -> str:
-    text = pytree.keystr(key_path)  # "[0][1]" for args, "[1]['mask']" for kwargs
-    if text.startswith("[0]"):
-        return "args" + text[3:]
-    if text.startswith("[1]"):
-        return "kwargs" + text[3:]
-    return "inputs" + text
+    return input_path(pytree.keystr(key_path))  # "[0][1]" -> "args[1]", "[1]['mask']" -> "kwargs['mask']"
 
 
 @dataclass
