@@ -35,7 +35,7 @@ def ls(
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            console.print(f"no captures in {store.root}")
+            console.print(f"no captures in {store.location}")
             return
         # A ref is what people copy into the next command, so it is never cut: it gets its full
         # width, the other columns fold, and the least useful ones go when the terminal is narrow.
@@ -49,7 +49,7 @@ def ls(
         columns = ["aliases", "module class", "payload", "created"]
         while columns and widest + 12 * len(columns) > console.width:
             columns.pop()
-        table = Table(title=f"captures in {store.root}", title_justify="left")
+        table = Table(title=f"captures in {store.location}", title_justify="left")
         table.add_column("ref", no_wrap=True, min_width=widest)
         for col in columns:
             table.add_column(col, overflow="fold")
