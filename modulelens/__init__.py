@@ -31,7 +31,9 @@ from modulelens.errors import (
     ModulelensError,
     RestoreError,
     SourceChangedWarning,
+    StorageError,
     UnsupportedValueError,
+    UntrustedCodeError,
 )
 from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
 from modulelens.repo import Repo, VersionInfo
@@ -71,8 +73,10 @@ __all__ = [
     "RestoreError",
     "ShapeOnly",
     "SourceChangedWarning",
+    "StorageError",
     "Unrecorded",
     "UnsupportedValueError",
+    "UntrustedCodeError",
     "VersionInfo",
     "__version__",
     "capture",

@@ -24,6 +24,10 @@ app = typer.Typer(
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli-json.md) instead of tables.")]
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="Repo directory (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
+TrustOpt = Annotated[bool | None, typer.Option(
+    "--trust-source/--no-trust-source",
+    help="Run source code stored with the capture for classes not importable here (default: the repo's "
+         "`modulelens trust` setting, off). Only for captures you trust: see docs/security.md.")]
 
 
 class _State:
@@ -159,13 +163,15 @@ def replay_cmd(
     dtype: Annotated[str | None, typer.Option(help="Cast floating weights and inputs (float32, bfloat16, ...).")] = None,
     rtol: Annotated[float | None, typer.Option(help="Relative tolerance (default: bit-exact if nothing changed).")] = None,
     atol: Annotated[float | None, typer.Option(help="Absolute tolerance.")] = None,
+    trust_source: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
     from modulelens.format.tensors import dtype_from_name
     from modulelens.restore.loader import load
 
-    capture = load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None)
+    capture = load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None,
+                   trust_source=trust_source)
     report = capture.replay(rtol=rtol, atol=atol)
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
@@ -216,6 +222,23 @@ def alias_cmd(
         result = {"alias": alias, **store.set_alias(ref, alias).to_dict()}
     emit("alias", as_json, result, lambda r: console.print(
         f"removed alias {alias} of {r['name']}" if delete else f"{r['name']}:{alias} -> {r['ref']}"))
+
+
+@command("trust")
+def trust_cmd(
+    repo: RepoOpt = None,
+    revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting this repo's stored source.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust the source stored in YOUR OWN repo: loading its captures may then run that source.
+
+    Bound to this directory and user: a repo copied or downloaded from elsewhere never arrives
+    trusted. Never trust a repo holding captures from people you do not trust (docs/security.md)."""
+    store = _repo(repo)
+    store.trust_source = not revoke
+    result = {"repo": str(store.root), "trust_source": store.trust_source}
+    emit("trust", as_json, result,
+         lambda r: console.print(f"{r['repo']}: stored source {'trusted' if r['trust_source'] else 'not trusted'}"))
 
 
 @command("rm")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, command
+from modulelens.interfaces.cli import JsonOpt, RepoOpt, TrustOpt, _repo, command
 from modulelens.interfaces.output import console, emit, human_bytes
 
 DeviceOpt = Annotated[str | None, typer.Option(help="Run on this device (cpu, cuda, cuda:1).")]
@@ -15,11 +15,12 @@ DtypeOpt = Annotated[str | None, typer.Option(help="Cast floating weights and in
 StoreOpt = Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture's version.")]
 
 
-def _load(ref: str, repo: str | None, device: str | None, dtype: str | None) -> Any:
+def _load(ref: str, repo: str | None, device: str | None, dtype: str | None, trust_source: bool | None) -> Any:
     from modulelens.format.tensors import dtype_from_name
     from modulelens.restore.loader import load
 
-    return load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None)
+    return load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None,
+                trust_source=trust_source)
 
 
 def _num(value: Any, unit: str = "") -> str:
@@ -50,6 +51,7 @@ def _batch_sizes(text: str | None) -> list[int] | None:
 def profile_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     call: Annotated[int, typer.Option(help="Which recorded call to run (position in the capture).")] = 0,
@@ -70,7 +72,7 @@ def profile_cmd(
     """Latency (median/p10/p90), peak memory, FLOPs, bytes, top ops of a captured module; batch sweeps."""
     from modulelens.tools.profile import profile
 
-    capture = _load(ref, repo, device, dtype)
+    capture = _load(ref, repo, device, dtype, trust_source)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
                      warmup=warmup, iters=iters, batch_sizes=_batch_sizes(batch_sizes), plot=plot, trace=trace,
                      top=top, store=store)
@@ -136,6 +138,7 @@ def verify_cmd(
     candidate: Annotated[str, typer.Option("--candidate", "-c",
                                            help="path/to/file.py:ClassName or package.module:ClassName")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     rtol: Annotated[float | None, typer.Option(help="Relative tolerance (default: per dtype).")] = None,
@@ -148,7 +151,7 @@ def verify_cmd(
     """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
     from modulelens.tools.verify import verify
 
-    capture = _load(ref, repo, device, dtype)
+    capture = _load(ref, repo, device, dtype, trust_source)
     report = verify(capture, candidate, rtol=rtol, atol=atol, timing=timing, iters=iters, store=store)
 
     def render(r: dict[str, Any]) -> None:
@@ -189,6 +192,7 @@ def diff_cmd(
     a: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (the baseline)")],
     b: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (compared with A)")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     outputs: Annotated[bool, typer.Option("--outputs/--no-outputs", help="Replay B's module on A's inputs.")] = True,
     rtol: Annotated[float | None, typer.Option(help="Relative tolerance for outputs (default: per dtype).")] = None,
@@ -199,7 +203,7 @@ def diff_cmd(
     """Differences between two captures: constructor, weights, input statistics, outputs of B on A's inputs."""
     from modulelens.tools.diff import diff
 
-    report = diff(_load(a, repo, device, None), _load(b, repo, device, None), device=device, outputs=outputs,
+    report = diff(_load(a, repo, device, None, trust_source), _load(b, repo, device, None, trust_source), device=device, outputs=outputs,
                   rtol=rtol, atol=atol)
 
     def render(r: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ import torch
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
+from modulelens.repo.trust import set_trust_source, trusts_source
 
 LAYOUT_VERSION = 1
 # Payloads smaller than this are simply re-hashed on every load (microseconds); larger ones get a
@@ -147,6 +148,19 @@ class Repo:
 
     def __repr__(self) -> str:
         return f"Repo({str(self.root)!r})"
+
+    @property
+    def trust_source(self) -> bool:
+        """Whether loading this repo's captures runs their stored source by default.
+
+        Off unless you set it on your own repo (``repo.trust_source = True`` or
+        ``modulelens trust --repo DIR``); the setting is bound to this directory and user, so a
+        copied or downloaded repo never arrives trusted (docs/security.md)."""
+        return trusts_source(self.root)
+
+    @trust_source.setter
+    def trust_source(self, value: bool) -> None:
+        set_trust_source(self.root, bool(value))
 
     def __fspath__(self) -> str:
         return str(self.root)

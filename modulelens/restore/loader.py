@@ -15,15 +15,15 @@ from typing import Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedValueError
+from modulelens.errors import RestoreError, SourceChangedWarning
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
+from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
 
@@ -140,7 +140,7 @@ class Capture:
         init_kwargs: dict[str, Any] | None = None,
         verify: bool = False,
         synthesize: bool = False,
-        run_source: bool = True,
+        trust_source: bool | None = None,
     ) -> None:
         self.repo = repo
         self.name = name
@@ -161,8 +161,11 @@ class Capture:
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
-        self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref, run_source=run_source)
-        for message in self._sources.check_changes():
+        if trust_source is None:
+            trust_source = bool(getattr(repo, "trust_source", False))
+        self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
+                                      forbidden=[repo.root] if isinstance(repo, Repo) else [])
+        for message in self._sources.source_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
         if verify:
@@ -273,24 +276,43 @@ class Capture:
             self._collect_source_notes()
         return self._module
 
-    def _build_construction(self, mid: str) -> torch.nn.Module:
-        entry = self.metadata["constructions"][mid]
-        cls = self._import_class(entry["class"])
-        ctx = self._decode_context()
+    @property
+    def module_type(self) -> type[torch.nn.Module]:
+        """The captured module's class, resolved under the capture's trust rules (nothing is
+        constructed). Raises :class:`RestoreError` (:class:`UntrustedCodeError` when refused)."""
         try:
-            args = [decode_value(a, ctx) for a in entry["args"]]
-            kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
-        except (UnsupportedValueError, ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
-        return cls(*args, **kwargs)
-
-    def _import_class(self, path: str) -> type:
-        try:
-            return self._sources.resolve(path)
-        except (ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot import module class {path}: {error}") from None
+            return module_class(self._sources, self.module_class)
         finally:
             self._collect_source_notes()
+
+    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The captured module's constructor arguments, decoded (nested modules rebuilt), or the
+        ``init_args``/``init_kwargs`` given to :func:`load`.
+
+        Example::
+
+            args, kwargs = cap.init_arguments()
+            fused = FusedMLP(*args, **kwargs)
+        """
+        if self._init_args is not None or self._init_kwargs:
+            return tuple(self._init_args or ()), dict(self._init_kwargs)
+        module_info = self.metadata["module"]
+        if module_info.get("construction") is None:
+            reason = module_info.get("construction_missing", "no constructor record")
+            raise RestoreError(f"{self.ref}: constructor arguments of {module_info['class']} were not recorded "
+                               f"({reason}); pass them with load(..., init_args=(...), init_kwargs={{...}})")
+        _cls, args, kwargs = self._decode_construction(module_info["construction"])
+        return args, kwargs
+
+    def _decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+        try:
+            return decode_construction(self.metadata["constructions"][mid], self._sources, self._decode_context())
+        finally:
+            self._collect_source_notes()
+
+    def _build_construction(self, mid: str) -> torch.nn.Module:
+        cls, args, kwargs = self._decode_construction(mid)
+        return cls(*args, **kwargs)
 
     def _collect_source_notes(self) -> None:
         for note in self._sources.notes:
@@ -300,8 +322,7 @@ class Capture:
     def _construct(self) -> torch.nn.Module:
         module_info = self.metadata["module"]
         if self._init_args is not None or self._init_kwargs:
-            cls = self._import_class(module_info["class"])
-            return cls(*(self._init_args or ()), **self._init_kwargs)
+            return self.module_type(*(self._init_args or ()), **self._init_kwargs)
         if module_info.get("construction") is None:
             reason = module_info.get("construction_missing", "no constructor record")
             raise RestoreError(
@@ -478,26 +499,52 @@ def load(
     init_kwargs: dict[str, Any] | None = None,
     verify: bool = False,
     synthesize: bool = False,
-    run_source: bool = True,
+    trust_source: bool | None = None,
+    run_source: bool | None = None,
 ) -> Capture:
     """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
 
-    ``device``/``dtype`` move the module and the inputs used by replay. ``init_args`` and
-    ``init_kwargs`` rebuild a module that was captured without a constructor record. ``verify``
-    re-hashes every payload (normally only payloads changed since their last check are hashed).
-    ``synthesize`` replaces tensors stored shape-only by synthetic ones matching their recorded
-    dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
-    ``run_source=False`` never runs the source stored with a capture for classes that cannot be
-    imported here (see docs/fidelity.md); such a class is then a :class:`RestoreError`.
+    Loading runs no code from the capture unless you trust it (docs/security.md): every class and
+    function the metadata names must be importable here and of an allowed kind, checked before
+    anything is called.
+
+    Args:
+        ref: ``name``, ``name:v3`` or ``name:alias``.
+        repo: a :class:`Repo` or its path.
+        device: move the module and the inputs used by replay there.
+        dtype: cast the module and the inputs used by replay.
+        init_args: constructor arguments for a module captured without a constructor record.
+        init_kwargs: constructor keyword arguments, likewise.
+        verify: re-hash every payload (normally: size always, a sampled hash of large payloads,
+            a full hash of payloads changed since their last check).
+        synthesize: replace tensors stored shape-only by synthetic ones matching their recorded
+            dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
+        trust_source: run the source stored with the capture for classes that cannot be
+            imported here (``None``: the repo's own setting, :attr:`Repo.trust_source`, which is
+            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`.
+        run_source: deprecated alias of ``trust_source``.
+
+    Returns:
+        The :class:`Capture`; its module is built on first use of ``.module``.
+
+    Raises:
+        CaptureNotFoundError: no such name, version or alias.
+        CorruptCaptureError: the metadata is damaged or not a capture.
+        UntrustedCodeError: the capture names something the trust rules refuse.
+        RestoreError: the module cannot be rebuilt here.
 
     Example::
 
         cap = modulelens.load("demo/top_mlp:latest")
         print(cap.replay())
     """
+    if run_source is not None:
+        warnings.warn("load(..., run_source=...) is deprecated; use trust_source=...", DeprecationWarning,
+                      stacklevel=2)
+        trust_source = run_source if trust_source is None else trust_source
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, run_source=run_source)
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source)

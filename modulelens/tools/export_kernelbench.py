@@ -35,8 +35,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import ModulelensError, RestoreError, UnsupportedValueError
+from modulelens.format.imports import resolve_import
 from modulelens.format.tensors import dtype_name, hash_bytes
-from modulelens.format.values import Unrecorded, import_object
+from modulelens.format.values import Unrecorded
 from modulelens.repo.local import CAPTURE_FILE, Repo
 from modulelens.restore.loader import Capture, load
 from modulelens.tools import kernelbench_template as templates
@@ -142,14 +143,7 @@ def _forward_parameters(cls: type) -> list[inspect.Parameter]:
 
 def module_class(capture: Capture) -> type:
     """The captured module's class, imported by its recorded path."""
-    path = capture.module_class
-    try:
-        cls = import_object(path)
-    except (ImportError, AttributeError) as error:
-        raise RestoreError(f"{capture.ref}: cannot import the module class {path}: {error}") from None
-    if not isinstance(cls, type):
-        raise RestoreError(f"{capture.ref}: {path} is not a class")
-    return cls
+    return capture.module_type
 
 
 def _check_recorded(value: Any, where: str) -> None:
@@ -291,7 +285,7 @@ class _Renderer:
     # -- objects by import path
     def import_expr(self, path: str) -> str:
         module, _, qualname = path.partition(":")
-        obj = import_object(path)
+        obj = resolve_import(path, "value")
         if module == "builtins":
             return qualname
         if self.inline_module is not None and module == self.inline_module and "." not in qualname:
