@@ -63,7 +63,7 @@ def definitions_only(text: str, filename: str) -> ast.Module:
 def module_from_source(module_name: str, entry: dict[str, Any]) -> types.ModuleType:
     """The definitions of a stored source file as a fresh module (cached per source hash).
     Runs code from the capture: callers check the user's trust first."""
-    digest = entry["hash"]
+    digest = source_hash(entry["text"])  # the text's own hash: a claimed one could alias another capture's module
     cached = _EXECUTED.get(digest)
     if cached is not None:
         return cached
