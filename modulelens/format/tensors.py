@@ -47,6 +47,11 @@ def dtype_from_name(name: str) -> torch.dtype:
         raise UnsupportedValueError(f"unknown dtype {name!r} in capture metadata") from None
 
 
+def known_dtype_sizes() -> dict[str, int]:
+    """Bytes per element of every dtype name the metadata may use."""
+    return {name: dtype.itemsize for name, dtype in _DTYPES.items()}
+
+
 def check_storable(tensor: torch.Tensor, what: str) -> None:
     """Fail loudly for tensors whose bytes are not plain strided memory."""
     if tensor.layout != torch.strided:
