@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 
-from modulelens.errors import UnsupportedValueError, UntrustedCodeError
+from modulelens.errors import CorruptCaptureError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.values import (
     JSON,
     DecodeContext,
@@ -38,7 +38,11 @@ def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
 
 def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
     leaves = [decode_value(leaf, ctx) for leaf in data["leaves"]]
-    return pytree.tree_unflatten(leaves, _decode_spec(data["spec"], ctx))
+    spec = _decode_spec(data["spec"], ctx)
+    try:
+        return pytree.tree_unflatten(leaves, spec)
+    except (TypeError, ValueError, KeyError) as error:  # a context that does not fit its container type
+        raise CorruptCaptureError(f"a stored call structure does not rebuild: {type(error).__name__}: {error}") from None
 
 
 def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
@@ -118,7 +122,11 @@ def _decode_spec(data: JSON, ctx: DecodeContext | None = None) -> pytree.TreeSpe
                 isinstance(context, type) and issubclass(context, tuple) and hasattr(context, "_fields")):
             # pytree rebuilds a namedtuple node by calling its context: it must be a namedtuple class
             raise UntrustedCodeError(f"a namedtuple node names {context!r}, which is not a namedtuple class; refused")
-    return pytree.TreeSpec(node_type, context, [_decode_spec(child, ctx) for child in data["children"]])
+    children = [_decode_spec(child, ctx) for child in data["children"]]
+    try:
+        return pytree.TreeSpec(node_type, context, children)
+    except (TypeError, ValueError) as error:
+        raise CorruptCaptureError(f"a stored {data['type']} structure is damaged: {error}") from None
 
 
 def _no_tensors(_tensor: Any, path: str) -> str:

@@ -137,7 +137,7 @@ class _Checker:
         if not isinstance(data, dict):
             raise self.fail(where, f"not an encoded value ({type(data).__name__})")
         tag = data.get("$type")
-        if tag not in _TAGS_WITH:
+        if not isinstance(tag, str) or tag not in _TAGS_WITH:
             raise self.fail(where, f"unknown value tag {tag!r}")
         for key, kind in _TAGS_WITH[tag].items():
             self.field(data, key, kind, where)
@@ -156,11 +156,15 @@ class _Checker:
             self.dims(data["value"], where)
         elif tag in ("tuple", "set", "frozenset", "namedtuple"):
             self.value(data["items"], where, depth + 1)
+            if tag in ("set", "frozenset") and not all(_hashable(item) for item in data["items"]):
+                raise self.fail(where, "a set holds an unhashable item")
         elif tag == "dict":
             for i, pair in enumerate(data["items"]):
                 if not isinstance(pair, list) or len(pair) != 2:
                     raise self.fail(f"{where}.items[{i}]", "not a [key, value] pair")
                 self.value(pair, f"{where}.items[{i}]", depth + 1)
+                if not _hashable(pair[0]):
+                    raise self.fail(f"{where}.items[{i}]", "an unhashable dict key")
         elif tag == "slice" and len(data["items"]) != 3:
             raise self.fail(where, "a slice has three items")
         elif tag == "slice":
@@ -193,7 +197,17 @@ class _Checker:
         elif "dumpable" not in context:
             raise self.fail(f"{where}.context", "has neither 'value' nor 'dumpable'")
         children = self.field(spec, "children", list, where)
+        self.container(spec["type"], context, len(children), where)
         return sum(self.spec(child, f"{where}.children[{i}]", depth + 1) for i, child in enumerate(children))
+
+    def container(self, node_type: str, context: dict[str, Any], children: int, where: str) -> None:
+        """The built-in containers' contexts: none for tuple/list, one key per child for dicts."""
+        value = context.get("value")
+        if node_type in ("builtins:tuple", "builtins:list") and value is not None:
+            raise self.fail(f"{where}.context", f"a {node_type} has no context")
+        if node_type in ("builtins:dict", "collections:OrderedDict") and (
+                not isinstance(value, list) or len(value) != children):
+            raise self.fail(f"{where}.context", f"a {node_type} needs one key per child ({children})")
 
     # ------------------------------------------------------------------------------ document
 
@@ -222,7 +236,14 @@ class _Checker:
                           ("environment", dict), ("metadata", dict), ("tags", list)):
             self.field(meta, key, kind, "capture", optional=True)
         for name, entry in (meta.get("sources") or {}).items():
-            self.expect(entry, dict, f"sources[{name}]")
+            where = f"sources[{name}]"
+            self.expect(entry, dict, where)
+            for key in ("text", "file", "hash"):
+                self.field(entry, key, (str, type(None)), where, optional=True)
+            for qualname, info in (self.field(entry, "classes", dict, where, optional=True) or {}).items():
+                self.expect(info, dict, f"{where}.classes[{qualname}]")
+                for key in ("text", "hash"):
+                    self.field(info, key, (str, type(None)), f"{where}.classes[{qualname}]", optional=True)
 
     def states(self) -> None:
         tensors = self.meta["tensors"]
@@ -281,6 +302,19 @@ class _Checker:
                 if child not in done and child in refs:
                     on_path.add(child)
                     stack.append((child, iter(refs[child])))
+
+
+def _hashable(data: Any) -> bool:
+    """Whether an (already checked) encoded value decodes to something hashable."""
+    if isinstance(data, list):
+        return False
+    if not isinstance(data, dict):
+        return True
+    if data["$type"] in ("dict", "set"):
+        return False
+    if data["$type"] in ("tuple", "frozenset", "namedtuple"):
+        return all(_hashable(item) for item in data["items"])
+    return True
 
 
 def _module_refs(data: Any) -> list[str]:

@@ -340,18 +340,27 @@ class Capture:
                 raise _NeedsRealConstructionError("tensors outside parameters and buffers")
         except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
-            module = self._construct()
-            self._assign_state(module, 0)
+            module = self._construct_on_cpu()
         except RestoreError:
             raise
         except Exception as error:  # the constructor did real computation on meta tensors
             self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
-            module = self._construct()
-            self._assign_state(module, 0)
+            module = self._construct_on_cpu()
         if self.device is not None and self.device.type != "cpu":
             module.to(self.device)
         if self.dtype is not None:
             module.to(self.dtype)
+        return module
+
+    def _construct_on_cpu(self) -> torch.nn.Module:
+        try:
+            module = self._construct()
+        except (RestoreError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # the class's own code rejected the recorded arguments
+            raise RestoreError(f"{self.ref}: rebuilding {self.module_class} from its recorded arguments failed: "
+                               f"{type(error).__name__}: {error}") from error
+        self._assign_state(module, 0)
         return module
 
     def _assign_state(self, module: torch.nn.Module, index: int) -> None:
