@@ -121,12 +121,12 @@ def mutate(meta: dict[str, Any], rng: random.Random) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- probing
 
-class _Timeout(Exception):
+class _TimeoutError(Exception):
     pass
 
 
 def _alarm(_signum: int, _frame: Any) -> None:
-    raise _Timeout()
+    raise _TimeoutError()
 
 
 def _touch(repo: modulelens.Repo, ref: str) -> dict[str, torch.Tensor]:
@@ -172,7 +172,7 @@ def _child(root: str, ref: str, cases: list[tuple[str, Any]], out: str, start: i
             touched = {t for t in meta["tensors"] if meta["tensors"][t] != meta0["tensors"].get(t)}
             wrong = _judge(loaded, meta, original, touched, kind != "metadata")
             status, detail = ("wrong", wrong) if wrong else ("ok", "")
-        except _Timeout:
+        except _TimeoutError:
             status = "hang"
         except ModulelensError as error:
             status, detail = "refused", type(error).__name__

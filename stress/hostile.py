@@ -158,7 +158,7 @@ def make_base_capture(repo: modulelens.Repo, name: str = "victim") -> str:
         model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     finally:
         handle.stop()
-    with modulelens.capture(model, targets=["0"], repo=repo, name=name) as cap:
+    with modulelens.capture(model, targets=["0"], repo=repo, name=name, strict=True) as cap:
         model(torch.randn(2, 4))
     return cap.saved[0].ref
 
@@ -205,3 +205,103 @@ def probe(repo: modulelens.Repo, ref: str, marker: Path, *, trust_source: bool |
         step(lambda: cap.replay())
     sys.modules.pop("evil_captured_module", None)
     return Outcome(executed=marker.exists(), errors=errors, unexpected=unexpected)
+
+
+# ---------------------------------------------------------------------------------- stress rows
+
+
+def hostile_capture_row(tmp: Path) -> Any:
+    """Every hostile capture, loaded with the default (no trust): 0 code executed."""
+    import time
+    import warnings
+
+    from stress.table import Row
+
+    row = Row("hostile captures (class paths, codec payloads, stored source), default trust")
+    start = time.perf_counter()
+    repo = modulelens.Repo(tmp / "hostile-repo")
+    for i, case in enumerate(CASES):
+        ref = make_base_capture(repo, f"h{i}")
+        marker = tmp / f"hostile-marker-{i}"
+        plant(repo, ref, case, marker)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outcome = probe(repo, ref, marker)
+        row.tried += 1
+        row.survived += not outcome.unexpected and bool(outcome.errors)
+        row.executed += outcome.executed
+        row.wrong += bool(outcome.unexpected)
+        row.notes.extend(f"{case.label}: {u}" for u in outcome.unexpected[:1])
+    row.notes.insert(0, f"{len(CASES)} kinds, each refused with UntrustedCodeError or RestoreError")
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def hostile_repo_row(tmp: Path) -> Any:
+    """Symlinks planted in a repo and names with traversal: nothing outside the repo is written or deleted."""
+    import time
+
+    from stress.table import Row
+
+    row = Row("symlinked blob folders/staging, names with traversal")
+    start = time.perf_counter()
+    outside = tmp / "outside"
+    outside.mkdir()
+
+    def check(label: str, action: Callable[[], Any], escaped: Callable[[], bool]) -> None:
+        row.tried += 1
+        error = None
+        try:
+            action()
+        except ModulelensError as refused:
+            error = refused
+        except Exception as crash:  # not a documented error
+            row.wrong += 1
+            row.notes.append(f"{label}: {type(crash).__name__}: {crash}")
+            return
+        if escaped():
+            row.wrong += 1
+            row.notes.append(f"{label}: escaped the repo" + (f" ({error})" if error else ""))
+        else:
+            row.survived += 1
+
+    # gc through a symlinked blob folder must not delete the file it points at
+    repo = modulelens.Repo(tmp / "symlink-gc")
+    make_base_capture(repo)
+    victim_dir = outside / "gc"
+    victim_dir.mkdir()
+    victim = victim_dir / ("ab" * 32)
+    victim.write_text("not yours")
+    (repo.root / "blobs" / "ab").mkdir(exist_ok=True)
+    (repo.root / "blobs" / "ab").rmdir()
+    (repo.root / "blobs" / "ab").symlink_to(victim_dir, target_is_directory=True)
+    check("gc via a symlinked blob folder", lambda: repo.gc(tmp_age_s=0), lambda: not victim.exists())
+
+    # a save through a symlinked staging folder must not write outside
+    repo2 = modulelens.Repo(tmp / "symlink-tmp")
+    staging = outside / "staging"
+    staging.mkdir()
+    os.rmdir(repo2.root / "tmp")
+    (repo2.root / "tmp").symlink_to(staging, target_is_directory=True)
+    check("save via a symlinked staging folder", lambda: make_base_capture(repo2), lambda: any(staging.iterdir()))
+
+    # a blob that is a symlink to a file outside: a save of the same content must not overwrite it
+    repo3 = modulelens.Repo(tmp / "symlink-blob")
+    ref = make_base_capture(repo3)
+    meta = repo3.read_metadata(*repo3.resolve(ref))
+    digest = next(e["payload"] for e in meta["tensors"].values() if e.get("payload"))
+    blob = repo3.blob_path(digest)
+    secret = outside / "secret"
+    secret.write_bytes(b"secret")
+    blob.unlink()
+    blob.symlink_to(secret)
+    check("save over a symlinked blob", lambda: make_base_capture(repo3), lambda: secret.read_bytes() != b"secret")
+    check("load of a symlinked blob", lambda: modulelens.load(ref, repo=repo3).module,
+          lambda: secret.read_bytes() != b"secret")
+
+    repo4 = modulelens.Repo(tmp / "traversal")
+    for name in ("../../evil", "a/../../evil", "/abs/evil", "..", "a/./b", "a//b", "x" * 300, "a\x00b"):
+        check(f"name {name[:20]!r}", lambda name=name: make_base_capture(repo4, name),
+              lambda: any(p.name == "evil" for p in tmp.rglob("evil")))
+    row.seconds = time.perf_counter() - start
+    return row
