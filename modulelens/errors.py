@@ -17,6 +17,7 @@ code the CLI uses for it, so interfaces print one line and exit non-zero, while 
     │   └── MatchError                         (also an AssertionError, so pytest reports a failure)
     ├── UnsupportedValueError         exit 1   a value has no lossless encoding
     ├── CaptureError                  exit 1   capture could not record what it was asked (strict mode)
+    │   └── NothingCapturedError      exit 6   ``modulelens run`` finished without capturing any target
     ├── RepoError                     exit 1   a repo cannot be opened or written
     │   └── StorageError              exit 6   the filesystem refused (disk full, read-only, permission denied)
     ├── KernelError                   exit 1   a kernel problem cannot be exported or a candidate run
@@ -130,3 +131,9 @@ class CaptureWarning(ModulelensWarning):
 
 class SourceChangedWarning(ModulelensWarning):
     """The code of a captured class differs from the code it was captured with."""
+
+
+class NothingCapturedError(CaptureError):
+    """``modulelens run``: the command finished but no target was captured (names the closest modules)."""
+
+    exit_code = 6

@@ -16,8 +16,8 @@ import math
 from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
+from modulelens.format.dtypes import DTYPE_SIZES
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
-from modulelens.format.tensors import known_dtype_sizes
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
 MAX_NDIM = 64
@@ -38,7 +38,7 @@ class _Checker:
     def __init__(self, meta: dict[str, Any], where: str) -> None:
         self.meta = meta
         self.where = where
-        self.dtypes = known_dtype_sizes()
+        self.dtypes = DTYPE_SIZES
 
     def fail(self, field: str, problem: str) -> CorruptCaptureError:
         return CorruptCaptureError(f"{self.where}: {field}: {problem}")

@@ -31,17 +31,18 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-import torch
-
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
-from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.format.validate import validate_capture
 from modulelens.repo.markers import MARK_MIN_BYTES, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
 from modulelens.repo.trust import set_trust_source, trusts_source
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUT_VERSION = 1
 _MARKER = "modulelens-repo.json"
@@ -246,6 +247,8 @@ class Repo:
     def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
         """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
         writing to the tensor never touches the blob."""
+        import torch  # here, not at the top: listing and showing captures must not import torch
+
         numel = 1
         for size in shape:
             numel *= size
@@ -315,10 +318,20 @@ class Repo:
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
         items = list(payloads.items())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
-            digests = [pool.submit(hash_bytes, data) for _, data in items]
-            for (tid, data), digest in zip(items, digests, strict=False):
-                entries[tid]["payload"] = digest.result()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
+                digests = [pool.submit(hash_bytes, data) for _, data in items]
+                for (tid, data), digest in zip(items, digests, strict=False):
+                    entries[tid]["payload"] = digest.result()
+                    self.write_blob(entries[tid]["payload"], data)
+        except RuntimeError as error:
+            # A save from an atexit handler (`modulelens run` saving what a job recorded before it
+            # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
+            # after interpreter shutdown". Hash in this thread instead.
+            if "interpreter shutdown" not in str(error):
+                raise
+            for tid, data in items:
+                entries[tid]["payload"] = hash_bytes(data)
                 self.write_blob(entries[tid]["payload"], data)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:

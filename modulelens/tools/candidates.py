@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from modulelens.errors import CandidateError, ModulelensError
+from modulelens.errors import CandidateError, ModulelensError, RestoreError
 from modulelens.tools.working_copy import working_module
 
 if TYPE_CHECKING:
@@ -102,8 +102,19 @@ def describe_candidate(candidate: Any) -> str:
 
 
 def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The captured module's constructor arguments, decoded (:meth:`Capture.init_arguments`)."""
-    return capture.init_arguments()
+    """The captured module's constructor arguments, decoded (nested modules rebuilt).
+
+    Example::
+
+        args, kwargs = recorded_init_arguments(cap)
+        fused = FusedMLP(*args, **kwargs)
+    """
+    arguments = capture.init_arguments
+    if arguments is None:
+        reason = capture.metadata["module"].get("construction_missing", "no constructor record")
+        raise RestoreError(f"{capture.ref}: constructor arguments were not recorded ({reason}); "
+                           "give the candidate a from_original(module) classmethod or pass an instance")
+    return arguments
 
 
 def build_candidate(candidate: Any, capture: Capture, state_index: int = 0) -> tuple[torch.nn.Module, str]:

@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.format.imports import resolve_import
+from modulelens.format.tree import input_path
 from modulelens.format.values import Unrecorded
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
@@ -242,12 +243,7 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
 
 
 def _leaf_name(key_path: tuple[Any, ...]) -> str:
-    text = pytree.keystr(key_path)  # "[0][1]" for args, "[1]['mask']" for kwargs
-    if text.startswith("[0]"):
-        return "args" + text[3:]
-    if text.startswith("[1]"):
-        return "kwargs" + text[3:]
-    return "inputs" + text
+    return input_path(pytree.keystr(key_path))  # "[0][1]" -> "args[1]", "[1]['mask']" -> "kwargs['mask']"
 
 
 @dataclass

@@ -152,7 +152,7 @@ def test_files_written_by_an_older_version_are_updated(tmp_path: Path) -> None:
 
 def test_missing_project_dir_is_an_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["agent", "install", "--dir", str(tmp_path / "nope"), "--json"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error: the folder given does not exist
     envelope = json.loads(result.stdout)
     assert envelope["ok"] is False and envelope["command"] == "agent install"
     assert "does not exist" in envelope["error"]["message"] and envelope["error"]["exit_code"] == 1

@@ -60,7 +60,7 @@ def test_notebook_loads_and_replays_a_capture(tmp_path: Path) -> None:
     _, rich = outputs_of(nb.cells[6])
     html = rich[0]["data"]["text/html"]
     assert PASS_COLOR in html and ">PASS<" in html and "bit-exact" in html
-    assert rich[0]["data"]["text/plain"].startswith("replay toy/gate:v1 on cpu (bit-exact): PASS")
+    assert rich[0]["data"]["text/plain"].startswith("replay toy/gate:v1 on cpu (bit-exact, recorded weights): PASS")
     _, rich = outputs_of(nb.cells[7])
     html = rich[0]["data"]["text/html"]
     assert FAIL_COLOR in html and ">FAIL<" in html
