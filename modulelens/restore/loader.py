@@ -12,21 +12,24 @@ import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedValueError, UsageError
+from modulelens.errors import RestoreError, SourceChangedWarning, UsageError
 from modulelens.format.module_state import structure, structure_difference
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
-from modulelens.format.tree import decode_tree
+from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
+from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
+
+if TYPE_CHECKING:
+    from modulelens.restore.replay import ReplayReport
 
 
 @dataclass
@@ -107,16 +110,28 @@ class Call:
         check_inputs_usable(self, (args, kwargs))
         return copy_inputs((args, kwargs), device, dtype)
 
+    @property
+    def capture(self) -> Capture:
+        """The capture this call belongs to."""
+        return self._capture
+
+    @property
+    def input_tree(self) -> dict[str, Any]:
+        """The encoded ``(args, kwargs)`` tree as stored (for summaries that must not decode values)."""
+        return self._data["inputs"]
+
+    @property
+    def output_tree(self) -> dict[str, Any] | None:
+        """The encoded output tree as stored, or ``None`` when the call raised in the original job."""
+        return self._data.get("output")
+
     def __repr__(self) -> str:
-        from modulelens.interfaces.tensor_info import call_repr
-
-        return call_repr(self)
-
-    def _repr_html_(self) -> str:
-        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
-        from modulelens.interfaces.html import call_html
-
-        return call_html(self)
+        # From metadata only: a repr must work even when an input's type cannot be imported here.
+        mode = ("train" if self.training else "eval") + ("" if self.grad_enabled else ", no_grad")
+        status = "" if self.finished else ", raised"
+        tensors = self._capture.metadata["tensors"]
+        return (f"<Call {self.index} of {self._capture.ref} ({mode}{status}): "
+                f"inputs {tree_summary(self.input_tree, tensors)} -> output {tree_summary(self.output_tree, tensors)}>")
 
 
 class Capture:
@@ -142,7 +157,7 @@ class Capture:
         init_kwargs: dict[str, Any] | None = None,
         verify: bool = False,
         synthesize: bool = False,
-        run_source: bool = True,
+        trust_source: bool | None = None,
         init_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.repo = repo
@@ -165,9 +180,12 @@ class Capture:
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
-        self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref, run_source=run_source,
-                                       read_text=self._read_text)
-        for message in self._sources.check_changes():
+        if trust_source is None:
+            trust_source = bool(getattr(repo, "trust_source", False))
+        self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
+                                      forbidden=[repo.root] if isinstance(repo, Repo) else [],
+                                      read_text=self._read_text)
+        for message in self._sources.source_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
         if verify:
@@ -195,27 +213,48 @@ class Capture:
         return self.metadata.get("environment", {})
 
     @property
-    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """The recorded constructor arguments ``(args, kwargs)``, decoded (tensors memory-mapped,
-        nested modules rebuilt), or ``None`` when the capture has no constructor record.
+    def module_type(self) -> type[torch.nn.Module]:
+        """The captured module's class, resolved as :attr:`module` resolves it, under the capture's
+        trust rules (docs/security.md): an import, else (trusted) the source stored with it.
+        Nothing is constructed.
 
         Raises:
-            RestoreError: an argument cannot be decoded here.
+            UntrustedCodeError: the path is refused, or only stored source has it and it is not trusted.
+            RestoreError: the class cannot be imported and the capture holds no usable source for it.
+
+        Example::
+
+            cls = cap.module_type          # e.g. <class 'model.TopMLP'>
+        """
+        try:
+            return module_class(self._sources, self.module_class)
+        finally:
+            self._collect_source_notes()
+
+    @property
+    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """The constructor arguments :attr:`module` is built with, ``(args, kwargs)``: those given to
+        ``load(..., init_args=, init_kwargs=)``, else the recorded ones, decoded (tensors
+        memory-mapped, nested modules rebuilt) with ``load(..., init_overrides=)`` applied;
+        ``None`` when there are neither.
+
+        Raises:
+            RestoreError: a recorded argument cannot be decoded here.
+            UsageError: ``init_overrides`` names an argument the constructor does not take.
 
         Example::
 
             args, kwargs = cap.init_arguments   # ((64, 128), {"bias": True})
         """
+        if self._init_args is not None or self._init_kwargs:
+            return tuple(self._init_args or ()), dict(self._init_kwargs)
         mid = self.metadata["module"].get("construction")
         if mid is None:
             return None
-        entry = self.metadata["constructions"][mid]
-        ctx = self._decode_context()
-        try:
-            return (tuple(decode_value(a, ctx) for a in entry["args"]),
-                    {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()})
-        except (UnsupportedValueError, ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
+        cls, args, kwargs = self._decode_construction(mid)
+        if self._init_overrides:
+            return override_arguments(cls, args, kwargs, self._init_overrides, self.ref)
+        return args, kwargs
 
     def stored_source(self, module_name: str) -> str | None:
         """The source text of ``module_name`` stored with the capture (see
@@ -228,17 +267,27 @@ class Capture:
         return self._sources.text(module_name)
 
     def _read_text(self, tid: str) -> str:
+        """A stored source file (a blob referenced from ``sources``, docs/format.md)."""
+        if self.metadata["tensors"][tid]["nbytes"] == 0:
+            return ""
         return self.fresh_tensor(tid).numpy().tobytes().decode("utf-8")
+
+    def payload_of(self, tensor: torch.Tensor) -> str | None:
+        """The payload hash of a tensor this capture returned (from :meth:`tensor`, a call's inputs or
+        outputs, a state), found by identity; ``None`` for any other tensor.
+
+        Example::
+
+            cap.payload_of(cap.calls[0].args[0])   # "blake3:..."
+        """
+        for tid, known in self._tensors.items():
+            if known is tensor:
+                return self.metadata["tensors"][tid].get("payload")
+        return None
 
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
-
-    def _repr_html_(self) -> str:
-        """Jupyter: class, constructor, parameter and call tensors as tables."""
-        from modulelens.interfaces.html import capture_html
-
-        return capture_html(self)
 
     # ---------------------------------------------------------------------------------- tensors
 
@@ -322,30 +371,20 @@ class Capture:
         if not self.calls:
             return
         module.train(self.calls[0].training)
-        modes = {call.training for call in self.calls}
-        if len(modes) > 1:
+        if len({call.training for call in self.calls}) > 1:
             first = "training" if self.calls[0].training else "eval"
             self.notes.append(f"the recorded calls ran in both training and eval mode; the module is in {first} mode "
                               "(that of the first call): set module.train(call.training) per call, as replay() does")
 
-    def _build_construction(self, mid: str) -> torch.nn.Module:
-        entry = self.metadata["constructions"][mid]
-        cls = self._import_class(entry["class"])
-        ctx = self._decode_context()
+    def _decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
         try:
-            args = [decode_value(a, ctx) for a in entry["args"]]
-            kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
-        except (UnsupportedValueError, ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
-        return cls(*args, **kwargs)
-
-    def _import_class(self, path: str) -> type:
-        try:
-            return self._sources.resolve(path)
-        except (ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot import module class {path}: {error}") from None
+            return decode_construction(self.metadata["constructions"][mid], self._sources, self._decode_context())
         finally:
             self._collect_source_notes()
+
+    def _build_construction(self, mid: str) -> torch.nn.Module:
+        cls, args, kwargs = self._decode_construction(mid)
+        return cls(*args, **kwargs)
 
     def _collect_source_notes(self) -> None:
         for note in self._sources.notes:
@@ -355,21 +394,18 @@ class Capture:
     def _construct(self) -> torch.nn.Module:
         module_info = self.metadata["module"]
         if self._init_args is not None or self._init_kwargs:
-            cls = self._import_class(module_info["class"])
-            return cls(*(self._init_args or ()), **self._init_kwargs)
+            return self.module_type(*(self._init_args or ()), **self._init_kwargs)
         if module_info.get("construction") is None:
             reason = module_info.get("construction_missing", "no constructor record")
             raise RestoreError(
                 f"{self.ref}: cannot rebuild {module_info['class']}: {reason}; "
                 "pass its arguments with load(..., init_args=(...), init_kwargs={...})"
             )
-        if not self._init_overrides:
-            return self._build_construction(module_info["construction"])
-        cls = self._import_class(module_info["class"])
-        recorded = self.init_arguments
-        assert recorded is not None
-        args, kwargs = override_arguments(cls, *recorded, self._init_overrides, self.ref)
-        return cls(*args, **kwargs)
+        if self._init_overrides:
+            arguments = self.init_arguments
+            assert arguments is not None
+            return self.module_type(*arguments[0], **arguments[1])
+        return self._build_construction(module_info["construction"])
 
     def _restore_module(self) -> torch.nn.Module:
         try:
@@ -380,14 +416,12 @@ class Capture:
                 raise _NeedsRealConstructionError("tensors outside parameters and buffers")
         except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
-            module = self._construct()
-            self._assign_state(module, 0)
+            module = self._construct_on_cpu()
         except RestoreError:
             raise
         except Exception as error:  # the constructor did real computation on meta tensors
             self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
-            module = self._construct()
-            self._assign_state(module, 0)
+            module = self._construct_on_cpu()
         self._restore_attributes(module)
         if self.device is not None and self.device.type != "cpu":
             module.to(self.device)
@@ -425,6 +459,17 @@ class Capture:
         if changed:
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
             self.notes.append(f"attributes set after construction restored as recorded: {shown}")
+
+    def _construct_on_cpu(self) -> torch.nn.Module:
+        try:
+            module = self._construct()
+        except (RestoreError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # the class's own code rejected the recorded arguments
+            raise RestoreError(f"{self.ref}: rebuilding {self.module_class} from its recorded arguments failed: "
+                               f"{type(error).__name__}: {error}") from error
+        self._assign_state(module, 0)
+        return module
 
     def _assign_state(self, module: torch.nn.Module, index: int) -> None:
         states = self.metadata.get("states", [])
@@ -473,21 +518,20 @@ class Capture:
                 f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})")
         recorded = self.metadata["module"].get("structure")
         code_changed = any("changed since it was captured" in note for note in self.notes)
-        if recorded is None or code_changed:
-            return f"{head}; has its code changed?"
-        difference = structure_difference(recorded, structure(module))
-        if not difference:
+        difference = structure_difference(recorded, structure(module)) if isinstance(recorded, dict) else ""
+        if code_changed or not difference:
             return f"{head}; has its code changed?"
         return (f"{head}: the module's structure was changed after it was constructed (re-parameterisation, "
                 f"fusing...; {difference}), and its constructor arguments rebuild the original structure. "
-                "Capture it before the change, or rebuild it yourself and load its weights with "
-                "module.load_state_dict(cap.fresh_state_dict())")
+                "Capture it before the change, rebuild that structure with load(..., init_overrides={...}) if "
+                "its constructor can, or rebuild it yourself and load module.load_state_dict(cap.fresh_state_dict())")
 
-    def use_state(self, index: int) -> torch.nn.Module:
+    def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
-        module holds exactly them already (no other state loaded, nothing changed in place)."""
+        module holds exactly them already (no other state loaded, nothing changed in place).
+        ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
-        if self._current_state != (index, _state_versions(module)):
+        if force or self._current_state != (index, _state_versions(module)):
             self._assign_state(module, index)
         return module
 
@@ -523,16 +567,29 @@ class Capture:
 
     # ---------------------------------------------------------------------------------- replay
 
-    def replay(self, **options: Any) -> Any:
-        """Run the module on every recorded call and compare with the recorded outputs.
+    def replay(
+        self,
+        *,
+        calls: Sequence[int] | None = None,
+        exact: bool | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        module: torch.nn.Module | None = None,
+        weights: str = "recorded",
+        backward: bool = False,
+    ) -> ReplayReport:
+        """Run the module on every recorded call and compare with the recorded outputs; see
+        :func:`modulelens.restore.replay.replay` for the arguments.
 
-        Options: ``calls`` (indices into ``.calls``), ``exact`` (default: bit-exact when device and
-        dtype are unchanged), ``rtol``/``atol`` overrides, ``backward`` (also run backward with the
-        recorded output gradients and compare input and parameter gradients). Returns a
-        :class:`ReplayReport`."""
+        Example::
+
+            report = modulelens.load("ranker/mlp").replay()
+            assert report.passed, report
+        """
         from modulelens.restore.replay import replay
 
-        return replay(self, **options)
+        return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
+                      backward=backward)
 
 
 def _tensor_ids(data: Any) -> list[str]:
@@ -607,28 +664,45 @@ def load(
     init_kwargs: dict[str, Any] | None = None,
     verify: bool = False,
     synthesize: bool = False,
-    run_source: bool = True,
+    trust_source: bool | None = None,
+    run_source: bool | None = None,
     init_overrides: dict[str, Any] | None = None,
 ) -> Capture:
     """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
 
-    ``device``/``dtype`` move the module and the inputs used by replay. ``init_args`` and
-    ``init_kwargs`` rebuild a module that was captured without a constructor record. ``verify``
-    re-hashes every payload (normally only payloads changed since their last check are hashed).
-    ``synthesize`` replaces tensors stored shape-only by synthetic ones matching their recorded
-    dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
-    ``run_source=False`` never runs the source stored with a capture for classes that cannot be
-    imported here (see docs/fidelity.md); such a class is then a :class:`RestoreError`.
-    ``init_overrides`` replaces single recorded constructor arguments by name
-    (``{"drop_rate": 0.0}``); :attr:`Capture.init_arguments` shows the recorded ones.
+    Loading runs no code from the capture unless you trust it (docs/security.md): every class and
+    function the metadata names must be importable here and of an allowed kind, checked before
+    anything is called.
 
-    The module (:attr:`Capture.module`) is in the mode (train/eval) of the first recorded call,
-    and plain attributes set after construction are restored as recorded.
+    Args:
+        ref: ``name``, ``name:v3`` or ``name:alias``.
+        repo: a :class:`Repo` or its path.
+        device: move the module and the inputs used by replay there.
+        dtype: cast the module and the inputs used by replay.
+        init_args: constructor arguments for a module captured without a constructor record.
+        init_kwargs: constructor keyword arguments, likewise.
+        verify: re-hash every payload (normally: size always, a sampled hash of large payloads,
+            a full hash of payloads changed since their last check).
+        synthesize: replace tensors stored shape-only by synthetic ones matching their recorded
+            dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
+        trust_source: run the source stored with the capture for classes that cannot be
+            imported here (``None``: the repo's own setting, :attr:`Repo.trust_source`, which is
+            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`.
+        run_source: deprecated alias of ``trust_source``.
+        init_overrides: replace single recorded constructor arguments by name
+            (``{"drop_rate": 0.0}``); :attr:`Capture.init_arguments` shows the resulting ones.
+
+    Returns:
+        The :class:`Capture`; its module is built on first use of ``.module``, in the mode
+        (train/eval) of the first recorded call, with plain attributes set after construction
+        restored as recorded.
 
     Raises:
         CaptureNotFoundError: no such name, version or alias.
-        RestoreError: the capture is of a newer format, or the module cannot be rebuilt (the
-            error says why: a class that cannot be imported, a structure changed after construction).
+        CorruptCaptureError: the metadata is damaged or not a capture.
+        UntrustedCodeError: the capture names something the trust rules refuse.
+        RestoreError: the module cannot be rebuilt here (the message says why: a class that
+            cannot be imported, a structure changed after construction...).
         UsageError: ``init_overrides`` names an argument the constructor does not take.
 
     Example::
@@ -636,10 +710,17 @@ def load(
         cap = modulelens.load("demo/top_mlp:latest")
         print(cap.replay())
     """
+    if run_source is not None:
+        warnings.warn("load(..., run_source=...) is deprecated; use trust_source=...", DeprecationWarning,
+                      stacklevel=2)
+        trust_source = run_source if trust_source is None else trust_source
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
+    repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
+    # Code stored with a capture runs only from a trusted repo (a remote one holds other people's captures).
+    run_source = run_source and repo.trusted
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, run_source=run_source,
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source,
                        init_overrides=init_overrides)

@@ -7,15 +7,17 @@ of the job then loads ``_bootstrap/sitecustomize.py``, which calls :func:`activa
 1. constructor tracking goes on before any user code is imported;
 2. a global forward pre-hook looks at each module the first time it is called; the first one whose
    tree contains a target becomes a root, and a :class:`Tracer` is attached to it;
-3. each target is saved as soon as it is recorded; once every target is, the global hook is
-   removed (and with ``--exit-after-capture`` the job ends cleanly with exit code 0);
-4. at exit, whatever was captured and not saved yet is saved (on this thread: no thread pool can
-   start then) and a summary for the parent is written.
+3. each target is saved as soon as it is recorded, so a job that ends abruptly keeps it; once
+   every target is, the global hook is removed (and with ``--exit-after-capture`` the job ends
+   cleanly with exit code 0);
+4. at exit, whatever was captured and not saved yet is saved and a summary for the parent is
+   written.
 """
 
 from __future__ import annotations
 
 import atexit
+import difflib
 import json
 import os
 import subprocess
@@ -25,7 +27,10 @@ import threading
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modulelens.tracing.budget import PayloadPolicy
 
 ENV_CONFIG = "MODULELENS_RUN_CONFIG"
 ENV_SUMMARY = "MODULELENS_RUN_SUMMARY_DIR"
@@ -43,6 +48,44 @@ class RunConfig:
     ranks: str = "0"
     strict: bool = False
     tags: list[str] = field(default_factory=list)
+    backward: bool = False  # also record gradients (capture(backward=True))
+    shape_only_over: int | None = None  # PayloadPolicy: bigger call tensors are stored shape-only
+    max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
+    list_modules: bool = False  # report the module tree of the first model called, then end the job
+
+    def policy(self) -> PayloadPolicy | None:
+        """The payload policy of ``--shape-only-over``/``--max-bytes`` (``None`` when neither is set)."""
+        from modulelens.tracing.budget import PayloadPolicy  # imports torch: only in the job's processes
+
+        if self.shape_only_over is None and self.max_bytes is None:
+            return None
+        return PayloadPolicy(shape_only_over=self.shape_only_over, max_bytes=self.max_bytes)
+
+
+MAX_ROOTS = 4  # module trees reported to the parent (for --list-modules and "did you mean")
+MAX_MODULES = 5000  # modules per reported tree
+
+
+def closest_modules(pattern: str, modules: list[list[str]], limit: int = 5) -> list[list[str]]:
+    """The recorded ``[qualified name, class]`` pairs closest to a target that matched nothing.
+
+    A pattern contained in a name or class comes first (``lin`` -> ``1.lin``), then names and
+    classes that ``difflib`` finds close (``encoder.layer.0`` -> ``encoder.layers.0``).
+
+    Example::
+
+        closest_modules("lin", [["0", "torch.nn:Embedding"], ["1.lin", "torch.nn:Linear"]])
+        # [["1.lin", "torch.nn:Linear"]]
+    """
+    needle = pattern.lower().strip("*")
+    found = [m for m in modules if needle and needle in m[0].lower()]
+    found += [m for m in modules if needle and m not in found and needle in m[1].lower().rsplit(":", 1)[-1]]
+    keys = {m[0]: m for m in modules if m[0]}
+    keys.update({m[1].rsplit(":", 1)[-1]: m for m in modules})
+    for key in difflib.get_close_matches(pattern, list(keys), n=limit, cutoff=0.6):
+        if keys[key] not in found:
+            found.append(keys[key])
+    return found[:limit]
 
 
 # ------------------------------------------------------------------------------------------ parent
@@ -50,10 +93,21 @@ class RunConfig:
 
 def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``command`` with capture on; returns exit code, what was saved and what was missed."""
+    from modulelens.errors import StorageError
     from modulelens.repo.local import Repo
+    from modulelens.repo.local import default_repo_path as repo_default
 
-    repo = Repo(config.repo)  # create it now so every process of the job agrees on it
-    config.repo = str(repo.root)
+    requested = config.repo
+    try:
+        repo = Repo(config.repo)  # create it now so every process of the job agrees on it
+    except (OSError, StorageError) as error:  # fail open: the job runs, captures go elsewhere
+        from modulelens.tracing.save import copy_back_hint, describe_storage_error, fallback_repo
+
+        repo = fallback_repo()
+        print(f"modulelens: cannot use repo {requested or repo_default()} ({describe_storage_error(error)}); "
+              f"captures go to {repo.root}; copy them back with: {copy_back_hint(repo, requested)}",
+              file=sys.stderr, flush=True)
+    config.repo = repo.location  # a path, or the URL of a remote repo
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as summary_dir:
         env = dict(os.environ)
         env[ENV_CONFIG] = json.dumps(asdict(config))
@@ -67,7 +121,10 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
             raise UsageError(f"command not found: {command[0]}") from None
         summaries = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob("*.json"))]
     saved = [s for summary in summaries for s in summary["saved"]]
+    # a pattern counts once a capture of it was saved, not when it merely matched a module
     captured_patterns = {p for summary in summaries for p in summary.get("captured", [])}
+    roots = [root for summary in summaries for root in summary.get("roots", [])]
+    modules = [m for root in roots for m in root["modules"]]
     missing = [t for t in config.targets if t not in captured_patterns]
     return {
         # ok: the job succeeded and every target pattern has at least one saved capture
@@ -75,8 +132,11 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         "exit_code": completed.returncode,
         "command": command,
         "repo": config.repo,
+        "requested_repo": requested if requested is not None else str(repo_default()),
         "saved": saved,
         "missing_targets": missing,  # never matched, or matched but never captured (or saved)
+        "suggestions": {t: closest_modules(t, modules) for t in missing},
+        "roots": roots,
         "processes": summaries,
     }
 
@@ -87,9 +147,8 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
 class _Session:
     """Capture state of one process of the job.
 
-    Each target is saved as soon as it is complete (not at exit), so a job that ends abruptly
-    keeps it; what is left is saved by the ``atexit`` handler, which hashes on its own thread
-    because no thread pool can start once the interpreter shuts down.
+    Each target is saved as soon as it is complete (not only at exit), so a job that ends abruptly
+    keeps it; what is left is saved by the ``atexit`` handler.
     """
 
     def __init__(self, config: RunConfig) -> None:
@@ -104,6 +163,7 @@ class _Session:
         self.captured: set[str] = set()  # patterns with at least one saved capture
         self.saved: list[dict[str, Any]] = []
         self.failed: list[str] = []
+        self.roots: list[dict[str, Any]] = []  # module trees of the first models called
         self._seen: set[int] = set()
         self._prefixes: dict[int, str] = {}  # tracer id -> capture name prefix
         self._patterns: dict[int, list[str]] = {}  # tracer id -> its target patterns as given
@@ -132,6 +192,8 @@ class _Session:
         with self._lock:
             for sub in module.modules():
                 self._seen.add(id(sub))
+            if len(self.roots) < MAX_ROOTS:
+                self._note_root(unwrap_model(module))
             pending = [p for p in self.config.targets if p not in self.resolved]
             found = find_targets(module, pending)
             if not found:
@@ -140,7 +202,7 @@ class _Session:
             self.resolved.update(patterns)
             tracer = Tracer(module, patterns, warmup=self.config.warmup, max_calls=self.config.max_calls,
                             on_complete=self._on_tracer_complete, on_target_complete=self._on_target_complete,
-                            strict=self.config.strict, ranks=self.config.ranks)
+                            strict=self.config.strict, backward=self.config.backward, ranks=self.config.ranks)
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             self._patterns[id(tracer)] = patterns
@@ -151,6 +213,19 @@ class _Session:
     def _on_target_complete(self, tracer: Any, qualified: str) -> None:
         with self._lock:
             self._save(tracer, [qualified])
+
+    def _note_root(self, model: Any) -> None:
+        def cls(m: Any) -> str:
+            return f"{type(m).__module__}:{type(m).__qualname__}"
+
+        modules = [[name, cls(m)] for name, m in model.named_modules()][:MAX_MODULES]
+        self.roots.append({"class": cls(model), "modules": modules})
+        if self.config.list_modules:
+            self._hook.remove()
+            self._write_summary()
+            self._done = True
+            print("modulelens: module tree written; ending the job (--list-modules)", file=sys.stderr, flush=True)
+            raise SystemExit(0)
 
     def _on_tracer_complete(self, tracer: Any) -> None:
         with self._lock:
@@ -163,7 +238,7 @@ class _Session:
             self._done = True
             raise SystemExit(0)
 
-    def _save(self, tracer: Any, qualified_names: list[str], *, at_exit: bool = False) -> None:
+    def _save(self, tracer: Any, qualified_names: list[str]) -> None:
         """Save those targets of ``tracer`` not saved yet (each once), then update the summary."""
         from modulelens.tracing.save import save_records
         from modulelens.tracing.tracer import matches
@@ -174,7 +249,7 @@ class _Session:
             self._saved_targets.add((id(tracer), qualified))
             try:
                 infos = save_records(tracer, self.config.repo, self._prefixes[id(tracer)], tags=self.config.tags,
-                                     only=[qualified], hash_in_thread=not at_exit)
+                                     policy=self.config.policy(), only=[qualified])
             except Exception as error:
                 if self.config.strict:
                     raise
@@ -182,8 +257,8 @@ class _Session:
                 warnings.warn(f"modulelens: saving the capture of {qualified or '<root>'} failed: {error}",
                               stacklevel=2)
                 continue
-            module = tracer.records[qualified].module
             if infos:
+                module = tracer.records[qualified].module
                 raw = self._patterns[id(tracer)]  # as the user wrote them; tracer.patterns are normalised
                 self.captured.update(r for r, p in zip(raw, tracer.patterns, strict=True) if matches(p, qualified, module))
             for info in infos:
@@ -200,7 +275,7 @@ class _Session:
             self._hook.remove()
             for tracer in self.tracers:
                 tracer.stop()
-                self._save(tracer, list(tracer.records), at_exit=True)
+                self._save(tracer, list(tracer.records))
             self._write_summary()
 
     def _write_summary(self) -> None:
@@ -208,7 +283,7 @@ class _Session:
         if not folder or not os.path.isdir(folder):
             return
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
-                   "captured": sorted(self.captured), "saved": self.saved, "failed": self.failed}
+                   "captured": sorted(self.captured), "saved": self.saved, "failed": self.failed, "roots": self.roots}
         target = Path(folder) / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))

@@ -171,8 +171,11 @@ class Tracer:
         self.environment = describe_environment()
         self._snap = Snapshotter()
         self._handles: dict[str, list[Any]] = {}
-        self._stacks: dict[str, list[_Pending | None]] = {}
-        self._state_keys: dict[str, tuple[tuple[int, int], ...]] = {}
+        # Pending calls per target *and thread*: a forward entered on one thread is exited on that
+        # thread, so pairing inputs with outputs by a per-thread stack stays right when several
+        # threads call one target at once (one shared stack mispaired 27 of 30 such calls).
+        self._stacks: dict[str, dict[int, list[_Pending | None]]] = {}
+        self._state_keys: dict[str, tuple[Any, ...]] = {}
         self._lock = threading.RLock()
         self.finished = False
         # Distributed jobs (docs/distributed.md): which ranks record, and bounded gathers of DTensors.
@@ -208,7 +211,7 @@ class Tracer:
             qualified_name=name, module_class=original_class(type(module)), construction=get_init_record(module),
             module=module,
         )
-        self._stacks[name] = []
+        self._stacks[name] = {}
         pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
         # First among the post-hooks: the output as forward returned it (a DTensor under tensor
         # parallel, before its output hook turns it into a local shard).
@@ -243,7 +246,7 @@ class Tracer:
             # call would be seen before them, so it is skipped (alike on every rank).
             reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
-                self._stacks[name].append(None)
+                self._stack(name).append(None)
                 return None
             gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), module)
             if isinstance(gathered, str):
@@ -251,7 +254,7 @@ class Tracer:
                 return None
             if not self.recording:
                 self._participated[name] = self._participated.get(name, 0) + 1
-                self._stacks[name].append(_Pending(None, index))
+                self._stack(name).append(_Pending(None, index))
                 return None
             if not record.calls and not record.structure:  # state set after construction (issue 11)
                 record.attributes, record.structure = plain_attributes(module), structure(module)
@@ -276,12 +279,12 @@ class Tracer:
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
-            self._stacks[name].append(_Pending(call, index, live))
+            self._stack(name).append(_Pending(call, index, live))
             return replacement
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
         with self._lock:
-            stack = self._stacks[name]
+            stack = self._stack(name)
             pending = stack.pop() if stack else None
             if pending is None:
                 return
@@ -312,10 +315,15 @@ class Tracer:
                                             functools.partial(self._on_backward, name))
                     if handle is not None:
                         self._backward_handles.append(handle)
-            done = all(c.finished for c in record.calls) if self.recording else not stack
+            done = (all(c.finished for c in record.calls) if self.recording
+                    else not any(self._stacks.get(name, {}).values()))
             if self._taken(name) >= self.max_calls and done:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
+
+    def _stack(self, name: str) -> list[_Pending | None]:
+        """This thread's pending calls of target ``name`` (callers hold ``self._lock``)."""
+        return self._stacks.setdefault(name, {}).setdefault(threading.get_ident(), [])
 
     def _on_backward(self, name: str, call: CallRecord, error: BaseException | None) -> None:
         if error is not None:
@@ -342,6 +350,7 @@ class Tracer:
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
             return len(record.states) - 1
+        self._snap.forget([t for t in (*params.values(), *buffers.values()) if t is not None])
         non_persistent = _non_persistent_buffers(module)
         extra = {}
         for sub_name, sub in module.named_modules():
@@ -402,7 +411,7 @@ class Tracer:
         message = f"call {index} ({phase}): {reason}"
         self._incidents.setdefault(name, []).append(message)
         self._detach(name)
-        self._stacks[name] = []
+        self._stacks[name] = {}
         warnings.warn(f"modulelens: rank {self.rank}: capture of {name or '<root>'} stopped incomplete, "
                       f"the job goes on: {message}", CaptureWarning, stacklevel=2)
         if not self._handles:
@@ -424,7 +433,7 @@ class Tracer:
             if record is not None:
                 record.failed = f"{type(error).__name__}: {error}"
             self._detach(name)
-            self._stacks[name] = []
+            self._stacks[name] = {}
         warnings.warn(f"modulelens: capture of {name or '<root>'} failed and was dropped: {error}", CaptureWarning, stacklevel=2)
         if not self._handles:
             self._finish()
@@ -506,11 +515,44 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
 
 
 def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]:
-    """Parameters, buffers and the (identity, version) key that tells whether they changed."""
+    """Parameters, buffers and the key that tells whether they changed since the last recorded call.
+
+    Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many
+    hand-written training loops, does not bump ``p._version``), and a snapshot shared by calls
+    that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
+    each tensor's storage address and a fingerprint of its bits (see :func:`_fingerprints`).
+    """
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
-    key = tuple((id(t), t._version) for t in (*params.values(), *buffers.values()))
-    return params, buffers, key
+    tensors = [t for t in (*params.values(), *buffers.values()) if t is not None]
+    key = tuple((id(t), t._version, t.data_ptr() if not is_dtensor(t) else 0) for t in tensors)
+    return params, buffers, (key, _fingerprints(tensors))
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """The sum of each tensor's elements read as integers of the same width, in int64.
+
+    Any change of a single element changes it; a change that keeps the integer sum (a permutation
+    of elements, or two edits that cancel exactly) does not. One pass over the weights per
+    recorded call (never during warm-up or after early stop), one device sync per device.
+    DTensors are fingerprinted by their local shard, so no rank waits for another.
+    """
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    order: list[tuple[torch.device, int]] = []
+    for tensor in tensors:
+        local = (tensor.to_local() if is_dtensor(tensor) else tensor).detach()
+        width = _SAME_SIZE_INT.get(local.element_size())
+        if local.device.type == "meta" or local.numel() == 0 or width is None:
+            order.append((torch.device("cpu"), -1))
+            continue
+        on_device = sums.setdefault(local.device, [])
+        order.append((local.device, len(on_device)))
+        on_device.append(local.view(width).sum(dtype=torch.int64))
+    values = {device: torch.stack(found).tolist() for device, found in sums.items()}
+    return tuple(values[device][i] if i >= 0 else 0 for device, i in order)
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import UsageError
 
 SKILL_NAME = "modulelens"
 SKILL_DIR = Path(".claude") / "skills" / SKILL_NAME
@@ -74,11 +74,14 @@ def bundled_files(cursor: bool) -> dict[Path, bytes]:
 
 
 def _read_manifest(project: Path) -> dict[str, str]:
+    # A missing or hand-damaged manifest only means "no file is known to be ours": every file is
+    # then treated as edited by someone and kept (unless --force).
     try:
         data = json.loads((project / MANIFEST).read_text())
-        return dict(data.get("files", {}))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    return dict(files) if isinstance(files, dict) else {}
 
 
 def install(
@@ -91,7 +94,7 @@ def install(
     ``force``)."""
     root = Path(project if project is not None else os.getcwd()).expanduser().absolute()
     if not root.is_dir():
-        raise ModulelensError(f"project directory {root} does not exist")
+        raise UsageError(f"project directory {root} does not exist")
     manifest = _read_manifest(root)
     result = InstallResult(project=str(root), skill_dir=str(root / SKILL_DIR))
     written: dict[str, str] = dict(manifest)

@@ -1,106 +1,68 @@
-"""The ``modulelens`` command line (typer + rich; ``--json`` on every command)."""
+"""Core commands: browse (``ls``, ``show``), ``replay``, manage (``alias``, ``rm``, ``gc``), ``run``, ``demo``."""
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+import shlex
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
-from modulelens.interfaces.output import console, emit, emit_json, err_console, human_bytes
+from modulelens.errors import NothingCapturedError, UsageError
+from modulelens.format.human import human_bytes
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
+from modulelens.interfaces.output import console, emit, emit_json, err_console
 
-app = typer.Typer(
-    name="modulelens",
-    help="Capture submodules of a real PyTorch job, store them versioned, rebuild and replay them anywhere.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli-json.md) instead of tables.")]
-RepoOpt = Annotated[str | None, typer.Option("--repo", help="Repo directory (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
-
-
-class _State:
-    debug = False
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def command(name: str, *, group: typer.Typer | None = None, json_name: str | None = None,
-            **settings: Any) -> Callable[[F], F]:
-    """Register a command whose ModulelensErrors become one line (or a JSON error) and an exit code.
-
-    ``group`` registers it on a sub-app (``modulelens kernel verify``) instead of the top level;
-    ``json_name`` is the ``command`` field of its JSON envelope (default: ``name``)."""
-    label = json_name or name
-
-    def decorate(func: F) -> F:
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except (ModulelensError, FileNotFoundError, PermissionError, ValueError) as error:
-                if _State.debug:
-                    raise
-                code = getattr(error, "exit_code", 1)
-                if kwargs.get("as_json"):
-                    emit_json(label, error=error, exit_code=code)
-                else:
-                    err_console.print(f"[red]error:[/red] {error}", markup=True, highlight=False, soft_wrap=True)
-                raise typer.Exit(code) from None
-        (group or app).command(name, **settings)(wrapper)
-        return func
-    return decorate
-
-
-@app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False) -> None:
-    _State.debug = debug
-
-
-def _repo(path: str | None, create: bool = False) -> Any:
-    from modulelens.repo.local import Repo
-
-    return Repo(path, create=create)
+app = typer.Typer()
 
 
 # ------------------------------------------------------------------------------------- browse
 
 
-@command("ls")
+@command(app, "ls")
 def ls(
     name: Annotated[str | None, typer.Argument(help="Only this name (or names starting with this prefix/).")] = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List captures: name, version, aliases, module class, size."""
-    store = _repo(repo, create=True)
-    names = [n for n in store.names() if name is None or n == name or n.startswith(name.rstrip("/") + "/")]
-    rows = [info.to_dict() for n in names for info in store.list(n)]
+    store = session.open_repo(repo, create=True)
+    rows = [info.to_dict() for info in session.list_versions(store, name)]
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            console.print(f"no captures in {store.root}")
+            console.print(f"no captures in {store.location}")
             return
-        table = Table(title=f"captures in {store.root}")
-        for col in ("ref", "aliases", "module class", "payload", "created"):
-            table.add_column(col)
+        # A ref is what people copy into the next command, so it is never cut: it gets its full
+        # width, the other columns fold, and the least useful ones go when the terminal is narrow.
+        widest = max(len(row["ref"]) for row in result)
+        if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
+            console.print(f"captures in {store.root}", soft_wrap=True, highlight=False)
+            for row in result:
+                console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
+                              f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
+            return
+        columns = ["aliases", "module class", "payload", "created"]
+        while columns and widest + 12 * len(columns) > console.width:
+            columns.pop()
+        table = Table(title=f"captures in {store.location}", title_justify="left")
+        table.add_column("ref", no_wrap=True, min_width=widest)
+        for col in columns:
+            table.add_column(col, overflow="fold")
         for row in result:
-            table.add_row(row["ref"], ", ".join(row["aliases"]), row["module_class"].rsplit(":", 1)[-1],
-                          human_bytes(row["payload_bytes"]), row["created"])
+            cells = {"aliases": ", ".join(row["aliases"]), "module class": row["module_class"].rsplit(":", 1)[-1],
+                     "payload": human_bytes(row["payload_bytes"]), "created": row["created"]}
+            table.add_row(row["ref"], *(cells[col] for col in columns))
         console.print(table)
 
     emit("ls", as_json, rows, render)
 
 
-@command("show")
+@command(app, "show")
 def show(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
@@ -109,7 +71,9 @@ def show(
     """Show one capture: class, constructor arguments, state, calls, environment, reports."""
     from modulelens.restore.summary import describe
 
-    result = describe(_repo(repo), ref)
+    store = session.open_repo(repo)
+    name, version = session.resolve(store, ref)
+    result = describe(store, f"{name}:v{version}")
 
     def render(d: dict[str, Any]) -> None:
         console.print(f"[bold]{d['ref']}[/bold]  aliases: {', '.join(d['aliases']) or '-'}  stored at {d['path']}")
@@ -151,21 +115,19 @@ def _leaves_text(leaves: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------- replay
 
 
-@command("replay")
+@command(app, "replay")
 def replay_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
-    device: Annotated[str | None, typer.Option(help="Run on this device (cpu, cuda, cuda:1).")] = None,
-    dtype: Annotated[str | None, typer.Option(help="Cast floating weights and inputs (float32, bfloat16, ...).")] = None,
-    rtol: Annotated[float | None, typer.Option(help="Relative tolerance (default: bit-exact if nothing changed).")] = None,
-    atol: Annotated[float | None, typer.Option(help="Absolute tolerance.")] = None,
+    trust_source: TrustOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
-    from modulelens.format.tensors import dtype_from_name
-    from modulelens.restore.loader import load
-
-    capture = load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
     report = capture.replay(rtol=rtol, atol=atol)
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
@@ -198,7 +160,7 @@ def replay_cmd(
 # ------------------------------------------------------------------------------------- manage
 
 
-@command("alias")
+@command(app, "alias")
 def alias_cmd(
     ref: Annotated[str, typer.Argument(help="NAME:vN (or NAME:alias) to point at; with --delete, NAME")],
     alias: Annotated[str, typer.Argument(help="Alias name, e.g. golden")],
@@ -207,7 +169,7 @@ def alias_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Point an alias (movable) at a version, or remove it."""
-    store = _repo(repo)
+    store = session.open_repo(repo)
     if delete:
         name = ref.partition(":")[0]
         store.remove_alias(name, alias)
@@ -218,25 +180,51 @@ def alias_cmd(
         f"removed alias {alias} of {r['name']}" if delete else f"{r['name']}:{alias} -> {r['ref']}"))
 
 
-@command("rm")
+@command(app, "rm")
 def rm_cmd(
     ref: Annotated[str, typer.Argument(help="NAME:vN or NAME:alias (one version) or NAME (all versions)")],
     repo: RepoOpt = None,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Remove a version (or every version of a name). Payloads are freed by `gc`."""
-    removed = _repo(repo).remove(ref)
+    """Remove a version (or every version of a name). Payloads are freed by `gc`. Asks before removing an aliased version."""
+    store = session.open_repo(repo)
+    aliased = session.aliased_versions(store, ref)
+    if aliased and not yes:
+        what = "; ".join(f"{v} is {', '.join(a)}" for v, a in aliased.items())
+        if as_json or not session.interactive():
+            raise UsageError(f"not removed: {what}; pass --yes to remove it anyway")
+        if not typer.confirm(f"{what}. Remove?", default=False, err=True):
+            raise UsageError("not removed")
+    removed = store.remove(ref)
     emit("rm", as_json, {"removed": removed}, lambda r: console.print("removed " + ", ".join(r["removed"])))
 
 
-@command("gc")
+@command(app, "trust")
+def trust_cmd(
+    repo: RepoOpt = None,
+    revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting this repo's stored source.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust the source stored in YOUR OWN repo: loading its captures may then run that source.
+
+    Bound to this directory and user: a repo copied or downloaded from elsewhere never arrives
+    trusted. Never trust a repo holding captures from people you do not trust (docs/security.md)."""
+    store = session.open_repo(repo)
+    store.trust_source = not revoke
+    result = {"repo": str(store.root), "trust_source": store.trust_source}
+    emit("trust", as_json, result,
+         lambda r: console.print(f"{r['repo']}: stored source {'trusted' if r['trust_source'] else 'not trusted'}"))
+
+
+@command(app, "gc")
 def gc_cmd(
     repo: RepoOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be removed.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete payloads that no version references."""
-    report = _repo(repo).gc(dry_run=dry_run)
+    report = session.open_repo(repo).gc(dry_run=dry_run)
     emit("gc", as_json, report.to_dict(), lambda r: console.print(
         f"{'would remove' if dry_run else 'removed'} {r['removed_blobs']} payloads "
         f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}"))
@@ -245,12 +233,21 @@ def gc_cmd(
 # ------------------------------------------------------------------------------------- capture
 
 
-@command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@command(app, "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
     ctx: typer.Context,
-    target: Annotated[list[str], typer.Option("--target", "-t", help="Qualified-name glob or class name; repeatable.")],
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", "-t", help="Qualified-name glob or class name; repeatable.")] = None,
+    list_modules: Annotated[bool, typer.Option(
+        "--list-modules", help="Print the qualified names and classes of the first model called, then stop.")] = False,
     warmup: Annotated[int, typer.Option(help="Calls to skip per target before recording.")] = 0,
     max_calls: Annotated[int, typer.Option(help="Calls to record per target.")] = 1,
+    backward: Annotated[bool, typer.Option("--backward", help="Also record gradients (output, input, parameter).")] = False,
+    shape_only_over: Annotated[int | None, typer.Option(
+        "--shape-only-over", help="Store call tensors bigger than this many bytes shape-only (dtype, shape, stats).")] = None,
+    max_bytes: Annotated[int | None, typer.Option(
+        "--max-bytes", help="Payload budget per capture in bytes; the biggest call tensors go shape-only.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag the saved versions; repeatable.")] = None,
     exit_after_capture: Annotated[bool, typer.Option(help="End the job once everything is captured and saved.")] = False,
     repo: RepoOpt = None,
     name: Annotated[str | None, typer.Option(help="Name prefix (default: the root model's class name).")] = None,
@@ -265,32 +262,62 @@ def run_cmd(
     if command_line and command_line[0] == "--":
         command_line = command_line[1:]
     if not command_line:
-        raise ModulelensError("nothing to run: put the command after --, e.g. modulelens run -t mlp -- python train.py")
-    config = RunConfig(targets=target, warmup=warmup, max_calls=max_calls, exit_after_capture=exit_after_capture,
-                       repo=repo, name=name, ranks=ranks, strict=strict)
+        raise UsageError("nothing to run: put the command after --, e.g. modulelens run -t mlp -- python train.py")
+    if not target and not list_modules:
+        raise UsageError("give at least one --target/-t (modulelens run --list-modules -- CMD prints the module names)")
+    config = RunConfig(targets=list(target or []), warmup=warmup, max_calls=max_calls,
+                       exit_after_capture=exit_after_capture, repo=repo, name=name, ranks=ranks, strict=strict,
+                       tags=list(tag or []), backward=backward, shape_only_over=shape_only_over, max_bytes=max_bytes,
+                       list_modules=list_modules)
     outcome = run_command(command_line, config, quiet=as_json)
-
-    def render(r: dict[str, Any]) -> None:
-        if r["saved"]:
-            table = Table(title=f"captured into {r['repo']}")
-            table.add_column("ref")
-            table.add_column("module class")
-            table.add_column("calls")
-            for s in r["saved"]:
-                table.add_row(s["ref"], s["module_class"].rsplit(":", 1)[-1], str(s.get("calls", "")))
-            err_console.print(table)
-        for target_pattern in r["missing_targets"]:
-            err_console.print(f"[yellow]warning:[/yellow] target {target_pattern!r} was not captured")
-
-    emit("run", as_json, outcome, render)
-    code = outcome["exit_code"]
-    if code == 0 and not outcome["saved"]:
-        err_console.print("[red]error:[/red] the command finished but no target was captured")
-        code = 3
-    raise typer.Exit(code)
+    if list_modules:
+        if not outcome["roots"]:
+            raise NothingCapturedError(f"{shlex.join(command_line)} called no torch.nn.Module "
+                                       f"(exit code {outcome['exit_code']})")
+        emit("run", as_json, {"roots": outcome["roots"], "exit_code": 0}, _render_modules)
+        return
+    if outcome["exit_code"] == 0 and not outcome["saved"]:
+        raise NothingCapturedError("the command finished but no target was captured: "
+                                   + "; ".join(_missing_line(t, outcome) for t in outcome["missing_targets"]))
+    emit("run", as_json, outcome, _render_run)
+    raise typer.Exit(outcome["exit_code"])
 
 
-@command("demo")
+def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
+    """``'lin' matched no module; closest: 1.lin (Linear)`` (or the hint to list the modules)."""
+    close = ", ".join(f"{n or '<root>'} ({c.rsplit(':', 1)[-1]})" for n, c in outcome["suggestions"].get(pattern, []))
+    if close:
+        return f"{pattern!r} matched no module; closest: {close}"
+    if outcome["roots"]:
+        return f"{pattern!r} matched no module (see modulelens run --list-modules -- CMD)"
+    return f"{pattern!r} matched no module: the command called no torch.nn.Module"
+
+
+def _render_run(r: dict[str, Any]) -> None:
+    if r["saved"]:
+        table = Table(title=f"captured into {r['repo']}")
+        table.add_column("ref", no_wrap=True)
+        table.add_column("module class")
+        table.add_column("calls")
+        for s in r["saved"]:
+            table.add_row(s["ref"], s["module_class"].rsplit(":", 1)[-1], str(s.get("calls", "")))
+        err_console.print(table)
+    for pattern in r["missing_targets"]:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(_missing_line(pattern, r))}", highlight=False)
+
+
+def _render_modules(r: dict[str, Any]) -> None:
+    root = r["roots"][0]
+    table = Table(title=f"modules of {root['class']} (the first model called)", title_justify="left")
+    table.add_column("qualified name", no_wrap=True)
+    table.add_column("class")
+    for qualified, cls in root["modules"]:
+        table.add_row(qualified or "<root>", cls)
+    console.print(table)
+    console.print("capture one: modulelens run -t NAME_OR_CLASS -- CMD", highlight=False)
+
+
+@command(app, "demo")
 def demo_cmd(
     repo: RepoOpt = None,
     steps: Annotated[int, typer.Option(help="Training steps to run.")] = 30,
@@ -304,25 +331,3 @@ def demo_cmd(
         emit_json("demo", result=result)
     if not result["replay"]["passed"]:
         raise typer.Exit(1)
-
-
-# Commands of the tools and interfaces live in their own modules and register themselves here
-# through `command` (one import line each).
-
-from modulelens.interfaces import (  # noqa: E402 - after `command`, which they use
-    cli_agents,  # noqa: F401 - registers commands
-    cli_kernel,  # noqa: F401 - registers commands
-    cli_tools,  # noqa: F401 - registers commands
-)
-
-
-def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
