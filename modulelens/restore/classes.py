@@ -105,7 +105,7 @@ class ClassResolver:
             text = self.text(module_name)
             if text is None:
                 raise KeyError("text")
-            obj = lookup(module_from_source(module_name, entry, text), qualname, entry)
+            obj = lookup(module_from_source(module_name, entry, text, qualname), qualname, entry)
         except (AttributeError, KeyError, SyntaxError, NameError, TypeError) as error:
             raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
                                f"({type(error).__name__}: {error})") from None

@@ -417,7 +417,7 @@ class Capture:
         except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
             module = self._construct_on_cpu()
-        except RestoreError:
+        except (RestoreError, UsageError):
             raise
         except Exception as error:  # the constructor did real computation on meta tensors
             self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
@@ -463,7 +463,7 @@ class Capture:
     def _construct_on_cpu(self) -> torch.nn.Module:
         try:
             module = self._construct()
-        except (RestoreError, KeyboardInterrupt):
+        except (RestoreError, UsageError, KeyboardInterrupt):
             raise
         except Exception as error:  # the class's own code rejected the recorded arguments
             raise RestoreError(f"{self.ref}: rebuilding {self.module_class} from its recorded arguments failed: "

@@ -28,14 +28,15 @@ from modulelens.restore.source_slice import slice_source
 
 _MAX_SOURCE_BYTES = 16 << 20
 _EXECUTED: dict[tuple[str, tuple[str, ...]], types.ModuleType] = {}  # (source hash, roots) -> module, per process
-def module_from_source(module_name: str, entry: dict[str, Any], text: str) -> types.ModuleType:
-    """The classes a capture names from a stored source file, with what they depend on, as a
-    fresh module (cached per source hash and classes). Runs code from the capture: callers check
-    the user's trust first."""
+def module_from_source(module_name: str, entry: dict[str, Any], text: str, wanted: str) -> types.ModuleType:
+    """The classes a capture names from a stored source file (and ``wanted``, a qualified name),
+    with what they depend on, as a fresh module (cached per source hash and classes). Runs code
+    from the capture: callers check the user's trust first."""
     digest = source_hash(text)  # the text's own hash: a claimed one could alias another capture's module
-    # The classes the capture names, by their top-level name (a class defined in a function needs
-    # that function): the slice executed is what they depend on (restore/source_slice.py).
-    roots = tuple(sorted({q.partition(".")[0] for q in entry.get("classes", {}) if isinstance(q, str)}))
+    # The classes by their top-level name (a class defined in a function needs that function): the
+    # slice executed is what they depend on (restore/source_slice.py).
+    names = [q for q in entry.get("classes", {}) if isinstance(q, str)]
+    roots = tuple(sorted({q.partition(".")[0] for q in [*names, wanted]}))
     cached = _EXECUTED.get((digest, roots))
     if cached is not None:
         return cached
