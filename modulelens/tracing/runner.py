@@ -123,6 +123,7 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
     saved = [s for summary in summaries for s in summary["saved"]]
     # a pattern counts once a capture of it was saved, not when it merely matched a module
     captured_patterns = {p for summary in summaries for p in summary.get("captured", [])}
+    matched_patterns = {p for summary in summaries for p in summary["resolved"]}
     roots = [root for summary in summaries for root in summary.get("roots", [])]
     modules = [m for root in roots for m in root["modules"]]
     missing = [t for t in config.targets if t not in captured_patterns]
@@ -135,6 +136,8 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         "requested_repo": requested if requested is not None else str(repo_default()),
         "saved": saved,
         "missing_targets": missing,  # never matched, or matched but never captured (or saved)
+        # of those, the ones that matched a module that was never called (after warm-up) or whose save failed
+        "matched_not_captured": [t for t in missing if t in matched_patterns],
         "suggestions": {t: closest_modules(t, modules) for t in missing},
         "roots": roots,
         "processes": summaries,

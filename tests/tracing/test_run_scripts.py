@@ -104,6 +104,7 @@ def test_patterns_matched_but_never_captured_are_missing_and_not_ok(runs) -> Non
     _, out = runs["job"]
     assert not out["ok"]
     assert out["missing_targets"] == ["spare", "nothing.matches"]
+    assert out["matched_not_captured"] == ["spare"]
 
 
 def test_a_script_without_main_guard_restores_from_only_what_its_class_uses(runs) -> None:
