@@ -196,6 +196,11 @@ class Capture:
     # ---------------------------------------------------------------------------------- info
 
     @property
+    def trust_source(self) -> bool:
+        """Whether the source stored with this capture may run (``load(..., trust_source=...)``)."""
+        return self._sources.trust_source
+
+    @property
     def ref(self) -> str:
         return f"{self.name}:v{self.version}"
 
@@ -613,8 +618,8 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    # Code stored with a capture runs only from a trusted repo (a remote one holds other people's captures).
-    run_source = run_source and repo.trusted
+    if trust_source is None and not repo.trusted:
+        trust_source = False  # a remote repo holds other people's captures: its stored source runs only when asked
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
