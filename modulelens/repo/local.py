@@ -49,6 +49,7 @@ LAYOUT_VERSION = 1
 _MARK_MIN_BYTES = 1 << 20
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
+_TOMBSTONE = ".removed"  # versions/<N>.removed: N was used by a version since removed
 
 
 def _write_preallocated(path: Path, data: memoryview) -> None:
@@ -356,6 +357,13 @@ class Repo:
             return []
         return sorted(int(p.name) for p in versions.iterdir() if p.name.isdigit())
 
+    @staticmethod
+    def _highest_used(versions_dir: Path) -> int:
+        """The highest version number ever used: visible versions and tombstones of removed ones."""
+        used = [int(p.name.removesuffix(_TOMBSTONE)) for p in versions_dir.iterdir()
+                if p.name.removesuffix(_TOMBSTONE).isdigit()]
+        return max(used, default=0)
+
     def version_numbers(self, name: str) -> list[int]:
         return self._version_numbers(self._name_dir(name))
 
@@ -388,8 +396,7 @@ class Repo:
         versions_dir = self._name_dir(name) / "versions"
         versions_dir.mkdir(parents=True, exist_ok=True)
         for _attempt in range(1000):
-            existing = self._version_numbers(self._name_dir(name))
-            version = (existing[-1] if existing else 0) + 1
+            version = self._highest_used(versions_dir) + 1
             metadata["version"] = version
             metadata["name"] = name
             (staging / CAPTURE_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False))
@@ -553,15 +560,17 @@ class Repo:
             targets = [self.resolve(parsed)[1]]
         removed = []
         for version in targets:
+            folder = self._version_dir(parsed.name, version)
+            # A tombstone keeps the number used, so a later save never gets a removed version's
+            # number (a ref someone noted down never silently means a different capture).
+            folder.with_name(f"{version}{_TOMBSTONE}").touch()
             trash = self._tmp_path(".trash")
-            os.rename(self._version_dir(parsed.name, version), trash)  # disappears atomically
+            os.rename(folder, trash)  # disappears atomically
             shutil.rmtree(trash, ignore_errors=True)
             removed.append(f"{parsed.name}:v{version}")
         for alias, version in self.aliases(parsed.name).items():
             if version in targets:
                 self.remove_alias(parsed.name, alias)
-        if not self.version_numbers(parsed.name):
-            shutil.rmtree(self._name_dir(parsed.name), ignore_errors=True)
         return removed
 
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0) -> GcReport:

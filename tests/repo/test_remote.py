@@ -65,17 +65,18 @@ def _cached_blobs(cache: Path) -> set[str]:
 # ------------------------------------------------------------------------------ basics on both stores
 
 
-@pytest.mark.parametrize("kind", ["memory", "s3"])
+@pytest.mark.parametrize("kind", ["local", "memory", "s3"])
 def test_versions_aliases_reports_and_removal(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One behaviour on every kind of storage (the same Repo API over a directory and object stores)."""
     if kind == "s3":
         request.getfixturevalue("env")
         url = _url()
     else:
         monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
-        url = f"memory://modulelens-{uuid.uuid4().hex[:8]}"
+        url = str(tmp_path / "local") if kind == "local" else f"memory://modulelens-{uuid.uuid4().hex[:8]}"
     repo = modulelens.Repo(url)
-    assert repo.is_remote and not repo.trusted and repo.location == url
+    assert repo.is_remote == (kind != "local") and repo.trusted == (kind == "local") and repo.location == url
     module = nn.Linear(8, 8)
     refs = [_save(repo, module, "team/lin", tags=["nightly"]).ref for _ in range(3)]
     assert refs == ["team/lin:v1", "team/lin:v2", "team/lin:v3"]
@@ -284,3 +285,14 @@ def test_cli_push_pull_and_ls_with_urls(env: dict[str, str], tmp_path: Path) -> 
     assert [c["ref"] for c in cli("ls", "--repo", url)] == ["cli/lin:v1"]
     pulled = cli("pull", url, "cli/lin:latest", "--repo", str(tmp_path / "other"))
     assert pulled["copied"] == ["cli/lin:v1"] and pulled["bytes_copied"] > 0
+
+
+def test_reading_a_missing_repo_never_creates_it(env: dict[str, str], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from modulelens.interfaces.cli.app import app
+
+    for location in (str(tmp_path / "typo"), _url()):
+        result = CliRunner().invoke(app, ["ls", "--repo", location, "--json"])
+        assert result.exit_code == 2 and "no modulelens repo at" in json.loads(result.stdout)["error"]["message"]
+    assert not (tmp_path / "typo").exists()
