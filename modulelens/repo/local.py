@@ -245,14 +245,22 @@ class Repo:
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()
 
-    def put_blob_file(self, digest: str, source: Path) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         """Copy the file ``source`` (whose content hashes to ``digest``) in as a blob; returns the
-        bytes written (0 when the blob was already there)."""
+        bytes added (0 when the blob was already there).
+
+        ``verified``: ``source`` was hash-checked already (a path from another repo's
+        :meth:`check_blob`), so it is not hashed again, and it is hard-linked rather than copied
+        when both are on one filesystem (blobs are read-only and never change, so sharing an inode
+        is safe); this makes a pull from a cached remote cost no second write.
+        """
         path = self.blob_path(digest)
         if path.exists():
             return 0
         size = os.path.getsize(source)
-        if self._hash_file(Path(source), size) != digest:
+        if verified and self._link_blob(source, path):
+            return size
+        if not verified and self._hash_file(Path(source), size) != digest:
             raise CorruptCaptureError(f"{source} does not hash to {digest}")
         if size == 0:
             self.write_blob(digest, b"")
@@ -264,6 +272,16 @@ class Repo:
             finally:
                 view.release()
         return size
+
+    def _link_blob(self, source: Path, path: Path) -> bool:
+        path.parent.mkdir(exist_ok=True)
+        tmp = self._tmp_path()
+        try:
+            os.link(source, tmp)
+        except OSError:  # another filesystem, or links not supported: copy instead
+            return False
+        os.replace(tmp, path)
+        return True
 
     def fetch_version(self, name: str, version: int) -> None:
         """Make every payload of a version available locally (a no-op here; a remote repo downloads

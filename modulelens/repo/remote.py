@@ -169,7 +169,7 @@ class RemoteRepo(Repo):
         self.store.upload_bytes(memoryview(data).cast("B"), key)
         return True
 
-    def put_blob_file(self, digest: str, source: Path) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         key = self._blob_key(digest)
         if self.store.exists(key):
             return 0
