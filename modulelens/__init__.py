@@ -36,7 +36,9 @@ from modulelens.errors import (
     RepoBusyError,
     RestoreError,
     SourceChangedWarning,
+    StorageError,
     UnsupportedValueError,
+    UntrustedCodeError,
 )
 
 if _TYPE_CHECKING:
@@ -108,9 +110,11 @@ __all__ = [
     "RestoreError",
     "ShapeOnly",
     "SourceChangedWarning",
+    "StorageError",
     "TimingConfig",
     "Unrecorded",
     "UnsupportedValueError",
+    "UntrustedCodeError",
     "VersionInfo",
     "__version__",
     "capture",

@@ -13,20 +13,15 @@ import sys
 import torch
 
 from modulelens.errors import UnsupportedValueError
+from modulelens.format.dtypes import DTYPE_SIZES
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 
 __all__ = ["HASH_ALGORITHM", "check_storable", "contiguous_strides", "dtype_from_name", "dtype_name", "dtype_names",
            "hash_bytes", "tensor_bytes"]
 
-# Stable names for dtypes in the metadata (the short names torch itself prints).
+# The dtypes of format/dtypes.py that this torch build has.
 _DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
-        "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
-        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    )
-    if isinstance(getattr(torch, name, None), torch.dtype)
+    name: getattr(torch, name) for name in DTYPE_SIZES if isinstance(getattr(torch, name, None), torch.dtype)
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 

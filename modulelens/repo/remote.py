@@ -43,7 +43,8 @@ from modulelens.errors import (
     RepoBusyError,
 )
 from modulelens.repo._store import ObjectStore, is_network_error
-from modulelens.repo.local import _MARK_MIN_BYTES, _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo
+from modulelens.repo.local import _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo
+from modulelens.repo.markers import MARK_MIN_BYTES, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
@@ -237,8 +238,8 @@ class RemoteRepo(Repo):
             os.chmod(part, 0o444)
             target.parent.mkdir(exist_ok=True)
             os.replace(part, target)
-        if nbytes >= _MARK_MIN_BYTES:
-            self.cache._mark_verified(target)
+        if nbytes >= MARK_MIN_BYTES:
+            write_marker(target)
         return nbytes - resumed_at
 
     # ---------------------------------------------------------------------------------- names

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.format.imports import resolve_import
 from modulelens.format.tree import input_path
-from modulelens.format.values import Unrecorded, import_object
+from modulelens.format.values import Unrecorded
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
 from modulelens.tools.reports import json_safe
@@ -133,7 +134,7 @@ def _construction(capture: Capture) -> tuple[list[Any], dict[str, Any]] | None:
 def _signature(class_path: str) -> tuple[list[str], dict[str, Any]]:
     """Positional parameter names of the class' ``__init__`` and its plain-JSON defaults."""
     try:
-        cls = import_object(class_path)
+        cls = resolve_import(class_path, "module")
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     except Exception:
         return [], {}

@@ -91,9 +91,20 @@ def closest_modules(pattern: str, modules: list[list[str]], limit: int = 5) -> l
 
 def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``command`` with capture on; returns exit code, what was saved and what was missed."""
+    from modulelens.errors import StorageError
     from modulelens.repo.local import Repo
+    from modulelens.repo.local import default_repo_path as repo_default
 
-    repo = Repo(config.repo)  # create it now so every process of the job agrees on it
+    requested = config.repo
+    try:
+        repo = Repo(config.repo)  # create it now so every process of the job agrees on it
+    except (OSError, StorageError) as error:  # fail open: the job runs, captures go elsewhere
+        from modulelens.tracing.save import copy_back_hint, describe_storage_error, fallback_repo
+
+        repo = fallback_repo()
+        print(f"modulelens: cannot use repo {requested or repo_default()} ({describe_storage_error(error)}); "
+              f"captures go to {repo.root}; copy them back with: {copy_back_hint(repo, requested)}",
+              file=sys.stderr, flush=True)
     config.repo = repo.location  # a path, or the URL of a remote repo
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as summary_dir:
         env = dict(os.environ)
@@ -116,6 +127,7 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         "exit_code": completed.returncode,
         "command": command,
         "repo": config.repo,
+        "requested_repo": requested if requested is not None else str(repo_default()),
         "saved": saved,
         "missing_targets": missing,
         "suggestions": {t: closest_modules(t, modules) for t in missing},

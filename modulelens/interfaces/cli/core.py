@@ -14,7 +14,7 @@ from modulelens.errors import NothingCapturedError, UsageError
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, YesOpt
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
 from modulelens.interfaces.output import console, emit, emit_json, err_console
 
 app = typer.Typer()
@@ -40,6 +40,12 @@ def ls(
         # A ref is what people copy into the next command, so it is never cut: it gets its full
         # width, the other columns fold, and the least useful ones go when the terminal is narrow.
         widest = max(len(row["ref"]) for row in result)
+        if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
+            console.print(f"captures in {store.root}", soft_wrap=True, highlight=False)
+            for row in result:
+                console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
+                              f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
+            return
         columns = ["aliases", "module class", "payload", "created"]
         while columns and widest + 12 * len(columns) > console.width:
             columns.pop()
@@ -113,6 +119,7 @@ def _leaves_text(leaves: list[dict[str, Any]]) -> str:
 def replay_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     rtol: RtolOpt = None,
@@ -120,7 +127,7 @@ def replay_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
     report = capture.replay(rtol=rtol, atol=atol)
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
@@ -191,6 +198,23 @@ def rm_cmd(
             raise UsageError("not removed")
     removed = store.remove(ref)
     emit("rm", as_json, {"removed": removed}, lambda r: console.print("removed " + ", ".join(r["removed"])))
+
+
+@command(app, "trust")
+def trust_cmd(
+    repo: RepoOpt = None,
+    revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting this repo's stored source.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust the source stored in YOUR OWN repo: loading its captures may then run that source.
+
+    Bound to this directory and user: a repo copied or downloaded from elsewhere never arrives
+    trusted. Never trust a repo holding captures from people you do not trust (docs/security.md)."""
+    store = session.open_repo(repo)
+    store.trust_source = not revoke
+    result = {"repo": str(store.root), "trust_source": store.trust_source}
+    emit("trust", as_json, result,
+         lambda r: console.print(f"{r['repo']}: stored source {'trusted' if r['trust_source'] else 'not trusted'}"))
 
 
 @command(app, "gc")
