@@ -149,9 +149,6 @@ class Repo:
             print(info.ref, info.module_class)
     """
 
-    #: Whether code stored with captures of this repo may run (see docs/security.md); a remote
-    #: repo holds captures written by other people, so it is not trusted by default.
-    trusted: bool = True
     is_remote: bool = False
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Repo:

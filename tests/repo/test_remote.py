@@ -76,7 +76,7 @@ def test_versions_aliases_reports_and_removal(kind: str, request: pytest.Fixture
         monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
         url = str(tmp_path / "local") if kind == "local" else f"memory://modulelens-{uuid.uuid4().hex[:8]}"
     repo = modulelens.Repo(url)
-    assert repo.is_remote == (kind != "local") and repo.trusted == (kind == "local") and repo.location == url
+    assert repo.is_remote == (kind != "local") and not repo.trust_source and repo.location == url
     module = nn.Linear(8, 8)
     refs = [_save(repo, module, "team/lin", tags=["nightly"]).ref for _ in range(3)]
     assert refs == ["team/lin:v1", "team/lin:v2", "team/lin:v3"]
