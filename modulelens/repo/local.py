@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 LAYOUT_VERSION = 1
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
+_TOMBSTONE = ".removed"  # versions/<N>.removed: N was used by a version since removed
 
 
 def _write_preallocated(path: Path, data: memoryview) -> None:
@@ -148,9 +149,6 @@ class Repo:
             print(info.ref, info.module_class)
     """
 
-    #: Whether code stored with captures of this repo may run (see docs/security.md); a remote
-    #: repo holds captures written by other people, so it is not trusted by default.
-    trusted: bool = True
     is_remote: bool = False
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Repo:
@@ -257,14 +255,22 @@ class Repo:
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()
 
-    def put_blob_file(self, digest: str, source: Path) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         """Copy the file ``source`` (whose content hashes to ``digest``) in as a blob; returns the
-        bytes written (0 when the blob was already there)."""
+        bytes added (0 when the blob was already there).
+
+        ``verified``: ``source`` was hash-checked already (a path from another repo's
+        :meth:`check_blob`), so it is not hashed again, and it is hard-linked rather than copied
+        when both are on one filesystem (blobs are read-only and never change, so sharing an inode
+        is safe); this makes a pull from a cached remote cost no second write.
+        """
         path = self.blob_path(digest)
         if path.exists():
             return 0
         size = os.path.getsize(source)
-        if self._hash_file(Path(source), size) != digest:
+        if verified and self._link_blob(source, path):
+            return size
+        if not verified and self._hash_file(Path(source), size) != digest:
             raise CorruptCaptureError(f"{source} does not hash to {digest}")
         if size == 0:
             self.write_blob(digest, b"")
@@ -276,6 +282,16 @@ class Repo:
             finally:
                 view.release()
         return size
+
+    def _link_blob(self, source: Path, path: Path) -> bool:
+        path.parent.mkdir(exist_ok=True)
+        tmp = self._tmp_path()
+        try:
+            os.link(source, tmp)
+        except OSError:  # another filesystem, or links not supported: copy instead
+            return False
+        os.replace(tmp, path)
+        return True
 
     def fetch_version(self, name: str, version: int) -> None:
         """Make every payload of a version available locally (a no-op here; a remote repo downloads
@@ -355,6 +371,13 @@ class Repo:
             return []
         return sorted(int(p.name) for p in versions.iterdir() if p.name.isdigit())
 
+    @staticmethod
+    def _highest_used(versions_dir: Path) -> int:
+        """The highest version number ever used: visible versions and tombstones of removed ones."""
+        used = [int(p.name.removesuffix(_TOMBSTONE)) for p in versions_dir.iterdir()
+                if p.name.removesuffix(_TOMBSTONE).isdigit()]
+        return max(used, default=0)
+
     def version_numbers(self, name: str) -> list[int]:
         return self._version_numbers(self._name_dir(name))
 
@@ -387,8 +410,7 @@ class Repo:
         versions_dir = self._name_dir(name) / "versions"
         versions_dir.mkdir(parents=True, exist_ok=True)
         for _attempt in range(1000):
-            existing = self._version_numbers(self._name_dir(name))
-            version = (existing[-1] if existing else 0) + 1
+            version = self._highest_used(versions_dir) + 1
             metadata["version"] = version
             metadata["name"] = name
             (staging / CAPTURE_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False))
@@ -551,15 +573,17 @@ class Repo:
             targets = [self.resolve(parsed)[1]]
         removed = []
         for version in targets:
+            folder = self._version_dir(parsed.name, version)
+            # A tombstone keeps the number used, so a later save never gets a removed version's
+            # number (a ref someone noted down never silently means a different capture).
+            folder.with_name(f"{version}{_TOMBSTONE}").touch()
             trash = self._tmp_path(".trash")
-            os.rename(self._version_dir(parsed.name, version), trash)  # disappears atomically
+            os.rename(folder, trash)  # disappears atomically
             shutil.rmtree(trash, ignore_errors=True)
             removed.append(f"{parsed.name}:v{version}")
         for alias, version in self.aliases(parsed.name).items():
             if version in targets:
                 self.remove_alias(parsed.name, alias)
-        if not self.version_numbers(parsed.name):
-            shutil.rmtree(self._name_dir(parsed.name), ignore_errors=True)
         return removed
 
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0) -> GcReport:

@@ -75,7 +75,9 @@ class RemoteRepo(Repo):
         path: the fsspec URL.
         create: create the repo (its marker object) when there is none.
         storage_options: fsspec options (endpoint, credentials) for URLs that need them.
-        trusted: allow code stored with its captures to run (see docs/security.md).
+        trust_source: run the source stored with its captures by default (docs/security.md). Off
+            unless given: a shared store holds captures written by other people, and the setting
+            is never persisted for a remote repo (it lives only in this object).
 
     Raises:
         CaptureNotFoundError: ``create=False`` and there is no repo at the URL.
@@ -90,11 +92,11 @@ class RemoteRepo(Repo):
     is_remote = True
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
-                 storage_options: dict[str, Any] | None = None, trusted: bool = False) -> None:
+                 storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
         from modulelens.repo.local import default_repo_location
 
         self.url = str(path) if path is not None else default_repo_location()
-        self.trusted = trusted
+        self._trust_source = trust_source
         self.store = ObjectStore(self.url, storage_options)
         self.cache = Repo(cache_root())  # a local repo holding only blobs: same checks, same mmap
         self.mirror = cache_root() / "remotes" / quote(self.url.rstrip("/"), safe="")
@@ -141,6 +143,19 @@ class RemoteRepo(Repo):
         raise TypeError(f"{self.url} is not a local path")
 
     @property
+    def trust_source(self) -> bool:
+        """Whether loads run stored source by default: only if this object was made with
+        ``trust_source=True`` (never from a file: the local cache is not where trust is decided)."""
+        return self._trust_source
+
+    @trust_source.setter
+    def trust_source(self, value: bool) -> None:
+        if value:
+            raise RemoteRepoError(f"{self.url} cannot be marked trusted for later loads (a shared store holds other "
+                                  "people's captures); pass trust_source=True (--trust-source) to one load instead")
+        self._trust_source = False
+
+    @property
     def location(self) -> str:
         return self.url
 
@@ -170,7 +185,7 @@ class RemoteRepo(Repo):
         self.store.upload_bytes(memoryview(data).cast("B"), key)
         return True
 
-    def put_blob_file(self, digest: str, source: Path) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         key = self._blob_key(digest)
         if self.store.exists(key):
             return 0

@@ -102,7 +102,7 @@ def _copy_blobs(source: Repo, target: Repo, name: str, version: int, meta: dict[
         source.download({d: blobs[d] for d in missing}, label=f"{name}:v{version}")
 
         def copy(digest: str) -> int:
-            return target.put_blob_file(digest, source.check_blob(digest, blobs[digest]))
+            return target.put_blob_file(digest, source.check_blob(digest, blobs[digest]), verified=True)
 
         sizes = list(pool.map(copy, missing))
     report.blobs_copied += len(missing)

@@ -618,8 +618,6 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    if trust_source is None and not repo.trusted:
-        trust_source = False  # a remote repo holds other people's captures: its stored source runs only when asked
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
