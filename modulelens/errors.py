@@ -19,7 +19,9 @@ code the CLI uses for it, so interfaces print one line and exit non-zero, while 
     ├── CaptureError                  exit 1   capture could not record what it was asked (strict mode)
     │   └── NothingCapturedError      exit 6   ``modulelens run`` finished without capturing any target
     ├── RepoError                     exit 1   a repo cannot be opened or written
-    │   └── StorageError              exit 6   the filesystem refused (disk full, read-only, permission denied)
+    │   ├── StorageError              exit 8   the filesystem refused (disk full, read-only, permission denied)
+    │   └── RemoteRepoError           exit 7   a remote repo is unreachable or lacks conditional writes
+    │       └── RepoBusyError         exit 7   gc is running, or an alias moved concurrently
     ├── KernelError                   exit 1   a kernel problem cannot be exported or a candidate run
     └── MissingDependencyError        exit 1   an optional dependency is not installed
 
@@ -106,7 +108,7 @@ class StorageError(RepoError):
     """The filesystem refused an operation on the repo: disk full, quota, read-only, permission
     denied. ``errno`` is the underlying ``OSError``'s (``None`` when there was none)."""
 
-    exit_code = 6
+    exit_code = 8
 
     def __init__(self, message: str, errno: int | None = None) -> None:
         super().__init__(message)
@@ -137,3 +139,16 @@ class NothingCapturedError(CaptureError):
     """``modulelens run``: the command finished but no target was captured (names the closest modules)."""
 
     exit_code = 6
+
+
+class RemoteRepoError(RepoError):
+    """A remote repo (``s3://``, ``memory://``, ...) cannot be reached, or its storage lacks an
+    operation modulelens needs to stay correct (conditional writes)."""
+
+    exit_code = 7
+
+
+class RepoBusyError(RemoteRepoError):
+    """Another process holds the repo (``gc`` waits for saves to finish and saves wait for ``gc``)
+    longer than the wait allows, or moved an alias between our read and our write; nothing was
+    changed."""

@@ -612,6 +612,9 @@ def load(
         trust_source = run_source if trust_source is None else trust_source
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
+    repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
+    # Code stored with a capture runs only from a trusted repo (a remote one holds other people's captures).
+    run_source = run_source and repo.trusted
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,

@@ -105,7 +105,7 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         print(f"modulelens: cannot use repo {requested or repo_default()} ({describe_storage_error(error)}); "
               f"captures go to {repo.root}; copy them back with: {copy_back_hint(repo, requested)}",
               file=sys.stderr, flush=True)
-    config.repo = str(repo.root)
+    config.repo = repo.location  # a path, or the URL of a remote repo
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as summary_dir:
         env = dict(os.environ)
         env[ENV_CONFIG] = json.dumps(asdict(config))

@@ -35,15 +35,21 @@ def ls(
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            console.print(f"no captures in {store.root}")
+            console.print(f"no captures in {store.location}")
             return
         # A ref is what people copy into the next command, so it is never cut: it gets its full
         # width, the other columns fold, and the least useful ones go when the terminal is narrow.
         widest = max(len(row["ref"]) for row in result)
+        if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
+            console.print(f"captures in {store.root}", soft_wrap=True, highlight=False)
+            for row in result:
+                console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
+                              f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
+            return
         columns = ["aliases", "module class", "payload", "created"]
         while columns and widest + 12 * len(columns) > console.width:
             columns.pop()
-        table = Table(title=f"captures in {store.root}", title_justify="left")
+        table = Table(title=f"captures in {store.location}", title_justify="left")
         table.add_column("ref", no_wrap=True, min_width=widest)
         for col in columns:
             table.add_column(col, overflow="fold")
