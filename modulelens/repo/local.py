@@ -24,6 +24,7 @@ import fcntl
 import json
 import mmap
 import os
+import re
 import shutil
 import time
 import uuid
@@ -103,6 +104,7 @@ class VersionInfo:
     nbytes: int = 0
     module_class: str = ""
     calls: int = 0
+    problem: str | None = None  # why its metadata cannot be read (a damaged version still lists)
 
     @property
     def ref(self) -> str:
@@ -113,6 +115,7 @@ class VersionInfo:
             "name": self.name, "version": self.version, "ref": self.ref, "path": str(self.path),
             "created": self.created, "tags": list(self.tags), "aliases": list(self.aliases),
             "payload_bytes": self.nbytes, "module_class": self.module_class, "calls": self.calls,
+            "problem": self.problem,
         }
 
 
@@ -487,10 +490,14 @@ class Repo:
         return self._info(name, version, self.aliases(name), self.version_numbers(name))
 
     def _info(self, name: str, version: int, all_aliases: dict[str, int], versions: list[int]) -> VersionInfo:
-        meta = self.read_metadata(name, version)
         aliases = tuple(sorted(a for a, v in all_aliases.items() if v == version))
         if versions and version == versions[-1]:
             aliases = (LATEST, *aliases)
+        try:
+            meta = self.read_metadata(name, version)
+        except CorruptCaptureError as error:  # one damaged version never hides the others
+            return VersionInfo(name=name, version=version, path=self._version_dir(name, version), created="",
+                               aliases=aliases, problem=str(error))
         return VersionInfo(
             name=name, version=version, path=self._version_dir(name, version),
             created=meta.get("created", ""), tags=tuple(meta.get("tags", ())), aliases=aliases,
@@ -586,6 +593,19 @@ class Repo:
                 self.remove_alias(parsed.name, alias)
         return removed
 
+    def _referenced_payloads(self, name: str, version: int) -> set[str]:
+        """Payload hashes a version references; for a version whose metadata is damaged, every
+        hash-shaped string in its file, so gc keeps whatever it might still need."""
+        try:
+            meta = self.read_metadata(name, version)
+        except CorruptCaptureError:
+            try:
+                raw = (self._version_dir(name, version) / CAPTURE_FILE).read_bytes()
+            except OSError:
+                return set()
+            return {m.decode() for m in re.findall(rb"blake3:[0-9a-f]{64}", raw)}
+        return {t["payload"] for t in meta["tensors"].values() if t.get("payload")}
+
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0) -> GcReport:
         """Delete payloads no version references, and stale staging files."""
         report = GcReport(dry_run=dry_run)
@@ -593,8 +613,7 @@ class Repo:
             referenced: set[str] = set()
             for name in self.names():
                 for version in self.version_numbers(name):
-                    meta = self.read_metadata(name, version)
-                    referenced.update(t["payload"] for t in meta.get("tensors", {}).values() if t.get("payload"))
+                    referenced.update(self._referenced_payloads(name, version))
             referenced_hex = {digest.partition(":")[2] for digest in referenced}
             for blob in (self.root / "blobs").glob("*/*"):
                 if blob.name.endswith(".ok"):
