@@ -36,6 +36,10 @@ ModuleInfo = TypedDict(
         "construction": str | None,
         "construction_missing": NotRequired[str],
         "source": NotRequired[dict[str, Any]],  # where the class's own source is kept (see sources)
+        # at the first recorded call: submodule path -> class name, and plain attributes
+        # (submodule path -> {name: encoded scalar/str/bool/tuple}); restored on load
+        "structure": NotRequired[dict[str, str]],
+        "attributes": NotRequired[dict[str, dict[str, EncodedValue]]],
     },
 )
 

@@ -146,6 +146,11 @@ def _codec_named(name: str) -> Codec | None:
     return _CODECS.get(name)
 
 
+def has_codec(value: Any) -> bool:
+    """Whether a registered codec encodes ``value``."""
+    return _find_codec(value) is not None
+
+
 def _find_codec(value: Any) -> Codec | None:
     if _LAZY_CODECS:
         _install_loaded_lazy_codecs()

@@ -63,3 +63,6 @@ class ModuleRecord:
     seen_calls: int = 0
     complete: bool = False
     failed: str | None = None
+    # At the first recorded call: plain attributes and submodule classes (format/module_state.py)
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    structure: dict[str, str] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
+from modulelens.format.module_state import plain_attributes, structure
 from modulelens.tracing.backward import separate_inputs, watch_backward
 from modulelens.tracing.distributed import (
     RanksSpec,
@@ -40,7 +41,7 @@ from modulelens.tracing.distributed import (
     signature,
 )
 from modulelens.tracing.environment import describe_environment
-from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter
 
@@ -68,9 +69,14 @@ def is_wrapper(module: torch.nn.Module) -> bool:
     return unwrap_model(module) is not module
 
 
+ROOT_PATTERNS = ("", ".")  # target the model itself (its class name works too)
+
+
 def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
     """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
-    the same submodule as the unwrapped one does."""
+    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself."""
+    if pattern in ROOT_PATTERNS:
+        return ""
     if is_wrapper(model):
         while pattern.startswith(("module.", "_orig_mod.")):
             pattern = pattern.partition(".")[2]
@@ -89,6 +95,8 @@ def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
     for cls in (type(module), original_class(type(module))):
         if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
             return True
+    if pattern in ROOT_PATTERNS:
+        return qualified_name == ""
     return bool(qualified_name) and fnmatch.fnmatchcase(qualified_name, pattern)
 
 
@@ -114,7 +122,15 @@ class _Pending:
 
 
 def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead."""
+    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead.
+
+    Only when ``torch._dynamo`` is already imported: ``torch.compiler.disable`` imports it, which
+    took ~8 s on the first capture of a process that compiles nothing (issue 11). A model compiled
+    before the capture attached has imported it already; one compiled while the hooks are on
+    (rare: compile first, then capture) traces the plain hooks, which graph-break on their lock.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return hook
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(hook) if disable is not None else hook
 
@@ -134,6 +150,7 @@ class Tracer:
         backward: bool = False,
         ranks: RanksSpec = (0,),
         sync_timeout: float = 60.0,
+        on_target_complete: Callable[[Tracer, str], Any] | None = None,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -146,6 +163,7 @@ class Tracer:
         self.warmup = warmup
         self.max_calls = max_calls
         self.on_complete = on_complete
+        self.on_target_complete = on_target_complete
         self.strict = strict
         self.backward = backward
         self._backward_handles: list[Any] = []
@@ -238,6 +256,10 @@ class Tracer:
                 self._participated[name] = self._participated.get(name, 0) + 1
                 self._stack(name).append(_Pending(None, index))
                 return None
+            if not record.calls and not record.structure:  # state set after construction (issue 11)
+                record.attributes, record.structure = plain_attributes(module), structure(module)
+                if record.construction is not None:
+                    record.construction = freeze_objects(record.construction)
             self._snap.gathered = gathered
             try:
                 call = CallRecord(
@@ -314,8 +336,10 @@ class Tracer:
 
     def _check_complete(self, name: str) -> None:
         record = self.records[name]
-        if name not in self._handles and not any(c.backward_pending for c in record.calls):
-            record.complete = record.complete or (self._taken(name) >= self.max_calls and not record.failed)
+        if name not in self._handles and not any(c.backward_pending for c in record.calls) and not record.complete:
+            record.complete = self._taken(name) >= self.max_calls and not record.failed
+            if record.complete and self.on_target_complete is not None:
+                self._notify(self.on_target_complete, self, name)
         if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
             self._finish()
 
@@ -422,14 +446,29 @@ class Tracer:
         self._snap.clear()
         self._backward_handles.clear()
         if self.on_complete is not None:
-            try:
-                self.on_complete(self)
-            except Exception as error:
-                if self.strict:
-                    raise
-                warnings.warn(f"modulelens: on_complete callback failed: {error}", CaptureWarning, stacklevel=2)
+            self._notify(self.on_complete, self)
+
+    def _notify(self, callback: Callable[..., Any], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception as error:
+            if self.strict:
+                raise
+            warnings.warn(f"modulelens: {getattr(callback, '__name__', 'callback')} failed: {error}", CaptureWarning,
+                          stacklevel=3)
 
     # ------------------------------------------------------------------------------ public
+
+    def record_call_in_progress(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Record a call of target ``module`` that started before this tracer attached.
+
+        torch collects a call's forward pre-hooks before running them, so a tracer attached from a
+        global pre-hook (``modulelens run``) misses the root's own first call; its post-hook, looked
+        up after ``forward``, does run and completes the record started here.
+        """
+        for name, record in self.records.items():
+            if record.module is module and name in self._handles:
+                self._make_pre_hook(name)(module, args, kwargs)
 
     @property
     def complete(self) -> bool:

@@ -4,6 +4,7 @@ wrapped models and repeated calls."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import enum
@@ -25,7 +26,7 @@ from torch import nn
 
 import modulelens
 from modulelens.format.shape_only import tensor_stats
-from modulelens.restore.source import definitions_only
+from modulelens.restore.source_slice import slice_source
 
 PACKAGE_ROOT = Path(modulelens.__file__).resolve().parent.parent
 
@@ -388,7 +389,8 @@ def test_class_defined_in_main_restores_from_stored_source(tmp_path: Path) -> No
     assert "SAVED ['script/0:v1', 'script/1:v1']" in ran.stdout
     meta = modulelens.Repo(repo).read_metadata("script/0", 1)
     assert meta["module"]["class"] == "__main__:ScriptBlock"
-    assert meta["module"]["source"]["file"] == str(script) and meta["sources"]["__main__"]["text"] == SCRIPT
+    assert meta["module"]["source"]["file"] == str(script)
+    assert modulelens.load("script/0", repo=repo).stored_source("__main__") == SCRIPT
 
     elsewhere = tmp_path / "elsewhere"  # another process, another folder: train.py is not importable
     elsewhere.mkdir()
@@ -477,29 +479,35 @@ def test_script_folder_module_warns_when_changed_and_falls_back_to_stored_source
     assert gone["folder/0"]["status"] == "PASS" and gone["folder/0"]["module"].startswith("modulelens_source.")
 
 
-def test_stored_source_runs_definitions_only() -> None:
+def test_stored_source_runs_only_what_the_class_needs() -> None:
     text = textwrap.dedent('''
         import math
+        import os
         from collections import namedtuple
         try:
             import numpy as np
         except ImportError:
             np = None
         WIDTH = 4
+        UNUSED = 5
         Pair = namedtuple("Pair", "a b")
         data = load_everything()
         train(model)
-        for _ in range(10):
-            pass
+        for step in range(10):
+            loss = step
         def helper():
-            return math.pi
+            return math.pi * WIDTH
+        def other():
+            return os.getcwd()
         class Thing:
-            pass
+            def forward(self, loss):
+                step = 3
+                return helper() + loss + step + np.pi
         if __name__ == "__main__":
             main()
     ''')
-    kept = [type(node).__name__ for node in definitions_only(text, "<x>").body]
-    assert kept == ["Import", "ImportFrom", "Try", "Assign", "Assign", "FunctionDef", "ClassDef"]
+    kept = [ast.unparse(node).partition("\n")[0] for node in slice_source(text, "<x>", ["Thing"]).body]
+    assert kept == ["import math", "try:", "WIDTH = 4", "def helper():", "class Thing:"]
 
 
 # ============================================================================================
