@@ -33,7 +33,7 @@ from modulelens.errors import (
     SourceChangedWarning,
     UnsupportedValueError,
 )
-from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
+from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec, register_state_codec
 from modulelens.repo import Repo, VersionInfo
 from modulelens.restore import Call, Capture, ReplayReport, load
 from modulelens.tools.profile import profile
@@ -81,6 +81,7 @@ __all__ = [
     "load_ipython_extension",
     "profile",
     "register_codec",
+    "register_state_codec",
     "track_init",
     "unload_ipython_extension",
     "verify",

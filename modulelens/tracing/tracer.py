@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
+from modulelens.format.tree import mutable_leaves
 from modulelens.tracing.backward import separate_inputs, watch_backward
 from modulelens.tracing.distributed import (
     RanksSpec,
@@ -111,6 +112,8 @@ class _Pending:
     call: CallRecord | None  # None on a rank that only takes part in gathers
     index: int
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
+    # inputs the call may change in place: (path, live value, tensor version on entry or None)
+    watch: list[tuple[str, Any, int | None]] | None = None
 
 
 def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -254,7 +257,9 @@ class Tracer:
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
-            self._stacks[name].append(_Pending(call, index, live))
+            watch = [(path, value, value._version if isinstance(value, torch.Tensor) else None)
+                     for path, value in mutable_leaves((tuple(args), dict(kwargs)))]
+            self._stacks[name].append(_Pending(call, index, live, watch))
             return replacement
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
@@ -282,6 +287,7 @@ class Tracer:
                 self._snap.gathered = gathered
                 try:
                     pending.call.output = self._snap.tree(output)
+                    pending.call.mutated_inputs = self._mutated_inputs(pending.watch or [])
                 finally:
                     self._snap.gathered = {}
                 pending.call.finished = True
@@ -294,6 +300,13 @@ class Tracer:
             if self._taken(name) >= self.max_calls and done:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
+
+    def _mutated_inputs(self, watch: list[tuple[str, Any, int | None]]) -> dict[str, Any]:
+        """Snapshots, after the call, of the inputs it may have changed in place: every state
+        object (a cache: attribute updates leave no version trace) and every tensor whose version
+        counter moved."""
+        return {path: self._snap.tree(value) for path, value, version in watch
+                if version is None or value._version != version}
 
     def _on_backward(self, name: str, call: CallRecord, error: BaseException | None) -> None:
         if error is not None:

@@ -27,7 +27,10 @@ def replay_one(ref: str, repo: str) -> dict[str, Any]:
     return {
         "ref": ref, "status": report.status, "mode": report.mode, "calls": len(report.calls),
         "tensor_leaves": sum(leaf.kind == "tensor" and leaf.compared for leaf in leaves),
-        "leaves": len(leaves), "class": capture.module_class, "seconds": round(time.perf_counter() - start, 3),
+        "leaves": len(leaves), "class": capture.module_class,
+        "mutated_leaves": sum(leaf.kind == "tensor" and leaf.compared and "(after the call)" in leaf.path
+                              for leaf in leaves),
+        "unrecorded": [u["path"] for u in capture.metadata.get("unrecorded", [])], "seconds": round(time.perf_counter() - start, 3),
         "report": str(report),
     }
 
