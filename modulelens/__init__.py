@@ -37,6 +37,7 @@ from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_co
 from modulelens.repo import Repo, VersionInfo
 from modulelens.restore import Call, Capture, ReplayReport, load
 from modulelens.tools.profile import profile
+from modulelens.tools.timing import TimingConfig
 from modulelens.tools.verify import verify
 from modulelens.tracing import capture, get_init_record, track_init
 
@@ -71,6 +72,7 @@ __all__ = [
     "RestoreError",
     "ShapeOnly",
     "SourceChangedWarning",
+    "TimingConfig",
     "Unrecorded",
     "UnsupportedValueError",
     "VersionInfo",
@@ -86,3 +88,24 @@ __all__ = [
     "unload_ipython_extension",
     "verify",
 ]
+
+
+def _register_jupyter_html() -> None:
+    """In a running IPython/Jupyter shell, show captures, calls and replay reports as HTML.
+
+    Restore objects carry no ``_repr_html_`` (restore must not import interfaces); the renderers
+    are registered here, at the top of the package, with the shell's display formatters by class
+    name (nothing heavy is imported). ``%load_ext modulelens`` registers them too, for a shell
+    started after this import.
+    """
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and hasattr(shell, "display_formatter"):
+        from modulelens.interfaces.html import register_formatters
+
+        register_formatters(shell)
+
+
+_register_jupyter_html()

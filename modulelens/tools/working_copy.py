@@ -47,7 +47,7 @@ def working_module(
 
     The capture's own module is returned when it can be used as it is: one recorded state, already
     on that device/dtype, and ``private`` not asked (the caller will not change buffers). Otherwise
-    a deep copy gets the recorded state from fresh mappings (see :func:`pristine_tensor`), so
+    a deep copy gets the recorded state from fresh mappings (see :meth:`Capture.fresh_tensor`), so
     switching states never writes into the capture's cached tensors.
 
     Example::

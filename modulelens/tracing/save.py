@@ -52,7 +52,7 @@ def save_records(
         if not _has_calls(tracer, qualified, record):
             continue
         capture_name = f"{prefix}/{qualified}" if qualified else prefix
-        meta, payloads = _encode(tracer, record, capture_name, settings, list(tags), metadata, policy)
+        meta, payloads = _encode_or_drop_construction(tracer, record, capture_name, settings, list(tags), metadata, policy)
         distributed = capture_metadata(tracer, record, tracer.sharding(qualified),
                                        [*tracer.incidents(qualified), *([record.failed] if record.failed else [])])
         if distributed is not None:
@@ -79,7 +79,7 @@ def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:
     return False
 
 
-def _encode(tracer: Tracer, record: ModuleRecord, capture_name: str, settings: dict[str, Any], tags: list[str],
+def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_name: str, settings: dict[str, Any], tags: list[str],
             metadata: dict[str, Any] | None, policy: PayloadPolicy | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Encode ``record``; a constructor argument without an encoding drops the constructor record
     (with a warning, unless strict) rather than the whole capture."""

@@ -104,6 +104,12 @@ class Snapshotter:
     def clear(self) -> None:
         self._memo.clear()
 
+    def forget(self, tensors: list[torch.Tensor]) -> None:
+        """Drop the memoised copies of ``tensors``: they were written in a way that kept their
+        version counters (``p.data.add_``), so the next snapshot must copy them again."""
+        for tensor in tensors:
+            self._memo.pop((id(tensor), tensor._version), None)
+
 
 def _is_dense(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)

@@ -157,7 +157,7 @@ class Tracer:
         self._snap = Snapshotter()
         self._handles: dict[str, list[Any]] = {}
         self._stacks: dict[str, list[_Pending | None]] = {}
-        self._state_keys: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._state_keys: dict[str, tuple[Any, ...]] = {}
         self._lock = threading.RLock()
         self.finished = False
         # Distributed jobs (docs/distributed.md): which ranks record, and bounded gathers of DTensors.
@@ -331,6 +331,7 @@ class Tracer:
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
             return len(record.states) - 1
+        self._snap.forget([t for t in (*params.values(), *buffers.values()) if t is not None])
         non_persistent = _non_persistent_buffers(module)
         extra = {}
         for sub_name, sub in module.named_modules():
@@ -480,11 +481,44 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
 
 
 def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]:
-    """Parameters, buffers and the (identity, version) key that tells whether they changed."""
+    """Parameters, buffers and the key that tells whether they changed since the last recorded call.
+
+    Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many
+    hand-written training loops, does not bump ``p._version``), and a snapshot shared by calls
+    that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
+    each tensor's storage address and a fingerprint of its bits (see :func:`_fingerprints`).
+    """
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
-    key = tuple((id(t), t._version) for t in (*params.values(), *buffers.values()))
-    return params, buffers, key
+    tensors = [t for t in (*params.values(), *buffers.values()) if t is not None]
+    key = tuple((id(t), t._version, t.data_ptr() if not is_dtensor(t) else 0) for t in tensors)
+    return params, buffers, (key, _fingerprints(tensors))
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """The sum of each tensor's elements read as integers of the same width, in int64.
+
+    Any change of a single element changes it; a change that keeps the integer sum (a permutation
+    of elements, or two edits that cancel exactly) does not. One pass over the weights per
+    recorded call (never during warm-up or after early stop), one device sync per device.
+    DTensors are fingerprinted by their local shard, so no rank waits for another.
+    """
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    order: list[tuple[torch.device, int]] = []
+    for tensor in tensors:
+        local = (tensor.to_local() if is_dtensor(tensor) else tensor).detach()
+        width = _SAME_SIZE_INT.get(local.element_size())
+        if local.device.type == "meta" or local.numel() == 0 or width is None:
+            order.append((torch.device("cpu"), -1))
+            continue
+        on_device = sums.setdefault(local.device, [])
+        order.append((local.device, len(on_device)))
+        on_device.append(local.view(width).sum(dtype=torch.int64))
+    values = {device: torch.stack(found).tolist() for device, found in sums.items()}
+    return tuple(values[device][i] if i >= 0 else 0 for device, i in order)
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:

@@ -90,4 +90,4 @@ def test_debug_shows_a_traceback(populated: Path) -> None:
 
 def test_run_without_a_command_is_an_error(tmp_path: Path) -> None:
     code, _, stderr = cli("run", "-t", "x", "--repo", str(tmp_path))
-    assert code == 1 and "nothing to run" in stderr
+    assert code == 2 and "nothing to run" in stderr

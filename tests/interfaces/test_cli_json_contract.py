@@ -8,6 +8,7 @@ from pathlib import Path
 
 import agents_support as support
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from modulelens.interfaces.cli import app
@@ -18,10 +19,13 @@ TOOL_COMMANDS = {"profile", "verify", "diff", "export", "kernel"}  # documented 
 
 
 def command_names() -> set[str]:
-    names = {c.name for c in app.registered_commands}
-    for group in app.registered_groups:
-        names |= {f"{group.name} {c.name}" for c in group.typer_instance.registered_commands}
-    return {n for n in names if n}
+    """Every command of the assembled CLI, groups as ``"kernel verify"``."""
+    root = typer.main.get_command(app)
+    names = set()
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        sub = getattr(cmd, "commands", None)
+        names |= {f"{name} {s}" for s in sub} if sub else {name}
+    return names
 
 
 def test_every_command_is_documented() -> None:

@@ -2,26 +2,52 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import agents_support as support
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agents_support as support
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from modulelens.interfaces.mcp_server import build_server  # noqa: E402
-from modulelens.restore.loader import Capture  # noqa: E402
 
-TOOLS = {"list_captures", "show_capture", "replay_capture", "profile_capture", "verify_candidate",
-         "export_kernel_problem"}
-HAS_EXPORT = importlib.util.find_spec("modulelens.tools.export_kernelbench") is not None \
-    if importlib.util.find_spec("modulelens.tools") else False
+TOOLS = {"list_captures", "show_capture", "replay_capture", "diff_captures", "profile_capture", "verify_candidate",
+         "verify_kernel", "export_kernel_problem"}
+READ_ONLY = {"list_captures", "show_capture", "replay_capture", "diff_captures"}
+
+CANDIDATES = """
+import os
+import time
+
+import torch
+
+
+class SameHead(torch.nn.Linear):
+    pass
+
+
+class ScaledHead(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class Exits(torch.nn.Linear):
+    def forward(self, x):
+        os._exit(7)
+
+
+class Hangs(torch.nn.Linear):
+    def forward(self, x):
+        time.sleep(600)
+"""
 
 
 @pytest.fixture
@@ -44,6 +70,8 @@ async def check_common_tools(client: Any, repo: Path) -> None:
     assert {t.name for t in tools} == TOOLS
     for tool in tools:
         assert tool.description and tool.input_schema["type"] == "object" and tool.output_schema is not None
+        assert tool.annotations.read_only_hint is (tool.name in READ_ONLY), tool.name
+        assert "options" not in tool.input_schema["properties"], tool.name  # typed arguments only
 
     r = await client.call_tool("list_captures", {})
     assert not r.is_error
@@ -72,10 +100,13 @@ async def check_common_tools(client: Any, repo: Path) -> None:
     assert r.structured_content["mode"] == "tolerance" and r.structured_content["passed"]
 
     # user errors are tool errors with their message, not crashes
-    r = await client.call_tool("show_capture", {"ref": "toy/nope"})
-    assert r.is_error and "no capture named 'toy/nope'" in text_of(r)
+    r = await client.call_tool("show_capture", {"ref": "toy/gat"})
+    assert r.is_error and text_of(r).startswith("Error executing tool show_capture: no capture named 'toy/gat'")
+    assert text_of(r).endswith("did you mean: toy/gate?") and "\n" not in text_of(r)
     r = await client.call_tool("replay_capture", {"ref": "Bad Name!"})
-    assert r.is_error
+    assert r.is_error and text_of(r).startswith("Error executing tool replay_capture: ")
+    r = await client.call_tool("replay_capture", {"ref": "toy/gate", "dtype": "float33"})
+    assert r.is_error and "unknown dtype 'float33'" in text_of(r)
     r = await client.call_tool("show_capture", {})  # missing argument
     assert r.is_error and "validation error" in text_of(r)
     r = await client.call_tool("replay_capture", {"ref": "toy/gate", "rtol": "loose"})  # wrong type
@@ -85,53 +116,56 @@ async def check_common_tools(client: Any, repo: Path) -> None:
     r = await client.call_tool("no_such_tool", {})
     assert r.is_error
 
-    if not HAS_EXPORT:
-        r = await client.call_tool("export_kernel_problem", {"ref": "toy/gate", "output_dir": str(repo / "k")})
-        assert r.is_error and "not available" in text_of(r) and "export_kernelbench" in text_of(r)
-    if not support.has_method("profile"):
-        r = await client.call_tool("profile_capture", {"ref": "toy/gate"})
-        assert r.is_error and "not available" in text_of(r)
+    r = await client.call_tool("diff_captures", {"a": "toy/gate", "b": "toy/gate:v1"})
+    assert not r.is_error, text_of(r)
+    assert r.structured_content["summary"]["tensors"] == 5 and r.structured_content["constructor"] == []
 
 
 @pytest.mark.anyio
-async def test_in_process(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_in_process(repo: Path) -> None:
     server = build_server(str(repo))
     async with Client(server, raise_exceptions=True) as client:
         await check_common_tools(client, repo)
 
-        # profile / verify go through Capture.profile / Capture.verify (modulelens.tools)
-        seen: dict[str, Any] = {}
 
-        def profile(self: Capture, **options: Any) -> support.FakeReport:
-            seen["profile"] = (self.device, options)
-            return support.FakeReport({"ref": self.ref, "mean_ms": float("nan")})
-
-        def verify(self: Capture, candidate: Any) -> support.FakeReport:
-            seen["verify"] = candidate
-            return support.FakeReport({"ref": self.ref, "passed": True}, passed=True)
-
-        monkeypatch.setattr(Capture, "profile", profile, raising=False)
-        monkeypatch.setattr(Capture, "verify", verify, raising=False)
-        r = await client.call_tool("profile_capture", {"ref": "toy/head", "options": {"iters": 5}})
+@pytest.mark.anyio
+async def test_in_process_tools_run_for_real(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", support.subprocess_env(tmp_path)["PYTHONPATH"])
+    (tmp_path / "cands.py").write_text(CANDIDATES)
+    server = build_server(str(repo))
+    async with Client(server, raise_exceptions=True) as client:
+        r = await client.call_tool("profile_capture", {"ref": "toy/head", "iters": 3, "warmup": 1})
         assert not r.is_error, text_of(r)
-        assert r.structured_content == {"ref": "toy/head:v1", "mean_ms": "nan"}
-        assert seen["profile"] == (None, {"iters": 5})
-        candidate = repo.parent / "cand.py"
-        candidate.write_text("import torch\nclass Fast(torch.nn.Linear):\n    pass\n")
-        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": f"{candidate}:Fast"})
-        assert r.structured_content == {"ref": "toy/head:v1", "passed": True}
-        assert seen["verify"] == f"{candidate}:Fast"
+        assert r.structured_content["ref"] == "toy/head:v1" and r.structured_content["latency"]["iterations"] == 3
 
-        def broken(self: Capture, candidate: Any) -> Any:
-            raise ValueError("candidate class Fast not found")
+        # candidates run in a child process: a pass, a fail with its failures, a crash and a hang
+        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": "cands.py:SameHead",
+                                                        "timing": False})
+        assert not r.is_error, text_of(r)
+        assert r.structured_content["passed"] is True and r.structured_content["ref"] == "toy/head:v1"
+        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": "cands.py:ScaledHead",
+                                                        "timing": False})
+        assert r.structured_content["passed"] is False and "output" in r.structured_content["failures"][0]
+        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": "cands.py:Exits"})
+        assert r.is_error and "exited with code 7" in text_of(r)
+        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": "cands.py:Hangs",
+                                                        "timeout_s": 20})
+        assert r.is_error and "did not finish within 20 s" in text_of(r)
+        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": "cands.py:Missing",
+                                                        "timing": False})
+        assert r.is_error and "Missing" in text_of(r)
+        r = await client.call_tool("replay_capture", {"ref": "toy/head"})  # the server survived all of it
+        assert r.structured_content["passed"] is True
 
-        monkeypatch.setattr(Capture, "verify", broken, raising=False)
-        r = await client.call_tool("verify_candidate", {"ref": "toy/head", "candidate": f"{candidate}:Fast"})
-        assert r.is_error and "candidate class Fast not found" in text_of(r)
-
-        monkeypatch.delattr(Capture, "profile")
-        r = await client.call_tool("profile_capture", {"ref": "toy/gate"})
-        assert r.is_error and "Profiling is not available" in text_of(r)
+        out = tmp_path / "problem"
+        r = await client.call_tool("export_kernel_problem", {"ref": "toy/head", "output_dir": str(out)})
+        assert not r.is_error, text_of(r)
+        assert (out / "problem.py").is_file() and r.structured_content["directory"] == str(out)
+        r = await client.call_tool("export_kernel_problem", {"ref": "toy/head", "output_dir": str(out)})
+        assert r.is_error and "is not empty" in text_of(r) and "\n" not in text_of(r)
+        r = await client.call_tool("verify_kernel", {"ref": "toy/head", "candidate": "nope.py"})
+        assert r.is_error and "nope.py does not exist" in text_of(r)
 
 
 @pytest.mark.anyio

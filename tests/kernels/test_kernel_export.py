@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from kernel_models import capture_all
+from kernel_models import capture_all, capture_dropout
 from typer.testing import CliRunner
 
 import modulelens
 from modulelens.interfaces.cli import app
-from modulelens.tools.export_kernelbench import export_kernelbench
+from modulelens.kernels.export import export_kernelbench
 
 CANDIDATES = Path(__file__).resolve().parent.parent / "support" / "kernel_candidates"
 
@@ -185,3 +185,130 @@ def test_export_cli_json_and_refusal_to_overwrite(repo: str, tmp_path: Path) -> 
     assert again.exit_code == 1 and "not empty" in json.loads(again.stdout)["error"]["message"]
     forced = runner.invoke(app, ["export", "km/act", "-o", str(out), "--repo", repo, "--force"])
     assert forced.exit_code == 0 and "KernelBench compatible" in forced.stdout
+
+
+def kernelbench_correctness(source: str, trials: int = 3, seed: int = 42) -> int:
+    """KernelBench's eval_kernel_against_ref with the reference as its own ModelNew: seeded
+    construction of both, then per trial a seeded get_inputs(), both forwards, allclose at 1e-2."""
+    Model, get_init_inputs, get_inputs = kernelbench_load(source)  # noqa: N806
+    torch.manual_seed(seed)
+    init_inputs = get_init_inputs()
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        original = Model(*init_inputs)
+        torch.manual_seed(seed)
+        new = Model(*init_inputs)
+    passed = 0
+    for trial in range(trials):
+        torch.manual_seed(seed + trial)
+        inputs = get_inputs()
+        with torch.no_grad():
+            want, got = original(*inputs), new(*inputs)
+        passed += bool(want.shape == got.shape and torch.allclose(want, got, atol=1e-2, rtol=1e-2))
+    return passed
+
+
+def test_training_mode_dropout_is_marked_and_eval_export_passes_kernelbench(tmp_path: Path) -> None:
+    repo = str(tmp_path / "repo")
+    capture_dropout(repo, training=True, name="drop")
+    recorded = export_kernelbench("drop", tmp_path / "train", repo=repo)
+    m = recorded.manifest
+    assert m["model"]["training"] is True and m["model"]["mode"] == "recorded"
+    assert m["kernelbench_compatible"] is False
+    assert any("random ops (bernoulli_)" in r for r in m["kernelbench_incompatible_reasons"]), m
+    assert kernelbench_correctness(recorded.problem.read_text()) == 0  # the reference fails against itself
+    runner = CliRunner()
+    out = tmp_path / "eval"
+    run = runner.invoke(app, ["export", "drop", "-o", str(out), "--repo", repo, "--eval", "--json"])
+    assert run.exit_code == 0, run.output
+    m = json.loads(run.stdout)["result"]["manifest"]
+    assert m["model"]["training"] is False and m["model"]["mode"] == "eval"
+    assert m["kernelbench_compatible"] is True, m["kernelbench_incompatible_reasons"]
+    assert any("recorded in training mode" in n and "--eval" in n for n in m["notes"])
+    assert "self.train(False)" in (out / "problem.py").read_text()
+    assert kernelbench_correctness((out / "problem.py").read_text()) == 3
+
+
+def test_eval_recorded_module_exports_in_eval_mode(tmp_path: Path) -> None:
+    repo = str(tmp_path / "repo")
+    capture_dropout(repo, training=False, name="drop")
+    result = export_kernelbench("drop", tmp_path / "p", repo=repo)
+    assert result.manifest["model"]["training"] is False and result.manifest["kernelbench_compatible"] is True
+    assert result.manifest["self_check"]["reproduces_recorded_outputs"] is True
+    assert kernelbench_correctness(result.problem.read_text()) == 3
+    trained = export_kernelbench("drop", tmp_path / "t", repo=repo, mode="train", check=False).manifest
+    assert trained["model"]["training"] is True and not trained["kernelbench_compatible"]
+
+
+def test_problem_folder_moves_as_a_whole(repo: str, tmp_path: Path) -> None:
+    import runpy
+
+    result = export_kernelbench("km/act", tmp_path / "act", repo=repo)
+    moved = tmp_path / "elsewhere" / "act"
+    shutil.move(str(result.directory), moved)  # the exported absolute path no longer exists
+    namespace = runpy.run_path(str(moved / "problem.py"))
+    assert Path(namespace["DATA_DIR"]) == moved / "data"
+    model = namespace["Model"](*namespace["get_init_inputs"]())
+    with torch.no_grad():
+        out = model(*namespace["get_inputs"]())
+    assert out.shape == (3, 16)
+
+
+MAIN_SCRIPT = """
+import torch
+import modulelens
+
+
+def _scale(x):
+    return x * 0.5
+
+
+class ScriptBlock(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.proj = torch.nn.Linear(n, n)
+
+    def forward(self, x):
+        return _scale(torch.tanh(self.proj(x)))
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    with modulelens.track_init():
+        block = ScriptBlock(6).eval()
+    with modulelens.capture(block, targets=["ScriptBlock"], repo={repo!r}, name="script"), torch.no_grad():
+        block(torch.randn(2, 6))
+"""
+
+
+def test_class_defined_in_a_script_exports_from_its_stored_source(tmp_path: Path) -> None:
+    repo = str(tmp_path / "repo")
+    script = tmp_path / "train_script.py"
+    script.write_text(MAIN_SCRIPT.format(repo=repo))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    script.unlink()  # the class now exists only in the source stored with the capture
+    result = export_kernelbench("script", tmp_path / "p", repo=repo)
+    m = result.manifest
+    assert m["capture"]["module_class"] == "__main__:ScriptBlock"
+    assert m["model"]["source"] == "inlined" and "def _scale" in result.problem.read_text()
+    assert m["self_check"]["reproduces_recorded_outputs"] is True, m["self_check"]
+    assert kernelbench_correctness(result.problem.read_text()) == 3
+
+
+def test_tools_verify_eval_mode_compares_with_the_reference_in_eval(tmp_path: Path) -> None:
+    repo = str(tmp_path / "repo")
+    capture_dropout(repo, training=True, name="drop")
+    runner = CliRunner()
+    base = ["verify", "drop", "--repo", repo, "--no-timing", "--no-store", "--json", "--candidate"]
+    good = runner.invoke(app, [*base, "kernel_models:DropMLP", "--eval"])
+    assert good.exit_code == 0, good.output
+    notes = json.loads(good.stdout)["result"]["notes"]
+    assert any("recorded in training mode and ran in eval mode" in n for n in notes), notes
+    wrong = runner.invoke(app, [*base, "kernel_models:AlwaysDropMLP", "--eval"])
+    assert wrong.exit_code == 1, wrong.output
+    cap = modulelens.load("drop", repo=repo)
+    from modulelens.tools.verify import verify
+
+    with pytest.raises(modulelens.ModulelensError, match="mode must be"):
+        verify(cap, "kernel_models:DropMLP", mode="inference", timing=False, store=False)

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 import modulelens
 from modulelens.errors import ModulelensError
 from modulelens.interfaces.cli import app
-from modulelens.tools.export_kernelbench import export_kernelbench
-from modulelens.tools.kernel_static_check import ReferenceInfo, check_source
-from modulelens.tools.kernel_verify import read_candidate, verify_kernel
+from modulelens.kernels.export import export_kernelbench
+from modulelens.kernels.static_check import ReferenceInfo, check_source
+from modulelens.kernels.verify import read_candidate, verify_kernel
 
 CANDIDATES = Path(__file__).resolve().parent.parent / "support" / "kernel_candidates"
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -92,6 +92,63 @@ def test_input_mutation_is_caught(repo: str) -> None:
     assert not d["passed"]
     assert all(s["mutated_inputs"] == ["x"] for s in d["samples"])
     assert "call 0 (recorded): modified its input(s) in place: x" in d["failures"]
+
+
+@needs_triton
+def test_heavy_torch_op_counter_sees_composite_and_direct_ops() -> None:
+    import torch
+
+    from modulelens.kernels.op_watch import OpCounter
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with OpCounter() as ops:
+        torch.nn.functional.linear(x, w)
+        torch.ops.aten.mm.default(x, w.t())
+        _ = x @ w.t()
+        torch.einsum("ij,kj->ik", x, w)
+        torch.nn.functional.conv1d(torch.randn(1, 2, 5), torch.randn(3, 2, 2))
+        torch.relu(x)
+    heavy = ops.heavy()
+    assert heavy.get("mm", 0) + heavy.get("addmm", 0) + heavy.get("bmm", 0) >= 4, heavy
+    assert any("conv" in name for name in heavy) and "relu" not in heavy
+    with OpCounter() as ops:
+        torch.nn.functional.dropout(x, 0.5, training=True)
+    assert ops.random_ops() and not ops.heavy()
+
+
+# Candidates that reach PyTorch for the heavy op (the matmul of km/mlp = LinearRelu) by a route the
+# name-based static rules cannot see, with a token Triton kernel for the epilogue. Every one must
+# fail at run time (aten ops counted in the candidate process), whatever the static check says.
+CHEATS = [  # (file, static error rules expected: set() = only the run-time check catches it)
+    ("getattr_linear.py", {"dynamic_getattr"}),
+    ("matmul_torch_bias_triton.py", set()),
+    ("aten_mm.py", set()),
+    ("exec_string.py", {"dynamic_code"}),
+    ("lambda_in_dict.py", set()),
+    ("module_dict.py", {"introspection"}),
+    ("importlib_nn.py", {"dynamic_code"}),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(("name", "static_rules"), CHEATS)
+def test_cheats_reaching_torch_for_the_heavy_op_fail(repo: str, name: str, static_rules: set[str]) -> None:
+    d = verify_kernel("km/mlp", CANDIDATES / "cheats" / name, repo=repo, timeout=120, max_calls=1, random_samples=0,
+                      store=False).to_dict()
+    assert not d["passed"]
+    assert {f["rule"] for f in d["static"]["errors"]} == static_rules
+    assert d["correctness"]["passed"] is True, d["failures"]  # right numbers: only the checks catch it
+    assert d["checks"]["torch_heavy_ops"], d["checks"]
+    assert any("ran heavy ops through PyTorch (aten." in f for f in d["failures"]), d["failures"]
+
+
+@needs_triton
+def test_mixed_candidate_passes_only_with_allow_torch_ops(repo: str) -> None:
+    d = verify_kernel("km/mlp", CANDIDATES / "cheats" / "matmul_torch_bias_triton.py", repo=repo, timeout=120,
+                      max_calls=1, random_samples=0, store=False, allow_torch_ops=True).to_dict()
+    assert d["passed"], d["failures"]
+    assert d["settings"]["allow_torch_ops"] is True and d["checks"]["torch_heavy_ops"]
+    assert any("accepted (allow_torch_ops)" in n for n in d["notes"])
 
 
 @needs_triton
@@ -193,6 +250,10 @@ def test_candidate_from_a_kernelagent_result_json(tmp_path: Path) -> None:
     ("import gc", "introspection"),
     ("g = globals()", "introspection"),
     ("exec('x = 1')", "dynamic_code"),
+    ("import torch\ndef f(x, w):\n    return getattr(torch.nn.functional, 'lin' + 'ear')(x, w)", "dynamic_getattr"),
+    ("import torch.nn.functional as F\nname = 'linear'\ndef f(x, w):\n    return getattr(F, name)(x, w)",
+     "dynamic_getattr"),
+    ("import operator\ndef f(m, n):\n    return operator.attrgetter(n)(m)", "dynamic_getattr"),
     ("import os\nos.environ['TRITON_INTERPRET'] = '0'", "env_write"),
     ("import modulelens", "reference_call"),
     ("def f(x):\n    return Model()(x)", "reference_call"),
@@ -225,8 +286,8 @@ def test_static_check_builtin_reference_and_clean_kernels() -> None:
 
 
 def test_timing_summary_speedups_geomean_and_review_flag() -> None:
-    from modulelens.tools._kernel_worker import timing_stats
-    from modulelens.tools.kernel_verify import _timing
+    from modulelens.kernels.verify import _timing
+    from modulelens.tools.timing import timing_stats
 
     stats = timing_stats([1.0, 2.0, 3.0, 4.0], warmup=2)
     assert stats["mean_ms"] == 2.5 and stats["median_ms"] == 2.5 and stats["trials"] == 4 and stats["warmup"] == 2
@@ -250,7 +311,7 @@ def test_timing_summary_speedups_geomean_and_review_flag() -> None:
 def test_random_inputs_keep_shapes_dtypes_and_index_structure() -> None:
     import torch
 
-    from modulelens.tools._kernel_worker import _randomize
+    from modulelens.kernels.worker_reference import _randomize
 
     notes: list[dict[str, str]] = []
     generator = torch.Generator().manual_seed(0)

@@ -84,3 +84,34 @@ def capture_all(repo: str, name: str = "km") -> None:
         for _ in range(2):
             model(torch.randn(3, 16, generator=generator), torch.randint(0, 20, (6,), generator=generator),
                   torch.tensor([0, 2, 5]))
+
+
+class DropMLP(nn.Module):
+    """Linear -> GELU -> Dropout: random in training mode, deterministic in eval mode."""
+
+    def __init__(self, features: int, p: float = 0.25) -> None:
+        super().__init__()
+        self.fc = nn.Linear(features, features)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(F.gelu(self.fc(x)))
+
+
+def capture_dropout(repo: str, *, training: bool, name: str) -> None:
+    """Capture DropMLP over two calls recorded in training (or eval) mode into ``repo``."""
+    import modulelens
+
+    torch.manual_seed(0)
+    with modulelens.track_init():
+        model = DropMLP(8).train(training)
+    with modulelens.capture(model, targets=["DropMLP"], repo=repo, name=name, max_calls=2), torch.no_grad():
+        for _ in range(2):
+            model(torch.randn(4, 8))
+
+
+class AlwaysDropMLP(DropMLP):
+    """A wrong rewrite of DropMLP: applies dropout in eval mode too."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(F.gelu(self.fc(x)), self.drop.p, training=True)

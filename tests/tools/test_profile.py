@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import modulelens
 from modulelens.tools.profile import synthetic_inputs
+from modulelens.tools.timing import TimingConfig
 
 M, K, N = 64, 256, 192
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -30,7 +31,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_linear_flops_latency_memory(repo: Path) -> None:
     cap = modulelens.load("lin/inner", repo=repo)
-    report = modulelens.profile(cap, iters=30, warmup=3)
+    report = modulelens.profile(cap, timing=TimingConfig(warmup=3, iters=30))
     assert report.flops["total"] == 2 * M * N * K
     assert report.flops["per_op"] == {"aten.addmm": 2 * M * N * K}
     assert report.flops["uncounted_compute_ops"] == []
@@ -46,7 +47,7 @@ def test_linear_flops_latency_memory(repo: Path) -> None:
     assert any(op["name"] == "aten::addmm" for op in report.top_ops)
     assert report.batch_size == M and report.mode == "forward (no_grad)"
     # stable across two runs (loose: the CPU is shared)
-    again = modulelens.profile(cap, iters=30, warmup=3)
+    again = modulelens.profile(cap, timing=TimingConfig(warmup=3, iters=30))
     ratio = again.latency["median_ms"] / lat["median_ms"]
     assert 1 / 3 < ratio < 3, ratio
     stored = modulelens.Repo(repo).reports(cap.ref, "profile")
@@ -55,7 +56,7 @@ def test_linear_flops_latency_memory(repo: Path) -> None:
 
 
 def test_backward_counts_three_matmuls(repo: Path) -> None:
-    report = modulelens.profile(modulelens.load("lin/inner", repo=repo), backward=True, iters=10, store=False)
+    report = modulelens.profile(modulelens.load("lin/inner", repo=repo), backward=True, timing=TimingConfig(iters=10), store=False)
     # forward x@W^T, backward grad_x = g@W and grad_W = g^T@x
     assert report.flops["total"] == 3 * 2 * M * N * K
     assert report.mode == "forward+backward"
@@ -63,7 +64,7 @@ def test_backward_counts_three_matmuls(repo: Path) -> None:
 
 
 def test_ops_without_flop_formula_are_listed(repo: Path) -> None:
-    report = modulelens.profile(modulelens.load("mlp/inner", repo=repo), iters=10, store=False, call=1)
+    report = modulelens.profile(modulelens.load("mlp/inner", repo=repo), timing=TimingConfig(iters=10), store=False, call=1)
     assert report.flops["total"] == 2 * 5 * (8 * 16 + 16 * 4)
     assert "aten.relu.default" in report.flops["uncounted_compute_ops"]
     categories = {u["op"]: u["category"] for u in report.flops["uncounted_ops"]}
@@ -77,7 +78,7 @@ def test_batch_sweep_plot_and_trace(repo: Path, tmp_path: Path) -> None:
     plot = tmp_path / "sweep.png"
     trace = tmp_path / "trace.json"
     report = modulelens.profile(modulelens.load("lin/inner", repo=repo),
-        iters=5, batch_sizes=[1, 4, 16], plot=plot, trace=trace, store=False)
+        timing=TimingConfig(iters=5), batch_sizes=[1, 4, 16], plot=plot, trace=trace, store=False)
     rows = report.batch_sweep
     assert [r["batch_size"] for r in rows] == [1, 4, 16]
     assert [r["flops"] for r in rows] == [2 * b * N * K for b in (1, 4, 16)]
@@ -99,12 +100,12 @@ def test_synthetic_inputs_follow_recorded_shapes_and_ranges(repo: Path) -> None:
     assert int(new_ids.min()) >= int(ids.min()) and int(new_ids.max()) <= int(ids.max())
     assert new_features.shape == (32, 6) and new_features.dtype == torch.float32
     assert new_mask is mask
-    report = modulelens.profile(cap, iters=5, batch_sizes=[2, 8], store=False)
+    report = modulelens.profile(cap, timing=TimingConfig(iters=5), batch_sizes=[2, 8], store=False)
     assert all("error" not in r for r in report.batch_sweep), report.batch_sweep
 
 
 def test_compile_path(repo: Path) -> None:
-    report = modulelens.profile(modulelens.load("mlp/inner", repo=repo), compile="aot_eager", iters=5, store=False)
+    report = modulelens.profile(modulelens.load("mlp/inner", repo=repo), compile="aot_eager", timing=TimingConfig(iters=5), store=False)
     assert report.compiled == "aot_eager" and report.compile_seconds is not None
     assert report.flops["total"] == 2 * 5 * (8 * 16 + 16 * 4)
     assert report.latency["median_ms"] > 0

@@ -15,6 +15,7 @@ import torch
 import modulelens
 from modulelens.errors import MatchError
 from modulelens.testing import assert_matches
+from modulelens.tools.timing import TimingConfig
 
 HERE = Path(__file__).resolve().parent.parent / "support"
 CANDIDATES = HERE / "tools_models.py"
@@ -34,7 +35,7 @@ def cap(repo: Path) -> modulelens.Capture:
 
 
 def test_correct_refactor_passes_from_file_spec(cap: modulelens.Capture, repo: Path) -> None:
-    report = modulelens.verify(cap, f"{CANDIDATES}:FusedMLP", iters=5)
+    report = modulelens.verify(cap, f"{CANDIDATES}:FusedMLP", timing=TimingConfig(iters=5))
     assert report.passed, report
     assert report.built_with == "constructor"
     assert [c.index for c in report.calls] == [0, 1]
@@ -46,14 +47,14 @@ def test_correct_refactor_passes_from_file_spec(cap: modulelens.Capture, repo: P
 
 
 def test_class_object_and_from_original(cap: modulelens.Capture) -> None:
-    assert modulelens.verify(cap, tm.FusedMLP, timing=False, store=False).passed
-    report = modulelens.verify(cap, "tools_models:PackedMLP", timing=False, store=False)
+    assert modulelens.verify(cap, tm.FusedMLP, timing=None, store=False).passed
+    report = modulelens.verify(cap, "tools_models:PackedMLP", timing=None, store=False)
     assert report.passed, report
     assert report.built_with == "from_original"
 
 
 def test_subtly_wrong_candidate_names_the_leaf(cap: modulelens.Capture) -> None:
-    report = modulelens.verify(cap, tm.SubtlyWrongMLP, timing=False, store=False)
+    report = modulelens.verify(cap, tm.SubtlyWrongMLP, timing=None, store=False)
     assert not report.passed
     for call in report.calls:
         failing = {leaf.path for leaf in call.leaves if not leaf.passed}
@@ -62,11 +63,11 @@ def test_subtly_wrong_candidate_names_the_leaf(cap: modulelens.Capture) -> None:
         assert 0 < call.mean_rel_error <= call.max_rel_error * 1.0001
     assert "output['logits']" in report.failures[0] and "elements differ" in report.failures[0]
     # a looser tolerance accepts it
-    assert modulelens.verify(cap, tm.SubtlyWrongMLP, rtol=2e-3, atol=1e-5, timing=False, store=False).passed
+    assert modulelens.verify(cap, tm.SubtlyWrongMLP, rtol=2e-3, atol=1e-5, timing=None, store=False).passed
 
 
 def test_candidate_that_mutates_its_input_fails(cap: modulelens.Capture) -> None:
-    report = modulelens.verify(cap, tm.MutatingMLP, timing=False, store=False)
+    report = modulelens.verify(cap, tm.MutatingMLP, timing=None, store=False)
     assert not report.passed
     assert all(leaf.passed for c in report.calls for leaf in c.leaves)  # outputs are right
     assert [leaf.path for leaf in report.calls[0].mutated_inputs] == ["args[0]"]
@@ -74,7 +75,7 @@ def test_candidate_that_mutates_its_input_fails(cap: modulelens.Capture) -> None
 
 
 def test_state_dict_key_mismatch_is_reported(cap: modulelens.Capture) -> None:
-    report = modulelens.verify(cap, tm.RenamedMLP, timing=False, store=False)
+    report = modulelens.verify(cap, tm.RenamedMLP, timing=None, store=False)
     assert not report.passed and report.calls == []
     assert report.state_mismatch["missing"] == ["first.bias", "first.weight", "second.bias", "second.weight"]
     assert report.state_mismatch["unexpected"] == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
@@ -83,7 +84,7 @@ def test_state_dict_key_mismatch_is_reported(cap: modulelens.Capture) -> None:
 
 
 def test_shape_mismatch_is_reported(cap: modulelens.Capture) -> None:
-    report = modulelens.verify(cap, tm.MLP(8, 32), timing=False, store=False)
+    report = modulelens.verify(cap, tm.MLP(8, 32), timing=None, store=False)
     assert not report.passed and report.built_with == "instance"
     assert {s["key"] for s in report.state_mismatch["shape"]} == {"fc1.weight", "fc1.bias", "fc2.weight"}
     assert "shape mismatch" in report.error
@@ -149,19 +150,34 @@ def test_training_capture_with_several_states(tmp_path: Path) -> None:
     cap = modulelens.load(ref, repo=tmp_path)
     assert len(cap.metadata["states"]) == 3 and all(c.training for c in cap.calls)
     for _ in range(2):  # verifying (and timing the reference) leaves the capture as recorded
-        report = modulelens.verify(cap, tm.FunctionalNormed, iters=3, store=False)
+        report = modulelens.verify(cap, tm.FunctionalNormed, timing=TimingConfig(iters=3), store=False)
         assert report.passed, report
-    modulelens.profile(cap, call=2, backward=True, iters=3, store=False)
+    modulelens.profile(cap, call=2, backward=True, timing=TimingConfig(iters=3), store=False)
     cap.replay()  # switches the capture's own module between states
-    assert modulelens.verify(cap, tm.FunctionalNormed, timing=False, store=False).passed
-    one = modulelens.verify(cap, tm.FunctionalNormed, timing=False, store=False, calls=[1])
+    assert modulelens.verify(cap, tm.FunctionalNormed, timing=None, store=False).passed
+    one = modulelens.verify(cap, tm.FunctionalNormed, timing=None, store=False, calls=[1])
     assert [c.index for c in one.calls] == [1] and one.passed
 
 
 def test_bare_file_spec_picks_the_only_module_class(cap: modulelens.Capture, tmp_path: Path) -> None:
     single = tmp_path / "fast_mlp.py"
     single.write_text("import tools_models\n\nclass Fast(tools_models.FusedMLP):\n    pass\n")
-    report = modulelens.verify(cap, str(single), timing=False, store=False)
+    report = modulelens.verify(cap, str(single), timing=None, store=False)
     assert report.passed and report.candidate == str(single)
     with pytest.raises(modulelens.ModulelensError, match=r"classes defined there: .*FusedMLP"):
-        modulelens.verify(cap, str(CANDIDATES), timing=False, store=False)
+        modulelens.verify(cap, str(CANDIDATES), timing=None, store=False)
+
+
+def test_assert_matches_gives_each_call_its_recorded_weights(tmp_path: Path) -> None:
+    """Weights changed between the recorded calls: a correct module passes, and is left untouched."""
+    torch.manual_seed(0)
+    cap = modulelens.load(tm.capture_training(tmp_path, "train"), repo=tmp_path)
+    module = cap.module
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    report = assert_matches(module, cap)
+    assert report.passed and any("each call ran on a copy of the module" in n for n in report.notes)
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+    renamed = tm.RenamedMLP(8, 16)
+    with pytest.raises(MatchError, match="the weights changed between the recorded calls"):
+        assert_matches(renamed, cap)

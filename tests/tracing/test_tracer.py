@@ -137,3 +137,30 @@ def test_a_forward_that_raises_inside_the_target_is_dropped(repo: modulelens.Rep
     assert cap.records[""].calls == [] and not cap.complete
     lin(torch.randn(1, 2))
     assert cap.complete and cap.records[""].calls[0].index == 1
+
+
+def test_weight_updates_through_data_are_recorded_as_new_states(repo: modulelens.Repo) -> None:
+    """``p.data.add_()`` does not bump version counters; each call must still get the weights it saw."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with modulelens.capture(model, targets=["0"], repo=repo, max_calls=3) as cap:
+        for _step in range(3):
+            loss = model(x).square().sum()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-0.1)  # the update of many hand-written loops
+                    p.grad = None
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert [c.state_index for c in loaded.calls] == [0, 1, 2]
+    assert not torch.equal(loaded.state_dict(0)["weight"], loaded.state_dict(1)["weight"])
+    report = loaded.replay()
+    assert report.passed, report
+
+
+def test_unchanged_weights_share_one_state(repo: modulelens.Repo) -> None:
+    model = nn.Linear(4, 4)
+    with modulelens.capture(model, targets=["Linear"], repo=repo, max_calls=3) as cap, torch.no_grad():
+        for _step in range(3):
+            model(torch.randn(2, 4))
+    assert [c.state_index for c in modulelens.load(cap.saved[0].ref, repo=repo).calls] == [0, 0, 0]

@@ -1,89 +1,35 @@
-"""The ``modulelens`` command line (typer + rich; ``--json`` on every command)."""
+"""Core commands: browse (``ls``, ``show``), ``replay``, manage (``alias``, ``rm``, ``gc``), ``run``, ``demo``."""
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
-from modulelens.interfaces.output import console, emit, emit_json, err_console, human_bytes
+from modulelens.errors import UsageError
+from modulelens.format.human import human_bytes
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, YesOpt
+from modulelens.interfaces.output import console, emit, emit_json, err_console
 
-app = typer.Typer(
-    name="modulelens",
-    help="Capture submodules of a real PyTorch job, store them versioned, rebuild and replay them anywhere.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli-json.md) instead of tables.")]
-RepoOpt = Annotated[str | None, typer.Option("--repo", help="Repo directory (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
-
-
-class _State:
-    debug = False
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def command(name: str, *, group: typer.Typer | None = None, json_name: str | None = None,
-            **settings: Any) -> Callable[[F], F]:
-    """Register a command whose ModulelensErrors become one line (or a JSON error) and an exit code.
-
-    ``group`` registers it on a sub-app (``modulelens kernel verify``) instead of the top level;
-    ``json_name`` is the ``command`` field of its JSON envelope (default: ``name``)."""
-    label = json_name or name
-
-    def decorate(func: F) -> F:
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except (ModulelensError, FileNotFoundError, PermissionError, ValueError) as error:
-                if _State.debug:
-                    raise
-                code = getattr(error, "exit_code", 1)
-                if kwargs.get("as_json"):
-                    emit_json(label, error=error, exit_code=code)
-                else:
-                    err_console.print(f"[red]error:[/red] {error}", markup=True, highlight=False, soft_wrap=True)
-                raise typer.Exit(code) from None
-        (group or app).command(name, **settings)(wrapper)
-        return func
-    return decorate
-
-
-@app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False) -> None:
-    _State.debug = debug
-
-
-def _repo(path: str | None, create: bool = False) -> Any:
-    from modulelens.repo.local import Repo
-
-    return Repo(path, create=create)
+app = typer.Typer()
 
 
 # ------------------------------------------------------------------------------------- browse
 
 
-@command("ls")
+@command(app, "ls")
 def ls(
     name: Annotated[str | None, typer.Argument(help="Only this name (or names starting with this prefix/).")] = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List captures: name, version, aliases, module class, size."""
-    store = _repo(repo, create=True)
-    names = [n for n in store.names() if name is None or n == name or n.startswith(name.rstrip("/") + "/")]
-    rows = [info.to_dict() for n in names for info in store.list(n)]
+    store = session.open_repo(repo, create=True)
+    rows = [info.to_dict() for info in session.list_versions(store, name)]
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
@@ -100,7 +46,7 @@ def ls(
     emit("ls", as_json, rows, render)
 
 
-@command("show")
+@command(app, "show")
 def show(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
@@ -109,7 +55,9 @@ def show(
     """Show one capture: class, constructor arguments, state, calls, environment, reports."""
     from modulelens.restore.summary import describe
 
-    result = describe(_repo(repo), ref)
+    store = session.open_repo(repo)
+    name, version = session.resolve(store, ref)
+    result = describe(store, f"{name}:v{version}")
 
     def render(d: dict[str, Any]) -> None:
         console.print(f"[bold]{d['ref']}[/bold]  aliases: {', '.join(d['aliases']) or '-'}  stored at {d['path']}")
@@ -151,21 +99,18 @@ def _leaves_text(leaves: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------- replay
 
 
-@command("replay")
+@command(app, "replay")
 def replay_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
-    device: Annotated[str | None, typer.Option(help="Run on this device (cpu, cuda, cuda:1).")] = None,
-    dtype: Annotated[str | None, typer.Option(help="Cast floating weights and inputs (float32, bfloat16, ...).")] = None,
-    rtol: Annotated[float | None, typer.Option(help="Relative tolerance (default: bit-exact if nothing changed).")] = None,
-    atol: Annotated[float | None, typer.Option(help="Absolute tolerance.")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
-    from modulelens.format.tensors import dtype_from_name
-    from modulelens.restore.loader import load
-
-    capture = load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
     report = capture.replay(rtol=rtol, atol=atol)
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
@@ -198,7 +143,7 @@ def replay_cmd(
 # ------------------------------------------------------------------------------------- manage
 
 
-@command("alias")
+@command(app, "alias")
 def alias_cmd(
     ref: Annotated[str, typer.Argument(help="NAME:vN (or NAME:alias) to point at; with --delete, NAME")],
     alias: Annotated[str, typer.Argument(help="Alias name, e.g. golden")],
@@ -207,7 +152,7 @@ def alias_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Point an alias (movable) at a version, or remove it."""
-    store = _repo(repo)
+    store = session.open_repo(repo)
     if delete:
         name = ref.partition(":")[0]
         store.remove_alias(name, alias)
@@ -218,25 +163,34 @@ def alias_cmd(
         f"removed alias {alias} of {r['name']}" if delete else f"{r['name']}:{alias} -> {r['ref']}"))
 
 
-@command("rm")
+@command(app, "rm")
 def rm_cmd(
     ref: Annotated[str, typer.Argument(help="NAME:vN or NAME:alias (one version) or NAME (all versions)")],
     repo: RepoOpt = None,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Remove a version (or every version of a name). Payloads are freed by `gc`."""
-    removed = _repo(repo).remove(ref)
+    """Remove a version (or every version of a name). Payloads are freed by `gc`. Asks before removing an aliased version."""
+    store = session.open_repo(repo)
+    aliased = session.aliased_versions(store, ref)
+    if aliased and not yes:
+        what = "; ".join(f"{v} is {', '.join(a)}" for v, a in aliased.items())
+        if as_json or not session.interactive():
+            raise UsageError(f"not removed: {what}; pass --yes to remove it anyway")
+        if not typer.confirm(f"{what}. Remove?", default=False, err=True):
+            raise UsageError("not removed")
+    removed = store.remove(ref)
     emit("rm", as_json, {"removed": removed}, lambda r: console.print("removed " + ", ".join(r["removed"])))
 
 
-@command("gc")
+@command(app, "gc")
 def gc_cmd(
     repo: RepoOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be removed.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete payloads that no version references."""
-    report = _repo(repo).gc(dry_run=dry_run)
+    report = session.open_repo(repo).gc(dry_run=dry_run)
     emit("gc", as_json, report.to_dict(), lambda r: console.print(
         f"{'would remove' if dry_run else 'removed'} {r['removed_blobs']} payloads "
         f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}"))
@@ -245,7 +199,7 @@ def gc_cmd(
 # ------------------------------------------------------------------------------------- capture
 
 
-@command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@command(app, "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
     ctx: typer.Context,
     target: Annotated[list[str], typer.Option("--target", "-t", help="Qualified-name glob or class name; repeatable.")],
@@ -265,7 +219,7 @@ def run_cmd(
     if command_line and command_line[0] == "--":
         command_line = command_line[1:]
     if not command_line:
-        raise ModulelensError("nothing to run: put the command after --, e.g. modulelens run -t mlp -- python train.py")
+        raise UsageError("nothing to run: put the command after --, e.g. modulelens run -t mlp -- python train.py")
     config = RunConfig(targets=target, warmup=warmup, max_calls=max_calls, exit_after_capture=exit_after_capture,
                        repo=repo, name=name, ranks=ranks, strict=strict)
     outcome = run_command(command_line, config, quiet=as_json)
@@ -290,7 +244,7 @@ def run_cmd(
     raise typer.Exit(code)
 
 
-@command("demo")
+@command(app, "demo")
 def demo_cmd(
     repo: RepoOpt = None,
     steps: Annotated[int, typer.Option(help="Training steps to run.")] = 30,
@@ -304,25 +258,3 @@ def demo_cmd(
         emit_json("demo", result=result)
     if not result["replay"]["passed"]:
         raise typer.Exit(1)
-
-
-# Commands of the tools and interfaces live in their own modules and register themselves here
-# through `command` (one import line each).
-
-from modulelens.interfaces import (  # noqa: E402 - after `command`, which they use
-    cli_agents,  # noqa: F401 - registers commands
-    cli_kernel,  # noqa: F401 - registers commands
-    cli_tools,  # noqa: F401 - registers commands
-)
-
-
-def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

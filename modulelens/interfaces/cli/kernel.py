@@ -1,6 +1,6 @@
 """Kernel commands: ``modulelens export --format kernelbench`` and ``modulelens kernel verify|agent``.
 
-Registered on the main typer app by one import line at the bottom of :mod:`modulelens.interfaces.cli`.
+``app`` holds the top-level ``export``; ``kernel_app`` is the ``kernel`` group (both assembled by ``app.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, app, command
+from modulelens.errors import UsageError
+from modulelens.format.human import human_number as _num
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, err_console
+from modulelens.interfaces.session import open_repo as _repo
+
+app = typer.Typer()
 
 kernel_app = typer.Typer(
     name="kernel",
@@ -27,23 +33,13 @@ kernel_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(kernel_app, name="kernel")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
     """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
-    return command(name, group=kernel_app, json_name=f"kernel {name}", **settings)
-
-
-def _positions(calls: str | None) -> list[int] | None:
-    if not calls:
-        return None
-    try:
-        return [int(part) for part in calls.split(",") if part.strip()]
-    except ValueError:
-        raise ModulelensError(f"--calls takes positions like 0,2,3, not {calls!r}") from None
+    return command(kernel_app, name, json_name=f"kernel {name}", **settings)
 
 
 CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]
@@ -55,7 +51,7 @@ AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute toleranc
 # ------------------------------------------------------------------------------------- export
 
 
-@command("export")
+@command(app, "export")
 def export_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Problem folder to write.")],
@@ -68,16 +64,19 @@ def export_cmd(
                                         help="Exec problem.py as KernelBench does; compare with the recorded outputs.")] = True,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Put Model in eval or training mode (default: as recorded).")] = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a KernelBench/KernelAgent problem folder (problem.py, test, manifest, real data)."""
-    from modulelens.tools.export_kernelbench import export_kernelbench
+    from modulelens.kernels.export import export_kernelbench
 
     if format != "kernelbench":
-        raise ModulelensError(f"unknown export format {format!r} (available: kernelbench)")
-    result = export_kernelbench(ref, output, repo=_repo(repo), calls=_positions(calls), max_calls=max_calls,
-                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol)
+        raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
+    result = export_kernelbench(ref, output, repo=_repo(repo), calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
+                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
+                                mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
     emit("export", as_json, result.to_dict(), _render_export)
 
 
@@ -114,7 +113,7 @@ def _render_export(result: dict[str, Any]) -> None:
 
 
 @kernel_command("verify")
-def verify_cmd(
+def kernel_verify_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     candidate: Annotated[Path, typer.Option("--candidate", "-c", help="ModelNew/kernel_function .py file, or KernelAgent's result JSON.")],
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the candidate's process is killed.")] = 300.0,
@@ -131,17 +130,20 @@ def verify_cmd(
     trials: Annotated[int, typer.Option("--trials", help="Timed trials per sample (CUDA).")] = 100,
     entry: Annotated[str, typer.Option("--entry", help="auto, ModelNew or kernel_function.")] = "auto",
     allow: Annotated[list[str] | None, typer.Option("--allow", help="Static-check rule to downgrade to a warning; repeatable.")] = None,
+    allow_torch_ops: Annotated[bool, typer.Option("--allow-torch-ops",
+                                                  help="Accept heavy ops (matmul/conv/attention) run through PyTorch.")] = False,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture version.")] = True,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
-    from modulelens.tools.kernel_verify import verify_kernel
+    from modulelens.kernels.verify import verify_kernel
 
     report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
-                           device=device, calls=_positions(calls),
+                           device=device, calls=session.parse_int_list(calls, "--calls"),
                            max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
-                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), store=store)
+                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,
+                           store=store)
     emit("kernel verify", as_json, report.to_dict(), render_kernel_report)
     if not report.passed:
         raise typer.Exit(1)
@@ -204,14 +206,6 @@ def render_kernel_report(d: dict[str, Any]) -> None:
         console.print(f"report stored: {d['report_path']}", highlight=False)
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return f"{value:.3g}"
-
-
 # ------------------------------------------------------------------------------------- agent
 
 
@@ -256,13 +250,14 @@ def agent_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export the problem, run KernelAgent on it (if installed; extra args after -- go to it), verify and store its kernel."""
-    from modulelens.tools.export_kernelbench import export_kernelbench
-    from modulelens.tools.kernel_verify import _worker_env, verify_kernel
+    from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.process import worker_env
+    from modulelens.kernels.verify import verify_kernel
 
     store = _repo(repo)
     name, version = store.resolve(ref)
     directory = output or Path("kernel-problems") / f"{name.replace('/', '__')}-v{version}"
-    exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=_positions(calls),
+    exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=session.parse_int_list(calls, "--calls"),
                                   overwrite=force or (directory / "manifest.json").exists())
     manifest = exported.manifest
     extra = [a for a in ctx.args if a != "--"]
@@ -282,7 +277,7 @@ def agent_cmd(
     if result["kernelagent_available"] and run:
         if not as_json:
             err_console.print(f"running KernelAgent on {exported.problem} (this calls an LLM and may take long)…")
-        env = _worker_env("cuda", candidate=False)
+        env = worker_env("cuda", candidate=False)
         try:
             completed = subprocess.run(agent_command, cwd=exported.directory, env=env, stdout=subprocess.PIPE,
                                        stderr=None if not as_json else subprocess.DEVNULL, text=True, timeout=agent_timeout)

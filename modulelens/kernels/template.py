@@ -1,9 +1,9 @@
 """Text templates of the exported KernelBench problem (``problem.py``) and KernelAgent test.
 
 Placeholders are ``@@NAME@@`` (no ``str.format``, so the Python braces stay as they are); the
-exporter fills them in :mod:`modulelens.tools.export_kernelbench`. The generated files must stay
-self-contained: torch and the standard library only, data read by absolute path (overridable with
-``$MODULELENS_PROBLEM_DATA``), no pickle.
+exporter fills them in :mod:`modulelens.kernels.export`. The generated files must stay
+self-contained: torch and the standard library only, data read from ``data/`` next to the file (else
+the exported absolute path; ``$MODULELENS_PROBLEM_DATA`` overrides both), no pickle.
 """
 
 from __future__ import annotations
@@ -54,7 +54,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-DATA_DIR = Path(os.environ.get("@@DATA_ENV@@", @@DATA_DIR@@))
+# $@@DATA_ENV@@, else data/ next to this file, else (exec'd from its text with no __file__, as
+# KernelBench loads problems; or copied away from its data) the folder it was exported to.
+_ML_HERE = Path(globals()["__file__"]).parent / "data" if "__file__" in globals() else None
+DATA_DIR = Path(os.environ.get("@@DATA_ENV@@") or (
+    _ML_HERE if _ML_HERE is not None and (_ML_HERE / "weights.safetensors").is_file() else @@DATA_DIR@@))
 
 @@READER@@
 
@@ -128,7 +132,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
 
-DATA_DIR = Path(os.environ.get("@@DATA_ENV@@", @@DATA_DIR@@))
+# $@@DATA_ENV@@, else data/ next to this file, else (exec'd from its text with no __file__, as
+# KernelBench loads problems; or copied away from its data) the folder it was exported to.
+_ML_HERE = Path(globals()["__file__"]).parent / "data" if "__file__" in globals() else None
+DATA_DIR = Path(os.environ.get("@@DATA_ENV@@") or (
+    _ML_HERE if _ML_HERE is not None and (_ML_HERE / "weights.safetensors").is_file() else @@DATA_DIR@@))
 TOLERANCES = @@TOLERANCES@@
 WEIGHT_NAMES = @@WEIGHT_NAMES@@
 # Per recorded call: its positional forward arguments, and its expected output leaves.

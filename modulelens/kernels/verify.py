@@ -7,7 +7,7 @@ forward arguments as the reference; the captured weights are loaded into it by n
 
 Verification:
 
-1. a static AST check rejects known reward hacks (:mod:`modulelens.tools.kernel_static_check`);
+1. a static AST check rejects known reward hacks (:mod:`modulelens.kernels.static_check`);
 2. a fresh *reference* process rebuilds the module, runs it on up to 8 recorded calls and on 5
    seeded random inputs of the same shapes and dtypes, and times it on CUDA;
 3. a fresh *candidate* process (killed after ``timeout`` seconds) runs the candidate on clones of
@@ -25,16 +25,12 @@ candidate tried on a module is kept as its kernel history.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,14 +39,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import CandidateError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
+from modulelens.kernels.exchange import load_tensors, save_tensors
+from modulelens.kernels.problems import MAX_CALLS, select_calls
+from modulelens.kernels.process import run_isolated, worker_env
+from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo.local import Repo
-from modulelens.restore.compare import compare
+from modulelens.restore.compare import compare, default_tolerance, tolerance_table
 from modulelens.restore.loader import Capture, load
-from modulelens.tools import _kernel_worker as worker
-from modulelens.tools.export_kernelbench import MAX_CALLS, select_calls, tolerance_for_dtype, tolerance_table
-from modulelens.tools.kernel_static_check import ReferenceInfo, check_source
 
 SCHEMA = "modulelens.kernel-verify/1"
 DEFAULT_TIMEOUT = 300.0
@@ -59,6 +56,8 @@ RANDOM_SAMPLES = 5
 SPEEDUP_REVIEW = 10.0
 LOOSE_FP32 = 1e-3
 _SOURCE_LIMIT = 256 * 1024
+# run by path as a plain script (python -P): importing it here would load its helpers for nothing
+_CANDIDATE_WORKER = Path(__file__).absolute().with_name("worker_candidate.py")
 
 
 @dataclass
@@ -97,16 +96,16 @@ def read_candidate(path: str | os.PathLike[str]) -> tuple[str, str]:
     KernelAgent ``auto_agent`` result JSON)."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ModulelensError(f"candidate {file} does not exist")
+        raise CandidateError(f"candidate {file} does not exist")
     text = file.read_text()
     if file.suffix == ".json":
         try:
             data = json.loads(text[text.index("{"):]) if "{" in text else {}
         except ValueError as error:
-            raise ModulelensError(f"{file}: not a KernelAgent result JSON ({error})") from None
+            raise CandidateError(f"{file}: not a KernelAgent result JSON ({error})") from None
         code = data.get("kernel_code") if isinstance(data, dict) else None
         if not code:
-            raise ModulelensError(f"{file} has no kernel_code (KernelAgent found no kernel: success="
+            raise CandidateError(f"{file} has no kernel_code (KernelAgent found no kernel: success="
                                   f"{data.get('success') if isinstance(data, dict) else None})")
         return code, f"kernel_code of {file}"
     return text, str(file)
@@ -119,52 +118,6 @@ def _output_dtypes(capture: Capture, positions: Sequence[int]) -> list[str]:
             if isinstance(leaf, torch.Tensor):
                 dtypes.append(dtype_name(leaf.dtype))
     return dtypes
-
-
-def _worker_env(device: str, candidate: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    cwd = os.getcwd()
-    if cwd not in paths:
-        paths.insert(0, cwd)
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if device.startswith("cuda"):
-        env.pop("TRITON_INTERPRET", None)
-    else:
-        env["TRITON_INTERPRET"] = "1"
-    if candidate:
-        env.pop("MODULELENS_REPO", None)
-    return env
-
-
-def _run(command: list[str], *, env: dict[str, str], cwd: Path, timeout: float, logs: Path) -> dict[str, Any]:
-    """Run one worker in its own process group; kill the whole group on timeout (and afterwards)."""
-    logs.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    timed_out = False
-    with open(logs / "stdout.txt", "wb") as out, open(logs / "stderr.txt", "wb") as err:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                   start_new_session=True)
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            code = process.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)  # anything the candidate left behind
-    return {"returncode": code, "timed_out": timed_out, "seconds": round(time.perf_counter() - start, 3),
-            "stdout_tail": _tail(logs / "stdout.txt"), "stderr_tail": _tail(logs / "stderr.txt")}
-
-
-def _tail(path: Path, limit: int = 2000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-limit:].decode("utf-8", "replace")
 
 
 def verify_kernel(
@@ -185,15 +138,37 @@ def verify_kernel(
     trials: int = 100,
     entry: str = "auto",
     allow: Sequence[str] = (),
+    allow_torch_ops: bool = False,
     store: bool = True,
 ) -> KernelReport:
-    """Verify a kernel candidate file against capture ``ref`` (a ref or a loaded :class:`Capture`)
-    and store the report.
+    """Verify a kernel candidate file against capture ``ref`` and store the report.
 
-    ``timeout`` bounds the candidate's process; ``reference_timeout`` the reference's (default:
-    ``max(timeout, 120)``);
-    ``rtol``/``atol`` override the per-dtype tolerances; ``allow`` downgrades static-check rules
-    to warnings; ``entry`` forces ``"ModelNew"`` or ``"kernel_function"``.
+    Args:
+        ref: a capture ref or a loaded :class:`Capture`.
+        candidate: a ``.py`` file (``ModelNew`` or ``kernel_function``) or a KernelAgent result JSON.
+        repo: the repository (default: ``$MODULELENS_REPO`` or the default path).
+        timeout: seconds the candidate's process may run.
+        reference_timeout: seconds for the reference's process (default ``max(timeout, 120)``).
+        device: ``"cuda"``/``"cpu"`` (default: CUDA when available).
+        calls: recorded call positions to use (default: all, up to ``max_calls``).
+        max_calls: the most recorded calls used.
+        random_samples: seeded random inputs added to the recorded calls.
+        seed: seed of the random inputs and of ``ModelNew``'s construction.
+        rtol: overrides the per-dtype relative tolerance for floating outputs.
+        atol: overrides the per-dtype absolute tolerance.
+        warmup: untimed calls before timing (CUDA).
+        trials: timed calls (CUDA).
+        entry: ``"auto"``, ``"ModelNew"`` or ``"kernel_function"``.
+        allow: static-check rules downgraded to warnings.
+        allow_torch_ops: accept a candidate whose forward runs heavy ops (matmul, convolution,
+            attention) through PyTorch (a mixed candidate); by default that fails.
+        store: store the report with the capture version.
+
+    Returns:
+        A :class:`KernelReport` (``passed``, ``failures``, the JSON report in ``data``).
+
+    Raises:
+        ModulelensError: bad options, a missing candidate, or a capture without usable calls.
 
     Example::
 
@@ -202,9 +177,9 @@ def verify_kernel(
         assert report.passed, report.failures
     """
     if entry not in ("auto", "ModelNew", "kernel_function"):
-        raise ModulelensError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
+        raise UsageError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
     if random_samples < 0 or max_calls < 1 or trials < 1 or warmup < 0 or timeout <= 0:
-        raise ModulelensError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
+        raise UsageError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
     if isinstance(ref, Capture):
         capture, store_repo = ref, ref.repo
     else:
@@ -215,9 +190,53 @@ def verify_kernel(
     output_dtypes = _output_dtypes(capture, positions)
     static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=allow)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    timing_on = device.startswith("cuda")
-    tolerances = tolerance_table(output_dtypes or ["float32"], rtol, atol)
-    report: dict[str, Any] = {
+    settings = _Settings(device=device, timeout=timeout, reference_timeout=reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
+                         random_samples=random_samples, seed=seed, warmup=warmup, trials=trials, entry=entry,
+                         allow_torch_ops=allow_torch_ops, backend=static.backend,
+                         candidate_home=Path(candidate).expanduser().absolute().parent)
+    report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings, rtol, atol, max_calls, allow)
+    for finding in static.errors:
+        report["failures"].append(f"static check: {finding.rule} (line {finding.line}): {finding.message}")
+    workdir = Path(tempfile.mkdtemp(prefix="modulelens-kernel-"))
+    try:
+        _run_workers(report, capture, store_repo, positions, workdir, source, settings)
+    finally:
+        if not os.environ.get("MODULELENS_KEEP_KERNEL_WORKDIR"):
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            report["notes"].append(f"work directory kept at {workdir}")
+    report["passed"] = not report["failures"] and report["correctness"].get("passed", False)
+    if store:
+        path = store_repo.add_report(capture.ref, "kernel", report)
+        report["report_path"] = str(path)
+    return KernelReport(report)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How the workers run (validated by :func:`verify_kernel`)."""
+
+    device: str
+    timeout: float
+    reference_timeout: float
+    random_samples: int
+    seed: int
+    warmup: int
+    trials: int
+    entry: str
+    allow_torch_ops: bool
+    backend: str
+    candidate_home: Path | None
+
+    @property
+    def timing_on(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str, origin: str, static: Any,
+                output_dtypes: list[str], settings: _Settings, rtol: float | None, atol: float | None,
+                max_calls: int, allow: Sequence[str]) -> dict[str, Any]:
+    return {
         "schema": SCHEMA,
         "kind": "kernel",
         "ref": capture.ref,
@@ -229,13 +248,14 @@ def verify_kernel(
         "failures": [],
         "notes": [],
         "static": static.to_dict(),
-        "tolerances": tolerances,
+        "tolerances": tolerance_table(output_dtypes or ["float32"], rtol, atol),
         "tolerance_overrides": {"rtol": rtol, "atol": atol},
-        "settings": {"device": device, "timeout_s": timeout,
-                     "reference_timeout_s": reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
-                     "max_calls": max_calls, "random_samples": random_samples,
-                     "seed": seed, "warmup": warmup, "trials": trials, "entry": entry, "allow": list(allow)},
-        "runtime": {"device": device, "triton_interpret": not timing_on},
+        "settings": {"device": settings.device, "timeout_s": settings.timeout,
+                     "reference_timeout_s": settings.reference_timeout, "max_calls": max_calls,
+                     "random_samples": settings.random_samples, "seed": settings.seed, "warmup": settings.warmup,
+                     "trials": settings.trials, "entry": settings.entry, "allow": list(allow),
+                     "allow_torch_ops": settings.allow_torch_ops},
+        "runtime": {"device": settings.device, "triton_interpret": not settings.timing_on},
         "samples": [],
         "checks": {},
         "correctness": {},
@@ -244,26 +264,6 @@ def verify_kernel(
         "review_reasons": [],
         "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "triton": _triton_version()},
     }
-    failures: list[str] = report["failures"]
-    for finding in static.errors:
-        failures.append(f"static check: {finding.rule} (line {finding.line}): {finding.message}")
-    workdir = Path(tempfile.mkdtemp(prefix="modulelens-kernel-"))
-    try:
-        _run_workers(report, capture, store_repo, positions, workdir, source, device=device, timeout=timeout,
-                     reference_timeout=reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
-                     random_samples=random_samples, seed=seed, warmup=warmup, trials=trials, entry=entry,
-                     timing_on=timing_on, backend=static.backend,
-                     candidate_home=Path(candidate).expanduser().absolute().parent)
-    finally:
-        if not os.environ.get("MODULELENS_KEEP_KERNEL_WORKDIR"):
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            report["notes"].append(f"work directory kept at {workdir}")
-    report["passed"] = not failures and report["correctness"].get("passed", False)
-    if store:
-        path = store_repo.add_report(capture.ref, "kernel", report)
-        report["report_path"] = str(path)
-    return KernelReport(report)
 
 
 def _triton_version() -> str | None:
@@ -276,31 +276,53 @@ def _triton_version() -> str | None:
 
 
 def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
-                 source: str, *, device: str, timeout: float, reference_timeout: float, random_samples: int, seed: int, warmup: int,
-                 trials: int, entry: str, timing_on: bool, backend: str, candidate_home: Path | None) -> None:
-    failures: list[str] = report["failures"]
-    # ---- reference process
+                 source: str, settings: _Settings) -> None:
+    info, expected = _run_reference(report, capture, store_repo, positions, workdir, settings)
+    if info is None:
+        return
+    data_dir, problem_data = _candidate_data(workdir, info)
+    result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
+    _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
+    _runtime_checks(report, result)
+    _torch_ops_check(report, result, settings.allow_torch_ops)
+    if settings.timing_on:
+        _timing(report, info, result)
+    else:
+        report["timing"] = {"measured": False,
+                            "reason": "no CUDA device: correctness only; Triton kernels ran under TRITON_INTERPRET=1 "
+                                      "(CPU interpreter), so timing was not measured"}
+
+
+def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
+                   settings: _Settings) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+    """The reference process: samples and expected outputs (``None`` with a failure when it fails)."""
     ref_out = workdir / "reference"
     ref_out.mkdir()
     spec_path = workdir / "reference-spec.json"
     spec_path.write_text(json.dumps({
         "repo": str(store_repo.root), "ref": capture.ref, "calls": positions, "max_calls": len(positions),
-        "random": random_samples, "seed": seed, "device": device, "timing": timing_on, "warmup": warmup,
-        "trials": trials, "out_dir": str(ref_out)}))
-    run = _run([sys.executable, "-m", "modulelens.tools._kernel_worker", "reference", str(spec_path)],
-               env=_worker_env(device, candidate=False), cwd=Path.cwd(), timeout=reference_timeout,
-               logs=workdir / "reference-logs")
+        "random": settings.random_samples, "seed": settings.seed, "device": settings.device,
+        "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
+    run = run_isolated([sys.executable, "-m", "modulelens.kernels.worker_reference", str(spec_path)],
+                       env=worker_env(settings.device, candidate=False), cwd=Path.cwd(),
+                       timeout=settings.reference_timeout, logs=workdir / "reference-logs")
     report["runtime"]["reference_process"] = {k: v for k, v in run.items() if k != "stdout_tail"}
     if run["timed_out"] or run["returncode"] != 0 or not (ref_out / "reference.json").exists():
         why = "timed out" if run["timed_out"] else f"exited with {run['returncode']}"
-        failures.append(f"the reference process {why}: {run['stderr_tail'][-600:].strip()}")
+        report["failures"].append(f"the reference process {why}: {run['stderr_tail'][-600:].strip()}")
         report["correctness"] = {"passed": False}
-        return
+        return None, {}
     info = json.loads((ref_out / "reference.json").read_text())
-    expected = worker.read_safetensors(ref_out / "expected.safetensors")
+    expected = load_tensors(ref_out / "expected.safetensors")
     report["runtime"]["device_name"] = info.get("device_name")
     report["notes"].extend(info.get("notes", []))
-    # ---- candidate inputs: everything except the reference outputs
+    return info, expected
+
+
+def _candidate_data(workdir: Path, info: dict[str, Any]) -> tuple[Path, Path]:
+    """Move what the candidate may see (inputs, weights, sample list: never the expected outputs)
+    out of the reference's folder, and write the weights-only folder ``$MODULELENS_PROBLEM_DATA`` names."""
+    ref_out = workdir / "reference"
     data_dir = workdir / "candidate-data"
     data_dir.mkdir()
     shutil.move(str(ref_out / "inputs.safetensors"), data_dir / "inputs.safetensors")
@@ -311,14 +333,19 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
         "samples": samples, "arg_names": info["arg_names"], "weight_names": info["weight_names"],
         "init_inputs": info["init_inputs"]}))
     shutil.rmtree(ref_out)
-    problem_data = workdir / "problem-data"  # what $MODULELENS_PROBLEM_DATA points at: the weights only
+    problem_data = workdir / "problem-data"
     problem_data.mkdir()
     first_state = info["samples"][0]["state"] if info["samples"] else 0
-    weights = worker.read_safetensors(data_dir / "weights.safetensors")
     prefix = f"state{first_state}."
-    worker.write_safetensors(problem_data / "weights.safetensors",
-                             {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
-    del weights
+    weights = load_tensors(data_dir / "weights.safetensors")
+    save_tensors(problem_data / "weights.safetensors", {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+    return data_dir, problem_data
+
+
+def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, source: str, data_dir: Path,
+                   problem_data: Path, settings: _Settings) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The candidate process: its result (``candidate.json``) and outputs; failures of the process noted."""
+    failures: list[str] = report["failures"]
     candidate_dir = workdir / "candidate"
     candidate_dir.mkdir()
     (candidate_dir / "kernel.py").write_text(source)
@@ -331,50 +358,64 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
         blocked.append(reference_module)
     spec_path = workdir / "candidate-spec.json"
     spec_path.write_text(json.dumps({
-        "candidate": str(candidate_dir / "kernel.py"), "entry": entry, "data_dir": str(data_dir),
-        "device": device, "blocked_modules": blocked, "seed": seed, "warmup": warmup, "trials": trials,
-        "timing": timing_on, "out_dir": str(cand_out), "count_triton_launches": "triton" in backend}))
-    env = _worker_env(device, candidate=True)
+        "candidate": str(candidate_dir / "kernel.py"), "entry": settings.entry, "data_dir": str(data_dir),
+        "device": settings.device, "blocked_modules": blocked, "seed": settings.seed, "warmup": settings.warmup,
+        "trials": settings.trials, "timing": settings.timing_on, "out_dir": str(cand_out),
+        "count_triton_launches": "triton" in settings.backend}))
+    env = worker_env(settings.device, candidate=True)
     env["MODULELENS_PROBLEM_DATA"] = str(problem_data)
-    if candidate_home is not None:  # helper modules next to the candidate stay importable
-        env["PYTHONPATH"] = os.pathsep.join([str(candidate_home), env["PYTHONPATH"]])
-    command = [sys.executable]
-    if sys.version_info >= (3, 11):
-        command.append("-P")
-    command += [str(Path(worker.__file__).absolute()), "candidate", str(spec_path)]
-    run = _run(command, env=env, cwd=candidate_dir, timeout=timeout, logs=workdir / "candidate-logs")
-    report["runtime"]["candidate_process"] = {k: v for k, v in run.items()}
+    if settings.candidate_home is not None:  # helper modules next to the candidate stay importable
+        env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
+    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
+               str(_CANDIDATE_WORKER), str(spec_path)]
+    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.timeout, logs=workdir / "candidate-logs")
+    report["runtime"]["candidate_process"] = dict(run)
     progress = _json_or_none(cand_out / "progress.json") or {}
     result = _json_or_none(cand_out / "candidate.json")
     if run["timed_out"]:
         phase = progress.get("phase", "start")
         where = f"while running {progress['sample']}" if phase == "call" else (
             f"during {phase}" + (f" of {progress['sample']}" if progress.get("sample") else ""))
-        failures.append(f"the candidate timed out after {timeout:g} s (killed {where})")
+        failures.append(f"the candidate timed out after {settings.timeout:g} s (killed {where})")
     elif result is None:
         failures.append(f"the candidate process died (exit {run['returncode']}) during {progress.get('phase', 'start')}: "
                         f"{run['stderr_tail'][-600:].strip()}")
-    outputs = worker.read_safetensors(cand_out / "outputs.safetensors") if (cand_out / "outputs.safetensors").exists() else {}
+    outputs = load_tensors(cand_out / "outputs.safetensors") if (cand_out / "outputs.safetensors").exists() else {}
     result = result or {"samples": [], "checks": {}}
+    _note_load(report, result)
+    return result, outputs
+
+
+def _note_load(report: dict[str, Any], result: dict[str, Any]) -> None:
     report["candidate"]["entry"] = result.get("entry")
     if result.get("load_error"):
-        failures.append(f"the candidate could not be loaded: {result['load_error'].splitlines()[0]}")
+        report["failures"].append(f"the candidate could not be loaded: {result['load_error'].splitlines()[0]}")
         report["candidate"]["load_error"] = result["load_error"]
-    if result.get("weights"):
-        report["checks"]["weights"] = result["weights"]
-        if result["weights"].get("missing") or result["weights"].get("mismatched"):
+    weights = result.get("weights")
+    if weights:
+        report["checks"]["weights"] = weights
+        if weights.get("missing") or weights.get("mismatched"):
             report["notes"].append(
                 "ModelNew lacks some captured parameters/buffers (missing: "
-                f"{result['weights'].get('missing', [])[:5]}, mismatched: {result['weights'].get('mismatched', [])[:3]}); "
+                f"{weights.get('missing', [])[:5]}, mismatched: {weights.get('mismatched', [])[:3]}); "
                 "it must hold the same names and shapes as the reference, or load the weights itself")
-    _compare_samples(report, capture, info, expected, result, outputs, backend)
-    _runtime_checks(report, result)
-    if timing_on:
-        _timing(report, info, result)
+
+
+def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bool) -> None:
+    """Fail a candidate whose forward ran heavy ops through PyTorch (unless ``allow_torch_ops``)."""
+    used: dict[str, int] = {}
+    for record in result.get("samples", []):
+        for name, count in (record.get("torch_heavy_ops") or {}).items():
+            used[name] = used.get(name, 0) + count
+    report["checks"]["torch_heavy_ops"] = used
+    if not used:
+        return
+    ops = ", ".join(f"aten.{name} x{count}" for name, count in sorted(used.items()))
+    if allowed:
+        report["notes"].append(f"the candidate runs heavy ops through PyTorch ({ops}); accepted (allow_torch_ops)")
     else:
-        report["timing"] = {"measured": False,
-                            "reason": "no CUDA device: correctness only; Triton kernels ran under TRITON_INTERPRET=1 "
-                                      "(CPU interpreter), so timing was not measured"}
+        report["failures"].append(f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own kernels; "
+                                  "pass --allow-torch-ops (allow_torch_ops=True) to accept a mixed candidate")
 
 
 def _json_or_none(path: Path) -> Any:
@@ -405,9 +446,10 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rto
             all_ok = loose_ok = False
             continue
         dtype = dtype_name(w.dtype) if isinstance(w, torch.Tensor) else ""
-        r, a = tolerance_for_dtype(dtype, rtol, atol)
-        exact = isinstance(w, torch.Tensor) and dtype not in ("float32", "float64", "float16", "bfloat16", "complex64",
-                                                              "complex128") and not w.dtype.is_floating_point
+        base = default_tolerance(w.dtype, "kernel") if isinstance(w, torch.Tensor) else None
+        r = 0.0 if base is None else (base[0] if rtol is None else rtol)
+        a = 0.0 if base is None else (base[1] if atol is None else atol)
+        exact = isinstance(w, torch.Tensor) and base is None
         leaf = compare(w, g, exact=exact, rtol=r, atol=a)[0]
         leaf.path = path
         data = leaf.to_dict()

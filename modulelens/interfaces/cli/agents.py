@@ -1,7 +1,4 @@
-"""CLI commands for interactive and agent use: ``shell``, ``agent install``, ``mcp``.
-
-Imported at the bottom of ``cli.py`` so the commands register on the main ``app``.
-"""
+"""Commands for interactive and agent use: ``shell``, ``mcp`` (``app``) and ``agent install`` (``agent_app``)."""
 
 from __future__ import annotations
 
@@ -11,35 +8,36 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from modulelens.errors import ModulelensError
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, app, command
+from modulelens.errors import MissingDependencyError
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import DeviceOpt, DtypeOpt, JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, err_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+app = typer.Typer()
 agent_app = typer.Typer(
     name="agent",
     help="Set modulelens up for coding agents (Claude Code, Cursor): Agent Skill, Cursor rule.",
     no_args_is_help=True,
 )
-app.add_typer(agent_app, name="agent")
 
 
 def _agent_command(name: str, **settings: Any) -> Callable[[F], F]:
     """``cli.command`` for ``modulelens agent <name>`` (JSON ``command``: ``"agent <name>"``)."""
-    return command(name, group=agent_app, json_name=f"agent {name}", **settings)
+    return command(agent_app, name, json_name=f"agent {name}", **settings)
 
 
 # ------------------------------------------------------------------------------------- shell
 
 
-@command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@command(app, "shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def shell_cmd(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
-    device: Annotated[str | None, typer.Option(help="Move the module and inputs to this device.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="Cast floating weights and inputs (float32, bfloat16...).")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     call: Annotated[int, typer.Option(help="Which recorded call's inputs/output to bind.")] = 0,
 ) -> None:
     """IPython with capture, module, calls, args, kwargs, output bound (IPython options after --)."""
@@ -88,13 +86,13 @@ def agent_install_cmd(
 # ------------------------------------------------------------------------------------- mcp
 
 
-@command("mcp")
+@command(app, "mcp")
 def mcp_cmd(repo: RepoOpt = None) -> None:
     """Serve the captures to coding agents over MCP (stdio). Register: claude mcp add modulelens -- modulelens mcp."""
     try:
         from modulelens.interfaces.mcp_server import serve
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] in ("mcp", "pydantic"):
-            raise ModulelensError("the MCP server needs the mcp package: pip install 'modulelens[agents]'") from None
+            raise MissingDependencyError("the MCP server needs the mcp package: pip install 'modulelens[agents]'") from None
         raise
     serve(repo)

@@ -22,10 +22,15 @@ warnings are reported. Rules (error unless noted):
   ``sys.modules``, ``exec``/``eval``/``compile``/``__import__``/``importlib``
 - ``env_write``, ``network``: writing ``os.environ``; sockets/HTTP
 - ``fallback``: an ``except`` block that computes with torch or calls the reference
+- ``dynamic_getattr``: ``getattr(torch..., <computed name>)``, ``operator.attrgetter(<computed>)``
+  (a warning when the object is not torch)
 - warnings: ``pytorch_compute`` (torch compute ops), ``tf32_dot`` (``tl.dot`` without
   ``input_precision="ieee"`` on fp32), ``try_except``, ``file_read``, ``input_mutation``,
-  ``forward_call``, ``dynamic_getattr``, ``global_state``, ``embedded_data``, ``torch_compile``,
-  ``star_import``.
+  ``forward_call``, ``global_state``, ``embedded_data``, ``torch_compile``, ``star_import``.
+
+A static check is a filter, not a proof: the candidate worker also counts, at run time, the heavy
+aten ops (matmul, convolution, attention) the candidate's forward runs through PyTorch
+(:mod:`modulelens.kernels.op_watch`).
 """
 
 from __future__ import annotations
@@ -487,7 +492,10 @@ class _Checker:
                 rule = "timing_patch" if any(w in target for w in _TIMING_WORDS) else "monkey_patch"
                 self.add(rule, line, f"{path.split('.')[-1]}({target}, ...): patching a library is refused")
         elif path == "builtins.getattr" and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant):
-            self.warn("dynamic_getattr", line, "getattr with a computed name: the checker cannot see what is used")
+            self._dynamic_getattr(self.resolve(node.args[0]), line)
+        elif path in ("operator.attrgetter", "operator.methodcaller") and node.args \
+                and not isinstance(node.args[0], ast.Constant):
+            self.add("dynamic_getattr", line, f"{path}() with a computed name: hides which torch op runs")
         elif path in _PICKLE_LOADS:
             self.add("cached_output", line, f"{path}(): loading saved results (pickle) is refused")
         elif path in _FILE_READS:
@@ -510,6 +518,15 @@ class _Checker:
             pass  # reported by _reference_name
         elif self._is_torch_compute(path, node):
             self.warn("pytorch_compute", line, f"{path}(): PyTorch computes this, not the kernel")
+
+    def _dynamic_getattr(self, target: str | None, line: int) -> None:
+        """``getattr(torch..., computed)`` is an error (``getattr(F, "lin" + "ear")`` reaches the
+        reference's own op past every name-based rule); on other objects a warning."""
+        if target is not None and (target == "torch" or target.startswith("torch.")):
+            self.add("dynamic_getattr", line, f"getattr({target}, <computed name>): dynamic access to torch compute "
+                                              "hides which op runs")
+        else:
+            self.warn("dynamic_getattr", line, "getattr with a computed name: the checker cannot see what is used")
 
     def _is_torch_compute(self, path: str, node: ast.Call) -> bool:
         if not path:

@@ -1,4 +1,4 @@
-"""CLI commands of the tools: ``profile``, ``verify``, ``diff`` (registered on import by cli.py)."""
+"""Tool commands: ``profile``, ``verify``, ``diff``."""
 
 from __future__ import annotations
 
@@ -7,46 +7,20 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from modulelens.interfaces.cli import JsonOpt, RepoOpt, _repo, command
-from modulelens.interfaces.output import console, emit, human_bytes
+from modulelens.format.human import human_bytes
+from modulelens.format.human import human_number as _num
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt
+from modulelens.interfaces.output import console, emit
 
-DeviceOpt = Annotated[str | None, typer.Option(help="Run on this device (cpu, cuda, cuda:1).")]
-DtypeOpt = Annotated[str | None, typer.Option(help="Cast floating weights and inputs (float32, bfloat16, ...).")]
-StoreOpt = Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture's version.")]
-
-
-def _load(ref: str, repo: str | None, device: str | None, dtype: str | None) -> Any:
-    from modulelens.format.tensors import dtype_from_name
-    from modulelens.restore.loader import load
-
-    return load(ref, repo=_repo(repo), device=device, dtype=dtype_from_name(dtype) if dtype else None)
-
-
-def _num(value: Any, unit: str = "") -> str:
-    if value is None or isinstance(value, str):
-        return "-" if value is None else value
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}".rstrip()
-
-
-def _batch_sizes(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        sizes = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise ValueError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,64") from None
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,64")
-    return sizes
+app = typer.Typer()
 
 
 # ------------------------------------------------------------------------------------- profile
 
 
-@command("profile")
+@command(app, "profile")
 def profile_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
@@ -69,10 +43,12 @@ def profile_cmd(
 ) -> None:
     """Latency (median/p10/p90), peak memory, FLOPs, bytes, top ops of a captured module; batch sweeps."""
     from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
 
-    capture = _load(ref, repo, device, dtype)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    sizes = session.parse_int_list(batch_sizes, "--batch-sizes", positive=True)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
-                     warmup=warmup, iters=iters, batch_sizes=_batch_sizes(batch_sizes), plot=plot, trace=trace,
+                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
                      top=top, store=store)
 
     def render(r: dict[str, Any]) -> None:
@@ -130,7 +106,7 @@ def profile_cmd(
 # ------------------------------------------------------------------------------------- verify
 
 
-@command("verify")
+@command(app, "verify")
 def verify_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     candidate: Annotated[str, typer.Option("--candidate", "-c",
@@ -138,18 +114,23 @@ def verify_cmd(
     repo: RepoOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
-    rtol: Annotated[float | None, typer.Option(help="Relative tolerance (default: per dtype).")] = None,
-    atol: Annotated[float | None, typer.Option(help="Absolute tolerance (default: per dtype).")] = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Run every call in eval or training mode (default: as recorded).")] = None,
     store: StoreOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
-    capture = _load(ref, repo, device, dtype)
-    report = verify(capture, candidate, rtol=rtol, atol=atol, timing=timing, iters=iters, store=store)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    report = verify(capture, candidate, rtol=rtol, atol=atol,
+                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
+                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
 
     def render(r: dict[str, Any]) -> None:
         style = "green" if r["passed"] else "red"
@@ -184,7 +165,7 @@ def verify_cmd(
 # ------------------------------------------------------------------------------------- diff
 
 
-@command("diff")
+@command(app, "diff")
 def diff_cmd(
     a: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (the baseline)")],
     b: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (compared with A)")],
@@ -199,8 +180,9 @@ def diff_cmd(
     """Differences between two captures: constructor, weights, input statistics, outputs of B on A's inputs."""
     from modulelens.tools.diff import diff
 
-    report = diff(_load(a, repo, device, None), _load(b, repo, device, None), device=device, outputs=outputs,
-                  rtol=rtol, atol=atol)
+    first = session.load_capture(a, repo, device=device)
+    second = session.load_capture(b, repo, device=device)
+    report = diff(first, second, device=device, outputs=outputs, rtol=rtol, atol=atol)
 
     def render(r: dict[str, Any]) -> None:
         s = r["summary"]
