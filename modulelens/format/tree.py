@@ -213,16 +213,18 @@ def _fields(leaf: Any) -> dict[str, Any] | None:
     return None
 
 
-def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "") -> Any:
+def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True) -> Any:
     """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves
-    and state objects (a state object is always rebuilt as a new object)."""
+    and state objects (a state object is always rebuilt as a new object). With
+    ``state_objects=False`` a state object is a leaf like any other (the job's own object kept)."""
 
     def visit(key_path: pytree.KeyPath, leaf: Any) -> Any:
         where = path + pytree.keystr(key_path)
-        fields = _fields(leaf)
+        fields = _fields(leaf) if state_objects or not is_state_object(leaf) else None
         if fields is None:
             return fn(where, leaf)
-        mapped = {name: map_leaves(fn, old, f"{where}.{name}") for name, old in fields.items()}
+        mapped = {name: map_leaves(fn, old, f"{where}.{name}", state_objects=state_objects)
+                  for name, old in fields.items()}
         if is_state_object(leaf):
             return with_state_attributes(leaf, mapped)
         changed = {name: new for name, new in mapped.items() if new is not fields[name]}
@@ -236,16 +238,16 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "") -> Any:
     return pytree.tree_map_with_path(visit, tree)
 
 
-def deep_leaves(tree: Any) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` for every leaf, dataclass fields and state attributes included, in a
-    stable order."""
+def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` for every leaf, dataclass fields and (unless ``state_objects=False``)
+    state attributes included, in a stable order."""
     found: list[tuple[str, Any]] = []
 
     def collect(where: str, leaf: Any) -> Any:
         found.append((where, leaf))
         return leaf
 
-    map_leaves(collect, tree)
+    map_leaves(collect, tree, state_objects=state_objects)
     return found
 
 
