@@ -18,5 +18,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # shellcheck disable=SC2086
   python -m pip install -q --disable-pip-version-check $TORCH_SPEC >&2
   python -m pip install -q --disable-pip-version-check -e ".[test]" >&2
+  # timm (the test zoo) requires torchvision, whose PyPI wheels require a newer torch than the
+  # pinned CPU build: install timm alone (its other requirements come with the test extra) and
+  # let the zoo's worker processes shim the torchvision names it imports (tests/support/shims).
+  python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
   echo "$want" > "$stamp"
 fi
