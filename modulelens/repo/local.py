@@ -31,19 +31,22 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-import torch
-
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
-from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
-from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
+from modulelens.format.validate import validate_capture
+from modulelens.repo.markers import MARK_MIN_BYTES, sampled_check, write_marker
+from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.trust import set_trust_source, trusts_source
+
+if TYPE_CHECKING:
+    import torch
+
+    from modulelens.repo.transfer import TransferReport
 
 LAYOUT_VERSION = 1
-# Payloads smaller than this are simply re-hashed on every load (microseconds); larger ones get a
-# verification marker so that loading a big module does not re-read all of its weights.
-_MARK_MIN_BYTES = 1 << 20
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 
@@ -64,10 +67,25 @@ def _write_preallocated(path: Path, data: memoryview) -> None:
         os.close(fd)
 
 
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """True for an fsspec URL other than ``file://`` (those are served by :class:`RemoteRepo`)."""
+    text = os.fspath(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def default_repo_location() -> str:
+    """``$MODULELENS_REPO`` (a directory or a URL such as ``s3://bucket/prefix``), else the default
+    local repo path."""
+    env = os.environ.get("MODULELENS_REPO")
+    if env:
+        return env if is_url(env) else str(Path(env).expanduser())
+    return str(default_repo_path())
+
+
 def default_repo_path() -> Path:
     """``$MODULELENS_REPO``, else ``$XDG_CACHE_HOME/modulelens/repo`` (``~/.cache/...``)."""
     env = os.environ.get("MODULELENS_REPO")
-    if env:
+    if env and not is_url(env):
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "modulelens" / "repo"
@@ -112,7 +130,16 @@ class GcReport:
 
 
 class Repo:
-    """A local modulelens repository.
+    """A modulelens repository: a local directory, or any fsspec URL (``s3://bucket/prefix``,
+    ``memory://x``, ``gs://...``), which returns a :class:`~modulelens.repo.remote.RemoteRepo`.
+
+    Args:
+        path: a directory, a ``file://`` or other fsspec URL; ``None`` means ``$MODULELENS_REPO``
+            or ``~/.cache/modulelens/repo``.
+        create: create the repo when it does not exist (readers pass ``False``).
+
+    Raises:
+        CaptureNotFoundError: ``create=False`` and there is no repo there.
 
     Example::
 
@@ -121,14 +148,24 @@ class Repo:
             print(info.ref, info.module_class)
     """
 
+    #: Whether code stored with captures of this repo may run (see docs/security.md); a remote
+    #: repo holds captures written by other people, so it is not trusted by default.
+    trusted: bool = True
+    is_remote: bool = False
+
+    def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Repo:
+        if cls is Repo and is_url(default_repo_location() if path is None else path):
+            from modulelens.repo.remote import RemoteRepo
+
+            return super().__new__(RemoteRepo)
+        return super().__new__(cls)
+
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True) -> None:
         if path is None:
             path = default_repo_path()
         text = os.fspath(path)
         if text.startswith("file://"):
             text = text[len("file://"):]
-        elif "://" in text:
-            raise RepoError(f"repo URL {text!r}: only local directories are supported so far")
         self.root = Path(text).expanduser().absolute()
         marker = self.root / _MARKER
         if not marker.exists():
@@ -148,7 +185,25 @@ class Repo:
     def __repr__(self) -> str:
         return f"Repo({str(self.root)!r})"
 
+    @property
+    def trust_source(self) -> bool:
+        """Whether loading this repo's captures runs their stored source by default.
+
+        Off unless you set it on your own repo (``repo.trust_source = True`` or
+        ``modulelens trust --repo DIR``); the setting is bound to this directory and user, so a
+        copied or downloaded repo never arrives trusted (docs/security.md)."""
+        return trusts_source(self.root)
+
+    @trust_source.setter
+    def trust_source(self, value: bool) -> None:
+        set_trust_source(self.root, bool(value))
+
     def __fspath__(self) -> str:
+        return str(self.root)
+
+    @property
+    def location(self) -> str:
+        """What to pass to ``Repo()`` (or ``--repo``) to open this repo again: a path or a URL."""
         return str(self.root)
 
     # ---------------------------------------------------------------------------------- setup
@@ -195,31 +250,45 @@ class Repo:
         tmp = self._tmp_path()
         _write_preallocated(tmp, memoryview(data).cast("B"))
         os.replace(tmp, path)
-        if len(data) >= _MARK_MIN_BYTES:
-            self._mark_verified(path)
+        if len(data) >= MARK_MIN_BYTES:
+            write_marker(path)
         return True
 
-    def _mark_verified(self, path: Path) -> None:
-        # Backdate the blob's mtime before recording it: any later write stamps the current time,
-        # which can then never equal the recorded one, even on filesystems with coarse timestamps.
-        backdated = time.time_ns() - 2_000_000_000
-        with contextlib.suppress(OSError):
-            os.utime(path, ns=(backdated, backdated))
-        stat = path.stat()
-        # A plain write, not write-and-rename: a torn or stale marker only fails to match, and the
-        # blob is then re-hashed (markers are written once per new blob, so this is on the save path).
-        with contextlib.suppress(OSError), open(path.with_name(path.name + ".ok"), "w") as marker:
-            marker.write(f"{stat.st_size} {stat.st_mtime_ns}")
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).exists()
 
-    def _is_marked_verified(self, path: Path, stat: os.stat_result) -> bool:
-        try:
-            return path.with_name(path.name + ".ok").read_text() == f"{stat.st_size} {stat.st_mtime_ns}"
-        except OSError:
-            return False
+    def put_blob_file(self, digest: str, source: Path) -> int:
+        """Copy the file ``source`` (whose content hashes to ``digest``) in as a blob; returns the
+        bytes written (0 when the blob was already there)."""
+        path = self.blob_path(digest)
+        if path.exists():
+            return 0
+        size = os.path.getsize(source)
+        if self._hash_file(Path(source), size) != digest:
+            raise CorruptCaptureError(f"{source} does not hash to {digest}")
+        if size == 0:
+            self.write_blob(digest, b"")
+            return 0
+        with open(source, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                self.write_blob(digest, view)
+            finally:
+                view.release()
+        return size
+
+    def fetch_version(self, name: str, version: int) -> None:
+        """Make every payload of a version available locally (a no-op here; a remote repo downloads
+        them into its cache in parallel)."""
+
+    def download(self, blobs: dict[str, int], *, label: str = "") -> int:
+        """Make ``{digest: nbytes}`` available locally; returns bytes downloaded (always 0 here)."""
+        return 0
 
     def check_blob(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
-        """Path of a payload after checking it: size always; hash when the blob changed since it
-        was last checked (its size or mtime differ from the record), or always with ``full``."""
+        """Path of a payload after checking it: size always; the full hash for small payloads,
+        for large ones changed since their last check, or always with ``full``; otherwise a
+        sampled hash of a few chunks (coverage: :mod:`modulelens.repo.markers`)."""
         path = self.blob_path(digest)
         try:
             stat = path.stat()
@@ -229,12 +298,15 @@ class Repo:
             raise CorruptCaptureError(
                 f"payload {digest} has {stat.st_size} bytes, expected {nbytes} (truncated or damaged)"
             )
-        if full or stat.st_size < _MARK_MIN_BYTES or not self._is_marked_verified(path, stat):
+        sampled = None if full or stat.st_size < MARK_MIN_BYTES else sampled_check(path, stat)
+        if sampled is False:
+            raise CorruptCaptureError(f"payload {path} is corrupted: a sampled chunk does not hash as recorded")
+        if sampled is None:
             actual = self._hash_file(path, stat.st_size)
             if actual != digest:
                 raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
-            if stat.st_size >= _MARK_MIN_BYTES:
-                self._mark_verified(path)
+            if stat.st_size >= MARK_MIN_BYTES:
+                write_marker(path)
         return path
 
     @staticmethod
@@ -247,6 +319,8 @@ class Repo:
     def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
         """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
         writing to the tensor never touches the blob."""
+        import torch  # here, not at the top: listing and showing captures must not import torch
+
         numel = 1
         for size in shape:
             numel *= size
@@ -291,24 +365,40 @@ class Repo:
         validate_name(name)
         with self._lock(exclusive=False):
             self._write_payloads(metadata["tensors"], payloads)
-            staging = self._tmp_path(".version")
-            staging.mkdir()
-            (staging / "reports").mkdir()
-            versions_dir = self._name_dir(name) / "versions"
-            versions_dir.mkdir(parents=True, exist_ok=True)
-            for _attempt in range(1000):
-                existing = self._version_numbers(self._name_dir(name))
-                version = (existing[-1] if existing else 0) + 1
-                metadata["version"] = version
-                metadata["name"] = name
-                (staging / CAPTURE_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False))
-                try:
-                    os.rename(staging, versions_dir / str(version))
-                except OSError as error:
-                    if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                        continue  # another writer took this number; take the next one
-                    raise
-                return self.info(name, version)
+            return self._commit(name, metadata)
+
+    def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
+        """Make a new version of ``name`` whose payloads are all already stored (push/pull).
+
+        Raises:
+            CorruptCaptureError: a payload the metadata names is not in this repo.
+        """
+        validate_name(name)
+        with self._lock(exclusive=False):
+            for entry in metadata.get("tensors", {}).values():
+                if entry.get("payload") and not self.has_blob(entry["payload"]):
+                    raise CorruptCaptureError(f"payload {entry['payload']} is missing from {self.root}")
+            return self._commit(name, metadata)
+
+    def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
+        staging = self._tmp_path(".version")
+        staging.mkdir()
+        (staging / "reports").mkdir()
+        versions_dir = self._name_dir(name) / "versions"
+        versions_dir.mkdir(parents=True, exist_ok=True)
+        for _attempt in range(1000):
+            existing = self._version_numbers(self._name_dir(name))
+            version = (existing[-1] if existing else 0) + 1
+            metadata["version"] = version
+            metadata["name"] = name
+            (staging / CAPTURE_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False))
+            try:
+                os.rename(staging, versions_dir / str(version))
+            except OSError as error:
+                if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    continue  # another writer took this number; take the next one
+                raise
+            return self.info(name, version)
         raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
 
     def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
@@ -316,10 +406,20 @@ class Repo:
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
         items = list(payloads.items())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
-            digests = [pool.submit(hash_bytes, data) for _, data in items]
-            for (tid, data), digest in zip(items, digests, strict=False):
-                entries[tid]["payload"] = digest.result()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
+                digests = [pool.submit(hash_bytes, data) for _, data in items]
+                for (tid, data), digest in zip(items, digests, strict=False):
+                    entries[tid]["payload"] = digest.result()
+                    self.write_blob(entries[tid]["payload"], data)
+        except RuntimeError as error:
+            # A save from an atexit handler (`modulelens run` saving what a job recorded before it
+            # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
+            # after interpreter shutdown". Hash in this thread instead.
+            if "interpreter shutdown" not in str(error):
+                raise
+            for tid, data in items:
+                entries[tid]["payload"] = hash_bytes(data)
                 self.write_blob(entries[tid]["payload"], data)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
@@ -351,21 +451,23 @@ class Repo:
     def read_metadata(self, name: str, version: int) -> dict[str, Any]:
         path = self.version_path(name, version) / CAPTURE_FILE
         try:
-            text = path.read_text()
+            text = path.read_bytes()  # json.loads decodes; undecodable bytes are a ValueError there
         except FileNotFoundError:
             raise CorruptCaptureError(f"{path} is missing") from None
         try:
             data = json.loads(text)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise CorruptCaptureError(f"{path} is not valid JSON (truncated or damaged): {error}") from None
-        if not isinstance(data, dict) or "format_version" not in data:
-            raise CorruptCaptureError(f"{path} is not a modulelens capture")
+        validate_capture(data, str(path))
         return data
 
     def info(self, name: str, version: int) -> VersionInfo:
+        return self._info(name, version, self.aliases(name), self.version_numbers(name))
+
+    def _info(self, name: str, version: int, all_aliases: dict[str, int], versions: list[int]) -> VersionInfo:
         meta = self.read_metadata(name, version)
-        aliases = tuple(sorted(a for a, v in self.aliases(name).items() if v == version))
-        if version == self.version_numbers(name)[-1]:
+        aliases = tuple(sorted(a for a, v in all_aliases.items() if v == version))
+        if versions and version == versions[-1]:
             aliases = (LATEST, *aliases)
         return VersionInfo(
             name=name, version=version, path=self._version_dir(name, version),
@@ -402,6 +504,32 @@ class Repo:
         folder.mkdir(exist_ok=True)
         self._atomic_write(folder / alias, str(version).encode())
         return self.info(name, version)
+
+    def push(self, ref: str, to: str | os.PathLike[str] | Repo, *, aliases: bool = False) -> TransferReport:
+        """Copy ``ref`` (one version, or every version of a bare name) to another repo.
+
+        Args:
+            ref: ``name``, ``name:v3``, ``name:alias``.
+            to: the target repo or its path/URL (created if missing).
+            aliases: also set the source's aliases of the copied versions in the target.
+
+        Returns:
+            What was copied; only payloads the target lacked were uploaded.
+
+        Example::
+
+            modulelens.Repo().push("ranker/top_mlp:golden", "s3://team-bucket/captures", aliases=True)
+        """
+        from modulelens.repo.transfer import copy_versions
+
+        return copy_versions(self, to if isinstance(to, Repo) else Repo(to), ref, aliases=aliases)
+
+    def pull(self, source: str | os.PathLike[str] | Repo, ref: str, *, aliases: bool = False) -> TransferReport:
+        """Copy ``ref`` from another repo into this one (see :meth:`push`)."""
+        from modulelens.repo.transfer import copy_versions
+
+        return copy_versions(source if isinstance(source, Repo) else Repo(source, create=False), self, ref,
+                             aliases=aliases)
 
     def remove_alias(self, name: str, alias: str) -> None:
         path = self._name_dir(name) / "aliases" / validate_alias(alias)
@@ -475,6 +603,17 @@ class Repo:
         target = folder / f"{kind}-{stamp}-{uuid.uuid4().hex[:8]}.json"
         self._atomic_write(target, json.dumps({"kind": kind, "created": stamp, **data}, indent=1, default=str).encode())
         return target
+
+    def report_files(self, name: str, version: int) -> dict[str, bytes]:
+        """A version's report files by file name (for copying them to another repo)."""
+        folder = self.version_path(name, version) / "reports"
+        return {p.name: p.read_bytes() for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+
+    def put_report(self, name: str, version: int, filename: str, data: bytes) -> None:
+        """Store a report file under its original name (push/pull)."""
+        folder = self.version_path(name, version) / "reports"
+        folder.mkdir(exist_ok=True)
+        self._atomic_write(folder / validate_report_file(filename), data)
 
     def reports(self, ref: str, kind: str | None = None) -> list[dict[str, Any]]:
         name, version = self.resolve(ref)

@@ -34,6 +34,16 @@ def validate_alias(alias: str) -> str:
     return alias
 
 
+_REPORT_FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.json")
+
+
+def validate_report_file(filename: str) -> str:
+    """A report's file name (copied between repos, so it must not name a path)."""
+    if not _REPORT_FILE_RE.fullmatch(filename or ""):
+        raise InvalidNameError(f"invalid report file name {filename!r}")
+    return filename
+
+
 @dataclass(frozen=True)
 class Ref:
     """A parsed ``name[:vN|:alias]``; ``selector`` is ``None`` (latest), ``"v3"`` or an alias."""

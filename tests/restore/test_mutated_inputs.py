@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import modulelens
-from modulelens.errors import UnsupportedValueError
+from modulelens.errors import UntrustedCodeError
 from modulelens.format.values import DecodeContext, EncodeContext, decode_value, encode_value
 
 
@@ -127,7 +127,7 @@ def test_state_codec_rebuilds_only_its_own_classes() -> None:
     copy = decode_value(data, ctx)
     assert type(copy) is TokenCache and copy.length == 0 and torch.equal(copy.entries[0], torch.ones(2))
     data["class"] = "collections:OrderedDict"  # capture data naming a class the codec was not registered for
-    with pytest.raises(UnsupportedValueError, match="does not rebuild 'collections:OrderedDict'"):
+    with pytest.raises(UntrustedCodeError, match=r"collections:OrderedDict is not a .*TokenCache type; refused"):
         decode_value(data, ctx)
 
 

@@ -13,7 +13,7 @@ import typer
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli-json.md) instead of tables.")]
 RepoOpt = Annotated[str | None, typer.Option(
-    "--repo", help="Repo directory (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
+    "--repo", help="Repo directory or URL such as s3://bucket/prefix (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="Run on this device (cpu, cuda, cuda:1).")]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="Cast floating weights and inputs (float32, bfloat16, ...).")]
@@ -21,3 +21,7 @@ RtolOpt = Annotated[float | None, typer.Option("--rtol", help="Relative toleranc
 AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default: by dtype).")]
 StoreOpt = Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture's version.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+TrustOpt = Annotated[bool | None, typer.Option(
+    "--trust-source/--no-trust-source",
+    help="Run source code stored with the capture for classes not importable here (default: the repo's "
+         "`modulelens trust` setting, off). Only for captures you trust: see docs/security.md.")]

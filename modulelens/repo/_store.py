@@ -1,0 +1,246 @@
+"""Object storage behind a remote repo: the few operations the repo protocol needs, over fsspec.
+
+Object stores have no rename and no lock, so the protocol (docs/repo-layout.md) rests on three
+primitives that must be atomic on the server: *create* (write an object only if no object has that
+key: S3 ``If-None-Match: *``), *replace* (write only if the object still has the ETag we read: S3
+``If-Match``) and whole-object writes (an object is visible complete or not at all, multipart
+uploads included). ``memory://`` lives in one process, so a process lock makes it atomic there.
+Other fsspec backends get fsspec's exclusive create, which is atomic only where the backend
+implements it; :attr:`ObjectStore.atomic` says which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from modulelens.errors import MissingDependencyError, RemoteRepoError
+
+# S3 puts above this size go through the multipart writer (bounded memory: one part at a time).
+_PART_BYTES = 64 << 20
+_MEMORY_LOCK = threading.Lock()
+
+
+def _is_precondition_failure(error: BaseException) -> bool:
+    """s3fs reports a failed ``If-None-Match``/``If-Match`` as ``OSError(EINVAL)``; the botocore
+    error it wraps carries the HTTP status (412, or 409 when two conditional writes collide)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = response.get("Error", {}).get("Code")
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return True
+        cause = cause.__cause__ or cause.__context__
+    return "pre-condition" in str(error) or "precondition" in str(error).lower()
+
+
+def is_network_error(error: BaseException) -> bool:
+    """True for failures to reach the server (as opposed to answers from it)."""
+    names = {type(e).__name__ for e in _chain(error)}
+    return bool(names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                         "ClientConnectorError", "ServerDisconnectedError", "ConnectionRefusedError",
+                         "ConnectionError", "ConnectionClosedError", "TimeoutError"})
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: BaseException | None = error
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    """The server's modification time of an object, in seconds since the epoch."""
+    for key in ("LastModified", "last_modified", "mtime", "created", "updated"):
+        value = info.get(key)
+        if isinstance(value, datetime.datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+class ObjectStore:
+    """Keys under one fsspec URL prefix.
+
+    Args:
+        url: ``s3://bucket/prefix``, ``memory://name``, ``gs://...``; S3 endpoints and credentials
+            come from the usual places (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, instance roles).
+        storage_options: passed to the fsspec filesystem.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        try:
+            import fsspec
+        except ImportError:
+            raise MissingDependencyError("remote repos need fsspec: pip install 'modulelens[remote]'") from None
+        options = dict(storage_options or {})
+        protocol = url.split("://", 1)[0]
+        if protocol in ("s3", "s3a"):
+            # Listings must never come from a cache: version numbers and locks are decided on them.
+            # (The filesystem instance itself is shared: building an S3 client costs ~1 s of CPU.)
+            options.setdefault("use_listings_cache", False)
+        try:
+            self.fs, base = fsspec.core.url_to_fs(url, **options)
+        except ImportError as error:
+            raise MissingDependencyError(f"{url}: {error} (for S3: pip install 'modulelens[remote]')") from None
+        self.base = base.rstrip("/")
+        self.protocol = protocol
+        self.s3 = protocol in ("s3", "s3a")
+        self.memory = protocol == "memory"
+        #: Whether create/replace are atomic on the server (see the module docstring).
+        self.atomic = self.s3 or self.memory
+
+    def key(self, *parts: str) -> str:
+        return "/".join((self.base, *parts)) if self.base else "/".join(parts)
+
+    def relative(self, key: str) -> str:
+        key = key.lstrip("/") if not self.base.startswith("/") else key
+        return key[len(self.base) + 1:] if self.base else key
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        if self.memory:
+            with _MEMORY_LOCK:
+                yield
+        else:
+            yield
+
+    # ------------------------------------------------------------------------------ reads
+
+    def read(self, key: str) -> bytes | None:
+        """The object's bytes, or ``None`` when there is none."""
+        try:
+            return bytes(self.fs.cat_file(key))
+        except FileNotFoundError:
+            return None
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return bytes(self.fs.cat_file(key, start=start, end=end))
+
+    def read_many(self, keys: list[str]) -> dict[str, bytes]:
+        """Several small objects at once (fsspec fetches them concurrently); missing ones are left out."""
+        if not keys:
+            return {}
+        found = self.fs.cat(keys, on_error="omit")
+        return {k: bytes(v) for k, v in found.items() if not isinstance(v, BaseException)}
+
+    def info(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.fs.info(key))
+        except FileNotFoundError:
+            return None
+
+    def tag(self, info: dict[str, Any]) -> str | None:
+        return info.get("ETag") or info.get("etag")
+
+    def mtime(self, info: dict[str, Any]) -> float:
+        return _mtime(info)
+
+    def list(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every object under ``prefix`` (recursively): key relative to the repo -> its info."""
+        try:
+            found = self.fs.find(self.key(prefix), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {self.relative(k): dict(v) for k, v in found.items() if v.get("type", "file") != "directory"}
+
+    def exists(self, key: str) -> bool:
+        return self.info(key) is not None
+
+    # ------------------------------------------------------------------------------ writes
+
+    def put(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(key, data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if no object has that key; False when one does (someone else won)."""
+        with self._exclusive():
+            try:
+                if self.memory:
+                    if self.fs.exists(key):
+                        return False
+                    self.fs.pipe_file(key, data)
+                else:
+                    self.fs.pipe_file(key, data, mode="create")
+            except FileExistsError:
+                return False
+            except OSError as error:
+                if _is_precondition_failure(error):
+                    return False
+                raise
+        return True
+
+    def replace(self, key: str, data: bytes, tag: str | None) -> bool:
+        """Write ``key`` only if it still has ETag ``tag`` (``None``: only if it does not exist);
+        False when it changed meanwhile.
+
+        Raises:
+            RemoteRepoError: the backend has no conditional overwrite.
+        """
+        if tag is None:
+            return self.create(key, data)
+        with self._exclusive():
+            if self.memory:
+                current = self.read(key)
+                if current is None or self._memory_tag(current) != tag:
+                    return False
+                self.fs.pipe_file(key, data)
+                return True
+            if not self.s3:
+                raise RemoteRepoError(
+                    f"{self.protocol}:// has no compare-and-swap write here, so an alias cannot be moved "
+                    "safely while others write it; use an S3 repo or move aliases in a local repo and push"
+                )
+            bucket, path, _ = self.fs.split_path(key)
+            try:
+                self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, IfMatch=tag)
+            except OSError as error:
+                if _is_precondition_failure(error):
+                    return False
+                raise
+            self.fs.invalidate_cache(key)
+        return True
+
+    def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        """An object's bytes and the tag :meth:`replace` compares against."""
+        if self.memory:
+            with self._exclusive():
+                data = self.read(key)
+                return data, None if data is None else self._memory_tag(data)
+        info = self.info(key)
+        if info is None:
+            return None, None
+        return self.read(key), self.tag(info)
+
+    @staticmethod
+    def _memory_tag(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    def upload_file(self, source: Path, key: str) -> None:
+        """Upload a local file as one object (multipart for large files; visible only when complete)."""
+        self.fs.put_file(str(source), key)
+
+    def upload_bytes(self, data: memoryview, key: str) -> None:
+        """Upload a payload from memory, at most one part (64 MiB) copied at a time."""
+        if len(data) <= _PART_BYTES or self.memory:
+            self.fs.pipe_file(key, bytes(data))
+            return
+        with self.fs.open(key, "wb", block_size=_PART_BYTES) as handle:
+            for start in range(0, len(data), _PART_BYTES):
+                handle.write(data[start:start + _PART_BYTES])
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(keys)
