@@ -87,6 +87,8 @@ class CallEntry(TypedDict):
     finished: NotRequired[bool]
     error: NotRequired[str]
     backward: NotRequired[BackwardEntry]
+    # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
+    mutated_inputs: NotRequired[EncodedTree]
 
 
 class TensorEntry(TypedDict):

@@ -66,6 +66,14 @@ class Call:
             return None
         return decode_tree(self._data["output"], self._capture._decode_context())
 
+    @functools.cached_property
+    def mutated_inputs(self) -> dict[str, Any]:
+        """Inputs the call changed in place (a transformers cache, a tensor updated in place), as
+        they were *after* the call, by input path (``"[1]['cache']"``: ``kwargs['cache']``);
+        ``inputs`` holds them as they were on entry. Replay compares both (docs/fidelity.md)."""
+        data = self._data.get("mutated_inputs")
+        return {} if data is None else dict(decode_tree(data, self._capture._decode_context()))
+
     @property
     def has_backward(self) -> bool:
         return self._data.get("backward") is not None
