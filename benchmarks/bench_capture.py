@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import report
 
 import modulelens
-from modulelens.capture.init_tracking import stop_tracking, track_init
 from modulelens.demo.model import CARDINALITIES, RecModel, synthetic_batch
+from modulelens.tracing.init_tracking import stop_tracking, track_init
 
 
 def step_times(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list, steps: int) -> list[float]:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import median, report, timed
 
 import modulelens
+from modulelens.tracing.save import save_records
 
 
 class Big(nn.Module):
@@ -68,7 +69,7 @@ def main() -> None:
         savers = {
             "torch": lambda: torch.save(state, work / "w.pt"),
             "safetensors": lambda: safetensors.torch.save_file(state, str(work / "w.safetensors")),
-            "modulelens": lambda: capture.tracer.save(work / "repo", "big"),  # hashing included
+            "modulelens": lambda: save_records(capture.tracer, work / "repo", "big"),  # hashing included
         }
         save_times: dict[str, list[float]] = {k: [] for k in savers}
         for r in range(args.repeat):
@@ -84,7 +85,7 @@ def main() -> None:
         torch.save(state, work / "w.pt")
         safetensors.torch.save_file(state, str(work / "w.safetensors"))
         repo = modulelens.Repo(work / "repo")
-        capture.tracer.save(repo, "big")
+        save_records(capture.tracer, repo, "big")
         capture.tracer.records.clear()  # the saved snapshot copies are no longer needed
 
         def load_torch() -> nn.Module:

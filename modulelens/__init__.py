@@ -13,6 +13,8 @@ Restore (anywhere, in seconds)::
     cap = modulelens.load("ranker/top_mlp")       # or "ranker/top_mlp:v3", "ranker/top_mlp:golden"
     out = cap.module(*cap.calls[0].args, **cap.calls[0].kwargs)
     print(cap.replay())                            # bit-exact comparison with the recorded outputs
+    print(modulelens.profile(cap))                 # latency, memory, FLOPs of the recorded calls
+    print(modulelens.verify(cap, FusedMLP))        # does a rewrite reproduce every recorded call?
 
 Store::
 
@@ -21,19 +23,23 @@ Store::
 """
 
 from modulelens import testing as testing  # modulelens.testing.assert_matches for golden tests
-from modulelens.capture import CaptureWarning, capture, get_init_record, track_init
 from modulelens.errors import (
     CaptureNotFoundError,
+    CaptureWarning,
     CorruptCaptureError,
     InvalidNameError,
     ModulelensError,
     RestoreError,
+    SourceChangedWarning,
     UnsupportedValueError,
 )
 from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
 from modulelens.repo import Repo, VersionInfo
 from modulelens.restore import Call, Capture, ReplayReport, load
-from modulelens.restore.source import SourceChangedWarning
+from modulelens.tools.profile import profile
+from modulelens.tools.timing import TimingConfig
+from modulelens.tools.verify import verify
+from modulelens.tracing import capture, get_init_record, track_init
 
 __version__ = "0.1.0"
 
@@ -66,6 +72,7 @@ __all__ = [
     "RestoreError",
     "ShapeOnly",
     "SourceChangedWarning",
+    "TimingConfig",
     "Unrecorded",
     "UnsupportedValueError",
     "VersionInfo",
@@ -73,6 +80,31 @@ __all__ = [
     "capture",
     "get_init_record",
     "load",
+    "load_ipython_extension",
+    "profile",
     "register_codec",
     "track_init",
+    "unload_ipython_extension",
+    "verify",
 ]
+
+
+def _register_jupyter_html() -> None:
+    """In a running IPython/Jupyter shell, show captures, calls and replay reports as HTML.
+
+    Restore objects carry no ``_repr_html_`` (restore must not import interfaces); the renderers
+    are registered here, at the top of the package, with the shell's display formatters by class
+    name (nothing heavy is imported). ``%load_ext modulelens`` registers them too, for a shell
+    started after this import.
+    """
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and hasattr(shell, "display_formatter"):
+        from modulelens.interfaces.html import register_formatters
+
+        register_formatters(shell)
+
+
+_register_jupyter_html()

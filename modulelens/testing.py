@@ -17,10 +17,11 @@ Example (with the pytest plugin, which loads the capture named by the marker)::
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from modulelens.errors import ReplayMismatchError
+from modulelens.errors import MatchError
 
 if TYPE_CHECKING:
     import torch
@@ -33,10 +34,6 @@ __all__ = ["MatchError", "assert_matches"]
 _MAX_LINES = 20
 
 
-class MatchError(ReplayMismatchError, AssertionError):
-    """A module did not reproduce a capture (an ``AssertionError``, so pytest reports it as a failure)."""
-
-
 def assert_matches(
     module: torch.nn.Module,
     capture: Capture | str,
@@ -46,8 +43,13 @@ def assert_matches(
     calls: Sequence[int] | None = None,
     repo: Any = None,
 ) -> VerifyReport:
-    """Run ``module`` as it is (its own weights) on every recorded call of ``capture`` and raise
-    :class:`MatchError` unless every output leaf matches within tolerance and no input was modified.
+    """Run ``module`` on every recorded call of ``capture`` and raise :class:`MatchError` unless
+    every output leaf matches within tolerance and no input was modified.
+
+    When all selected calls saw the same weights, ``module`` runs as it is (its own weights). When
+    the weights changed between them (training steps during capture), no single set of weights can
+    reproduce every call: each call then runs on a copy of ``module`` with that call's recorded
+    state loaded by parameter name (``module`` itself is left untouched), and the report says so.
 
     ``capture`` is a loaded :class:`~modulelens.Capture` or a ref (loaded from ``repo``, default the
     user repo). ``rtol``/``atol`` default to per-dtype tolerances. The module must live on the
@@ -69,7 +71,15 @@ def assert_matches(
 
     if not isinstance(capture, Capture):
         capture = load(str(capture), repo=repo)
-    report = verify(capture, module, rtol=rtol, atol=atol, calls=calls, load_state=False, timing=False, store=False)
+    selected = list(range(len(capture.calls))) if calls is None else list(calls)
+    states = sorted({capture.calls[i].state_index for i in selected})
+    per_state = len(states) > 1  # the weights changed between calls: the module's own can match one state only
+    candidate = copy.deepcopy(module) if per_state else module
+    report = verify(capture, candidate, rtol=rtol, atol=atol, calls=selected, load_state=per_state, timing=None,
+                    store=False)
+    if per_state:
+        report.notes.append(f"the weights changed between the recorded calls ({len(states)} states): each call ran "
+                            "on a copy of the module with that call's recorded weights loaded")
     if report.passed:
         return report
     tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
@@ -77,6 +87,11 @@ def assert_matches(
     header = (f"{type(module).__name__} does not reproduce {capture.ref} "
               f"({failed} of {len(report.calls)} calls failed, {tolerance})")
     lines = report.failures or ["no recorded calls were compared"]
+    if per_state and report.state_mismatch is not None:
+        by_state = {s: [i for i in selected if capture.calls[i].state_index == s] for s in states}
+        lines = [f"the weights changed between the recorded calls ({len(states)} states), so each call needs its "
+                 f"recorded weights, but they cannot be loaded into {type(module).__name__}: {report.error}; "
+                 f"compare one state at a time with calls=... (calls by state: {by_state})"]
     if len(lines) > _MAX_LINES:
         lines = [*lines[:_MAX_LINES], f"... and {len(lines) - _MAX_LINES} more"]
     raise MatchError("\n".join([header, *(f"  {line}" for line in lines)]))

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -9,8 +8,10 @@ import torch
 
 import modulelens
 
-TESTS_DIR = Path(__file__).parent
-REPO_ROOT = TESTS_DIR.parent
+# The support modules (models, workers, helpers) are imported by their own top-level names, as the
+# captures made in the tests record class paths like ``tools_models:MLP``; child processes get the
+# same path from ``child_process.subprocess_env``.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 torch.set_num_threads(1)
 
@@ -26,18 +27,3 @@ def _tracking():
 @pytest.fixture
 def repo(tmp_path: Path) -> modulelens.Repo:
     return modulelens.Repo(tmp_path / "repo")
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for child processes: this checkout and the test helpers importable."""
-    env = dict(os.environ)
-    paths = [str(REPO_ROOT), str(TESTS_DIR)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra)
-    return env
-
-
-PYTHON = sys.executable

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, subprocess_env
+from child_process import PYTHON, subprocess_env
 
 import modulelens
 

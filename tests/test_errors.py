@@ -8,12 +8,12 @@ import warnings
 
 import pytest
 import torch
-from conftest import PYTHON, subprocess_env
+from child_process import PYTHON, subprocess_env
 from modules_for_tests import Opaque, TakesOpaque
 from torch import nn
 
 import modulelens
-from modulelens.capture.init_tracking import stop_tracking, track_init
+from modulelens.tracing.init_tracking import stop_tracking, track_init
 
 
 def _capture_linear(repo: modulelens.Repo, name: str = "lin") -> modulelens.VersionInfo:

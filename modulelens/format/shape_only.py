@@ -18,8 +18,25 @@ _SAMPLE = 1 << 20  # elements used for quantiles (a strided sample of bigger ten
 _CHUNK = 1 << 22  # elements per step when accumulating sums
 
 
-def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
-    """Summary statistics of ``tensor`` as plain JSON (non-finite values as strings)."""
+def tensor_stats(tensor: torch.Tensor, *, quantiles: bool = True) -> dict[str, Any]:
+    """Summary statistics of ``tensor`` as plain JSON: the one statistics function of modulelens.
+
+    Stored with shape-only tensors, shown by the Jupyter tables and the MCP ``show_capture`` tool.
+
+    Args:
+        tensor: any tensor (complex as real pairs; bool gives ``fraction_true`` only).
+        quantiles: also compute ``quantiles`` (a sort of up to 1M sampled elements; summaries for
+            display skip it).
+
+    Returns:
+        ``numel``, ``zero_fraction``, ``nonfinite`` (when any), and over the finite values ``min``,
+        ``max``, ``mean``, ``std`` (integers keep exact ``min``/``max``) and ``quantiles``.
+
+    Example::
+
+        >>> tensor_stats(torch.tensor([1.0, 3.0]), quantiles=False)["mean"]
+        2.0
+    """
     flat = tensor.detach().reshape(-1)
     numel = flat.numel()
     stats: dict[str, Any] = {"numel": numel}
@@ -55,6 +72,8 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
     mean = total / finite_count
     variance = max(total_sq / finite_count - mean * mean, 0.0)
     stats.update(min=_number(low, integer), max=_number(high, integer), mean=mean, std=variance ** 0.5)
+    if not quantiles:
+        return stats
     sample = flat[:: max(1, numel // _SAMPLE)][:_SAMPLE].to(torch.float64)
     sample = sample[torch.isfinite(sample)]
     if sample.numel():

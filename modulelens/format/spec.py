@@ -1,4 +1,129 @@
-"""Constants of the on-disk capture format (documented in docs/format.md)."""
+"""The capture metadata document: its constants and its typed shape (spec: docs/format.md).
+
+The ``TypedDict``\\ s below describe ``capture.json`` field by field, so code that reads or writes
+metadata names its parts (``CaptureMetadata["calls"]``, ``TensorEntry["payload"]``) instead of
+indexing an untyped ``dict[str, Any]``. Encoded values (``docs/format.md``: plain JSON or an object
+with a ``"$type"`` tag) are :data:`EncodedValue`; call data are :class:`EncodedTree`\\ s.
+"""
+
+from typing import Any
+
+# typing_extensions' TypedDict understands NotRequired at run time on every supported Python.
+from typing_extensions import NotRequired, TypedDict
 
 FORMAT_NAME = "modulelens.capture"
 FORMAT_VERSION = 1
+
+EncodedValue = Any
+"""A value in the JSON encoding of docs/format.md ("Encoded values"): JSON scalars and lists as
+themselves, everything else an object tagged with ``"$type"``. Its shape is data-dependent."""
+
+
+class EncodedTree(TypedDict):
+    """A pytree (call inputs or output): the tree's structure and its encoded leaves."""
+
+    spec: Any  # "*" for a leaf, else {"type", "context", "children"}
+    leaves: list[EncodedValue]
+
+
+# The captured module: class path, where it sat in the model, how to rebuild it. "class" is a
+# Python keyword, so this and Construction use the functional TypedDict syntax.
+ModuleInfo = TypedDict(
+    "ModuleInfo",
+    {
+        "class": str,
+        "qualified_name": str,
+        "construction": str | None,
+        "construction_missing": NotRequired[str],
+        "source": NotRequired[dict[str, Any]],  # where the class's own source is kept (see sources)
+    },
+)
+
+Construction = TypedDict(
+    "Construction",
+    {"class": str, "args": list[EncodedValue], "kwargs": dict[str, EncodedValue]},
+)
+
+
+class ParameterEntry(TypedDict):
+    tensor: str
+    requires_grad: bool
+
+
+class BufferEntry(TypedDict):
+    tensor: str
+    persistent: bool
+
+
+class StateEntry(TypedDict):
+    """Parameters and buffers in effect for the calls that name this state."""
+
+    parameters: dict[str, ParameterEntry]
+    buffers: dict[str, BufferEntry]
+    extra_state: NotRequired[dict[str, EncodedValue]]
+
+
+class BackwardEntry(TypedDict):
+    output_grads: EncodedTree
+    input_grads: EncodedTree
+    param_grads: EncodedTree
+
+
+class CallEntry(TypedDict):
+    """One recorded call (docs/format.md, ``calls[i]``)."""
+
+    index: int
+    state: int
+    training: bool
+    grad_enabled: bool
+    autocast: NotRequired[dict[str, str]]
+    rng: NotRequired[dict[str, str]]
+    inputs: EncodedTree
+    output: EncodedTree | None
+    finished: NotRequired[bool]
+    error: NotRequired[str]
+    backward: NotRequired[BackwardEntry]
+
+
+class TensorEntry(TypedDict):
+    """One tensor of the table: a payload, a view of another entry, or a shape-only record."""
+
+    dtype: str
+    shape: list[int]
+    stride: NotRequired[list[int]]
+    device: NotRequired[str]
+    nbytes: int
+    payload: NotRequired[str]
+    view_of: NotRequired[str]
+    storage_offset: NotRequired[int]
+    shape_only: NotRequired[bool]
+    stats: NotRequired[dict[str, Any]]
+
+
+class UnrecordedEntry(TypedDict):
+    path: str
+    type: str
+    reason: str
+
+
+class CaptureMetadata(TypedDict):
+    """The whole ``capture.json`` document."""
+
+    format: str
+    format_version: int
+    name: str | None  # filled in by the repo when the version is created
+    version: int | None
+    created: str
+    tags: list[str]
+    metadata: dict[str, Any]
+    module: ModuleInfo
+    constructions: dict[str, Construction]
+    states: list[StateEntry]
+    calls: list[CallEntry]
+    unrecorded: NotRequired[list[UnrecordedEntry]]
+    shape_only: NotRequired[list[str]]
+    sources: NotRequired[dict[str, dict[str, Any]]]
+    capture: dict[str, Any]
+    environment: dict[str, Any]
+    distributed: NotRequired[dict[str, Any]]
+    tensors: dict[str, TensorEntry]

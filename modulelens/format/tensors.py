@@ -40,6 +40,11 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise UnsupportedValueError(f"tensor dtype {dtype} has no modulelens encoding") from None
 
 
+def dtype_names() -> list[str]:
+    """The dtype names the format stores (``float32``, ``bfloat16``...), sorted."""
+    return sorted(_DTYPES)
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     try:
         return _DTYPES[name]

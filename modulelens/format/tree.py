@@ -114,6 +114,67 @@ def _decode_spec(data: JSON, ctx: DecodeContext | None = None) -> pytree.TreeSpe
     return pytree.TreeSpec(node_type, context, [_decode_spec(child, ctx) for child in data["children"]])
 
 
+def input_path(key_text: str) -> str:
+    """The readable name of an input leaf from its pytree key string.
+
+    Inputs are stored as one ``(args, kwargs)`` tree, so pytree names the leaves ``[0][2]`` and
+    ``[1]['mask']``; people and reports say ``args[2]`` and ``kwargs['mask']``.
+
+    Example::
+
+        >>> input_path("[0][2]"), input_path("[1]['mask']")
+        ('args[2]', "kwargs['mask']")
+    """
+    if key_text.startswith("[0]"):
+        return "args" + key_text[3:]
+    if key_text.startswith("[1]"):
+        return "kwargs" + key_text[3:]
+    return "inputs" + key_text
+
+
+def leaf_paths(data: JSON, prefix: str) -> list[str]:
+    """Readable paths of the leaves of an encoded tree, without decoding any value.
+
+    Args:
+        data: an encoded tree (``{"spec": ..., "leaves": [...]}``) as stored in capture metadata.
+        prefix: ``"inputs"`` (paths become ``args[0]``, ``kwargs['x']``) or a root name such as
+            ``"output"`` (paths become ``output[1]``).
+
+    Returns:
+        One path per leaf, in leaf order. When the structure names a type that cannot be imported
+        here, the paths fall back to positions (``output[3]``) so a summary still renders.
+    """
+    count = len(data["leaves"])
+    try:
+        spec = _decode_spec(data["spec"])
+        keys = [pytree.keystr(kp) for kp, _ in
+                pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), spec))[0]]
+    except (ImportError, AttributeError, KeyError, UnsupportedValueError):  # a container type not importable here
+        return [f"{prefix}[{i}]" for i in range(count)]
+    if len(keys) != count:
+        return [f"{prefix}[{i}]" for i in range(count)]
+    return [input_path(k) for k in keys] if prefix == "inputs" else [prefix + k for k in keys]
+
+
+def tree_summary(data: JSON | None, tensors: dict[str, Any], limit: int = 4) -> str:
+    """``"float32[3, 8], <unrecorded Foo>, 2"``: the first ``limit`` leaves of an encoded tree, from
+    metadata only (``tensors`` is the capture's tensor table; nothing is decoded)."""
+    if data is None:
+        return "-"
+    parts = []
+    for leaf in data["leaves"][:limit]:
+        if isinstance(leaf, dict) and leaf.get("$type") == "tensor":
+            entry = tensors[leaf["id"]]
+            parts.append(f"{entry['dtype']}{entry['shape']}")
+        elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
+            parts.append(f"<unrecorded {leaf.get('class')}>")
+        else:
+            parts.append(repr(leaf)[:20])
+    if len(data["leaves"]) > limit:
+        parts.append("...")
+    return ", ".join(parts) or "()"
+
+
 def _no_tensors(_tensor: Any, path: str) -> str:
     raise UnsupportedValueError(f"{path}: a tensor inside a pytree context")
 

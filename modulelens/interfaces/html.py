@@ -1,4 +1,10 @@
-"""Rich HTML for Jupyter: captures, calls and reports as tables (``_repr_html_`` delegates here).
+"""Rich HTML for Jupyter: captures, calls and reports as tables.
+
+Restore objects know nothing of HTML (restore must not import interfaces). Jupyter finds these
+renderers through IPython's display formatters, registered by :func:`register_formatters` by
+class *name* (so nothing is imported until an object is shown), from two places above every
+layer: ``import modulelens`` when an IPython shell is running (a plain Jupyter kernel, no
+``%load_ext``) and ``%load_ext modulelens`` (a shell started after the import).
 
 Every function returns one self-contained ``<div class="modulelens">`` fragment with inline styles
 (notebook front ends strip ``<style>`` blocks inconsistently). All text is escaped.
@@ -6,12 +12,13 @@ Every function returns one self-contained ``<div class="modulelens">`` fragment 
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from modulelens.interfaces.tensor_info import call_rows, state_rows
+from modulelens.format.human import human_bytes, human_number
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Call, Capture
@@ -41,12 +48,10 @@ def badge(passed: bool | None, text: str | None = None) -> str:
 
 
 def fmt_number(value: Any) -> str:
-    """Compact numbers for tables (``1.23e-05``, ``0.5``); anything else as text."""
-    if isinstance(value, bool) or value is None:
-        return "" if value is None else str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    """Numbers as the CLI prints them (:func:`~modulelens.format.human.human_number`); booleans as text."""
+    if isinstance(value, bool):
+        return str(value)
+    return human_number(value) if isinstance(value, (int, float)) or value is None else str(value)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, raw: bool = False) -> str:
@@ -63,7 +68,7 @@ def _wrap(inner: str) -> str:
     return f'<div class="modulelens" style="font-family:sans-serif;font-size:13px">{inner}</div>'
 
 
-_TENSOR_HEADERS = ("name", "shape", "dtype", "device", "min", "max", "mean", "std", "nan/inf")
+_TENSOR_HEADERS = ("name", "shape", "dtype", "device", "min", "max", "mean", "std", "non-finite")
 
 
 def tensor_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -72,11 +77,13 @@ def tensor_table(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         if row["kind"] == "tensor":
             stats = row.get("stats") or {}
-            bad = (stats.get("nan") or 0) + (stats.get("inf") or 0)
-            nan_inf = f'<span style="color:{FAIL_COLOR};font-weight:600">{stats["nan"]}/{stats["inf"]}</span>' \
-                if bad else (f'{stats.get("nan", "")}/{stats.get("inf", "")}' if stats else "")
+            bad = stats.get("nonfinite", 0)
+            nonfinite = (f'<span style="color:{FAIL_COLOR};font-weight:600">{bad}</span>' if bad
+                         else ("0" if stats else ""))
+            mean = stats.get("mean", stats.get("fraction_true"))
             cells.append([esc(row["path"]), esc(row["shape"]), esc(row["dtype"]), esc(row["device"]),
-                          *(esc(fmt_number(stats.get(k))) for k in ("min", "max", "mean", "std")), nan_inf])
+                          *(esc(fmt_number(v) if stats else "") for v in
+                            (stats.get("min"), stats.get("max"), mean, stats.get("std"))), nonfinite])
         elif row["kind"] == "unrecorded":
             cells.append([esc(row["path"]), f"<i>not recorded: {esc(row.get('type'))}</i>", "", "", "", "", "", "", ""])
         else:
@@ -91,6 +98,8 @@ def _call_title(call: Call) -> str:
 
 
 def _call_section(call: Call) -> str:
+    from modulelens.interfaces.tensor_info import call_rows
+
     rows = call_rows(call)
     return (f"<div><b>{_call_title(call)}</b>"
             f"<div>inputs</div>{tensor_table(rows['inputs'])}"
@@ -99,7 +108,7 @@ def _call_section(call: Call) -> str:
 
 def call_html(call: Call) -> str:
     """HTML for one recorded call: its input and output tensors."""
-    return _wrap(f"<div>{esc(call._capture.ref)}</div>" + _call_section(call))
+    return _wrap(f"<div>{esc(call.capture.ref)}</div>" + _call_section(call))
 
 
 def capture_html(capture: Capture) -> str:
@@ -122,6 +131,8 @@ def capture_html(capture: Capture) -> str:
         reason = module.get("construction_missing", "no constructor record")
         parts.append(f'<div>constructor: <span style="color:{FAIL_COLOR}">not recorded</span> ({esc(reason)})</div>')
     if states:
+        from modulelens.interfaces.tensor_info import state_rows
+
         total = len(states[0]["parameters"]) + len(states[0]["buffers"])
         rows = state_rows(capture, 0, limit=MAX_STATE_ROWS)
         parts.append(f"<details open><summary>parameters and buffers ({total})</summary>{tensor_table(rows)}"
@@ -176,17 +187,113 @@ def _data_html(data: Any, depth: int) -> str:
     return f"<code>{esc(text if len(text) <= 300 else text[:297] + '...')}</code>"
 
 
+def _notes(notes: Iterable[str]) -> str:
+    return "".join(f"<div>note: {esc(n)}</div>" for n in notes)
+
+
+def _failures(lines: Sequence[str], limit: int = 10) -> str:
+    """Failures right under the verdict, in red, so they are visible without scrolling."""
+    items = "".join(f'<li style="color:{FAIL_COLOR}">{esc(line)}</li>' for line in lines[:limit])
+    more = f"<li>... {len(lines) - limit} more</li>" if len(lines) > limit else ""
+    return f'<ul style="margin:2px 0 6px 0">{items}{more}</ul>' if lines else ""
+
+
+def verify_html(d: dict[str, Any]) -> str:
+    """Compact HTML for a verification (``VerifyReport.to_dict()``): verdict, failures, then per call."""
+    speed = f" &nbsp; speedup {d['speedup']:.2f}x" if d.get("speedup") else ""
+    head = (f"<div>{badge(d['passed'])} <b>{esc(d['candidate'])}</b> against <b>{esc(d['ref'])}</b> "
+            f"on {esc(d['device'])}{speed}</div>")
+    rows = [[esc(c["index"]), badge(c["passed"], "pass" if c["passed"] else "FAIL"),
+             *(esc(fmt_number(c.get(k))) for k in ("max_abs_error", "max_rel_error", "reference_ms", "candidate_ms")),
+             esc("-" if c.get("speedup") is None else f"{c['speedup']:.2f}x")] for c in d["calls"]]
+    body = table(("call", "result", "max abs err", "max rel err", "ref ms", "cand ms", "speedup"), rows, raw=True)
+    return _wrap(head + _failures(d["failures"]) + (body if rows else "") + _notes(d["notes"]))
+
+
+def profile_html(d: dict[str, Any], plot_png: bytes | None = None) -> str:
+    """Compact HTML for a profile (``ProfileReport.to_dict()``): latency first, then the metrics,
+    the top operators, the batch sweep and its plot inline."""
+    lat = d["latency"]
+    head = (f"<div><b>profile {esc(d['ref'])}</b> call {esc(d['call_index'])} on {esc(d['device'])} "
+            f"({esc(d['mode'])}): <b>median {esc(fmt_number(lat['median_ms']))} ms</b> "
+            f"(p10 {esc(fmt_number(lat['p10_ms']))}, p90 {esc(fmt_number(lat['p90_ms']))}, "
+            f"{esc(lat['iterations'])} iterations)</div>")
+    peak = d["memory"].get("peak_bytes")
+    metrics = [("peak memory", "-" if peak is None else human_bytes(peak)),
+               ("FLOPs", human_number(d["flops"]["total"])),
+               ("bytes moved", human_bytes(d["bytes_moved"]["total"])),
+               ("achieved", human_number(d["achieved_flops_per_s"], "FLOP/s")),
+               ("arithmetic intensity", human_number(d["arithmetic_intensity"], "FLOP/byte"))]
+    parts = [head, table(("metric", "value"), metrics)]
+    ops = [[op["name"], fmt_number(op["self_ms_per_iter"]), f"{op['percent']:.1f}"] for op in d["top_ops"][:5]]
+    if ops:
+        parts.append(table(("top operator", "self ms", "%"), ops))
+    if d.get("batch_sweep"):
+        sweep = [[row["batch_size"], fmt_number(row.get("median_ms")) if row.get("median_ms") is not None
+                  else row.get("error", ""), human_number(row.get("throughput_per_s"))] for row in d["batch_sweep"]]
+        parts.append(table(("batch", "median ms", "samples/s"), sweep))
+    if plot_png:
+        encoded = base64.b64encode(plot_png).decode("ascii")
+        parts.append(f'<img alt="latency vs batch size" src="data:image/png;base64,{encoded}" style="max-width:640px">')
+    return _wrap("".join(parts) + _notes(d["notes"]))
+
+
+def diff_html(d: dict[str, Any]) -> str:
+    """Compact HTML for a diff (``DiffReport.to_dict()``): what changed first, unchanged tensors counted."""
+    s = d["summary"]
+    same = sum(t["status"] == "same" for t in d["tensors"])
+    parts = [f"<div><b>diff {esc(d['a'])} &rarr; {esc(d['b'])}</b>: {same}/{esc(s['tensors'])} tensors identical"
+             + (f", class {esc(d['class_a'])} &rarr; {esc(d['class_b'])}" if s["class_changed"] else "") + "</div>"]
+    if d["constructor"]:
+        parts.append(table(("argument", "A", "B"), [[c["argument"], c["a"], c["b"]] for c in d["constructor"]]))
+    changed = [[t["name"], t["status"], fmt_number(t["max_abs_diff"]), fmt_number(t["rel_norm"])]
+               for t in d["tensors"] if t["status"] != "same"]
+    if changed:
+        parts.append(table(("tensor", "status", "max abs diff", "rel norm"), changed[:MAX_STATE_ROWS]))
+    if d["outputs"]:
+        rows = [[esc(o["index"]), badge(o["same"], "same" if o["same"] else "differs"),
+                 esc(fmt_number(o["max_abs_error"])), esc(o["error"] or "")] for o in d["outputs"]]
+        parts.append(f"<div>outputs of {esc(d['b'])} on {esc(d['a'])}'s inputs</div>"
+                     + table(("call", "result", "max abs err", "detail"), rows, raw=True))
+    return _wrap("".join(parts) + _notes(d["notes"]))
+
+
+def export_html(d: dict[str, Any]) -> str:
+    """Compact HTML for a kernel problem export (``ExportResult.to_dict()``)."""
+    m = d["manifest"]
+    compatible = m["kernelbench_compatible"]
+    check = m.get("self_check") or {}
+    parts = [f"<div>{badge(compatible, 'KernelBench compatible' if compatible else 'not KernelBench compatible')} "
+             f"<b>{esc(m['capture']['ref'])}</b> &rarr; <code>{esc(d['directory'])}</code></div>"]
+    if check:
+        ok = bool(check.get("reproduces_recorded_outputs"))
+        parts.append(f"<div>{badge(ok, 'reproduces' if ok else 'does not reproduce')} "
+                     f"problem.py vs the recorded outputs {esc(check.get('error', ''))}</div>")
+    parts.append(_failures(m.get("kernelbench_incompatible_reasons", [])))
+    parts.append(table(("file", "hash"), [[name, digest[:22] + "..."] for name, digest in m["files"].items()]))
+    parts.append(f"<div>verify: <code>{esc(m['commands']['verify'])}</code></div>")
+    return _wrap("".join(parts) + _notes(m["notes"]))
+
+
 def captures_html(rows: Sequence[dict[str, Any]], root: str) -> str:
     """HTML listing of captures (rows are ``VersionInfo.to_dict()``)."""
     if not rows:
         return _wrap(f"<div>no captures in {esc(root)}</div>")
-    cells = [[r["ref"], ", ".join(r["aliases"]), r["module_class"].rsplit(":", 1)[-1], _human(r["payload_bytes"]),
+    cells = [[r["ref"], ", ".join(r["aliases"]), r["module_class"].rsplit(":", 1)[-1], human_bytes(r["payload_bytes"]),
               r["created"]] for r in rows]
     return _wrap(f"<div>captures in {esc(root)}</div>" + table(("ref", "aliases", "module class", "payload", "created"),
                                                             cells))
 
 
-def _human(n: int) -> str:
-    from modulelens.interfaces.output import human_bytes
+_FORMATTERS = (("modulelens.restore.loader", "Capture", capture_html), ("modulelens.restore.loader", "Call", call_html),
+               ("modulelens.restore.replay", "ReplayReport", replay_html))
 
-    return human_bytes(n)
+
+def register_formatters(shell: Any) -> None:
+    """Show captures, calls and replay reports as HTML in ``shell`` (an IPython ``InteractiveShell``).
+
+    Registered by module and class name, so neither torch nor the restore layer is imported here.
+    """
+    formatter = shell.display_formatter.formatters["text/html"]
+    for module, name, render in _FORMATTERS:
+        formatter.for_type_by_name(module, name, render)

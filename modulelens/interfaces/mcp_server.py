@@ -2,15 +2,21 @@
 
 Tools (results are structured JSON, the same data as the CLI's ``--json`` ``result``)::
 
-    list_captures(prefix?)                              versions in the repo
-    show_capture(ref, stats?)                           metadata, shapes, tensor statistics
-    replay_capture(ref, device?, dtype?, rtol?, atol?)  replay report (a mismatch is a result, not an error)
-    profile_capture(ref, device?, options?)             modulelens.tools.profile
-    verify_candidate(ref, candidate, device?)           modulelens.tools.verify
-    export_kernel_problem(ref, output_dir, options?)    modulelens.tools.export_kernelbench
+    list_captures(prefix?)                                  versions in the repo
+    show_capture(ref, stats?, max_parameters?)              metadata, shapes, tensor statistics
+    replay_capture(ref, device?, dtype?, rtol?, atol?)      replay report (a mismatch is a result, not an error)
+    profile_capture(ref, device?, dtype?, call?, ...)       latency, memory, FLOPs, top operators
+    verify_candidate(ref, candidate, ..., timeout_s?)       a rewrite checked in a child process
+    verify_kernel(ref, candidate, ..., timeout_s?)          ``modulelens kernel verify``
+    diff_captures(a, b, device?, outputs?, rtol?, atol?)    what changed between two captures
+    export_kernel_problem(ref, output_dir, ...)             a KernelBench/KernelAgent problem folder
 
-User-caused failures (unknown capture, bad candidate path, a tool not installed) come back as MCP
-tool errors with a one-line message. The protocol owns stdout: the SDK points file descriptor 1 at
+Candidates never run inside the server: ``verify_candidate`` runs ``modulelens verify --json`` in a
+child process with a timeout (a candidate calling ``os._exit`` or looping forever costs that call,
+not the server), and ``verify_kernel`` has its own worker processes. Every tool has typed
+arguments; user-caused failures come back as MCP tool errors with one line naming the tool and
+what failed (the mapping is :mod:`modulelens.interfaces._errors`); anything else is a bug and
+keeps the SDK's generic error. The protocol owns stdout: the SDK points file descriptor 1 at
 stderr while serving, and this module never prints.
 
 Register with Claude Code: ``claude mcp add modulelens -- modulelens mcp --repo /path/to/repo``.
@@ -18,104 +24,146 @@ Register with Claude Code: ``claude mcp add modulelens -- modulelens mcp --repo 
 
 from __future__ import annotations
 
-import importlib
+import functools
 import json
-import math
 import os
+import subprocess
+import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import CandidateError
+from modulelens.errors import ToolError as ModulelensToolError
+from modulelens.interfaces import session
+from modulelens.interfaces._errors import KNOWN_ERRORS, error_message
+from modulelens.interfaces.output import JSON_SCHEMA, jsonable
 
 INSTRUCTIONS = """\
 modulelens stores PyTorch submodules captured from real jobs: constructor arguments, weights and the
 real inputs/outputs of recorded calls. Loop: list_captures -> show_capture -> replay_capture (must
 pass before changes) -> edit the module or write a candidate file (a subclass of the captured class
-overriding forward) -> verify_candidate until passed -> profile_capture. References look like
-NAME, NAME:v3 or NAME:alias."""
+overriding forward) -> verify_candidate until passed -> profile_capture. Custom kernels:
+export_kernel_problem, then verify_kernel. References look like NAME, NAME:v3 or NAME:alias."""
 
 RefArg = Annotated[str, Field(description="Capture reference: NAME, NAME:vN or NAME:alias (see list_captures).")]
 DeviceArg = Annotated[str | None, Field(description="Device to run on, e.g. cpu, cuda, cuda:1 (default: cpu).")]
-OptionsArg = Annotated[dict[str, Any] | None, Field(description="Extra keyword options passed to the tool.")]
+DtypeArg = Annotated[str | None, Field(description="Cast floating weights and inputs, e.g. bfloat16.")]
+RtolArg = Annotated[float | None, Field(description="Relative tolerance (default: by dtype; bit-exact for replay).")]
+AtolArg = Annotated[float | None, Field(description="Absolute tolerance (default: by dtype).")]
+CallsArg = Annotated[list[int] | None, Field(description="Recorded calls to use, by position (default: all).")]
+StoreArg = Annotated[bool, Field(description="Keep the report with the capture's version in the repo.")]
+TimeoutArg = Annotated[float, Field(gt=0, description="Seconds before the candidate's process is killed.")]
 
-_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-_RUNS_CODE = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+# Annotations say what a tool does to its environment: reading the repo is read-only; storing a
+# report or writing a problem folder is not; running a candidate runs code the agent wrote.
+_READS = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+_WRITES_REPORT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                 open_world_hint=False)
+_RUNS_CANDIDATE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                  open_world_hint=False)
+_WRITES_FILES = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                                open_world_hint=False)
 
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON data (``to_dict()`` objects, paths and non-finite floats become JSON values)."""
-    def default(obj: Any) -> Any:
-        if hasattr(obj, "to_dict"):
-            return obj.to_dict()
-        return str(obj)
-
-    def clean(obj: Any) -> Any:
-        if isinstance(obj, float) and not math.isfinite(obj):
-            return str(obj)
-        if isinstance(obj, dict):
-            return {str(k): clean(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [clean(v) for v in obj]
-        return obj
-
-    return clean(json.loads(json.dumps(value, default=default)))
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _tool_result(value: Any) -> dict[str, Any]:
-    data = value.to_dict() if hasattr(value, "to_dict") else value
-    if isinstance(data, (str, os.PathLike)):
-        data = {"path": os.fspath(data)}
-    data = _jsonable(data)
+def _result(value: Any) -> dict[str, Any]:
+    """A tool's structured content: a JSON object."""
+    data = jsonable(value)
     return data if isinstance(data, dict) else {"result": data}
 
 
-def _missing_tool(what: str, module: str, detail: str) -> ToolError:
-    return ToolError(f"{what} is not available in this modulelens installation ({detail}); "
-                     f"it comes with modulelens.tools.{module}")
+def _one_line_errors(func: F) -> F:
+    """Known errors become MCP tool errors with one line saying what failed (the SDK puts
+    ``Error executing tool <name>:`` in front)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except KNOWN_ERRORS as error:
+            raise ToolError(error_message(error)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_candidate_path(candidate: str) -> None:
+    path_part, sep, attribute = candidate.rpartition(":")
+    if not sep or not attribute.isidentifier():
+        path_part = candidate
+    if path_part.endswith(".py") and not Path(path_part).expanduser().is_file():
+        raise CandidateError(f"candidate file {path_part} does not exist (relative to {os.getcwd()})")
+
+
+def verify_in_subprocess(repo: str | None, ref: str, candidate: str, *, device: str | None, dtype: str | None,
+                         rtol: float | None, atol: float | None, timing: bool, store: bool,
+                         timeout_s: float) -> dict[str, Any]:
+    """``modulelens verify --json`` in a child process: the candidate's crash or hang stays there.
+
+    Returns:
+        The verification report (``VerifyReport.to_dict()``); ``passed`` false is a result.
+
+    Raises:
+        ToolError: the child timed out, died before reporting, or reported a known error.
+    """
+    command = [sys.executable, "-m", "modulelens", "verify", ref, "--candidate", candidate, "--json",
+               "--store" if store else "--no-store", "--timing" if timing else "--no-timing"]
+    for flag, value in (("--repo", repo), ("--device", device), ("--dtype", dtype), ("--rtol", rtol),
+                        ("--atol", atol)):
+        if value is not None:
+            command += [flag, str(value)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ModulelensToolError(f"the candidate did not finish within {timeout_s:g} s (process killed)") from None
+    start = done.stdout.rfind('{\n "schema": "' + JSON_SCHEMA + '"')
+    if start < 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModulelensToolError(f"the candidate's process exited with code {done.returncode} "
+                                  f"before reporting ({tail})")
+    reply = json.loads(done.stdout[start:])
+    if not reply["ok"]:
+        raise ModulelensToolError(reply["error"]["message"])
+    return reply["result"]
 
 
 def build_server(repo: str | None = None) -> MCPServer:
-    """An :class:`MCPServer` whose tools read captures from ``repo`` (default: ``$MODULELENS_REPO``)."""
+    """An :class:`MCPServer` whose tools read captures from ``repo`` (default: ``$MODULELENS_REPO``).
+
+    Example::
+
+        build_server("/data/captures").run("stdio")
+    """
     from modulelens import __version__
 
     server = MCPServer("modulelens", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+    _register_reading_tools(server, repo)
+    _register_running_tools(server, repo)
+    return server
 
-    def open_repo(create: bool = False) -> Any:
-        from modulelens.repo.local import Repo
 
-        try:
-            return Repo(repo, create=create)
-        except ModulelensError as error:
-            raise ToolError(str(error)) from None
-
-    def load(ref: str, device: str | None = None, dtype: str | None = None) -> Any:
-        from modulelens.format.tensors import dtype_from_name
-        from modulelens.restore.loader import load as load_capture
-
-        try:
-            return load_capture(ref, repo=open_repo(), device=device, dtype=dtype_from_name(dtype) if dtype else None)
-        except (ModulelensError, ValueError, RuntimeError) as error:
-            raise ToolError(str(error)) from None
-
-    @server.tool(annotations=_READ_ONLY)
+def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
+    @server.tool(annotations=_READS)
+    @_one_line_errors
     def list_captures(
         prefix: Annotated[str | None, Field(description="Only names equal to or under this prefix.")] = None,
     ) -> dict[str, Any]:
         """List stored captures (every version): ref, module class, aliases, size, creation time."""
-        store = open_repo(create=True)
-        names = [n for n in store.names() if prefix is None or n == prefix or n.startswith(prefix.rstrip("/") + "/")]
-        return _tool_result({"repo": str(store.root), "captures": [i.to_dict() for n in names for i in store.list(n)]})
+        store = session.open_repo(repo, create=True)
+        return _result({"repo": str(store.root), "captures": session.list_versions(store, prefix)})
 
-    @server.tool(annotations=_READ_ONLY)
+    @server.tool(annotations=_READS)
+    @_one_line_errors
     def show_capture(
         ref: RefArg,
-        stats: Annotated[bool, Field(description="Compute min/max/mean/std/nan/inf of recorded tensors.")] = True,
+        stats: Annotated[bool, Field(description="Compute min/max/mean/std/non-finite of recorded tensors.")] = True,
         max_parameters: Annotated[int, Field(ge=0, description="At most this many parameter rows.")] = 50,
     ) -> dict[str, Any]:
         """Describe a capture: class, constructor arguments, parameters, and each recorded call's
@@ -123,107 +171,140 @@ def build_server(repo: str | None = None) -> MCPServer:
         from modulelens.interfaces.tensor_info import call_rows, state_rows
         from modulelens.restore.summary import describe
 
-        capture = load(ref)
-        try:
-            result = describe(capture.repo, capture.ref)
-        except ModulelensError as error:
-            raise ToolError(str(error)) from None
+        capture = session.load_capture(ref, repo)
+        result = describe(capture.repo, capture.ref)
         for summary, call in zip(result["calls"], capture.calls, strict=True):
             rows = call_rows(call, stats=stats)
             summary["inputs"], summary["outputs"] = rows["inputs"], rows["outputs"]
         total = len(result["parameters"]) + len(result["buffers"])
         result["tensors"] = state_rows(capture, 0, stats=stats, limit=max_parameters)
         result["tensors_truncated"] = total > max_parameters
-        return _tool_result(result)
+        return _result(result)
 
-    @server.tool(annotations=_RUNS_CODE)
-    def replay_capture(
-        ref: RefArg,
-        device: DeviceArg = None,
-        dtype: Annotated[str | None, Field(description="Cast floating weights and inputs, e.g. bfloat16.")] = None,
-        rtol: Annotated[float | None, Field(description="Relative tolerance (default: bit-exact).")] = None,
-        atol: Annotated[float | None, Field(description="Absolute tolerance.")] = None,
-    ) -> dict[str, Any]:
+    @server.tool(annotations=_READS)
+    @_one_line_errors
+    def replay_capture(ref: RefArg, device: DeviceArg = None, dtype: DtypeArg = None, rtol: RtolArg = None,
+                       atol: AtolArg = None) -> dict[str, Any]:
         """Rebuild the module and run every recorded call, comparing with the recorded outputs.
         ``passed`` is false on a mismatch (that is a result, not an error)."""
-        capture = load(ref, device, dtype)
-        try:
-            return _tool_result(capture.replay(rtol=rtol, atol=atol))
-        except ModulelensError as error:
-            raise ToolError(str(error)) from None
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+        return _result(capture.replay(rtol=rtol, atol=atol))
 
-    @server.tool(annotations=_RUNS_CODE)
-    def profile_capture(ref: RefArg, device: DeviceArg = None, options: OptionsArg = None) -> dict[str, Any]:
-        """Time the module on its recorded inputs (options go to Capture.profile)."""
-        capture = load(ref, device)
-        return _tool_result(_call(capture, "profile", "Profiling", (), options or {}))
+    @server.tool(annotations=_READS)
+    @_one_line_errors
+    def diff_captures(
+        a: Annotated[str, Field(description="The baseline capture: NAME, NAME:vN or NAME:alias.")],
+        b: Annotated[str, Field(description="The capture compared with A.")],
+        device: DeviceArg = None,
+        outputs: Annotated[bool, Field(description="Replay B's module on A's inputs and compare outputs.")] = True,
+        rtol: RtolArg = None,
+        atol: AtolArg = None,
+    ) -> dict[str, Any]:
+        """What differs between two captures: constructor arguments, weights, input statistics, outputs."""
+        from modulelens.tools.diff import diff
 
-    @server.tool(annotations=_RUNS_CODE)
+        first = session.load_capture(a, repo, device=device)
+        second = session.load_capture(b, repo, device=device)
+        return _result(diff(first, second, device=device, outputs=outputs, rtol=rtol, atol=atol))
+
+
+def _register_running_tools(server: MCPServer, repo: str | None) -> None:
+    @server.tool(annotations=_WRITES_REPORT)
+    @_one_line_errors
+    def profile_capture(
+        ref: RefArg,
+        device: DeviceArg = None,
+        dtype: DtypeArg = None,
+        call: Annotated[int, Field(ge=0, description="Which recorded call to time (position).")] = 0,
+        backward: Annotated[bool, Field(description="Time forward+backward instead of forward only.")] = False,
+        iters: Annotated[int | None, Field(gt=0, description="Timed iterations (default: ~1 s worth).")] = None,
+        warmup: Annotated[int, Field(ge=0, description="Untimed iterations first.")] = 5,
+        batch_sizes: Annotated[list[int] | None, Field(description="Sweep the batch size on synthetic inputs.")] = None,
+        store: StoreArg = False,
+    ) -> dict[str, Any]:
+        """Latency (median/p10/p90), peak memory, FLOPs, bytes moved and top operators on a recorded call."""
+        from modulelens.tools.profile import profile
+        from modulelens.tools.timing import TimingConfig
+
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+        return _result(profile(capture, call=call, backward=backward, timing=TimingConfig(warmup=warmup, iters=iters),
+                               batch_sizes=batch_sizes, store=store))
+
+    @server.tool(annotations=_RUNS_CANDIDATE)
+    @_one_line_errors
     def verify_candidate(
         ref: RefArg,
         candidate: Annotated[str, Field(description=(
             "The candidate implementation: /abs/path/to/file.py:ClassName (or file.py with one candidate) "
             "or package.module:ClassName."))],
         device: DeviceArg = None,
+        dtype: DtypeArg = None,
+        rtol: RtolArg = None,
+        atol: AtolArg = None,
+        timing: Annotated[bool, Field(description="Time reference and candidate.")] = True,
+        timeout_s: TimeoutArg = 300.0,
+        store: StoreArg = False,
     ) -> dict[str, Any]:
-        """Run a candidate implementation on the recorded inputs and compare with the recorded outputs."""
-        path_part, sep, attribute = candidate.rpartition(":")
-        if not sep or not attribute.isidentifier():
-            path_part = candidate
-        if path_part.endswith(".py") and not Path(path_part).expanduser().is_file():
-            raise ToolError(f"candidate file {path_part} does not exist (relative to {os.getcwd()})")
-        capture = load(ref, device)
-        return _tool_result(_call(capture, "verify", "Verification", (candidate,), {}))
+        """Run a candidate implementation on every recorded call, in a child process with a timeout,
+        and compare with the recorded outputs. ``passed`` false is a result, with ``failures``."""
+        _check_candidate_path(candidate)
+        session.resolve(session.open_repo(repo), ref)  # an unknown ref fails here, with suggestions
+        return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,
+                                    timing=timing, store=store, timeout_s=timeout_s)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
+    @server.tool(annotations=_RUNS_CANDIDATE)
+    @_one_line_errors
+    def verify_kernel(
+        ref: RefArg,
+        candidate: Annotated[str, Field(description="A ModelNew/kernel_function .py file, or KernelAgent's result JSON.")],
+        device: Annotated[str | None, Field(description="cuda or cpu (default: cuda when available).")] = None,
+        calls: CallsArg = None,
+        random_samples: Annotated[int, Field(ge=0, description="Seeded random inputs of the recorded shapes.")] = 5,
+        seed: Annotated[int, Field(description="Seed of the random inputs.")] = 0,
+        rtol: RtolArg = None,
+        atol: AtolArg = None,
+        timeout_s: TimeoutArg = 300.0,
+        store: StoreArg = False,
+    ) -> dict[str, Any]:
+        """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
+        random inputs in worker processes with a timeout; ``passed`` false is a result."""
+        from modulelens.kernels.verify import verify_kernel as run_verify_kernel
+
+        _check_candidate_path(candidate)
+        store_repo = session.open_repo(repo)
+        name, version = session.resolve(store_repo, ref)
+        return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, timeout=timeout_s,
+                                         device=device, calls=calls, random_samples=random_samples, seed=seed,
+                                         rtol=rtol, atol=atol, store=store))
+
+    @server.tool(annotations=_WRITES_FILES)
+    @_one_line_errors
     def export_kernel_problem(
         ref: RefArg,
         output_dir: Annotated[str, Field(description="Directory to write the kernel problem into.")],
-        options: OptionsArg = None,
+        calls: CallsArg = None,
+        max_calls: Annotated[int, Field(gt=0, description="Use at most this many recorded calls.")] = 8,
+        inline: Annotated[bool, Field(description="Inline the module's source (else import its class).")] = True,
+        overwrite: Annotated[bool, Field(description="Replace the problem files of a non-empty folder.")] = False,
+        check: Annotated[bool, Field(description="Exec problem.py as KernelBench does and compare.")] = True,
+        rtol: RtolArg = None,
+        atol: AtolArg = None,
     ) -> dict[str, Any]:
-        """Export the capture as a self-contained kernel problem (reference module, inputs, checker)."""
-        try:
-            export_kernelbench = importlib.import_module("modulelens.tools.export_kernelbench")
-        except ModuleNotFoundError as error:
-            if not (error.name or "").startswith("modulelens"):
-                raise ToolError(f"kernel export needs a package that is missing: {error}") from None
-            raise _missing_tool("Kernel export", "export_kernelbench", f"no module {error.name}") from None
-        except ImportError as error:
-            raise ToolError(f"kernel export cannot be imported: {error}") from None
-        export = getattr(export_kernelbench, "export_kernelbench", None) or getattr(export_kernelbench, "export", None)
-        if export is None:
-            raise _missing_tool("Kernel export", "export_kernelbench", "it has no export function")
-        capture = load(ref)
-        try:
-            return _tool_result(export(capture, output_dir, **(options or {})))
-        except (ModulelensError, TypeError, ValueError, OSError) as error:
-            raise ToolError(f"export failed: {error}") from None
+        """Export the capture as a self-contained KernelBench/KernelAgent problem (reference module, inputs, checker)."""
+        from modulelens.kernels.export import export_kernelbench
 
-    return server
-
-
-def _call(capture: Any, method: str, what: str, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    func = getattr(capture, method, None)
-    if func is None:
-        raise _missing_tool(what, method, f"Capture.{method} is missing")
-    try:
-        return func(*args, **options)
-    except ModuleNotFoundError as error:
-        if (error.name or "").startswith("modulelens"):
-            raise _missing_tool(what, method, f"no module {error.name}") from None
-        raise ToolError(f"{method} failed: {error}") from None
-    except (ModulelensError, TypeError, ValueError, OSError, ImportError, AttributeError) as error:
-        raise ToolError(f"{method} failed: {error}") from None
+        capture = session.load_capture(ref, repo)
+        return _result(export_kernelbench(capture, output_dir, calls=calls, max_calls=max_calls, inline=inline,
+                                          overwrite=overwrite, check=check, rtol=rtol, atol=atol))
 
 
 def serve(repo: str | None = None) -> None:
     """Run the server on stdin/stdout until the client closes the connection."""
     import logging
-    import sys
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     warnings.simplefilter("default")  # warnings go to stderr, never to the protocol stream
     if repo is not None:
-        os.environ["MODULELENS_REPO"] = str(Path(repo).expanduser().absolute())
-    server = build_server(repo)
-    server.run("stdio")
+        repo = str(Path(repo).expanduser().absolute())
+        os.environ["MODULELENS_REPO"] = repo
+    build_server(repo).run("stdio")

@@ -23,34 +23,40 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def _default(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data, shared by ``--json`` and the MCP server.
+
+    Objects with ``to_dict()`` (reports) become their dicts, paths and other objects their
+    ``str``, and non-finite floats the strings ``"nan"``/``"inf"`` (strict JSON has no NaN).
+    """
     if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        value = value.to_dict()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
     return str(value)
 
 
-def emit_json(command: str, *, result: Any = None, error: BaseException | None = None, exit_code: int = 0) -> None:
-    payload: dict[str, Any] = {"schema": JSON_SCHEMA, "command": command, "ok": error is None}
-    if error is None:
+def emit_json(command: str, *, result: Any = None, error_type: str | None = None, message: str = "",
+              exit_code: int = 0) -> None:
+    """Print the one JSON object of a ``--json`` run: the result, or the error when ``error_type`` is set."""
+    payload: dict[str, Any] = {"schema": JSON_SCHEMA, "command": command, "ok": error_type is None}
+    if error_type is None:
         payload["result"] = result
     else:
-        payload["error"] = {"type": type(error).__name__, "message": str(error), "exit_code": exit_code}
-    sys.stdout.write(json.dumps(payload, default=_default, indent=1) + "\n")
+        payload["error"] = {"type": error_type, "message": message, "exit_code": exit_code}
+    sys.stdout.write(json.dumps(jsonable(payload), indent=1) + "\n")
     sys.stdout.flush()
 
 
 def emit(command: str, as_json: bool, result: Any, render: Callable[[Any], None]) -> None:
+    """``--json``: print ``result`` in the JSON envelope; otherwise ``render(result)`` for people."""
     if as_json:
         emit_json(command, result=result)
     else:
         render(result)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

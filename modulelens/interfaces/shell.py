@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.errors import ModulelensError, RestoreError
+from modulelens.errors import MissingDependencyError, ModulelensError, UsageError
+from modulelens.interfaces import session
 from modulelens.interfaces.tensor_info import describe_value
 
 BOUND_NAMES = ("capture", "module", "calls", "args", "kwargs", "output")
@@ -32,7 +33,7 @@ def shell_namespace(capture: Any, call: int = 0) -> tuple[dict[str, Any], list[s
         notes.append(f"module is None: {error}")
     if capture.calls:
         if not 0 <= call < len(capture.calls):
-            raise RestoreError(f"{capture.ref} has {len(capture.calls)} call(s); --call {call} is out of range")
+            raise UsageError(f"{capture.ref} has {len(capture.calls)} call(s); --call {call} is out of range")
         chosen = capture.calls[call]
         try:
             namespace["args"], namespace["kwargs"] = chosen.fresh_inputs(capture.device, capture.dtype)
@@ -65,15 +66,19 @@ def banner(capture: Any, namespace: dict[str, Any], notes: list[str], call: int)
 
 def start_shell(ref: str, *, repo: str | None = None, device: str | None = None, dtype: str | None = None,
                 call: int = 0, ipython_args: list[str] | None = None) -> None:
-    """Load ``ref`` and run an IPython session with the names of :data:`BOUND_NAMES` bound."""
-    import IPython
-    from traitlets.config import Config
+    """Load ``ref`` and run an IPython session with the names of :data:`BOUND_NAMES` bound.
 
-    from modulelens.format.tensors import dtype_from_name
-    from modulelens.repo.local import Repo
-    from modulelens.restore.loader import load
+    Raises:
+        MissingDependencyError: IPython is not installed.
+        UsageError, CaptureNotFoundError, RestoreError: see :func:`modulelens.interfaces.session.load_capture`.
+    """
+    try:
+        import IPython
+        from traitlets.config import Config
+    except ModuleNotFoundError as error:
+        raise MissingDependencyError(f"modulelens shell needs IPython ({error}): pip install ipython") from None
 
-    capture = load(ref, repo=Repo(repo, create=False), device=device, dtype=dtype_from_name(dtype) if dtype else None)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
     namespace, notes = shell_namespace(capture, call)
     config = Config()
     config.TerminalIPythonApp.display_banner = True

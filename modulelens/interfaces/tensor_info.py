@@ -2,16 +2,16 @@
 
 Shared by the Jupyter HTML rendering (``html.py``), the IPython magics and the MCP server. Rows are
 plain JSON-ready dicts, built from a capture's metadata plus its memory-mapped tensors (no decoding
-of call values is needed, so a capture whose inputs hold exotic types still renders).
+of call values is needed, so a capture whose inputs hold exotic types still renders). Statistics
+come from the one statistics function, :func:`modulelens.format.shape_only.tensor_stats`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.utils._pytree as pytree
+from modulelens.errors import ModulelensError
+from modulelens.format.tree import leaf_paths
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Call, Capture
@@ -20,66 +20,20 @@ if TYPE_CHECKING:
 MAX_STATS_NUMEL = 1 << 24
 
 
-def _finite(value: float) -> float | str:
-    return value if math.isfinite(value) else str(value)
+def display_stats(capture: Capture, tid: str) -> dict[str, Any] | None:
+    """Statistics of recorded tensor ``tid`` for a table, or ``None`` when it is empty, shape-only
+    or over :data:`MAX_STATS_NUMEL` elements (reading it all would make a summary slow)."""
+    from modulelens.format.shape_only import tensor_stats
 
-
-def tensor_stats(tensor: torch.Tensor, max_numel: int = MAX_STATS_NUMEL) -> dict[str, Any] | None:
-    """``{"min", "max", "mean", "std", "nan", "inf", "zeros"}`` of a tensor (finite values only for
-    min/max/mean/std), or ``None`` when it is empty, too large, or not numeric."""
-    numel = tensor.numel()
-    if numel == 0 or numel > max_numel or tensor.device.type == "meta":
+    entry = capture.metadata["tensors"][tid]
+    numel = 1
+    for size in entry["shape"]:
+        numel *= size
+    if entry.get("shape_only"):
+        return entry.get("stats")
+    if numel == 0 or numel > MAX_STATS_NUMEL:
         return None
-    with torch.no_grad():
-        data = tensor.detach()
-        if data.is_complex():
-            data = data.abs()
-        if data.dtype == torch.bool:
-            data = data.to(torch.float64)
-        elif not (data.dtype.is_floating_point or data.dtype in _INT_DTYPES):
-            return None
-        data = data.to("cpu", torch.float64).reshape(-1)
-        finite_mask = torch.isfinite(data)
-        nan = int(torch.isnan(data).sum())
-        inf = int((~finite_mask).sum()) - nan
-        finite = data[finite_mask]
-        stats: dict[str, Any] = {"nan": nan, "inf": inf, "zeros": int((data == 0).sum())}
-        if finite.numel():
-            stats.update(min=_finite(float(finite.min())), max=_finite(float(finite.max())),
-                         mean=_finite(float(finite.mean())),
-                         std=_finite(float(finite.std())) if finite.numel() > 1 else 0.0)
-        else:
-            stats.update(min=None, max=None, mean=None, std=None)
-    return stats
-
-
-_INT_DTYPES = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
-
-
-def _leaf_paths(tree: dict[str, Any], prefix: str) -> list[str]:
-    """Readable paths (``args[0]``, ``kwargs['mask']``, ``output[1]``) of an encoded tree's leaves."""
-    count = len(tree["leaves"])
-    try:
-        from modulelens.format.tree import _decode_spec
-
-        spec = _decode_spec(tree["spec"])
-        paths = [pytree.keystr(kp) for kp, _ in pytree.tree_flatten_with_path(
-            pytree.tree_unflatten(list(range(count)), spec))[0]]
-        if len(paths) != count:
-            raise ValueError("leaf count mismatch")
-    except Exception:  # an unimportable container type: fall back to positions
-        return [f"{prefix}[{i}]" for i in range(count)]
-    if prefix != "inputs":
-        return [prefix + p for p in paths]
-    out = []
-    for path in paths:  # inputs are (args, kwargs): "[0][2]" -> "args[2]", "[1]['x']" -> "kwargs['x']"
-        if path.startswith("[0]"):
-            out.append("args" + path[3:])
-        elif path.startswith("[1]"):
-            out.append("kwargs" + path[3:])
-        else:
-            out.append("inputs" + path)
-    return out
+    return tensor_stats(capture.tensor(tid), quantiles=False)
 
 
 def tensor_row(capture: Capture, tid: str, label: str, *, stats: bool = True) -> dict[str, Any]:
@@ -89,9 +43,9 @@ def tensor_row(capture: Capture, tid: str, label: str, *, stats: bool = True) ->
                            "device": entry.get("device", "cpu"), "stats": None}
     if stats:
         try:
-            row["stats"] = tensor_stats(capture.tensor(tid))
-        except Exception as error:  # a damaged payload must not break a summary
-            row["stats_error"] = f"{type(error).__name__}: {error}"
+            row["stats"] = display_stats(capture, tid)
+        except ModulelensError as error:  # a damaged payload must not break a summary
+            row["stats_error"] = str(error)
     return row
 
 
@@ -102,7 +56,7 @@ def tree_rows(
     if tree is None:
         return []
     rows = []
-    for path, leaf in zip(_leaf_paths(tree, prefix), tree["leaves"], strict=True):
+    for path, leaf in zip(leaf_paths(tree, prefix), tree["leaves"], strict=True):
         if isinstance(leaf, dict) and leaf.get("$type") == "tensor":
             rows.append(tensor_row(capture, leaf["id"], path, stats=stats))
         elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
@@ -121,9 +75,8 @@ def _short_value(leaf: Any) -> Any:
 
 def call_rows(call: Call, *, stats: bool = True) -> dict[str, list[dict[str, Any]]]:
     """``{"inputs": rows, "outputs": rows}`` for one recorded call."""
-    capture = call._capture
-    return {"inputs": tree_rows(capture, call._data.get("inputs"), "inputs", stats=stats),
-            "outputs": tree_rows(capture, call._data.get("output"), "output", stats=stats)}
+    return {"inputs": tree_rows(call.capture, call.input_tree, "inputs", stats=stats),
+            "outputs": tree_rows(call.capture, call.output_tree, "output", stats=stats)}
 
 
 def state_rows(
@@ -146,6 +99,8 @@ def state_rows(
 
 def describe_value(value: Any) -> str:
     """A short one-line description of a bound value (``float32[4, 8] cpu``, ``tuple of 2``...)."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)} {value.device}"
     if isinstance(value, torch.nn.Module):
@@ -159,29 +114,3 @@ def describe_value(value: Any) -> str:
         return f"dict of {len(value)}" + (f": {keys}" if value else "")
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _tree_shapes(capture: Capture, tree: dict[str, Any] | None) -> str:
-    if tree is None:
-        return "-"
-    parts = []
-    for leaf in tree["leaves"][:4]:
-        if isinstance(leaf, dict) and leaf.get("$type") == "tensor":
-            entry = capture.metadata["tensors"][leaf["id"]]
-            parts.append(f"{entry['dtype']}{entry['shape']}")
-        elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
-            parts.append(f"<unrecorded {leaf.get('class')}>")
-        else:
-            parts.append(repr(_short_value(leaf))[:20])
-    if len(tree["leaves"]) > 4:
-        parts.append("...")
-    return ", ".join(parts) or "()"
-
-
-def call_repr(call: Call) -> str:
-    """Concise one-line repr of a call, from metadata only (nothing is decoded)."""
-    mode = ("train" if call.training else "eval") + ("" if call.grad_enabled else ", no_grad")
-    status = "" if call.finished else ", raised"
-    return (f"<Call {call.index} of {call._capture.ref} ({mode}{status}): "
-            f"inputs {_tree_shapes(call._capture, call._data.get('inputs'))} -> "
-            f"output {_tree_shapes(call._capture, call._data.get('output'))}>")

@@ -36,7 +36,7 @@ from urllib.parse import quote, unquote
 
 import torch
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, ModulelensError
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 
@@ -178,7 +178,7 @@ class Repo:
             except (ValueError, KeyError) as error:
                 raise CorruptCaptureError(f"{marker}: unreadable repo marker ({error})") from None
             if layout > LAYOUT_VERSION:
-                raise ModulelensError(
+                raise RepoError(
                     f"repo {self.root} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}"
                 )
 
@@ -398,7 +398,7 @@ class Repo:
                     continue  # another writer took this number; take the next one
                 raise
             return self.info(name, version)
-        raise ModulelensError(f"could not allocate a version for {name!r} after 1000 attempts")
+        raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
 
     def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
         # Pipeline: a worker thread hashes payload k+1 (blake3 itself uses every core for large

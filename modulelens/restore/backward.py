@@ -2,7 +2,7 @@
 
 The replayed outputs get the recorded output gradients; the gradients with respect to the inputs
 that had one recorded and to the module's parameters are compared with the recorded ones (see
-:mod:`modulelens.capture.backward` for what was recorded).
+:mod:`modulelens.tracing.backward` for what was recorded).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,9 +32,64 @@ CROSS_DEVICE_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
+# Kernel candidates (``modulelens kernel verify``, exported problems): rtol = atol = KernelBench's
+# per-precision tolerance (1e-4 for fp32, 1e-2 for half precision); a kernel reorders reductions
+# and fuses ops, so replay's last-bit tolerances would fail every correct rewrite.
+KERNEL_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-4), torch.complex64: (1e-4, 1e-4),
+    torch.float64: (1e-6, 1e-6), torch.complex128: (1e-6, 1e-6),
+    torch.float16: (1e-2, 1e-2), torch.bfloat16: (1e-2, 1e-2),
+    **{getattr(torch, name): (tol, tol) for name, tol in (
+        ("float8_e4m3fn", 1.25e-1), ("float8_e5m2", 2.5e-1), ("float8_e4m3fnuz", 1.25e-1), ("float8_e5m2fnuz", 2.5e-1))
+       if hasattr(torch, name)},
+}
+_TABLES = {"replay": DEFAULT_TOLERANCES, "cross_device": CROSS_DEVICE_TOLERANCES, "kernel": KERNEL_TOLERANCES}
+
+
+def default_tolerance(dtype: torch.dtype, purpose: str = "replay") -> tuple[float, float] | None:
+    """``(rtol, atol)`` for outputs of ``dtype``, or ``None`` when the dtype must match exactly.
+
+    This is the one tolerance table of modulelens: ``purpose`` is ``"replay"`` (torch's
+    ``assert_close`` defaults), ``"cross_device"`` (replay on other hardware: fp32 to 1e-4) or
+    ``"kernel"`` (KernelBench's per-precision tolerances, for kernel candidates).
+
+    Raises:
+        ValueError: an unknown ``purpose``.
+
+    Example::
+
+        default_tolerance(torch.float32, "kernel")   # (0.0001, 0.0001)
+        default_tolerance(torch.int64)               # None: exact
+    """
+    if purpose not in _TABLES:
+        raise ValueError(f"purpose must be one of {sorted(_TABLES)}, not {purpose!r}")
+    return _TABLES[purpose].get(dtype)
+
+
+def tolerance_table(dtypes: Sequence[str], rtol: float | None = None, atol: float | None = None, *,
+                    purpose: str = "kernel") -> dict[str, dict[str, Any]]:
+    """``{dtype name: {"rtol", "atol", "exact"}}`` for output dtypes, from :func:`default_tolerance`;
+    ``rtol``/``atol`` override it for every floating dtype (exact dtypes stay exact).
+
+    Example::
+
+        tolerance_table(["float32", "int64"])
+        # {"float32": {"rtol": 0.0001, "atol": 0.0001, "exact": False}, "int64": {"rtol": 0.0, "atol": 0.0, "exact": True}}
+    """
+    table = {}
+    for name in sorted(set(dtypes)):
+        dtype = getattr(torch, name, None)
+        base = default_tolerance(dtype, purpose) if isinstance(dtype, torch.dtype) else None
+        if base is None:
+            table[name] = {"rtol": 0.0, "atol": 0.0, "exact": True}
+        else:
+            table[name] = {"rtol": base[0] if rtol is None else rtol, "atol": base[1] if atol is None else atol,
+                           "exact": False}
+    return table
+
+
 def tolerance_for(dtype: torch.dtype, cross_device: bool = False) -> tuple[float, float]:
-    table = CROSS_DEVICE_TOLERANCES if cross_device else DEFAULT_TOLERANCES
-    return table.get(dtype, (0.0, 0.0))
+    return default_tolerance(dtype, "cross_device" if cross_device else "replay") or (0.0, 0.0)
 
 
 @dataclass

@@ -11,20 +11,23 @@ import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, UnsupportedValueError
+from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedValueError
 from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_VERSION
+from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
-from modulelens.format.tree import decode_tree
+from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceChangedWarning, SourceResolver
+from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
+
+if TYPE_CHECKING:
+    from modulelens.restore.replay import ReplayReport
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Call:
     finished: bool
     autocast: dict[str, str]
     _capture: Capture = field(repr=False)
-    _data: dict[str, Any] = field(repr=False)
+    _data: CallEntry = field(repr=False)
 
     @functools.cached_property
     def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -105,16 +108,28 @@ class Call:
         check_inputs_usable(self, (args, kwargs))
         return copy_inputs((args, kwargs), device, dtype)
 
+    @property
+    def capture(self) -> Capture:
+        """The capture this call belongs to."""
+        return self._capture
+
+    @property
+    def input_tree(self) -> dict[str, Any]:
+        """The encoded ``(args, kwargs)`` tree as stored (for summaries that must not decode values)."""
+        return self._data["inputs"]
+
+    @property
+    def output_tree(self) -> dict[str, Any] | None:
+        """The encoded output tree as stored, or ``None`` when the call raised in the original job."""
+        return self._data.get("output")
+
     def __repr__(self) -> str:
-        from modulelens.interfaces.tensor_info import call_repr
-
-        return call_repr(self)
-
-    def _repr_html_(self) -> str:
-        """Jupyter: input/output tensors with shape, dtype, device and statistics."""
-        from modulelens.interfaces.html import call_html
-
-        return call_html(self)
+        # From metadata only: a repr must work even when an input's type cannot be imported here.
+        mode = ("train" if self.training else "eval") + ("" if self.grad_enabled else ", no_grad")
+        status = "" if self.finished else ", raised"
+        tensors = self._capture.metadata["tensors"]
+        return (f"<Call {self.index} of {self._capture.ref} ({mode}{status}): "
+                f"inputs {tree_summary(self.input_tree, tensors)} -> output {tree_summary(self.output_tree, tensors)}>")
 
 
 class Capture:
@@ -145,7 +160,7 @@ class Capture:
         self.repo = repo
         self.name = name
         self.version = version
-        self.metadata = repo.read_metadata(name, version)
+        self.metadata = cast(CaptureMetadata, repo.read_metadata(name, version))
         if self.metadata.get("format_version", 0) > FORMAT_VERSION:
             raise RestoreError(
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
@@ -190,18 +205,72 @@ class Capture:
         return self.metadata.get("environment", {})
 
     @property
-    def has_construction(self) -> bool:
-        return self.metadata["module"].get("construction") is not None
+    def module_type(self) -> type:
+        """The captured module's class, resolved as :attr:`module` resolves it (an import, else the
+        source stored with the capture).
+
+        Raises:
+            RestoreError: the class cannot be imported and the capture holds no usable source for it.
+
+        Example::
+
+            cls = cap.module_type          # e.g. <class 'model.TopMLP'>
+        """
+        cls = self._import_class(self.module_class)
+        if not isinstance(cls, type):
+            raise RestoreError(f"{self.ref}: {self.module_class} is not a class")
+        return cls
+
+    @property
+    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """The recorded constructor arguments ``(args, kwargs)``, decoded (tensors memory-mapped,
+        nested modules rebuilt), or ``None`` when the capture has no constructor record.
+
+        Raises:
+            RestoreError: an argument cannot be decoded here.
+
+        Example::
+
+            args, kwargs = cap.init_arguments   # ((64, 128), {"bias": True})
+        """
+        mid = self.metadata["module"].get("construction")
+        if mid is None:
+            return None
+        entry = self.metadata["constructions"][mid]
+        ctx = self._decode_context()
+        try:
+            return (tuple(decode_value(a, ctx) for a in entry["args"]),
+                    {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()})
+        except (UnsupportedValueError, ImportError, AttributeError) as error:
+            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
+
+    def stored_source(self, module_name: str) -> str | None:
+        """The source text of ``module_name`` stored with the capture (see
+        :mod:`modulelens.restore.source`), or ``None`` when none was stored.
+
+        Example::
+
+            text = cap.stored_source("__main__")
+        """
+        entry = self.metadata.get("sources", {}).get(module_name)
+        return entry.get("text") if isinstance(entry, dict) else None
+
+    def payload_of(self, tensor: torch.Tensor) -> str | None:
+        """The payload hash of a tensor this capture returned (from :meth:`tensor`, a call's inputs or
+        outputs, a state), found by identity; ``None`` for any other tensor.
+
+        Example::
+
+            cap.payload_of(cap.calls[0].args[0])   # "blake3:..."
+        """
+        for tid, known in self._tensors.items():
+            if known is tensor:
+                return self.metadata["tensors"][tid].get("payload")
+        return None
 
     def __repr__(self) -> str:
         return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
-
-    def _repr_html_(self) -> str:
-        """Jupyter: class, constructor, parameter and call tensors as tables."""
-        from modulelens.interfaces.html import capture_html
-
-        return capture_html(self)
 
     # ---------------------------------------------------------------------------------- tensors
 
@@ -380,59 +449,70 @@ class Capture:
             owner.set_extra_state(decode_value(value, ctx))
         self._current_state = (index, _state_versions(module))
 
-    def use_state(self, index: int) -> torch.nn.Module:
+    def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
-        module holds exactly them already (no other state loaded, nothing changed in place)."""
+        module holds exactly them already (no other state loaded, nothing changed in place).
+        ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
-        if self._current_state != (index, _state_versions(module)):
+        if force or self._current_state != (index, _state_versions(module)):
             self._assign_state(module, index)
         return module
 
     def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:
+        """Parameters and persistent buffers of recorded state ``index`` (cached mappings, which the
+        rebuilt module shares: see :meth:`fresh_state_dict` for copies nothing else touches)."""
+        return self._state_tensors(index, self.tensor, persistent_only=True)
+
+    def fresh_tensor(self, tid: str) -> torch.Tensor:
+        """Recorded tensor ``tid`` from a new copy-on-write mapping of its payload, as recorded.
+
+        :meth:`tensor` returns cached tensors that the rebuilt module also uses as its parameter and
+        buffer storage, so switching states or a training-mode forward (BatchNorm running stats)
+        changes them in place; tools read recorded values from here instead.
+        """
+        return self._open_tensor(tid)
+
+    def fresh_state_dict(self, index: int = 0, *, persistent_only: bool = True) -> dict[str, torch.Tensor]:
+        """Parameters and (persistent) buffers of recorded state ``index``, freshly mapped.
+
+        Example::
+
+            candidate.load_state_dict(cap.fresh_state_dict(cap.calls[3].state_index))
+        """
+        return self._state_tensors(index, self._open_tensor, persistent_only=persistent_only)
+
+    def _state_tensors(self, index: int, open_tensor: Any, *, persistent_only: bool) -> dict[str, torch.Tensor]:
         state = self.metadata["states"][index]
-        result = {n: self.tensor(e["tensor"]) for n, e in state["parameters"].items()}
-        result.update({n: self.tensor(e["tensor"]) for n, e in state["buffers"].items() if e["persistent"]})
+        result = {n: open_tensor(e["tensor"]) for n, e in state["parameters"].items()}
+        result.update({n: open_tensor(e["tensor"]) for n, e in state["buffers"].items()
+                       if e["persistent"] or not persistent_only})
         return result
 
     # ---------------------------------------------------------------------------------- replay
 
-    def replay(self, **options: Any) -> Any:
-        """Run the module on every recorded call and compare with the recorded outputs.
-
-        Options: ``calls`` (indices into ``.calls``), ``exact`` (default: bit-exact when device and
-        dtype are unchanged), ``rtol``/``atol`` overrides, ``backward`` (also run backward with the
-        recorded output gradients and compare input and parameter gradients). Returns a
-        :class:`ReplayReport`."""
-        from modulelens.restore.replay import replay
-
-        return replay(self, **options)
-
-    # ---------------------------------------------------------------------------------- tools
-
-    def profile(self, **options: Any) -> Any:
-        """Latency, peak memory, FLOPs, bytes and top ops of a recorded call (see
-        :func:`modulelens.tools.profile.profile` for the options). Returns a ``ProfileReport``.
+    def replay(
+        self,
+        *,
+        calls: Sequence[int] | None = None,
+        exact: bool | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        module: torch.nn.Module | None = None,
+        weights: str = "recorded",
+        backward: bool = False,
+    ) -> ReplayReport:
+        """Run the module on every recorded call and compare with the recorded outputs; see
+        :func:`modulelens.restore.replay.replay` for the arguments.
 
         Example::
 
-            report = modulelens.load("ranker/mlp").profile(backward=True, batch_sizes=[1, 8, 64])
-        """
-        from modulelens.tools.profile import profile
-
-        return profile(self, **options)
-
-    def verify(self, candidate: Any, **options: Any) -> Any:
-        """Check that ``candidate`` (a class, an instance or ``"file.py:Class"``) reproduces every
-        recorded call (see :func:`modulelens.tools.verify.verify`). Returns a ``VerifyReport``.
-
-        Example::
-
-            report = modulelens.load("ranker/mlp").verify(FusedMLP)
+            report = modulelens.load("ranker/mlp").replay()
             assert report.passed, report
         """
-        from modulelens.tools.verify import verify
+        from modulelens.restore.replay import replay
 
-        return verify(self, candidate, **options)
+        return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
+                      backward=backward)
 
 
 def _tensor_ids(data: Any) -> list[str]:

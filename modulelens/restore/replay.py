@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from modulelens.errors import UsageError
 from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
 
@@ -62,6 +63,7 @@ class ReplayReport:
     mode: str  # "bit-exact" or "tolerance"
     device: str
     dtype: str | None
+    weights: str = "recorded"  # "recorded" (each call's recorded state) or "current" (the module as it is)
     calls: list[CallReplay] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -79,11 +81,12 @@ class ReplayReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ref": self.ref, "passed": self.passed, "status": self.status, "mode": self.mode,
-                "device": self.device, "dtype": self.dtype, "notes": self.notes,
+                "device": self.device, "dtype": self.dtype, "weights": self.weights, "notes": self.notes,
                 "calls": [c.to_dict() for c in self.calls]}
 
     def __str__(self) -> str:
-        lines = [f"replay {self.ref} on {self.device} ({self.mode}): {self.status}"]
+        weights = "recorded weights" if self.weights == "recorded" else "the module's current weights"
+        lines = [f"replay {self.ref} on {self.device} ({self.mode}, {weights}): {self.status}"]
         for c in self.calls:
             status = {"pass": "pass", "fail": "FAIL", "unverified": "UNVERIFIED"}[c.status]
             compared = len(c.all_leaves) - len(c.not_compared)
@@ -102,12 +105,6 @@ class ReplayReport:
         return "\n".join(lines)
 
     __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        """Jupyter: the verdict (coloured) and one table row per call."""
-        from modulelens.interfaces.html import replay_html
-
-        return replay_html(self)
 
 
 @contextlib.contextmanager
@@ -143,8 +140,34 @@ def replay(
     rtol: float | None = None,
     atol: float | None = None,
     module: torch.nn.Module | None = None,
+    weights: str = "recorded",
     backward: bool = False,
 ) -> ReplayReport:
+    """Run the module on every recorded call (or ``calls``) and compare with the recorded outputs.
+
+    Args:
+        capture: the loaded capture.
+        calls: positions in ``capture.calls`` to replay (default: all).
+        exact: bit-exact comparison (default: when device and dtype are unchanged), else per-dtype
+            tolerances; ``rtol``/``atol`` override them.
+        module: run this module instead of ``capture.module`` (as it is: nothing is loaded into it).
+        weights: ``"recorded"`` loads each call's recorded parameters and buffers into
+            ``capture.module`` before the call; ``"current"`` runs ``capture.module`` as it is, with
+            your edits to its weights (a notebook's "what does my change do to the real inputs?").
+        backward: also run backward with the recorded output gradients and compare gradients.
+
+    Returns:
+        A :class:`ReplayReport`; ``report.status`` is ``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"``.
+
+    Example::
+
+        report = modulelens.load("ranker/mlp").replay()
+        assert report.passed, report
+    """
+    if weights not in ("recorded", "current"):
+        raise UsageError(f"weights={weights!r}: use 'recorded' or 'current'")
+    if module is not None:
+        weights = "current"
     device = capture.device or torch.device("cpu")
     cross_device = recorded_device_type(capture) != device.type
     # Recorded from sharded (DTensor) computation: its reductions ran in another order across ranks.
@@ -152,7 +175,7 @@ def replay(
     if exact is None:
         exact = not cross_device and not sharded and capture.dtype is None and rtol is None and atol is None
     report = ReplayReport(ref=capture.ref, mode="bit-exact" if exact else "tolerance", device=str(device),
-                          dtype=str(capture.dtype).removeprefix("torch.") if capture.dtype else None)
+                          dtype=str(capture.dtype).removeprefix("torch.") if capture.dtype else None, weights=weights)
     target = module if module is not None else capture.module
     report.notes.extend(capture.notes)
     if sharded:
@@ -171,8 +194,8 @@ def replay(
                             f"({call._data.get('backward_missing', 'capture with backward=True')})")
             continue
         try:
-            if module is None:
-                capture.use_state(call.state_index)
+            if weights == "recorded":  # the first call reloads: edits through .data keep version counters
+                capture.use_state(call.state_index, force=not report.calls[:-1])
             args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
             if grads_wanted:
                 args, kwargs = require_recorded_grads((args, kwargs), call)

@@ -2,7 +2,7 @@
 
 Order for ``module:Qual.Name``: import it (a ``__main__`` path only counts when this process runs
 the very script that was captured); if that fails, and the capture stored the defining file (see
-:mod:`modulelens.capture.source`), execute that file's *definitions* into a fresh module and take
+:mod:`modulelens.tracing.source`), execute that file's *definitions* into a fresh module and take
 the class from there. This is the one place where code from a capture runs: it is the user's own
 source, recorded from their job. Only imports, ``def``/``class`` statements, ``try`` blocks of
 imports and simple assignments run; everything else at module level (a training loop, an
@@ -20,17 +20,13 @@ import sys
 import types
 from typing import Any
 
-from modulelens.capture.source import class_source, source_hash
 from modulelens.errors import RestoreError
+from modulelens.format.sources import class_source, source_hash
 from modulelens.format.values import import_object
 
 _EXECUTED: dict[str, types.ModuleType] = {}  # source hash -> module built from it (one per process)
 _SAFE_CALLS = {"namedtuple", "NamedTuple", "TypeVar", "NewType", "ParamSpec", "getLogger", "field", "dataclass",
                "make_dataclass", "Enum", "IntEnum", "partial", "frozenset", "set", "dict", "list", "tuple", "cast"}
-
-
-class SourceChangedWarning(UserWarning):
-    """The code of a captured class differs from the code it was captured with."""
 
 
 def _call_names(node: ast.AST) -> set[str]:

@@ -5,11 +5,16 @@ are drawn uniformly from the recorded ``[min, max]`` (so synthetic indices are v
 booleans with the recorded fraction of ``True``, floating tensors from a normal distribution with
 the recorded mean and std, clipped to ``[min, max]``, with the recorded fraction of zeros. Values
 are deterministic per tensor (seeded from its id), so two replays see the same inputs.
+
+:func:`random_like` draws the same way from a live tensor's own statistics; it is the one random
+input generator of modulelens (kernel verification's random samples, profiling at other batch sizes).
 """
 
 from __future__ import annotations
 
+import math
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,10 +23,57 @@ from modulelens.format.tensors import dtype_from_name
 
 
 def synthesize(entry: dict[str, Any], seed_text: str) -> torch.Tensor:
-    dtype = dtype_from_name(entry["dtype"])
-    shape = list(entry["shape"])
-    stats = entry.get("stats", {})
+    """A stand-in for a shape-only tensor record ``entry`` (dtype, shape, stats), seeded by ``seed_text``."""
     generator = torch.Generator().manual_seed(zlib.crc32(seed_text.encode()))
+    return _draw(dtype_from_name(entry["dtype"]), list(entry["shape"]), entry.get("stats", {}), generator)
+
+
+def random_like(value: torch.Tensor, generator: torch.Generator, *,
+                shape: Sequence[int] | None = None) -> tuple[torch.Tensor, str]:
+    """Random values with the dtype (and shape, unless ``shape`` is given) of ``value`` and its statistics.
+
+    Floating/complex tensors: normal with the tensor's mean and std (of the finite values);
+    integer tensors: uniform in the tensor's ``[min, max]`` (so indices stay valid indices), except a
+    sorted 1-D integer tensor at its own shape (offsets), which is kept; bool tensors: Bernoulli with
+    the tensor's fraction of ``True``; empty tensors are kept. The result is on the CPU.
+
+    Args:
+        value: the recorded tensor to imitate.
+        generator: a CPU ``torch.Generator`` (seed it for reproducible draws).
+        shape: the shape to draw (default: ``value.shape``).
+
+    Returns:
+        ``(tensor, how)``: the drawn tensor and a short description of the distribution.
+
+    Example::
+
+        x, how = random_like(torch.arange(10), torch.Generator().manual_seed(0))  # how: "kept (sorted ...)"
+    """
+    t = value.detach().to("cpu")
+    out_shape = list(t.shape if shape is None else shape)
+    if t.numel() == 0:
+        return (t.clone() if shape is None else torch.zeros(out_shape, dtype=t.dtype)), "kept (empty)"
+    if t.dtype == torch.bool:
+        p = float(t.to(torch.float64).mean())
+        return _draw(t.dtype, out_shape, {"fraction_true": p}, generator), f"bernoulli(p={p:.3g})"
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        flat = t.reshape(-1)
+        if shape is None and t.dim() == 1 and t.numel() > 1 and bool((flat[1:] >= flat[:-1]).all()):
+            return t.clone(), "kept (sorted integers: offsets-like)"
+        lo, hi = int(flat.min()), int(flat.max())
+        return _draw(t.dtype, out_shape, {"min": lo, "max": hi}, generator), f"uniform integers in [{lo}, {hi}]"
+    work = t.to(torch.complex128 if t.dtype.is_complex else torch.float64)
+    finite = work.reshape(-1) if t.dtype.is_complex else work[torch.isfinite(work)]
+    mean = float(finite.real.mean()) if finite.numel() else 0.0
+    std = float(finite.real.std()) if finite.numel() > 1 else abs(mean)
+    if not math.isfinite(std) or std == 0.0:
+        std = abs(mean) or 1.0
+    return _draw(t.dtype, out_shape, {"mean": mean, "std": std}, generator), f"normal(mean={mean:.4g}, std={std:.4g})"
+
+
+def _draw(dtype: torch.dtype, shape: list[int], stats: dict[str, Any], generator: torch.Generator) -> torch.Tensor:
+    """Random values of ``dtype``/``shape`` following ``stats`` (``fraction_true``; ``min``/``max``;
+    ``mean``/``std``, floats clipped to ``min``/``max`` when given, ``zero_fraction``)."""
     if dtype == torch.bool:
         return torch.rand(shape, generator=generator) < float(stats.get("fraction_true", 0.5))
     if not (dtype.is_floating_point or dtype.is_complex):

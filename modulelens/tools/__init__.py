@@ -1,1 +1,1 @@
-"""Things done *with* captures: profile, verify a candidate, diff versions (and kernel export)."""
+"""Things done *with* captures: profile, verify a candidate, diff versions (kernels: modulelens.kernels)."""

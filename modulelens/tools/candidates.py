@@ -17,18 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from modulelens.errors import ModulelensError, RestoreError, UnsupportedValueError
+from modulelens.errors import CandidateError, ModulelensError, RestoreError, UnsupportedValueError
 from modulelens.format.values import decode_value
-from modulelens.tools.common import working_module
+from modulelens.tools.working_copy import working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture
-
-
-class CandidateError(ModulelensError):
-    """A candidate cannot be found, imported or built."""
-
-    exit_code = 2
 
 
 def load_candidate(spec: str) -> Any:

@@ -25,8 +25,9 @@ import torch.utils._pytree as pytree
 from modulelens.format.values import Unrecorded, import_object
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
-from modulelens.tools.common import json_safe, pristine_tensor, run_device, working_module
+from modulelens.tools.reports import json_safe
 from modulelens.tools.verify import error_means
+from modulelens.tools.working_copy import run_device, working_module
 
 if TYPE_CHECKING:
     from modulelens.repo.local import Repo
@@ -221,8 +222,8 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
         elif meta_a["shape"] != meta_b["shape"]:
             row.update(status="shape changed", max_abs_diff=None, rel_norm=None)
         elif meta_a["payload"] != meta_b["payload"] or meta_a["dtype"] != meta_b["dtype"]:
-            ta = pristine_tensor(a, ea[name][1]).to(torch.float64)
-            tb = pristine_tensor(b, eb[name][1]).to(torch.float64)
+            ta = a.fresh_tensor(ea[name][1]).to(torch.float64)
+            tb = b.fresh_tensor(eb[name][1]).to(torch.float64)
             delta = tb - ta
             norm_a = float(ta.norm()) if ta.numel() else 0.0
             row["max_abs_diff"] = float(delta.abs().max()) if delta.numel() else 0.0

@@ -35,26 +35,18 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import MissingDependencyError, ToolError
 from modulelens.restore.replay import call_context
-from modulelens.tools.common import (
-    Timing,
-    ToolError,
-    environment_facts,
-    has_buffers,
-    json_safe,
-    output_tensors,
-    run_device,
-    store_report,
-    tensor_leaves,
-    time_iterations,
-    working_module,
-)
+from modulelens.restore.synthesize import random_like
+from modulelens.tools.reports import environment_facts, json_safe, store_report
+from modulelens.tools.timing import Timing, TimingConfig, time_iterations
+from modulelens.tools.working_copy import has_buffers, run_device, working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Call, Capture
 
 _MARK = "modulelens.iteration"
+_PROFILER_ITERS = 3  # iterations under torch.profiler for the top-ops table and the trace
 
 
 @dataclass
@@ -360,23 +352,14 @@ def synthetic_inputs(
     if recorded is None:
         raise ToolError("--batch-sizes: the call has no input tensor with a batch dimension")
 
+    # without a generator, seed one from torch's global RNG (as torch.randn would use it)
+    draw = generator if generator is not None else torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+
     def resize(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != recorded:
             return value
-        shape = (batch_size, *value.shape[1:])
-        source = value.detach()
-        if source.dtype == torch.bool:
-            return torch.randint(0, 2, shape, generator=generator).to(device=source.device, dtype=torch.bool)
-        if source.is_floating_point() or source.is_complex():
-            stats = source.to(torch.float64) if not source.is_complex() else source.abs().to(torch.float64)
-            mean = float(stats.mean()) if stats.numel() else 0.0
-            std = float(stats.std()) if stats.numel() > 1 else 1.0
-            noise = torch.randn(shape, generator=generator, dtype=torch.float64)
-            return (noise * (std if std > 0 else 1.0) + mean).to(device=source.device, dtype=source.dtype)
-        low = int(source.min()) if source.numel() else 0
-        high = int(source.max()) if source.numel() else 0
-        return torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64).to(
-            device=source.device, dtype=source.dtype)
+        tensor, _ = random_like(value, draw, shape=(batch_size, *value.shape[1:]))
+        return tensor.to(value.device)
 
     new_args, new_kwargs = pytree.tree_map(resize, (tuple(args), dict(kwargs)))
     return tuple(new_args), dict(new_kwargs)
@@ -387,13 +370,13 @@ def draw_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> str:
 
     Example::
 
-        report = cap.profile(batch_sizes=[1, 8, 64])
+        report = modulelens.profile(cap, batch_sizes=[1, 8, 64])
         draw_plot(report.batch_sweep, "sweep.png", report.ref)
     """
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ModulelensError("plotting needs matplotlib: pip install 'modulelens[plot]'") from None
+        raise MissingDependencyError("plotting needs matplotlib: pip install 'modulelens[plot]'") from None
 
     ok = [r for r in rows if r.get("median_ms") is not None]
     if not ok:
@@ -432,39 +415,44 @@ def profile(
     dtype: torch.dtype | None = None,
     backward: bool = False,
     compile: bool | str = False,
-    warmup: int = 5,
-    iters: int | None = None,
-    target_seconds: float = 1.0,
-    profiler_iters: int = 3,
-    top: int = 15,
-    trace: str | Path | None = None,
+    timing: TimingConfig = TimingConfig(),
     batch_sizes: Sequence[int] | None = None,
     plot: str | Path | None = None,
+    trace: str | Path | None = None,
+    top: int = 15,
     store: bool = True,
 ) -> ProfileReport:
     """Profile recorded call ``call`` (a position in ``capture.calls``) of the captured module.
 
-    ``backward`` times forward+backward; ``compile`` wraps the module in ``torch.compile`` (``True``
-    for inductor, or a backend name); ``iters=None`` times for about ``target_seconds``;
-    ``batch_sizes`` adds a sweep on synthetic inputs (``plot`` draws it as a PNG); ``trace`` writes
-    a Chrome trace of ``profiler_iters`` iterations. With ``store`` the report is kept with the
-    capture's version (``modulelens show`` lists it).
+    Args:
+        capture: a loaded capture (``modulelens.load(ref, device=..., dtype=...)``).
+        call: which recorded call's inputs to run (negative counts from the end).
+        device, dtype: where to run (default: the capture's).
+        backward: time forward+backward instead of forward under ``no_grad``.
+        compile: wrap the module in ``torch.compile`` (``True`` for inductor, or a backend name).
+        timing: warm-up and iteration counts (``iters=None`` times for about ``target_seconds``).
+        batch_sizes: also sweep these batch sizes on synthetic inputs of the recorded shapes.
+        plot: draw the sweep as a PNG here (needs ``batch_sizes``).
+        trace: write a Chrome trace of a few profiled iterations here.
+        top: how many operators the top-ops table keeps.
+        store: keep the report with the capture's version (``modulelens show`` lists it).
+
+    Returns:
+        A :class:`ProfileReport`.
+
+    Raises:
+        ToolError: no such call, the call did not finish in the job, CUDA asked for but absent,
+            a plot without batch sizes.
+        MissingDependencyError: a plot without matplotlib installed.
 
     Example::
 
         cap = modulelens.load("ranker/mlp:v2")
-        report = cap.profile(backward=True, batch_sizes=[1, 8, 64], plot="mlp.png")
+        report = modulelens.profile(cap, backward=True, batch_sizes=[1, 8, 64], plot="mlp.png")
         print(report.latency["median_ms"], report.flops["total"])
     """
-    if not capture.calls:
-        raise ToolError(f"{capture.ref} has no recorded calls to profile")
-    if not -len(capture.calls) <= call < len(capture.calls):
-        raise ToolError(f"{capture.ref} has {len(capture.calls)} recorded call(s); there is no call {call}")
-    if plot is not None and not batch_sizes:
-        raise ToolError("a plot needs batch sizes to sweep (batch_sizes=[1, 8, 64] / --batch-sizes 1,8,64)")
+    _check_request(capture, call, plot, batch_sizes)
     recorded = capture.calls[call]
-    if not recorded.finished:
-        raise ToolError(f"{capture.ref} call {recorded.index} did not finish in the original job; pick another call")
     run_on = run_device(capture, device)
     if run_on.type == "cuda" and not torch.cuda.is_available():
         raise ToolError("CUDA is not available on this machine")
@@ -473,42 +461,24 @@ def profile(
                             private=recorded.training and has_buffers(capture.module))
     module.train(recorded.training)
     args, kwargs = recorded.fresh_inputs(run_on, dtype)
-    notes: list[str] = list(capture.notes)
     backend = None if compile is False else ("inductor" if compile is True else str(compile))
     fn: Callable[..., Any] = torch.compile(module, backend=backend) if backend else module
-
     workload = _workload(fn, module, recorded, args, kwargs, run_on, backward)
-    compile_seconds = None
-    with workload.context():
-        if backend:
-            start = time.perf_counter()
-            if workload.before_each is not None:
-                workload.before_each()
-            workload.step()
-            if run_on.type == "cuda":
-                torch.cuda.synchronize(run_on)
-            compile_seconds = time.perf_counter() - start
-        timing = time_iterations(workload.step, run_on, warmup=warmup, iters=iters, target_seconds=target_seconds,
-                                 before_each=workload.before_each)
-    top_ops, memory = _profiler_pass(workload, run_on, max(profiler_iters, 1), str(trace) if trace else None, top)
-    if run_on.type == "cuda":
-        memory = _cuda_memory(workload, run_on)
+
+    measured = _measure(workload, run_on, timing, compiled=backend is not None, trace=trace, top=top)
     eager = workload if not backend else _workload(module, module, recorded, args, kwargs, run_on, backward)
     flops, moved = _count_flops(eager)
+    notes: list[str] = list(capture.notes)
     if backend:
         notes.append("FLOPs and bytes are counted on the eager module (what the compiled graph computes, "
                      "before fusion)")
     if flops["uncounted_compute_ops"]:
         notes.append("FLOPs are a lower bound: no formula for " + ", ".join(flops["uncounted_compute_ops"]))
-    seconds = timing.median_ms / 1e3
-    achieved = flops["total"] / seconds if seconds > 0 and flops["total"] else None
-    intensity = flops["total"] / moved["total"] if moved["total"] and flops["total"] else None
-
-    sweep = None
-    plot_path = None
+    seconds = measured.timing.median_ms / 1e3
+    sweep = plot_path = None
     if batch_sizes:
-        sweep = _sweep(fn, module, recorded, args, kwargs, run_on, backward, batch_sizes, warmup, iters,
-                       target_seconds=min(target_seconds, 0.5))
+        sweep_timing = TimingConfig(timing.warmup, timing.iters, min(timing.target_seconds, 0.5))
+        sweep = _sweep(fn, module, recorded, args, kwargs, run_on, backward, batch_sizes, sweep_timing)
         if plot is not None:
             plot_path = draw_plot(sweep, plot, f"{capture.ref} ({'fwd+bwd' if backward else 'fwd'}, {run_on})")
     if backward:
@@ -519,14 +489,56 @@ def profile(
         ref=capture.ref, module_class=capture.module_class, call=call, call_index=recorded.index,
         device=str(run_on), dtype=str(dtype).removeprefix("torch.") if dtype else None,
         mode="forward+backward" if backward else "forward (no_grad)", compiled=backend,
-        batch_size=recorded_batch_size(args, kwargs), latency=timing.to_dict(), memory=memory, flops=flops,
-        bytes_moved=moved, achieved_flops_per_s=achieved, arithmetic_intensity=intensity, top_ops=top_ops,
-        compile_seconds=compile_seconds, trace=str(trace) if trace else None, batch_sweep=sweep, plot=plot_path,
-        environment=environment_facts(run_on), notes=notes,
+        batch_size=recorded_batch_size(args, kwargs), latency=measured.timing.to_dict(), memory=measured.memory,
+        flops=flops, bytes_moved=moved,
+        achieved_flops_per_s=flops["total"] / seconds if seconds > 0 and flops["total"] else None,
+        arithmetic_intensity=flops["total"] / moved["total"] if moved["total"] and flops["total"] else None,
+        top_ops=measured.top_ops, compile_seconds=measured.compile_seconds, trace=str(trace) if trace else None,
+        batch_sweep=sweep, plot=plot_path, environment=environment_facts(run_on), notes=notes,
     )
     if store:
         report.report_path = store_report(capture, "profile", report.to_dict())
     return report
+
+
+def _check_request(capture: Capture, call: int, plot: str | Path | None, batch_sizes: Sequence[int] | None) -> None:
+    if not capture.calls:
+        raise ToolError(f"{capture.ref} has no recorded calls to profile")
+    if not -len(capture.calls) <= call < len(capture.calls):
+        raise ToolError(f"{capture.ref} has {len(capture.calls)} recorded call(s); there is no call {call}")
+    if plot is not None and not batch_sizes:
+        raise ToolError("a plot needs batch sizes to sweep (batch_sizes=[1, 8, 64] / --batch-sizes 1,8,64)")
+    if not capture.calls[call].finished:
+        raise ToolError(f"{capture.ref} call {capture.calls[call].index} did not finish in the original job; "
+                        "pick another call")
+
+
+@dataclass
+class _Measured:
+    timing: Timing
+    memory: dict[str, Any]
+    top_ops: list[dict[str, Any]]
+    compile_seconds: float | None
+
+
+def _measure(workload: _Workload, device: torch.device, timing: TimingConfig, *, compiled: bool,
+             trace: str | Path | None, top: int) -> _Measured:
+    """Latency (after a first, timed compile when ``compiled``), peak memory and the top operators."""
+    compile_seconds = None
+    with workload.context():
+        if compiled:
+            start = time.perf_counter()
+            if workload.before_each is not None:
+                workload.before_each()
+            workload.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            compile_seconds = time.perf_counter() - start
+        timed = time_iterations(workload.step, device, timing, before_each=workload.before_each)
+    top_ops, memory = _profiler_pass(workload, device, _PROFILER_ITERS, str(trace) if trace else None, top)
+    if device.type == "cuda":
+        memory = _cuda_memory(workload, device)
+    return _Measured(timed, memory, top_ops, compile_seconds)
 
 
 def _sweep(
@@ -538,9 +550,7 @@ def _sweep(
     device: torch.device,
     backward: bool,
     batch_sizes: Sequence[int],
-    warmup: int,
-    iters: int | None,
-    target_seconds: float,
+    timing_config: TimingConfig,
 ) -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     rows = []
@@ -554,9 +564,9 @@ def _sweep(
                 lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, (new_args, new_kwargs))
             workload = _workload(fn, module, call, new_args, new_kwargs, device, backward)
             with workload.context():
-                timing: Timing = time_iterations(workload.step, device, warmup=max(2, min(warmup, 5)), iters=iters,
-                                                 target_seconds=target_seconds, min_iters=5,
-                                                 before_each=workload.before_each)
+                config = TimingConfig(max(2, min(timing_config.warmup, 5)), timing_config.iters,
+                                      timing_config.target_seconds, min_iters=5)
+                timing: Timing = time_iterations(workload.step, device, config, before_each=workload.before_each)
             eager = workload
             if fn is not module:
                 eager = _workload(module, module, call, new_args, new_kwargs, device, backward)
@@ -576,3 +586,13 @@ def _sweep(
     for module_param in module.parameters():
         module_param.grad = None
     return rows
+
+
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """Tensor leaves of an output that autograd can differentiate."""
+    return [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """Every tensor leaf of a pytree, in flattening order."""
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]

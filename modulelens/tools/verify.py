@@ -19,23 +19,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.errors import ToolError
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import build_candidate, describe_candidate
-from modulelens.tools.common import (
-    has_buffers,
-    json_safe,
-    load_pristine_state,
-    pristine_state_dict,
-    run_device,
-    store_report,
-    time_iterations,
-    working_module,
-)
+from modulelens.tools.reports import json_safe, store_report
+from modulelens.tools.timing import TimingConfig, time_iterations
+from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture
 
+
+_TIMING = TimingConfig(warmup=3, iters=20)  # per call, for reference and candidate alike
 
 @dataclass
 class CallVerification:
@@ -248,27 +244,44 @@ def verify(
     atol: float | None = None,
     calls: Sequence[int] | None = None,
     load_state: bool | None = None,
-    timing: bool = True,
-    iters: int = 20,
-    warmup: int = 3,
+    timing: TimingConfig | None = _TIMING,
     store: bool = True,
+    mode: str = "recorded",
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
-    ``candidate``: an ``nn.Module`` class, an instance, or a ``"file.py:Class"`` /
-    ``"package.module:Class"`` spec. ``rtol``/``atol`` override the per-dtype tolerances.
-    ``load_state`` (default: yes, unless the candidate was built by ``from_original``) loads the
-    recorded state dict strictly. ``timing`` times reference and candidate (``iters`` iterations
-    each) on the same inputs. Runs on the capture's device and dtype (``load(..., device=...)``).
-    With ``store`` the report is kept with the capture's version.
+    Runs on the capture's device and dtype (``load(..., device=...)``).
+
+    Args:
+        capture: the loaded capture whose recorded calls are the reference.
+        candidate: an ``nn.Module`` class, an instance, or a ``"file.py:Class"`` /
+            ``"package.module:Class"`` spec; built from the recorded constructor arguments, or by
+            its ``from_original(module)`` classmethod when it has one.
+        rtol, atol: override the per-dtype tolerances.
+        calls: positions in ``capture.calls`` to check (default: all).
+        load_state: load each call's recorded state dict strictly (default: yes, unless the
+            candidate was built by ``from_original``).
+        timing: time reference and candidate on the same inputs; ``None`` skips timing.
+        store: keep the report with the capture's version.
+
+    Returns:
+        A :class:`VerifyReport`; ``report.passed`` is the verdict, ``report.failures`` says why not.
+
+    Raises:
+        CandidateError: the candidate cannot be found, imported or built.
+        mode: ``"recorded"`` runs each call in its recorded mode; ``"eval"``/``"train"`` runs every
+            call in that mode instead, and a call recorded in the other mode is then compared with
+            the original module run in that mode on the same inputs.
 
     Example::
 
         cap = modulelens.load("ranker/mlp:golden")
-        report = cap.verify("kernels/fused_mlp.py:FusedMLP", rtol=1e-4)
+        report = modulelens.verify(cap, "kernels/fused_mlp.py:FusedMLP", rtol=1e-4)
         assert report.passed, "\\n".join(report.failures)
         print(f"{report.speedup:.2f}x faster")
     """
+    if mode not in ("recorded", "eval", "train"):
+        raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type
@@ -297,19 +310,19 @@ def verify(
         if call.state_index != current_state or (call.training and has_buffers(module)):
             if built_with == "from_original" and current_state is not None:
                 module, _ = build_candidate(candidate, capture, call.state_index)
-            if load_state:
-                mismatch = load_state_strict(module, pristine_state_dict(capture, call.state_index))
-                if mismatch is not None:
-                    report.state_mismatch = mismatch
-                    report.error = describe_mismatch(mismatch)
-                    report.calls.pop()
-                    break
+            if load_state and not _load_recorded_state(module, capture, call.state_index, report):
+                break
             module.to(device)
             if dtype is not None:
                 module.to(dtype)
             current_state = call.state_index
+        training = call.training if mode == "recorded" else mode == "train"
+        if training != call.training:
+            report.notes.append(f"call {call.index} was recorded in {'training' if call.training else 'eval'} mode "
+                                f"and ran in {mode} mode: compared with the original module run in {mode} mode")
         note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
-                         references if timing else None, iters, warmup)
+                         references if timing is not None else None, timing, training=training,
+                         expected_from=references if training != call.training else None)
         if note:
             report.notes.append(note)
     if cross_device:
@@ -320,39 +333,58 @@ def verify(
     return report
 
 
+def _load_recorded_state(module: torch.nn.Module, capture: Capture, state_index: int, report: VerifyReport) -> bool:
+    """Load recorded state ``state_index`` strictly; on a mismatch, record it as the report's error."""
+    mismatch = load_state_strict(module, capture.fresh_state_dict(state_index))
+    if mismatch is None:
+        return True
+    report.state_mismatch = mismatch
+    report.error = describe_mismatch(mismatch)
+    report.calls.pop()
+    return False
+
+
 def _run_call(
     module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
-    references: _References | None, iters: int, warmup: int,
+    references: _References | None, timing: TimingConfig | None, *, training: bool,
+    expected_from: _References | None = None,
 ) -> str | None:
-    """Run, compare and time one call; returns a note if timing failed."""
+    """Run, compare and time one call in ``training`` mode; returns a note if timing failed.
+
+    ``expected_from`` (when the mode is not the recorded one) supplies the original module, whose
+    run on the same inputs is the expected output instead of the recorded one."""
     before = call.fresh_inputs(device, dtype)
     args, kwargs = call.fresh_inputs(device, dtype)
-    module.train(call.training)
+    want = call.output
+    if expected_from is not None:
+        reference = expected_from.get(call.state_index, training)
+        reference.train(training)
+        with call_context(call, device), torch.no_grad():
+            want = reference(*call.fresh_inputs(device, dtype)[0], **call.fresh_inputs(device, dtype)[1])
+    module.train(training)
     try:
         with call_context(call, device):
             output = module(*args, **kwargs)
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
-    result.leaves = compare(call.output, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
+    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
     result.mutated_inputs = _mutations(before, (args, kwargs))
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
-    result.mean_abs_error, result.mean_rel_error = error_means(call.output, output)
+    result.mean_abs_error, result.mean_rel_error = error_means(want, output)
     result.passed = all(leaf.passed for leaf in result.leaves) and not result.mutated_inputs
     del output
-    if references is None or iters <= 0:
+    if references is None or timing is None:
         return None
-    reference = references.get(call.state_index, call.training)
-    reference.train(call.training)
+    reference = references.get(call.state_index, training)
+    reference.train(training)
     ref_args, ref_kwargs = call.fresh_inputs(device, dtype)
     try:
         with call_context(call, device):
-            result.reference_ms = time_iterations(lambda: reference(*ref_args, **ref_kwargs), device,
-                                                  warmup=warmup, iters=iters).median_ms
-            result.candidate_ms = time_iterations(lambda: module(*args, **kwargs), device,
-                                                  warmup=warmup, iters=iters).median_ms
+            result.reference_ms = time_iterations(lambda: reference(*ref_args, **ref_kwargs), device, timing).median_ms
+            result.candidate_ms = time_iterations(lambda: module(*args, **kwargs), device, timing).median_ms
     except Exception as error:  # timing is a bonus; the verdict stands
         result.reference_ms = result.candidate_ms = None
         return f"timing call {call.index} failed: {type(error).__name__}: {error}"

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import ModulelensError
+from modulelens.errors import UsageError
 
 SKILL_NAME = "modulelens"
 SKILL_DIR = Path(".claude") / "skills" / SKILL_NAME
@@ -91,7 +91,7 @@ def install(
     ``force``)."""
     root = Path(project if project is not None else os.getcwd()).expanduser().absolute()
     if not root.is_dir():
-        raise ModulelensError(f"project directory {root} does not exist")
+        raise UsageError(f"project directory {root} does not exist")
     manifest = _read_manifest(root)
     result = InstallResult(project=str(root), skill_dir=str(root / SKILL_DIR))
     written: dict[str, str] = dict(manifest)

@@ -1,0 +1,61 @@
+"""The one place that turns an error into what a person or an agent sees.
+
+Every interface (the CLI, the MCP server, the IPython magics, the shell) catches exactly
+:data:`KNOWN_ERRORS` and shows :func:`error_message`; anything else (``TypeError``,
+``AttributeError``...) is a bug and keeps its traceback. ``OSError`` is known because a user
+causes it (a candidate file that does not exist, an output folder without write permission) and
+the operating system's message names the path.
+
+Like ``huggingface_hub/cli/_errors.py``'s ``format_known_exception``.
+"""
+
+from __future__ import annotations
+
+from modulelens.errors import ModulelensError, RepoError, UsageError
+
+KNOWN_ERRORS: tuple[type[BaseException], ...] = (ModulelensError, OSError)
+
+
+def as_modulelens_error(error: BaseException) -> ModulelensError:
+    """``error`` as a :class:`ModulelensError` (an ``OSError`` becomes one with a clear message).
+
+    Args:
+        error: an instance of one of :data:`KNOWN_ERRORS`.
+
+    Returns:
+        ``error`` itself when it is a ``ModulelensError``; for an ``OSError``, a
+        :class:`~modulelens.errors.UsageError` (exit 2) when a path the user gave is missing or not
+        accessible, else a :class:`~modulelens.errors.RepoError` (exit 1: disk full, I/O error).
+
+    Raises:
+        TypeError: ``error`` is not a known error (a bug must keep its traceback).
+    """
+    if isinstance(error, ModulelensError):
+        return error
+    if not isinstance(error, OSError):
+        raise TypeError(f"not a user-caused error: {type(error).__name__}") from error
+    where = f"{error.filename}: " if error.filename else ""
+    reason = error.strerror or str(error)
+    if isinstance(error, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
+                          FileExistsError)):
+        converted: ModulelensError = UsageError(f"{where}{reason}")
+    else:
+        converted = RepoError(f"{where}{reason}")
+    converted.__cause__ = error
+    return converted
+
+
+def error_message(error: BaseException) -> str:
+    """One line that says what failed: the error's message, never a traceback.
+
+    Example::
+
+        >>> error_message(FileNotFoundError(2, "No such file or directory", "cand.py"))
+        'cand.py: No such file or directory'
+    """
+    return str(as_modulelens_error(error)).strip() or type(error).__name__
+
+
+def exit_code(error: BaseException) -> int:
+    """The process exit code for a known error (``ModulelensError.exit_code``; see the README)."""
+    return as_modulelens_error(error).exit_code

@@ -1,0 +1,41 @@
+"""How the CLI shows a failure: one red line on stderr (or one JSON error object) and an exit code.
+
+The mapping from an exception to a message and an exit code is shared with the MCP server and the
+IPython magics (:mod:`modulelens.interfaces._errors`); this module only decides how the CLI prints
+it. ``--debug`` re-raises instead, for a traceback.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+
+from modulelens.interfaces._errors import error_message, exit_code
+from modulelens.interfaces.output import emit_json, err_console
+
+
+class DebugState:
+    """``modulelens --debug``: show tracebacks instead of one-line errors (set by the root callback)."""
+
+    enabled = False
+
+
+def report_error(label: str, error: BaseException, as_json: bool) -> typer.Exit:
+    """Print ``error`` for command ``label`` and return the :class:`typer.Exit` to raise.
+
+    Args:
+        label: the command's JSON name (``"ls"``, ``"kernel verify"``).
+        error: one of :data:`modulelens.interfaces._errors.KNOWN_ERRORS`.
+        as_json: print ``{"ok": false, "error": {...}}`` on stdout instead of a line on stderr.
+
+    Returns:
+        ``typer.Exit`` carrying the error's exit code.
+    """
+    code = exit_code(error)
+    message = error_message(error)
+    if as_json:
+        emit_json(label, error_type=type(error).__name__, message=message, exit_code=code)
+    else:
+        # escape(): a message such as "pip install 'modulelens[agents]'" must keep its brackets.
+        err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)

@@ -1,0 +1,260 @@
+"""Core commands: browse (``ls``, ``show``), ``replay``, manage (``alias``, ``rm``, ``gc``), ``run``, ``demo``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from modulelens.errors import UsageError
+from modulelens.format.human import human_bytes
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, YesOpt
+from modulelens.interfaces.output import console, emit, emit_json, err_console
+
+app = typer.Typer()
+
+
+# ------------------------------------------------------------------------------------- browse
+
+
+@command(app, "ls")
+def ls(
+    name: Annotated[str | None, typer.Argument(help="Only this name (or names starting with this prefix/).")] = None,
+    repo: RepoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List captures: name, version, aliases, module class, size."""
+    store = session.open_repo(repo, create=True)
+    rows = [info.to_dict() for info in session.list_versions(store, name)]
+
+    def render(result: list[dict[str, Any]]) -> None:
+        if not result:
+            console.print(f"no captures in {store.root}")
+            return
+        table = Table(title=f"captures in {store.root}")
+        for col in ("ref", "aliases", "module class", "payload", "created"):
+            table.add_column(col)
+        for row in result:
+            table.add_row(row["ref"], ", ".join(row["aliases"]), row["module_class"].rsplit(":", 1)[-1],
+                          human_bytes(row["payload_bytes"]), row["created"])
+        console.print(table)
+
+    emit("ls", as_json, rows, render)
+
+
+@command(app, "show")
+def show(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    repo: RepoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one capture: class, constructor arguments, state, calls, environment, reports."""
+    from modulelens.restore.summary import describe
+
+    store = session.open_repo(repo)
+    name, version = session.resolve(store, ref)
+    result = describe(store, f"{name}:v{version}")
+
+    def render(d: dict[str, Any]) -> None:
+        console.print(f"[bold]{d['ref']}[/bold]  aliases: {', '.join(d['aliases']) or '-'}  stored at {d['path']}")
+        console.print(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
+        if d["construction"]:
+            console.print("constructor: " + json.dumps({"args": d["construction"]["args"], "kwargs": d["construction"]["kwargs"]}))
+        else:
+            console.print(f"constructor: [yellow]not recorded[/yellow] ({d['construction_missing']})")
+        console.print(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
+                      f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
+        table = Table(title="recorded calls")
+        for col in ("call", "mode", "inputs", "outputs"):
+            table.add_column(col)
+        for c in d["calls"]:
+            table.add_row(str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
+                          _leaves_text(c["inputs"]), _leaves_text(c["outputs"]))
+        console.print(table)
+        env = d["environment"]
+        console.print(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
+                      f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
+        for r in d["reports"]:
+            console.print(f"report: {r['kind']} {r['created']} passed={r['passed']}")
+
+    emit("show", as_json, result, render)
+
+
+def _leaves_text(leaves: list[dict[str, Any]]) -> str:
+    parts = []
+    for leaf in leaves:
+        if leaf["kind"] == "tensor":
+            parts.append(f"{leaf['dtype']}{leaf['shape']}")
+        elif leaf["kind"] == "unrecorded":
+            parts.append(f"<unrecorded {leaf['type']}>")
+        else:
+            parts.append(repr(leaf["value"])[:20])
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------- replay
+
+
+@command(app, "replay")
+def replay_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    repo: RepoOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    report = capture.replay(rtol=rtol, atol=atol)
+    styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
+
+    def render(r: Any) -> None:
+        style = styles[r.status]
+        console.print(f"[{style}]{r.status}[/{style}] replay of {r.ref} on {r.device} ({r.mode})")
+        table = Table()
+        for col in ("call", "result", "max abs err", "max rel err", "time", "detail"):
+            table.add_column(col)
+        for c in r.calls:
+            abs_err = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
+            rel_err = max((leaf.max_rel_error for leaf in c.all_leaves), default=0.0)
+            if c.error or c.worst:
+                detail = c.error or f"{c.worst.path}: {c.worst.message}"
+            elif c.not_compared:
+                detail = f"not compared: {', '.join(leaf.path for leaf in c.not_compared)} ({c.not_compared[0].message})"
+            else:
+                detail = f"{len(c.all_leaves)} leaves match"
+            table.add_row(str(c.index), f"[{styles[c.status]}]{c.status}[/{styles[c.status]}]", f"{abs_err:.3g}",
+                          f"{rel_err:.3g}", f"{c.seconds * 1e3:.2f} ms", detail)
+        console.print(table)
+        for note in r.notes:
+            console.print(f"note: {note}")
+
+    emit("replay", as_json, report.to_dict() if as_json else report, render)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------- manage
+
+
+@command(app, "alias")
+def alias_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME:vN (or NAME:alias) to point at; with --delete, NAME")],
+    alias: Annotated[str, typer.Argument(help="Alias name, e.g. golden")],
+    delete: Annotated[bool, typer.Option("--delete", help="Remove the alias instead.")] = False,
+    repo: RepoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Point an alias (movable) at a version, or remove it."""
+    store = session.open_repo(repo)
+    if delete:
+        name = ref.partition(":")[0]
+        store.remove_alias(name, alias)
+        result: dict[str, Any] = {"name": name, "alias": alias, "deleted": True}
+    else:
+        result = {"alias": alias, **store.set_alias(ref, alias).to_dict()}
+    emit("alias", as_json, result, lambda r: console.print(
+        f"removed alias {alias} of {r['name']}" if delete else f"{r['name']}:{alias} -> {r['ref']}"))
+
+
+@command(app, "rm")
+def rm_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME:vN or NAME:alias (one version) or NAME (all versions)")],
+    repo: RepoOpt = None,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove a version (or every version of a name). Payloads are freed by `gc`. Asks before removing an aliased version."""
+    store = session.open_repo(repo)
+    aliased = session.aliased_versions(store, ref)
+    if aliased and not yes:
+        what = "; ".join(f"{v} is {', '.join(a)}" for v, a in aliased.items())
+        if as_json or not session.interactive():
+            raise UsageError(f"not removed: {what}; pass --yes to remove it anyway")
+        if not typer.confirm(f"{what}. Remove?", default=False, err=True):
+            raise UsageError("not removed")
+    removed = store.remove(ref)
+    emit("rm", as_json, {"removed": removed}, lambda r: console.print("removed " + ", ".join(r["removed"])))
+
+
+@command(app, "gc")
+def gc_cmd(
+    repo: RepoOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be removed.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete payloads that no version references."""
+    report = session.open_repo(repo).gc(dry_run=dry_run)
+    emit("gc", as_json, report.to_dict(), lambda r: console.print(
+        f"{'would remove' if dry_run else 'removed'} {r['removed_blobs']} payloads "
+        f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}"))
+
+
+# ------------------------------------------------------------------------------------- capture
+
+
+@command(app, "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run_cmd(
+    ctx: typer.Context,
+    target: Annotated[list[str], typer.Option("--target", "-t", help="Qualified-name glob or class name; repeatable.")],
+    warmup: Annotated[int, typer.Option(help="Calls to skip per target before recording.")] = 0,
+    max_calls: Annotated[int, typer.Option(help="Calls to record per target.")] = 1,
+    exit_after_capture: Annotated[bool, typer.Option(help="End the job once everything is captured and saved.")] = False,
+    repo: RepoOpt = None,
+    name: Annotated[str | None, typer.Option(help="Name prefix (default: the root model's class name).")] = None,
+    ranks: Annotated[str, typer.Option(help="Ranks that record in distributed jobs: '0', '0,1' or 'all'.")] = "0",
+    strict: Annotated[bool, typer.Option(help="Raise on capture problems instead of warning.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a command (after `--`) with capture on, no code change: modulelens run -t mlp -- python train.py."""
+    from modulelens.tracing.runner import RunConfig, run_command
+
+    command_line = list(ctx.args)
+    if command_line and command_line[0] == "--":
+        command_line = command_line[1:]
+    if not command_line:
+        raise UsageError("nothing to run: put the command after --, e.g. modulelens run -t mlp -- python train.py")
+    config = RunConfig(targets=target, warmup=warmup, max_calls=max_calls, exit_after_capture=exit_after_capture,
+                       repo=repo, name=name, ranks=ranks, strict=strict)
+    outcome = run_command(command_line, config, quiet=as_json)
+
+    def render(r: dict[str, Any]) -> None:
+        if r["saved"]:
+            table = Table(title=f"captured into {r['repo']}")
+            table.add_column("ref")
+            table.add_column("module class")
+            table.add_column("calls")
+            for s in r["saved"]:
+                table.add_row(s["ref"], s["module_class"].rsplit(":", 1)[-1], str(s.get("calls", "")))
+            err_console.print(table)
+        for target_pattern in r["missing_targets"]:
+            err_console.print(f"[yellow]warning:[/yellow] target {target_pattern!r} was not captured")
+
+    emit("run", as_json, outcome, render)
+    code = outcome["exit_code"]
+    if code == 0 and not outcome["saved"]:
+        err_console.print("[red]error:[/red] the command finished but no target was captured")
+        code = 3
+    raise typer.Exit(code)
+
+
+@command(app, "demo")
+def demo_cmd(
+    repo: RepoOpt = None,
+    steps: Annotated[int, typer.Option(help="Training steps to run.")] = 30,
+    as_json: JsonOpt = False,
+) -> None:
+    """The main job: train a small recommendation model under capture, then reload and replay in a fresh process."""
+    from modulelens.demo.run import run_demo
+
+    result = run_demo(repo=repo, steps=steps, quiet=as_json)
+    if as_json:
+        emit_json("demo", result=result)
+    if not result["replay"]["passed"]:
+        raise typer.Exit(1)

@@ -1,0 +1,322 @@
+"""Kernel commands: ``modulelens export --format kernelbench`` and ``modulelens kernel verify|agent``.
+
+``app`` holds the top-level ``export``; ``kernel_app`` is the ``kernel`` group (both assembled by ``app.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+
+from modulelens.errors import UsageError
+from modulelens.format.human import human_number as _num
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
+from modulelens.interfaces.output import console, emit, err_console
+from modulelens.interfaces.session import open_repo as _repo
+
+app = typer.Typer()
+
+kernel_app = typer.Typer(
+    name="kernel",
+    help="Custom kernels for a captured module: verify a candidate, run KernelAgent on it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
+    """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
+    return command(kernel_app, name, json_name=f"kernel {name}", **settings)
+
+
+CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]
+MaxCallsOpt = Annotated[int, typer.Option("--max-calls", help="Use at most this many recorded calls.")]
+RtolOpt = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance for every float output (default: by dtype).")]
+AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance for every float output (default: by dtype).")]
+
+
+# ------------------------------------------------------------------------------------- export
+
+
+@command(app, "export")
+def export_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Problem folder to write.")],
+    format: Annotated[str, typer.Option("--format", help="Export format (kernelbench: KernelBench/KernelAgent problem).")] = "kernelbench",
+    calls: CallsOpt = None,
+    max_calls: MaxCallsOpt = 8,
+    inline: Annotated[bool, typer.Option("--inline/--no-inline", help="Inline the module's source (default) or import its class.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Replace the problem files of a non-empty folder.")] = False,
+    check: Annotated[bool, typer.Option("--check/--no-check",
+                                        help="Exec problem.py as KernelBench does; compare with the recorded outputs.")] = True,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Put Model in eval or training mode (default: as recorded).")] = None,
+    repo: RepoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a KernelBench/KernelAgent problem folder (problem.py, test, manifest, real data)."""
+    from modulelens.kernels.export import export_kernelbench
+
+    if format != "kernelbench":
+        raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
+    result = export_kernelbench(ref, output, repo=_repo(repo), calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
+                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
+                                mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+    emit("export", as_json, result.to_dict(), _render_export)
+
+
+def _render_export(result: dict[str, Any]) -> None:
+    m = result["manifest"]
+    console.print(f"[bold]{m['capture']['ref']}[/bold] -> {result['directory']}")
+    table = Table(show_header=True)
+    table.add_column("file")
+    table.add_column("hash")
+    for name, digest in m["files"].items():
+        table.add_row(name, digest[:22] + "…")
+    console.print(table)
+    console.print(f"Model: {m['model']['class_expr']} ({m['model']['source']}), "
+                  f"{len(m['calls'])} recorded call(s), forward({', '.join(m['model']['forward_arguments'])})")
+    console.print(f"KernelAgent convention: {m['kernel_function_signature']}")
+    check = m.get("self_check")
+    if check:
+        ok = check.get("reproduces_recorded_outputs")
+        console.print("[green]problem.py reproduces the recorded outputs[/green]" if ok else
+                       f"[red]problem.py does not reproduce the recorded outputs[/red] {check.get('error', '')}")
+    if m["kernelbench_compatible"]:
+        console.print(f"[green]KernelBench compatible[/green] (precision {m['kernelbench_precision']})")
+    else:
+        console.print("[yellow]not KernelBench compatible:[/yellow]")
+        for reason in m["kernelbench_incompatible_reasons"]:
+            console.print(f"  - {reason}", highlight=False)
+    for note in m["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    console.print(f"KernelAgent: {m['commands']['kernelagent']}", highlight=False, soft_wrap=True)
+    console.print(f"verify:      {m['commands']['verify']}", highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------------- verify
+
+
+@kernel_command("verify")
+def kernel_verify_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    candidate: Annotated[Path, typer.Option("--candidate", "-c", help="ModelNew/kernel_function .py file, or KernelAgent's result JSON.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the candidate's process is killed.")] = 300.0,
+    reference_timeout: Annotated[float | None, typer.Option("--reference-timeout",
+                                                            help="Seconds for the reference process (default: max(timeout, 120)).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when available).")] = None,
+    calls: CallsOpt = None,
+    max_calls: MaxCallsOpt = 8,
+    random: Annotated[int, typer.Option("--random", help="Seeded random inputs of the recorded shapes/dtypes.")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up calls before timing (CUDA).")] = 10,
+    trials: Annotated[int, typer.Option("--trials", help="Timed trials per sample (CUDA).")] = 100,
+    entry: Annotated[str, typer.Option("--entry", help="auto, ModelNew or kernel_function.")] = "auto",
+    allow: Annotated[list[str] | None, typer.Option("--allow", help="Static-check rule to downgrade to a warning; repeatable.")] = None,
+    allow_torch_ops: Annotated[bool, typer.Option("--allow-torch-ops",
+                                                  help="Accept heavy ops (matmul/conv/attention) run through PyTorch.")] = False,
+    store: Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture version.")] = True,
+    repo: RepoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
+    from modulelens.kernels.verify import verify_kernel
+
+    report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
+                           device=device, calls=session.parse_int_list(calls, "--calls"),
+                           max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
+                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,
+                           store=store)
+    emit("kernel verify", as_json, report.to_dict(), render_kernel_report)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+def render_kernel_report(d: dict[str, Any]) -> None:
+    """The verification report as rich tables."""
+    style = "green" if d["passed"] else "red"
+    cand = d["candidate"]
+    console.print(f"[{style}]{'PASS' if d['passed'] else 'FAIL'}[/{style}] {cand['entry'] or '?'} ({cand['backend']}) "
+                  f"from {cand['origin']} against {d['ref']} on {d['runtime']['device']}", highlight=False)
+    static = d["static"]
+    if static["errors"] or static["warnings"]:
+        table = Table(title="static check")
+        for col in ("severity", "line", "rule", "message"):
+            table.add_column(col)
+        for f in static["errors"] + static["warnings"]:
+            table.add_row("[red]error[/red]" if f["severity"] == "error" else "[yellow]warning[/yellow]",
+                          str(f["line"]), f["rule"], f["message"])
+        console.print(table)
+    timing = d.get("timing", {})
+    by_sample = {row["sample"]: row for row in timing.get("samples", [])} if timing.get("measured") else {}
+    table = Table(title="samples")
+    columns = ["sample", "kind", "result", "max abs err", "max rel err", "ok at 1e-3"]
+    if by_sample:
+        columns += ["reference ms", "candidate ms", "speedup"]
+    columns.append("detail")
+    for col in columns:
+        table.add_column(col)
+    for s in d["samples"]:
+        result = ("[yellow]skip[/yellow]" if s["passed"] is None else "[green]pass[/green]" if s["passed"] else "[red]FAIL[/red]")
+        detail = s.get("skipped") or (s.get("error") or "").split("\n")[0] or next(
+            (f"{x['path']}: {x.get('message')}" for x in s.get("leaves", []) if not x["passed"]), "") or (
+            f"modified {', '.join(s['mutated_inputs'])}" if s.get("mutated_inputs") else "")
+        row = [s["sample"], s["kind"], result, _num(s.get("max_abs_error")), _num(s.get("max_rel_error")),
+               "-" if s.get("passes_at_1e-3") is None else ("yes" if s["passes_at_1e-3"] else "no")]
+        if by_sample:
+            t = by_sample.get(s["sample"], {})
+            row += [_num((t.get("reference") or {}).get("mean_ms")), _num((t.get("candidate") or {}).get("mean_ms")),
+                    _num(t.get("speedup"))]
+        row.append(detail if len(detail) <= 60 else detail[:57] + "...")
+        table.add_row(*row)
+    console.print(table)
+    for failure in d["failures"]:
+        console.print(f"[red]failure:[/red] {failure}", highlight=False, soft_wrap=True)
+    if timing.get("measured"):
+        console.print(f"speedup (geometric mean over {timing['speedup_samples']} passing samples): "
+                      f"{_num(timing['speedup_geomean'])}  [CUDA events, {timing['trials']} trials, L2 flushed]")
+    else:
+        console.print(f"timing: {timing.get('reason', 'not measured')}", highlight=False)
+    if d.get("review_required"):
+        for reason in d["review_reasons"]:
+            console.print(f"[yellow]review:[/yellow] {reason}", highlight=False)
+    tol = ", ".join(f"{k}: exact" if v["exact"] else f"{k}: rtol={v['rtol']:g} atol={v['atol']:g}"
+                    for k, v in d["tolerances"].items())
+    console.print(f"tolerances: {tol}", highlight=False)
+    for note in d["notes"]:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if d.get("report_path"):
+        console.print(f"report stored: {d['report_path']}", highlight=False)
+
+
+# ------------------------------------------------------------------------------------- agent
+
+
+def kernelagent_available() -> bool:
+    """Whether KernelAgent's ``Fuser`` package can be imported here."""
+    try:
+        return importlib.util.find_spec("Fuser") is not None and importlib.util.find_spec("Fuser.auto_agent") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _agent_json(text: str) -> dict[str, Any] | None:
+    """The result object ``Fuser.auto_agent`` prints last on stdout."""
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, dict) else None
+    except ValueError:
+        pass
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("{"):
+            try:
+                data = json.loads("\n".join(lines[i:]))
+                return data if isinstance(data, dict) else None
+            except ValueError:
+                continue
+    return None
+
+
+@kernel_command("agent", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def agent_cmd(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Problem folder (default: ./kernel-problems/NAME-vN).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the problem files of a non-empty folder.")] = False,
+    run: Annotated[bool, typer.Option("--run/--no-run",
+                                      help="Run KernelAgent when it is installed (default) or only print the commands.")] = True,
+    agent_timeout: Annotated[float, typer.Option("--agent-timeout", help="Seconds before KernelAgent is stopped.")] = 7200.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Verifier timeout for the candidate (seconds).")] = 300.0,
+    calls: CallsOpt = None,
+    repo: RepoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Export the problem, run KernelAgent on it (if installed; extra args after -- go to it), verify and store its kernel."""
+    from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.process import worker_env
+    from modulelens.kernels.verify import verify_kernel
+
+    store = _repo(repo)
+    name, version = store.resolve(ref)
+    directory = output or Path("kernel-problems") / f"{name.replace('/', '__')}-v{version}"
+    exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=session.parse_int_list(calls, "--calls"),
+                                  overwrite=force or (directory / "manifest.json").exists())
+    manifest = exported.manifest
+    extra = [a for a in ctx.args if a != "--"]
+    agent_command = [sys.executable, "-m", "Fuser.auto_agent", "--problem", str(exported.problem),
+                     "--test-paths", str(exported.test), *extra]
+    result: dict[str, Any] = {"problem": exported.to_dict(), "kernelagent_available": kernelagent_available(),
+                              "agent_command": agent_command, "agent": None, "verify": None}
+    verify_hint = f"modulelens kernel verify {manifest['capture']['ref']} --candidate {directory.absolute() / 'agent_result.json'}" + (
+        f" --repo {store.root}" if repo else "")
+    result["commands"] = [
+        "git clone https://github.com/meta-pytorch/KernelAgent && pip install -e KernelAgent   # needs a CUDA/XPU GPU",
+        "export OPENAI_API_KEY=...   # or ANTHROPIC_API_KEY=... (KernelAgent reads .env too)",
+        f"cd {directory.absolute()} && python -m Fuser.auto_agent --problem {exported.problem} "
+        f"--test-paths {exported.test} > agent_result.json",
+        verify_hint,
+    ]
+    if result["kernelagent_available"] and run:
+        if not as_json:
+            err_console.print(f"running KernelAgent on {exported.problem} (this calls an LLM and may take long)…")
+        env = worker_env("cuda", candidate=False)
+        try:
+            completed = subprocess.run(agent_command, cwd=exported.directory, env=env, stdout=subprocess.PIPE,
+                                       stderr=None if not as_json else subprocess.DEVNULL, text=True, timeout=agent_timeout)
+            stdout, returncode = completed.stdout, completed.returncode
+        except subprocess.TimeoutExpired as error:
+            stdout = error.stdout.decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
+            returncode = None
+        (exported.directory / "agent_stdout.txt").write_text(stdout)
+        data = _agent_json(stdout)
+        result["agent"] = {"returncode": returncode, "timed_out": returncode is None,
+                           "success": bool(data and data.get("success")), "route": data.get("route") if data else None,
+                           "result_json": str(exported.directory / "agent_result.json") if data else None}
+        if data is not None:
+            (exported.directory / "agent_result.json").write_text(json.dumps(data, indent=2))
+        if data and data.get("kernel_code"):
+            kernel = exported.directory / "kernel.py"
+            kernel.write_text(data["kernel_code"])
+            result["agent"]["kernel"] = str(kernel)
+            report = verify_kernel(manifest["capture"]["ref"], kernel, repo=store, timeout=timeout)
+            result["verify"] = report.to_dict()
+    emit("kernel agent", as_json, result, _render_agent)
+    verified = result["verify"]
+    if result["agent"] is not None and not (verified and verified["passed"]):
+        raise typer.Exit(1)
+
+
+def _render_agent(result: dict[str, Any]) -> None:
+    _render_export(result["problem"])
+    if result["agent"] is None:
+        why = "KernelAgent (Fuser) is not installed here" if not result["kernelagent_available"] else "--no-run"
+        console.print(f"\n[bold]{why}; run it yourself:[/bold]")
+        for line in result["commands"]:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        return
+    agent = result["agent"]
+    console.print(f"KernelAgent: success={agent['success']} route={agent['route']} exit={agent['returncode']}"
+                  + (" (timed out)" if agent["timed_out"] else ""))
+    if result["verify"] is not None:
+        render_kernel_report(result["verify"])
+    else:
+        console.print("[red]KernelAgent produced no kernel to verify[/red]")
+

@@ -1,0 +1,241 @@
+"""Tool commands: ``profile``, ``verify``, ``diff``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from modulelens.format.human import human_bytes
+from modulelens.format.human import human_number as _num
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt
+from modulelens.interfaces.output import console, emit
+
+app = typer.Typer()
+
+
+# ------------------------------------------------------------------------------------- profile
+
+
+@command(app, "profile")
+def profile_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    repo: RepoOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    call: Annotated[int, typer.Option(help="Which recorded call to run (position in the capture).")] = 0,
+    backward: Annotated[bool, typer.Option("--backward", help="Time forward+backward, not forward only.")] = False,
+    compile_: Annotated[bool, typer.Option("--compile", help="Run under torch.compile.")] = False,
+    compile_backend: Annotated[str, typer.Option(help="torch.compile backend for --compile.")] = "inductor",
+    warmup: Annotated[int, typer.Option(help="Untimed iterations first.")] = 5,
+    iters: Annotated[int | None, typer.Option(help="Timed iterations (default: about one second's worth).")] = None,
+    batch_sizes: Annotated[str | None, typer.Option(
+        help="Sweep the batch dimension on synthetic inputs: 1,8,64.")] = None,
+    plot: Annotated[str | None, typer.Option(
+        help="Write a PNG of latency/throughput vs batch size (needs --batch-sizes).")] = None,
+    trace: Annotated[str | None, typer.Option(help="Write a Chrome trace (chrome://tracing, Perfetto).")] = None,
+    top: Annotated[int, typer.Option(help="How many top operators to list.")] = 15,
+    store: StoreOpt = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Latency (median/p10/p90), peak memory, FLOPs, bytes, top ops of a captured module; batch sweeps."""
+    from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
+
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    sizes = session.parse_int_list(batch_sizes, "--batch-sizes", positive=True)
+    report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
+                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
+                     top=top, store=store)
+
+    def render(r: dict[str, Any]) -> None:
+        lat = r["latency"]
+        compiled = f", torch.compile({r['compiled']})" if r["compiled"] else ""
+        console.print(f"[bold]profile {r['ref']}[/bold] call {r['call_index']} on {r['device']}"
+                      f"{' ' + r['dtype'] if r['dtype'] else ''} — {r['mode']}{compiled}")
+        table = Table(show_header=False)
+        table.add_column("metric")
+        table.add_column("value")
+        table.add_row("latency", f"median {lat['median_ms']:.4g} ms   p10 {lat['p10_ms']:.4g}   "
+                                 f"p90 {lat['p90_ms']:.4g}   ({lat['iterations']} iterations, {lat['warmup']} warm-up)")
+        if r["compile_seconds"] is not None:
+            table.add_row("first call (compile)", f"{r['compile_seconds']:.2f} s")
+        peak = r["memory"].get("peak_bytes")
+        table.add_row("peak memory", ("-" if peak is None else human_bytes(peak))
+                      + f"   [dim]({r['memory'].get('source', 'see method')})[/dim]")
+        table.add_row("FLOPs", _num(r["flops"]["total"]) + ("   [yellow](lower bound)[/yellow]"
+                                                            if r["flops"]["uncounted_compute_ops"] else ""))
+        table.add_row("bytes moved", human_bytes(r["bytes_moved"]["total"]) + "   [dim](eager, no fusion)[/dim]")
+        table.add_row("achieved", _num(r["achieved_flops_per_s"], "FLOP/s"))
+        table.add_row("arithmetic intensity", _num(r["arithmetic_intensity"], "FLOP/byte"))
+        if r["batch_size"] is not None:
+            table.add_row("recorded batch size", str(r["batch_size"]))
+        console.print(table)
+        if r["flops"]["uncounted_compute_ops"]:
+            console.print("no FLOP formula (not counted): " + ", ".join(r["flops"]["uncounted_compute_ops"]))
+        ops = Table(title="top operators (self time per iteration)")
+        for col in ("operator", "calls/iter", "self ms", "total ms", "%"):
+            ops.add_column(col)
+        for op in r["top_ops"]:
+            ops.add_row(op["name"], f"{op['calls_per_iter']:g}", f"{op['self_ms_per_iter']:.4g}",
+                        f"{op['total_ms_per_iter']:.4g}", f"{op['percent']:.1f}")
+        console.print(ops)
+        if r["batch_sweep"]:
+            sweep = Table(title="batch sweep (synthetic inputs)")
+            for col in ("batch", "median ms", "p10", "p90", "samples/s", "FLOP/s"):
+                sweep.add_column(col)
+            for row in r["batch_sweep"]:
+                if row.get("median_ms") is None:
+                    sweep.add_row(str(row["batch_size"]), f"[red]{row.get('error')}[/red]", "", "", "", "")
+                    continue
+                sweep.add_row(str(row["batch_size"]), f"{row['median_ms']:.4g}", f"{row['p10_ms']:.4g}",
+                              f"{row['p90_ms']:.4g}", _num(row["throughput_per_s"]), _num(row["achieved_flops_per_s"]))
+            console.print(sweep)
+        for label, key in (("plot", "plot"), ("trace", "trace"), ("report", "report_path")):
+            if r.get(key):
+                console.print(f"{label}: {r[key]}")
+        for note in r["notes"]:
+            console.print(f"note: {note}")
+
+    emit("profile", as_json, report.to_dict(), render)
+
+
+# ------------------------------------------------------------------------------------- verify
+
+
+@command(app, "verify")
+def verify_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    candidate: Annotated[str, typer.Option("--candidate", "-c",
+                                           help="path/to/file.py:ClassName or package.module:ClassName")],
+    repo: RepoOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
+    iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
+    timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
+    eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
+                                                   help="Run every call in eval or training mode (default: as recorded).")] = None,
+    store: StoreOpt = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    from modulelens.tools.timing import TimingConfig
+    from modulelens.tools.verify import verify
+
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    report = verify(capture, candidate, rtol=rtol, atol=atol,
+                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
+                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+
+    def render(r: dict[str, Any]) -> None:
+        style = "green" if r["passed"] else "red"
+        tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
+        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {r['candidate']} "
+                      f"(built with {r['built_with']}) against {r['ref']} on {r['device']} ({tolerance})")
+        if r["error"]:
+            console.print(f"[red]{r['error']}[/red]")
+        if r["calls"]:
+            table = Table()
+            for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
+                table.add_column(col)
+            for c in r["calls"]:
+                table.add_row(str(c["index"]), "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
+                              *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error",
+                                                     "reference_ms", "candidate_ms")),
+                              "-" if c["speedup"] is None else f"{c['speedup']:.2f}x")
+            console.print(table)
+        for line in r["failures"]:
+            if line != r["error"]:
+                console.print(f"  [red]✗[/red] {line}", highlight=False)
+        if r["speedup"] is not None:
+            console.print(f"speedup: {r['speedup']:.2f}x (reference median / candidate median)")
+        for note in r["notes"]:
+            console.print(f"note: {note}")
+
+    emit("verify", as_json, report.to_dict(), render)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------- diff
+
+
+@command(app, "diff")
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (the baseline)")],
+    b: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (compared with A)")],
+    repo: RepoOpt = None,
+    device: DeviceOpt = None,
+    outputs: Annotated[bool, typer.Option("--outputs/--no-outputs", help="Replay B's module on A's inputs.")] = True,
+    rtol: Annotated[float | None, typer.Option(help="Relative tolerance for outputs (default: per dtype).")] = None,
+    atol: Annotated[float | None, typer.Option(help="Absolute tolerance for outputs (default: per dtype).")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="List unchanged tensors too.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Differences between two captures: constructor, weights, input statistics, outputs of B on A's inputs."""
+    from modulelens.tools.diff import diff
+
+    first = session.load_capture(a, repo, device=device)
+    second = session.load_capture(b, repo, device=device)
+    report = diff(first, second, device=device, outputs=outputs, rtol=rtol, atol=atol)
+
+    def render(r: dict[str, Any]) -> None:
+        s = r["summary"]
+        console.print(f"[bold]diff {r['a']} -> {r['b']}[/bold]")
+        if s["class_changed"]:
+            console.print(f"class: {r['class_a']} -> {r['class_b']}")
+        if r["constructor"]:
+            table = Table(title="constructor arguments")
+            for col in ("argument", "A", "B"):
+                table.add_column(col)
+            for c in r["constructor"]:
+                table.add_row(c["argument"], c["a"], c["b"])
+            console.print(table)
+        else:
+            console.print("constructor arguments: identical")
+        rows = [t for t in r["tensors"] if show_all or t["status"] != "same"]
+        if rows:
+            table = Table(title="parameters and buffers (first recorded state)")
+            table.add_column("tensor", overflow="fold")
+            for col in ("status", "shape", "max abs diff", "‖a-b‖/‖a‖"):
+                table.add_column(col)
+            for t in rows:
+                shape = str(t["shape_a"] or t["shape_b"])
+                if t["shape_a"] and t["shape_b"] and t["shape_a"] != t["shape_b"]:
+                    shape = f"{t['shape_a']} → {t['shape_b']}"
+                kind = "" if t["kind"] == "parameter" else f" ({t['kind']})"
+                table.add_row(t["name"] + kind, t["status"], shape, _num(t["max_abs_diff"]), _num(t["rel_norm"]))
+            console.print(table)
+        same = sum(t["status"] == "same" for t in r["tensors"])
+        console.print(f"{same}/{s['tensors']} tensors identical")
+        if r["inputs"]:
+            table = Table(title="input statistics (all recorded calls)")
+            for col in ("input", "mean A → B", "std A → B", "min A → B", "max A → B"):
+                table.add_column(col)
+            for row in r["inputs"]:
+                da, db = row["a"] or {}, row["b"] or {}
+                if "mean" not in da and "mean" not in db:
+                    table.add_row(row["leaf"], f"{da.get('values')} → {db.get('values')}", "", "", "")
+                    continue
+                table.add_row(row["leaf"], *(f"{_num(da.get(k))} → {_num(db.get(k))}"
+                                             for k in ("mean", "std", "min", "max")))
+            console.print(table)
+        if r["outputs"]:
+            table = Table(title=f"outputs: {r['b']} run on {r['a']}'s inputs vs {r['a']}'s recorded outputs")
+            for col in ("call", "result", "max abs err", "max rel err", "mean abs err", "detail"):
+                table.add_column(col)
+            for o in r["outputs"]:
+                worst = next((leaf for leaf in o["leaves"] if not leaf["passed"]), None)
+                table.add_row(str(o["index"]), "same" if o["same"] else "[yellow]differs[/yellow]",
+                              _num(o["max_abs_error"]), _num(o["max_rel_error"]), _num(o["mean_abs_error"]),
+                              o["error"] or (f"{worst['path']}: {worst['message']}" if worst else ""))
+            console.print(table)
+        for note in r["notes"]:
+            console.print(f"note: {note}")
+
+    emit("diff", as_json, report.to_dict(), render)

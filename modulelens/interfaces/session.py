@@ -1,0 +1,189 @@
+"""What every interface does first: open a repo, find a ref, load it with a dtype and a device.
+
+The CLI, the MCP server, the IPython magics and the shell all go through these functions, so a
+dtype string, a device that is not there, or a misspelt ref reads the same one-line error
+everywhere. Nothing here imports torch at module level: ``ls`` and ``show`` must start fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING
+
+from modulelens.errors import CaptureNotFoundError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from modulelens.repo.local import Repo, VersionInfo
+    from modulelens.restore.loader import Capture
+
+
+def open_repo(path: str | None = None, *, create: bool = False) -> Repo:
+    """The repo at ``path`` (default: ``$MODULELENS_REPO`` or ``~/.cache/modulelens/repo``).
+
+    Args:
+        path: a repo directory, or ``None`` for the default.
+        create: create an empty repo when there is none (listing an empty default repo is fine;
+            loading from a repo that does not exist is an error).
+
+    Returns:
+        The :class:`~modulelens.repo.local.Repo`.
+
+    Raises:
+        RepoError: ``path`` is not a repo and ``create`` is false, or it cannot be created.
+    """
+    from modulelens.repo.local import Repo
+
+    return Repo(path, create=create)
+
+
+def list_versions(store: Repo, prefix: str | None = None) -> list[VersionInfo]:
+    """Every version of every name equal to ``prefix`` or under ``prefix/`` (all when ``None``).
+
+    Example::
+
+        [v.ref for v in list_versions(open_repo(), "ranker")]   # ['ranker/mlp:v1', 'ranker/mlp:v2']
+    """
+    names = [n for n in store.names() if prefix is None or n == prefix or n.startswith(prefix.rstrip("/") + "/")]
+    return [info for n in names for info in store.list(n)]
+
+
+def resolve(store: Repo, ref: str) -> tuple[str, int]:
+    """``store.resolve(ref)``, with the closest stored names in the error when the name is unknown.
+
+    Raises:
+        CaptureNotFoundError: no such name, version or alias; a misspelt name lists the closest
+            ones (``did you mean: wlm/encoder:v1``).
+    """
+    try:
+        return store.resolve(ref)
+    except CaptureNotFoundError as error:
+        name = ref.partition(":")[0]
+        known = store.names()
+        if name in known:
+            raise
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+        close += [n for n in known if n not in close and (name in n or n.rsplit("/", 1)[-1] in name)][:3 - len(close)]
+        hint = f"; did you mean: {', '.join(close)}?" if close else (
+            f"; stored names: {', '.join(known[:8])}{' ...' if len(known) > 8 else ''}" if known else "")
+        raise CaptureNotFoundError(f"{error}{hint}") from None
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (``None`` stays ``None``).
+
+    Raises:
+        UsageError: an unknown dtype name (the message lists the valid ones).
+    """
+    if name is None:
+        return None
+    from modulelens.errors import UnsupportedValueError
+    from modulelens.format.tensors import dtype_from_name, dtype_names
+
+    try:
+        return dtype_from_name(name.removeprefix("torch."))
+    except UnsupportedValueError:
+        raise UsageError(f"unknown dtype {name!r} (one of: {', '.join(dtype_names())})") from None
+
+
+def parse_int_list(text: str | None, option: str, *, positive: bool = False) -> list[int] | None:
+    """``"0,2,3"`` -> ``[0, 2, 3]`` (``None`` for an empty value), for ``--calls``/``--batch-sizes``.
+
+    Raises:
+        UsageError: a part is not an integer, or (``positive``) not >= 1.
+    """
+    if not text:
+        return None
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"{option} takes integers separated by commas (0,2 or 1,8,64), not {text!r}") from None
+    if positive and values and min(values) < 1:
+        raise UsageError(f"{option} takes positive integers separated by commas (1,8,64), not {text!r}")
+    return values or None
+
+
+def check_device(device: str | None) -> str | None:
+    """``device`` when this machine has it.
+
+    Raises:
+        UsageError: the device string is invalid, or names an accelerator this machine does not
+            have (``--device cuda`` on a CPU-only machine).
+    """
+    if device is None:
+        return None
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise UsageError(f"invalid device {device!r}: {error}") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {device!r}: CUDA is not available here "
+                             f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif parsed.type not in ("cpu", "meta"):
+        backend = getattr(torch, parsed.type, None)
+        available = getattr(backend, "is_available", None)
+        if available is not None and not available():
+            raise UsageError(f"device {device!r}: {parsed.type} is not available here")
+    return device
+
+
+def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None = None,
+                 dtype: str | None = None) -> Capture:
+    """Load ``ref`` with a dtype given by name and a device checked to exist.
+
+    Args:
+        ref: ``NAME``, ``NAME:vN`` or ``NAME:alias``.
+        repo: a repo directory or an open :class:`~modulelens.repo.local.Repo` (default repo if ``None``).
+        device: move the module and inputs there (``cpu``, ``cuda``, ``cuda:1``).
+        dtype: cast floating weights and inputs (``float32``, ``bfloat16``...).
+
+    Returns:
+        The loaded :class:`~modulelens.restore.loader.Capture`.
+
+    Raises:
+        UsageError: an unknown dtype or a device this machine does not have.
+        CaptureNotFoundError: no such ref (with the closest names).
+        RestoreError, CorruptCaptureError: the capture cannot be rebuilt or read.
+    """
+    from modulelens.repo.local import Repo
+    from modulelens.restore.loader import load
+
+    torch_dtype = parse_dtype(dtype)
+    check_device(device)
+    store = repo if isinstance(repo, Repo) else open_repo(repo)
+    name, version = resolve(store, ref)
+    return load(f"{name}:v{version}", repo=store, device=device, dtype=torch_dtype)
+
+
+def aliased_versions(store: Repo, ref: str) -> dict[str, list[str]]:
+    """The versions ``store.remove(ref)`` would remove that carry aliases (``latest`` aside).
+
+    Returns:
+        ``{"name:vN": ["golden", ...]}``; empty when nothing aliased would go.
+
+    Raises:
+        CaptureNotFoundError: ``ref`` does not exist (with the closest names).
+    """
+    from modulelens.repo.names import LATEST, parse_ref
+
+    parsed = parse_ref(ref)
+    name, version = resolve(store, ref)
+    versions = store.version_numbers(name) if parsed.selector is None else [version]
+    found: dict[str, list[str]] = {}
+    for alias, target in sorted(store.aliases(name).items()):
+        if target in versions and alias != LATEST:
+            found.setdefault(f"{name}:v{target}", []).append(alias)
+    return found
+
+
+def interactive() -> bool:
+    """Whether a person can answer a question (stdin and stderr are terminals)."""
+    import sys
+
+    return sys.stdin.isatty() and sys.stderr.isatty()

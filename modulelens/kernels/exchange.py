@@ -1,0 +1,134 @@
+"""What the kernel verifier's processes pass each other: call arguments as JSON plus tensor files.
+
+Samples cross process boundaries as JSON (``encode_arg``/``decode_arg``; tensors go into a
+safetensors file under a key) and outputs come back flattened (``flatten_output``). The candidate
+worker loads this file by path before any candidate code runs, so it imports torch and the
+standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON atomically (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def error_text(error: BaseException) -> str:
+    """``Type: message`` and the last frames of the traceback, bounded in size."""
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    tail = "".join(lines[-6:]).strip()
+    return f"{type(error).__name__}: {error}"[:500] + ("\n" + tail[-1500:] if tail else "")
+
+
+def encode_arg(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A call argument as JSON; tensors go into ``tensors`` under ``key`` (nested: ``key.i``)."""
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach()
+        return {"t": key}
+    if value is None or isinstance(value, (bool, int, str)):
+        return {"v": value}
+    if isinstance(value, float):
+        return {"v": value} if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.Size):
+        return {"size": list(value)}
+    if type(value) in (list, tuple):
+        return {type(value).__name__: [encode_arg(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]}
+    if type(value) is dict and all(isinstance(k, (str, int)) for k in value):
+        return {"dict": [[k, encode_arg(v, f"{key}.{k}", tensors)] for k, v in value.items()]}
+    raise ValueError(f"argument {key}: a {type(value).__module__}.{type(value).__qualname__} cannot be passed")
+
+
+def decode_arg(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`encode_arg`."""
+    if "t" in data:
+        return tensors[data["t"]]
+    if "v" in data:
+        return data["v"]
+    if "float" in data:
+        return float(data["float"])
+    if "dtype" in data:
+        return getattr(torch, data["dtype"])
+    if "device" in data:
+        return torch.device(data["device"])
+    if "size" in data:
+        return torch.Size(data["size"])
+    if "list" in data:
+        return [decode_arg(v, tensors) for v in data["list"]]
+    if "tuple" in data:
+        return tuple(decode_arg(v, tensors) for v in data["tuple"])
+    if "dict" in data:
+        return {k: decode_arg(v, tensors) for k, v in data["dict"]}
+    raise ValueError(f"unknown argument encoding {data!r}")
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    """A private copy of every tensor in ``tree`` on ``device``."""
+    return pytree.tree_map(
+        lambda v: v.detach().to(device, copy=True) if isinstance(v, torch.Tensor) else v, tree)
+
+
+def flatten_output(output: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """An output tree as ``{"spec", "leaves"}``; tensor leaves are copied to CPU into ``tensors``."""
+    leaves_with_paths, spec = pytree.tree_flatten_with_path(output)
+    leaves = []
+    for n, (key_path, leaf) in enumerate(leaves_with_paths):
+        path = "output" + pytree.keystr(key_path)
+        if isinstance(leaf, torch.Tensor):
+            key = f"{prefix}.out{n}"
+            tensors[key] = leaf.detach().to("cpu").clone()
+            leaves.append({"path": path, "key": key, "type": type(leaf).__name__,
+                           "device": str(leaf.device), "dtype": str(leaf.dtype).removeprefix("torch.")})
+        else:
+            try:
+                json.dumps(leaf)
+                value: Any = leaf
+            except (TypeError, ValueError):
+                value = {"repr": repr(leaf)[:200]}
+            leaves.append({"path": path, "value": value, "type": type(leaf).__name__})
+    return {"spec": str(spec), "leaves": leaves}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Identical shape, dtype and bytes (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8),
+                       b.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8))
+
+
+def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` as a .safetensors file (no pickle), atomically.
+
+    Each tensor is copied to a contiguous CPU tensor of its own: safetensors refuses tensors that
+    share memory (tied weights, several views of one input)."""
+    from safetensors.torch import save_file
+
+    tmp = Path(f"{os.fspath(path)}.tmp{os.getpid()}")
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_tensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Read a .safetensors file into ``{name: tensor}`` (CPU tensors)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))

@@ -1,0 +1,609 @@
+"""``modulelens kernel verify``: check a kernel candidate against a captured module (see docs/kernels.md).
+
+A candidate is a Python file defining ``class ModelNew`` (KernelBench style: same constructor and
+forward arguments as the reference; the captured weights are loaded into it by name) or
+``def kernel_function`` (KernelAgent style: called as ``kernel_function(*forward_args,
+*parameters, *buffers)``), or a KernelAgent ``auto_agent`` result JSON with ``kernel_code``.
+
+Verification:
+
+1. a static AST check rejects known reward hacks (:mod:`modulelens.kernels.static_check`);
+2. a fresh *reference* process rebuilds the module, runs it on up to 8 recorded calls and on 5
+   seeded random inputs of the same shapes and dtypes, and times it on CUDA;
+3. a fresh *candidate* process (killed after ``timeout`` seconds) runs the candidate on clones of
+   the same inputs; it never holds the reference module or an expected output, and imports of
+   modulelens and of the reference's module are blocked there. It checks that inputs are not
+   modified, that outputs are plain tensors on the device, that Triton kernels really launch,
+   that no threads are left running and no timer is replaced, and that two runs agree;
+4. this process compares the outputs: recorded calls against the recorded outputs, random inputs
+   against the reference, with tolerances by output dtype; on CUDA it reports CUDA-event timings
+   (L2 flushed before each trial) and the speedups.
+
+The report is stored with the capture version (``repo.add_report(ref, "kernel", ...)``), so every
+candidate tried on a module is kept as its kernel history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from modulelens.errors import CandidateError, UsageError
+from modulelens.format.tensors import dtype_name, hash_bytes
+from modulelens.kernels.exchange import load_tensors, save_tensors
+from modulelens.kernels.problems import MAX_CALLS, select_calls
+from modulelens.kernels.process import run_isolated, worker_env
+from modulelens.kernels.static_check import ReferenceInfo, check_source
+from modulelens.repo.local import Repo
+from modulelens.restore.compare import compare, default_tolerance, tolerance_table
+from modulelens.restore.loader import Capture, load
+
+SCHEMA = "modulelens.kernel-verify/1"
+DEFAULT_TIMEOUT = 300.0
+REFERENCE_MIN_TIMEOUT = 120.0
+RANDOM_SAMPLES = 5
+SPEEDUP_REVIEW = 10.0
+LOOSE_FP32 = 1e-3
+_SOURCE_LIMIT = 256 * 1024
+# run by path as a plain script (python -P): importing it here would load its helpers for nothing
+_CANDIDATE_WORKER = Path(__file__).absolute().with_name("worker_candidate.py")
+
+
+@dataclass
+class KernelReport:
+    """The result of :func:`verify_kernel`; ``data`` is the JSON report (docs/kernels.md)."""
+
+    data: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.data.get("passed"))
+
+    @property
+    def failures(self) -> list[str]:
+        return list(self.data.get("failures", []))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    def __str__(self) -> str:
+        d = self.data
+        lines = [f"kernel verify {d['ref']} {d['candidate']['path']}: {'PASS' if self.passed else 'FAIL'}"]
+        lines += [f"  failure: {f}" for f in d.get("failures", [])]
+        timing = d.get("timing", {})
+        if timing.get("measured"):
+            lines.append(f"  speedup (geometric mean): {timing.get('speedup_geomean')}")
+        else:
+            lines.append(f"  timing: {timing.get('reason')}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def read_candidate(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """The candidate's source, and where it came from (a .py file, or the ``kernel_code`` of a
+    KernelAgent ``auto_agent`` result JSON)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise CandidateError(f"candidate {file} does not exist")
+    text = file.read_text()
+    if file.suffix == ".json":
+        try:
+            data = json.loads(text[text.index("{"):]) if "{" in text else {}
+        except ValueError as error:
+            raise CandidateError(f"{file}: not a KernelAgent result JSON ({error})") from None
+        code = data.get("kernel_code") if isinstance(data, dict) else None
+        if not code:
+            raise CandidateError(f"{file} has no kernel_code (KernelAgent found no kernel: success="
+                                  f"{data.get('success') if isinstance(data, dict) else None})")
+        return code, f"kernel_code of {file}"
+    return text, str(file)
+
+
+def _output_dtypes(capture: Capture, positions: Sequence[int]) -> list[str]:
+    dtypes = []
+    for position in positions:
+        for leaf in pytree.tree_leaves(capture.calls[position].output):
+            if isinstance(leaf, torch.Tensor):
+                dtypes.append(dtype_name(leaf.dtype))
+    return dtypes
+
+
+def verify_kernel(
+    ref: str | Capture,
+    candidate: str | os.PathLike[str],
+    *,
+    repo: Repo | str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    reference_timeout: float | None = None,
+    device: str | None = None,
+    calls: Sequence[int] | None = None,
+    max_calls: int = MAX_CALLS,
+    random_samples: int = RANDOM_SAMPLES,
+    seed: int = 0,
+    rtol: float | None = None,
+    atol: float | None = None,
+    warmup: int = 10,
+    trials: int = 100,
+    entry: str = "auto",
+    allow: Sequence[str] = (),
+    allow_torch_ops: bool = False,
+    store: bool = True,
+) -> KernelReport:
+    """Verify a kernel candidate file against capture ``ref`` and store the report.
+
+    Args:
+        ref: a capture ref or a loaded :class:`Capture`.
+        candidate: a ``.py`` file (``ModelNew`` or ``kernel_function``) or a KernelAgent result JSON.
+        repo: the repository (default: ``$MODULELENS_REPO`` or the default path).
+        timeout: seconds the candidate's process may run.
+        reference_timeout: seconds for the reference's process (default ``max(timeout, 120)``).
+        device: ``"cuda"``/``"cpu"`` (default: CUDA when available).
+        calls: recorded call positions to use (default: all, up to ``max_calls``).
+        max_calls: the most recorded calls used.
+        random_samples: seeded random inputs added to the recorded calls.
+        seed: seed of the random inputs and of ``ModelNew``'s construction.
+        rtol: overrides the per-dtype relative tolerance for floating outputs.
+        atol: overrides the per-dtype absolute tolerance.
+        warmup: untimed calls before timing (CUDA).
+        trials: timed calls (CUDA).
+        entry: ``"auto"``, ``"ModelNew"`` or ``"kernel_function"``.
+        allow: static-check rules downgraded to warnings.
+        allow_torch_ops: accept a candidate whose forward runs heavy ops (matmul, convolution,
+            attention) through PyTorch (a mixed candidate); by default that fails.
+        store: store the report with the capture version.
+
+    Returns:
+        A :class:`KernelReport` (``passed``, ``failures``, the JSON report in ``data``).
+
+    Raises:
+        ModulelensError: bad options, a missing candidate, or a capture without usable calls.
+
+    Example::
+
+        report = verify_kernel("ranker/top_mlp:v3", "kernel.py")
+        print(report)                  # PASS/FAIL, failures, speedup
+        assert report.passed, report.failures
+    """
+    if entry not in ("auto", "ModelNew", "kernel_function"):
+        raise UsageError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
+    if random_samples < 0 or max_calls < 1 or trials < 1 or warmup < 0 or timeout <= 0:
+        raise UsageError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
+    if isinstance(ref, Capture):
+        capture, store_repo = ref, ref.repo
+    else:
+        store_repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
+        capture = load(ref, repo=store_repo)
+    source, origin = read_candidate(candidate)
+    positions = select_calls(capture, calls, max_calls, same_state=False)
+    output_dtypes = _output_dtypes(capture, positions)
+    static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=allow)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    settings = _Settings(device=device, timeout=timeout, reference_timeout=reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
+                         random_samples=random_samples, seed=seed, warmup=warmup, trials=trials, entry=entry,
+                         allow_torch_ops=allow_torch_ops, backend=static.backend,
+                         candidate_home=Path(candidate).expanduser().absolute().parent)
+    report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings, rtol, atol, max_calls, allow)
+    for finding in static.errors:
+        report["failures"].append(f"static check: {finding.rule} (line {finding.line}): {finding.message}")
+    workdir = Path(tempfile.mkdtemp(prefix="modulelens-kernel-"))
+    try:
+        _run_workers(report, capture, store_repo, positions, workdir, source, settings)
+    finally:
+        if not os.environ.get("MODULELENS_KEEP_KERNEL_WORKDIR"):
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            report["notes"].append(f"work directory kept at {workdir}")
+    report["passed"] = not report["failures"] and report["correctness"].get("passed", False)
+    if store:
+        path = store_repo.add_report(capture.ref, "kernel", report)
+        report["report_path"] = str(path)
+    return KernelReport(report)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How the workers run (validated by :func:`verify_kernel`)."""
+
+    device: str
+    timeout: float
+    reference_timeout: float
+    random_samples: int
+    seed: int
+    warmup: int
+    trials: int
+    entry: str
+    allow_torch_ops: bool
+    backend: str
+    candidate_home: Path | None
+
+    @property
+    def timing_on(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str, origin: str, static: Any,
+                output_dtypes: list[str], settings: _Settings, rtol: float | None, atol: float | None,
+                max_calls: int, allow: Sequence[str]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "kind": "kernel",
+        "ref": capture.ref,
+        "module_class": capture.module_class,
+        "candidate": {"path": str(Path(candidate).expanduser().absolute()), "origin": origin,
+                      "hash": hash_bytes(source.encode()), "entry": None, "backend": static.backend,
+                      "source": source if len(source) <= _SOURCE_LIMIT else None},
+        "passed": False,
+        "failures": [],
+        "notes": [],
+        "static": static.to_dict(),
+        "tolerances": tolerance_table(output_dtypes or ["float32"], rtol, atol),
+        "tolerance_overrides": {"rtol": rtol, "atol": atol},
+        "settings": {"device": settings.device, "timeout_s": settings.timeout,
+                     "reference_timeout_s": settings.reference_timeout, "max_calls": max_calls,
+                     "random_samples": settings.random_samples, "seed": settings.seed, "warmup": settings.warmup,
+                     "trials": settings.trials, "entry": settings.entry, "allow": list(allow),
+                     "allow_torch_ops": settings.allow_torch_ops},
+        "runtime": {"device": settings.device, "triton_interpret": not settings.timing_on},
+        "samples": [],
+        "checks": {},
+        "correctness": {},
+        "timing": {"measured": False},
+        "review_required": False,
+        "review_reasons": [],
+        "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "triton": _triton_version()},
+    }
+
+
+def _triton_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("triton")
+    except Exception:
+        return None
+
+
+def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
+                 source: str, settings: _Settings) -> None:
+    info, expected = _run_reference(report, capture, store_repo, positions, workdir, settings)
+    if info is None:
+        return
+    data_dir, problem_data = _candidate_data(workdir, info)
+    result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
+    _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
+    _runtime_checks(report, result)
+    _torch_ops_check(report, result, settings.allow_torch_ops)
+    if settings.timing_on:
+        _timing(report, info, result)
+    else:
+        report["timing"] = {"measured": False,
+                            "reason": "no CUDA device: correctness only; Triton kernels ran under TRITON_INTERPRET=1 "
+                                      "(CPU interpreter), so timing was not measured"}
+
+
+def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
+                   settings: _Settings) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+    """The reference process: samples and expected outputs (``None`` with a failure when it fails)."""
+    ref_out = workdir / "reference"
+    ref_out.mkdir()
+    spec_path = workdir / "reference-spec.json"
+    spec_path.write_text(json.dumps({
+        "repo": str(store_repo.root), "ref": capture.ref, "calls": positions, "max_calls": len(positions),
+        "random": settings.random_samples, "seed": settings.seed, "device": settings.device,
+        "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
+    run = run_isolated([sys.executable, "-m", "modulelens.kernels.worker_reference", str(spec_path)],
+                       env=worker_env(settings.device, candidate=False), cwd=Path.cwd(),
+                       timeout=settings.reference_timeout, logs=workdir / "reference-logs")
+    report["runtime"]["reference_process"] = {k: v for k, v in run.items() if k != "stdout_tail"}
+    if run["timed_out"] or run["returncode"] != 0 or not (ref_out / "reference.json").exists():
+        why = "timed out" if run["timed_out"] else f"exited with {run['returncode']}"
+        report["failures"].append(f"the reference process {why}: {run['stderr_tail'][-600:].strip()}")
+        report["correctness"] = {"passed": False}
+        return None, {}
+    info = json.loads((ref_out / "reference.json").read_text())
+    expected = load_tensors(ref_out / "expected.safetensors")
+    report["runtime"]["device_name"] = info.get("device_name")
+    report["notes"].extend(info.get("notes", []))
+    return info, expected
+
+
+def _candidate_data(workdir: Path, info: dict[str, Any]) -> tuple[Path, Path]:
+    """Move what the candidate may see (inputs, weights, sample list: never the expected outputs)
+    out of the reference's folder, and write the weights-only folder ``$MODULELENS_PROBLEM_DATA`` names."""
+    ref_out = workdir / "reference"
+    data_dir = workdir / "candidate-data"
+    data_dir.mkdir()
+    shutil.move(str(ref_out / "inputs.safetensors"), data_dir / "inputs.safetensors")
+    shutil.move(str(ref_out / "weights.safetensors"), data_dir / "weights.safetensors")
+    samples = [{k: s[k] for k in ("id", "kind", "state", "training", "args")} | ({"skip": s["skip"]} if s.get("skip") else {})
+               for s in info["samples"]]
+    (data_dir / "samples.json").write_text(json.dumps({
+        "samples": samples, "arg_names": info["arg_names"], "weight_names": info["weight_names"],
+        "init_inputs": info["init_inputs"]}))
+    shutil.rmtree(ref_out)
+    problem_data = workdir / "problem-data"
+    problem_data.mkdir()
+    first_state = info["samples"][0]["state"] if info["samples"] else 0
+    prefix = f"state{first_state}."
+    weights = load_tensors(data_dir / "weights.safetensors")
+    save_tensors(problem_data / "weights.safetensors", {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+    return data_dir, problem_data
+
+
+def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, source: str, data_dir: Path,
+                   problem_data: Path, settings: _Settings) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The candidate process: its result (``candidate.json``) and outputs; failures of the process noted."""
+    failures: list[str] = report["failures"]
+    candidate_dir = workdir / "candidate"
+    candidate_dir.mkdir()
+    (candidate_dir / "kernel.py").write_text(source)
+    cand_out = workdir / "candidate-out"
+    cand_out.mkdir()
+    blocked = ["modulelens"]
+    reference_module = capture.module_class.partition(":")[0]
+    if reference_module and not (reference_module == "torch" or reference_module.startswith("torch.")) \
+            and reference_module != "__main__":
+        blocked.append(reference_module)
+    spec_path = workdir / "candidate-spec.json"
+    spec_path.write_text(json.dumps({
+        "candidate": str(candidate_dir / "kernel.py"), "entry": settings.entry, "data_dir": str(data_dir),
+        "device": settings.device, "blocked_modules": blocked, "seed": settings.seed, "warmup": settings.warmup,
+        "trials": settings.trials, "timing": settings.timing_on, "out_dir": str(cand_out),
+        "count_triton_launches": "triton" in settings.backend}))
+    env = worker_env(settings.device, candidate=True)
+    env["MODULELENS_PROBLEM_DATA"] = str(problem_data)
+    if settings.candidate_home is not None:  # helper modules next to the candidate stay importable
+        env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
+    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
+               str(_CANDIDATE_WORKER), str(spec_path)]
+    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.timeout, logs=workdir / "candidate-logs")
+    report["runtime"]["candidate_process"] = dict(run)
+    progress = _json_or_none(cand_out / "progress.json") or {}
+    result = _json_or_none(cand_out / "candidate.json")
+    if run["timed_out"]:
+        phase = progress.get("phase", "start")
+        where = f"while running {progress['sample']}" if phase == "call" else (
+            f"during {phase}" + (f" of {progress['sample']}" if progress.get("sample") else ""))
+        failures.append(f"the candidate timed out after {settings.timeout:g} s (killed {where})")
+    elif result is None:
+        failures.append(f"the candidate process died (exit {run['returncode']}) during {progress.get('phase', 'start')}: "
+                        f"{run['stderr_tail'][-600:].strip()}")
+    outputs = load_tensors(cand_out / "outputs.safetensors") if (cand_out / "outputs.safetensors").exists() else {}
+    result = result or {"samples": [], "checks": {}}
+    _note_load(report, result)
+    return result, outputs
+
+
+def _note_load(report: dict[str, Any], result: dict[str, Any]) -> None:
+    report["candidate"]["entry"] = result.get("entry")
+    if result.get("load_error"):
+        report["failures"].append(f"the candidate could not be loaded: {result['load_error'].splitlines()[0]}")
+        report["candidate"]["load_error"] = result["load_error"]
+    weights = result.get("weights")
+    if weights:
+        report["checks"]["weights"] = weights
+        if weights.get("missing") or weights.get("mismatched"):
+            report["notes"].append(
+                "ModelNew lacks some captured parameters/buffers (missing: "
+                f"{weights.get('missing', [])[:5]}, mismatched: {weights.get('mismatched', [])[:3]}); "
+                "it must hold the same names and shapes as the reference, or load the weights itself")
+
+
+def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bool) -> None:
+    """Fail a candidate whose forward ran heavy ops through PyTorch (unless ``allow_torch_ops``)."""
+    used: dict[str, int] = {}
+    for record in result.get("samples", []):
+        for name, count in (record.get("torch_heavy_ops") or {}).items():
+            used[name] = used.get(name, 0) + count
+    report["checks"]["torch_heavy_ops"] = used
+    if not used:
+        return
+    ops = ", ".join(f"aten.{name} x{count}" for name, count in sorted(used.items()))
+    if allowed:
+        report["notes"].append(f"the candidate runs heavy ops through PyTorch ({ops}); accepted (allow_torch_ops)")
+    else:
+        report["failures"].append(f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own kernels; "
+                                  "pass --allow-torch-ops (allow_torch_ops=True) to accept a mixed candidate")
+
+
+def _json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _leaves(flat: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[tuple[str, Any]]:
+    return [(leaf["path"], tensors[leaf["key"]] if "key" in leaf else leaf.get("value")) for leaf in flat["leaves"]]
+
+
+def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rtol: float | None,
+                    atol: float | None) -> tuple[list[dict[str, Any]], bool, bool]:
+    """Leaf results, whether all pass, and whether all pass with fp32 at 1e-3."""
+    results = []
+    all_ok = True
+    loose_ok = True
+    if len(want) != len(got):
+        results.append({"path": "output", "passed": False, "kind": "structure",
+                        "message": f"{len(got)} output value(s), expected {len(want)}"})
+        return results, False, False
+    for (path, w), (_, g) in zip(want, got, strict=True):
+        if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and w.dtype != g.dtype:
+            results.append({"path": path, "passed": False, "kind": "tensor", "dtype": dtype_name(w.dtype),
+                            "shape": list(w.shape), "message": f"dtype {dtype_name(g.dtype)} != reference {dtype_name(w.dtype)}"})
+            all_ok = loose_ok = False
+            continue
+        dtype = dtype_name(w.dtype) if isinstance(w, torch.Tensor) else ""
+        base = default_tolerance(w.dtype, "kernel") if isinstance(w, torch.Tensor) else None
+        r = 0.0 if base is None else (base[0] if rtol is None else rtol)
+        a = 0.0 if base is None else (base[1] if atol is None else atol)
+        exact = isinstance(w, torch.Tensor) and base is None
+        leaf = compare(w, g, exact=exact, rtol=r, atol=a)[0]
+        leaf.path = path
+        data = leaf.to_dict()
+        if dtype == "float32" and not leaf.passed and leaf.kind == "tensor" and leaf.mismatched:
+            loose = compare(w, g, exact=False, rtol=max(LOOSE_FP32, r), atol=max(LOOSE_FP32, a))[0]
+            data["passes_at_1e-3"] = loose.passed
+            loose_ok = loose_ok and loose.passed
+        else:
+            data["passes_at_1e-3"] = leaf.passed if dtype == "float32" else None
+            loose_ok = loose_ok and leaf.passed
+        results.append(data)
+        all_ok = all_ok and leaf.passed
+    return results, all_ok, loose_ok
+
+
+def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, Any], expected: dict[str, torch.Tensor],
+                     result: dict[str, Any], outputs: dict[str, torch.Tensor], backend: str) -> None:
+    failures: list[str] = report["failures"]
+    rtol, atol = report["tolerance_overrides"]["rtol"], report["tolerance_overrides"]["atol"]
+    ran = {s["id"]: s for s in result.get("samples", [])}
+    passed_count = compared = 0
+    loose_all = True
+    for sample in info["samples"]:
+        sid = sample["id"]
+        label = f"{sid} ({sample['kind']})"
+        entry: dict[str, Any] = {"sample": sid, "kind": sample["kind"], "call_index": sample["call_index"],
+                                 "randomized": sample.get("randomized", []), "passed": False}
+        report["samples"].append(entry)
+        reference = sample.get("reference", {})
+        if sample.get("skip"):
+            entry["passed"] = None
+            entry["skipped"] = sample["skip"]
+            report["notes"].append(f"{sid} skipped: {sample['skip']}")
+            continue
+        record = ran.get(sid)
+        if record is None:
+            entry["error"] = ("not run: the candidate could not be loaded" if result.get("load_error")
+                              else "not run: the candidate process stopped before it")
+            compared += 1
+            continue
+        compared += 1
+        if record.get("error"):
+            entry["error"] = record["error"]
+            failures.append(f"{label}: the candidate raised {record['error'].splitlines()[0]}")
+            continue
+        got = _leaves(record["output"], outputs)
+        if sample["kind"] == "recorded":
+            want = [("output" + pytree.keystr(kp), leaf) for kp, leaf in
+                    pytree.tree_flatten_with_path(capture.calls[sample["position"]].output)[0]]
+            entry["expected_from"] = "recorded output"
+            if "leaves" in reference:
+                ref_leaves = _leaves(reference, expected)
+                ref_results, ref_ok, _ = _compare_leaves(want, ref_leaves, rtol, atol)
+                entry["reference_vs_recorded"] = {"passed": ref_ok, "max_abs_error": _max_abs(ref_results)}
+                if not ref_ok:
+                    want = ref_leaves
+                    entry["expected_from"] = "reference run (the reference itself does not reproduce the recorded output here)"
+                    report["notes"].append(f"{sid}: the reference does not reproduce the recorded output on this device "
+                                           f"(max abs error {_max_abs(ref_results):.3g}); compared with the reference run")
+        else:
+            want = _leaves(reference, expected)
+            entry["expected_from"] = "reference run"
+        leaves, ok, loose_ok = _compare_leaves(want, got, rtol, atol)
+        entry["leaves"] = leaves
+        entry["max_abs_error"] = _max_abs(leaves)
+        entry["max_rel_error"] = max((float(x.get("max_rel_error", 0) or 0) for x in leaves
+                                      if isinstance(x.get("max_rel_error"), (int, float))), default=0.0)
+        entry["passes_at_1e-3"] = loose_ok
+        entry["seconds"] = record.get("seconds")
+        entry["triton_launches"] = record.get("triton_launches")
+        entry["mutated_inputs"] = record.get("mutated_inputs", [])
+        entry["output_problems"] = record.get("output_problems", [])
+        if record["output"]["spec"] != reference.get("spec", record["output"]["spec"]):
+            entry["note"] = f"output container {record['output']['spec']} differs from the reference's {reference.get('spec')}"
+        problems = []
+        if not ok:
+            bad = next(x for x in leaves if not x["passed"])
+            problems.append(f"{bad['path']}: {bad.get('message') or 'mismatch'}")
+        if entry["mutated_inputs"]:
+            problems.append(f"modified its input(s) in place: {', '.join(entry['mutated_inputs'])}")
+        problems.extend(entry["output_problems"])
+        if "triton" in backend and record.get("triton_launches") == 0:
+            problems.append("no Triton kernel was launched (the result came from somewhere else)")
+        for problem in problems:
+            failures.append(f"{label}: {problem}")
+        entry["passed"] = not problems
+        passed_count += entry["passed"]
+        loose_all = loose_all and loose_ok
+    report["correctness"] = {
+        "passed": compared > 0 and passed_count == compared,
+        "samples": compared, "passed_samples": passed_count,
+        "recorded_samples": sum(1 for s in info["samples"] if s["kind"] == "recorded"),
+        "random_samples": sum(1 for s in info["samples"] if s["kind"] == "random"),
+        "skipped_samples": sum(1 for s in info["samples"] if s.get("skip")),
+        "fp32_passes_at_1e-3": loose_all if "float32" in report["tolerances"] else None,
+    }
+
+
+def _max_abs(leaves: list[dict[str, Any]]) -> float:
+    values = []
+    for leaf in leaves:
+        value = leaf.get("max_abs_error", 0.0)
+        values.append(float(value) if not isinstance(value, str) else math.inf)
+    return max(values, default=0.0)
+
+
+def _runtime_checks(report: dict[str, Any], result: dict[str, Any]) -> None:
+    failures: list[str] = report["failures"]
+    checks = result.get("checks", {})
+    report["checks"].update({k: v for k, v in checks.items()})
+    if checks.get("timers_patched"):
+        where, names = next(iter(checks["timers_patched"].items()))
+        failures.append(f"the candidate replaced timing functions ({', '.join(names)}) during {where}")
+    if checks.get("threads_left_running"):
+        where, names = next(iter(checks["threads_left_running"].items()))
+        failures.append(f"the candidate left threads running after {where}: {', '.join(names)}")
+    determinism = checks.get("determinism")
+    if determinism and determinism.get("error"):
+        failures.append(f"a second run of {determinism['sample']} raised: {determinism['error'].splitlines()[0]}")
+    elif determinism and not determinism.get("identical"):
+        limit = max((t["atol"] for t in report["tolerances"].values()), default=0.0)
+        if determinism["max_abs_diff"] > limit:
+            failures.append(f"two runs of {determinism['sample']} differ by {determinism['max_abs_diff']:.3g} "
+                            "(non-deterministic: uninitialised memory or a race?)")
+        else:
+            report["notes"].append(f"two runs of {determinism['sample']} differ slightly "
+                                   f"({determinism['max_abs_diff']:.3g}, within tolerance)")
+
+
+def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]) -> None:
+    rows = []
+    speedups = []
+    ran = {s["id"]: s for s in result.get("samples", [])}
+    for sample, entry in zip(info["samples"], report["samples"], strict=True):
+        ref_t = sample.get("reference", {}).get("timing")
+        cand_t = ran.get(sample["id"], {}).get("timing")
+        row = {"sample": sample["id"], "reference": ref_t, "candidate": cand_t, "speedup": None}
+        if ref_t and cand_t and cand_t["mean_ms"] > 0:
+            row["speedup"] = ref_t["mean_ms"] / cand_t["mean_ms"]
+            row["speedup_median"] = ref_t["median_ms"] / cand_t["median_ms"] if cand_t["median_ms"] > 0 else None
+            entry["timing"] = row
+            if entry.get("passed"):
+                speedups.append(row["speedup"])
+        rows.append(row)
+    geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+    report["timing"] = {
+        "measured": True, "method": "cuda_event", "l2_flush_bytes": info.get("l2_flush_bytes"),
+        "warmup": report["settings"]["warmup"], "trials": report["settings"]["trials"],
+        "end_event_after_device_synchronize": True, "samples": rows,
+        "speedup_geomean": geomean, "speedup_samples": len(speedups),
+    }
+    flagged = [r for r in rows if r["speedup"] is not None and r["speedup"] > SPEEDUP_REVIEW]
+    if flagged or (geomean is not None and geomean > SPEEDUP_REVIEW):
+        report["review_required"] = True
+        report["review_reasons"].append(
+            f"speedup above {SPEEDUP_REVIEW:g}x on {len(flagged)} sample(s) (geometric mean "
+            f"{geomean if geomean is None else round(geomean, 2)}): check for skipped work before trusting it")

@@ -1,0 +1,195 @@
+"""The timing loop every tool uses: per-iteration latencies, so a distribution comes out.
+
+Timing is measured per iteration so a distribution (median, p10, p90) comes out, not a mean that
+one slow outlier can drag: on CUDA with a pair of CUDA events around each iteration (device time,
+no host sync inside the loop), on the CPU with ``time.perf_counter`` (CPU kernels are synchronous,
+so the wall clock around the call is the kernel time plus Python overhead).
+
+:class:`CudaTimer` is the stricter loop of ``kernel verify``: an L2 flush before each trial and the
+end event recorded after a device-wide synchronize. The kernel candidate worker loads this file by
+path before it runs any candidate code, so it imports nothing from modulelens at module level.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Timing:
+    """Per-iteration latencies of one timed loop, in milliseconds."""
+
+    samples_ms: list[float] = field(default_factory=list)
+    warmup: int = 0
+    method: str = ""
+
+    @property
+    def iterations(self) -> int:
+        return len(self.samples_ms)
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.samples_ms, q)) if self.samples_ms else math.nan
+
+    @property
+    def median_ms(self) -> float:
+        return self.percentile(50)
+
+    def to_dict(self, samples: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "median_ms": self.median_ms,
+            "p10_ms": self.percentile(10),
+            "p90_ms": self.percentile(90),
+            "mean_ms": float(np.mean(self.samples_ms)) if self.samples_ms else math.nan,
+            "min_ms": min(self.samples_ms, default=math.nan),
+            "max_ms": max(self.samples_ms, default=math.nan),
+            "iterations": self.iterations,
+            "warmup": self.warmup,
+            "method": self.method,
+        }
+        if samples:
+            data["samples_ms"] = list(self.samples_ms)
+        from modulelens.tools.reports import json_safe  # lazy: this module imports no modulelens code
+
+        return json_safe(data)
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How long to time: ``warmup`` untimed runs, then ``iters`` timed ones, or (``iters=None``) as
+    many as fill about ``target_seconds``, clamped to ``[min_iters, max_iters]``.
+
+    Example::
+
+        modulelens.profile(cap, timing=TimingConfig(warmup=3, iters=50))
+    """
+
+    warmup: int = 5
+    iters: int | None = None
+    target_seconds: float = 1.0
+    min_iters: int = 10
+    max_iters: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or (self.iters is not None and self.iters < 1) or self.target_seconds <= 0:
+            from modulelens.errors import ToolError  # lazy: this module imports no modulelens code
+
+            raise ToolError(f"timing needs warmup >= 0, iters >= 1 (or None) and target_seconds > 0, got {self}")
+
+
+def time_iterations(
+    step: Callable[[], Any],
+    device: torch.device,
+    config: TimingConfig = TimingConfig(),
+    *,
+    before_each: Callable[[], Any] | None = None,
+) -> Timing:
+    """Time ``step()`` once per iteration after ``warmup`` untimed runs.
+
+    ``config.iters=None`` picks the count from the warm-up speed so the timed loop lasts about
+    ``config.target_seconds``. ``before_each`` runs before every iteration outside the timed region
+    (e.g. clearing gradients).
+
+    Example::
+
+        timing = time_iterations(lambda: model(x), torch.device("cpu"), TimingConfig(warmup=3, iters=50))
+        print(timing.median_ms, timing.percentile(90))
+    """
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    warmup, iters = config.warmup, config.iters
+    start = time.perf_counter()
+    for _ in range(max(warmup, 1)):
+        if before_each is not None:
+            before_each()
+        step()
+    sync()
+    per_iter = (time.perf_counter() - start) / max(warmup, 1)
+    if iters is None:
+        iters = int(min(max(config.target_seconds / max(per_iter, 1e-7), config.min_iters), config.max_iters))
+    iters = max(int(iters), 1)
+    timing = Timing(warmup=max(warmup, 1))
+    if cuda:
+        timing.method = "CUDA events around each iteration"
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for begin, end in events:
+            if before_each is not None:
+                before_each()
+            begin.record()
+            step()
+            end.record()
+        sync()
+        timing.samples_ms = [begin.elapsed_time(end) for begin, end in events]
+    else:
+        timing.method = f"time.perf_counter around each iteration ({device.type}, synchronous)"
+        samples = []
+        clock = time.perf_counter
+        for _ in range(iters):
+            if before_each is not None:
+                before_each()
+            t0 = clock()
+            step()
+            samples.append((clock() - t0) * 1e3)
+        timing.samples_ms = samples
+    return timing
+
+
+class CudaTimer:
+    """CUDA-event timing with an L2 flush before every trial (``kernel verify``).
+
+    The end event is recorded after a device-wide synchronize, so work a candidate queues on
+    other streams is counted (this adds the same few microseconds to reference and candidate).
+    The functions are bound when the timer is built, before any candidate code is imported, so a
+    candidate that replaces ``torch.cuda.synchronize`` later cannot change what is measured.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.event = torch.cuda.Event
+        self.record = torch.cuda.Event.record
+        self.elapsed = torch.cuda.Event.elapsed_time
+        self.synchronize = torch.cuda.synchronize
+        props = torch.cuda.get_device_properties(device)
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (256 << 20)
+        self.flush_buffer = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
+        self.flush_bytes = self.flush_buffer.numel() * 4
+
+    def time(self, fn: Callable[[], Any], warmup: int, trials: int) -> dict[str, Any]:
+        """``warmup`` untimed calls, then ``trials`` timed ones; :func:`timing_stats` of them."""
+        for _ in range(warmup):
+            fn()
+        self.synchronize(self.device)
+        times = []
+        for _ in range(trials):
+            self.flush_buffer.zero_()
+            self.synchronize(self.device)
+            start, end = self.event(enable_timing=True), self.event(enable_timing=True)
+            self.record(start)
+            fn()
+            self.synchronize(self.device)
+            self.record(end)
+            self.synchronize(self.device)
+            times.append(float(self.elapsed(start, end)))
+        return timing_stats(times, warmup)
+
+
+def timing_stats(times_ms: list[float], warmup: int) -> dict[str, Any]:
+    """Mean, median, sample std, min, max (ms) of a list of trial times.
+
+    Example::
+
+        timing_stats([1.0, 2.0, 3.0], warmup=1)["median_ms"]   # 2.0
+    """
+    ordered = sorted(times_ms)
+    n = len(ordered)
+    mean = sum(ordered) / n
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    std = math.sqrt(sum((t - mean) ** 2 for t in ordered) / (n - 1)) if n > 1 else 0.0
+    return {"mean_ms": mean, "median_ms": median, "std_ms": std, "min_ms": ordered[0], "max_ms": ordered[-1],
+            "trials": n, "warmup": warmup}

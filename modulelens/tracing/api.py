@@ -1,0 +1,101 @@
+"""``modulelens.capture``: the public entry point to the tracer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from modulelens.tracing.budget import PayloadPolicy
+from modulelens.tracing.save import save_records
+from modulelens.tracing.tracer import Tracer
+
+
+class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(model, ...)`
+    """Record calls of chosen submodules of ``model`` and save them to a repo.
+
+    ``targets`` are qualified-name globs (``"encoder.layers.*.attn"``) or class names
+    (``"LlamaMLP"``). Per target, ``warmup`` calls are skipped and the next ``max_calls`` are
+    recorded; then the hooks go away and ``on_complete(tracer)`` runs. Leaving the ``with`` block
+    (or calling :meth:`save`) saves whatever was captured as ``<name>/<qualified name>``.
+
+    Fidelity options (docs/fidelity.md): ``backward=True`` also records each recorded call's
+    backward (output gradients in, input and parameter gradients out). ``shape_only_over`` (bytes)
+    stores bigger call tensors shape-only (dtype, shape, statistics; no payload) and ``max_bytes``
+    caps a capture's payload bytes by storing its largest call tensors shape-only; parameters and
+    buffers keep their payload unless ``shape_only_params=True``.
+
+    In a distributed job (torchrun, any ``torch.distributed`` launcher) ``ranks`` says which ranks
+    record: ``[0]`` (default), a list, or ``"all"``; with several recording ranks the names are
+    ``<name>/rank<k>/<qualified name>``. Sharded (DTensor) parameters, inputs and outputs are
+    stored as full tensors, gathered on every rank of their mesh once those ranks agreed within
+    ``sync_timeout`` seconds; otherwise the capture stops incomplete and the job goes on. Call
+    ``capture`` on every rank alike. See docs/distributed.md.
+
+    Example::
+
+        modulelens.track_init()                  # before the model is built
+        model = build_model()
+        with modulelens.capture(model, targets=["mlp", "blocks.*.attn"], name="ranker") as cap:
+            train(model)
+        print([v.ref for v in cap.saved])        # ['ranker/mlp:v1', 'ranker/blocks.0.attn:v1', ...]
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        targets: Sequence[str] | str,
+        *,
+        repo: Any = None,
+        name: str | None = None,
+        warmup: int = 0,
+        max_calls: int = 1,
+        on_complete: Callable[[Tracer], Any] | None = None,
+        strict: bool = False,
+        tags: Iterable[str] = (),
+        metadata: dict[str, Any] | None = None,
+        backward: bool = False,
+        shape_only_over: int | None = None,
+        max_bytes: int | None = None,
+        shape_only_params: bool = False,
+        ranks: Sequence[int] | int | str = (0,),
+        sync_timeout: float = 60.0,
+    ) -> None:
+        self.policy = PayloadPolicy(shape_only_over=shape_only_over, max_bytes=max_bytes,
+                                    shape_only_params=shape_only_params)
+        self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,
+                             on_complete=on_complete, strict=strict, backward=backward, ranks=ranks,
+                             sync_timeout=sync_timeout)
+        self.repo = repo
+        self.name = name
+        self.tags = list(tags)
+        self.metadata = metadata
+        self.saved: list[Any] = []
+        self._saved_once = False
+
+    def __enter__(self) -> capture:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.tracer.stop()
+        if not self._saved_once:
+            self.save()
+
+    @property
+    def complete(self) -> bool:
+        return self.tracer.complete
+
+    @property
+    def records(self) -> dict[str, Any]:
+        return self.tracer.records
+
+    def stop(self) -> None:
+        self.tracer.stop()
+
+    def save(self) -> list[Any]:
+        """Save what was captured so far (each call makes new versions)."""
+        self._saved_once = True
+        self.saved = save_records(self.tracer, self.repo, self.name, tags=self.tags, metadata=self.metadata,
+                                  policy=self.policy)
+        return self.saved

@@ -1,0 +1,97 @@
+"""Which captured tensors are stored shape-only (see docs/fidelity.md, "Shape-only records").
+
+A *unit* is what a payload would hold: a tensor, or the shared storage span behind several views.
+Call tensors (inputs, outputs, gradients) go shape-only when a unit is bigger than
+``shape_only_over`` bytes, and then largest first while the capture exceeds ``max_bytes``.
+Parameters and buffers are needed to rebuild the module, so they only go shape-only with
+``shape_only_params=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from modulelens.errors import UsageError
+from modulelens.format.tree import deep_leaves
+from modulelens.tracing.records import ModuleRecord
+from modulelens.tracing.snapshot import BASE_ATTR
+
+
+@dataclass(frozen=True)
+class PayloadPolicy:
+    shape_only_over: int | None = None  # bytes; a bigger call tensor is stored shape-only
+    max_bytes: int | None = None  # bytes of payload per capture (parameters included)
+    shape_only_params: bool = False  # let parameters/buffers go shape-only too
+
+    def __post_init__(self) -> None:
+        for name in ("shape_only_over", "max_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise UsageError(f"capture({name}=...) must be a number of bytes >= 0, got {value!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.shape_only_over is not None or self.max_bytes is not None
+
+    def settings(self) -> dict[str, Any]:
+        return {"shape_only_over": self.shape_only_over, "max_bytes": self.max_bytes,
+                "shape_only_params": self.shape_only_params}
+
+
+def unit_of(tensor: torch.Tensor) -> torch.Tensor:
+    base = getattr(tensor, BASE_ATTR, None)
+    return tensor if base is None else base
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _units(tensors: Iterable[torch.Tensor]) -> dict[int, torch.Tensor]:
+    return {id(unit_of(t)): unit_of(t) for t in tensors}
+
+
+def call_tensors(record: ModuleRecord) -> list[torch.Tensor]:
+    found = []
+    for call in record.calls:
+        trees: list[Any] = [call.args, call.kwargs, call.output]
+        if call.backward is not None:
+            trees.extend([call.backward.output_grads, call.backward.input_grads, call.backward.param_grads])
+        for tree in trees:
+            found.extend(leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor))
+    return found
+
+
+def state_tensors(record: ModuleRecord) -> list[torch.Tensor]:
+    return [t for s in record.states for t in (*s.parameters.values(), *s.buffers.values())]
+
+
+def plan_shape_only(record: ModuleRecord, policy: PayloadPolicy) -> set[int]:
+    """Ids of the units to store shape-only."""
+    if not policy.active:
+        return set()
+    calls = _units(call_tensors(record))
+    states = _units(state_tensors(record))
+    candidates = dict(calls)
+    if policy.shape_only_params:
+        candidates.update(states)
+    else:
+        for key in states:
+            candidates.pop(key, None)  # a tensor that is also a parameter keeps its payload
+    chosen: set[int] = set()
+    if policy.shape_only_over is not None:
+        chosen = {key for key, unit in candidates.items() if _nbytes(unit) > policy.shape_only_over}
+    if policy.max_bytes is not None:
+        every = {**calls, **states}
+        total = sum(_nbytes(u) for key, u in every.items() if key not in chosen)
+        for key, unit in sorted(candidates.items(), key=lambda item: -_nbytes(item[1])):
+            if total <= policy.max_bytes:
+                break
+            if key not in chosen:
+                chosen.add(key)
+                total -= _nbytes(unit)
+    return chosen

@@ -1,0 +1,213 @@
+"""Turn an in-memory :class:`ModuleRecord` into capture metadata (JSON) plus payloads."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from modulelens.errors import UnsupportedValueError
+from modulelens.format.shape_only import tensor_stats
+from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
+from modulelens.format.tensors import check_storable, dtype_name, tensor_bytes
+from modulelens.format.tree import encode_tree
+from modulelens.format.values import EncodeContext, encode_value
+from modulelens.tracing.budget import PayloadPolicy, plan_shape_only
+from modulelens.tracing.distributed import original_class
+from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
+from modulelens.tracing.snapshot import BASE_ATTR
+from modulelens.tracing.source import collect_sources
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class TensorTable:
+    """Tensors of one capture: each distinct tensor object gets an id.
+
+    Three kinds of entry: a payload (``"payload"``: its content hash, filled in by the repo when it
+    stores the bytes, which are in ``payloads`` under the tensor id; identical contents share one
+    blob); a view into another entry's payload (``"view_of"``, ``"storage_offset"``: views of one
+    storage are stored once); and a shape-only record (``"shape_only": true`` with ``"stats"``, no
+    payload) for the units in ``shape_only`` (ids of tensors or of the shared span behind views).
+    """
+
+    def __init__(self, shape_only: set[int] | None = None) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.payloads: dict[str, memoryview] = {}  # tensor id -> bytes
+        self.shape_only_paths: list[str] = []
+        self._shape_only = shape_only or set()
+        self._ids: dict[int, str] = {}
+        self._keepalive: list[torch.Tensor] = []
+
+    def add(self, tensor: torch.Tensor, path: str) -> str:
+        existing = self._ids.get(id(tensor))
+        if existing is not None:
+            return existing
+        check_storable(tensor, path)
+        base = getattr(tensor, BASE_ATTR, None)
+        entry: dict[str, Any] = {
+            "dtype": dtype_name(tensor.dtype),
+            "shape": list(tensor.shape),
+            "stride": list(tensor.stride()),
+            "device": str(getattr(tensor, "_modulelens_device", tensor.device)),
+        }
+        if id(base if base is not None else tensor) in self._shape_only:
+            entry.update(shape_only=True, stats=tensor_stats(tensor), nbytes=0)
+            self.shape_only_paths.append(path)
+        elif base is not None:
+            entry.update(view_of=self.add(base, f"{path}<storage>"),
+                         storage_offset=tensor.storage_offset() - base.storage_offset(), nbytes=0)
+        tid = f"t{len(self.entries)}"
+        if "nbytes" not in entry:
+            data = tensor_bytes(tensor)
+            self.payloads[tid] = data
+            entry.update(payload=None, nbytes=len(data))  # payload: content hash, set by Repo.save_version
+        self.entries[tid] = entry
+        self._ids[id(tensor)] = tid
+        self._keepalive.append(tensor)
+        return tid
+
+
+class ConstructionTable:
+    """Constructor records of the target and of every module passed to a constructor."""
+
+    def __init__(self, tensors: TensorTable) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.classes: list[type] = []
+        self._tensors = tensors
+        self._ids: dict[int, str] = {}
+
+    def add(self, module: torch.nn.Module, path: str) -> str:
+        existing = self._ids.get(id(module))
+        if existing is not None:
+            return existing
+        record = get_init_record(module)
+        if record is None:
+            raise UnsupportedValueError(
+                f"{path}: {type(module).__qualname__} was built before modulelens.track_init() "
+                "was on, so its constructor arguments are unknown"
+            )
+        cls = original_class(type(module))  # the user's class, not FSDP2's FSDP<Cls>
+        return self.add_record(cls, record.args, record.kwargs, path, key=id(module))
+
+    def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
+        ctx = EncodeContext(add_tensor=self._tensors.add, add_module=self.add)
+        mid = f"m{len(self.entries)}"
+        self._ids[key] = mid
+        self.entries[mid] = {}  # reserve the id (a module cannot contain itself, but stay safe)
+        try:
+            entry = {
+                "class": class_path(cls),
+                "args": [encode_value(a, ctx, f"{path}args[{i}]") for i, a in enumerate(args)],
+                "kwargs": {k: encode_value(v, ctx, f"{path}kwargs[{k!r}]") for k, v in kwargs.items()},
+            }
+        except BaseException:
+            del self.entries[mid]
+            del self._ids[key]
+            raise
+        self.entries[mid] = entry
+        self.classes.append(cls)
+        return mid
+
+
+def encode_record(
+    record: ModuleRecord,
+    *,
+    environment: dict[str, Any],
+    settings: dict[str, Any],
+    tags: list[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    policy: PayloadPolicy | None = None,
+) -> tuple[CaptureMetadata, dict[str, memoryview]]:
+    """Capture metadata and the payloads it references (tensor id -> bytes)."""
+    policy = policy or PayloadPolicy()
+    tensors = TensorTable(plan_shape_only(record, policy))
+    constructions = ConstructionTable(tensors)
+    module_info: dict[str, Any] = {
+        "class": class_path(record.module_class),
+        "qualified_name": record.qualified_name,
+        "construction": None,
+    }
+    if record.construction is None:
+        module_info["construction_missing"] = "the module was built before modulelens.track_init() was on"
+    else:
+        # An unsupported constructor argument is an error naming it; the caller decides whether
+        # to fail (strict) or to save without a constructor record and warn.
+        module_info["construction"] = constructions.add_record(
+            record.module_class, record.construction.args, record.construction.kwargs, "", key=id(record.module)
+        )
+    call_ctx = EncodeContext(add_tensor=tensors.add, lenient=True)
+    calls = [_encode_call(call, call_ctx) for call in record.calls]
+    states = [_encode_state(state, tensors, i) for i, state in enumerate(record.states)]
+    meta: CaptureMetadata = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "name": None,
+        "version": None,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tags": list(tags or []),
+        "metadata": dict(metadata or {}),
+        "module": module_info,
+        "constructions": constructions.entries,
+        "states": states,
+        "calls": calls,
+        "unrecorded": call_ctx.unrecorded,
+        "shape_only": tensors.shape_only_paths,
+        "capture": {**settings, **policy.settings(), "complete": record.complete, "calls_seen": record.seen_calls},
+        "environment": environment,
+        "tensors": tensors.entries,
+    }
+    meta["sources"] = collect_sources(meta, [record.module_class, *constructions.classes])
+    own = meta["sources"].get(record.module_class.__module__)
+    if own is not None:
+        module_info["source"] = {"module": record.module_class.__module__, "file": own["file"], "hash": own["hash"],
+                                 "class_hash": own["classes"].get(record.module_class.__qualname__, {}).get("hash")}
+    return meta, tensors.payloads
+
+
+def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
+    return {
+        "index": call.index,
+        "state": call.state_index,
+        "training": call.training,
+        "grad_enabled": call.grad_enabled,
+        "autocast": call.autocast,
+        "rng": {device: ctx.add_tensor(state, f"rng[{device}]") for device, state in call.rng.items()},
+        "inputs": encode_tree((tuple(call.args), dict(call.kwargs)), ctx, f"call{call.index}.inputs"),
+        "output": encode_tree(call.output, ctx, f"call{call.index}.output") if call.finished else None,
+        "finished": call.finished,
+        "error": call.error,
+        **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),
+        **({"backward_missing": "its backward had not run when the capture was saved"}
+           if call.backward_pending else {}),
+    }
+
+
+def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
+    backward = call.backward
+    assert backward is not None
+    where = f"call{call.index}.backward"
+    return {
+        "output_grads": encode_tree(backward.output_grads, ctx, f"{where}.output_grads"),
+        "input_grads": encode_tree(backward.input_grads, ctx, f"{where}.input_grads"),
+        "param_grads": encode_tree(backward.param_grads, ctx, f"{where}.param_grads"),
+    }
+
+
+def _encode_state(state: StateSnapshot, tensors: TensorTable, index: int) -> dict[str, Any]:
+    ctx = EncodeContext(add_tensor=tensors.add)
+    return {
+        "parameters": {
+            name: {"tensor": tensors.add(t, f"state{index}.{name}"), "requires_grad": state.requires_grad[name]}
+            for name, t in state.parameters.items()
+        },
+        "buffers": {
+            name: {"tensor": tensors.add(t, f"state{index}.{name}"), "persistent": state.persistent[name]}
+            for name, t in state.buffers.items()
+        },
+        "extra_state": {name: encode_value(v, ctx, f"state{index}.{name}") for name, v in state.extra_state.items()},
+    }

@@ -1,0 +1,102 @@
+"""Record the constructor arguments of every ``nn.Module`` built while tracking is on.
+
+``nn.Module.__new__`` is replaced by a function that receives the same arguments as ``__init__``
+and stores them on the new instance. Only the outermost class is seen (a subclass calling
+``super().__init__`` is not recorded twice), no user code changes, and a module copied with
+``copy.deepcopy`` carries its record along (the record lives in the instance ``__dict__``).
+The cost is one extra Python call per construction (see benchmarks/bench_capture.py).
+
+Once installed, the replacement ``__new__`` stays for the life of the process and turning tracking
+off only flips a flag: CPython cannot put ``object.__new__`` back into the slots of subclasses
+that were created or updated meanwhile (they would then reject constructor arguments).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_ATTR = "_modulelens_init"
+_lock = threading.Lock()
+_enabled = False
+_object_new = object.__new__
+
+
+@dataclass(frozen=True)
+class InitRecord:
+    """The positional and keyword arguments a module was constructed with."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+    instance = _object_new(cls)
+    if not _enabled:
+        return instance
+    # A class with its own __new__ may call us with different arguments than __init__ gets:
+    # record nothing rather than something wrong.
+    if cls.__new__ is _recording_new:
+        object.__setattr__(instance, _ATTR, InitRecord(args, kwargs))
+    return instance
+
+
+def is_tracking() -> bool:
+    return _enabled
+
+
+def _set_enabled(on: bool) -> None:
+    global _enabled
+    if on and torch.nn.Module.__dict__.get("__new__") is not _recording_new:
+        torch.nn.Module.__new__ = _recording_new  # type: ignore[method-assign]
+    _enabled = on
+
+
+class track_init:  # noqa: N801 - used like a function: modulelens.track_init()
+    """Turn constructor tracking on (idempotent). Also a context manager that turns it back off
+    on exit if it was this call that turned it on.
+
+    Example::
+
+        modulelens.track_init()            # for the rest of the process
+        with modulelens.track_init():      # or just for a block
+            model = build_model()
+    """
+
+    def __init__(self) -> None:
+        with _lock:
+            self._turned_on = not is_tracking()
+            if self._turned_on:
+                _set_enabled(True)
+        self._active = True
+
+    def __enter__(self) -> track_init:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        with _lock:
+            if not self._active:
+                return
+            self._active = False
+            if self._turned_on:
+                _set_enabled(False)
+
+
+def stop_tracking() -> None:
+    """Turn tracking off regardless of open handles (records already taken stay)."""
+    with _lock:
+        _set_enabled(False)
+
+
+def get_init_record(module: torch.nn.Module) -> InitRecord | None:
+    """The recorded constructor arguments of ``module``, or ``None`` if it was built untracked."""
+    record = module.__dict__.get(_ATTR)
+    if record is not None and type(record) is InitRecord:
+        return record
+    return None

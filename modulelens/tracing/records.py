@@ -1,0 +1,65 @@
+"""In-memory records the tracer fills while the job runs (encoded only when saved)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from modulelens.tracing.init_tracking import InitRecord
+
+
+@dataclass
+class StateSnapshot:
+    """Parameters and buffers of a module at the start of a recorded call (copies)."""
+
+    parameters: dict[str, torch.Tensor]
+    requires_grad: dict[str, bool]
+    buffers: dict[str, torch.Tensor]
+    persistent: dict[str, bool]
+    extra_state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BackwardRecord:
+    """Gradients of one recorded call (``capture(..., backward=True)``), module-local: the
+    gradient that flowed into the outputs, and what the module's own backward made of it."""
+
+    output_grads: Any  # the output's structure, a gradient (or None) per output leaf
+    input_grads: Any  # the (args, kwargs) structure, a gradient (or None) per input leaf
+    param_grads: dict[str, torch.Tensor | None]  # parameter name -> gradient (None: unused)
+
+
+@dataclass
+class CallRecord:
+    """One recorded call: inputs as they were on entry, the output, and the state deciding it."""
+
+    index: int  # the module's call number in the job, warm-up calls included
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state_index: int
+    training: bool
+    grad_enabled: bool
+    rng: dict[str, torch.Tensor] = field(default_factory=dict)
+    autocast: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
+    finished: bool = False
+    error: str | None = None
+    backward: BackwardRecord | None = None
+    backward_pending: bool = False  # forward done, waiting for its backward pass
+
+
+@dataclass
+class ModuleRecord:
+    """Everything captured about one target module."""
+
+    qualified_name: str
+    module_class: type
+    construction: InitRecord | None
+    module: torch.nn.Module | None  # the live module (for nested constructor records); dropped after save
+    calls: list[CallRecord] = field(default_factory=list)
+    states: list[StateSnapshot] = field(default_factory=list)
+    seen_calls: int = 0
+    complete: bool = False
+    failed: str | None = None

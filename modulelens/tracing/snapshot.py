@@ -1,0 +1,133 @@
+"""Copy tensors out of a running job: detached, off the accelerator, safe from later in-place ops.
+
+Copies are memoised by (tensor identity, version counter): a tensor seen twice unchanged (the
+output of one target fed into another, tied weights) is copied once and stays one tensor in the
+capture, while an in-place change bumps the version counter and forces a new copy.
+
+Views of one storage inside one snapshot (``q, k, v = qkv.chunk(3)`` passed to a module) are
+copied as one span of that storage and come back as views of the copy: each carries the span in
+``_modulelens_base`` so the capture stores the bytes once and restores the views sharing storage.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from modulelens.errors import CaptureError
+from modulelens.format.tree import deep_leaves, map_leaves
+
+BASE_ATTR = "_modulelens_base"
+# Share a storage span only when it is at most this many times the bytes of the views in it, so a
+# small slice of a huge activation is never copied with the whole activation.
+_MAX_SPAN_RATIO = 2
+
+
+class Snapshotter:
+    def __init__(self) -> None:
+        self._memo: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        self.pending_device_copies = False
+        # id(DTensor) -> its full tensor, gathered by the tracer on every rank of its mesh before
+        # the snapshot (a gather here, on the recording rank only, would hang the job).
+        self.gathered: dict[int, torch.Tensor] = {}
+
+    def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = (id(tensor), tensor._version)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0]() is tensor:
+            return hit[1]
+        copy = self._copy(tensor)
+        if tensor.device.type != "cpu":
+            copy._modulelens_device = str(tensor.device)  # type: ignore[attr-defined]
+        try:
+            self._memo[key] = (weakref.ref(tensor), copy)
+        except TypeError:  # some tensor subclasses refuse weak references: just don't memoise
+            pass
+        return copy
+
+    def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        source = self.gathered.get(id(tensor), tensor).detach()
+        if type(source) is not torch.Tensor and hasattr(source, "full_tensor"):
+            raise CaptureError("a sharded tensor (DTensor) was not gathered on every rank of its mesh; "
+                                  "not recorded")
+        if source.device.type == "cpu":
+            return source.clone(memory_format=torch.preserve_format)
+        if source.device.type == "meta":
+            return source.clone()
+        pinned = torch.cuda.is_available() and source.device.type == "cuda"
+        target = torch.empty_strided(source.size(), source.stride(), dtype=source.dtype, device="cpu", pin_memory=pinned) \
+            if _is_dense(source) else torch.empty(source.size(), dtype=source.dtype, device="cpu", pin_memory=pinned)
+        target.copy_(source, non_blocking=pinned)
+        self.pending_device_copies |= pinned
+        return target
+
+    def tree(self, tree: Any) -> Any:
+        self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor)])
+        return map_leaves(lambda _path, leaf: self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, tree)
+
+    def _copy_shared_storages(self, tensors: list[torch.Tensor]) -> None:
+        """Copy each storage that several distinct tensors view as one span; memoise the views."""
+        groups: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
+        for tensor in tensors:
+            key = _storage_key(tensor)
+            if key is not None and self._memo.get((id(tensor), tensor._version)) is None:
+                groups.setdefault(key, {})[id(tensor)] = tensor
+        for members in groups.values():
+            views = list(members.values())
+            if len(views) < 2 or len({v.dtype for v in views}) != 1:
+                continue
+            start = min(v.storage_offset() for v in views)
+            end = max(_extent(v) for v in views)
+            if (end - start) > _MAX_SPAN_RATIO * sum(v.numel() for v in views):
+                continue
+            span = self._copy(views[0].detach().as_strided((end - start,), (1,), start))
+            if views[0].device.type != "cpu":
+                span._modulelens_device = str(views[0].device)  # type: ignore[attr-defined]
+            for view in views:
+                copy = span.as_strided(view.shape, view.stride(), view.storage_offset() - start)
+                setattr(copy, BASE_ATTR, span)
+                if view.device.type != "cpu":
+                    copy._modulelens_device = str(view.device)  # type: ignore[attr-defined]
+                try:
+                    self._memo[(id(view), view._version)] = (weakref.ref(view), copy)
+                except TypeError:
+                    pass
+
+    def synchronize(self) -> None:
+        """Wait for non-blocking device-to-host copies before anything reads them."""
+        if self.pending_device_copies:
+            torch.cuda.synchronize()
+            self.pending_device_copies = False
+
+    def clear(self) -> None:
+        self._memo.clear()
+
+    def forget(self, tensors: list[torch.Tensor]) -> None:
+        """Drop the memoised copies of ``tensors``: they were written in a way that kept their
+        version counters (``p.data.add_``), so the next snapshot must copy them again."""
+        for tensor in tensors:
+            self._memo.pop((id(tensor), tensor._version), None)
+
+
+def _is_dense(tensor: torch.Tensor) -> bool:
+    return tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
+    """Identity of a plain dense tensor's storage (``None`` for anything else)."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+        return None
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    try:
+        return str(tensor.device), tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _extent(tensor: torch.Tensor) -> int:
+    """One past the last storage element ``tensor`` reaches."""
+    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    return tensor.storage_offset() + reach + 1

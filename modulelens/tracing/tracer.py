@@ -1,0 +1,537 @@
+"""The tracer: forward hooks on chosen submodules that record real calls, then get out of the way.
+
+Per target it skips ``warmup`` calls, records ``max_calls`` calls (inputs as they were on entry,
+outputs, grad mode, training flag, RNG state, and the parameters/buffers whenever they changed),
+and removes every hook once all targets are done, so the rest of the job pays nothing.
+
+The tracer fails open: an error inside a hook is reported as a warning, that target is dropped
+and the job continues. ``strict=True`` raises instead.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import itertools
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from modulelens.errors import CaptureError, CaptureWarning, UsageError
+from modulelens.tracing.backward import separate_inputs, watch_backward
+from modulelens.tracing.distributed import (
+    RanksSpec,
+    ShardSync,
+    describe_dtensor,
+    dtensor_leaves,
+    full_tensor,
+    is_dtensor,
+    mesh_ranks,
+    normalise_ranks,
+    original_class,
+    rank_and_world,
+    recording_ranks,
+    reorder_hooks,
+    signature,
+)
+from modulelens.tracing.environment import describe_environment
+from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
+from modulelens.tracing.snapshot import Snapshotter
+
+_WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
+_WRAPPER_CLASSES = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+_SESSIONS = itertools.count()  # tracers are numbered alike on every rank (SPMD) to name gather points
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own module under DDP / DataParallel / FSDP1 / ``torch.compile`` wrappers."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        cls_name = type(model).__name__
+        if cls_name in _WRAPPER_CLASSES and isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        elif cls_name == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
+def is_wrapper(module: torch.nn.Module) -> bool:
+    return unwrap_model(module) is not module
+
+
+def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
+    """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
+    the same submodule as the unwrapped one does."""
+    if is_wrapper(model):
+        while pattern.startswith(("module.", "_orig_mod.")):
+            pattern = pattern.partition(".")[2]
+    return normalise_name(pattern)
+
+
+def normalise_name(name: str) -> str:
+    """Drop wrapper segments (``module.``, ``_orig_mod.``) from a qualified module name."""
+    parts = [p for p in name.split(".") if p not in ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")]
+    return ".".join(parts)
+
+
+def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
+    """A target pattern matches a qualified-name glob, a class name, or a full class path (the
+    user's class, also under FSDP2's ``FSDP<Cls>``)."""
+    for cls in (type(module), original_class(type(module))):
+        if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
+            return True
+    return bool(qualified_name) and fnmatch.fnmatchcase(qualified_name, pattern)
+
+
+def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, torch.nn.Module]:
+    """Qualified name -> module for every submodule matching any pattern (wrappers unwrapped)."""
+    found: dict[str, torch.nn.Module] = {}
+    seen_ids: set[int] = set()
+    for raw_name, module in unwrap_model(model).named_modules():
+        name = normalise_name(raw_name)
+        if id(module) in seen_ids or is_wrapper(module):
+            continue  # a compiled/DDP submodule is found again as the module it wraps
+        if any(matches(p, name, module) for p in patterns):
+            found[name] = module
+            seen_ids.add(id(module))
+    return found
+
+
+@dataclass
+class _Pending:
+    call: CallRecord | None  # None on a rank that only takes part in gathers
+    index: int
+    live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
+
+
+def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(hook) if disable is not None else hook
+
+
+class Tracer:
+    """Records calls of target submodules of ``model``; see :func:`modulelens.capture`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        targets: Sequence[str] | str,
+        *,
+        warmup: int = 0,
+        max_calls: int = 1,
+        on_complete: Callable[[Tracer], Any] | None = None,
+        strict: bool = False,
+        backward: bool = False,
+        ranks: RanksSpec = (0,),
+        sync_timeout: float = 60.0,
+    ) -> None:
+        if isinstance(targets, str):
+            targets = [targets]
+        if not targets:
+            raise UsageError("capture needs at least one target pattern")
+        if warmup < 0 or max_calls < 1:
+            raise UsageError("warmup must be >= 0 and max_calls >= 1")
+        self.model = model
+        self.patterns = [normalise_pattern(p, model) for p in targets]
+        self.warmup = warmup
+        self.max_calls = max_calls
+        self.on_complete = on_complete
+        self.strict = strict
+        self.backward = backward
+        self._backward_handles: list[Any] = []
+        self.records: dict[str, ModuleRecord] = {}
+        self.environment = describe_environment()
+        self._snap = Snapshotter()
+        self._handles: dict[str, list[Any]] = {}
+        self._stacks: dict[str, list[_Pending | None]] = {}
+        self._state_keys: dict[str, tuple[Any, ...]] = {}
+        self._lock = threading.RLock()
+        self.finished = False
+        # Distributed jobs (docs/distributed.md): which ranks record, and bounded gathers of DTensors.
+        self.ranks = normalise_ranks(ranks)
+        self.rank, self.world_size = rank_and_world()
+        self._recorders = recording_ranks(self.ranks, self.world_size)
+        self.recording = self.world_size <= 1 or self.rank in self._recorders
+        self.sync_timeout = float(sync_timeout)
+        self._sync = ShardSync(f"{next(_SESSIONS)}-{'|'.join(self.patterns)}", self.sync_timeout)
+        self._participated: dict[str, int] = {}
+        self._incidents: dict[str, list[str]] = {}
+        self._sharding: dict[str, dict[str, dict[str, Any]]] = {}
+        if self.world_size > 1 and not self._recorders:
+            warnings.warn(f"modulelens: ranks={self.ranks} names no rank of a world of {self.world_size}; "
+                          "nothing will be recorded", CaptureWarning, stacklevel=3)
+        modules = find_targets(model, self.patterns)
+        unmatched = [p for p in self.patterns if not any(matches(p, n, m) for n, m in modules.items())]
+        if not modules:
+            raise UsageError(f"no submodule matches the targets {self.patterns}")
+        if unmatched:
+            warnings.warn(f"modulelens: targets {unmatched} match no submodule", CaptureWarning, stacklevel=3)
+        # torch.compile does not guard on module hooks: code compiled before the hooks existed
+        # would never call them. Drop compiled code now (the model recompiles once with the hooks)
+        # and again once the hooks are gone (see stop()).
+        self._compiled = _reset_compiled_code(model)
+        for name, module in modules.items():
+            self._attach(name, module)
+
+    # ------------------------------------------------------------------------------ hooks
+
+    def _attach(self, name: str, module: torch.nn.Module) -> None:
+        self.records[name] = ModuleRecord(
+            qualified_name=name, module_class=original_class(type(module)), construction=get_init_record(module),
+            module=module,
+        )
+        self._stacks[name] = []
+        pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
+        # First among the post-hooks: the output as forward returned it (a DTensor under tensor
+        # parallel, before its output hook turns it into a local shard).
+        post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
+                                            prepend=True)
+        self._handles[name] = [pre, post]
+
+    def _make_pre_hook(self, name: str) -> Callable[..., None]:
+        def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            try:
+                return self._on_enter(name, module, args, kwargs)
+            except Exception as error:  # fail open
+                self._fail(name, error)
+                return None
+        return _eager(pre_hook)
+
+    def _make_post_hook(self, name: str) -> Callable[..., None]:
+        def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            try:
+                self._on_exit(name, module, output)
+            except Exception as error:  # fail open
+                self._fail(name, error)
+        return _eager(post_hook)
+
+    def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Record the call; returns replacement ``(args, kwargs)`` only when capturing its backward."""
+        with self._lock:
+            record = self.records[name]
+            index = record.seen_calls
+            record.seen_calls += 1
+            # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
+            # call would be seen before them, so it is skipped (alike on every rank).
+            reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
+            if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
+                self._stacks[name].append(None)
+                return None
+            gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), module)
+            if isinstance(gathered, str):
+                self._abort(name, index, "inputs", gathered)
+                return None
+            if not self.recording:
+                self._participated[name] = self._participated.get(name, 0) + 1
+                self._stacks[name].append(_Pending(None, index))
+                return None
+            self._snap.gathered = gathered
+            try:
+                call = CallRecord(
+                    index=index,
+                    args=self._snap.tree(tuple(args)),
+                    kwargs=self._snap.tree(dict(kwargs)),
+                    state_index=self._state_index(name, module),
+                    training=module.training,
+                    grad_enabled=torch.is_grad_enabled(),
+                    autocast=_autocast_state(),
+                )
+            finally:
+                self._snap.gathered = {}
+            call.rng = _rng_state(args, kwargs)
+            record.calls.append(call)
+            live = replacement = None
+            if self.backward and call.grad_enabled:
+                replacement = separate_inputs(tuple(args), dict(kwargs))
+                live = replacement if replacement is not None else (tuple(args), dict(kwargs))
+            self._stacks[name].append(_Pending(call, index, live))
+            return replacement
+
+    def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
+        with self._lock:
+            stack = self._stacks[name]
+            pending = stack.pop() if stack else None
+            if pending is None:
+                return
+            raised = sys.exc_info()[1]
+            if output is None and raised is not None:
+                # forward raised (this is the always_call path): drop the call, record a later one
+                if pending.call is not None:
+                    self.records[name].calls.remove(pending.call)
+                else:
+                    self._participated[name] -= 1
+                return
+            record = self.records[name]
+            gathered = self._gather(name, pending.index, "output", output)
+            if isinstance(gathered, str):
+                if pending.call is not None and pending.call in record.calls:
+                    record.calls.remove(pending.call)
+                self._abort(name, pending.index, "output", gathered)
+                return
+            if pending.call is not None:
+                self._snap.gathered = gathered
+                try:
+                    pending.call.output = self._snap.tree(output)
+                finally:
+                    self._snap.gathered = {}
+                pending.call.finished = True
+                if pending.live_inputs is not None:
+                    handle = watch_backward(pending.call, module, pending.live_inputs, output, self._snap,
+                                            functools.partial(self._on_backward, name))
+                    if handle is not None:
+                        self._backward_handles.append(handle)
+            done = all(c.finished for c in record.calls) if self.recording else not stack
+            if self._taken(name) >= self.max_calls and done:
+                self._detach(name)  # forward hooks are done; a backward may still be pending
+                self._check_complete(name)
+
+    def _on_backward(self, name: str, call: CallRecord, error: BaseException | None) -> None:
+        if error is not None:
+            warnings.warn(f"modulelens: backward of {name or '<root>'} call {call.index} not recorded: {error}",
+                          CaptureWarning, stacklevel=2)
+            if self.strict:
+                raise error
+        with self._lock:
+            self._check_complete(name)
+
+    def _check_complete(self, name: str) -> None:
+        record = self.records[name]
+        if name not in self._handles and not any(c.backward_pending for c in record.calls):
+            record.complete = record.complete or (self._taken(name) >= self.max_calls and not record.failed)
+        if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
+            self._finish()
+
+    def _state_index(self, name: str, module: torch.nn.Module) -> int:
+        """Snapshot parameters and buffers when they changed since the last recorded call
+        (optimizer steps bump version counters), else reuse the last snapshot."""
+        params, buffers, key = _live_state(module)
+        record = self.records[name]
+        if record.states and self._state_keys.get(name) == key:
+            return len(record.states) - 1
+        self._snap.forget([t for t in (*params.values(), *buffers.values()) if t is not None])
+        non_persistent = _non_persistent_buffers(module)
+        extra = {}
+        for sub_name, sub in module.named_modules():
+            if type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
+                extra[f"{sub_name}._extra_state" if sub_name else "_extra_state"] = sub.get_extra_state()
+        record.states.append(StateSnapshot(
+            parameters={n: self._snap.tensor(p) for n, p in params.items()},
+            requires_grad={n: p.requires_grad for n, p in params.items()},
+            buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None},
+            persistent={n: n not in non_persistent for n in buffers},
+            extra_state=extra,
+        ))
+        self._state_keys[name] = key
+        return len(record.states) - 1
+
+    def _taken(self, name: str) -> int:
+        """Calls recorded (or, on a rank that does not record, taken part in) so far."""
+        return len(self.records[name].calls) if self.recording else self._participated.get(name, 0)
+
+    def _gather(self, name: str, index: int, phase: str, tree: Any,
+                module: torch.nn.Module | None = None) -> dict[int, torch.Tensor] | str:
+        """Full tensors of the DTensors this call records (inputs or output, and the module's state
+        when it changed), keyed by ``id``: gathered on every rank of their meshes once those ranks
+        agreed to. ``{}`` when nothing is sharded; a reason (str) when the ranks did not agree."""
+        leaves = dtensor_leaves(tree)
+        state_key = None
+        if module is not None:
+            params, buffers, state_key = _live_state(module)
+            if self._state_keys.get(name) != state_key:
+                seen = {id(t) for _, t in leaves}
+                for state_name, tensor in (*params.items(), *buffers.items()):
+                    if is_dtensor(tensor) and id(tensor) not in seen:
+                        seen.add(id(tensor))
+                        leaves.append((f"state:{state_name}", tensor))
+            if not self.recording:  # the recording rank updates it when it snapshots the state
+                self._state_keys[name] = state_key
+        if not leaves:
+            return {}
+        group = sorted({r for _, t in leaves for r in mesh_ranks(t)})
+        if not self._recorders.intersection(group):
+            return {}  # no rank on these meshes records: nobody gathers
+        if len(group) > 1:
+            reason = self._sync.agree(f"{name or '<root>'}/{index}/{phase}", name, group,
+                                      signature(t for _, t in leaves))
+            if reason is not None:
+                return reason
+        if self.recording:
+            notes = self._sharding.setdefault(name, {})
+            for path, tensor in leaves:
+                if path.startswith("state:"):
+                    notes.setdefault("parameters", {})[path[len("state:"):]] = describe_dtensor(tensor)
+                else:
+                    notes.setdefault(phase, {})[f"call{index}.{phase}{path}"] = describe_dtensor(tensor)
+        return {id(t): full_tensor(t) for _, t in leaves}
+
+    def _abort(self, name: str, index: int, phase: str, reason: str) -> None:
+        """The ranks did not agree on a gather: drop the target here (alike on the other ranks)."""
+        message = f"call {index} ({phase}): {reason}"
+        self._incidents.setdefault(name, []).append(message)
+        self._detach(name)
+        self._stacks[name] = []
+        warnings.warn(f"modulelens: rank {self.rank}: capture of {name or '<root>'} stopped incomplete, "
+                      f"the job goes on: {message}", CaptureWarning, stacklevel=2)
+        if not self._handles:
+            self._finish()
+        if self.strict:
+            raise CaptureError(f"capture of {name or '<root>'} is incomplete: {message}")
+
+    def _detach(self, name: str) -> None:
+        for handle in self._handles.pop(name, []):
+            handle.remove()
+
+    def _fail(self, name: str, error: Exception) -> None:
+        if self.world_size > 1:  # the other ranks stop waiting for this one at this target's gathers
+            self._sync.mark_dropped(name, f"{type(error).__name__}: {error}")
+        if self.strict:
+            raise error
+        with self._lock:
+            record = self.records.get(name)
+            if record is not None:
+                record.failed = f"{type(error).__name__}: {error}"
+            self._detach(name)
+            self._stacks[name] = []
+        warnings.warn(f"modulelens: capture of {name or '<root>'} failed and was dropped: {error}", CaptureWarning, stacklevel=2)
+        if not self._handles:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._snap.synchronize()
+        self._snap.clear()
+        self._backward_handles.clear()
+        if self.on_complete is not None:
+            try:
+                self.on_complete(self)
+            except Exception as error:
+                if self.strict:
+                    raise
+                warnings.warn(f"modulelens: on_complete callback failed: {error}", CaptureWarning, stacklevel=2)
+
+    # ------------------------------------------------------------------------------ public
+
+    @property
+    def complete(self) -> bool:
+        return all(r.complete for r in self.records.values())
+
+    @property
+    def active_hooks(self) -> int:
+        return sum(len(h) for h in self._handles.values())
+
+    def stop(self) -> None:
+        """Remove every hook now (captured calls are kept)."""
+        for name in list(self._handles):
+            self._detach(name)
+        for handle in self._backward_handles:
+            handle.remove()
+        self._backward_handles.clear()
+        self._snap.synchronize()
+        self._snap.clear()
+        if self._compiled:
+            self._compiled = not _reset_compiled_code(self.model)
+
+    def synchronize(self) -> None:
+        """Wait for pending device-to-host copies of recorded tensors."""
+        self._snap.synchronize()
+
+    def incidents(self, qualified: str) -> list[str]:
+        """Problems met while recording ``qualified`` (gather timeouts, failed copies...)."""
+        return list(self._incidents.get(qualified, []))
+
+    def sharding(self, qualified: str) -> dict[str, dict[str, Any]]:
+        """How each gathered DTensor of ``qualified`` was sharded in the job."""
+        return self._sharding.get(qualified, {})
+
+
+def _reset_compiled_code(model: torch.nn.Module) -> bool:
+    """Reset torch.compile's caches if ``model`` holds a compiled module; True if it did."""
+    compiled = any(type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+                   for m in (model, *model.modules()))
+    dynamo = sys.modules.get("torch._dynamo")
+    if not compiled or dynamo is None:
+        return False
+    dynamo.reset()
+    return True
+
+
+def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]:
+    """Parameters, buffers and the key that tells whether they changed since the last recorded call.
+
+    Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many
+    hand-written training loops, does not bump ``p._version``), and a snapshot shared by calls
+    that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
+    each tensor's storage address and a fingerprint of its bits (see :func:`_fingerprints`).
+    """
+    params = dict(module.named_parameters(remove_duplicate=False))
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    tensors = [t for t in (*params.values(), *buffers.values()) if t is not None]
+    key = tuple((id(t), t._version, t.data_ptr() if not is_dtensor(t) else 0) for t in tensors)
+    return params, buffers, (key, _fingerprints(tensors))
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """The sum of each tensor's elements read as integers of the same width, in int64.
+
+    Any change of a single element changes it; a change that keeps the integer sum (a permutation
+    of elements, or two edits that cancel exactly) does not. One pass over the weights per
+    recorded call (never during warm-up or after early stop), one device sync per device.
+    DTensors are fingerprinted by their local shard, so no rank waits for another.
+    """
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    order: list[tuple[torch.device, int]] = []
+    for tensor in tensors:
+        local = (tensor.to_local() if is_dtensor(tensor) else tensor).detach()
+        width = _SAME_SIZE_INT.get(local.element_size())
+        if local.device.type == "meta" or local.numel() == 0 or width is None:
+            order.append((torch.device("cpu"), -1))
+            continue
+        on_device = sums.setdefault(local.device, [])
+        order.append((local.device, len(on_device)))
+        on_device.append(local.view(width).sum(dtype=torch.int64))
+    values = {device: torch.stack(found).tolist() for device, found in sums.items()}
+    return tuple(values[device][i] if i >= 0 else 0 for device, i in order)
+
+
+def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
+    names = set()
+    for prefix, sub in module.named_modules():
+        for buffer_name in getattr(sub, "_non_persistent_buffers_set", ()):
+            names.add(f"{prefix}.{buffer_name}" if prefix else buffer_name)
+    return names
+
+
+def _autocast_state() -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                state[device] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+        except (RuntimeError, TypeError, AttributeError):
+            continue
+    return state
+
+
+def _rng_state(args: Any, kwargs: Any) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        devices = {t.device for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
+        for device in devices:
+            state[str(device)] = torch.cuda.get_rng_state(device)
+    return state

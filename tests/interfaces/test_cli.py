@@ -1,0 +1,93 @@
+"""The CLI: every command with --json, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from child_process import PYTHON, subprocess_env
+from modules_for_tests import DictToTuple
+
+import modulelens
+
+
+def cli(*args: str, check_json: bool = True) -> tuple[int, dict | None, str]:
+    result = subprocess.run([PYTHON, "-m", "modulelens", *args], capture_output=True, text=True,
+                            env=subprocess_env(), timeout=180)
+    payload = json.loads(result.stdout) if check_json and "--json" in args else None
+    return result.returncode, payload, result.stderr
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "repo"
+    module = DictToTuple(8)
+    for _ in range(2):
+        with modulelens.capture(module, targets="DictToTuple", repo=path, name="ranker/attn"):
+            module({"q": torch.randn(3, 8), "k": torch.randn(5, 8)})
+    return path
+
+
+def test_ls_and_show_json(populated: Path) -> None:
+    code, out, _ = cli("ls", "--repo", str(populated), "--json")
+    assert code == 0 and out["schema"] == "modulelens.cli/1" and out["ok"]
+    assert [row["ref"] for row in out["result"]] == ["ranker/attn:v1", "ranker/attn:v2"]
+    code, out, _ = cli("show", "ranker/attn:v1", "--repo", str(populated), "--json")
+    shown = out["result"]
+    assert shown["module_class"] == "modules_for_tests:DictToTuple"
+    assert shown["construction"]["args"] == [8]
+    assert shown["calls"][0]["inputs"][0]["shape"] == [3, 8]
+    assert shown["parameter_count"] == 2 * (8 * 8 + 8)
+
+
+def test_show_human_output(populated: Path) -> None:
+    code, _, _ = cli("show", "ranker/attn", "--repo", str(populated))
+    assert code == 0
+
+
+def test_replay_json_and_exit_code(populated: Path) -> None:
+    code, out, _ = cli("replay", "ranker/attn:v2", "--repo", str(populated), "--json")
+    assert code == 0 and out["result"]["passed"] and out["result"]["mode"] == "bit-exact"
+    code, out, _ = cli("replay", "ranker/attn:v2", "--repo", str(populated), "--dtype", "float64", "--json")
+    assert code == 0 and out["result"]["mode"] == "tolerance"
+
+
+def test_alias_rm_gc(populated: Path, tmp_path: Path) -> None:
+    code, out, _ = cli("alias", "ranker/attn:v1", "golden", "--repo", str(populated), "--json")
+    assert code == 0 and out["result"]["ref"] == "ranker/attn:v1"
+    code, out, _ = cli("replay", "ranker/attn:golden", "--repo", str(populated), "--json")
+    assert code == 0
+    code, out, _ = cli("alias", "ranker/attn", "golden", "--delete", "--repo", str(populated), "--json")
+    assert code == 0 and out["result"]["deleted"]
+    code, out, _ = cli("rm", "ranker/attn:v1", "--repo", str(populated), "--json")
+    assert code == 0 and out["result"]["removed"] == ["ranker/attn:v1"]
+    code, out, _ = cli("gc", "--repo", str(populated), "--json")
+    assert code == 0 and out["result"]["removed_blobs"] >= 1
+
+
+@pytest.mark.parametrize("args, exit_code, message", [
+    (["show", "nothing-here"], 2, "no capture named"),
+    (["replay", "../escape"], 2, "invalid capture name"),
+    (["show", "ranker/attn:v99"], 2, "has no version v99"),
+    (["alias", "ranker/attn:v2", "latest"], 2, "'latest'"),
+])
+def test_errors_are_one_line_with_exit_codes(populated: Path, args: list[str], exit_code: int, message: str) -> None:
+    code, _, stderr = cli(*args, "--repo", str(populated))
+    assert code == exit_code
+    assert message in stderr and "Traceback" not in stderr
+    code, out, _ = cli(*args, "--repo", str(populated), "--json")
+    assert code == exit_code and out["ok"] is False and message in out["error"]["message"]
+
+
+def test_debug_shows_a_traceback(populated: Path) -> None:
+    result = subprocess.run([PYTHON, "-m", "modulelens", "--debug", "show", "nothing", "--repo", str(populated)],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_run_without_a_command_is_an_error(tmp_path: Path) -> None:
+    code, _, stderr = cli("run", "-t", "x", "--repo", str(tmp_path))
+    assert code == 2 and "nothing to run" in stderr

@@ -1,0 +1,112 @@
+"""The local repo: versions, aliases, dedup, removal, gc, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+from child_process import PYTHON, subprocess_env
+from torch import nn
+
+import modulelens
+from modulelens.repo.names import parse_ref
+
+
+def _save(repo: modulelens.Repo, module: nn.Module, name: str, x: torch.Tensor | None = None, **kw: object) -> modulelens.VersionInfo:
+    with modulelens.capture(module, targets=type(module).__name__, repo=repo, name=name, **kw) as cap:
+        module(x if x is not None else torch.randn(2, module.in_features))
+    return cap.saved[0]
+
+
+def test_each_save_is_a_new_version_and_latest_follows(repo: modulelens.Repo) -> None:
+    module = nn.Linear(4, 4)
+    refs = [_save(repo, module, "lin").ref for _ in range(3)]
+    assert refs == ["lin:v1", "lin:v2", "lin:v3"]
+    assert repo.resolve("lin") == ("lin", 3)
+    assert repo.resolve("lin:latest") == ("lin", 3)
+    assert repo.resolve("lin:v2") == ("lin", 2)
+    assert "latest" in repo.info("lin", 3).aliases
+
+
+def test_aliases_are_movable_and_validated(repo: modulelens.Repo) -> None:
+    module = nn.Linear(4, 4)
+    _save(repo, module, "lin")
+    _save(repo, module, "lin")
+    repo.set_alias("lin:v1", "golden")
+    assert repo.resolve("lin:golden") == ("lin", 1)
+    repo.set_alias("lin:v2", "golden")
+    assert repo.resolve("lin:golden") == ("lin", 2)
+    with pytest.raises(modulelens.InvalidNameError):
+        repo.set_alias("lin:v1", "latest")
+    with pytest.raises(modulelens.InvalidNameError):
+        repo.set_alias("lin:v1", "v7")
+    with pytest.raises(modulelens.InvalidNameError):
+        repo.set_alias("lin:v1", "../x")
+    repo.remove_alias("lin", "golden")
+    with pytest.raises(modulelens.CaptureNotFoundError):
+        repo.resolve("lin:golden")
+
+
+def test_tags_and_metadata_are_stored(repo: modulelens.Repo) -> None:
+    info = _save(repo, nn.Linear(4, 4), "lin", tags=["nightly"], metadata={"run": "abc"})
+    assert info.tags == ("nightly",)
+    assert repo.read_metadata("lin", 1)["metadata"] == {"run": "abc"}
+
+
+def test_payloads_are_stored_once_across_versions_and_captures(repo: modulelens.Repo) -> None:
+    module = nn.Linear(256, 256)
+    x = torch.randn(2, 256)
+    _save(repo, module, "a", x)
+    blobs_after_first = len(list((repo.root / "blobs").glob("*/*[!k]")))
+    _save(repo, module, "a", x)
+    _save(repo, module, "b", x)
+    assert len(list((repo.root / "blobs").glob("*/*[!k]"))) == blobs_after_first
+
+
+def test_remove_and_gc(repo: modulelens.Repo) -> None:
+    module = nn.Linear(8, 8)
+    _save(repo, module, "keep")
+    with torch.no_grad():
+        module.weight.add_(1)
+    _save(repo, module, "drop")
+    repo.set_alias("drop:v1", "golden")
+    assert repo.remove("drop") == ["drop:v1"]
+    assert "drop" not in repo.names()
+    assert repo.gc(dry_run=True).removed_blobs > 0
+    report = repo.gc()
+    assert report.removed_blobs > 0 and report.freed_bytes > 0
+    assert repo.gc().removed_blobs == 0
+    assert modulelens.load("keep", repo=repo).replay().passed
+
+
+def test_metadata_is_plain_json_and_payloads_are_raw_bytes(repo: modulelens.Repo) -> None:
+    module = nn.Linear(3, 2)
+    info = _save(repo, module, "lin")
+    meta = json.loads((info.path / "capture.json").read_text())
+    assert meta["format"] == "modulelens.capture" and meta["format_version"] == modulelens.FORMAT_VERSION
+    weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
+    raw = repo.blob_path(weight["payload"]).read_bytes()
+    assert raw == module.weight.detach().numpy().tobytes()
+
+
+def test_concurrent_writers_both_land_with_distinct_versions(repo: modulelens.Repo) -> None:
+    procs = [subprocess.Popen([PYTHON, "-m", "save_worker", str(repo.root), "shared/lin", "4", str(seed)],
+                              stdout=subprocess.PIPE, text=True, env=subprocess_env()) for seed in (1, 2)]
+    outputs = [p.communicate(timeout=300)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    refs = outputs[0] + outputs[1]
+    assert len(refs) == 8 and len(set(refs)) == 8
+    assert repo.version_numbers("shared/lin") == list(range(1, 9))
+    for version in range(1, 9):
+        assert modulelens.load(f"shared/lin:v{version}", repo=repo).replay().passed
+    assert not list((repo.root / "tmp").iterdir())
+
+
+def test_ref_parsing() -> None:
+    assert parse_ref("a/b").selector is None
+    assert parse_ref("a/b:v12").version == 12
+    assert parse_ref("a/b:golden").selector == "golden"
+    with pytest.raises(modulelens.InvalidNameError):
+        parse_ref("a/b:v0")

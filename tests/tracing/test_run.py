@@ -1,0 +1,98 @@
+"""`modulelens run` on unmodified programs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+from child_process import PYTHON, subprocess_env
+
+import modulelens
+
+SCRIPT = textwrap.dedent('''
+    import sys
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, dim, hidden=32):
+            super().__init__()
+            self.up = nn.Linear(dim, hidden)
+            self.down = nn.Linear(hidden, dim)
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.Sequential(Block(8), Block(8, hidden=16))
+            self.head = nn.Linear(8, 1)
+        def forward(self, x):
+            return self.head(self.blocks(x))
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(6):
+        loss = net(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step, flush=True)
+    print("END", flush=True)
+''')
+
+
+def _run(tmp_path: Path, *options: str, command: list[str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    repo = tmp_path / "repo"
+    cmd = [PYTHON, "-m", "modulelens", "run", "--repo", str(repo), "--json", *options, "--",
+           *(command or [PYTHON, str(script)])]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=300, cwd=tmp_path)
+    return result, json.loads(result.stdout)
+
+
+def test_run_captures_targets_of_an_unmodified_script(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "blocks.1", "-t", "head", "--warmup", "1", "--max-calls", "2", "--name", "job")
+    assert result.returncode == 0, result.stderr
+    assert out["ok"] and sorted(s["ref"] for s in out["result"]["saved"]) == ["job/blocks.1:v1", "job/head:v1"]
+    assert "END" in result.stderr  # the job's own output went to stderr under --json, and it ran to the end
+    # Block is defined in the script (__main__), so reload it in the same way the script ran:
+    capture = modulelens.load("job/head", repo=tmp_path / "repo")
+    assert [c.index for c in capture.calls] == [1, 2]
+    assert capture.replay().passed
+    meta = capture.repo.read_metadata("job/blocks.1", 1)
+    construction = meta["constructions"][meta["module"]["construction"]]
+    assert construction["class"] == "__main__:Block"
+    assert construction["args"] == [8] and construction["kwargs"] == {"hidden": 16}
+
+
+def test_exit_after_capture_ends_the_job_cleanly(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "Net", "--exit-after-capture")
+    assert result.returncode == 0, result.stderr
+    assert out["result"]["saved"][0]["ref"] == "Net:v1"
+    assert "step 0" in result.stderr and "step 5" not in result.stderr and "\nEND" not in result.stderr
+
+
+def test_run_with_python_dash_m(tmp_path: Path) -> None:
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(SCRIPT)
+    result, out = _run(tmp_path, "-t", "head", command=[PYTHON, "-m", "mypkg"])
+    assert result.returncode == 0, result.stderr
+    assert out["result"]["saved"][0]["ref"] == "Net/head:v1"
+    assert modulelens.load("Net/head", repo=tmp_path / "repo").replay().passed
+
+
+def test_missing_target_is_reported_with_a_non_zero_exit(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "decoder")
+    assert result.returncode == 3
+    assert out["result"]["missing_targets"] == ["decoder"]
+
+
+def test_the_jobs_own_failure_code_is_passed_through(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text("import sys; sys.exit(7)")
+    result, _ = _run(tmp_path, "-t", "head", command=[PYTHON, str(script)])
+    assert result.returncode == 7

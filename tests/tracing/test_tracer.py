@@ -1,0 +1,166 @@
+"""The tracer: target matching, warm-up, early stop, input snapshots, fail-open."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from modules_for_tests import InPlace, Tower
+from torch import nn
+
+import modulelens
+from modulelens.tracing.tracer import Tracer
+
+
+def _all_hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def test_targets_match_globs_and_class_names() -> None:
+    model = Tower()
+    tracer = Tracer(model, ["blocks.*.0", "KeywordModule"])
+    assert sorted(tracer.records) == ["blocks.0.0", "blocks.1.0", "blocks.2.0", "head"]
+    tracer.stop()
+
+
+def test_no_matching_target_is_a_clear_error() -> None:
+    with pytest.raises(modulelens.ModulelensError, match="no submodule matches"):
+        Tracer(Tower(), ["decoder.*"])
+
+
+def test_early_stop_removes_every_hook_and_fires_on_complete(repo: modulelens.Repo) -> None:
+    model = Tower()
+    before = _all_hooks(model)
+    fired = []
+    with modulelens.capture(model, targets=["blocks.*.0", "head"], repo=repo, warmup=2, max_calls=2,
+                            on_complete=lambda t: fired.append(_all_hooks(model))) as cap:
+        assert _all_hooks(model) == before + 8
+        for _step in range(3):
+            model(torch.randn(2, 8))
+            assert not cap.complete
+        model(torch.randn(2, 8))  # 4th call: warm-up 2 + recorded 2 -> done
+        assert cap.complete
+        assert fired == [before]  # hooks were already gone when on_complete ran
+        assert _all_hooks(model) == before
+        assert cap.tracer.active_hooks == 0
+        model(torch.randn(2, 8))  # later steps are not recorded
+    record = cap.records["head"]
+    assert [c.index for c in record.calls] == [2, 3]
+    assert record.seen_calls == 4
+    assert len(cap.saved) == 4
+
+
+def test_in_place_op_inside_forward_does_not_corrupt_recorded_inputs(repo: modulelens.Repo) -> None:
+    model = InPlace()
+    x = torch.randn(3, 4)
+    original = x.clone()
+    with modulelens.capture(model, targets="InPlace", repo=repo, name="inplace"):
+        model(x)
+    assert not torch.equal(x, original)  # the module really did modify its input
+    capture = modulelens.load("inplace", repo=repo)
+    assert torch.equal(capture.calls[0].args[0], original)
+    assert capture.replay().passed
+
+
+def test_state_is_recorded_again_after_an_optimizer_step(repo: modulelens.Repo) -> None:
+    model = Tower()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    with modulelens.capture(model, targets="head", repo=repo, name="opt", max_calls=3):
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            optimizer.step()
+    capture = modulelens.load("opt/head", repo=repo)
+    assert [c.state_index for c in capture.calls] == [0, 1, 2]
+    report = capture.replay()
+    assert report.passed, report
+
+
+def test_outputs_are_copied_before_later_in_place_ops(repo: modulelens.Repo) -> None:
+    lin = nn.Linear(4, 4)
+    model = nn.Sequential(lin, nn.ReLU(inplace=True))
+    x = torch.randn(8, 4)
+    expected = lin(x).detach().clone()
+    with modulelens.capture(model, targets="0", repo=repo, name="relu"):
+        model(x)
+    assert torch.equal(modulelens.load("relu/0", repo=repo).calls[0].output, expected)
+
+
+def test_a_failing_capture_warns_and_leaves_the_job_running(repo: modulelens.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Tower()
+    tracer = Tracer(model, ["head"])
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(tracer, "_on_enter", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model(torch.randn(2, 8))
+    assert out.shape == (2, 2)
+    assert any("disk on fire" in str(w.message) for w in caught)
+    assert tracer.active_hooks == 0
+
+
+def test_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Tower()
+    tracer = Tracer(model, ["head"], strict=True)
+    monkeypatch.setattr(tracer, "_on_enter", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        model(torch.randn(2, 8))
+
+
+def test_grad_mode_and_training_flag_are_recorded(repo: modulelens.Repo) -> None:
+    model = Tower().eval()
+    with modulelens.capture(model, targets="head", repo=repo, name="modes"), torch.no_grad():
+        model(torch.randn(2, 8))
+    call = modulelens.load("modes/head", repo=repo).calls[0]
+    assert call.training is False and call.grad_enabled is False
+
+
+def test_track_init_is_idempotent_and_a_context_manager() -> None:
+    from modulelens.tracing.init_tracking import is_tracking
+
+    assert is_tracking()  # the session fixture turned it on
+    with modulelens.track_init():
+        lin = nn.Linear(2, 3, bias=False)
+    assert is_tracking()  # still on: the outer handle owns it
+    record = modulelens.get_init_record(lin)
+    assert record is not None and record.args == (2, 3) and record.kwargs == {"bias": False}
+
+
+def test_a_forward_that_raises_inside_the_target_is_dropped(repo: modulelens.Repo) -> None:
+    lin = nn.Linear(2, 2)
+    cap = modulelens.capture(lin, targets="Linear", repo=repo, name="raise")
+    with pytest.raises(RuntimeError):
+        lin(torch.randn(1, 3))  # wrong shape: forward raises
+    assert cap.records[""].calls == [] and not cap.complete
+    lin(torch.randn(1, 2))
+    assert cap.complete and cap.records[""].calls[0].index == 1
+
+
+def test_weight_updates_through_data_are_recorded_as_new_states(repo: modulelens.Repo) -> None:
+    """``p.data.add_()`` does not bump version counters; each call must still get the weights it saw."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with modulelens.capture(model, targets=["0"], repo=repo, max_calls=3) as cap:
+        for _step in range(3):
+            loss = model(x).square().sum()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-0.1)  # the update of many hand-written loops
+                    p.grad = None
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert [c.state_index for c in loaded.calls] == [0, 1, 2]
+    assert not torch.equal(loaded.state_dict(0)["weight"], loaded.state_dict(1)["weight"])
+    report = loaded.replay()
+    assert report.passed, report
+
+
+def test_unchanged_weights_share_one_state(repo: modulelens.Repo) -> None:
+    model = nn.Linear(4, 4)
+    with modulelens.capture(model, targets=["Linear"], repo=repo, max_calls=3) as cap, torch.no_grad():
+        for _step in range(3):
+            model(torch.randn(2, 4))
+    assert [c.state_index for c in modulelens.load(cap.saved[0].ref, repo=repo).calls] == [0, 0, 0]
