@@ -36,7 +36,18 @@ from urllib.parse import quote, unquote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RemoteRepoError, RepoBusyError
 from modulelens.repo._store import ObjectStore, is_network_error
-from modulelens.repo.local import _MARK_MIN_BYTES, _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo
+from modulelens.repo.index import summarize, version_entry
+from modulelens.repo.local import (
+    _MARK_MIN_BYTES,
+    _MARKER,
+    CAPTURE_FILE,
+    LAYOUT_VERSION,
+    GcReport,
+    Repo,
+    VersionInfo,
+    capture_json,
+)
+from modulelens.repo.packs import referenced_blobs
 from modulelens.repo.names import LATEST, parse_ref, validate_alias, validate_name, validate_report_file
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
@@ -172,9 +183,7 @@ class RemoteRepo(Repo):
     def fetch_version(self, name: str, version: int) -> None:
         """Download every payload of a version that the cache lacks, in parallel, with a progress
         bar on a terminal."""
-        entries = {e["payload"]: e["nbytes"] for e in self.read_metadata(name, version).get("tensors", {}).values()
-                   if e.get("payload")}
-        self.download(entries, label=f"{name}:v{version}")
+        self.download(referenced_blobs(self.read_metadata(name, version)), label=f"{name}:v{version}")
 
     def download(self, blobs: dict[str, int], *, label: str = "") -> int:
         """Fetch ``{digest: nbytes}`` into the cache (only missing ones); returns bytes downloaded."""
@@ -310,6 +319,23 @@ class RemoteRepo(Repo):
     def aliases(self, name: str) -> dict[str, int]:
         return dict(self._listing(name)["aliases"])
 
+    def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """No index is kept in object storage: built from one listing and the manifests (each
+        downloaded once into the local mirror; versions are immutable)."""
+        listing = self._listing(name)
+        return summarize(listing["versions"], listing["aliases"], lambda v: self.read_metadata(name, v))
+
+    def info(self, name: str, version: int) -> VersionInfo:
+        listing = self._listing(name)
+        if version not in listing["versions"]:
+            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.url}")
+        summary = {"versions": {str(v): version_entry(self.read_metadata(name, v)) if v == version else None
+                                for v in listing["versions"]}, "aliases": listing["aliases"]}
+        return self._infos(name, summary, [version])[0]
+
+    def _quoted_names(self) -> list[str]:
+        return [quote(n, safe="") for n in self.names()]
+
     def version_path(self, name: str, version: int) -> Path:
         """The version's folder in the local mirror (its ``capture.json``, once read)."""
         self.read_metadata(name, version)
@@ -348,16 +374,16 @@ class RemoteRepo(Repo):
         validate_name(name)
         self._require_online(f"save {name}")
         with self._lease():
-            self._write_payloads(metadata["tensors"], payloads)
+            self._store_payloads(metadata, payloads)
             return self._commit(name, metadata)
 
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         validate_name(name)
         self._require_online(f"save {name}")
         with self._lease():
-            for entry in metadata.get("tensors", {}).values():
-                if entry.get("payload") and not self.has_blob(entry["payload"]):
-                    raise CorruptCaptureError(f"payload {entry['payload']} is missing from {self.url}")
+            for digest in referenced_blobs(metadata):
+                if not self.has_blob(digest):
+                    raise CorruptCaptureError(f"payload {digest} is missing from {self.url}")
             return self._commit(name, metadata)
 
     def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
@@ -368,7 +394,7 @@ class RemoteRepo(Repo):
             metadata["version"] = version
             metadata["name"] = name
             key = self.store.key(self._name_key(name), "versions", str(version), CAPTURE_FILE)
-            if self.store.create(key, json.dumps(metadata, indent=1).encode()):
+            if self.store.create(key, capture_json(metadata)):
                 return self.info(name, version)
             version += 1
         raise RemoteRepoError(f"could not allocate a version for {name!r} in {self.url}")
@@ -477,8 +503,7 @@ class RemoteRepo(Repo):
                     meta = json.loads(data)
                 except ValueError:
                     raise CorruptCaptureError(f"{key} is not valid JSON; gc stopped without deleting anything") from None
-                referenced.update(t["payload"].partition(":")[2] for t in meta.get("tensors", {}).values()
-                                  if t.get("payload"))
+                referenced.update(digest.partition(":")[2] for digest in referenced_blobs(meta))
             doomed = []
             for key, info in self.store.list("blobs").items():
                 hexdigest = key.rsplit("/", 1)[1]
