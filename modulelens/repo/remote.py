@@ -47,8 +47,8 @@ from modulelens.repo.local import (
     VersionInfo,
     capture_json,
 )
-from modulelens.repo.packs import referenced_blobs
 from modulelens.repo.names import LATEST, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.packs import referenced_blobs
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
 _LOCK_STALE_S = 3600.0  # a lease older than this belongs to a crashed process
