@@ -88,8 +88,8 @@ class ObjectStore:
         protocol = url.split("://", 1)[0]
         if protocol in ("s3", "s3a"):
             # Listings must never come from a cache: version numbers and locks are decided on them.
+            # (The filesystem instance itself is shared: building an S3 client costs ~1 s of CPU.)
             options.setdefault("use_listings_cache", False)
-            options.setdefault("skip_instance_cache", True)
         try:
             self.fs, base = fsspec.core.url_to_fs(url, **options)
         except ImportError as error:

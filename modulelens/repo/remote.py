@@ -54,6 +54,7 @@ _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used af
 _LOCK_STALE_S = 3600.0  # a lease older than this belongs to a crashed process
 _CHUNK = 16 << 20  # download granularity (resume point, progress step)
 _WORKERS = 8
+_SMALL_BLOB = 256 << 10
 
 
 def cache_root() -> Path:
@@ -119,8 +120,11 @@ class RemoteRepo(Repo):
         if data is None:
             if not create:
                 raise CaptureNotFoundError(f"no modulelens repo at {self.url}")
-            self.store.fs.makedirs(self.store.base, exist_ok=True)  # an S3 bucket may need creating
-            self.store.create(self.store.key(_MARKER), json.dumps({"layout_version": LAYOUT_VERSION}).encode())
+            try:
+                self.store.fs.makedirs(self.store.base, exist_ok=True)  # an S3 bucket may need creating
+                self.store.create(self.store.key(_MARKER), json.dumps({"layout_version": LAYOUT_VERSION}).encode())
+            except OSError as error:
+                raise RemoteRepoError(f"cannot create a modulelens repo at {self.url}: {error}") from None
         else:
             try:
                 layout = json.loads(data)["layout_version"]
@@ -161,7 +165,9 @@ class RemoteRepo(Repo):
 
     def write_blob(self, digest: str, data: memoryview | bytes) -> bool:
         key = self._blob_key(digest)
-        if self.store.exists(key):
+        # A small payload is simply written again (same bytes): one request instead of a HEAD
+        # and a PUT, which halves the round trips of a typical save.
+        if len(data) > _SMALL_BLOB and self.store.exists(key):
             return False
         self.store.upload_bytes(memoryview(data).cast("B"), key)
         return True
@@ -214,6 +220,7 @@ class RemoteRepo(Repo):
             if offset > nbytes:
                 handle.truncate(0)
                 offset = handle.seek(0)
+            resumed_at = offset
             key = self._blob_key(digest)
             while offset < nbytes:
                 chunk = self.store.read_range(key, offset, min(offset + _CHUNK, nbytes))
@@ -233,7 +240,7 @@ class RemoteRepo(Repo):
             os.replace(part, target)
         if nbytes >= _MARK_MIN_BYTES:
             self.cache._mark_verified(target)
-        return nbytes
+        return nbytes - resumed_at
 
     # ---------------------------------------------------------------------------------- names
 
@@ -326,7 +333,7 @@ class RemoteRepo(Repo):
         return summarize(listing["versions"], listing["aliases"], lambda v: self.read_metadata(name, v))
 
     def info(self, name: str, version: int) -> VersionInfo:
-        listing = self._listing(name)
+        listing = self._listing(name)  # one LIST for both the aliases and the latest version
         if version not in listing["versions"]:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.url}")
         summary = {"versions": {str(v): version_entry(self.read_metadata(name, v)) if v == version else None
@@ -352,10 +359,7 @@ class RemoteRepo(Repo):
             if data is None:
                 raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.url}")
             text = data.decode()
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_name(f".{CAPTURE_FILE}-{uuid.uuid4().hex}")
-            tmp.write_text(text)
-            os.replace(tmp, cached)
+            self._cache_manifest(name, version, text)
         try:
             meta = json.loads(text)
         except ValueError as error:
@@ -363,6 +367,13 @@ class RemoteRepo(Repo):
         if not isinstance(meta, dict) or "format_version" not in meta:
             raise CorruptCaptureError(f"{self.url} {name}:v{version}: not a modulelens capture")
         return meta
+
+    def _cache_manifest(self, name: str, version: int, text: str) -> None:
+        cached = self._version_dir(name, version) / CAPTURE_FILE
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{CAPTURE_FILE}-{uuid.uuid4().hex}")
+        tmp.write_text(text)
+        os.replace(tmp, cached)
 
     # ---------------------------------------------------------------------------------- writes
 
@@ -394,7 +405,9 @@ class RemoteRepo(Repo):
             metadata["version"] = version
             metadata["name"] = name
             key = self.store.key(self._name_key(name), "versions", str(version), CAPTURE_FILE)
-            if self.store.create(key, capture_json(metadata)):
+            data = capture_json(metadata)
+            if self.store.create(key, data):
+                self._cache_manifest(name, version, data.decode())
                 return self.info(name, version)
             version += 1
         raise RemoteRepoError(f"could not allocate a version for {name!r} in {self.url}")
@@ -535,7 +548,7 @@ class RemoteRepo(Repo):
             self.store.put(key, body)
             gc_info = self.store.info(self.store.key("locks", "gc"))
             if gc_info is None or self.store.mtime(gc_info) < self._lock_time(key) - _LOCK_STALE_S:
-                break
+                break  # (the lease's own time is read only when there is a gc lock to compare)
             self.store.delete([key])
             if time.monotonic() > deadline:
                 raise RepoBusyError(f"{self.url}: gc has been running for over {wait_s:.0f} s; try again later")

@@ -52,7 +52,7 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
     from modulelens.repo.local import Repo
 
     repo = Repo(config.repo)  # create it now so every process of the job agrees on it
-    config.repo = str(repo.root)
+    config.repo = repo.location  # a path, or the URL of a remote repo
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as summary_dir:
         env = dict(os.environ)
         env[ENV_CONFIG] = json.dumps(asdict(config))

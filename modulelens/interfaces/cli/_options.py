@@ -13,7 +13,7 @@ import typer
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli-json.md) instead of tables.")]
 RepoOpt = Annotated[str | None, typer.Option(
-    "--repo", help="Repo directory (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
+    "--repo", help="Repo directory or URL such as s3://bucket/prefix (default: $MODULELENS_REPO or ~/.cache/modulelens/repo).")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="Run on this device (cpu, cuda, cuda:1).")]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="Cast floating weights and inputs (float32, bfloat16, ...).")]

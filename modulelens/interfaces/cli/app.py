@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from modulelens.interfaces.cli import agents, core, kernel, tools
+from modulelens.interfaces.cli import agents, core, kernel, remote, tools
 from modulelens.interfaces.cli._errors import DebugState
 from modulelens.interfaces.output import err_console
 
@@ -30,7 +30,7 @@ app.add_typer(core.app)      # ls, show, replay, alias, rm, gc, run, demo
 app.add_typer(tools.app)     # profile, verify, diff
 app.add_typer(kernel.app)    # export
 app.add_typer(agents.app)    # shell, mcp
-# Remote repos (push, pull, fsck) go here: app.add_typer(remote.app).
+app.add_typer(remote.app)     # push, pull
 app.add_typer(kernel.kernel_app, name="kernel")
 app.add_typer(agents.agent_app, name="agent")
 

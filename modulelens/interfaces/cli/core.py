@@ -33,9 +33,9 @@ def ls(
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            console.print(f"no captures in {store.root}")
+            console.print(f"no captures in {store.location}")
             return
-        table = Table(title=f"captures in {store.root}")
+        table = Table(title=f"captures in {store.location}")
         for col in ("ref", "aliases", "module class", "payload", "created"):
             table.add_column(col)
         for row in result:

@@ -1,0 +1,53 @@
+"""Commands that move captures between repos: ``push`` and ``pull``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from modulelens.format.human import human_bytes
+from modulelens.interfaces import session
+from modulelens.interfaces.cli._command import command
+from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
+from modulelens.interfaces.output import console, emit
+
+app = typer.Typer()
+
+AliasesOpt = Annotated[bool, typer.Option("--aliases/--no-aliases", help="Also set the source's aliases of the copied versions.")]
+
+
+def _render(r: dict[str, Any]) -> None:
+    for ref in r["copied"]:
+        console.print(f"copied {ref}")
+    for ref in r["present"]:
+        console.print(f"{ref} was already there")
+    for alias in r["aliases"]:
+        console.print(f"alias {alias} set")
+    console.print(f"{r['blobs_copied']} payloads ({human_bytes(r['bytes_copied'])}) transferred")
+
+
+@command(app, "push")
+def push_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME (every version), NAME:vN, NAME:alias or NAME:latest")],
+    to: Annotated[str, typer.Option("--to", help="Target repo: a directory or URL (s3://bucket/prefix, memory://...).")],
+    repo: RepoOpt = None,
+    aliases: AliasesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy versions to another repo, uploading only the payloads it lacks (tags, metadata, reports kept)."""
+    report = session.open_repo(repo).push(ref, session.open_repo(to, create=True), aliases=aliases)
+    emit("push", as_json, report.to_dict(), _render)
+
+
+@command(app, "pull")
+def pull_cmd(
+    source: Annotated[str, typer.Argument(help="Source repo: a directory or URL (s3://bucket/prefix, ...).")],
+    ref: Annotated[str, typer.Argument(help="NAME (every version), NAME:vN, NAME:alias or NAME:latest")],
+    repo: RepoOpt = None,
+    aliases: AliasesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy versions from another repo into this one, downloading only the payloads it lacks."""
+    report = session.open_repo(repo, create=True).pull(session.open_repo(source), ref, aliases=aliases)
+    emit("pull", as_json, report.to_dict(), _render)

