@@ -59,7 +59,7 @@ def summarize(versions: list[int], aliases: dict[str, int],
             "versions": {str(v): version_entry(read_metadata(v)) for v in versions}, "aliases": dict(aliases)}
 
 
-def _folder_key(path: Path, now_ns: int, *, nlink: bool) -> tuple[list[int] | None, bool]:
+def _folder_key(path: str, now_ns: int, *, nlink: bool) -> tuple[list[int] | None, bool]:
     """``(key, settled)`` of a folder: its mtime (and link count), and whether it is old enough to
     be trusted; ``([], True)`` for a folder that does not exist."""
     try:
@@ -81,7 +81,11 @@ class NameIndex:
 
     def __init__(self, name_dir: Path, read_metadata: Callable[[int], dict[str, Any]],
                  write_atomic: Callable[[Path, bytes], None]) -> None:
+        # Plain strings: a listing builds one index per name, and pathlib's joins cost more than the stats.
         self.name_dir = name_dir
+        self._versions = f"{name_dir}/versions"
+        self._aliases_dir = f"{name_dir}/aliases"
+        self._file = f"{name_dir}/{SUMMARY_FILE}"
         self._read_metadata = read_metadata
         self._write_atomic = write_atomic
 
@@ -91,8 +95,8 @@ class NameIndex:
         the folders, else rebuilt and written back. ``fresh`` gives entries of versions just written
         (so a save does not re-read its own capture.json)."""
         now = time.time_ns()
-        vkey, vsettled = _folder_key(self.name_dir / "versions", now, nlink=True)
-        akey, asettled = _folder_key(self.name_dir / "aliases", now, nlink=False)
+        vkey, vsettled = _folder_key(self._versions, now, nlink=True)
+        akey, asettled = _folder_key(self._aliases_dir, now, nlink=False)
         if not fresh and cached is not None and cached["versions_key"] == vkey and cached["aliases_key"] == akey:
             return cached
         stored = self._load()
@@ -110,7 +114,8 @@ class NameIndex:
 
     def _load(self) -> dict[str, Any] | None:
         try:
-            data = json.loads((self.name_dir / SUMMARY_FILE).read_bytes())
+            with open(self._file, "rb") as handle:
+                data = json.loads(handle.read())
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) and data.get("summary") == 1 else None
@@ -118,7 +123,7 @@ class NameIndex:
     def _rebuild(self, old: dict[str, Any], fresh: dict[int, dict[str, Any]]) -> dict[str, Any]:
         previous = old.get("versions", {})
         versions: dict[str, Any] = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.name_dir / "versions") as found:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._versions) as found:
             for entry in found:
                 if not entry.name.isdigit():
                     continue
@@ -145,7 +150,7 @@ class NameIndex:
 
     def _aliases(self) -> dict[str, int]:
         result = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.name_dir / "aliases") as found:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._aliases_dir) as found:
             for entry in found:
                 if not entry.name.startswith("."):
                     with contextlib.suppress(ValueError, OSError):
