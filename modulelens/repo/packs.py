@@ -156,7 +156,6 @@ class _Pack:
             self._private = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
             self._pristine = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         self.members = read_header(self._pristine, str(path))
-        self._base = torch.frombuffer(self._private, dtype=torch.uint8)
         self._handed: set[str] = set()
 
     def tensor(self, hexdigest: str, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
@@ -166,7 +165,9 @@ class _Pack:
         if hexdigest in self._handed:
             return torch.frombuffer(bytearray(self._pristine[offset:offset + nbytes]), dtype=dtype)
         self._handed.add(hexdigest)
-        return self._base[offset:offset + nbytes].view(dtype)
+        # A storage of its own that starts at the member (not a slice of one storage over the
+        # file): readers rebuild views with as_strided, whose offsets count from the storage start.
+        return torch.frombuffer(self._private, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
 
     def member_bytes(self, hexdigest: str) -> bytes:
         offset, nbytes = self.members[hexdigest]
