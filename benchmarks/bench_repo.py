@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import median, report
 
 import modulelens
-from modulelens.format.tensors import hash_bytes
+from modulelens.format.hashing import hash_bytes
 from modulelens.repo.packs import build_pack, plan_packs
 from modulelens.restore.summary import describe
 from modulelens.tracing.save import save_records

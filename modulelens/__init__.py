@@ -22,7 +22,10 @@ Store::
     repo.set_alias("ranker/top_mlp:v3", "golden")
 """
 
-from modulelens import testing as testing  # modulelens.testing.assert_matches for golden tests
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from modulelens.errors import (
     CaptureNotFoundError,
     CaptureWarning,
@@ -33,15 +36,46 @@ from modulelens.errors import (
     RepoBusyError,
     RestoreError,
     SourceChangedWarning,
+    StorageError,
     UnsupportedValueError,
+    UntrustedCodeError,
 )
-from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
-from modulelens.repo import Repo, VersionInfo
-from modulelens.restore import Call, Capture, ReplayReport, load
-from modulelens.tools.profile import profile
-from modulelens.tools.timing import TimingConfig
-from modulelens.tools.verify import verify
-from modulelens.tracing import capture, get_init_record, track_init
+
+if _TYPE_CHECKING:
+    from modulelens import testing as testing
+    from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
+    from modulelens.repo import Repo, VersionInfo
+    from modulelens.restore import Call, Capture, ReplayReport, load
+    from modulelens.tools.profile import profile
+    from modulelens.tools.timing import TimingConfig
+    from modulelens.tools.verify import verify
+    from modulelens.tracing import capture, get_init_record, track_init
+
+# The rest of the API is imported on first use (PEP 562): ``import modulelens`` and the CLI's
+# ``--help``/``ls``/``show`` stay fast because nothing here imports torch until it is needed.
+_LAZY = {
+    "FORMAT_VERSION": "modulelens.format", "ShapeOnly": "modulelens.format", "Unrecorded": "modulelens.format",
+    "register_codec": "modulelens.format", "Repo": "modulelens.repo", "VersionInfo": "modulelens.repo",
+    "Call": "modulelens.restore", "Capture": "modulelens.restore", "ReplayReport": "modulelens.restore",
+    "load": "modulelens.restore", "profile": "modulelens.tools.profile", "TimingConfig": "modulelens.tools.timing",
+    "verify": "modulelens.tools.verify", "capture": "modulelens.tracing", "get_init_record": "modulelens.tracing",
+    "track_init": "modulelens.tracing",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "testing":  # modulelens.testing.assert_matches for golden tests
+        return _importlib.import_module("modulelens.testing")
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 
@@ -76,9 +110,11 @@ __all__ = [
     "RestoreError",
     "ShapeOnly",
     "SourceChangedWarning",
+    "StorageError",
     "TimingConfig",
     "Unrecorded",
     "UnsupportedValueError",
+    "UntrustedCodeError",
     "VersionInfo",
     "__version__",
     "capture",

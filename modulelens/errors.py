@@ -12,13 +12,16 @@ code the CLI uses for it, so interfaces print one line and exit non-zero, while 
     ├── InvalidNameError              exit 2   a capture name or alias breaks the naming rules
     ├── CorruptCaptureError           exit 3   stored metadata or a payload is damaged
     ├── RestoreError                  exit 4   a capture cannot be turned back into a module
+    │   └── UntrustedCodeError        exit 4   loading would run code the capture names (docs/security.md)
     ├── ReplayMismatchError           exit 5   a replay or verification did not pass
     │   └── MatchError                         (also an AssertionError, so pytest reports a failure)
     ├── UnsupportedValueError         exit 1   a value has no lossless encoding
     ├── CaptureError                  exit 1   capture could not record what it was asked (strict mode)
+    │   └── NothingCapturedError      exit 6   ``modulelens run`` finished without capturing any target
     ├── RepoError                     exit 1   a repo cannot be opened or written
-    │   └── RemoteRepoError           exit 6   a remote repo cannot be reached or lacks conditional writes
-    │       └── RepoBusyError         exit 6   another process holds the repo longer than the wait allows
+    │   ├── StorageError              exit 8   the filesystem refused (disk full, read-only, permission denied)
+    │   └── RemoteRepoError           exit 7   a remote repo is unreachable or lacks conditional writes
+    │       └── RepoBusyError         exit 7   gc is running, or an alias moved concurrently
     ├── KernelError                   exit 1   a kernel problem cannot be exported or a candidate run
     └── MissingDependencyError        exit 1   an optional dependency is not installed
 
@@ -78,6 +81,11 @@ class RestoreError(ModulelensError):
     exit_code = 4
 
 
+class UntrustedCodeError(RestoreError):
+    """Loading would run code named by, or stored in, the capture without the user's trust
+    (a denied import path, a class of the wrong kind, stored source without ``trust_source``)."""
+
+
 class ReplayMismatchError(ModulelensError):
     """Raised by helpers that assert a replay or verification passed."""
 
@@ -96,16 +104,15 @@ class RepoError(ModulelensError):
     """A repo cannot be opened or written (unsupported location, newer layout, no free version)."""
 
 
-class RemoteRepoError(RepoError):
-    """A remote repo (``s3://``, ``memory://``, ...) cannot be reached, or its storage lacks an
-    operation modulelens needs to stay correct (conditional writes)."""
+class StorageError(RepoError):
+    """The filesystem refused an operation on the repo: disk full, quota, read-only, permission
+    denied. ``errno`` is the underlying ``OSError``'s (``None`` when there was none)."""
 
-    exit_code = 6
+    exit_code = 8
 
-
-class RepoBusyError(RemoteRepoError):
-    """Another process holds the repo (``gc`` waits for saves to finish and saves wait for ``gc``)
-    longer than the wait allows; nothing was changed."""
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class KernelError(ModulelensError):
@@ -126,3 +133,22 @@ class CaptureWarning(ModulelensWarning):
 
 class SourceChangedWarning(ModulelensWarning):
     """The code of a captured class differs from the code it was captured with."""
+
+
+class NothingCapturedError(CaptureError):
+    """``modulelens run``: the command finished but no target was captured (names the closest modules)."""
+
+    exit_code = 6
+
+
+class RemoteRepoError(RepoError):
+    """A remote repo (``s3://``, ``memory://``, ...) cannot be reached, or its storage lacks an
+    operation modulelens needs to stay correct (conditional writes)."""
+
+    exit_code = 7
+
+
+class RepoBusyError(RemoteRepoError):
+    """Another process holds the repo (``gc`` waits for saves to finish and saves wait for ``gc``)
+    longer than the wait allows, or moved an alias between our read and our write; nothing was
+    changed."""

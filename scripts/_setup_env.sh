@@ -1,6 +1,8 @@
 # Sourced by scripts/demo and scripts/test: make .venv with torch and modulelens installed.
-# torch is installed first, pinned (TORCH_SPEC overrides it), so that pip never resolves a bare
-# `torch` requirement to a multi-GB CUDA build on a CPU machine.
+# torch is installed first, pinned (TORCH_SPEC overrides it, e.g. TORCH_SPEC="torch==2.13.0
+# --index-url https://download.pytorch.org/whl/cu128" on a CUDA machine), so that pip never resolves
+# a bare `torch` requirement to a multi-GB CUDA build on a CPU machine. The same script works
+# unchanged on CUDA and CPU machines: nothing here pins triton.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON_BIN=${PYTHON:-python3}
@@ -18,5 +20,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # shellcheck disable=SC2086
   python -m pip install -q --disable-pip-version-check $TORCH_SPEC >&2
   python -m pip install -q --disable-pip-version-check -e ".[test]" >&2
+  # Triton: the one torch brings (CUDA wheels pin theirs; never pin another, see pyproject.toml);
+  # only where torch brings none (CPU wheels) add one, for the CPU interpreter the kernel tests use.
+  if ! python -c "import triton" 2>/dev/null; then
+    python -m pip install -q --disable-pip-version-check "triton>=3.0" >&2
+  fi
   echo "$want" > "$stamp"
 fi

@@ -110,7 +110,7 @@ def test_every_package_module_has_a_layer() -> None:
 
 def test_public_api_is_exactly_all() -> None:
     """``__all__`` lists every public name of ``modulelens`` and nothing else (as httpx pins its API)."""
-    public = {name for name in vars(modulelens) if not name.startswith("_")}
+    public = {name for name in dir(modulelens) if not name.startswith("_")}  # lazy names included
     submodules = {name for name in public if type(getattr(modulelens, name)).__name__ == "module"}
     assert set(modulelens.__all__) == (public - submodules) | {"__version__"}
     for name in modulelens.__all__:

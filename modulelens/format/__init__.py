@@ -1,7 +1,31 @@
-"""The capture format: typed JSON metadata plus content-addressed raw tensor payloads."""
+"""The capture format: typed JSON metadata plus content-addressed raw tensor payloads.
 
-from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION
-from modulelens.format.values import Unrecorded, register_codec
+Names are imported on first use (PEP 562), so reading metadata (``modulelens ls``/``show``)
+does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modulelens.format.shape_only import ShapeOnly
+    from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION
+    from modulelens.format.values import Unrecorded, register_codec
+
+_LAZY = {"FORMAT_NAME": "modulelens.format.spec", "FORMAT_VERSION": "modulelens.format.spec",
+         "ShapeOnly": "modulelens.format.shape_only", "Unrecorded": "modulelens.format.values",
+         "register_codec": "modulelens.format.values"}
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "ShapeOnly", "Unrecorded", "register_codec"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

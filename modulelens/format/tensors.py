@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import sys
 
-import blake3
 import torch
 
 from modulelens.errors import UnsupportedValueError
+from modulelens.format.dtypes import DTYPE_SIZES
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 
-HASH_ALGORITHM = "blake3"
+__all__ = ["HASH_ALGORITHM", "check_storable", "contiguous_strides", "dtype_from_name", "dtype_name", "dtype_names",
+           "hash_bytes", "tensor_bytes"]
 
-# Stable names for dtypes in the metadata (the short names torch itself prints).
+# The dtypes of format/dtypes.py that this torch build has.
 _DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
-        "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
-        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    )
-    if isinstance(getattr(torch, name, None), torch.dtype)
+    name: getattr(torch, name) for name in DTYPE_SIZES if isinstance(getattr(torch, name, None), torch.dtype)
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
@@ -72,14 +68,6 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if flat.numel() == 0:
         return memoryview(b"")
     return memoryview(flat.view(torch.uint8).numpy()).toreadonly()
-
-
-def hash_bytes(data: memoryview | bytes, *, threads: bool = True) -> str:
-    """Content hash of a payload, prefixed with its algorithm (``blake3:<hex>``)."""
-    use_threads = threads and len(data) > (1 << 22)
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if use_threads else blake3.blake3()
-    hasher.update(data)
-    return f"{HASH_ALGORITHM}:{hasher.hexdigest()}"
 
 
 def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:

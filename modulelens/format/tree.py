@@ -8,6 +8,7 @@ handles what ``treespec_dumps`` cannot (namedtuples, non-string dict keys).
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 
-from modulelens.errors import UnsupportedValueError
+from modulelens.errors import CorruptCaptureError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.values import (
     JSON,
     DecodeContext,
@@ -37,7 +38,11 @@ def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
 
 def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
     leaves = [decode_value(leaf, ctx) for leaf in data["leaves"]]
-    return pytree.tree_unflatten(leaves, _decode_spec(data["spec"], ctx))
+    spec = _decode_spec(data["spec"], ctx)
+    try:
+        return pytree.tree_unflatten(leaves, spec)
+    except (TypeError, ValueError, KeyError) as error:  # a context that does not fit its container type
+        raise CorruptCaptureError(f"a stored call structure does not rebuild: {type(error).__name__}: {error}") from None
 
 
 def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
@@ -104,14 +109,24 @@ def _decode_spec(data: JSON, ctx: DecodeContext | None = None) -> pytree.TreeSpe
     ctx = ctx or DecodeContext(get_tensor=_no_tensor_ids)
     if data == _LEAF:
         return pytree.treespec_leaf()
-    node_type = ctx.resolve(data["type"])
+    node_type = ctx.resolve(data["type"], "node")
     context_data = data["context"]
     if "dumpable" in context_data:
-        node = pytree.SUPPORTED_SERIALIZED_TYPES[node_type]
+        node = pytree.SUPPORTED_SERIALIZED_TYPES.get(node_type)
+        if node is None or node.from_dumpable_context is None:
+            raise UnsupportedValueError(f"container type {data['type']} has no stored-context decoder")
         context = node.from_dumpable_context(context_data["dumpable"])
     else:
         context = decode_value(context_data["value"], DecodeContext(get_tensor=_no_tensor_ids, resolve=ctx.resolve))
-    return pytree.TreeSpec(node_type, context, [_decode_spec(child, ctx) for child in data["children"]])
+        if node_type is collections.namedtuple and not (
+                isinstance(context, type) and issubclass(context, tuple) and hasattr(context, "_fields")):
+            # pytree rebuilds a namedtuple node by calling its context: it must be a namedtuple class
+            raise UntrustedCodeError(f"a namedtuple node names {context!r}, which is not a namedtuple class; refused")
+    children = [_decode_spec(child, ctx) for child in data["children"]]
+    try:
+        return pytree.TreeSpec(node_type, context, children)
+    except (TypeError, ValueError) as error:
+        raise CorruptCaptureError(f"a stored {data['type']} structure is damaged: {error}") from None
 
 
 def input_path(key_text: str) -> str:

@@ -6,7 +6,9 @@ confused with an encoded value (dicts are always tagged). Tensors are references
 capture's tensor table; nested modules are references to their own recorded construction.
 
 Types beyond the built-in ones go through the codec registry (:func:`register_codec`). Nothing here
-unpickles: decoding only ever imports a class or function by its recorded import path.
+unpickles: decoding only ever resolves a class or function by its recorded import path, under the
+rules of :mod:`modulelens.format.imports`, and calls nothing but a class of the kind its tag
+allows (a namedtuple, a dataclass, a codec's own type), checked before the call.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from modulelens.errors import UnsupportedValueError
+from modulelens.errors import UnsupportedValueError, UntrustedCodeError
+from modulelens.format.imports import Kind, resolve_import
 
 JSON = Any
 
@@ -59,7 +62,9 @@ def import_path(obj: Any) -> str:
 
 
 def import_object(path: str) -> Any:
-    """Resolve ``"package.module:Qual.Name"`` (the only code decoding ever runs is this import)."""
+    """Resolve ``"package.module:Qual.Name"`` with no checks: only for paths modulelens itself
+    names (checking that an object being encoded imports back, codec installers). Paths read from
+    a capture go through :func:`modulelens.format.imports.resolve_import` instead."""
     module_name, _, qualname = path.partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
@@ -177,12 +182,13 @@ class EncodeContext:
 
 @dataclass
 class DecodeContext:
-    """What decoding needs besides the data. ``resolve`` turns a recorded import path into the
-    object (the loader swaps in one that falls back to source stored with the capture)."""
+    """What decoding needs besides the data. ``resolve(path, kind)`` turns a recorded import path
+    into an object of that kind (:func:`modulelens.format.imports.resolve_import`: the capture's
+    trust rules; the loader swaps in one that can fall back to trusted stored source)."""
 
     get_tensor: Callable[[str], torch.Tensor]
     get_module: Callable[[str], torch.nn.Module] | None = None
-    resolve: Callable[[str], Any] = import_object
+    resolve: Callable[[str, Kind], Any] = resolve_import
 
 
 _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType)
@@ -309,22 +315,46 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
     if tag == "ellipsis":
         return Ellipsis
     if tag == "import":
-        return ctx.resolve(data["path"])
+        return ctx.resolve(data["path"], "value")
     if tag == "namedtuple":
-        return ctx.resolve(data["class"])(*(decode_value(v, ctx) for v in data["items"]))
+        cls = ctx.resolve(data["class"], "class")
+        if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+            raise UntrustedCodeError(f"{data['class']} is not a namedtuple class; refused")
+        return cls(*(decode_value(v, ctx) for v in data["items"]))
     if tag == "dataclass":
-        return _decode_dataclass(ctx.resolve(data["class"]), decode_value(data["fields"], ctx))
+        cls = ctx.resolve(data["class"], "class")
+        if not dataclasses.is_dataclass(cls):
+            raise UntrustedCodeError(f"{data['class']} is not a dataclass; refused")
+        return _decode_dataclass(cls, decode_value(data["fields"], ctx))
     if tag == "unrecorded":
         return Unrecorded(data["class"], data.get("reason", ""))
     if tag == "codec":
-        codec = _codec_named(data["codec"])
-        if codec is None:
-            raise UnsupportedValueError(
-                f"no codec {data['codec']!r} is registered (import the package that registers it)"
-            )
-        cls = ctx.resolve(data["class"])
-        return codec.decode(cls, decode_value(data["value"], ctx))
+        return _decode_codec(data, ctx)
     raise UnsupportedValueError(f"unknown value tag {tag!r} in capture metadata")
+
+
+def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> Any:
+    """A registered codec's value: its class must be the codec's own type (or, for a codec that
+    serves subclasses, a subclass), checked before the codec's decoder calls it."""
+    codec = _codec_named(data["codec"])
+    if codec is None:
+        raise UnsupportedValueError(
+            f"no codec {data['codec']!r} is registered (import the package that registers it)"
+        )
+    cls = ctx.resolve(data["class"], "class")
+    if not (cls is codec.type or (codec.subclasses and issubclass(cls, codec.type))):
+        raise UntrustedCodeError(f"{data['class']} is not a {codec.name} type; refused by that codec")
+    value = decode_value(data["value"], ctx)
+    if codec.type is functools.partial and not (isinstance(value, dict) and _allowed_partial_target(value.get("func"))):
+        raise UntrustedCodeError("a functools.partial in the capture wraps something that is not an allowed "
+                                 "class or function; refused")
+    return codec.decode(cls, value)
+
+
+def _allowed_partial_target(func: Any) -> bool:
+    """``partial`` may only wrap what an ``"import"`` value may be (a class or function that
+    passed the import rules) or another such partial."""
+    return isinstance(func, (type, types.FunctionType, types.BuiltinFunctionType, functools.partial))
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def check_device(device: str | None) -> str | None:
 
 
 def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None = None,
-                 dtype: str | None = None) -> Capture:
+                 dtype: str | None = None, trust_source: bool | None = None) -> Capture:
     """Load ``ref`` with a dtype given by name and a device checked to exist.
 
     Args:
@@ -142,6 +142,8 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
         repo: a repo directory or an open :class:`~modulelens.repo.local.Repo` (default repo if ``None``).
         device: move the module and inputs there (``cpu``, ``cuda``, ``cuda:1``).
         dtype: cast floating weights and inputs (``float32``, ``bfloat16``...).
+        trust_source: run source stored with the capture (``None``: the repo's own setting;
+            docs/security.md).
 
     Returns:
         The loaded :class:`~modulelens.restore.loader.Capture`.
@@ -150,6 +152,7 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
         UsageError: an unknown dtype or a device this machine does not have.
         CaptureNotFoundError: no such ref (with the closest names).
         RestoreError, CorruptCaptureError: the capture cannot be rebuilt or read.
+        UntrustedCodeError: the capture names code the trust rules refuse.
     """
     from modulelens.repo.local import Repo
     from modulelens.restore.loader import load
@@ -158,7 +161,7 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
     check_device(device)
     store = repo if isinstance(repo, Repo) else open_repo(repo)
     name, version = resolve(store, ref)
-    return load(f"{name}:v{version}", repo=store, device=device, dtype=torch_dtype)
+    return load(f"{name}:v{version}", repo=store, device=device, dtype=torch_dtype, trust_source=trust_source)
 
 
 def aliased_versions(store: Repo, ref: str) -> dict[str, list[str]]:

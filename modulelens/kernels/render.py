@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import UnsupportedValueError
-from modulelens.format.values import import_object
+from modulelens.format.imports import resolve_import
 from modulelens.restore.loader import Capture
 
 
@@ -36,13 +36,15 @@ class SourceRenderer:
     # -- objects by import path
     def import_expr(self, path: str) -> str:
         module, _, qualname = path.partition(":")
+        if self.inline_module is None or module != self.inline_module:
+            resolve_import(path)  # generated code names only what a capture may name (docs/security.md)
         if module == "builtins":
             return qualname
         if self.inline_module is not None and module == self.inline_module and "." not in qualname:
             self.needed_names.add(qualname)
             return qualname
         if module == "torch" or module.startswith("torch."):
-            obj = import_object(path)
+            obj = resolve_import(path)
             if "." not in qualname:
                 for public in ("torch.nn", "torch.nn.functional", "torch"):
                     if getattr(importlib.import_module(public), qualname, None) is obj:

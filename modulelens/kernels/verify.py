@@ -496,22 +496,7 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
             failures.append(f"{label}: the candidate raised {record['error'].splitlines()[0]}")
             continue
         got = _leaves(record["output"], outputs)
-        if sample["kind"] == "recorded":
-            want = [("output" + pytree.keystr(kp), leaf) for kp, leaf in
-                    pytree.tree_flatten_with_path(capture.calls[sample["position"]].output)[0]]
-            entry["expected_from"] = "recorded output"
-            if "leaves" in reference:
-                ref_leaves = _leaves(reference, expected)
-                ref_results, ref_ok, _ = _compare_leaves(want, ref_leaves, rtol, atol)
-                entry["reference_vs_recorded"] = {"passed": ref_ok, "max_abs_error": _max_abs(ref_results)}
-                if not ref_ok:
-                    want = ref_leaves
-                    entry["expected_from"] = "reference run (the reference itself does not reproduce the recorded output here)"
-                    report["notes"].append(f"{sid}: the reference does not reproduce the recorded output on this device "
-                                           f"(max abs error {_max_abs(ref_results):.3g}); compared with the reference run")
-        else:
-            want = _leaves(reference, expected)
-            entry["expected_from"] = "reference run"
+        want = _expected_leaves(report, capture, sample, entry, expected, rtol, atol)
         leaves, ok, loose_ok = _compare_leaves(want, got, rtol, atol)
         entry["leaves"] = leaves
         entry["max_abs_error"] = _max_abs(leaves)
@@ -546,6 +531,30 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
         "skipped_samples": sum(1 for s in info["samples"] if s.get("skip")),
         "fp32_passes_at_1e-3": loose_all if "float32" in report["tolerances"] else None,
     }
+
+
+def _expected_leaves(report: dict[str, Any], capture: Capture, sample: dict[str, Any], entry: dict[str, Any],
+                     expected: dict[str, torch.Tensor], rtol: float | None, atol: float | None) -> list[tuple[str, Any]]:
+    """What a sample's output is compared with: the recorded output for a recorded call (or the
+    reference's run when the reference itself does not reproduce it on this device), the
+    reference's run for a random sample."""
+    reference = sample.get("reference", {})
+    if sample["kind"] != "recorded":
+        entry["expected_from"] = "reference run"
+        return _leaves(reference, expected)
+    want = [("output" + pytree.keystr(kp), leaf) for kp, leaf in
+            pytree.tree_flatten_with_path(capture.calls[sample["position"]].output)[0]]
+    entry["expected_from"] = "recorded output"
+    if "leaves" in reference:
+        ref_leaves = _leaves(reference, expected)
+        ref_results, ref_ok, _ = _compare_leaves(want, ref_leaves, rtol, atol)
+        entry["reference_vs_recorded"] = {"passed": ref_ok, "max_abs_error": _max_abs(ref_results)}
+        if not ref_ok:
+            entry["expected_from"] = "reference run (the reference itself does not reproduce the recorded output here)"
+            report["notes"].append(f"{sample['id']}: the reference does not reproduce the recorded output on this "
+                                   f"device (max abs error {_max_abs(ref_results):.3g}); compared with the reference run")
+            return ref_leaves
+    return want
 
 
 def _max_abs(leaves: list[dict[str, Any]]) -> float:

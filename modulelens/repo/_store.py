@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import RemoteRepoError
+from modulelens.errors import MissingDependencyError, RemoteRepoError
 
 # S3 puts above this size go through the multipart writer (bounded memory: one part at a time).
 _PART_BYTES = 64 << 20
@@ -82,8 +82,8 @@ class ObjectStore:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         try:
             import fsspec
-        except ImportError:  # pragma: no cover - fsspec comes with torch
-            raise RemoteRepoError("remote repos need fsspec: pip install 'modulelens[remote]'") from None
+        except ImportError:
+            raise MissingDependencyError("remote repos need fsspec: pip install 'modulelens[remote]'") from None
         options = dict(storage_options or {})
         protocol = url.split("://", 1)[0]
         if protocol in ("s3", "s3a"):
@@ -93,7 +93,7 @@ class ObjectStore:
         try:
             self.fs, base = fsspec.core.url_to_fs(url, **options)
         except ImportError as error:
-            raise RemoteRepoError(f"{url}: {error} (for S3: pip install 'modulelens[remote]')") from None
+            raise MissingDependencyError(f"{url}: {error} (for S3: pip install 'modulelens[remote]')") from None
         self.base = base.rstrip("/")
         self.protocol = protocol
         self.s3 = protocol in ("s3", "s3a")

@@ -36,15 +36,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-import torch
-
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
-from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
+from modulelens.format.validate import validate_capture
 from modulelens.repo.index import NameIndex, version_entry
+from modulelens.repo.markers import MARK_MIN_BYTES, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import PACK_BELOW, Payloads, referenced_blobs, store_packs
+from modulelens.repo.trust import set_trust_source, trusts_source
 
 if TYPE_CHECKING:
+    import torch
+
     from modulelens.repo.transfer import TransferReport
 
 # 2: small payloads in packs, per-name summaries (docs/repo-layout.md). Layout-1 repos are read as
@@ -52,9 +55,6 @@ if TYPE_CHECKING:
 # failing on a payload they cannot find.
 LAYOUT_VERSION = 2
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-# Payloads smaller than this are simply re-hashed on every load (microseconds); larger ones get a
-# verification marker so that loading a big module does not re-read all of its weights.
-_MARK_MIN_BYTES = 1 << 20
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 
@@ -207,6 +207,19 @@ class Repo:
     def __repr__(self) -> str:
         return f"Repo({str(self.root)!r})"
 
+    @property
+    def trust_source(self) -> bool:
+        """Whether loading this repo's captures runs their stored source by default.
+
+        Off unless you set it on your own repo (``repo.trust_source = True`` or
+        ``modulelens trust --repo DIR``); the setting is bound to this directory and user, so a
+        copied or downloaded repo never arrives trusted (docs/security.md)."""
+        return trusts_source(self.root)
+
+    @trust_source.setter
+    def trust_source(self, value: bool) -> None:
+        set_trust_source(self.root, bool(value))
+
     def __fspath__(self) -> str:
         return str(self.root)
 
@@ -268,8 +281,8 @@ class Repo:
         tmp = self._tmp_path()
         _write_preallocated(tmp, memoryview(data).cast("B"))
         os.replace(tmp, path)
-        if len(data) >= _MARK_MIN_BYTES:
-            self._mark_verified(path)
+        if len(data) >= MARK_MIN_BYTES:
+            write_marker(path)
         return True
 
     def has_blob(self, digest: str) -> bool:
@@ -303,27 +316,10 @@ class Repo:
         """Make ``{digest: nbytes}`` available locally; returns bytes downloaded (always 0 here)."""
         return 0
 
-    def _mark_verified(self, path: Path) -> None:
-        # Backdate the blob's mtime before recording it: any later write stamps the current time,
-        # which can then never equal the recorded one, even on filesystems with coarse timestamps.
-        backdated = time.time_ns() - 2_000_000_000
-        with contextlib.suppress(OSError):
-            os.utime(path, ns=(backdated, backdated))
-        stat = path.stat()
-        # A plain write, not write-and-rename: a torn or stale marker only fails to match, and the
-        # blob is then re-hashed (markers are written once per new blob, so this is on the save path).
-        with contextlib.suppress(OSError), open(path.with_name(path.name + ".ok"), "w") as marker:
-            marker.write(f"{stat.st_size} {stat.st_mtime_ns}")
-
-    def _is_marked_verified(self, path: Path, stat: os.stat_result) -> bool:
-        try:
-            return path.with_name(path.name + ".ok").read_text() == f"{stat.st_size} {stat.st_mtime_ns}"
-        except OSError:
-            return False
-
     def check_blob(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
-        """Path of a payload after checking it: size always; hash when the blob changed since it
-        was last checked (its size or mtime differ from the record), or always with ``full``."""
+        """Path of a payload after checking it: size always; the full hash for small payloads,
+        for large ones changed since their last check, or always with ``full``; otherwise a
+        sampled hash of a few chunks (coverage: :mod:`modulelens.repo.markers`)."""
         path = self.blob_path(digest)
         try:
             stat = path.stat()
@@ -333,12 +329,15 @@ class Repo:
             raise CorruptCaptureError(
                 f"payload {digest} has {stat.st_size} bytes, expected {nbytes} (truncated or damaged)"
             )
-        if full or stat.st_size < _MARK_MIN_BYTES or not self._is_marked_verified(path, stat):
+        sampled = None if full or stat.st_size < MARK_MIN_BYTES else sampled_check(path, stat)
+        if sampled is False:
+            raise CorruptCaptureError(f"payload {path} is corrupted: a sampled chunk does not hash as recorded")
+        if sampled is None:
             actual = self._hash_file(path, stat.st_size)
             if actual != digest:
                 raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
-            if stat.st_size >= _MARK_MIN_BYTES:
-                self._mark_verified(path)
+            if stat.st_size >= MARK_MIN_BYTES:
+                write_marker(path)
         return path
 
     @staticmethod
@@ -351,6 +350,8 @@ class Repo:
     def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
         """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
         writing to the tensor never touches the blob."""
+        import torch  # here, not at the top: listing and showing captures must not import torch
+
         numel = 1
         for size in shape:
             numel *= size
@@ -470,10 +471,20 @@ class Repo:
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
         items = list(payloads.items())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
-            digests = [pool.submit(hash_bytes, data) for _, data in items]
-            for (tid, data), digest in zip(items, digests, strict=False):
-                entries[tid]["payload"] = digest.result()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
+                digests = [pool.submit(hash_bytes, data) for _, data in items]
+                for (tid, data), digest in zip(items, digests, strict=False):
+                    entries[tid]["payload"] = digest.result()
+                    self.write_blob(entries[tid]["payload"], data)
+        except RuntimeError as error:
+            # A save from an atexit handler (`modulelens run` saving what a job recorded before it
+            # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
+            # after interpreter shutdown". Hash in this thread instead.
+            if "interpreter shutdown" not in str(error):
+                raise
+            for tid, data in items:
+                entries[tid]["payload"] = hash_bytes(data)
                 self.write_blob(entries[tid]["payload"], data)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
@@ -505,15 +516,14 @@ class Repo:
     def read_metadata(self, name: str, version: int) -> dict[str, Any]:
         path = self.version_path(name, version) / CAPTURE_FILE
         try:
-            text = path.read_text()
+            text = path.read_bytes()  # json.loads decodes; undecodable bytes are a ValueError there
         except FileNotFoundError:
             raise CorruptCaptureError(f"{path} is missing") from None
         try:
             data = json.loads(text)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise CorruptCaptureError(f"{path} is not valid JSON (truncated or damaged): {error}") from None
-        if not isinstance(data, dict) or "format_version" not in data:
-            raise CorruptCaptureError(f"{path} is not a modulelens capture")
+        validate_capture(data, str(path))
         return data
 
     def info(self, name: str, version: int) -> VersionInfo:

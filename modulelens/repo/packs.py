@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from modulelens.errors import CorruptCaptureError
-from modulelens.format.tensors import HASH_ALGORITHM, hash_bytes
+from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 
 if TYPE_CHECKING:
+    import torch
+
     from modulelens.repo.local import Repo
 
 # Measured with benchmarks/bench_repo.py (--threshold sweep, this machine): writing a payload as
@@ -162,6 +162,8 @@ class _Pack:
         offset, stored = self.members[hexdigest]
         if stored != nbytes:
             raise CorruptCaptureError(f"pack member {hexdigest} has {stored} bytes, expected {nbytes}")
+        import torch  # here, not at the top: listing captures must not import torch
+
         if hexdigest in self._handed:
             return torch.frombuffer(bytearray(self._pristine[offset:offset + nbytes]), dtype=dtype)
         self._handed.add(hexdigest)
@@ -215,6 +217,8 @@ class Payloads:
         shape = entry["shape"]
         if "pack" not in entry:
             return self.repo.open_tensor(entry["payload"], dtype, shape, entry["nbytes"])
+        import torch
+
         numel = 1
         for size in shape:
             numel *= size

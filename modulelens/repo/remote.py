@@ -34,20 +34,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RemoteRepoError, RepoBusyError
+from modulelens.errors import (
+    CaptureNotFoundError,
+    CorruptCaptureError,
+    InvalidNameError,
+    ModulelensWarning,
+    RemoteRepoError,
+    RepoBusyError,
+)
 from modulelens.repo._store import ObjectStore, is_network_error
 from modulelens.repo.index import summarize, version_entry
-from modulelens.repo.local import (
-    _MARK_MIN_BYTES,
-    _MARKER,
-    CAPTURE_FILE,
-    LAYOUT_VERSION,
-    GcReport,
-    Repo,
-    VersionInfo,
-    capture_json,
-)
-from modulelens.repo.names import LATEST, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.local import _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo, capture_json
+from modulelens.repo.markers import MARK_MIN_BYTES, write_marker
+from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import referenced_blobs
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
@@ -114,7 +113,8 @@ class RemoteRepo(Repo):
         except Exception as error:  # any failure to reach the server: fall back to the cache
             if not is_network_error(error) or not self.mirror.exists():
                 raise
-            warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", stacklevel=3)
+            warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
+                          stacklevel=3)
             self._unreachable = True
             return
         if data is None:
@@ -238,8 +238,8 @@ class RemoteRepo(Repo):
             os.chmod(part, 0o444)
             target.parent.mkdir(exist_ok=True)
             os.replace(part, target)
-        if nbytes >= _MARK_MIN_BYTES:
-            self.cache._mark_verified(target)
+        if nbytes >= MARK_MIN_BYTES:
+            write_marker(target)
         return nbytes - resumed_at
 
     # ---------------------------------------------------------------------------------- names
@@ -263,7 +263,8 @@ class RemoteRepo(Repo):
             except Exception as error:
                 if not is_network_error(error):
                     raise
-                warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", stacklevel=3)
+                warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
+                          stacklevel=3)
                 self._unreachable = True
         try:
             return json.loads(index.read_text())
@@ -342,6 +343,14 @@ class RemoteRepo(Repo):
 
     def _quoted_names(self) -> list[str]:
         return [quote(n, safe="") for n in self.names()]
+
+    def resolve(self, ref: str | Ref) -> tuple[str, int]:
+        """As for a local repo; an explicit ``name:vN`` whose manifest is cached needs no request
+        (versions are immutable), while ``latest`` and aliases are looked up on the server."""
+        parsed = parse_ref(ref) if isinstance(ref, str) else ref
+        if parsed.version is not None and (self._version_dir(parsed.name, parsed.version) / CAPTURE_FILE).exists():
+            return parsed.name, parsed.version
+        return super().resolve(parsed)
 
     def version_path(self, name: str, version: int) -> Path:
         """The version's folder in the local mirror (its ``capture.json``, once read)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modulelens.errors import CaptureNotFoundError
-from modulelens.format.tensors import hash_bytes
+from modulelens.format.hashing import hash_bytes
 from modulelens.repo.local import Repo
 from modulelens.repo.names import parse_ref
 from modulelens.repo.packs import referenced_blobs

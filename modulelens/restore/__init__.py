@@ -1,7 +1,31 @@
-"""Restore: captures back as modules, recorded calls, and replay."""
+"""Restore: captures back as modules, recorded calls, and replay.
 
-from modulelens.restore.compare import LeafResult, compare
-from modulelens.restore.loader import Call, Capture, load
-from modulelens.restore.replay import CallReplay, ReplayReport
+Names are imported on first use (PEP 562): ``restore.summary`` (``modulelens show``) reads
+metadata without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modulelens.restore.compare import LeafResult, compare
+    from modulelens.restore.loader import Call, Capture, load
+    from modulelens.restore.replay import CallReplay, ReplayReport
+
+_LAZY = {"LeafResult": "modulelens.restore.compare", "compare": "modulelens.restore.compare",
+         "Call": "modulelens.restore.loader", "Capture": "modulelens.restore.loader", "load": "modulelens.restore.loader",
+         "CallReplay": "modulelens.restore.replay", "ReplayReport": "modulelens.restore.replay"}
 
 __all__ = ["Call", "CallReplay", "Capture", "LeafResult", "ReplayReport", "compare", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

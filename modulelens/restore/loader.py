@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning, UnsupportedValueError
+from modulelens.errors import RestoreError, SourceChangedWarning
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
+from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
-from modulelens.restore.source import SourceResolver
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class Capture:
         init_kwargs: dict[str, Any] | None = None,
         verify: bool = False,
         synthesize: bool = False,
-        run_source: bool = True,
+        trust_source: bool | None = None,
     ) -> None:
         self.repo = repo
         self.name = name
@@ -177,8 +177,11 @@ class Capture:
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
-        self._sources = SourceResolver(self.metadata.get("sources", {}), self.ref, run_source=run_source)
-        for message in self._sources.check_changes():
+        if trust_source is None:
+            trust_source = bool(getattr(repo, "trust_source", False))
+        self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
+                                      forbidden=[repo.root] if isinstance(repo, Repo) else [])
+        for message in self._sources.source_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
         if verify:
@@ -206,44 +209,44 @@ class Capture:
         return self.metadata.get("environment", {})
 
     @property
-    def module_type(self) -> type:
-        """The captured module's class, resolved as :attr:`module` resolves it (an import, else the
-        source stored with the capture).
+    def module_type(self) -> type[torch.nn.Module]:
+        """The captured module's class, resolved as :attr:`module` resolves it, under the capture's
+        trust rules (docs/security.md): an import, else (trusted) the source stored with it.
+        Nothing is constructed.
 
         Raises:
+            UntrustedCodeError: the path is refused, or only stored source has it and it is not trusted.
             RestoreError: the class cannot be imported and the capture holds no usable source for it.
 
         Example::
 
             cls = cap.module_type          # e.g. <class 'model.TopMLP'>
         """
-        cls = self._import_class(self.module_class)
-        if not isinstance(cls, type):
-            raise RestoreError(f"{self.ref}: {self.module_class} is not a class")
-        return cls
+        try:
+            return module_class(self._sources, self.module_class)
+        finally:
+            self._collect_source_notes()
 
     @property
     def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """The recorded constructor arguments ``(args, kwargs)``, decoded (tensors memory-mapped,
-        nested modules rebuilt), or ``None`` when the capture has no constructor record.
+        """The constructor arguments :attr:`module` is built with, ``(args, kwargs)``: those given to
+        ``load(..., init_args=, init_kwargs=)``, else the recorded ones, decoded (tensors
+        memory-mapped, nested modules rebuilt); ``None`` when there are neither.
 
         Raises:
-            RestoreError: an argument cannot be decoded here.
+            RestoreError: a recorded argument cannot be decoded here.
 
         Example::
 
             args, kwargs = cap.init_arguments   # ((64, 128), {"bias": True})
         """
+        if self._init_args is not None or self._init_kwargs:
+            return tuple(self._init_args or ()), dict(self._init_kwargs)
         mid = self.metadata["module"].get("construction")
         if mid is None:
             return None
-        entry = self.metadata["constructions"][mid]
-        ctx = self._decode_context()
-        try:
-            return (tuple(decode_value(a, ctx) for a in entry["args"]),
-                    {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()})
-        except (UnsupportedValueError, ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
+        _cls, args, kwargs = self._decode_construction(mid)
+        return args, kwargs
 
     def stored_source(self, module_name: str) -> str | None:
         """The source text of ``module_name`` stored with the capture (see
@@ -347,24 +350,15 @@ class Capture:
             self._collect_source_notes()
         return self._module
 
-    def _build_construction(self, mid: str) -> torch.nn.Module:
-        entry = self.metadata["constructions"][mid]
-        cls = self._import_class(entry["class"])
-        ctx = self._decode_context()
+    def _decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
         try:
-            args = [decode_value(a, ctx) for a in entry["args"]]
-            kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
-        except (UnsupportedValueError, ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot decode constructor arguments of {entry['class']}: {error}") from None
-        return cls(*args, **kwargs)
-
-    def _import_class(self, path: str) -> type:
-        try:
-            return self._sources.resolve(path)
-        except (ImportError, AttributeError) as error:
-            raise RestoreError(f"{self.ref}: cannot import module class {path}: {error}") from None
+            return decode_construction(self.metadata["constructions"][mid], self._sources, self._decode_context())
         finally:
             self._collect_source_notes()
+
+    def _build_construction(self, mid: str) -> torch.nn.Module:
+        cls, args, kwargs = self._decode_construction(mid)
+        return cls(*args, **kwargs)
 
     def _collect_source_notes(self) -> None:
         for note in self._sources.notes:
@@ -374,8 +368,7 @@ class Capture:
     def _construct(self) -> torch.nn.Module:
         module_info = self.metadata["module"]
         if self._init_args is not None or self._init_kwargs:
-            cls = self._import_class(module_info["class"])
-            return cls(*(self._init_args or ()), **self._init_kwargs)
+            return self.module_type(*(self._init_args or ()), **self._init_kwargs)
         if module_info.get("construction") is None:
             reason = module_info.get("construction_missing", "no constructor record")
             raise RestoreError(
@@ -393,18 +386,27 @@ class Capture:
                 raise _NeedsRealConstructionError("tensors outside parameters and buffers")
         except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
-            module = self._construct()
-            self._assign_state(module, 0)
+            module = self._construct_on_cpu()
         except RestoreError:
             raise
         except Exception as error:  # the constructor did real computation on meta tensors
             self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
-            module = self._construct()
-            self._assign_state(module, 0)
+            module = self._construct_on_cpu()
         if self.device is not None and self.device.type != "cpu":
             module.to(self.device)
         if self.dtype is not None:
             module.to(self.dtype)
+        return module
+
+    def _construct_on_cpu(self) -> torch.nn.Module:
+        try:
+            module = self._construct()
+        except (RestoreError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # the class's own code rejected the recorded arguments
+            raise RestoreError(f"{self.ref}: rebuilding {self.module_class} from its recorded arguments failed: "
+                               f"{type(error).__name__}: {error}") from error
+        self._assign_state(module, 0)
         return module
 
     def _assign_state(self, module: torch.nn.Module, index: int) -> None:
@@ -566,23 +568,49 @@ def load(
     init_kwargs: dict[str, Any] | None = None,
     verify: bool = False,
     synthesize: bool = False,
-    run_source: bool = True,
+    trust_source: bool | None = None,
+    run_source: bool | None = None,
 ) -> Capture:
     """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
 
-    ``device``/``dtype`` move the module and the inputs used by replay. ``init_args`` and
-    ``init_kwargs`` rebuild a module that was captured without a constructor record. ``verify``
-    re-hashes every payload (normally only payloads changed since their last check are hashed).
-    ``synthesize`` replaces tensors stored shape-only by synthetic ones matching their recorded
-    dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
-    ``run_source=False`` never runs the source stored with a capture for classes that cannot be
-    imported here (see docs/fidelity.md); such a class is then a :class:`RestoreError`.
+    Loading runs no code from the capture unless you trust it (docs/security.md): every class and
+    function the metadata names must be importable here and of an allowed kind, checked before
+    anything is called.
+
+    Args:
+        ref: ``name``, ``name:v3`` or ``name:alias``.
+        repo: a :class:`Repo` or its path.
+        device: move the module and the inputs used by replay there.
+        dtype: cast the module and the inputs used by replay.
+        init_args: constructor arguments for a module captured without a constructor record.
+        init_kwargs: constructor keyword arguments, likewise.
+        verify: re-hash every payload (normally: size always, a sampled hash of large payloads,
+            a full hash of payloads changed since their last check).
+        synthesize: replace tensors stored shape-only by synthetic ones matching their recorded
+            dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
+        trust_source: run the source stored with the capture for classes that cannot be
+            imported here (``None``: the repo's own setting, :attr:`Repo.trust_source`, which is
+            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`.
+        run_source: deprecated alias of ``trust_source``.
+
+    Returns:
+        The :class:`Capture`; its module is built on first use of ``.module``.
+
+    Raises:
+        CaptureNotFoundError: no such name, version or alias.
+        CorruptCaptureError: the metadata is damaged or not a capture.
+        UntrustedCodeError: the capture names something the trust rules refuse.
+        RestoreError: the module cannot be rebuilt here.
 
     Example::
 
         cap = modulelens.load("demo/top_mlp:latest")
         print(cap.replay())
     """
+    if run_source is not None:
+        warnings.warn("load(..., run_source=...) is deprecated; use trust_source=...", DeprecationWarning,
+                      stacklevel=2)
+        trust_source = run_source if trust_source is None else trust_source
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
@@ -591,4 +619,4 @@ def load(
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, run_source=run_source)
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source)

@@ -1,12 +1,13 @@
-"""Resolve the classes a capture names, falling back to the source stored with it.
+"""Running the source stored with a capture: only with the user's trust (docs/security.md).
 
-Order for ``module:Qual.Name``: import it (a ``__main__`` path only counts when this process runs
-the very script that was captured); if that fails, and the capture stored the defining file (see
-:mod:`modulelens.tracing.source`), execute that file's *definitions* into a fresh module and take
-the class from there. This is the one place where code from a capture runs: it is the user's own
-source, recorded from their job. Only imports, ``def``/``class`` statements, ``try`` blocks of
-imports and simple assignments run; everything else at module level (a training loop, an
-``if __name__ == "__main__":`` block, calls) is skipped.
+When a class a capture names cannot be imported here (a ``__main__`` class, a script folder that is
+not on the path), the capture may hold the defining file's source (see
+:mod:`modulelens.tracing.source`). :class:`modulelens.restore.classes.ClassResolver` runs it only
+when the user trusts the capture's source (``load(..., trust_source=True)``, ``--trust-source``, or a
+repo the user marked trusted); even then only the file's *definitions* run: imports, ``def`` and
+``class`` statements, ``try`` blocks of imports and simple assignments. Everything else at module
+level (a training loop, an ``if __name__ == "__main__":`` block, calls) is skipped. Class bodies,
+decorators and default arguments of what is kept do run: that is why this needs trust.
 
 When the class that is imported has changed since the capture (its source hash differs), or a
 captured script's file changed on disk, a :class:`SourceChangedWarning` is issued and noted.
@@ -16,14 +17,16 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 import sys
 import types
 from typing import Any
 
 from modulelens.errors import RestoreError
+from modulelens.format.imports import import_checked
 from modulelens.format.sources import class_source, source_hash
-from modulelens.format.values import import_object
 
+_MAX_SOURCE_BYTES = 16 << 20
 _EXECUTED: dict[str, types.ModuleType] = {}  # source hash -> module built from it (one per process)
 _SAFE_CALLS = {"namedtuple", "NamedTuple", "TypeVar", "NewType", "ParamSpec", "getLogger", "field", "dataclass",
                "make_dataclass", "Enum", "IntEnum", "partial", "frozenset", "set", "dict", "list", "tuple", "cast"}
@@ -57,8 +60,10 @@ def definitions_only(text: str, filename: str) -> ast.Module:
     return tree
 
 
-def _module_from_source(module_name: str, entry: dict[str, Any]) -> types.ModuleType:
-    digest = entry["hash"]
+def module_from_source(module_name: str, entry: dict[str, Any]) -> types.ModuleType:
+    """The definitions of a stored source file as a fresh module (cached per source hash).
+    Runs code from the capture: callers check the user's trust first."""
+    digest = source_hash(entry["text"])  # the text's own hash: a claimed one could alias another capture's module
     cached = _EXECUTED.get(digest)
     if cached is not None:
         return cached
@@ -78,7 +83,9 @@ def _module_from_source(module_name: str, entry: dict[str, Any]) -> types.Module
     return module
 
 
-def _lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> Any:
+def lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> Any:
+    """``qualname`` in a module built from stored source; a class defined in a function is
+    re-created from its own stored text (runs code: callers check trust first)."""
     if "<locals>" in qualname:  # re-create a class defined in a function from its own source
         text = entry.get("classes", {}).get(qualname, {}).get("text")
         if text is None:
@@ -94,88 +101,43 @@ def _lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> A
     return obj
 
 
-class SourceResolver:
-    """``resolve(path)`` for one capture; ``notes`` collects what happened (also warned)."""
-
-    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, run_source: bool = True) -> None:
-        self.sources = sources
-        self.ref = ref
-        self.run_source = run_source
-        self.notes: list[str] = []
-        self._cache: dict[str, Any] = {}
-
-    def resolve(self, path: str) -> Any:
-        cached = self._cache.get(path)
-        if cached is None:
-            cached = self._cache[path] = self._resolve(path)
-        return cached
-
-    def _resolve(self, path: str) -> Any:
-        module_name, _, qualname = path.partition(":")
-        entry = self.sources.get(module_name)
-        if (module_name != "__main__" or self._running_captured_script(entry)) and "<locals>" not in qualname:
-            try:
-                return import_object(path)
-            except (ImportError, AttributeError) as error:
-                if entry is None or "text" not in entry:
-                    raise RestoreError(f"{self.ref}: cannot import {path} ({error}) and the capture holds "
-                                       "no source for it") from None
-        if entry is None or "text" not in entry:
-            raise RestoreError(f"{self.ref}: {path} cannot be imported here and the capture holds no source for it")
-        if not self.run_source:
-            raise RestoreError(f"{self.ref}: {path} cannot be imported here; its source is stored with the capture "
-                               f"({entry.get('file')}) but running it was turned off (load(..., run_source=False))")
-        try:
-            obj = _lookup(_module_from_source(module_name, entry), qualname, entry)
-        except (AttributeError, KeyError, SyntaxError, NameError) as error:
-            raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
-                               f"({type(error).__name__}: {error})") from None
-        note = f"classes of {module_name} were rebuilt from the source stored with the capture ({entry.get('file')})"
-        if note not in self.notes:
-            self.notes.append(note)
-        return obj
-
-    @staticmethod
-    def _running_captured_script(entry: dict[str, Any] | None) -> bool:
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-        if entry is None or not entry.get("file") or not main_file:
-            return entry is None
-        try:
-            return os.path.samefile(main_file, entry["file"])
-        except OSError:
-            return False
-
-    def check_changes(self) -> list[str]:
-        """Messages about captured user classes whose code is not what was captured (also noted;
-        the caller warns with :class:`SourceChangedWarning`)."""
-        changed: list[str] = []
-        for module_name, entry in self.sources.items():
-            if module_name == "__main__" or not entry.get("classes"):
-                changed.extend(self._check_file(module_name, entry))
+def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str]) -> list[str]:
+    """Messages about captured user classes whose code is not what was captured (the caller
+    notes them and warns with :class:`SourceChangedWarning`). Only modules the import rules allow
+    are imported to compare (:func:`modulelens.format.imports.import_checked`)."""
+    changed: list[str] = []
+    for module_name, entry in sources.items():
+        if module_name == "__main__" or not entry.get("classes"):
+            changed.extend(_file_changes(module_name, entry))
+            continue
+        for qualname, info in entry["classes"].items():
+            if info.get("hash") is None or "<locals>" in qualname:
                 continue
-            for qualname, info in entry["classes"].items():
-                if info.get("hash") is None or "<locals>" in qualname:
-                    continue
-                try:
-                    current = class_source(import_object(f"{module_name}:{qualname}"))
-                except Exception:  # not importable here: the stored source will be used
-                    continue
-                if current is not None and source_hash(current) != info["hash"]:
-                    changed.append(f"{module_name}.{qualname} has changed since it was captured "
-                                   f"(its source differs); replay may not match")
-        self.notes.extend(changed)
-        return changed
+            try:
+                current = class_source(import_checked(f"{module_name}:{qualname}", forbidden))
+            except Exception:  # not importable (or refused) here: the stored source would be used
+                continue
+            if current is not None and source_hash(current) != info["hash"]:
+                changed.append(f"{module_name}.{qualname} has changed since it was captured "
+                               f"(its source differs); replay may not match")
+    return changed
 
-    @staticmethod
-    def _check_file(module_name: str, entry: dict[str, Any]) -> list[str]:
-        file = entry.get("file")
-        if not file or not entry.get("hash") or not os.path.isfile(file):
-            return []
-        try:
-            with open(file, encoding="utf-8") as handle:
-                current = handle.read()
-        except (OSError, UnicodeDecodeError):
-            return []
-        if source_hash(current) == entry["hash"]:
-            return []
-        return [f"{file} ({module_name}) has changed since it was captured; the captured source is used"]
+
+def _file_changes(module_name: str, entry: dict[str, Any]) -> list[str]:
+    file = entry.get("file")
+    if not isinstance(file, str) or not file or not entry.get("hash"):
+        return []
+    try:  # the path comes from the capture: read only a regular file of source-like size
+        info = os.stat(file)
+    except (OSError, ValueError):
+        return []
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_SOURCE_BYTES:
+        return []
+    try:
+        with open(file, encoding="utf-8") as handle:
+            current = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return []
+    if source_hash(current) == entry["hash"]:
+        return []
+    return [f"{file} ({module_name}) has changed since it was captured; the captured source is used"]

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from modulelens.errors import CandidateError, ModulelensError, RestoreError, UnsupportedValueError
-from modulelens.format.values import decode_value
+from modulelens.errors import CandidateError, ModulelensError, RestoreError
 from modulelens.tools.working_copy import working_module
 
 if TYPE_CHECKING:
@@ -110,22 +109,12 @@ def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str
         args, kwargs = recorded_init_arguments(cap)
         fused = FusedMLP(*args, **kwargs)
     """
-    if capture._init_args is not None or capture._init_kwargs:
-        return tuple(capture._init_args or ()), dict(capture._init_kwargs)
-    module_info = capture.metadata["module"]
-    mid = module_info.get("construction")
-    if mid is None:
-        reason = module_info.get("construction_missing", "no constructor record")
+    arguments = capture.init_arguments
+    if arguments is None:
+        reason = capture.metadata["module"].get("construction_missing", "no constructor record")
         raise RestoreError(f"{capture.ref}: constructor arguments were not recorded ({reason}); "
                            "give the candidate a from_original(module) classmethod or pass an instance")
-    entry = capture.metadata["constructions"][mid]
-    ctx = capture._decode_context()
-    try:
-        args = tuple(decode_value(a, ctx) for a in entry["args"])
-        kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
-    except (UnsupportedValueError, ImportError, AttributeError) as error:
-        raise RestoreError(f"{capture.ref}: cannot decode constructor arguments: {error}") from None
-    return args, kwargs
+    return arguments
 
 
 def build_candidate(candidate: Any, capture: Capture, state_index: int = 0) -> tuple[torch.nn.Module, str]:

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
-from modulelens.format.values import Unrecorded, import_object
+from modulelens.format.imports import resolve_import
+from modulelens.format.tree import input_path
+from modulelens.format.values import Unrecorded
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
 from modulelens.tools.reports import json_safe
@@ -132,7 +134,7 @@ def _construction(capture: Capture) -> tuple[list[Any], dict[str, Any]] | None:
 def _signature(class_path: str) -> tuple[list[str], dict[str, Any]]:
     """Positional parameter names of the class' ``__init__`` and its plain-JSON defaults."""
     try:
-        cls = import_object(class_path)
+        cls = resolve_import(class_path, "module")
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     except Exception:
         return [], {}
@@ -241,12 +243,7 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
 
 
 def _leaf_name(key_path: tuple[Any, ...]) -> str:
-    text = pytree.keystr(key_path)  # "[0][1]" for args, "[1]['mask']" for kwargs
-    if text.startswith("[0]"):
-        return "args" + text[3:]
-    if text.startswith("[1]"):
-        return "kwargs" + text[3:]
-    return "inputs" + text
+    return input_path(pytree.keystr(key_path))  # "[0][1]" -> "args[1]", "[1]['mask']" -> "kwargs['mask']"
 
 
 @dataclass

@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from modulelens.errors import MissingDependencyError, ToolError
+from modulelens.format.human import human_number
 from modulelens.restore.replay import call_context
 from modulelens.restore.synthesize import random_like
 from modulelens.tools.reports import environment_facts, json_safe, store_report
@@ -87,9 +88,10 @@ class ProfileReport:
             f"{', compiled ' + self.compiled if self.compiled else ''}):",
             f"  latency median {lat['median_ms']:.4g} ms  p10 {lat['p10_ms']:.4g}  p90 {lat['p90_ms']:.4g}"
             f"  ({lat['iterations']} iterations)",
-            f"  peak memory {_fmt(self.memory.get('peak_bytes'))} B ({self.memory.get('source')})",
-            f"  FLOPs {_fmt(self.flops['total'])}  bytes {_fmt(self.bytes_moved['total'])}"
-            f"  achieved {_fmt(self.achieved_flops_per_s)} FLOP/s  intensity {_fmt(self.arithmetic_intensity)} FLOP/B",
+            f"  peak memory {human_number(self.memory.get('peak_bytes'), 'B')} ({self.memory.get('source')})",
+            f"  FLOPs {human_number(self.flops['total'])}  bytes {human_number(self.bytes_moved['total'], 'B')}"
+            f"  achieved {human_number(self.achieved_flops_per_s, 'FLOP/s')}"
+            f"  intensity {human_number(self.arithmetic_intensity, 'FLOP/B')}",
         ]
         if self.flops["uncounted_compute_ops"]:
             lines.append("  no FLOP formula: " + ", ".join(self.flops["uncounted_compute_ops"]))
@@ -99,15 +101,6 @@ class ProfileReport:
         return "\n".join(lines)
 
     __repr__ = __str__
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.3g}"
 
 
 # ------------------------------------------------------------------------------------------------

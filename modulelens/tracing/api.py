@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from modulelens.errors import CaptureWarning
 from modulelens.tracing.budget import PayloadPolicy
 from modulelens.tracing.save import save_records
 from modulelens.tracing.tracer import Tracer
@@ -79,8 +81,15 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.tracer.stop()
-        if not self._saved_once:
+        if self._saved_once:
+            return
+        try:
             self.save()
+        except Exception as error:  # fail open: leaving the block never breaks the user's job
+            if self.tracer.strict:
+                raise
+            warnings.warn(f"modulelens: saving the captures failed: {type(error).__name__}: {error}; they are "
+                          "kept in memory (cap.save(repo=DIR) retries)", CaptureWarning, stacklevel=2)
 
     @property
     def complete(self) -> bool:
@@ -93,9 +102,19 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
     def stop(self) -> None:
         self.tracer.stop()
 
-    def save(self) -> list[Any]:
-        """Save what was captured so far (each call makes new versions)."""
+    def save(self, repo: Any = None) -> list[Any]:
+        """Save what was captured so far (each call makes new versions).
+
+        Args:
+            repo: save there instead of the repo given to ``capture`` (e.g. to retry after a
+                storage failure left the records in memory).
+
+        Returns:
+            The :class:`VersionInfo` of each saved capture. When the repo cannot be written, the
+            captures go to a fallback repo named in a :class:`CaptureWarning` (``strict=True``:
+            :class:`StorageError` instead).
+        """
         self._saved_once = True
-        self.saved = save_records(self.tracer, self.repo, self.name, tags=self.tags, metadata=self.metadata,
-                                  policy=self.policy)
+        self.saved = save_records(self.tracer, repo if repo is not None else self.repo, self.name, tags=self.tags,
+                                  metadata=self.metadata, policy=self.policy)
         return self.saved

@@ -15,6 +15,7 @@ of the job then loads ``_bootstrap/sitecustomize.py``, which calls :func:`activa
 from __future__ import annotations
 
 import atexit
+import difflib
 import json
 import os
 import subprocess
@@ -24,7 +25,10 @@ import threading
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modulelens.tracing.budget import PayloadPolicy
 
 ENV_CONFIG = "MODULELENS_RUN_CONFIG"
 ENV_SUMMARY = "MODULELENS_RUN_SUMMARY_DIR"
@@ -42,6 +46,44 @@ class RunConfig:
     ranks: str = "0"
     strict: bool = False
     tags: list[str] = field(default_factory=list)
+    backward: bool = False  # also record gradients (capture(backward=True))
+    shape_only_over: int | None = None  # PayloadPolicy: bigger call tensors are stored shape-only
+    max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
+    list_modules: bool = False  # report the module tree of the first model called, then end the job
+
+    def policy(self) -> PayloadPolicy | None:
+        """The payload policy of ``--shape-only-over``/``--max-bytes`` (``None`` when neither is set)."""
+        from modulelens.tracing.budget import PayloadPolicy  # imports torch: only in the job's processes
+
+        if self.shape_only_over is None and self.max_bytes is None:
+            return None
+        return PayloadPolicy(shape_only_over=self.shape_only_over, max_bytes=self.max_bytes)
+
+
+MAX_ROOTS = 4  # module trees reported to the parent (for --list-modules and "did you mean")
+MAX_MODULES = 5000  # modules per reported tree
+
+
+def closest_modules(pattern: str, modules: list[list[str]], limit: int = 5) -> list[list[str]]:
+    """The recorded ``[qualified name, class]`` pairs closest to a target that matched nothing.
+
+    A pattern contained in a name or class comes first (``lin`` -> ``1.lin``), then names and
+    classes that ``difflib`` finds close (``encoder.layer.0`` -> ``encoder.layers.0``).
+
+    Example::
+
+        closest_modules("lin", [["0", "torch.nn:Embedding"], ["1.lin", "torch.nn:Linear"]])
+        # [["1.lin", "torch.nn:Linear"]]
+    """
+    needle = pattern.lower().strip("*")
+    found = [m for m in modules if needle and needle in m[0].lower()]
+    found += [m for m in modules if needle and m not in found and needle in m[1].lower().rsplit(":", 1)[-1]]
+    keys = {m[0]: m for m in modules if m[0]}
+    keys.update({m[1].rsplit(":", 1)[-1]: m for m in modules})
+    for key in difflib.get_close_matches(pattern, list(keys), n=limit, cutoff=0.6):
+        if keys[key] not in found:
+            found.append(keys[key])
+    return found[:limit]
 
 
 # ------------------------------------------------------------------------------------------ parent
@@ -49,9 +91,20 @@ class RunConfig:
 
 def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``command`` with capture on; returns exit code, what was saved and what was missed."""
+    from modulelens.errors import StorageError
     from modulelens.repo.local import Repo
+    from modulelens.repo.local import default_repo_path as repo_default
 
-    repo = Repo(config.repo)  # create it now so every process of the job agrees on it
+    requested = config.repo
+    try:
+        repo = Repo(config.repo)  # create it now so every process of the job agrees on it
+    except (OSError, StorageError) as error:  # fail open: the job runs, captures go elsewhere
+        from modulelens.tracing.save import copy_back_hint, describe_storage_error, fallback_repo
+
+        repo = fallback_repo()
+        print(f"modulelens: cannot use repo {requested or repo_default()} ({describe_storage_error(error)}); "
+              f"captures go to {repo.root}; copy them back with: {copy_back_hint(repo, requested)}",
+              file=sys.stderr, flush=True)
     config.repo = repo.location  # a path, or the URL of a remote repo
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as summary_dir:
         env = dict(os.environ)
@@ -67,12 +120,18 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         summaries = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob("*.json"))]
     saved = [s for summary in summaries for s in summary["saved"]]
     captured_patterns = {p for summary in summaries for p in summary["resolved"]}
+    roots = [root for summary in summaries for root in summary.get("roots", [])]
+    modules = [m for root in roots for m in root["modules"]]
+    missing = [t for t in config.targets if t not in captured_patterns]
     return {
         "exit_code": completed.returncode,
         "command": command,
         "repo": config.repo,
+        "requested_repo": requested if requested is not None else str(repo_default()),
         "saved": saved,
-        "missing_targets": [t for t in config.targets if t not in captured_patterns],
+        "missing_targets": missing,
+        "suggestions": {t: closest_modules(t, modules) for t in missing},
+        "roots": roots,
         "processes": summaries,
     }
 
@@ -94,6 +153,7 @@ class _Session:
         self.resolved: set[str] = set()
         self.saved: list[dict[str, Any]] = []
         self.failed: list[str] = []
+        self.roots: list[dict[str, Any]] = []  # module trees of the first models called
         self._seen: set[int] = set()
         self._prefixes: dict[int, str] = {}  # tracer id -> capture name prefix
         self._saved_tracers: set[int] = set()
@@ -119,6 +179,8 @@ class _Session:
         with self._lock:
             for sub in module.modules():
                 self._seen.add(id(sub))
+            if len(self.roots) < MAX_ROOTS:
+                self._note_root(unwrap_model(module))
             pending = [p for p in self.config.targets if p not in self.resolved]
             found = find_targets(module, pending)
             if not found:
@@ -127,11 +189,24 @@ class _Session:
             self.resolved.update(patterns)
             tracer = Tracer(module, patterns, warmup=self.config.warmup, max_calls=self.config.max_calls,
                             on_complete=self._on_tracer_complete, strict=self.config.strict,
-                            ranks=self.config.ranks)
+                            backward=self.config.backward, ranks=self.config.ranks)
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             if len(self.resolved) == len(self.config.targets):
                 self._hook.remove()
+
+    def _note_root(self, model: Any) -> None:
+        def cls(m: Any) -> str:
+            return f"{type(m).__module__}:{type(m).__qualname__}"
+
+        modules = [[name, cls(m)] for name, m in model.named_modules()][:MAX_MODULES]
+        self.roots.append({"class": cls(model), "modules": modules})
+        if self.config.list_modules:
+            self._hook.remove()
+            self._write_summary()
+            self._done = True
+            print("modulelens: module tree written; ending the job (--list-modules)", file=sys.stderr, flush=True)
+            raise SystemExit(0)
 
     def _on_tracer_complete(self, tracer: Any) -> None:
         with self._lock:
@@ -154,7 +229,8 @@ class _Session:
         tracer.stop()
         prefix = self._prefixes[id(tracer)]
         try:
-            infos = save_records(tracer, self.config.repo, prefix, tags=self.config.tags)
+            infos = save_records(tracer, self.config.repo, prefix, tags=self.config.tags,
+                                 policy=self.config.policy())
         except Exception as error:
             if self.config.strict:
                 raise
@@ -181,7 +257,7 @@ class _Session:
         if not folder or not os.path.isdir(folder):
             return
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
-                   "saved": self.saved, "failed": self.failed}
+                   "saved": self.saved, "failed": self.failed, "roots": self.roots}
         target = Path(folder) / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))

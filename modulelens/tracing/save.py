@@ -3,15 +3,22 @@
 The tracer only records; this step turns records into capture metadata + payloads
 (:func:`modulelens.tracing.encode.encode_record`) and hands them to the repo, so the tracer
 itself never touches storage.
+
+Saving fails open: when the repo cannot be written (disk full, quota, read-only, permission
+denied), the captures go to a fallback repo in the temp directory instead, one warning names the
+cause, the fallback and the command that copies them back, and the user's job goes on. When even
+that fails, the records stay in memory (``cap.save(repo=...)`` retries).
 """
 
 from __future__ import annotations
 
+import errno
+import tempfile
 import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from modulelens.errors import CaptureWarning, UnsupportedValueError
+from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
 from modulelens.repo.local import Repo, VersionInfo
 from modulelens.tracing.budget import PayloadPolicy
 from modulelens.tracing.distributed import capture_metadata, several_recorders
@@ -39,7 +46,7 @@ def save_records(
     if not tracer.recording:
         return []
     tracer.environment.update(distributed_info())
-    repo = repo if isinstance(repo, Repo) else Repo(repo)
+    target = SaveTarget(repo, strict=tracer.strict)
     prefix = name or type(unwrap_model(tracer.model)).__name__
     if tracer.world_size > 1 and several_recorders(tracer.ranks, tracer.world_size):
         prefix = f"{prefix}/rank{tracer.rank}"
@@ -59,8 +66,84 @@ def save_records(
             meta["distributed"] = distributed
             if distributed["incomplete"]:
                 meta["capture"]["complete"] = False
-        saved.append(repo.save_version(capture_name, meta, payloads))
+        info = target.save(capture_name, meta, payloads)
+        if info is None:
+            break  # nowhere to write: the records stay in memory (warned once)
+        saved.append(info)
     return saved
+
+
+def fallback_repo() -> Repo:
+    """A new repo in the temp directory, for captures whose repo cannot be written."""
+    return Repo(tempfile.mkdtemp(prefix="modulelens-fallback-"))
+
+
+def copy_back_hint(fallback: Repo, original: object) -> str:
+    """The command that moves captures from a fallback repo to the one they were meant for."""
+    where = f" --to {original}" if original is not None else " --to <your repo>"
+    return f"modulelens push <name> --repo {fallback.root}{where} (for each name; see modulelens ls --repo {fallback.root})"
+
+
+class SaveTarget:
+    """Where captures are saved: the requested repo, or after a storage failure a fallback repo.
+
+    Args:
+        repo: the repo (or its path) the user asked for.
+        strict: raise storage errors instead of falling back.
+    """
+
+    def __init__(self, repo: Repo | str | None, *, strict: bool = False) -> None:
+        self.requested = repo.root if isinstance(repo, Repo) else repo
+        self.strict = strict
+        self.repo: Repo | None = None
+        self.fell_back = False
+        try:
+            self.repo = repo if isinstance(repo, Repo) else Repo(repo)
+        except (OSError, StorageError) as error:
+            self._fall_back(error)
+
+    def save(self, name: str, meta: dict[str, Any], payloads: dict[str, Any]) -> VersionInfo | None:
+        """Save one capture; ``None`` when neither the repo nor a fallback can take it."""
+        while self.repo is not None:
+            try:
+                return self.repo.save_version(name, meta, payloads)
+            except (OSError, StorageError) as error:
+                if self.fell_back:
+                    self._give_up(error)
+                    return None
+                self._fall_back(error)
+        return None
+
+    def _fall_back(self, error: BaseException) -> None:
+        cause = describe_storage_error(error)
+        if self.strict:
+            raise StorageError(f"cannot write captures to {self.requested or 'the default repo'}: {cause}",
+                               getattr(error, "errno", None)) from error
+        self.fell_back = True
+        try:
+            self.repo = fallback_repo()
+        except (OSError, RepoError) as second:
+            self._give_up(second, first=cause)
+            return
+        warnings.warn(f"modulelens: cannot write captures to {self.requested or 'the default repo'} ({cause}); "
+                      f"saving them to {self.repo.root} instead; copy them back with: "
+                      f"{copy_back_hint(self.repo, self.requested)}", CaptureWarning, stacklevel=4)
+
+    def _give_up(self, error: BaseException, first: str | None = None) -> None:
+        self.repo = None
+        cause = describe_storage_error(error)
+        warnings.warn(f"modulelens: cannot save captures ({first + '; fallback: ' if first else ''}{cause}); "
+                      "they are kept in memory: call cap.save(repo=DIR) to retry", CaptureWarning, stacklevel=4)
+
+
+def describe_storage_error(error: BaseException) -> str:
+    """One line for a storage failure (``disk full``, ``read-only filesystem``...)."""
+    names = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only filesystem",
+             errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+             errno.EFBIG: "file too large"}
+    code = getattr(error, "errno", None)
+    label = names.get(code) if code is not None else None
+    return f"{label}: {error}" if label else f"{type(error).__name__}: {error}"
 
 
 def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:

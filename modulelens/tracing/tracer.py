@@ -153,7 +153,10 @@ class Tracer:
         self.environment = describe_environment()
         self._snap = Snapshotter()
         self._handles: dict[str, list[Any]] = {}
-        self._stacks: dict[str, list[_Pending | None]] = {}
+        # Pending calls per target *and thread*: a forward entered on one thread is exited on that
+        # thread, so pairing inputs with outputs by a per-thread stack stays right when several
+        # threads call one target at once (one shared stack mispaired 27 of 30 such calls).
+        self._stacks: dict[str, dict[int, list[_Pending | None]]] = {}
         self._state_keys: dict[str, tuple[Any, ...]] = {}
         self._lock = threading.RLock()
         self.finished = False
@@ -190,7 +193,7 @@ class Tracer:
             qualified_name=name, module_class=original_class(type(module)), construction=get_init_record(module),
             module=module,
         )
-        self._stacks[name] = []
+        self._stacks[name] = {}
         pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
         # First among the post-hooks: the output as forward returned it (a DTensor under tensor
         # parallel, before its output hook turns it into a local shard).
@@ -225,7 +228,7 @@ class Tracer:
             # call would be seen before them, so it is skipped (alike on every rank).
             reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
-                self._stacks[name].append(None)
+                self._stack(name).append(None)
                 return None
             gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), module)
             if isinstance(gathered, str):
@@ -233,7 +236,7 @@ class Tracer:
                 return None
             if not self.recording:
                 self._participated[name] = self._participated.get(name, 0) + 1
-                self._stacks[name].append(_Pending(None, index))
+                self._stack(name).append(_Pending(None, index))
                 return None
             self._snap.gathered = gathered
             try:
@@ -254,12 +257,12 @@ class Tracer:
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
-            self._stacks[name].append(_Pending(call, index, live))
+            self._stack(name).append(_Pending(call, index, live))
             return replacement
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
         with self._lock:
-            stack = self._stacks[name]
+            stack = self._stack(name)
             pending = stack.pop() if stack else None
             if pending is None:
                 return
@@ -290,10 +293,15 @@ class Tracer:
                                             functools.partial(self._on_backward, name))
                     if handle is not None:
                         self._backward_handles.append(handle)
-            done = all(c.finished for c in record.calls) if self.recording else not stack
+            done = (all(c.finished for c in record.calls) if self.recording
+                    else not any(self._stacks.get(name, {}).values()))
             if self._taken(name) >= self.max_calls and done:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
+
+    def _stack(self, name: str) -> list[_Pending | None]:
+        """This thread's pending calls of target ``name`` (callers hold ``self._lock``)."""
+        return self._stacks.setdefault(name, {}).setdefault(threading.get_ident(), [])
 
     def _on_backward(self, name: str, call: CallRecord, error: BaseException | None) -> None:
         if error is not None:
@@ -379,7 +387,7 @@ class Tracer:
         message = f"call {index} ({phase}): {reason}"
         self._incidents.setdefault(name, []).append(message)
         self._detach(name)
-        self._stacks[name] = []
+        self._stacks[name] = {}
         warnings.warn(f"modulelens: rank {self.rank}: capture of {name or '<root>'} stopped incomplete, "
                       f"the job goes on: {message}", CaptureWarning, stacklevel=2)
         if not self._handles:
@@ -401,7 +409,7 @@ class Tracer:
             if record is not None:
                 record.failed = f"{type(error).__name__}: {error}"
             self._detach(name)
-            self._stacks[name] = []
+            self._stacks[name] = {}
         warnings.warn(f"modulelens: capture of {name or '<root>'} failed and was dropped: {error}", CaptureWarning, stacklevel=2)
         if not self._handles:
             self._finish()

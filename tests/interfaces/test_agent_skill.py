@@ -152,10 +152,10 @@ def test_files_written_by_an_older_version_are_updated(tmp_path: Path) -> None:
 
 def test_missing_project_dir_is_an_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["agent", "install", "--dir", str(tmp_path / "nope"), "--json"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error: the folder given does not exist
     envelope = json.loads(result.stdout)
     assert envelope["ok"] is False and envelope["command"] == "agent install"
-    assert "does not exist" in envelope["error"]["message"] and envelope["error"]["exit_code"] == 1
+    assert "does not exist" in envelope["error"]["message"] and envelope["error"]["exit_code"] == 2
 
 
 def test_bundled_skill_matches_package_data() -> None:
@@ -180,20 +180,97 @@ def test_helper_scripts_and_candidate_template(tmp_path: Path) -> None:
     found = json.loads(proc.stdout)
     assert [m["ref"] for m in found["matches"]] == ["toy/gate:v1"] and found["repo_error"] is None
 
-    # the template's subclass-and-override pattern reproduces the recorded outputs
-    import importlib.util
+
+
+SCRIPT_MODEL = """
+import torch
+
+
+class ScriptGate(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+"""
+
+
+def test_template_and_check_candidate_for_a_class_only_in_stored_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    import sys
+
+    import torch
 
     import modulelens
 
-    template_path = tmp_path / SKILL / "assets/candidate_template.py"
-    spec = importlib.util.spec_from_file_location("candidate_template", template_path)
+    gone = tmp_path / "gone"  # the model's module exists only while capturing (like a deleted script)
+    gone.mkdir()
+    (gone / "vanishing_model.py").write_text(SCRIPT_MODEL)
+    monkeypatch.syspath_prepend(str(gone))
+    import vanishing_model
+
+    with modulelens.track_init():
+        model = vanishing_model.ScriptGate(4)
+    repo = tmp_path / "repo"
+    with modulelens.capture(model, targets="ScriptGate", repo=repo, name="job"):
+        model(torch.randn(3, 4))
+    del sys.modules["vanishing_model"]
+    shutil.rmtree(gone)
+    [ref] = [info.ref for info in modulelens.Repo(repo).list()]
+
+    install(tmp_path)
+    candidate = tmp_path / "cand.py"
+    candidate.write_text((tmp_path / SKILL / "assets/candidate_template.py").read_text())
+    env = support.subprocess_env(tmp_path, MODULELENS_CAPTURE=ref, MODULELENS_REPO=str(repo))
+    proc = subprocess.run([support.python(), str(tmp_path / SKILL / "scripts/check_candidate.py"), ref,
+                           "--candidate", f"{candidate}:Candidate", "--repo", str(repo)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout)
+    assert list(summary)[:2] == ["passed", "ref"] and summary["passed"] is True  # verdict first
+    assert summary["replay"] == {"passed": True, "mode": "bit-exact", "calls": 1, "failures": []}
+    assert summary["verify"]["passed"] is True and summary["verify"]["failures"] == []
+    assert summary["profile"]["median_ms"] > 0
+    assert len(proc.stdout) < 1000  # compact: no per-leaf tables
+
+    # a failing candidate: the summary keeps the verdict and the first failures (a real verify report)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_candidate", tmp_path / SKILL / "scripts/check_candidate.py")
     assert spec and spec.loader
-    template = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(template)
-    capture = modulelens.load("toy/head", repo=repo)
-    candidate = template.Candidate(8, 4)
-    candidate.load_state_dict(capture.state_dict())
-    assert capture.replay(module=candidate).passed
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    capture = modulelens.load(ref, repo=repo)
+
+    class Doubled(capture.module_type):  # type: ignore[misc, name-defined]
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    report = modulelens.verify(capture, Doubled, timing=None, store=False)
+    compact = check.verify_summary({"ok": True, "result": report.to_dict()})
+    assert compact["passed"] is False and compact["failures"][0].startswith("call 0: output")
+
+
+def test_installed_skill_stands_alone(tmp_path: Path) -> None:
+    """Nothing in the project points into this repository, and the exit codes match the README."""
+    import modulelens.errors as errors
+
+    install(tmp_path, "--cursor")
+    texts = {p: p.read_text() for p in (tmp_path / ".claude").rglob("*") if p.is_file() and p.suffix in (".md", ".py")}
+    texts[tmp_path / RULE] = (tmp_path / RULE).read_text()
+    for path, text in texts.items():
+        assert "docs/" not in text and "README" not in text, path
+    codes = {cls.exit_code for cls in vars(errors).values()
+             if isinstance(cls, type) and issubclass(cls, errors.ModulelensError)}
+    reference = (tmp_path / SKILL / "references/REFERENCE.md").read_text()
+    skill = (tmp_path / SKILL / "SKILL.md").read_text()
+    readme = (support.WORKTREE / "README.md").read_text()
+    for code in codes:
+        assert f"| {code} |" in reference, code
+        assert re.search(rf"\b{code} [a-z`]", skill), code
+        assert re.search(rf"\b{code} [a-z`]", readme.split("stable non-zero exit code")[1][:400]), code
 
 
 @pytest.mark.parametrize("helper", ["find_capture.py", "check_candidate.py"])

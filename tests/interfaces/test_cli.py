@@ -91,3 +91,80 @@ def test_debug_shows_a_traceback(populated: Path) -> None:
 def test_run_without_a_command_is_an_error(tmp_path: Path) -> None:
     code, _, stderr = cli("run", "-t", "x", "--repo", str(tmp_path))
     assert code == 2 and "nothing to run" in stderr
+
+
+NO_TORCH = """
+import sys
+from modulelens.interfaces.cli import app
+for args in sys.argv[1:]:
+    try:
+        app(args.split())
+    except SystemExit as exit:
+        assert not exit.code, (args, exit.code)
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_help_version_ls_show_do_not_import_torch(populated: Path) -> None:
+    repo = f"--repo {populated}"
+    result = subprocess.run([PYTHON, "-c", NO_TORCH, "--help", "--version", f"ls {repo}", f"show ranker/attn {repo}",
+                             f"show ranker/attn {repo} --json"],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "modulelens 0.1.0" in result.stdout and "ranker/attn:v2" in result.stdout
+    assert result.stdout.strip().endswith("torch imported: False")
+
+
+def test_did_you_mean_bad_dtype_and_missing_device(populated: Path) -> None:
+    code, out, _ = cli("show", "ranker/atn", "--repo", str(populated), "--json")
+    assert code == 2 and out["error"]["message"].endswith("did you mean: ranker/attn?")
+    code, out, _ = cli("replay", "ranker/attn", "--dtype", "float33", "--repo", str(populated), "--json")
+    assert code == 2 and out["error"]["type"] == "UsageError" and "unknown dtype 'float33'" in out["error"]["message"]
+    code, _, stderr = cli("replay", "ranker/attn", "--device", "cuda:99", "--repo", str(populated))
+    assert code == 2 and stderr.startswith("error: device 'cuda:99': ") and stderr.count("\n") == 1
+
+
+def test_rm_asks_before_removing_an_aliased_version(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    module = DictToTuple(4)
+    with modulelens.capture(module, targets="DictToTuple", repo=repo, name="m"):
+        module({"q": torch.randn(2, 4), "k": torch.randn(3, 4)})
+    name = modulelens.Repo(repo).names()[0]
+    modulelens.Repo(repo).set_alias(f"{name}:v1", "golden")
+    code, out, _ = cli("rm", f"{name}:golden", "--repo", str(repo), "--json")
+    assert code == 2 and "is golden" in out["error"]["message"] and "--yes" in out["error"]["message"]
+    assert modulelens.Repo(repo).version_numbers(name) == [1]
+    code, out, _ = cli("rm", f"{name}:golden", "--yes", "--repo", str(repo), "--json")
+    assert code == 0 and out["result"]["removed"] == [f"{name}:v1"]
+
+
+MISSING = """
+import sys
+sys.modules[sys.argv[1]] = None  # this interpreter has no such package: `import` raises ModuleNotFoundError
+from modulelens.interfaces.cli import main
+sys.argv = ["modulelens", *sys.argv[2:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("package, args, message", [
+    ("IPython", ["shell", "ranker/attn"], "error: modulelens shell needs IPython"),
+    ("mcp", ["mcp"], "error: the MCP server needs the mcp package: pip install 'modulelens[agents]'"),
+])
+def test_a_missing_optional_package_is_one_line(populated: Path, package: str, args: list[str], message: str) -> None:
+    result = subprocess.run([PYTHON, "-c", MISSING, package, *args, "--repo", str(populated)], capture_output=True,
+                            text=True, env=subprocess_env(), timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1 and result.stderr.startswith(message) and result.stderr.count("\n") == 1
+
+
+def test_ls_never_cuts_a_ref(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    module = DictToTuple(4)
+    long_name = "a-rather-long-project-name/with/a/deeply/nested/module"
+    with modulelens.capture(module, targets="DictToTuple", repo=repo, name=long_name):
+        module({"q": torch.randn(2, 4), "k": torch.randn(3, 4)})
+    ref = f"{modulelens.Repo(repo).names()[0]}:v1"
+    for columns in ("40", "80"):
+        result = subprocess.run([PYTHON, "-m", "modulelens", "ls", "--repo", str(repo)], capture_output=True,
+                                text=True, env={**subprocess_env(), "COLUMNS": columns}, timeout=120)
+        assert result.returncode == 0 and ref in result.stdout, result.stdout

@@ -66,5 +66,5 @@ def test_result_envelopes(repo: Path) -> None:
     result = runner.invoke(app, ["replay", "toy/gate", "--repo", str(repo), "--json"])
     assert result.exit_code == 0
     replay = json.loads(result.stdout)["result"]
-    assert {"ref", "passed", "status", "mode", "device", "dtype", "notes", "calls"} == set(replay)
+    assert {"ref", "passed", "status", "mode", "device", "dtype", "weights", "notes", "calls"} == set(replay)
     assert {"call", "index", "passed", "status", "error", "seconds", "leaves", "grad_leaves"} == set(replay["calls"][0])

@@ -160,6 +160,8 @@ def test_profile_summary_with_inline_plot(ip: Any, repo: Path) -> None:
     assert repr(view).startswith("profile toy/head:v1")
     error = ip.run_cell(f"%ml_profile toy/head --batch-sizes 1,x --repo {repo}").error_in_exec
     assert "--batch-sizes" in str(error)
+    error = ip.run_cell(f"%ml_profile toy/head --call 9 --repo {repo}").error_in_exec
+    assert "there is no call 9" in str(error)
 
 
 def test_diff_and_export(ip: Any, repo: Path, tmp_path: Path) -> None:

@@ -23,6 +23,17 @@ def outputs_of(cell: dict) -> tuple[str, list[dict]]:
     return text, rich
 
 
+CANDIDATES = """
+from agents_support import Gate
+
+
+class OffByOne(Gate):
+    def forward(self, x, mask=None):
+        out, gate = super().forward(x, mask)
+        return out + 1, gate
+"""
+
+
 def test_notebook_loads_and_replays_a_capture(tmp_path: Path) -> None:
     from nbformat.v4 import new_code_cell, new_notebook
 
@@ -35,8 +46,14 @@ def test_notebook_loads_and_replays_a_capture(tmp_path: Path) -> None:
         "capture",
         "module(*args, **kwargs)[0].shape",
         "%ml_replay capture",
-        "module.down.bias.data += 1\n%ml_replay capture",
+        "module.down.bias.data += 1\n%ml_replay capture --current-weights",
         "%ml_replay no/such --repo " + str(repo),
+        # a plain kernel: HTML without %load_ext (formatters registered by `import modulelens`)
+        f"%unload_ext modulelens\ncap = modulelens.load('toy/head', repo={str(repo)!r})\ncap",
+        "%load_ext modulelens\n"
+        f"open('cands.py', 'w').write({CANDIDATES!r})\n"
+        f"%ml_verify toy/gate --candidate cands.py:OffByOne --no-timing --repo {repo}",
+        f"%ml_profile toy/head --iters 3 --warmup 1 --batch-sizes 1,4 --repo {repo}",
     ]
     nb = new_notebook(cells=[new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -60,7 +77,7 @@ def test_notebook_loads_and_replays_a_capture(tmp_path: Path) -> None:
     _, rich = outputs_of(nb.cells[6])
     html = rich[0]["data"]["text/html"]
     assert PASS_COLOR in html and ">PASS<" in html and "bit-exact" in html
-    assert rich[0]["data"]["text/plain"].startswith("replay toy/gate:v1 on cpu (bit-exact): PASS")
+    assert rich[0]["data"]["text/plain"].startswith("replay toy/gate:v1 on cpu (bit-exact, recorded weights): PASS")
     _, rich = outputs_of(nb.cells[7])
     html = rich[0]["data"]["text/html"]
     assert FAIL_COLOR in html and ">FAIL<" in html
@@ -68,3 +85,12 @@ def test_notebook_loads_and_replays_a_capture(tmp_path: Path) -> None:
     [stream] = nb.cells[8]["outputs"]
     assert stream["name"] == "stderr" and stream["text"].startswith("UsageError: no capture named 'no/such'")
     assert "Traceback" not in stream["text"] and stream["text"].count("\n") == 1
+    _, rich = outputs_of(nb.cells[9])
+    assert '<div class="modulelens"' in rich[0]["data"]["text/html"]  # no extension loaded in this cell
+    _, rich = outputs_of(nb.cells[10])
+    html = rich[0]["data"]["text/html"]
+    assert html.index(">FAIL<") < html.index("output[0]") < html.index("<table")  # verdict, failures, table
+    assert rich[0]["data"]["text/plain"].startswith("verify ")
+    _, rich = outputs_of(nb.cells[11])
+    html = rich[0]["data"]["text/html"]
+    assert html.index("median") < html.index("<table") and "data:image/png;base64," in html

@@ -182,7 +182,7 @@ def test_export_cli_json_and_refusal_to_overwrite(repo: str, tmp_path: Path) -> 
     assert payload["ok"] and payload["result"]["manifest"]["capture"]["ref"] == "km/act:v1"
     assert (out / "problem.py").exists() and (out / "test_modulelens.py").exists()
     again = runner.invoke(app, ["export", "km/act", "-o", str(out), "--repo", repo, "--json"])
-    assert again.exit_code == 1 and "not empty" in json.loads(again.stdout)["error"]["message"]
+    assert again.exit_code == 2 and "not empty" in json.loads(again.stdout)["error"]["message"]  # a usage error
     forced = runner.invoke(app, ["export", "km/act", "-o", str(out), "--repo", repo, "--force"])
     assert forced.exit_code == 0 and "KernelBench compatible" in forced.stdout
 

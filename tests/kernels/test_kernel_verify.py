@@ -164,12 +164,12 @@ def test_calling_the_reference_is_caught(repo: str) -> None:
 @needs_triton
 def test_hanging_candidate_is_killed_by_the_timeout(repo: str) -> None:
     start = time.perf_counter()
-    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_hangs.py", repo=repo, timeout=8, reference_timeout=600,
+    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_hangs.py", repo=repo, timeout=30, reference_timeout=600,
                       store=False).to_dict()
     assert not d["passed"]
     assert d["runtime"]["candidate_process"]["timed_out"] is True, d["failures"]
-    assert any("timed out after 8 s" in f and "call 0" in f for f in d["failures"])
-    assert time.perf_counter() - start < d["runtime"]["reference_process"]["seconds"] + 60
+    assert any("timed out after 30 s" in f and "call 0" in f for f in d["failures"])
+    assert time.perf_counter() - start < d["runtime"]["reference_process"]["seconds"] + 90
 
 
 @needs_triton

@@ -22,7 +22,7 @@ from torch import nn
 
 import modulelens
 from modulelens.errors import RestoreError
-from modulelens.format.tensors import hash_bytes
+from modulelens.format.hashing import hash_bytes
 from modulelens.repo._store import ObjectStore
 from modulelens.repo.packs import referenced_blobs
 

@@ -392,6 +392,10 @@ def test_class_defined_in_main_restores_from_stored_source(tmp_path: Path) -> No
 
     elsewhere = tmp_path / "elsewhere"  # another process, another folder: train.py is not importable
     elsewhere.mkdir()
+    untrusted = run_python(LOAD_AND_REPLAY, str(repo), "script/0", cwd=elsewhere)
+    assert untrusted.returncode != 0 and "UntrustedCodeError" in untrusted.stderr
+    assert "trust_source=True" in untrusted.stderr and "side effect" not in untrusted.stdout
+    modulelens.Repo(repo).trust_source = True  # the user's own repo: stored source may run
     loaded = run_python(LOAD_AND_REPLAY, str(repo), "script/0", "script/1", cwd=elsewhere)
     assert loaded.returncode == 0, loaded.stderr
     out = json.loads(loaded.stdout.strip().splitlines()[-1])
@@ -458,17 +462,19 @@ def test_script_folder_module_warns_when_changed_and_falls_back_to_stored_source
     assert any(w.startswith("SourceChangedWarning") and "FolderBlock" in w for w in changed["warnings"])
     assert any("has changed since it was captured" in note for note in changed["folder/0"]["notes"])
 
-    # not importable any more (folder not on the path): rebuilt from the stored, original source
-    gone = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path).stdout.strip().splitlines()[-1])
-    assert gone["folder/0"]["status"] == "PASS" and gone["folder/0"]["module"].startswith("modulelens_source.")
+    # not importable any more (folder not on the path): without trust, refused with what to do
     refused = run_python("""
         import sys, modulelens
         try:
-            modulelens.load("folder/0", repo=sys.argv[1], run_source=False).module
-        except modulelens.RestoreError as error:
+            modulelens.load("folder/0", repo=sys.argv[1]).module
+        except modulelens.UntrustedCodeError as error:
             print("REFUSED", error)
     """, str(repo), cwd=tmp_path)
-    assert "REFUSED" in refused.stdout and "run_source=False" in refused.stdout
+    assert "REFUSED" in refused.stdout and "trust_source=True" in refused.stdout
+    # with the user's trust: rebuilt from the stored, original source
+    modulelens.Repo(repo).trust_source = True
+    gone = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert gone["folder/0"]["status"] == "PASS" and gone["folder/0"]["module"].startswith("modulelens_source.")
 
 
 def test_stored_source_runs_definitions_only() -> None:

@@ -13,7 +13,6 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -97,22 +96,3 @@ def subprocess_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 def python() -> str:
     return sys.executable
-
-
-def has_method(name: str) -> bool:
-    """Whether ``Capture.<name>`` exists yet (profile/verify come from modulelens.tools)."""
-    from modulelens.restore.loader import Capture
-
-    return hasattr(Capture, name)
-
-
-class FakeReport:
-    """Stands in for a profile/verify result: ``passed`` and ``to_dict()``."""
-
-    def __init__(self, data: dict[str, Any], passed: bool | None = None) -> None:
-        self.data = data
-        if passed is not None:
-            self.passed = passed
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.data)

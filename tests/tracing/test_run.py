@@ -85,10 +85,31 @@ def test_run_with_python_dash_m(tmp_path: Path) -> None:
     assert modulelens.load("Net/head", repo=tmp_path / "repo").replay().passed
 
 
-def test_missing_target_is_reported_with_a_non_zero_exit(tmp_path: Path) -> None:
-    result, out = _run(tmp_path, "-t", "decoder")
-    assert result.returncode == 3
-    assert out["result"]["missing_targets"] == ["decoder"]
+def test_nothing_captured_is_an_error_naming_the_closest_modules(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "blocks.0.dwn")
+    assert result.returncode == 6 and out["ok"] is False
+    assert out["error"]["type"] == "NothingCapturedError" and out["error"]["exit_code"] == 6
+    assert "'blocks.0.dwn' matched no module; closest: blocks.0.down (Linear)" in out["error"]["message"]
+
+
+def test_list_modules_prints_the_tree_and_ends_the_job(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "--list-modules")
+    assert result.returncode == 0 and out["ok"]
+    [root] = out["result"]["roots"]
+    assert root["class"] == "__main__:Net"
+    assert ["blocks.1.up", "torch.nn.modules.linear:Linear"] in root["modules"]
+    assert ["blocks.0", "__main__:Block"] in root["modules"]
+    assert "step 0" not in result.stderr  # stopped at the first forward
+
+
+def test_run_options_backward_shape_only_and_tags(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "head", "--backward", "--shape-only-over", "0", "--tag", "nightly")
+    assert result.returncode == 0, result.stderr
+    [saved] = out["result"]["saved"]
+    assert saved["tags"] == ["nightly"]
+    capture = modulelens.load(saved["ref"], repo=tmp_path / "repo")
+    assert capture.calls[0].has_backward
+    assert capture.calls[0].shape_only_in("inputs")
 
 
 def test_the_jobs_own_failure_code_is_passed_through(tmp_path: Path) -> None:

@@ -74,11 +74,14 @@ def bundled_files(cursor: bool) -> dict[Path, bytes]:
 
 
 def _read_manifest(project: Path) -> dict[str, str]:
+    # A missing or hand-damaged manifest only means "no file is known to be ours": every file is
+    # then treated as edited by someone and kept (unless --force).
     try:
         data = json.loads((project / MANIFEST).read_text())
-        return dict(data.get("files", {}))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    return dict(files) if isinstance(files, dict) else {}
 
 
 def install(

@@ -21,3 +21,7 @@ RtolOpt = Annotated[float | None, typer.Option("--rtol", help="Relative toleranc
 AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default: by dtype).")]
 StoreOpt = Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture's version.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+TrustOpt = Annotated[bool | None, typer.Option(
+    "--trust-source/--no-trust-source",
+    help="Run source code stored with the capture for classes not importable here (default: the repo's "
+         "`modulelens trust` setting, off). Only for captures you trust: see docs/security.md.")]

@@ -30,7 +30,7 @@ app.add_typer(core.app)      # ls, show, replay, alias, rm, gc, run, demo
 app.add_typer(tools.app)     # profile, verify, diff
 app.add_typer(kernel.app)    # export
 app.add_typer(agents.app)    # shell, mcp
-app.add_typer(remote.app)     # push, pull
+app.add_typer(remote.app)    # push, pull
 app.add_typer(kernel.kernel_app, name="kernel")
 app.add_typer(agents.agent_app, name="agent")
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from modulelens.errors import UsageError
+from modulelens.errors import NothingCapturedError, UsageError
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, YesOpt
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
 from modulelens.interfaces.output import console, emit, emit_json, err_console
 
 app = typer.Typer()
@@ -35,12 +37,26 @@ def ls(
         if not result:
             console.print(f"no captures in {store.location}")
             return
-        table = Table(title=f"captures in {store.location}")
-        for col in ("ref", "aliases", "module class", "payload", "created"):
-            table.add_column(col)
+        # A ref is what people copy into the next command, so it is never cut: it gets its full
+        # width, the other columns fold, and the least useful ones go when the terminal is narrow.
+        widest = max(len(row["ref"]) for row in result)
+        if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
+            console.print(f"captures in {store.root}", soft_wrap=True, highlight=False)
+            for row in result:
+                console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
+                              f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
+            return
+        columns = ["aliases", "module class", "payload", "created"]
+        while columns and widest + 12 * len(columns) > console.width:
+            columns.pop()
+        table = Table(title=f"captures in {store.location}", title_justify="left")
+        table.add_column("ref", no_wrap=True, min_width=widest)
+        for col in columns:
+            table.add_column(col, overflow="fold")
         for row in result:
-            table.add_row(row["ref"], ", ".join(row["aliases"]), row["module_class"].rsplit(":", 1)[-1],
-                          human_bytes(row["payload_bytes"]), row["created"])
+            cells = {"aliases": ", ".join(row["aliases"]), "module class": row["module_class"].rsplit(":", 1)[-1],
+                     "payload": human_bytes(row["payload_bytes"]), "created": row["created"]}
+            table.add_row(row["ref"], *(cells[col] for col in columns))
         console.print(table)
 
     emit("ls", as_json, rows, render)
@@ -103,6 +119,7 @@ def _leaves_text(leaves: list[dict[str, Any]]) -> str:
 def replay_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     rtol: RtolOpt = None,
@@ -110,7 +127,7 @@ def replay_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
     report = capture.replay(rtol=rtol, atol=atol)
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
@@ -183,6 +200,23 @@ def rm_cmd(
     emit("rm", as_json, {"removed": removed}, lambda r: console.print("removed " + ", ".join(r["removed"])))
 
 
+@command(app, "trust")
+def trust_cmd(
+    repo: RepoOpt = None,
+    revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting this repo's stored source.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust the source stored in YOUR OWN repo: loading its captures may then run that source.
+
+    Bound to this directory and user: a repo copied or downloaded from elsewhere never arrives
+    trusted. Never trust a repo holding captures from people you do not trust (docs/security.md)."""
+    store = session.open_repo(repo)
+    store.trust_source = not revoke
+    result = {"repo": str(store.root), "trust_source": store.trust_source}
+    emit("trust", as_json, result,
+         lambda r: console.print(f"{r['repo']}: stored source {'trusted' if r['trust_source'] else 'not trusted'}"))
+
+
 @command(app, "gc")
 def gc_cmd(
     repo: RepoOpt = None,
@@ -202,9 +236,18 @@ def gc_cmd(
 @command(app, "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
     ctx: typer.Context,
-    target: Annotated[list[str], typer.Option("--target", "-t", help="Qualified-name glob or class name; repeatable.")],
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", "-t", help="Qualified-name glob or class name; repeatable.")] = None,
+    list_modules: Annotated[bool, typer.Option(
+        "--list-modules", help="Print the qualified names and classes of the first model called, then stop.")] = False,
     warmup: Annotated[int, typer.Option(help="Calls to skip per target before recording.")] = 0,
     max_calls: Annotated[int, typer.Option(help="Calls to record per target.")] = 1,
+    backward: Annotated[bool, typer.Option("--backward", help="Also record gradients (output, input, parameter).")] = False,
+    shape_only_over: Annotated[int | None, typer.Option(
+        "--shape-only-over", help="Store call tensors bigger than this many bytes shape-only (dtype, shape, stats).")] = None,
+    max_bytes: Annotated[int | None, typer.Option(
+        "--max-bytes", help="Payload budget per capture in bytes; the biggest call tensors go shape-only.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag the saved versions; repeatable.")] = None,
     exit_after_capture: Annotated[bool, typer.Option(help="End the job once everything is captured and saved.")] = False,
     repo: RepoOpt = None,
     name: Annotated[str | None, typer.Option(help="Name prefix (default: the root model's class name).")] = None,
@@ -220,28 +263,58 @@ def run_cmd(
         command_line = command_line[1:]
     if not command_line:
         raise UsageError("nothing to run: put the command after --, e.g. modulelens run -t mlp -- python train.py")
-    config = RunConfig(targets=target, warmup=warmup, max_calls=max_calls, exit_after_capture=exit_after_capture,
-                       repo=repo, name=name, ranks=ranks, strict=strict)
+    if not target and not list_modules:
+        raise UsageError("give at least one --target/-t (modulelens run --list-modules -- CMD prints the module names)")
+    config = RunConfig(targets=list(target or []), warmup=warmup, max_calls=max_calls,
+                       exit_after_capture=exit_after_capture, repo=repo, name=name, ranks=ranks, strict=strict,
+                       tags=list(tag or []), backward=backward, shape_only_over=shape_only_over, max_bytes=max_bytes,
+                       list_modules=list_modules)
     outcome = run_command(command_line, config, quiet=as_json)
+    if list_modules:
+        if not outcome["roots"]:
+            raise NothingCapturedError(f"{shlex.join(command_line)} called no torch.nn.Module "
+                                       f"(exit code {outcome['exit_code']})")
+        emit("run", as_json, {"roots": outcome["roots"], "exit_code": 0}, _render_modules)
+        return
+    if outcome["exit_code"] == 0 and not outcome["saved"]:
+        raise NothingCapturedError("the command finished but no target was captured: "
+                                   + "; ".join(_missing_line(t, outcome) for t in outcome["missing_targets"]))
+    emit("run", as_json, outcome, _render_run)
+    raise typer.Exit(outcome["exit_code"])
 
-    def render(r: dict[str, Any]) -> None:
-        if r["saved"]:
-            table = Table(title=f"captured into {r['repo']}")
-            table.add_column("ref")
-            table.add_column("module class")
-            table.add_column("calls")
-            for s in r["saved"]:
-                table.add_row(s["ref"], s["module_class"].rsplit(":", 1)[-1], str(s.get("calls", "")))
-            err_console.print(table)
-        for target_pattern in r["missing_targets"]:
-            err_console.print(f"[yellow]warning:[/yellow] target {target_pattern!r} was not captured")
 
-    emit("run", as_json, outcome, render)
-    code = outcome["exit_code"]
-    if code == 0 and not outcome["saved"]:
-        err_console.print("[red]error:[/red] the command finished but no target was captured")
-        code = 3
-    raise typer.Exit(code)
+def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
+    """``'lin' matched no module; closest: 1.lin (Linear)`` (or the hint to list the modules)."""
+    close = ", ".join(f"{n or '<root>'} ({c.rsplit(':', 1)[-1]})" for n, c in outcome["suggestions"].get(pattern, []))
+    if close:
+        return f"{pattern!r} matched no module; closest: {close}"
+    if outcome["roots"]:
+        return f"{pattern!r} matched no module (see modulelens run --list-modules -- CMD)"
+    return f"{pattern!r} matched no module: the command called no torch.nn.Module"
+
+
+def _render_run(r: dict[str, Any]) -> None:
+    if r["saved"]:
+        table = Table(title=f"captured into {r['repo']}")
+        table.add_column("ref", no_wrap=True)
+        table.add_column("module class")
+        table.add_column("calls")
+        for s in r["saved"]:
+            table.add_row(s["ref"], s["module_class"].rsplit(":", 1)[-1], str(s.get("calls", "")))
+        err_console.print(table)
+    for pattern in r["missing_targets"]:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(_missing_line(pattern, r))}", highlight=False)
+
+
+def _render_modules(r: dict[str, Any]) -> None:
+    root = r["roots"][0]
+    table = Table(title=f"modules of {root['class']} (the first model called)", title_justify="left")
+    table.add_column("qualified name", no_wrap=True)
+    table.add_column("class")
+    for qualified, cls in root["modules"]:
+        table.add_row(qualified or "<root>", cls)
+    console.print(table)
+    console.print("capture one: modulelens run -t NAME_OR_CLASS -- CMD", highlight=False)
 
 
 @command(app, "demo")

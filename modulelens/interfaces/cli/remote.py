@@ -1,4 +1,4 @@
-"""Commands that move captures between repos: ``push`` and ``pull``."""
+"""Commands that move captures between repos: ``push`` and ``pull`` (assembled into the root app by ``app.py``)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,17 @@ def push_cmd(
     aliases: AliasesOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Copy versions to another repo, uploading only the payloads it lacks (tags, metadata, reports kept)."""
+    """Copy versions to another repo, uploading only the payloads it lacks (tags, metadata, reports kept).
+
+    ``--to wandb://ENTITY/PROJECT/COLLECTION`` logs the version as a W&B artifact linked into that
+    registry collection instead."""
+    if to.startswith("wandb://"):
+        from modulelens.repo.wandb_registry import push_to_wandb
+
+        result = push_to_wandb(session.open_repo(repo), ref, to)
+        emit("push", as_json, result, lambda r: console.print(
+            f"logged {r['artifact']}" + (" and linked it" if r["linked"] else f" offline into {r['run_dir']}")))
+        return
     report = session.open_repo(repo).push(ref, session.open_repo(to, create=True), aliases=aliases)
     emit("push", as_json, report.to_dict(), _render)
 
@@ -48,6 +58,15 @@ def pull_cmd(
     aliases: AliasesOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Copy versions from another repo into this one, downloading only the payloads it lacks."""
+    """Copy versions from another repo into this one, downloading only the payloads it lacks.
+
+    A ``wandb://ENTITY/PROJECT/COLLECTION`` source pulls the artifact version REF names (an alias
+    or ``latest``)."""
+    if source.startswith("wandb://"):
+        from modulelens.repo.wandb_registry import pull_from_wandb
+
+        info = pull_from_wandb(f"{source}:{ref}", session.open_repo(repo, create=True))
+        emit("pull", as_json, info.to_dict(), lambda r: console.print(f"pulled {r['ref']}"))
+        return
     report = session.open_repo(repo, create=True).pull(session.open_repo(source), ref, aliases=aliases)
     emit("pull", as_json, report.to_dict(), _render)

@@ -11,7 +11,7 @@ from modulelens.format.human import human_bytes
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt
+from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt, TrustOpt
 from modulelens.interfaces.output import console, emit
 
 app = typer.Typer()
@@ -24,6 +24,7 @@ app = typer.Typer()
 def profile_cmd(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     call: Annotated[int, typer.Option(help="Which recorded call to run (position in the capture).")] = 0,
@@ -45,7 +46,7 @@ def profile_cmd(
     from modulelens.tools.profile import profile
     from modulelens.tools.timing import TimingConfig
 
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
     sizes = session.parse_int_list(batch_sizes, "--batch-sizes", positive=True)
     report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
                      timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
@@ -112,6 +113,7 @@ def verify_cmd(
     candidate: Annotated[str, typer.Option("--candidate", "-c",
                                            help="path/to/file.py:ClassName or package.module:ClassName")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     rtol: RtolOpt = None,
@@ -127,7 +129,7 @@ def verify_cmd(
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
     report = verify(capture, candidate, rtol=rtol, atol=atol,
                     timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
                     mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
@@ -170,6 +172,7 @@ def diff_cmd(
     a: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (the baseline)")],
     b: Annotated[str, typer.Argument(help="NAME[:vN|:alias] (compared with A)")],
     repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
     device: DeviceOpt = None,
     outputs: Annotated[bool, typer.Option("--outputs/--no-outputs", help="Replay B's module on A's inputs.")] = True,
     rtol: Annotated[float | None, typer.Option(help="Relative tolerance for outputs (default: per dtype).")] = None,
@@ -180,8 +183,8 @@ def diff_cmd(
     """Differences between two captures: constructor, weights, input statistics, outputs of B on A's inputs."""
     from modulelens.tools.diff import diff
 
-    first = session.load_capture(a, repo, device=device)
-    second = session.load_capture(b, repo, device=device)
+    first = session.load_capture(a, repo, device=device, trust_source=trust_source)
+    second = session.load_capture(b, repo, device=device, trust_source=trust_source)
     report = diff(first, second, device=device, outputs=outputs, rtol=rtol, atol=atol)
 
     def render(r: dict[str, Any]) -> None:

@@ -1,0 +1,11 @@
+"""The dtype names capture metadata may use and their sizes (torch-free: the metadata checker and
+the repo read captures without importing torch)."""
+
+from __future__ import annotations
+
+# Stable names for dtypes in the metadata (the short names torch itself prints) -> bytes per element.
+DTYPE_SIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}

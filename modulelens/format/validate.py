@@ -1,0 +1,365 @@
+"""Checking capture metadata against the format before anything uses it (docs/format.md).
+
+Metadata may be damaged or hostile, so the reader holds it to the standard safetensors sets for
+its header: every field has the right type, every tensor a known dtype, a shape of bounded rank
+whose element count times the dtype's size equals its payload's byte count, strides whose reach
+stays inside the payload, views of a stored (non-view) entry with the same dtype and a span
+inside it; every reference (tensor ids, construction ids, states) points at something that exists,
+constructions do not refer to themselves in a cycle, and nesting and counts are bounded. Anything
+else is a :class:`CorruptCaptureError` naming the field; nothing here allocates tensors, imports
+or calls anything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+from modulelens.errors import CorruptCaptureError
+from modulelens.format.dtypes import DTYPE_SIZES
+from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
+
+MAX_DEPTH = 64  # nesting of encoded values and tree specs
+MAX_NDIM = 64
+MAX_NUMEL = 1 << 50
+MAX_ITEMS = 1 << 22  # entries in any one table or list
+_TAGS_WITH = {  # "$type" -> required fields and their JSON types
+    "tensor": {"id": str}, "module": {"ref": str}, "float": {"value": str}, "dtype": {"value": str},
+    "device": {"value": str}, "size": {"value": list}, "tuple": {"items": list}, "set": {"items": list},
+    "frozenset": {"items": list}, "dict": {"items": list}, "complex": {"real": (int, float), "imag": (int, float)},
+    "bytes": {"hex": str}, "slice": {"items": list}, "ellipsis": {}, "import": {"path": str},
+    "namedtuple": {"class": str, "items": list}, "dataclass": {"class": str}, "unrecorded": {"class": str},
+    "codec": {"codec": str, "class": str},
+}
+_FLOATS = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
+
+
+class _Checker:
+    def __init__(self, meta: dict[str, Any], where: str) -> None:
+        self.meta = meta
+        self.where = where
+        self.dtypes = DTYPE_SIZES
+
+    def fail(self, field: str, problem: str) -> CorruptCaptureError:
+        return CorruptCaptureError(f"{self.where}: {field}: {problem}")
+
+    def expect(self, value: Any, kind: type | tuple[type, ...], field: str) -> Any:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise self.fail(field, f"expected {names}, found {type(value).__name__}")
+        if isinstance(value, (list, dict)) and len(value) > MAX_ITEMS:
+            raise self.fail(field, f"{len(value)} entries (at most {MAX_ITEMS})")
+        return value
+
+    def field(self, obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
+              optional: bool = False) -> Any:
+        if key not in obj:
+            if optional:
+                return None
+            raise self.fail(where, f"missing {key!r}")
+        return self.expect(obj[key], kind, f"{where}.{key}")
+
+    # ------------------------------------------------------------------------------ tensors
+
+    def tensors(self) -> None:
+        table = self.field(self.meta, "tensors", dict, "capture")
+        for tid, entry in table.items():
+            self.tensor(str(tid), self.expect(entry, dict, f"tensors[{tid}]"))
+        for tid, entry in table.items():
+            if "view_of" in entry:
+                self.view(tid, entry, table)
+
+    def tensor(self, tid: str, entry: dict[str, Any]) -> None:
+        where = f"tensors[{tid}]"
+        dtype = self.field(entry, "dtype", str, where)
+        if dtype not in self.dtypes:
+            raise self.fail(f"{where}.dtype", f"unknown dtype {dtype!r}")
+        shape = self.dims(self.field(entry, "shape", list, where), f"{where}.shape")
+        numel = math.prod(shape)
+        if numel > MAX_NUMEL:
+            raise self.fail(f"{where}.shape", f"{numel} elements (at most {MAX_NUMEL})")
+        nbytes = self.field(entry, "nbytes", int, where)
+        stride = entry.get("stride")
+        if stride is not None:
+            self.dims(self.expect(stride, list, f"{where}.stride"), f"{where}.stride")
+            if len(stride) != len(shape):
+                raise self.fail(f"{where}.stride", f"{len(stride)} strides for {len(shape)} dimensions")
+        kinds = [k for k in ("payload", "view_of") if k in entry] + (["shape_only"] if entry.get("shape_only") else [])
+        if len(kinds) != 1:
+            raise self.fail(where, f"must have exactly one of payload, view_of, shape_only (has {kinds or 'none'})")
+        if kinds == ["payload"]:
+            self.field(entry, "payload", str, where)
+            if nbytes != numel * self.dtypes[dtype]:
+                raise self.fail(where, f"nbytes {nbytes} != {numel} elements x {self.dtypes[dtype]} bytes ({dtype})")
+            if stride is not None and numel and _reach(shape, stride) > numel:
+                raise self.fail(f"{where}.stride", f"strides {stride} reach past the {numel} stored elements")
+        elif kinds == ["shape_only"]:
+            self.field(entry, "stats", dict, where, optional=True)
+
+    def view(self, tid: str, entry: dict[str, Any], table: dict[str, Any]) -> None:
+        where = f"tensors[{tid}]"
+        base_id = self.field(entry, "view_of", str, where)
+        base = table.get(base_id)
+        if not isinstance(base, dict) or "view_of" in base:
+            raise self.fail(f"{where}.view_of", f"{base_id!r} is not a stored tensor of this capture")
+        if base["dtype"] != entry["dtype"]:
+            raise self.fail(where, f"dtype {entry['dtype']} differs from its base {base_id} ({base['dtype']})")
+        stride = entry.get("stride")
+        if stride is None:
+            raise self.fail(where, "a view needs its strides")
+        offset = self.field(entry, "storage_offset", int, where)
+        if offset < 0:
+            raise self.fail(f"{where}.storage_offset", f"negative ({offset})")
+        shape = entry["shape"]
+        if math.prod(shape) and offset + _reach(shape, stride) > math.prod(base["shape"]):
+            raise self.fail(where, f"the view (offset {offset}, shape {shape}, strides {stride}) reaches past "
+                                   f"its base {base_id} ({math.prod(base['shape'])} elements)")
+
+    def dims(self, values: list[Any], where: str) -> list[int]:
+        if len(values) > MAX_NDIM:
+            raise self.fail(where, f"{len(values)} dimensions (at most {MAX_NDIM})")
+        for value in values:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value > MAX_NUMEL:
+                raise self.fail(where, f"{value!r} is not a size")
+        return values
+
+    # ------------------------------------------------------------------------------ values
+
+    def value(self, data: Any, where: str, depth: int = 0) -> None:
+        if depth > MAX_DEPTH:
+            raise self.fail(where, f"nested deeper than {MAX_DEPTH}")
+        if data is None or isinstance(data, (bool, int, float, str)):
+            return
+        if isinstance(data, list):
+            for i, item in enumerate(self.expect(data, list, where)):
+                self.value(item, f"{where}[{i}]", depth + 1)
+            return
+        if not isinstance(data, dict):
+            raise self.fail(where, f"not an encoded value ({type(data).__name__})")
+        tag = data.get("$type")
+        if not isinstance(tag, str) or tag not in _TAGS_WITH:
+            raise self.fail(where, f"unknown value tag {tag!r}")
+        for key, kind in _TAGS_WITH[tag].items():
+            self.field(data, key, kind, where)
+        self.tagged(tag, data, where, depth)
+
+    def tagged(self, tag: str, data: dict[str, Any], where: str, depth: int) -> None:
+        if tag == "tensor" and data["id"] not in self.meta["tensors"]:
+            raise self.fail(where, f"tensor {data['id']!r} is not in the tensor table")
+        elif tag == "module" and data["ref"] not in self.meta["constructions"]:
+            raise self.fail(where, f"construction {data['ref']!r} does not exist")
+        elif tag == "float" and data["value"].lower() not in _FLOATS:
+            raise self.fail(where, f"{data['value']!r} is not a non-finite float")
+        elif tag == "dtype" and data["value"] not in self.dtypes:
+            raise self.fail(where, f"unknown dtype {data['value']!r}")
+        elif tag == "size":
+            self.dims(data["value"], where)
+        elif tag in ("tuple", "set", "frozenset", "namedtuple"):
+            self.value(data["items"], where, depth + 1)
+            if tag in ("set", "frozenset") and not all(_hashable(item) for item in data["items"]):
+                raise self.fail(where, "a set holds an unhashable item")
+        elif tag == "dict":
+            for i, pair in enumerate(data["items"]):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise self.fail(f"{where}.items[{i}]", "not a [key, value] pair")
+                self.value(pair, f"{where}.items[{i}]", depth + 1)
+                if not _hashable(pair[0]):
+                    raise self.fail(f"{where}.items[{i}]", "an unhashable dict key")
+        elif tag == "slice" and len(data["items"]) != 3:
+            raise self.fail(where, "a slice has three items")
+        elif tag == "slice":
+            self.value(data["items"], where, depth + 1)
+        elif tag == "bytes" and (len(data["hex"]) % 2 or any(c not in "0123456789abcdefABCDEF" for c in data["hex"])):
+            raise self.fail(where, "not hex bytes")
+        elif tag == "dataclass":
+            self.value(data.get("fields"), where, depth + 1)
+        elif tag == "codec":
+            self.value(data.get("value"), where, depth + 1)
+
+    def tree(self, data: Any, where: str) -> None:
+        self.expect(data, dict, where)
+        leaves = self.field(data, "leaves", list, where)
+        count = self.spec(data.get("spec"), f"{where}.spec", 0)
+        if count != len(leaves):
+            raise self.fail(where, f"the structure has {count} leaves but {len(leaves)} are stored")
+        self.value(leaves, f"{where}.leaves")
+
+    def spec(self, spec: Any, where: str, depth: int) -> int:
+        if spec == "*":
+            return 1
+        if depth > MAX_DEPTH:
+            raise self.fail(where, f"nested deeper than {MAX_DEPTH}")
+        self.expect(spec, dict, where)
+        self.field(spec, "type", str, where)
+        context = self.field(spec, "context", dict, where)
+        if "value" in context:
+            self.value(context["value"], f"{where}.context", depth + 1)
+        elif "dumpable" not in context:
+            raise self.fail(f"{where}.context", "has neither 'value' nor 'dumpable'")
+        children = self.field(spec, "children", list, where)
+        self.container(spec["type"], context, len(children), where)
+        return sum(self.spec(child, f"{where}.children[{i}]", depth + 1) for i, child in enumerate(children))
+
+    def container(self, node_type: str, context: dict[str, Any], children: int, where: str) -> None:
+        """The built-in containers' contexts: none for tuple/list, one key per child for dicts."""
+        value = context.get("value")
+        if node_type in ("builtins:tuple", "builtins:list") and value is not None:
+            raise self.fail(f"{where}.context", f"a {node_type} has no context")
+        if node_type in ("builtins:dict", "collections:OrderedDict") and (
+                not isinstance(value, list) or len(value) != children):
+            raise self.fail(f"{where}.context", f"a {node_type} needs one key per child ({children})")
+
+    # ------------------------------------------------------------------------------ document
+
+    def document(self) -> None:
+        meta = self.meta
+        if meta.get("format", FORMAT_NAME) != FORMAT_NAME:
+            raise self.fail("format", f"{meta.get('format')!r} is not {FORMAT_NAME!r}")
+        self.field(meta, "format_version", int, "capture")
+        self.tensors()
+        constructions = self.field(meta, "constructions", dict, "capture")
+        module = self.field(meta, "module", dict, "capture")
+        self.field(module, "class", str, "module")
+        mid = self.field(module, "construction", (str, type(None)), "module", optional=True)
+        if mid is not None and mid not in constructions:
+            raise self.fail("module.construction", f"{mid!r} does not exist")
+        for cid, entry in constructions.items():
+            where = f"constructions[{cid}]"
+            self.expect(entry, dict, where)
+            self.field(entry, "class", str, where)
+            self.value(self.field(entry, "args", list, where), f"{where}.args")
+            self.value(list(self.field(entry, "kwargs", dict, where).values()), f"{where}.kwargs")
+        self.acyclic(constructions)
+        self.states()
+        self.calls()
+        for key, kind in (("unrecorded", list), ("shape_only", list), ("sources", dict), ("capture", dict),
+                          ("environment", dict), ("metadata", dict), ("tags", list)):
+            self.field(meta, key, kind, "capture", optional=True)
+        for name, entry in (meta.get("sources") or {}).items():
+            where = f"sources[{name}]"
+            self.expect(entry, dict, where)
+            for key in ("text", "file", "hash"):
+                self.field(entry, key, (str, type(None)), where, optional=True)
+            for qualname, info in (self.field(entry, "classes", dict, where, optional=True) or {}).items():
+                self.expect(info, dict, f"{where}.classes[{qualname}]")
+                for key in ("text", "hash"):
+                    self.field(info, key, (str, type(None)), f"{where}.classes[{qualname}]", optional=True)
+
+    def states(self) -> None:
+        tensors = self.meta["tensors"]
+        for i, state in enumerate(self.field(self.meta, "states", list, "capture")):
+            where = f"states[{i}]"
+            self.expect(state, dict, where)
+            for part, flag in (("parameters", "requires_grad"), ("buffers", "persistent")):
+                for name, entry in self.field(state, part, dict, where).items():
+                    self.expect(entry, dict, f"{where}.{part}[{name}]")
+                    tid = self.field(entry, "tensor", str, f"{where}.{part}[{name}]")
+                    self.field(entry, flag, bool, f"{where}.{part}[{name}]")
+                    if tid not in tensors:
+                        raise self.fail(f"{where}.{part}[{name}]", f"tensor {tid!r} is not in the tensor table")
+            extra = self.field(state, "extra_state", dict, where, optional=True) or {}
+            self.value(list(extra.values()), f"{where}.extra_state")
+
+    def calls(self) -> None:
+        states = len(self.meta["states"])
+        for i, call in enumerate(self.field(self.meta, "calls", list, "capture")):
+            where = f"calls[{i}]"
+            self.expect(call, dict, where)
+            self.field(call, "index", int, where)
+            state = self.field(call, "state", int, where)
+            if states and not 0 <= state < states:
+                raise self.fail(f"{where}.state", f"{state} is not one of the {states} recorded states")
+            for flag in ("training", "grad_enabled"):
+                self.field(call, flag, bool, where)
+            self.tree(call.get("inputs"), f"{where}.inputs")
+            if call.get("output") is not None:
+                self.tree(call["output"], f"{where}.output")
+            backward = self.field(call, "backward", (dict, type(None)), where, optional=True)
+            for key in ("output_grads", "input_grads", "param_grads") if backward else ():
+                self.tree(backward.get(key), f"{where}.backward.{key}")
+            for device, tid in (self.field(call, "rng", dict, where, optional=True) or {}).items():
+                if not isinstance(tid, str) or tid not in self.meta["tensors"]:
+                    raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
+            self.field(call, "autocast", dict, where, optional=True)
+
+    def acyclic(self, constructions: dict[str, Any]) -> None:
+        """Constructions refer to nested modules' constructions; a cycle would never end."""
+        refs = {cid: _module_refs(entry) for cid, entry in constructions.items()}
+        done: set[str] = set()
+        for start in refs:
+            stack = [(start, iter(refs[start]))]
+            on_path = {start}
+            while stack:
+                node, children = stack[-1]
+                child = next(children, None)
+                if child is None:
+                    stack.pop()
+                    on_path.discard(node)
+                    done.add(node)
+                    continue
+                if child in on_path:
+                    raise self.fail(f"constructions[{child}]", "refers to itself through nested modules")
+                if child not in done and child in refs:
+                    on_path.add(child)
+                    stack.append((child, iter(refs[child])))
+
+
+def _hashable(data: Any) -> bool:
+    """Whether an (already checked) encoded value decodes to something hashable."""
+    if isinstance(data, list):
+        return False
+    if not isinstance(data, dict):
+        return True
+    if data["$type"] in ("dict", "set"):
+        return False
+    if data["$type"] in ("tuple", "frozenset", "namedtuple"):
+        return all(_hashable(item) for item in data["items"])
+    return True
+
+
+def _module_refs(data: Any) -> list[str]:
+    found: list[str] = []
+    pending = [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if item.get("$type") == "module" and isinstance(item.get("ref"), str):
+                found.append(item["ref"])
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return found
+
+
+def _reach(shape: list[int], stride: list[int]) -> int:
+    """Elements a strided layout spans: 1 + the offset of its last element."""
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=False) if size > 0)
+
+
+def validate_capture(data: Any, where: str) -> CaptureMetadata:
+    """``data`` as capture metadata, after checking it against the format.
+
+    Args:
+        data: the parsed ``capture.json``.
+        where: names the document in errors (its path or ref).
+
+    Returns:
+        The same object, typed (a document of a newer format version is returned unchecked:
+        readers refuse it with an "upgrade modulelens" error of their own).
+
+    Raises:
+        CorruptCaptureError: the first problem found, naming its field.
+
+    Example::
+
+        meta = validate_capture(json.loads(path.read_text()), str(path))
+    """
+    if not isinstance(data, dict) or "format_version" not in data:
+        raise CorruptCaptureError(f"{where}: not a modulelens capture")
+    if isinstance(data["format_version"], int) and data["format_version"] > FORMAT_VERSION:
+        return cast(CaptureMetadata, data)  # a newer format: the loader refuses it by name
+    try:
+        _Checker(data, where).document()
+    except RecursionError:
+        raise CorruptCaptureError(f"{where}: nested too deeply") from None
+    return cast(CaptureMetadata, data)

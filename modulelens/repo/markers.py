@@ -1,0 +1,94 @@
+"""Verification markers of large payloads: skip re-hashing unchanged blobs, still catch bit rot.
+
+Hashing a multi-GB payload on every load would dominate load time, so a blob of at least
+``MARK_MIN_BYTES`` gets a marker ``<blob>.ok`` when its full hash is checked (on write, on a full
+check). The marker records the blob's size and mtime, when it was fully checked, and a short hash
+of each of its (at most ``MAX_CHUNKS``) chunks. On load (docs/security.md, "Bit rot"):
+
+* size or mtime differ from the marker, or the marker is unreadable: the whole blob is re-hashed;
+* the last full check is older than ``FULL_CHECK_EVERY_S``: the whole blob is re-hashed;
+* otherwise ``SAMPLED_CHUNKS`` chunks picked at random are re-hashed and compared.
+
+So damage that changes size or mtime is always caught; damage that keeps both (bit rot, a write
+that restored the mtime) is caught on each load with probability ``SAMPLED_CHUNKS / chunks``
+(every time for blobs of up to ``SAMPLED_CHUNKS`` MiB), within a month at the latest, and always by
+``load(..., verify=True)`` / ``fsck``.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import random
+import time
+from pathlib import Path
+
+import blake3
+
+MARK_MIN_BYTES = 1 << 20
+MIN_CHUNK = 1 << 20
+MAX_CHUNKS = 64
+SAMPLED_CHUNKS = 4
+FULL_CHECK_EVERY_S = 30 * 24 * 3600
+_DIGEST_HEX = 16
+
+
+def chunk_size(size: int) -> int:
+    """Bytes per chunk: 1 MiB, or more so that a blob has at most ``MAX_CHUNKS`` chunks."""
+    return max(MIN_CHUNK, -(-size // MAX_CHUNKS))
+
+
+def _chunk_digest(data: memoryview | bytes) -> str:
+    return blake3.blake3(data).hexdigest()[:_DIGEST_HEX]
+
+
+def marker_path(blob: Path) -> Path:
+    return blob.with_name(blob.name + ".ok")
+
+
+def write_marker(blob: Path) -> None:
+    """Record ``blob`` (just fully verified) with its chunk hashes. Backdates its mtime first: any
+    later write stamps the current time, which can then never equal the recorded one, even on
+    filesystems with coarse timestamps. A plain write, not write-and-rename: a torn or stale
+    marker only fails to match, and the blob is then re-hashed."""
+    backdated = time.time_ns() - 2_000_000_000
+    try:
+        os.utime(blob, ns=(backdated, backdated))
+        info = blob.stat()
+        chunk = chunk_size(info.st_size)
+        with open(blob, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                chunks = [_chunk_digest(view[i:i + chunk]) for i in range(0, info.st_size, chunk)]
+            finally:
+                view.release()
+        record = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "checked": time.time(), "chunk": chunk,
+                  "chunks": chunks}
+        with open(marker_path(blob), "w") as marker:
+            marker.write(json.dumps(record))
+    except OSError:
+        pass  # no marker: the blob is fully hashed on its next load
+
+
+def sampled_check(blob: Path, info: os.stat_result) -> bool | None:
+    """``True``: the marker matches and the sampled chunks hash as recorded; ``False``: a sampled
+    chunk differs (the blob is damaged); ``None``: no usable marker, or a full check is due."""
+    try:
+        record = json.loads(marker_path(blob).read_text())
+        if (record["size"], record["mtime_ns"]) != (info.st_size, info.st_mtime_ns):
+            return None
+        if time.time() - float(record["checked"]) > FULL_CHECK_EVERY_S:
+            return None
+        chunk, chunks = int(record["chunk"]), list(record["chunks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if chunk != chunk_size(info.st_size) or len(chunks) != -(-info.st_size // chunk):
+        return None
+    picks = random.sample(range(len(chunks)), min(SAMPLED_CHUNKS, len(chunks)))
+    with open(blob, "rb") as handle:
+        for index in picks:
+            handle.seek(index * chunk)
+            if _chunk_digest(handle.read(chunk)) != chunks[index]:
+                return False
+    return True

@@ -1,0 +1,166 @@
+"""Captures as W&B artifacts, linked into the W&B Registry (``wandb://ENTITY/PROJECT/COLLECTION``).
+
+A version becomes an artifact of type ``modulelens-capture`` whose files are the repo's own:
+``capture.json``, ``blobs/<hash>`` for each payload and ``reports/*.json``; its metadata is a
+summary of the capture (name, version, module class, tags, payload bytes, origin). Mapping:
+
+* our name ``ranker/top_mlp`` -> artifact name ``ranker--top_mlp`` (W&B names have no ``/``); the
+  real name is in the artifact metadata (``modulelens_name``) and in ``capture.json``.
+* our version numbers are not W&B's: W&B numbers artifact versions ``v0, v1, ...`` in logging
+  order. Our ``name:vN`` is kept as ``modulelens_ref`` in the metadata.
+* our aliases become W&B aliases of that artifact version (ours exclude ``latest`` and ``vN``,
+  which W&B reserves); pulling sets them back.
+
+Needs the ``wandb`` SDK (``pip install 'modulelens[wandb]'``). What has run without a W&B server
+(tests): building the artifact and its manifest from a capture, logging it in offline mode into a
+run directory, and importing an artifact's downloaded directory back into a repo. What has *not*
+run against a live W&B: ``link_artifact`` into a registry collection and ``Api().artifact(...)
+.download()`` in :func:`pull_from_wandb`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modulelens.errors import CorruptCaptureError, MissingDependencyError, UsageError
+from modulelens.repo.local import CAPTURE_FILE, Repo, VersionInfo
+from modulelens.repo.names import LATEST, parse_ref, validate_report_file
+
+ARTIFACT_TYPE = "modulelens-capture"
+SCHEME = "wandb://"
+
+
+@dataclass(frozen=True)
+class WandbTarget:
+    """``wandb://ENTITY/PROJECT/COLLECTION[:alias]``."""
+
+    entity: str
+    project: str
+    collection: str
+    alias: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> WandbTarget:
+        body = url[len(SCHEME):] if url.startswith(SCHEME) else ""
+        path, _, alias = body.partition(":")
+        parts = path.split("/")
+        if len(parts) != 3 or not all(parts):
+            raise UsageError(f"{url!r}: expected wandb://ENTITY/PROJECT/COLLECTION[:alias]")
+        return cls(*parts, alias or None)
+
+    @property
+    def path(self) -> str:
+        return f"{self.entity}/{self.project}/{self.collection}"
+
+
+def artifact_name(capture_name: str) -> str:
+    return capture_name.replace("/", "--")
+
+
+def _wandb() -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise MissingDependencyError("the W&B Registry needs the wandb SDK: pip install 'modulelens[wandb]'") from None
+    return wandb
+
+
+def stage_version(repo: Repo, ref: str, directory: Path) -> tuple[VersionInfo, dict[str, Any]]:
+    """Write a version's files (capture.json, blobs/, reports/) into ``directory``; returns its
+    info and the artifact metadata."""
+    name, version = repo.resolve(ref)
+    meta = repo.read_metadata(name, version)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CAPTURE_FILE).write_text(json.dumps(meta, indent=1))
+    for entry in meta.get("tensors", {}).values():
+        if entry.get("payload"):
+            source = repo.check_blob(entry["payload"], entry["nbytes"])
+            target = directory / "blobs" / source.name
+            target.parent.mkdir(exist_ok=True)
+            if not target.exists():
+                shutil.copyfile(source, target)
+    for filename, data in repo.report_files(name, version).items():
+        (directory / "reports").mkdir(exist_ok=True)
+        (directory / "reports" / filename).write_bytes(data)
+    info = repo.info(name, version)
+    metadata = {"modulelens_name": name, "modulelens_ref": info.ref, "modulelens_repo": repo.location,
+                "module_class": info.module_class, "tags": list(info.tags), "payload_bytes": info.nbytes,
+                "calls": info.calls, "created": info.created, "format_version": meta.get("format_version")}
+    return info, metadata
+
+
+def build_artifact(repo: Repo, ref: str, directory: Path) -> tuple[Any, list[str]]:
+    """The ``wandb.Artifact`` for ``ref`` (files staged in ``directory``) and the aliases to give it."""
+    wandb = _wandb()
+    info, metadata = stage_version(repo, ref, directory)
+    artifact = wandb.Artifact(artifact_name(info.name), type=ARTIFACT_TYPE, metadata=metadata,
+                              description=f"modulelens capture {info.ref} ({info.module_class})")
+    artifact.add_dir(str(directory))
+    return artifact, [a for a in info.aliases if a != LATEST]
+
+
+def push_to_wandb(repo: Repo, ref: str, url: str, *, work_dir: Path | None = None) -> dict[str, Any]:
+    """Log ``ref`` as an artifact in ``ENTITY/PROJECT`` and link it into ``COLLECTION``.
+
+    In offline mode (``WANDB_MODE=offline``) the artifact is logged into the run directory and
+    ``wandb sync`` uploads it later; linking needs a server and is skipped then.
+
+    Raises:
+        ModulelensError: wandb is not installed, or the URL is malformed.
+    """
+    wandb = _wandb()
+    target = WandbTarget.parse(url)
+    staging = work_dir or Path(os.environ.get("MODULELENS_CACHE", Path.home() / ".cache" / "modulelens" / "cache")) / "wandb-staging"
+    artifact, aliases = build_artifact(repo, ref, staging / artifact_name(parse_ref(ref).name))
+    run = wandb.init(entity=target.entity, project=target.project, job_type="modulelens-push",
+                     dir=str(work_dir) if work_dir else None)
+    try:
+        run.log_artifact(artifact, aliases=aliases or None)
+        offline = run.settings.mode == "offline" if hasattr(run.settings, "mode") else wandb.run is None
+        if not offline:
+            run.link_artifact(artifact, target.path, aliases=aliases or None)
+        run_dir = run.dir
+    finally:
+        run.finish()
+    return {"artifact": artifact.name, "aliases": aliases, "linked": not offline, "run_dir": run_dir}
+
+
+def import_artifact_dir(directory: Path, repo: Repo, *, aliases: tuple[str, ...] = ()) -> VersionInfo:
+    """Add the capture in an artifact's downloaded ``directory`` to ``repo`` as a new version (or
+    find it there already); payloads are hash-checked on the way in, aliases set afterwards."""
+    from modulelens.repo.transfer import content_id
+
+    try:
+        meta = json.loads((directory / CAPTURE_FILE).read_text())
+        name = meta["name"]
+    except (OSError, ValueError, KeyError) as error:
+        raise CorruptCaptureError(f"{directory}: not a modulelens artifact ({error})") from None
+    existing = {content_id(repo.read_metadata(name, v)): v for v in repo.version_numbers(name)}
+    version = existing.get(content_id(meta))
+    if version is None:
+        for entry in meta.get("tensors", {}).values():
+            if entry.get("payload"):
+                repo.put_blob_file(entry["payload"], directory / "blobs" / entry["payload"].partition(":")[2])
+        meta["origin"] = {"repo": "wandb", "ref": meta.get("origin", {}).get("ref", f"{name}:v{meta.get('version')}")}
+        version = repo.commit_version(name, meta).version
+        for report in sorted((directory / "reports").glob("*.json")):
+            repo.put_report(name, version, validate_report_file(report.name), report.read_bytes())
+    for alias in aliases:
+        repo.set_alias(f"{name}:v{version}", alias)
+    return repo.info(name, version)
+
+
+def pull_from_wandb(url: str, repo: Repo, *, root: Path | None = None) -> VersionInfo:
+    """Download ``wandb://ENTITY/PROJECT/COLLECTION:alias`` and import it into ``repo``
+    (not yet run against a live W&B server)."""
+    wandb = _wandb()
+    target = WandbTarget.parse(url)
+    artifact = wandb.Api().artifact(f"{target.path}:{target.alias or LATEST}", type=ARTIFACT_TYPE)
+    directory = Path(artifact.download(root=str(root) if root else None))
+    ours = tuple(a for a in artifact.aliases if a != LATEST and not (a[:1] == "v" and a[1:].isdigit()))
+    return import_artifact_dir(directory, repo, aliases=ours)

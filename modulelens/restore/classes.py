@@ -1,0 +1,135 @@
+"""The one resolver of the classes and functions a capture names, and the constructor decoder.
+
+Load, replay, export and verify all go through :class:`ClassResolver`: an import path from the
+metadata becomes an object only under the import rules of :mod:`modulelens.format.imports`
+(importable, not denied, of the kind its use needs, checked before anything is called). When a
+class is not importable here and the capture stored its source, that source runs only if the user
+trusts it (``trust_source``; docs/security.md); without trust the error says how to give it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from modulelens.errors import RestoreError, UnsupportedValueError, UntrustedCodeError
+from modulelens.format.imports import Kind, check_kind, import_checked
+from modulelens.format.spec import Construction
+from modulelens.format.values import DecodeContext, decode_value
+from modulelens.restore.source import lookup, module_from_source, source_changes
+
+TRUST_HINT = ("load(..., trust_source=True), --trust-source on the command line, or "
+              "`modulelens trust --repo DIR` for a repo of your own")
+
+
+class ClassResolver:
+    """``resolve(path, kind)`` for one capture; ``notes`` collects what happened.
+
+    Args:
+        sources: the capture's ``sources`` (stored source text per module).
+        ref: the capture's reference, for messages.
+        trust_source: whether stored source may run.
+        forbidden: folders nothing is imported from (the repo).
+    """
+
+    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust_source: bool = False,
+                 forbidden: Iterable[str | os.PathLike[str]] = ()) -> None:
+        self.sources = sources if isinstance(sources, dict) else {}
+        self.ref = ref
+        self.trust_source = trust_source
+        self.forbidden = [os.fspath(f) for f in forbidden]
+        self.notes: list[str] = []
+        self._cache: dict[str, Any] = {}
+
+    def resolve(self, path: str, kind: Kind = "value") -> Any:
+        """The object ``path`` names, of kind ``kind`` (see :func:`modulelens.format.imports.resolve_import`).
+
+        Raises:
+            UntrustedCodeError: refused by the import rules, or stored source without trust.
+            RestoreError: not importable here and no usable stored source.
+        """
+        if path not in self._cache:
+            self._cache[path] = self._resolve(path)
+        return check_kind(self._cache[path], kind, path)
+
+    def source_changes(self) -> list[str]:
+        """Messages about captured classes whose code changed since the capture (also noted)."""
+        changed = source_changes(self.sources, self.forbidden)
+        self.notes.extend(changed)
+        return changed
+
+    def _resolve(self, path: str) -> Any:
+        if not isinstance(path, str):
+            raise UntrustedCodeError(f"{self.ref}: malformed import path {path!r}")
+        module_name, _, qualname = path.partition(":")
+        entry = self.sources.get(module_name)
+        entry = entry if isinstance(entry, dict) else None
+        importable = module_name != "__main__" or self._running_captured_script(entry)
+        reason = "it is defined in a script (__main__) other than the one running"
+        if importable and "<locals>" not in qualname:
+            try:
+                return import_checked(path, self.forbidden)
+            except (ImportError, AttributeError) as error:
+                reason = str(error)
+        elif "<locals>" in qualname:
+            reason = "it was defined inside a function"
+        if entry is None or not isinstance(entry.get("text"), str):
+            raise RestoreError(f"{self.ref}: cannot import {path} ({reason}) and the capture holds no source for it")
+        if not self.trust_source:
+            raise UntrustedCodeError(
+                f"{self.ref}: {path} cannot be imported here ({reason}); the capture stores its source "
+                f"({entry.get('file')}), which runs only if you trust this capture: {TRUST_HINT}")
+        return self._from_source(module_name, qualname, entry)
+
+    def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any]) -> Any:
+        try:
+            obj = lookup(module_from_source(module_name, entry), qualname, entry)
+        except (AttributeError, KeyError, SyntaxError, NameError, TypeError) as error:
+            raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
+                               f"({type(error).__name__}: {error})") from None
+        note = f"classes of {module_name} were rebuilt from the source stored with the capture ({entry.get('file')})"
+        if note not in self.notes:
+            self.notes.append(note)
+        return obj
+
+    @staticmethod
+    def _running_captured_script(entry: dict[str, Any] | None) -> bool:
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if entry is None or not entry.get("file") or not main_file:
+            return entry is None
+        try:
+            return os.path.samefile(main_file, entry["file"])
+        except (OSError, TypeError, ValueError):
+            return False
+
+
+def module_class(resolver: ClassResolver, path: str) -> type[torch.nn.Module]:
+    """The ``nn.Module`` subclass at ``path``, as :class:`RestoreError` when it cannot be had."""
+    try:
+        return resolver.resolve(path, "module")
+    except (ImportError, AttributeError) as error:
+        raise RestoreError(f"{resolver.ref}: cannot import module class {path}: {error}") from None
+
+
+def decode_construction(entry: Construction, resolver: ClassResolver,
+                        ctx: DecodeContext) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+    """The class and decoded constructor arguments of a recorded construction; the class is
+    resolved (and checked to be an ``nn.Module`` subclass) before any argument is decoded, and
+    nothing is called.
+
+    Raises:
+        UntrustedCodeError: the class or a value names something the import rules refuse.
+        RestoreError: the class or an argument cannot be decoded here.
+    """
+    cls = module_class(resolver, entry["class"])
+    try:
+        args = tuple(decode_value(a, ctx) for a in entry["args"])
+        kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
+    except (UnsupportedValueError, ImportError, AttributeError) as error:
+        raise RestoreError(f"{resolver.ref}: cannot decode constructor arguments of {entry['class']}: "
+                           f"{error}") from None
+    return cls, args, kwargs

@@ -1,0 +1,190 @@
+"""kill -9 at random points of save/remove/alias/gc, and many processes racing on one repo.
+
+Workers are forked from the suite's process (torch and modulelens already imported, so a worker
+starts in milliseconds) and append one JSON line per completed operation to their log, written
+with a single ``os.write`` so a kill never leaves half a line that counts. Afterwards a fresh
+``Repo`` is checked: every listed version must load and verify (else ``wrong``: half-visible or
+damaged), and every save that returned, unless a remove of it also returned, must still be there
+(else ``lost``).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import modulelens
+from modulelens.errors import ModulelensError
+from stress.table import Row
+
+_CTX = multiprocessing.get_context("fork")
+
+
+def _log(handle: int, **record: Any) -> None:
+    os.write(handle, (json.dumps(record) + "\n").encode())
+
+
+def _save(repo: modulelens.Repo, name: str, handle: int, size: int = 32) -> None:
+    tag = uuid.uuid4().hex
+    model = torch.nn.Sequential(torch.nn.Linear(size, size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with modulelens.capture(model, targets=["0"], repo=repo, name=name, tags=[tag], strict=True) as cap:
+            model(torch.randn(2, size))
+    for info in cap.saved:
+        _log(handle, op="saved", ref=info.ref, name=info.name, tag=tag)
+
+
+def _remove(repo: modulelens.Repo, name: str, handle: int) -> None:
+    refs = [info for info in repo.list() if info.name.startswith(name)]
+    if not refs:
+        return
+    info = random.choice(refs)
+    repo.remove(info.ref)
+    _log(handle, op="removed", ref=info.ref, name=info.name, tag=(info.tags or ("",))[0])
+
+
+def _alias(repo: modulelens.Repo, name: str, handle: int) -> None:
+    infos = [info for info in repo.list() if info.name.startswith(name)]
+    if infos:
+        info = random.choice(infos)
+        repo.set_alias(info.ref, "best")
+        _log(handle, op="alias", ref=info.ref)
+
+
+def _read(repo: modulelens.Repo, name: str, handle: int) -> None:
+    infos = [info for info in repo.list() if info.name.startswith(name)]
+    if infos:
+        cap = modulelens.load(random.choice(infos).ref, repo=repo)
+        _ = [c.output for c in cap.calls]
+        _log(handle, op="read")
+
+
+OPS = {"save": _save, "remove": _remove, "alias": _alias, "gc": lambda repo, name, handle: repo.gc(tmp_age_s=0),
+       "read": _read}
+
+
+def _worker(root: str, log: str, ops: list[str], count: int | None, name: str, seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    handle = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    repo = modulelens.Repo(root)
+    done = 0
+    while count is None or done < count:
+        op = random.choice(ops)
+        try:
+            OPS[op](repo, name, handle)
+        except ModulelensError as error:
+            _log(handle, op="refused", what=op, error=f"{type(error).__name__}: {error}")
+        except Exception as error:  # an error modulelens does not document: counted as wrong
+            _log(handle, op="crash", what=op, error=f"{type(error).__name__}: {error}")
+        done += op == "save" or count is None
+    os._exit(0)
+
+
+def _read_logs(paths: list[Path]) -> list[dict[str, Any]]:
+    records = []
+    for path in paths:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue
+    return records
+
+
+def check_repo(root: Path, records: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
+    """(lost, wrong, notes) of the repo at ``root`` against what the workers reported."""
+    repo = modulelens.Repo(root)
+    notes: list[str] = []
+    wrong = 0
+    present: set[tuple[str, str]] = set()
+    for info in repo.list():
+        try:
+            cap = modulelens.load(info.ref, repo=repo, verify=True)
+            _ = [c.output for c in cap.calls]
+            present.update((info.name, tag) for tag in info.tags)
+        except Exception as error:
+            wrong += 1
+            notes.append(f"{info.ref}: {type(error).__name__}: {error}")
+    removed = {(r["name"], r["tag"]) for r in records if r["op"] == "removed"}
+    saved = {(r["name"], r["tag"]) for r in records if r["op"] == "saved"}
+    lost = len(saved - removed - present)
+    if lost:
+        notes.append(f"{lost} reported saves missing")
+    crashes = [f"{r['what']}: {r['error']}" for r in records if r["op"] == "crash"]
+    wrong += len(crashes)
+    notes.extend(crashes[:3])
+    return lost, wrong, notes
+
+
+def kill_row(tmp: Path, trials: int) -> Row:
+    """kill -9 a worker doing save/remove/alias/gc at a random moment, ``trials`` times."""
+    row = Row("kill -9 during save/remove/alias/gc, then verify")
+    start = time.perf_counter()
+    root = tmp / "kill-repo"
+    modulelens.Repo(root)
+    logs: list[Path] = []
+    for trial in range(trials):
+        log = tmp / f"kill-{trial}.log"
+        logs.append(log)
+        proc = _CTX.Process(target=_worker, args=(str(root), str(log), ["save", "save", "remove", "alias", "gc"],
+                                                  None, f"k{trial % 3}", trial))
+        proc.start()
+        time.sleep(random.uniform(0.2, 2.0))  # a save takes ~0.1-0.3 s here: several ops, killed mid-way
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        row.tried += 1
+        if trial % 10 == 9 or trial == trials - 1:  # half-visible versions stay visible: check every 10 kills
+            lost, wrong, notes = check_repo(root, _read_logs(logs))
+            row.lost, row.wrong = lost, wrong  # cumulative over the whole run (the logs accumulate)
+            row.notes = notes
+    row.survived = row.tried if not (row.lost or row.wrong) else row.tried - 1
+    saves = sum(r["op"] == "saved" for r in _read_logs(logs))
+    row.notes.insert(0, f"{saves} saves returned across the trials")
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def race_row(tmp: Path, writers: int, saves: int) -> Row:
+    """``writers`` processes x ``saves`` saves, with a remover, an alias mover, gc and a reader."""
+    row = Row(f"{writers} writers x {saves} saves + concurrent rm/alias/gc/readers")
+    start = time.perf_counter()
+    root = tmp / "race-repo"
+    modulelens.Repo(root)
+    logs = [tmp / f"race-{i}.log" for i in range(writers + 4)]
+    procs = [_CTX.Process(target=_worker, args=(str(root), str(logs[i]), ["save"], saves, f"w{i % 3}", i))
+             for i in range(writers)]
+    helpers = [_CTX.Process(target=_worker, args=(str(root), str(logs[writers + j]), [op], None, "w", 100 + j))
+               for j, op in enumerate(["remove", "alias", "gc", "read"])]
+    for p in (*procs, *helpers):
+        p.start()
+    for p in procs:
+        p.join()
+    for p in helpers:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    records = _read_logs(logs)
+    lost, wrong, notes = check_repo(root, records)
+    row.tried = writers * saves
+    reported = sum(r["op"] == "saved" for r in records)
+    refused = [r for r in records if r["op"] == "refused" and r["what"] == "save"]
+    row.survived = reported
+    row.lost, row.wrong = lost, wrong
+    row.notes = [f"{reported} saves returned, {len(refused)} refused",
+                 f"removes {sum(r['op'] == 'removed' for r in records)}, alias moves "
+                 f"{sum(r['op'] == 'alias' for r in records)}, reads {sum(r['op'] == 'read' for r in records)}",
+                 *notes, *(r["error"] for r in refused[:2])]
+    row.seconds = time.perf_counter() - start
+    return row
