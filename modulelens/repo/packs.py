@@ -36,11 +36,12 @@ if TYPE_CHECKING:
 
     from modulelens.repo.local import Repo
 
-# Measured with benchmarks/bench_repo.py (--threshold sweep, this machine): writing a payload as
-# its own blob costs ~0.1-0.3 ms of fixed work (create, fallocate, rename, marker), the time to
-# write ~0.2-0.5 MiB; above 1 MiB the fixed cost is under 15% and a loose blob's dedup across
-# versions and lazy mmap are worth more. 1 MiB is also where verification markers start, so loose
-# blobs are exactly the ones trusted by their marker.
+# Measured with benchmarks/bench_repo.py (threshold sweep, 64 payloads per size, median of 7
+# interleaved rounds, load average ~12 on 2 cores): per payload, its own blob vs a pack member costs
+# 0.72 vs 0.04 ms at 4 KiB, 2.7 vs 1.7 ms at 256 KiB, 10.3 vs 9.2 ms at 1 MiB and 24.8 vs 39.5 ms at
+# 4 MiB (a pack is assembled in memory). Below 1 MiB packing wins; above it a blob of its own is as
+# cheap and keeps dedup across versions and lazy mmap. 1 MiB is also where verification markers
+# start, so loose blobs are exactly the ones trusted by their marker.
 PACK_BELOW = 1 << 20
 # Bounds the memory a save needs to assemble one pack and the size of one upload to object storage.
 PACK_MAX_BYTES = 64 << 20
