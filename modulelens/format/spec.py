@@ -100,6 +100,7 @@ class TensorEntry(TypedDict):
     device: NotRequired[str]
     nbytes: int
     payload: NotRequired[str]
+    pack: NotRequired[int]  # index into CaptureMetadata["packs"]: the payload is a member of that pack
     view_of: NotRequired[str]
     storage_offset: NotRequired[int]
     shape_only: NotRequired[bool]
@@ -133,3 +134,4 @@ class CaptureMetadata(TypedDict):
     environment: dict[str, Any]
     distributed: NotRequired[dict[str, Any]]
     tensors: dict[str, TensorEntry]
+    packs: NotRequired[list[dict[str, Any]]]  # [{"payload": "blake3:...", "nbytes": N}], repo layout 2

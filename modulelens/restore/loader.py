@@ -172,6 +172,7 @@ class Capture:
         self.name = name
         self.version = version
         self.metadata = cast(CaptureMetadata, repo.read_metadata(name, version))
+        self._payloads = repo.payloads(cast(dict[str, Any], self.metadata))
         if self.metadata.get("format_version", 0) > FORMAT_VERSION:
             raise RestoreError(
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
@@ -199,7 +200,7 @@ class Capture:
         if verify:
             for entry in self.metadata["tensors"].values():
                 if "payload" in entry:
-                    repo.check_blob(entry["payload"], entry["nbytes"], full=True)
+                    self._payloads.check(cast(dict[str, Any], entry), full=True)
         self.calls = [
             Call(index=c["index"], training=c["training"], grad_enabled=c["grad_enabled"], state_index=c["state"],
                  finished=c.get("finished", True), autocast=c.get("autocast", {}), _capture=self, _data=c)
@@ -330,7 +331,7 @@ class Capture:
             return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                   entry["storage_offset"])
         dtype = dtype_from_name(entry["dtype"])
-        flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
+        flat = self._payloads.open_tensor(cast(dict[str, Any], entry), dtype)
         stride = entry.get("stride")
         if stride is not None and entry["shape"] and stride != contiguous_strides(entry["shape"]) and flat.numel() > 1:
             try:
