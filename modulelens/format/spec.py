@@ -87,6 +87,8 @@ class CallEntry(TypedDict):
     finished: NotRequired[bool]
     error: NotRequired[str]
     backward: NotRequired[BackwardEntry]
+    # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
+    mutated_inputs: NotRequired[EncodedTree]
 
 
 class TensorEntry(TypedDict):
@@ -98,6 +100,7 @@ class TensorEntry(TypedDict):
     device: NotRequired[str]
     nbytes: int
     payload: NotRequired[str]
+    pack: NotRequired[int]  # index into CaptureMetadata["packs"]: the payload is a member of that pack
     view_of: NotRequired[str]
     storage_offset: NotRequired[int]
     shape_only: NotRequired[bool]
@@ -131,3 +134,4 @@ class CaptureMetadata(TypedDict):
     environment: dict[str, Any]
     distributed: NotRequired[dict[str, Any]]
     tensors: dict[str, TensorEntry]
+    packs: NotRequired[list[dict[str, Any]]]  # [{"payload": "blake3:...", "nbytes": N}], repo layout 2

@@ -288,6 +288,7 @@ class _Checker:
             for flag in ("training", "grad_enabled"):
                 self.field(call, flag, bool, where)
             self.tree(call.get("inputs"), f"{where}.inputs")
+            self.inputs_shape(call["inputs"]["spec"], f"{where}.inputs")
             if call.get("output") is not None:
                 self.tree(call["output"], f"{where}.output")
             backward = self.field(call, "backward", (dict, type(None)), where, optional=True)
@@ -297,6 +298,14 @@ class _Checker:
                 if not isinstance(tid, str) or tid not in self.meta["tensors"]:
                     raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
             self.field(call, "autocast", dict, where, optional=True)
+
+    def inputs_shape(self, spec: Any, where: str) -> None:
+        """Call inputs are stored as the tree ``(args_tuple, kwargs_dict)``."""
+        types = [c.get("type") if isinstance(c, dict) else c for c in spec.get("children", [])] \
+            if isinstance(spec, dict) else []
+        if not isinstance(spec, dict) or spec.get("type") != "builtins:tuple" \
+                or types != ["builtins:tuple", "builtins:dict"]:
+            raise self.fail(where, "call inputs must be the tree (args tuple, kwargs dict)")
 
     def acyclic(self, constructions: dict[str, Any]) -> None:
         """Constructions refer to nested modules' constructions; a cycle would never end."""

@@ -66,6 +66,14 @@ class Call:
             return None
         return decode_tree(self._data["output"], self._capture._decode_context())
 
+    @functools.cached_property
+    def mutated_inputs(self) -> dict[str, Any]:
+        """Inputs the call changed in place (a transformers cache, a tensor updated in place), as
+        they were *after* the call, by input path (``"[1]['cache']"``: ``kwargs['cache']``);
+        ``inputs`` holds them as they were on entry. Replay compares both (docs/fidelity.md)."""
+        data = self._data.get("mutated_inputs")
+        return {} if data is None else dict(decode_tree(data, self._capture._decode_context()))
+
     @property
     def has_backward(self) -> bool:
         return self._data.get("backward") is not None
@@ -164,6 +172,7 @@ class Capture:
         self.name = name
         self.version = version
         self.metadata = cast(CaptureMetadata, repo.read_metadata(name, version))
+        self._payloads = repo.payloads(cast(dict[str, Any], self.metadata))
         if self.metadata.get("format_version", 0) > FORMAT_VERSION:
             raise RestoreError(
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
@@ -191,7 +200,7 @@ class Capture:
         if verify:
             for entry in self.metadata["tensors"].values():
                 if "payload" in entry:
-                    repo.check_blob(entry["payload"], entry["nbytes"], full=True)
+                    self._payloads.check(cast(dict[str, Any], entry), full=True)
         self.calls = [
             Call(index=c["index"], training=c["training"], grad_enabled=c["grad_enabled"], state_index=c["state"],
                  finished=c.get("finished", True), autocast=c.get("autocast", {}), _capture=self, _data=c)
@@ -199,6 +208,11 @@ class Capture:
         ]
 
     # ---------------------------------------------------------------------------------- info
+
+    @property
+    def trust_source(self) -> bool:
+        """Whether the source stored with this capture may run (``load(..., trust_source=...)``)."""
+        return self._sources.trust_source
 
     @property
     def ref(self) -> str:
@@ -317,7 +331,7 @@ class Capture:
             return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                   entry["storage_offset"])
         dtype = dtype_from_name(entry["dtype"])
-        flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
+        flat = self._payloads.open_tensor(cast(dict[str, Any], entry), dtype)
         stride = entry.get("stride")
         if stride is not None and entry["shape"] and stride != contiguous_strides(entry["shape"]) and flat.numel() > 1:
             try:
@@ -717,8 +731,6 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    # Code stored with a capture runs only from a trusted repo (a remote one holds other people's captures).
-    run_source = run_source and repo.trusted
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,

@@ -200,6 +200,8 @@ def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
         "rng": {device: ctx.add_tensor(state, f"rng[{device}]") for device, state in call.rng.items()},
         "inputs": encode_tree((tuple(call.args), dict(call.kwargs)), ctx, f"call{call.index}.inputs"),
         "output": encode_tree(call.output, ctx, f"call{call.index}.output") if call.finished else None,
+        **({"mutated_inputs": encode_tree(call.mutated_inputs, ctx, f"call{call.index}.mutated_inputs")}
+           if call.mutated_inputs else {}),
         "finished": call.finished,
         "error": call.error,
         **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),

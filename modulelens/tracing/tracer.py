@@ -24,7 +24,8 @@ import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.module_state import plain_attributes, structure
-from modulelens.tracing.backward import separate_inputs, watch_backward
+from modulelens.format.tree import mutable_leaves
+from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
     RanksSpec,
     ShardSync,
@@ -119,6 +120,9 @@ class _Pending:
     call: CallRecord | None  # None on a rank that only takes part in gathers
     index: int
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
+    start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
+    # inputs the call may change in place: (path, live value, tensor version on entry or None)
+    watch: list[tuple[str, Any, int | None]] | None = None
 
 
 def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -228,12 +232,13 @@ class Tracer:
                 return None
         return _eager(pre_hook)
 
-    def _make_post_hook(self, name: str) -> Callable[..., None]:
-        def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _make_post_hook(self, name: str) -> Callable[..., Any]:
+        def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             try:
-                self._on_exit(name, module, output)
+                return self._on_exit(name, module, output)
             except Exception as error:  # fail open
                 self._fail(name, error)
+                return None
         return _eager(post_hook)
 
     def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -276,13 +281,18 @@ class Tracer:
             call.rng = _rng_state(args, kwargs)
             record.calls.append(call)
             live = replacement = None
+            start = 0
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
-            self._stack(name).append(_Pending(call, index, live))
+                start = sequence_marker()  # after the input views: the call's own nodes come later
+            watch = [(path, value, value._version if isinstance(value, torch.Tensor) else None)
+                     for path, value in mutable_leaves((tuple(args), dict(kwargs)))]
+            self._stack(name).append(_Pending(call, index, live, start, watch))
             return replacement
 
-    def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
+    def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> Any:
+        """Record the output; returns a replacement output only when capturing its backward."""
         with self._lock:
             stack = self._stack(name)
             pending = stack.pop() if stack else None
@@ -297,6 +307,7 @@ class Tracer:
                     self._participated[name] -= 1
                 return
             record = self.records[name]
+            replacement = None
             gathered = self._gather(name, pending.index, "output", output)
             if isinstance(gathered, str):
                 if pending.call is not None and pending.call in record.calls:
@@ -307,19 +318,28 @@ class Tracer:
                 self._snap.gathered = gathered
                 try:
                     pending.call.output = self._snap.tree(output)
+                    pending.call.mutated_inputs = self._mutated_inputs(pending.watch or [])
                 finally:
                     self._snap.gathered = {}
                 pending.call.finished = True
                 if pending.live_inputs is not None:
-                    handle = watch_backward(pending.call, module, pending.live_inputs, output, self._snap,
-                                            functools.partial(self._on_backward, name))
-                    if handle is not None:
-                        self._backward_handles.append(handle)
+                    output, handles = watch_backward(pending.call, module, pending.live_inputs, output, pending.start,
+                                                     self._snap, functools.partial(self._on_backward, name))
+                    self._backward_handles.extend(handles)
+                    replacement = output if handles else None
             done = (all(c.finished for c in record.calls) if self.recording
                     else not any(self._stacks.get(name, {}).values()))
             if self._taken(name) >= self.max_calls and done:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
+            return replacement
+
+    def _mutated_inputs(self, watch: list[tuple[str, Any, int | None]]) -> dict[str, Any]:
+        """Snapshots, after the call, of the inputs it may have changed in place: every state
+        object (a cache: attribute updates leave no version trace) and every tensor whose version
+        counter moved."""
+        return {path: self._snap.tree(value) for path, value, version in watch
+                if version is None or value._version != version}
 
     def _stack(self, name: str) -> list[_Pending | None]:
         """This thread's pending calls of target ``name`` (callers hold ``self._lock``)."""
