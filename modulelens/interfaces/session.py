@@ -23,7 +23,8 @@ def open_repo(path: str | None = None, *, create: bool = False) -> Repo:
     """The repo at ``path`` (default: ``$MODULELENS_REPO`` or ``~/.cache/modulelens/repo``).
 
     Args:
-        path: a repo directory, or ``None`` for the default.
+        path: a repo directory, an fsspec URL (``s3://bucket/prefix``: a ``RemoteRepo``), or
+            ``None`` for the default.
         create: create an empty repo when there is none (listing an empty default repo is fine;
             loading from a repo that does not exist is an error).
 

@@ -220,6 +220,7 @@ def test_template_and_check_candidate_for_a_class_only_in_stored_source(
     shutil.rmtree(gone)
     [ref] = [info.ref for info in modulelens.Repo(repo).list()]
 
+    modulelens.Repo(repo).trust_source = True  # the user's own repo: `modulelens trust --repo DIR`
     install(tmp_path)
     candidate = tmp_path / "cand.py"
     candidate.write_text((tmp_path / SKILL / "assets/candidate_template.py").read_text())
