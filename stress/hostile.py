@@ -200,7 +200,7 @@ def probe(repo: modulelens.Repo, ref: str, marker: Path, *, trust_source: bool |
     cap = step(lambda: modulelens.load(ref, repo=repo, trust_source=trust_source))
     if cap is not None:
         step(lambda: cap.module)
-        step(lambda: cap.init_arguments())
+        step(lambda: cap.init_arguments)
         step(lambda: [(c.args, c.kwargs, c.output) for c in cap.calls])
         step(lambda: cap.replay())
     sys.modules.pop("evil_captured_module", None)

@@ -34,15 +34,31 @@ def _log(handle: int, **record: Any) -> None:
     os.write(handle, (json.dumps(record) + "\n").encode())
 
 
-def _save(repo: modulelens.Repo, name: str, handle: int, size: int = 32) -> None:
-    tag = uuid.uuid4().hex
+_TEMPLATE: dict[str, Any] = {}
+
+
+def make_template(tmp: Path, size: int = 32) -> None:
+    """One real capture's metadata and payload bytes, made before forking: a worker's save is then
+    ``Repo.save_version`` itself (``capture()`` in a fresh fork spends seconds describing the
+    environment, which would leave kills no save to interrupt)."""
+    repo = modulelens.Repo(tmp / "template-repo")
     model = torch.nn.Sequential(torch.nn.Linear(size, size))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with modulelens.capture(model, targets=["0"], repo=repo, name=name, tags=[tag], strict=True) as cap:
+        with modulelens.capture(model, targets=["0"], repo=repo, name="template", strict=True) as cap:
             model(torch.randn(2, size))
-    for info in cap.saved:
-        _log(handle, op="saved", ref=info.ref, name=info.name, tag=tag)
+    meta = repo.read_metadata(*repo.resolve(cap.saved[0].ref))
+    payloads = {tid: repo.blob_path(e["payload"]).read_bytes() for tid, e in meta["tensors"].items() if e.get("payload")}
+    _TEMPLATE.update(meta=meta, payloads=payloads)
+
+
+def _save(repo: modulelens.Repo, name: str, handle: int) -> None:
+    tag = uuid.uuid4().hex
+    meta = json.loads(json.dumps(_TEMPLATE["meta"]))
+    meta["tags"] = [tag]
+    payloads = {tid: memoryview(data) for tid, data in _TEMPLATE["payloads"].items()}
+    info = repo.save_version(f"{name}/0", meta, payloads)
+    _log(handle, op="saved", ref=info.ref, name=info.name, tag=tag)
 
 
 def _remove(repo: modulelens.Repo, name: str, handle: int) -> None:
@@ -133,6 +149,7 @@ def kill_row(tmp: Path, trials: int) -> Row:
     """kill -9 a worker doing save/remove/alias/gc at a random moment, ``trials`` times."""
     row = Row("kill -9 during save/remove/alias/gc, then verify")
     start = time.perf_counter()
+    make_template(tmp)
     root = tmp / "kill-repo"
     modulelens.Repo(root)
     logs: list[Path] = []
@@ -142,7 +159,7 @@ def kill_row(tmp: Path, trials: int) -> Row:
         proc = _CTX.Process(target=_worker, args=(str(root), str(log), ["save", "save", "remove", "alias", "gc"],
                                                   None, f"k{trial % 3}", trial))
         proc.start()
-        time.sleep(random.uniform(0.2, 2.0))  # a save takes ~0.1-0.3 s here: several ops, killed mid-way
+        time.sleep(random.uniform(0.05, 1.0))  # several operations, the last one killed mid-way
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         row.tried += 1
@@ -161,6 +178,7 @@ def race_row(tmp: Path, writers: int, saves: int) -> Row:
     """``writers`` processes x ``saves`` saves, with a remover, an alias mover, gc and a reader."""
     row = Row(f"{writers} writers x {saves} saves + concurrent rm/alias/gc/readers")
     start = time.perf_counter()
+    make_template(tmp)
     root = tmp / "race-repo"
     modulelens.Repo(root)
     logs = [tmp / f"race-{i}.log" for i in range(writers + 4)]

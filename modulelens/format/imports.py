@@ -23,6 +23,7 @@ See docs/security.md for the whole trust model and what it does not guarantee.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys

@@ -223,6 +223,7 @@ class _Checker:
         mid = self.field(module, "construction", (str, type(None)), "module", optional=True)
         if mid is not None and mid not in constructions:
             raise self.fail("module.construction", f"{mid!r} does not exist")
+        self.module_state(module)
         for cid, entry in constructions.items():
             where = f"constructions[{cid}]"
             self.expect(entry, dict, where)
@@ -240,10 +241,25 @@ class _Checker:
             self.expect(entry, dict, where)
             for key in ("text", "file", "hash"):
                 self.field(entry, key, (str, type(None)), where, optional=True)
+            text_id = self.field(entry, "text_id", str, where, optional=True)
+            if text_id is not None and (text_id not in meta["tensors"] or meta["tensors"][text_id]["dtype"] != "uint8"
+                                        or len(meta["tensors"][text_id]["shape"]) != 1):
+                raise self.fail(f"{where}.text_id", f"{text_id!r} is not a 1-D uint8 entry of the tensor table")
             for qualname, info in (self.field(entry, "classes", dict, where, optional=True) or {}).items():
                 self.expect(info, dict, f"{where}.classes[{qualname}]")
                 for key in ("text", "hash"):
                     self.field(info, key, (str, type(None)), f"{where}.classes[{qualname}]", optional=True)
+
+    def module_state(self, module: dict[str, Any]) -> None:
+        """``module.structure`` (path -> class name) and ``module.attributes`` (path -> {name: plain
+        value}), recorded at the first call (docs/format.md)."""
+        structure = self.field(module, "structure", dict, "module", optional=True) or {}
+        for path, name in structure.items():
+            self.expect(name, str, f"module.structure[{path}]")
+        attributes = self.field(module, "attributes", dict, "module", optional=True) or {}
+        for path, values in attributes.items():
+            self.expect(values, dict, f"module.attributes[{path}]")
+            self.value(list(values.values()), f"module.attributes[{path}]")
 
     def states(self) -> None:
         tensors = self.meta["tensors"]
@@ -272,6 +288,7 @@ class _Checker:
             for flag in ("training", "grad_enabled"):
                 self.field(call, flag, bool, where)
             self.tree(call.get("inputs"), f"{where}.inputs")
+            self.inputs_shape(call["inputs"]["spec"], f"{where}.inputs")
             if call.get("output") is not None:
                 self.tree(call["output"], f"{where}.output")
             backward = self.field(call, "backward", (dict, type(None)), where, optional=True)
@@ -281,6 +298,14 @@ class _Checker:
                 if not isinstance(tid, str) or tid not in self.meta["tensors"]:
                     raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
             self.field(call, "autocast", dict, where, optional=True)
+
+    def inputs_shape(self, spec: Any, where: str) -> None:
+        """Call inputs are stored as the tree ``(args_tuple, kwargs_dict)``."""
+        types = [c.get("type") if isinstance(c, dict) else c for c in spec.get("children", [])] \
+            if isinstance(spec, dict) else []
+        if not isinstance(spec, dict) or spec.get("type") != "builtins:tuple" \
+                or types != ["builtins:tuple", "builtins:dict"]:
+            raise self.fail(where, "call inputs must be the tree (args tuple, kwargs dict)")
 
     def acyclic(self, constructions: dict[str, Any]) -> None:
         """Constructions refer to nested modules' constructions; a cycle would never end."""

@@ -124,3 +124,18 @@ def test_bit_rot_with_kept_mtime_is_caught_by_the_sampled_check(repo: modulelens
     os.utime(blob, ns=(info.st_atime_ns, info.st_mtime_ns))
     with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
         _ = modulelens.load(ref, repo=repo).module
+
+
+def test_a_damaged_version_is_listed_and_gc_keeps_its_payloads(views_capture: tuple[modulelens.Repo, str, Path]) -> None:
+    repo, ref, path = views_capture
+    with modulelens.track_init():
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with modulelens.capture(model, targets=["0"], repo=repo, name="healthy") as cap:
+        model(torch.randn(1, 2))
+    digests = [e["payload"] for e in json.loads(path.read_text())["tensors"].values() if e.get("payload")]
+    edit(path, lambda m: m.pop("calls"))
+    infos = {info.ref: info for info in repo.list()}
+    assert infos[cap.saved[0].ref].problem is None
+    assert "missing 'calls'" in infos[ref].problem and infos[ref].to_dict()["problem"] == infos[ref].problem
+    report = repo.gc(tmp_age_s=0)
+    assert report.removed_blobs == 0 and all(repo.blob_path(d).exists() for d in digests)

@@ -24,6 +24,7 @@ import modulelens
 from modulelens.errors import RestoreError
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo._store import ObjectStore
+from modulelens.repo.packs import referenced_blobs
 
 
 @pytest.fixture(scope="module")
@@ -194,23 +195,21 @@ def test_push_killed_midway_leaves_no_version_and_rerun_completes(env: dict[str,
 
 def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Path) -> None:
     local = modulelens.Repo(tmp_path / "local")
-    module = nn.Linear(64, 64)
+    module = nn.Linear(512, 512)  # a 1 MiB weight (its own blob) and small payloads (one pack per save)
     _save(local, module, "ranker/mlp", tags=["nightly"], metadata={"run": "r1"})
     local.set_alias("ranker/mlp:v1", "golden")
     local.add_report("ranker/mlp:v1", "profile", {"ms": 2.0})
     s3_url, memory_url = _url(), f"memory://modulelens-{uuid.uuid4().hex[:8]}"
     first = local.push("ranker/mlp", s3_url, aliases=True)
-    payload_bytes = local.info("ranker/mlp", 1).nbytes
+    payload_bytes = sum(referenced_blobs(local.read_metadata("ranker/mlp", 1)).values())
     assert first.copied == ["ranker/mlp:v1"] and first.aliases == ["ranker/mlp:golden"]
     assert first.bytes_copied == payload_bytes
     assert local.push("ranker/mlp", s3_url, aliases=True).bytes_copied == 0  # nothing is copied twice
 
-    # A second version that shares the weights: only the new input/output payloads travel.
+    # A second version that shares the weight: only the new pack (inputs, outputs, bias) travels.
     _save(local, module, "ranker/mlp")
-    new_meta = local.read_metadata("ranker/mlp", 2)
-    old_blobs = {t["payload"] for t in local.read_metadata("ranker/mlp", 1)["tensors"].values() if t.get("payload")}
-    new_bytes = sum({t["payload"]: t["nbytes"] for t in new_meta["tensors"].values()
-                     if t.get("payload") and t["payload"] not in old_blobs}.values())
+    old_blobs = referenced_blobs(local.read_metadata("ranker/mlp", 1))
+    new_bytes = sum(n for d, n in referenced_blobs(local.read_metadata("ranker/mlp", 2)).items() if d not in old_blobs)
     second = local.push("ranker/mlp:v2", s3_url)
     assert second.copied == ["ranker/mlp:v2"] and 0 < second.bytes_copied == new_bytes < payload_bytes
 
@@ -258,7 +257,7 @@ def test_cache_downloads_each_blob_once_and_resumes(env: dict[str, str], tmp_pat
     info = _save(url, module, "lin")
     repo = modulelens.Repo(url)
     meta = repo.read_metadata("lin", 1)
-    blobs = {t["payload"]: t["nbytes"] for t in meta["tensors"].values() if t.get("payload")}
+    blobs = referenced_blobs(meta)  # the 1 MiB weight and the pack of the small payloads
     weight = max(blobs, key=blobs.get)
     # An interrupted download: the first 100 KiB are in the cache's partial file.
     full = ObjectStore(url).read(repo._blob_key(weight))

@@ -23,9 +23,17 @@ from modulelens.interfaces.cli import app
 from stress.hostile import CASES, Case, make_base_capture, plant, probe
 
 
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One real capture, copied for each hostile case (capturing once keeps these tests fast)."""
+    root = tmp_path_factory.mktemp("pristine") / "repo"
+    return root, make_base_capture(modulelens.Repo(root))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
-def test_hostile_capture_runs_no_code_by_default(repo: modulelens.Repo, tmp_path: Path, case: Case) -> None:
-    ref = make_base_capture(repo)
+def test_hostile_capture_runs_no_code_by_default(pristine: tuple[Path, str], tmp_path: Path, case: Case) -> None:
+    shutil.copytree(pristine[0], tmp_path / "repo")
+    repo, ref = modulelens.Repo(tmp_path / "repo"), pristine[1]
     marker = tmp_path / "marker"
     plant(repo, ref, case, marker)
     with warnings.catch_warnings():

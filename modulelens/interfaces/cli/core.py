@@ -54,7 +54,8 @@ def ls(
         for col in columns:
             table.add_column(col, overflow="fold")
         for row in result:
-            cells = {"aliases": ", ".join(row["aliases"]), "module class": row["module_class"].rsplit(":", 1)[-1],
+            kind = row["module_class"].rsplit(":", 1)[-1] if not row.get("problem") else "damaged (see show)"
+            cells = {"aliases": ", ".join(row["aliases"]), "module class": kind,
                      "payload": human_bytes(row["payload_bytes"]), "created": row["created"]}
             table.add_row(row["ref"], *(cells[col] for col in columns))
         console.print(table)
