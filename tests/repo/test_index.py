@@ -30,7 +30,7 @@ def _full_scan(root: Path) -> list[tuple[str, int, str, tuple[str, ...], int]]:
         aliases: dict[int, list[str]] = {}
         for alias in sorted((name_dir / "aliases").glob("*")) if (name_dir / "aliases").exists() else []:
             aliases.setdefault(int(alias.read_text()), []).append(alias.name)
-        versions = sorted(int(p.name) for p in (name_dir / "versions").iterdir())
+        versions = sorted(int(p.name) for p in (name_dir / "versions").iterdir() if p.name.isdigit())
         for version in versions:
             meta = json.loads((name_dir / "versions" / str(version) / "capture.json").read_text())
             names = tuple(aliases.get(version, ()))
@@ -54,7 +54,9 @@ def test_list_equals_a_full_scan_after_concurrent_saves_removes_and_alias_moves(
             repo.remove(f"shared/lin:v{versions[1]}")
             removed += 1
         repo.set_alias(f"shared/lin:v{versions[0]}", "golden")
-        assert [i.version for i in repo.list("shared/lin")] == repo.version_numbers("shared/lin")
+        listed = [i.version for i in repo.list("shared/lin")]
+        after = repo.version_numbers("shared/lin")  # savers only add (higher numbers) in between
+        assert listed == after[:len(listed)]
         time.sleep(0.05)
     assert all(p.wait() == 0 for p in procs)
     assert _listed(repo) == _full_scan(repo.root)
