@@ -30,6 +30,7 @@ from typing import Any
 from modulelens.errors import CorruptCaptureError, MissingDependencyError, UsageError
 from modulelens.repo.local import CAPTURE_FILE, Repo, VersionInfo
 from modulelens.repo.names import LATEST, parse_ref, validate_report_file
+from modulelens.repo.packs import referenced_blobs
 
 ARTIFACT_TYPE = "modulelens-capture"
 SCHEME = "wandb://"
@@ -77,13 +78,13 @@ def stage_version(repo: Repo, ref: str, directory: Path) -> tuple[VersionInfo, d
     meta = repo.read_metadata(name, version)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CAPTURE_FILE).write_text(json.dumps(meta, indent=1))
-    for entry in meta.get("tensors", {}).values():
-        if entry.get("payload"):
-            source = repo.check_blob(entry["payload"], entry["nbytes"])
-            target = directory / "blobs" / source.name
-            target.parent.mkdir(exist_ok=True)
-            if not target.exists():
-                shutil.copyfile(source, target)
+    repo.download(referenced_blobs(meta), label=f"{name}:v{version}")
+    for digest, nbytes in referenced_blobs(meta).items():  # loose payloads and packs
+        source = repo.check_blob(digest, nbytes)
+        target = directory / "blobs" / source.name
+        target.parent.mkdir(exist_ok=True)
+        if not target.exists():
+            shutil.copyfile(source, target)
     for filename, data in repo.report_files(name, version).items():
         (directory / "reports").mkdir(exist_ok=True)
         (directory / "reports" / filename).write_bytes(data)
@@ -143,9 +144,8 @@ def import_artifact_dir(directory: Path, repo: Repo, *, aliases: tuple[str, ...]
     existing = {content_id(repo.read_metadata(name, v)): v for v in repo.version_numbers(name)}
     version = existing.get(content_id(meta))
     if version is None:
-        for entry in meta.get("tensors", {}).values():
-            if entry.get("payload"):
-                repo.put_blob_file(entry["payload"], directory / "blobs" / entry["payload"].partition(":")[2])
+        for digest in referenced_blobs(meta):  # hash-checked on the way in
+            repo.put_blob_file(digest, directory / "blobs" / digest.partition(":")[2])
         meta["origin"] = {"repo": "wandb", "ref": meta.get("origin", {}).get("ref", f"{name}:v{meta.get('version')}")}
         version = repo.commit_version(name, meta).version
         for report in sorted((directory / "reports").glob("*.json")):

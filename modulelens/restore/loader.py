@@ -731,6 +731,8 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
+    # trust_source=None: Capture asks repo.trust_source, which a RemoteRepo never takes from a file
+    # (off unless RemoteRepo(url, trust_source=True)), so a remote's stored source runs only when asked.
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,

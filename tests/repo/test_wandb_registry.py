@@ -14,6 +14,7 @@ from torch import nn
 
 import modulelens
 from modulelens.errors import UsageError
+from modulelens.repo.packs import referenced_blobs
 from modulelens.repo.wandb_registry import ARTIFACT_TYPE, WandbTarget, build_artifact, import_artifact_dir, push_to_wandb
 
 
@@ -35,7 +36,7 @@ def test_artifact_from_a_capture_has_its_files_metadata_and_aliases(source: modu
     assert artifact.metadata["modulelens_name"] == "ranker/0" and artifact.metadata["modulelens_ref"] == "ranker/0:v1"
     assert artifact.metadata["tags"] == ["nightly"]
     meta = source.read_metadata("ranker/0", 1)
-    payloads = {t["payload"].partition(":")[2]: t["nbytes"] for t in meta["tensors"].values() if t.get("payload")}
+    payloads = {d.partition(":")[2]: n for d, n in referenced_blobs(meta).items()}  # loose payloads and packs
     entries = artifact.manifest.entries
     assert {p: e.size for p, e in entries.items() if p.startswith("blobs/")} == {f"blobs/{h}": n for h, n in payloads.items()}
     assert "capture.json" in entries and any(p.startswith("reports/profile-") for p in entries)
@@ -67,8 +68,7 @@ def test_offline_push_logs_the_artifact_into_the_run_directory(source: modulelen
     record = run_files[0].read_bytes()  # what `wandb sync` will upload: the artifact, its aliases, files
     meta = source.read_metadata("ranker/0", 1)
     assert b"modulelens-capture" in record and b"golden" in record and b'"modulelens_ref":"ranker/0:v1"' in record
-    assert all(f"blobs/{t['payload'].partition(':')[2]}".encode() in record
-               for t in meta["tensors"].values() if t.get("payload"))
+    assert all(f"blobs/{d.partition(':')[2]}".encode() in record for d in referenced_blobs(meta))
 
 
 def test_wandb_urls_are_parsed_strictly() -> None:
