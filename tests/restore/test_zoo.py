@@ -127,6 +127,7 @@ def test_zoo_fast_subset(group: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~5 min alone on 2 cores; more when the machine is shared
 def test_zoo_full(tmp_path: Path) -> None:
     results: dict[str, dict[str, Any]] = {}
     for group in zoo_models.GROUPS:
