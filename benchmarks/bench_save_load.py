@@ -102,7 +102,7 @@ def main() -> None:
             return m
 
         def load_ml() -> nn.Module:
-            return modulelens.load("big", repo=repo).module
+            return modulelens.load("big", repo=repo, trust_source=True).module  # Big is this script's own class
 
         rows_load = {}
         for label, fn in (("torch.load", load_torch), ("safetensors", load_st), ("modulelens", load_ml)):

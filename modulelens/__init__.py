@@ -43,7 +43,7 @@ from modulelens.errors import (
 
 if _TYPE_CHECKING:
     from modulelens import testing as testing
-    from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec
+    from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec, register_state_codec
     from modulelens.repo import Repo, VersionInfo
     from modulelens.restore import Call, Capture, ReplayReport, load
     from modulelens.tools.profile import profile
@@ -55,7 +55,8 @@ if _TYPE_CHECKING:
 # ``--help``/``ls``/``show`` stay fast because nothing here imports torch until it is needed.
 _LAZY = {
     "FORMAT_VERSION": "modulelens.format", "ShapeOnly": "modulelens.format", "Unrecorded": "modulelens.format",
-    "register_codec": "modulelens.format", "Repo": "modulelens.repo", "VersionInfo": "modulelens.repo",
+    "register_codec": "modulelens.format", "register_state_codec": "modulelens.format",
+    "Repo": "modulelens.repo", "VersionInfo": "modulelens.repo",
     "Call": "modulelens.restore", "Capture": "modulelens.restore", "ReplayReport": "modulelens.restore",
     "load": "modulelens.restore", "profile": "modulelens.tools.profile", "TimingConfig": "modulelens.tools.timing",
     "verify": "modulelens.tools.verify", "capture": "modulelens.tracing", "get_init_record": "modulelens.tracing",
@@ -123,6 +124,7 @@ __all__ = [
     "load_ipython_extension",
     "profile",
     "register_codec",
+    "register_state_codec",
     "track_init",
     "unload_ipython_extension",
     "verify",

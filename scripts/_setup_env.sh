@@ -25,5 +25,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if ! python -c "import triton" 2>/dev/null; then
     python -m pip install -q --disable-pip-version-check "triton>=3.0" >&2
   fi
+  # timm for the third-party tests, without its torchvision requirement: every torchvision wheel on
+  # PyPI pins a newer (CUDA) torch than the pinned CPU build, which it would replace
+  # (tests/support/shims stands in for the few torchvision names timm imports).
+  python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
   echo "$want" > "$stamp"
 fi

@@ -27,10 +27,10 @@ def test_corrupted_payload_is_detected(repo: modulelens.Repo) -> None:
     info = _capture_linear(repo)
     meta = repo.read_metadata("lin", 1)
     weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
-    path = repo.blob_path(weight["payload"])
+    path = repo.blob_path(meta["packs"][weight["pack"]]["payload"])  # an 8 KiB weight is packed
     os.chmod(path, 0o644)
-    with open(path, "r+b") as handle:
-        handle.seek(10)
+    with open(path, "r+b") as handle:  # the last member's last bytes
+        handle.seek(-4, os.SEEK_END)
         handle.write(b"\xff\xff\xff\xff")
     with pytest.raises(modulelens.CorruptCaptureError, match="corrupted"):
         modulelens.load(info.ref, repo=repo).module  # noqa: B018
@@ -61,8 +61,7 @@ def test_corrupted_large_payload_is_detected_through_its_changed_mtime(repo: mod
 def test_truncated_payload_is_detected(repo: modulelens.Repo) -> None:
     _capture_linear(repo)
     meta = repo.read_metadata("lin", 1)
-    weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
-    path = repo.blob_path(weight["payload"])
+    path = repo.blob_path(meta["packs"][0]["payload"])
     os.chmod(path, 0o644)
     os.truncate(path, 100)
     with pytest.raises(modulelens.CorruptCaptureError, match="truncated"):

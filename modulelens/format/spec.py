@@ -36,6 +36,10 @@ ModuleInfo = TypedDict(
         "construction": str | None,
         "construction_missing": NotRequired[str],
         "source": NotRequired[dict[str, Any]],  # where the class's own source is kept (see sources)
+        # at the first recorded call: submodule path -> class name, and plain attributes
+        # (submodule path -> {name: encoded scalar/str/bool/tuple}); restored on load
+        "structure": NotRequired[dict[str, str]],
+        "attributes": NotRequired[dict[str, dict[str, EncodedValue]]],
     },
 )
 
@@ -83,6 +87,8 @@ class CallEntry(TypedDict):
     finished: NotRequired[bool]
     error: NotRequired[str]
     backward: NotRequired[BackwardEntry]
+    # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
+    mutated_inputs: NotRequired[EncodedTree]
 
 
 class TensorEntry(TypedDict):
@@ -94,6 +100,7 @@ class TensorEntry(TypedDict):
     device: NotRequired[str]
     nbytes: int
     payload: NotRequired[str]
+    pack: NotRequired[int]  # index into CaptureMetadata["packs"]: the payload is a member of that pack
     view_of: NotRequired[str]
     storage_offset: NotRequired[int]
     shape_only: NotRequired[bool]
@@ -127,3 +134,4 @@ class CaptureMetadata(TypedDict):
     environment: dict[str, Any]
     distributed: NotRequired[dict[str, Any]]
     tensors: dict[str, TensorEntry]
+    packs: NotRequired[list[dict[str, Any]]]  # [{"payload": "blake3:...", "nbytes": N}], repo layout 2

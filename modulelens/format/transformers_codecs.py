@@ -1,5 +1,11 @@
 """Codecs for ``transformers`` values, installed lazily by :mod:`modulelens.format.values`.
 
+Caches (``DynamicCache``, ``EncoderDecoderCache``, ``StaticCache``, the linear-attention/Mamba
+layers and every other subclass of the cache base classes) are state objects
+(:func:`~modulelens.format.values.register_state_codec`): stored as their attributes -- the
+tensors and the layout (layer classes, sliding windows, lengths, flags) -- and rebuilt without
+running ``__init__``, so a decode step replays on exactly the cache it saw.
+
 A configuration object (``PretrainedConfig`` / ``PreTrainedConfig`` and every subclass) is stored
 as its ``to_dict()`` plus the runtime choices that ``to_dict`` leaves out but that decide numerics
 (the attention and experts implementations), and rebuilt with ``cls.from_dict`` on its exact
@@ -11,9 +17,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.format.values import register_codec
+from modulelens.format.values import register_codec, register_state_codec
 
 CODEC_NAME = "transformers.PretrainedConfig"
+CACHE_CODEC_NAME = "transformers.Cache"
+# Base classes of transformers' caches across versions (absent ones are skipped): the cache, its
+# per-layer objects, and the older stand-alone Mamba cache.
+_CACHE_BASES = (
+    ("transformers.cache_utils", "Cache"),
+    ("transformers.cache_utils", "CacheLayerMixin"),
+    ("transformers.cache_utils", "LinearAttentionCacheLayerMixin"),
+    ("transformers.cache_utils", "DummyLayer"),
+    ("transformers.cache_utils", "KVSharingDict"),
+    ("transformers.cache_utils", "MambaCache"),
+    ("transformers.models.mamba.modeling_mamba", "MambaCache"),
+)
 _RUNTIME_ATTRIBUTES = ("attn_implementation", "experts_implementation")
 
 
@@ -38,5 +56,22 @@ def decode_config(cls: type, data: dict[str, Any]) -> Any:
     return cls.from_dict(dict(data["config"]), **kwargs)
 
 
+def _cache_bases() -> list[type]:
+    import importlib
+
+    found: list[type] = []
+    for module_name, class_name in _CACHE_BASES:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name, None)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return found
+
+
 def install() -> None:
     register_codec(_config_base(), encode_config, decode_config, name=CODEC_NAME)
+    for base in _cache_bases():
+        # "transformers.Cache:<base>": the part before ":" is the name installed lazily on decode
+        register_state_codec(base, name=f"{CACHE_CODEC_NAME}:{base.__qualname__}")

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import CorruptCaptureError, UnsupportedValueError, UntrustedCodeError
@@ -24,6 +25,9 @@ from modulelens.format.values import (
     decode_value,
     encode_value,
     import_path,
+    is_state_object,
+    state_attributes,
+    with_state_attributes,
 )
 
 _LEAF = "*"
@@ -199,11 +203,14 @@ def _no_tensor_ids(_id: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Walking call data, dataclass leaves included
+# Walking call data, dataclass and state-object leaves included
 # --------------------------------------------------------------------------------------------
 # torch's pytree treats an unregistered dataclass as a leaf; the value encoding stores it field by
 # field. These helpers look inside such leaves too, so tensors in a dataclass input are copied,
 # moved and compared like any other tensor (without registering user types with pytree globally).
+# State objects (caches, see ``register_state_codec``) are walked the same way, attribute by
+# attribute, and always come back as a new object: a module mutates them in place, so a snapshot
+# or a replay copy must never share one with the job.
 
 
 def is_dataclass_leaf(value: Any) -> bool:
@@ -212,20 +219,30 @@ def is_dataclass_leaf(value: Any) -> bool:
             and type(value) not in pytree.SUPPORTED_NODES and not getattr(value, "__modulelens_marker__", False))
 
 
-def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "") -> Any:
-    """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves."""
+def _fields(leaf: Any) -> dict[str, Any] | None:
+    """The named parts a walker looks inside (``None``: a plain leaf)."""
+    if is_dataclass_leaf(leaf):
+        return {f.name: getattr(leaf, f.name) for f in dataclasses.fields(leaf) if hasattr(leaf, f.name)}
+    if is_state_object(leaf):
+        return state_attributes(leaf)
+    return None
+
+
+def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True) -> Any:
+    """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves
+    and state objects (a state object is always rebuilt as a new object). With
+    ``state_objects=False`` a state object is a leaf like any other (the job's own object kept)."""
 
     def visit(key_path: pytree.KeyPath, leaf: Any) -> Any:
         where = path + pytree.keystr(key_path)
-        if not is_dataclass_leaf(leaf):
+        fields = _fields(leaf) if state_objects or not is_state_object(leaf) else None
+        if fields is None:
             return fn(where, leaf)
-        changed = {}
-        for f in dataclasses.fields(leaf):
-            if hasattr(leaf, f.name):
-                old = getattr(leaf, f.name)
-                new = map_leaves(fn, old, f"{where}.{f.name}")
-                if new is not old:
-                    changed[f.name] = new
+        mapped = {name: map_leaves(fn, old, f"{where}.{name}", state_objects=state_objects)
+                  for name, old in fields.items()}
+        if is_state_object(leaf):
+            return with_state_attributes(leaf, mapped)
+        changed = {name: new for name, new in mapped.items() if new is not fields[name]}
         if not changed:
             return leaf
         result = copy.copy(leaf)
@@ -236,26 +253,46 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "") -> Any:
     return pytree.tree_map_with_path(visit, tree)
 
 
-def deep_leaves(tree: Any) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` for every leaf, dataclass fields included, in a stable order."""
+def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` for every leaf, dataclass fields and (unless ``state_objects=False``)
+    state attributes included, in a stable order."""
     found: list[tuple[str, Any]] = []
 
     def collect(where: str, leaf: Any) -> Any:
         found.append((where, leaf))
         return leaf
 
-    map_leaves(collect, tree)
+    map_leaves(collect, tree, state_objects=state_objects)
+    return found
+
+
+def mutable_leaves(tree: Any) -> list[tuple[str, Any]]:
+    """``(path, value)`` for every tensor and every outermost state object of ``tree`` (dataclass
+    fields included): what a call can change in place, at the paths :func:`deep_leaves` uses."""
+    found: list[tuple[str, Any]] = []
+
+    def visit(where: str, leaf: Any) -> None:
+        if isinstance(leaf, torch.Tensor) or is_state_object(leaf):
+            found.append((where, leaf))
+        elif is_dataclass_leaf(leaf):
+            for name, value in (_fields(leaf) or {}).items():
+                for key_path, inner in pytree.tree_flatten_with_path(value)[0]:
+                    visit(f"{where}.{name}{pytree.keystr(key_path)}", inner)
+
+    for key_path, leaf in pytree.tree_flatten_with_path(tree)[0]:
+        visit(pytree.keystr(key_path), leaf)
     return found
 
 
 def expand_dataclasses(tree: Any) -> Any:
-    """``tree`` with dataclass leaves turned into dicts (class name included) for comparison."""
+    """``tree`` with dataclass leaves and state objects turned into dicts (class name included)
+    for comparison."""
 
     def expand(leaf: Any) -> Any:
-        if not is_dataclass_leaf(leaf):
+        fields = _fields(leaf)
+        if fields is None:
             return leaf
-        fields = {f.name: expand_dataclasses(getattr(leaf, f.name)) for f in dataclasses.fields(leaf)
-                  if hasattr(leaf, f.name)}
-        return {"<dataclass>": type(leaf).__qualname__, **fields}
+        marker = "<dataclass>" if is_dataclass_leaf(leaf) else "<object>"
+        return {marker: type(leaf).__qualname__, **{name: expand_dataclasses(value) for name, value in fields.items()}}
 
     return pytree.tree_map(expand, tree)

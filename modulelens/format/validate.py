@@ -223,6 +223,7 @@ class _Checker:
         mid = self.field(module, "construction", (str, type(None)), "module", optional=True)
         if mid is not None and mid not in constructions:
             raise self.fail("module.construction", f"{mid!r} does not exist")
+        self.module_state(module)
         for cid, entry in constructions.items():
             where = f"constructions[{cid}]"
             self.expect(entry, dict, where)
@@ -240,10 +241,25 @@ class _Checker:
             self.expect(entry, dict, where)
             for key in ("text", "file", "hash"):
                 self.field(entry, key, (str, type(None)), where, optional=True)
+            text_id = self.field(entry, "text_id", str, where, optional=True)
+            if text_id is not None and (text_id not in meta["tensors"] or meta["tensors"][text_id]["dtype"] != "uint8"
+                                        or len(meta["tensors"][text_id]["shape"]) != 1):
+                raise self.fail(f"{where}.text_id", f"{text_id!r} is not a 1-D uint8 entry of the tensor table")
             for qualname, info in (self.field(entry, "classes", dict, where, optional=True) or {}).items():
                 self.expect(info, dict, f"{where}.classes[{qualname}]")
                 for key in ("text", "hash"):
                     self.field(info, key, (str, type(None)), f"{where}.classes[{qualname}]", optional=True)
+
+    def module_state(self, module: dict[str, Any]) -> None:
+        """``module.structure`` (path -> class name) and ``module.attributes`` (path -> {name: plain
+        value}), recorded at the first call (docs/format.md)."""
+        structure = self.field(module, "structure", dict, "module", optional=True) or {}
+        for path, name in structure.items():
+            self.expect(name, str, f"module.structure[{path}]")
+        attributes = self.field(module, "attributes", dict, "module", optional=True) or {}
+        for path, values in attributes.items():
+            self.expect(values, dict, f"module.attributes[{path}]")
+            self.value(list(values.values()), f"module.attributes[{path}]")
 
     def states(self) -> None:
         tensors = self.meta["tensors"]

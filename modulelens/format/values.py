@@ -84,9 +84,11 @@ class Codec:
     encode: Callable[[Any], Any]
     decode: Callable[[type, Any], Any]
     subclasses: bool
+    state: bool = False  # a mutable container stored attribute by attribute (see register_state_codec)
 
 
 _CODECS: dict[str, Codec] = {}
+_STATE_TYPES: dict[type, bool] = {}  # memo of is_state_object per exact type; reset on registration
 
 
 def register_codec(
@@ -115,6 +117,66 @@ def register_codec(
     """
     codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
     _CODECS[codec_name] = Codec(codec_name, type_, encode, decode, subclasses)
+    _STATE_TYPES.clear()
+
+
+def register_state_codec(type_: type, *, name: str | None = None, subclasses: bool = True) -> None:
+    """Store instances of ``type_`` as their attributes, for mutable containers of tensors (caches).
+
+    A value is recorded as its ``vars()`` (each attribute through the typed value encoding, so
+    tensors, nested containers and classes work and anything else fails naming the attribute) and
+    rebuilt without running ``__init__``: ``cls.__new__(cls)`` and the decoded attributes, for the
+    recorded class only if it is ``type_`` (or, with ``subclasses``, a subclass). Because a module
+    may change such a value in place, the tracer snapshots it attribute by attribute on entry,
+    records it again after the call (``mutated_inputs``) and replay compares both (docs/fidelity.md).
+
+    Example::
+
+        import modulelens
+
+        class RunningStats:
+            def __init__(self): self.total, self.count = torch.zeros(4), 0
+
+        modulelens.register_state_codec(RunningStats)
+    """
+    codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
+    _CODECS[codec_name] = Codec(codec_name, type_, _encode_state, _decode_state, subclasses, state=True)
+    _STATE_TYPES.clear()
+
+
+def _encode_state(value: Any) -> dict[str, Any]:
+    return dict(vars(value))
+
+
+def _decode_state(cls: type, attributes: dict[str, Any]) -> Any:
+    value = cls.__new__(cls)
+    value.__dict__.update(attributes)
+    return value
+
+
+def is_state_object(value: Any) -> bool:
+    """Whether ``value`` is stored by a state codec (:func:`register_state_codec`): a container
+    that the call-data walkers (snapshot, copy, compare) look inside, attribute by attribute."""
+    cls = type(value)
+    known = _STATE_TYPES.get(cls)
+    if known is None:
+        if isinstance(value, (torch.Tensor, str, bytes, int, float, type)) or value is None:
+            known = False
+        else:
+            codec = _find_codec(value)
+            known = codec is not None and codec.state
+        _STATE_TYPES[cls] = known
+    return known
+
+
+def state_attributes(value: Any) -> dict[str, Any]:
+    """The attributes a state object is stored as (see :func:`register_state_codec`)."""
+    return _encode_state(value)
+
+
+def with_state_attributes(value: Any, attributes: dict[str, Any]) -> Any:
+    """A new instance of ``value``'s class holding ``attributes`` (``__init__`` is not run)."""
+    return _decode_state(type(value), attributes)
 
 
 # Codecs for optional libraries, installed the first time they can matter: at encode time once
@@ -130,20 +192,28 @@ def register_lazy_codec(name: str, library: str, installer: str) -> None:
 
 
 def _install_lazy(name: str) -> None:
-    _library, installer = _LAZY_CODECS.pop(name)
+    _library, installer = _LAZY_CODECS[name]
+    for other in [n for n, (_, i) in _LAZY_CODECS.items() if i == installer]:  # one installer, many codecs
+        del _LAZY_CODECS[other]
     import_object(installer)()
 
 
 def _install_loaded_lazy_codecs() -> None:
     for name, (library, _installer) in list(_LAZY_CODECS.items()):
-        if library in sys.modules:
+        if library in sys.modules and name in _LAZY_CODECS:  # an earlier installer may have covered it
             _install_lazy(name)
 
 
 def _codec_named(name: str) -> Codec | None:
-    if name not in _CODECS and name in _LAZY_CODECS:
-        _install_lazy(name)
+    lazy = name.partition(":")[0]  # "library.Family:Member" codecs come with their family's installer
+    if name not in _CODECS and lazy in _LAZY_CODECS:
+        _install_lazy(lazy)
     return _CODECS.get(name)
+
+
+def has_codec(value: Any) -> bool:
+    """Whether a registered codec encodes ``value``."""
+    return _find_codec(value) is not None
 
 
 def _find_codec(value: Any) -> Codec | None:
@@ -397,5 +467,6 @@ register_codec(
 )
 
 
-# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects.
-register_lazy_codec("transformers.PretrainedConfig", "transformers", "modulelens.format.transformers_codecs:install")
+# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects and caches.
+for _name in ("transformers.PretrainedConfig", "transformers.Cache"):
+    register_lazy_codec(_name, "transformers", "modulelens.format.transformers_codecs:install")

@@ -300,7 +300,8 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
     ref_out.mkdir()
     spec_path = workdir / "reference-spec.json"
     spec_path.write_text(json.dumps({
-        "repo": str(store_repo.root), "ref": capture.ref, "calls": positions, "max_calls": len(positions),
+        "repo": str(store_repo.root), "ref": capture.ref, "trust_source": capture.trust_source,
+        "calls": positions, "max_calls": len(positions),
         "random": settings.random_samples, "seed": settings.seed, "device": settings.device,
         "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
     run = run_isolated([sys.executable, "-m", "modulelens.kernels.worker_reference", str(spec_path)],

@@ -41,7 +41,7 @@ def run_reference(spec: dict[str, Any]) -> int:
     """Reference mode: samples, reference outputs and reference timing (files in ``spec["out_dir"]``)."""
     out_dir = Path(spec["out_dir"])
     device = torch.device(spec["device"])
-    capture = load(spec["ref"], repo=spec["repo"], device=device)
+    capture = load(spec["ref"], repo=spec["repo"], device=device, trust_source=spec.get("trust_source"))
     positions = select_calls(capture, spec.get("calls"), spec["max_calls"], same_state=False)
     binding = bind_calls(capture, positions)
     timer = CudaTimer(device) if spec.get("timing") and device.type == "cuda" else None

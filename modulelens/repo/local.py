@@ -3,11 +3,12 @@
 Layout (see docs/repo-layout.md)::
 
     <root>/modulelens-repo.json          layout version
-    <root>/blobs/<2 hex>/<hash hex>      raw tensor payloads, named by their blake3 hash
+    <root>/blobs/<2 hex>/<hash hex>      raw tensor payloads and packs of small ones, named by their blake3 hash
     <root>/blobs/<2 hex>/<hash hex>.ok   "size mtime" of the blob when its hash was last checked
     <root>/names/<quoted name>/versions/<N>/capture.json
     <root>/names/<quoted name>/versions/<N>/reports/<kind>-<time>-<id>.json
     <root>/names/<quoted name>/aliases/<alias>     text: the version number
+    <root>/names/<quoted name>/summary.json        listing cache (repo/index.py)
     <root>/tmp/                          staging area; everything becomes visible by rename
     <root>/lock                          shared by writers, exclusive for gc
 
@@ -38,8 +39,10 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.format.validate import validate_capture
+from modulelens.repo.index import NameIndex, version_entry
 from modulelens.repo.markers import MARK_MIN_BYTES, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.packs import PACK_BELOW, Payloads, referenced_blobs, store_packs
 from modulelens.repo.trust import set_trust_source, trusts_source
 
 if TYPE_CHECKING:
@@ -47,9 +50,14 @@ if TYPE_CHECKING:
 
     from modulelens.repo.transfer import TransferReport
 
-LAYOUT_VERSION = 1
+# 2: small payloads in packs, per-name summaries (docs/repo-layout.md). Layout-1 repos are read as
+# they are; the first save into one rewrites the marker, so older modulelens refuse it instead of
+# failing on a payload they cannot find.
+LAYOUT_VERSION = 2
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
+_TOMBSTONE = ".removed"  # versions/<N>.removed: N was used by a version since removed
 
 
 def _write_preallocated(path: Path, data: memoryview) -> None:
@@ -66,6 +74,14 @@ def _write_preallocated(path: Path, data: memoryview) -> None:
             written += os.write(fd, data[written:])
     finally:
         os.close(fd)
+
+
+def capture_json(metadata: dict[str, Any]) -> bytes:
+    """A capture's ``capture.json``: one line per top-level field. Indented JSON goes through the
+    pure-Python encoder, a third of a 5,000-tensor save (benchmarks/bench_repo.py); compact values
+    use the C encoder and the file stays readable field by field."""
+    fields = (f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in metadata.items())
+    return ("{\n" + ",\n".join(fields) + "\n}\n").encode()
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -96,7 +112,7 @@ def default_repo_path() -> Path:
 class VersionInfo:
     name: str
     version: int
-    path: Path
+    folder: str  # the version's folder (a str: building 2,000 Paths was most of a listing's time)
     created: str
     tags: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
@@ -109,9 +125,14 @@ class VersionInfo:
     def ref(self) -> str:
         return f"{self.name}:v{self.version}"
 
+    @property
+    def path(self) -> Path:
+        """The version's folder (``capture.json``, ``reports/``)."""
+        return Path(self.folder)
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "version": self.version, "ref": self.ref, "path": str(self.path),
+            "name": self.name, "version": self.version, "ref": self.ref, "path": self.folder,
             "created": self.created, "tags": list(self.tags), "aliases": list(self.aliases),
             "payload_bytes": self.nbytes, "module_class": self.module_class, "calls": self.calls,
             "problem": self.problem,
@@ -151,9 +172,6 @@ class Repo:
             print(info.ref, info.module_class)
     """
 
-    #: Whether code stored with captures of this repo may run (see docs/security.md); a remote
-    #: repo holds captures written by other people, so it is not trusted by default.
-    trusted: bool = True
     is_remote: bool = False
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Repo:
@@ -180,6 +198,7 @@ class Repo:
                 layout = json.loads(marker.read_text())["layout_version"]
             except (ValueError, KeyError) as error:
                 raise CorruptCaptureError(f"{marker}: unreadable repo marker ({error})") from None
+            self._layout = layout
             if layout > LAYOUT_VERSION:
                 raise RepoError(
                     f"repo {self.root} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}"
@@ -211,10 +230,19 @@ class Repo:
 
     # ---------------------------------------------------------------------------------- setup
 
+    _layout = LAYOUT_VERSION
+    _summaries: dict[str, dict[str, Any]]
+
     def _initialise(self) -> None:
         for sub in ("blobs", "names", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._atomic_write(self.root / _MARKER, json.dumps({"layout_version": LAYOUT_VERSION}).encode())
+
+    def _upgrade_layout(self) -> None:
+        """Mark a layout-1 repo as layout 2 before writing anything only layout 2 can read."""
+        if self._layout < LAYOUT_VERSION:
+            self._atomic_write(self.root / _MARKER, json.dumps({"layout_version": LAYOUT_VERSION}).encode())
+            self._layout = LAYOUT_VERSION
 
     @contextlib.contextmanager
     def _lock(self, exclusive: bool) -> Iterator[None]:
@@ -240,7 +268,7 @@ class Repo:
 
     def blob_path(self, digest: str) -> Path:
         algorithm, _, hexdigest = digest.partition(":")
-        if algorithm != HASH_ALGORITHM or len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+        if algorithm != HASH_ALGORITHM or not _HEX64.fullmatch(hexdigest):
             raise CorruptCaptureError(f"malformed payload hash {digest!r}")
         return self.root / "blobs" / hexdigest[:2] / hexdigest
 
@@ -260,14 +288,22 @@ class Repo:
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()
 
-    def put_blob_file(self, digest: str, source: Path) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         """Copy the file ``source`` (whose content hashes to ``digest``) in as a blob; returns the
-        bytes written (0 when the blob was already there)."""
+        bytes added (0 when the blob was already there).
+
+        ``verified``: ``source`` was hash-checked already (a path from another repo's
+        :meth:`check_blob`), so it is not hashed again, and it is hard-linked rather than copied
+        when both are on one filesystem (blobs are read-only and never change, so sharing an inode
+        is safe); this makes a pull from a cached remote cost no second write.
+        """
         path = self.blob_path(digest)
         if path.exists():
             return 0
         size = os.path.getsize(source)
-        if self._hash_file(Path(source), size) != digest:
+        if verified and self._link_blob(source, path):
+            return size
+        if not verified and self._hash_file(Path(source), size) != digest:
             raise CorruptCaptureError(f"{source} does not hash to {digest}")
         if size == 0:
             self.write_blob(digest, b"")
@@ -279,6 +315,16 @@ class Repo:
             finally:
                 view.release()
         return size
+
+    def _link_blob(self, source: Path, path: Path) -> bool:
+        path.parent.mkdir(exist_ok=True)
+        tmp = self._tmp_path()
+        try:
+            os.link(source, tmp)
+        except OSError:  # another filesystem, or links not supported: copy instead
+            return False
+        os.replace(tmp, path)
+        return True
 
     def fetch_version(self, name: str, version: int) -> None:
         """Make every payload of a version available locally (a no-op here; a remote repo downloads
@@ -333,6 +379,16 @@ class Repo:
         flat = torch.from_file(str(path), shared=False, size=numel, dtype=dtype)
         return flat.view(shape)
 
+    def payloads(self, metadata: dict[str, Any]) -> Payloads:
+        """Reader of one capture's payloads, loose or packed (see :mod:`modulelens.repo.packs`).
+
+        Example::
+
+            payloads = repo.payloads(meta)
+            weight = payloads.open_tensor(meta["tensors"]["t0"], torch.float32)
+        """
+        return Payloads(self, metadata)
+
     # ---------------------------------------------------------------------------------- names
 
     def _name_dir(self, name: str) -> Path:
@@ -341,15 +397,26 @@ class Repo:
     def _version_dir(self, name: str, version: int) -> Path:
         return self._name_dir(name) / "versions" / str(version)
 
-    def names(self) -> list[str]:
-        base = self.root / "names"
-        if not base.exists():
+    def _index(self, name: str) -> NameIndex:
+        return NameIndex(self._name_dir(name), lambda v: self.read_metadata(name, v), self._atomic_write)
+
+    def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The name's summary (repo/index.py), kept in memory while the folders do not change."""
+        if "_summaries" not in self.__dict__:
+            self._summaries = {}
+        summary = self._index(name).read(self._summaries.get(name), fresh)
+        self._summaries[name] = summary
+        return summary
+
+    def _quoted_names(self) -> list[str]:
+        try:
+            with os.scandir(self.root / "names") as found:
+                return [entry.name for entry in found if entry.is_dir()]
+        except FileNotFoundError:
             return []
-        found = []
-        for entry in base.iterdir():
-            if entry.is_dir() and self._version_numbers(entry):
-                found.append(unquote(entry.name))
-        return sorted(found)
+
+    def names(self) -> list[str]:
+        return sorted(n for n in map(unquote, self._quoted_names()) if self._summary(n)["versions"])
 
     @staticmethod
     def _version_numbers(name_dir: Path) -> list[int]:
@@ -358,8 +425,15 @@ class Repo:
             return []
         return sorted(int(p.name) for p in versions.iterdir() if p.name.isdigit())
 
+    @staticmethod
+    def _highest_used(versions_dir: Path) -> int:
+        """The highest version number ever used: visible versions and tombstones of removed ones."""
+        used = [int(p.name.removesuffix(_TOMBSTONE)) for p in versions_dir.iterdir()
+                if p.name.removesuffix(_TOMBSTONE).isdigit()]
+        return max(used, default=0)
+
     def version_numbers(self, name: str) -> list[int]:
-        return self._version_numbers(self._name_dir(name))
+        return [int(v) for v in self._summary(name)["versions"]]
 
     def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
         """Store a capture: hash and write its payloads (``tensor id -> bytes``; blobs already
@@ -367,7 +441,7 @@ class Repo:
         visible in one atomic rename."""
         validate_name(name)
         with self._lock(exclusive=False):
-            self._write_payloads(metadata["tensors"], payloads)
+            self._store_payloads(metadata, payloads)
             return self._commit(name, metadata)
 
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
@@ -378,9 +452,11 @@ class Repo:
         """
         validate_name(name)
         with self._lock(exclusive=False):
-            for entry in metadata.get("tensors", {}).values():
-                if entry.get("payload") and not self.has_blob(entry["payload"]):
-                    raise CorruptCaptureError(f"payload {entry['payload']} is missing from {self.root}")
+            for digest in referenced_blobs(metadata):
+                if not self.has_blob(digest):
+                    raise CorruptCaptureError(f"payload {digest} is missing from {self.root}")
+            if metadata.get("packs"):
+                self._upgrade_layout()
             return self._commit(name, metadata)
 
     def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
@@ -390,19 +466,29 @@ class Repo:
         versions_dir = self._name_dir(name) / "versions"
         versions_dir.mkdir(parents=True, exist_ok=True)
         for _attempt in range(1000):
-            existing = self._version_numbers(self._name_dir(name))
-            version = (existing[-1] if existing else 0) + 1
+            version = self._highest_used(versions_dir) + 1
             metadata["version"] = version
             metadata["name"] = name
-            (staging / CAPTURE_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False))
+            (staging / CAPTURE_FILE).write_bytes(capture_json(metadata))
             try:
                 os.rename(staging, versions_dir / str(version))
             except OSError as error:
                 if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     continue  # another writer took this number; take the next one
                 raise
+            self._summary(name, fresh={version: version_entry(metadata)})
             return self.info(name, version)
         raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
+
+    def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> None:
+        """Hash and store every payload: small ones into packs, large ones as their own blobs."""
+        views = {tid: memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
+                 for tid, data in payloads.items()}
+        small = {tid: data for tid, data in views.items() if len(data) < PACK_BELOW}
+        self._write_payloads(metadata["tensors"], {t: d for t, d in views.items() if t not in small})
+        if small:
+            self._upgrade_layout()
+            store_packs(self, metadata, small)
 
     def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
         # Pipeline: a worker thread hashes payload k+1 (blake3 itself uses every core for large
@@ -465,41 +551,38 @@ class Repo:
         return data
 
     def info(self, name: str, version: int) -> VersionInfo:
-        return self._info(name, version, self.aliases(name), self.version_numbers(name))
+        summary = self._summary(name)
+        if str(version) not in summary["versions"]:
+            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
+        return self._infos(name, summary, [version])[0]
 
-    def _info(self, name: str, version: int, all_aliases: dict[str, int], versions: list[int]) -> VersionInfo:
-        aliases = tuple(sorted(a for a, v in all_aliases.items() if v == version))
-        if versions and version == versions[-1]:
-            aliases = (LATEST, *aliases)
-        try:
-            meta = self.read_metadata(name, version)
-        except CorruptCaptureError as error:  # one damaged version never hides the others
-            return VersionInfo(name=name, version=version, path=self._version_dir(name, version), created="",
-                               aliases=aliases, problem=str(error))
-        return VersionInfo(
-            name=name, version=version, path=self._version_dir(name, version),
-            created=meta.get("created", ""), tags=tuple(meta.get("tags", ())), aliases=aliases,
-            nbytes=sum(t["nbytes"] for t in meta.get("tensors", {}).values() if t.get("payload")),
-            module_class=meta.get("module", {}).get("class", ""),
-            calls=len(meta.get("calls", [])),
-        )
+    def _infos(self, name: str, summary: dict[str, Any], versions: list[int] | None = None) -> list[VersionInfo]:
+        entries = summary["versions"]
+        by_version: dict[int, list[str]] = {}
+        for alias, number in sorted(summary["aliases"].items()):
+            by_version.setdefault(number, []).append(alias)
+        latest = int(next(reversed(entries))) if entries else None
+        folder = f"{self.root}/names/{quote(name, safe='')}/versions/"
+        infos = []
+        for number in versions if versions is not None else map(int, entries):
+            entry = entries[str(number)]
+            aliases = tuple(by_version.get(number, ()))
+            infos.append(VersionInfo(
+                name=name, version=number, folder=folder + str(number), created=entry["created"],
+                tags=tuple(entry["tags"]), aliases=(LATEST, *aliases) if number == latest else aliases,
+                nbytes=entry["nbytes"], module_class=entry["module_class"], calls=entry["calls"],
+                problem=entry.get("problem"),
+            ))
+        return infos
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
-        names = [validate_name(name)] if name else self.names()
-        return [self.info(n, v) for n in names for v in self.version_numbers(n)]
+        names = [validate_name(name)] if name else sorted(map(unquote, self._quoted_names()))
+        return [info for n in names for info in self._infos(n, self._summary(n))]
 
     # ---------------------------------------------------------------------------------- aliases
 
     def aliases(self, name: str) -> dict[str, int]:
-        folder = self._name_dir(name) / "aliases"
-        if not folder.exists():
-            return {}
-        result = {}
-        for entry in folder.iterdir():
-            if not entry.name.startswith("."):
-                with contextlib.suppress(ValueError, OSError):
-                    result[entry.name] = int(entry.read_text().strip())
-        return result
+        return dict(self._summary(name)["aliases"])
 
     def set_alias(self, ref: str, alias: str) -> VersionInfo:
         """Point ``alias`` at the version ``ref`` resolves to (aliases are movable)."""
@@ -510,7 +593,7 @@ class Repo:
         folder = self._name_dir(name) / "aliases"
         folder.mkdir(exist_ok=True)
         self._atomic_write(folder / alias, str(version).encode())
-        return self.info(name, version)
+        return self.info(name, version)  # the folder changed, so the summary is brought up to date
 
     def push(self, ref: str, to: str | os.PathLike[str] | Repo, *, aliases: bool = False) -> TransferReport:
         """Copy ``ref`` (one version, or every version of a bare name) to another repo.
@@ -558,42 +641,29 @@ class Repo:
             targets = [self.resolve(parsed)[1]]
         removed = []
         for version in targets:
+            folder = self._version_dir(parsed.name, version)
+            # A tombstone keeps the number used, so a later save never gets a removed version's
+            # number (a ref someone noted down never silently means a different capture).
+            folder.with_name(f"{version}{_TOMBSTONE}").touch()
             trash = self._tmp_path(".trash")
-            os.rename(self._version_dir(parsed.name, version), trash)  # disappears atomically
+            os.rename(folder, trash)  # disappears atomically
             shutil.rmtree(trash, ignore_errors=True)
             removed.append(f"{parsed.name}:v{version}")
         for alias, version in self.aliases(parsed.name).items():
             if version in targets:
                 self.remove_alias(parsed.name, alias)
-        if not self.version_numbers(parsed.name):
-            shutil.rmtree(self._name_dir(parsed.name), ignore_errors=True)
         return removed
-
-    def _referenced_payloads(self, name: str, version: int) -> set[str]:
-        """Payload hashes a version references; for a version whose metadata is damaged, every
-        hash-shaped string in its file, so gc keeps whatever it might still need."""
-        try:
-            meta = self.read_metadata(name, version)
-        except CorruptCaptureError:
-            try:
-                raw = (self._version_dir(name, version) / CAPTURE_FILE).read_bytes()
-            except OSError:
-                return set()
-            return {m.decode() for m in re.findall(rb"blake3:[0-9a-f]{64}", raw)}
-        return {t["payload"] for t in meta["tensors"].values() if t.get("payload")}
 
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0) -> GcReport:
         """Delete payloads no version references, and stale staging files."""
         report = GcReport(dry_run=dry_run)
         with self._lock(exclusive=True):
             referenced: set[str] = set()
-            for name in self.names():
-                for version in self.version_numbers(name):
-                    referenced.update(self._referenced_payloads(name, version))
+            for name in map(unquote, self._quoted_names()):
+                for entry in self._summary(name)["versions"].values():
+                    referenced.update(entry["blobs"])
             referenced_hex = {digest.partition(":")[2] for digest in referenced}
-            for blob in (self.root / "blobs").glob("*/*"):
-                if blob.name.endswith(".ok"):
-                    continue
+            for blob in self._blob_files():
                 if blob.name in referenced_hex:
                     report.kept_blobs += 1
                     continue
@@ -601,8 +671,9 @@ class Repo:
                 report.freed_bytes += blob.stat().st_size
                 report.removed.append(blob.name)
                 if not dry_run:
-                    blob.unlink()
-                    blob.with_name(blob.name + ".ok").unlink(missing_ok=True)
+                    os.unlink(blob.path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(blob.path + ".ok")
             cutoff = time.time() - tmp_age_s
             for entry in (self.root / "tmp").iterdir():
                 if entry.stat().st_mtime < cutoff:
@@ -610,6 +681,14 @@ class Repo:
                     if not dry_run:
                         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         return report
+
+    def _blob_files(self) -> Iterator[os.DirEntry[str]]:
+        """Every blob file (payloads and packs), found with scandir (pathlib's glob took most of a
+        gc --dry-run)."""
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "blobs") as shards:
+            for shard in shards:
+                with os.scandir(shard.path) as blobs:
+                    yield from [b for b in blobs if not b.name.endswith(".ok")]
 
     # ---------------------------------------------------------------------------------- reports
 

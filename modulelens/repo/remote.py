@@ -43,9 +43,11 @@ from modulelens.errors import (
     RepoBusyError,
 )
 from modulelens.repo._store import ObjectStore, is_network_error
-from modulelens.repo.local import _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo
+from modulelens.repo.index import summarize, version_entry
+from modulelens.repo.local import _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo, capture_json
 from modulelens.repo.markers import MARK_MIN_BYTES, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.packs import referenced_blobs
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
 _LOCK_STALE_S = 3600.0  # a lease older than this belongs to a crashed process
@@ -75,7 +77,9 @@ class RemoteRepo(Repo):
         path: the fsspec URL.
         create: create the repo (its marker object) when there is none.
         storage_options: fsspec options (endpoint, credentials) for URLs that need them.
-        trusted: allow code stored with its captures to run (see docs/security.md).
+        trust_source: run the source stored with its captures by default (docs/security.md). Off
+            unless given: a shared store holds captures written by other people, and the setting
+            is never persisted for a remote repo (it lives only in this object).
 
     Raises:
         CaptureNotFoundError: ``create=False`` and there is no repo at the URL.
@@ -90,11 +94,11 @@ class RemoteRepo(Repo):
     is_remote = True
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
-                 storage_options: dict[str, Any] | None = None, trusted: bool = False) -> None:
+                 storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
         from modulelens.repo.local import default_repo_location
 
         self.url = str(path) if path is not None else default_repo_location()
-        self.trusted = trusted
+        self._trust_source = trust_source
         self.store = ObjectStore(self.url, storage_options)
         self.cache = Repo(cache_root())  # a local repo holding only blobs: same checks, same mmap
         self.mirror = cache_root() / "remotes" / quote(self.url.rstrip("/"), safe="")
@@ -141,6 +145,19 @@ class RemoteRepo(Repo):
         raise TypeError(f"{self.url} is not a local path")
 
     @property
+    def trust_source(self) -> bool:
+        """Whether loads run stored source by default: only if this object was made with
+        ``trust_source=True`` (never from a file: the local cache is not where trust is decided)."""
+        return self._trust_source
+
+    @trust_source.setter
+    def trust_source(self, value: bool) -> None:
+        if value:
+            raise RemoteRepoError(f"{self.url} cannot be marked trusted for later loads (a shared store holds other "
+                                  "people's captures); pass trust_source=True (--trust-source) to one load instead")
+        self._trust_source = False
+
+    @property
     def location(self) -> str:
         return self.url
 
@@ -170,7 +187,7 @@ class RemoteRepo(Repo):
         self.store.upload_bytes(memoryview(data).cast("B"), key)
         return True
 
-    def put_blob_file(self, digest: str, source: Path) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         key = self._blob_key(digest)
         if self.store.exists(key):
             return 0
@@ -187,9 +204,7 @@ class RemoteRepo(Repo):
     def fetch_version(self, name: str, version: int) -> None:
         """Download every payload of a version that the cache lacks, in parallel, with a progress
         bar on a terminal."""
-        entries = {e["payload"]: e["nbytes"] for e in self.read_metadata(name, version).get("tensors", {}).values()
-                   if e.get("payload")}
-        self.download(entries, label=f"{name}:v{version}")
+        self.download(referenced_blobs(self.read_metadata(name, version)), label=f"{name}:v{version}")
 
     def download(self, blobs: dict[str, int], *, label: str = "") -> int:
         """Fetch ``{digest: nbytes}`` into the cache (only missing ones); returns bytes downloaded."""
@@ -327,6 +342,23 @@ class RemoteRepo(Repo):
     def aliases(self, name: str) -> dict[str, int]:
         return dict(self._listing(name)["aliases"])
 
+    def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """No index is kept in object storage: built from one listing and the manifests (each
+        downloaded once into the local mirror; versions are immutable)."""
+        listing = self._listing(name)
+        return summarize(listing["versions"], listing["aliases"], lambda v: self.read_metadata(name, v))
+
+    def info(self, name: str, version: int) -> VersionInfo:
+        listing = self._listing(name)  # one LIST for both the aliases and the latest version
+        if version not in listing["versions"]:
+            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.url}")
+        summary = {"versions": {str(v): version_entry(self.read_metadata(name, v)) if v == version else None
+                                for v in listing["versions"]}, "aliases": listing["aliases"]}
+        return self._infos(name, summary, [version])[0]
+
+    def _quoted_names(self) -> list[str]:
+        return [quote(n, safe="") for n in self.names()]
+
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
         """As for a local repo; an explicit ``name:vN`` whose manifest is cached needs no request
         (versions are immutable), while ``latest`` and aliases are looked up on the server."""
@@ -367,10 +399,6 @@ class RemoteRepo(Repo):
         tmp.write_text(text)
         os.replace(tmp, cached)
 
-    def info(self, name: str, version: int) -> VersionInfo:
-        listing = self._listing(name)  # one LIST for both the aliases and the latest version
-        return self._info(name, version, listing["aliases"], listing["versions"])
-
     # ---------------------------------------------------------------------------------- writes
 
     def _require_online(self, what: str) -> None:
@@ -381,16 +409,16 @@ class RemoteRepo(Repo):
         validate_name(name)
         self._require_online(f"save {name}")
         with self._lease():
-            self._write_payloads(metadata["tensors"], payloads)
+            self._store_payloads(metadata, payloads)
             return self._commit(name, metadata)
 
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         validate_name(name)
         self._require_online(f"save {name}")
         with self._lease():
-            for entry in metadata.get("tensors", {}).values():
-                if entry.get("payload") and not self.has_blob(entry["payload"]):
-                    raise CorruptCaptureError(f"payload {entry['payload']} is missing from {self.url}")
+            for digest in referenced_blobs(metadata):
+                if not self.has_blob(digest):
+                    raise CorruptCaptureError(f"payload {digest} is missing from {self.url}")
             return self._commit(name, metadata)
 
     def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
@@ -401,9 +429,9 @@ class RemoteRepo(Repo):
             metadata["version"] = version
             metadata["name"] = name
             key = self.store.key(self._name_key(name), "versions", str(version), CAPTURE_FILE)
-            text = json.dumps(metadata, indent=1)
-            if self.store.create(key, text.encode()):
-                self._cache_manifest(name, version, text)
+            data = capture_json(metadata)
+            if self.store.create(key, data):
+                self._cache_manifest(name, version, data.decode())
                 return self.info(name, version)
             version += 1
         raise RemoteRepoError(f"could not allocate a version for {name!r} in {self.url}")
@@ -512,8 +540,7 @@ class RemoteRepo(Repo):
                     meta = json.loads(data)
                 except ValueError:
                     raise CorruptCaptureError(f"{key} is not valid JSON; gc stopped without deleting anything") from None
-                referenced.update(t["payload"].partition(":")[2] for t in meta.get("tensors", {}).values()
-                                  if t.get("payload"))
+                referenced.update(digest.partition(":")[2] for digest in referenced_blobs(meta))
             doomed = []
             for key, info in self.store.list("blobs").items():
                 hexdigest = key.rsplit("/", 1)[1]

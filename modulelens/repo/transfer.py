@@ -16,6 +16,7 @@ from modulelens.errors import CaptureNotFoundError
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo.local import Repo
 from modulelens.repo.names import parse_ref
+from modulelens.repo.packs import referenced_blobs
 
 _WORKERS = 8
 # Fields a repo sets on its own copy; everything else is the capture and identifies it.
@@ -96,13 +97,13 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
 
 def _copy_blobs(source: Repo, target: Repo, name: str, version: int, meta: dict[str, Any],
                 report: TransferReport) -> None:
-    blobs = {e["payload"]: e["nbytes"] for e in meta.get("tensors", {}).values() if e.get("payload")}
+    blobs = referenced_blobs(meta)
     with ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="modulelens-copy") as pool:
         missing = [d for d, present in zip(blobs, pool.map(target.has_blob, blobs), strict=True) if not present]
         source.download({d: blobs[d] for d in missing}, label=f"{name}:v{version}")
 
         def copy(digest: str) -> int:
-            return target.put_blob_file(digest, source.check_blob(digest, blobs[digest]))
+            return target.put_blob_file(digest, source.check_blob(digest, blobs[digest]), verified=True)
 
         sizes = list(pool.map(copy, missing))
     report.blobs_copied += len(missing)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -34,16 +34,31 @@ class ClassResolver:
         ref: the capture's reference, for messages.
         trust_source: whether stored source may run.
         forbidden: folders nothing is imported from (the repo).
+        read_text: reads a stored source file by its ``text_id`` (a blob of the capture).
     """
 
     def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust_source: bool = False,
-                 forbidden: Iterable[str | os.PathLike[str]] = ()) -> None:
+                 forbidden: Iterable[str | os.PathLike[str]] = (),
+                 read_text: Callable[[str], str] | None = None) -> None:
         self.sources = sources if isinstance(sources, dict) else {}
         self.ref = ref
         self.trust_source = trust_source
         self.forbidden = [os.fspath(f) for f in forbidden]
         self.notes: list[str] = []
         self._cache: dict[str, Any] = {}
+        self._read_text = read_text
+
+    def text(self, module_name: str) -> str | None:
+        """The stored source of ``module_name``: a blob referenced by ``"text_id"``, or inline
+        ``"text"`` (captures made before source blobs); ``None`` when none was stored."""
+        entry = self.sources.get(module_name)
+        if not isinstance(entry, dict):
+            return None
+        if isinstance(entry.get("text"), str):
+            return entry["text"]
+        if isinstance(entry.get("text_id"), str) and self._read_text is not None:
+            return self._read_text(entry["text_id"])
+        return None
 
     def resolve(self, path: str, kind: Kind = "value") -> Any:
         """The object ``path`` names, of kind ``kind`` (see :func:`modulelens.format.imports.resolve_import`).
@@ -77,7 +92,7 @@ class ClassResolver:
                 reason = str(error)
         elif "<locals>" in qualname:
             reason = "it was defined inside a function"
-        if entry is None or not isinstance(entry.get("text"), str):
+        if entry is None or not (isinstance(entry.get("text"), str) or isinstance(entry.get("text_id"), str)):
             raise RestoreError(f"{self.ref}: cannot import {path} ({reason}) and the capture holds no source for it")
         if not self.trust_source:
             raise UntrustedCodeError(
@@ -87,7 +102,10 @@ class ClassResolver:
 
     def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any]) -> Any:
         try:
-            obj = lookup(module_from_source(module_name, entry), qualname, entry)
+            text = self.text(module_name)
+            if text is None:
+                raise KeyError("text")
+            obj = lookup(module_from_source(module_name, entry, text, qualname), qualname, entry)
         except (AttributeError, KeyError, SyntaxError, NameError, TypeError) as error:
             raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
                                f"({type(error).__name__}: {error})") from None

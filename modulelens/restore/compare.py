@@ -127,23 +127,24 @@ def compare(
     atol: float | None = None,
     cross_device: bool = False,
     synthetic: bool = False,
+    root: str = "output",
 ) -> list[LeafResult]:
     """Compare two output trees. ``exact`` demands identical bits; otherwise ``rtol``/``atol``
     (default: per dtype) bound ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN.
     When the replay ran in another dtype than the recording, the default ``atol`` grows to
     ``rtol * max|e|``: rounding errors of the lower precision scale with the values' magnitude.
     ``synthetic=True`` (the replay ran on synthetic inputs) checks shapes only: no leaf counts as
-    compared."""
+    compared. ``root`` names the compared tree in leaf paths and messages."""
     expected_leaves, expected_spec = pytree.tree_flatten_with_path(expand_dataclasses(expected))
     actual_leaves, actual_spec = pytree.tree_flatten_with_path(expand_dataclasses(actual))
     if expected_spec != actual_spec:
         return [LeafResult(
-            path="<output>", passed=False, kind="structure",
-            message=f"output structure differs: expected {_describe(expected_spec)}, got {_describe(actual_spec)}",
+            path=f"<{root}>", passed=False, kind="structure",
+            message=f"{root} structure differs: expected {_describe(expected_spec)}, got {_describe(actual_spec)}",
         )]
     results = []
     for (key_path, want), (_, got) in zip(expected_leaves, actual_leaves, strict=False):
-        path = "output" + pytree.keystr(key_path)
+        path = root + pytree.keystr(key_path)
         if synthetic:
             results.append(_compare_synthetic(path, want, got))
         else:

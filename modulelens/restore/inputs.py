@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def check_inputs_usable(call: Call, inputs: Any) -> None:
     """Raise :class:`RestoreError` naming the first input that was not recorded or has no values."""
     for path, leaf in deep_leaves(inputs):
-        where = _describe_path(path)
+        where = describe_input_path(path)
         if isinstance(leaf, Unrecorded):
             reason = f": {leaf.reason}" if leaf.reason else ""
             raise RestoreError(
@@ -32,8 +32,9 @@ def check_inputs_usable(call: Call, inputs: Any) -> None:
             )
 
 
-def _describe_path(path: str) -> str:
-    """``[0][1]`` -> ``args[1]``; ``[1]['mask']`` -> ``kwargs['mask']`` (paths of ``(args, kwargs)``)."""
+def describe_input_path(path: str) -> str:
+    """An input path (of ``(args, kwargs)``) as the user wrote the call: ``[0][1]`` -> ``args[1]``;
+    ``[1]['mask']`` -> ``kwargs['mask']``."""
     if path.startswith("[0]"):
         return "args" + path[3:]
     if path.startswith("[1]"):

@@ -8,6 +8,7 @@ copy-on-write views of the payload blobs, so even a multi-GB module is ready in 
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning
+from modulelens.errors import RestoreError, SourceChangedWarning, UsageError
+from modulelens.format.module_state import structure, structure_difference
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
@@ -63,6 +65,14 @@ class Call:
         if self._data.get("output") is None:
             return None
         return decode_tree(self._data["output"], self._capture._decode_context())
+
+    @functools.cached_property
+    def mutated_inputs(self) -> dict[str, Any]:
+        """Inputs the call changed in place (a transformers cache, a tensor updated in place), as
+        they were *after* the call, by input path (``"[1]['cache']"``: ``kwargs['cache']``);
+        ``inputs`` holds them as they were on entry. Replay compares both (docs/fidelity.md)."""
+        data = self._data.get("mutated_inputs")
+        return {} if data is None else dict(decode_tree(data, self._capture._decode_context()))
 
     @property
     def has_backward(self) -> bool:
@@ -156,11 +166,13 @@ class Capture:
         verify: bool = False,
         synthesize: bool = False,
         trust_source: bool | None = None,
+        init_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.repo = repo
         self.name = name
         self.version = version
         self.metadata = cast(CaptureMetadata, repo.read_metadata(name, version))
+        self._payloads = repo.payloads(cast(dict[str, Any], self.metadata))
         if self.metadata.get("format_version", 0) > FORMAT_VERSION:
             raise RestoreError(
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
@@ -170,6 +182,7 @@ class Capture:
         self.dtype = dtype
         self._init_args = tuple(init_args) if init_args is not None else None
         self._init_kwargs = dict(init_kwargs or {})
+        self._init_overrides = dict(init_overrides or {})
         self._tensors: dict[str, torch.Tensor] = {}
         self._module: torch.nn.Module | None = None
         self._current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
@@ -179,14 +192,15 @@ class Capture:
         if trust_source is None:
             trust_source = bool(getattr(repo, "trust_source", False))
         self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
-                                      forbidden=[repo.root] if isinstance(repo, Repo) else [])
+                                      forbidden=[repo.root] if isinstance(repo, Repo) else [],
+                                      read_text=self._read_text)
         for message in self._sources.source_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
         if verify:
             for entry in self.metadata["tensors"].values():
                 if "payload" in entry:
-                    repo.check_blob(entry["payload"], entry["nbytes"], full=True)
+                    self._payloads.check(cast(dict[str, Any], entry), full=True)
         self.calls = [
             Call(index=c["index"], training=c["training"], grad_enabled=c["grad_enabled"], state_index=c["state"],
                  finished=c.get("finished", True), autocast=c.get("autocast", {}), _capture=self, _data=c)
@@ -194,6 +208,11 @@ class Capture:
         ]
 
     # ---------------------------------------------------------------------------------- info
+
+    @property
+    def trust_source(self) -> bool:
+        """Whether the source stored with this capture may run (``load(..., trust_source=...)``)."""
+        return self._sources.trust_source
 
     @property
     def ref(self) -> str:
@@ -230,10 +249,12 @@ class Capture:
     def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         """The constructor arguments :attr:`module` is built with, ``(args, kwargs)``: those given to
         ``load(..., init_args=, init_kwargs=)``, else the recorded ones, decoded (tensors
-        memory-mapped, nested modules rebuilt); ``None`` when there are neither.
+        memory-mapped, nested modules rebuilt) with ``load(..., init_overrides=)`` applied;
+        ``None`` when there are neither.
 
         Raises:
             RestoreError: a recorded argument cannot be decoded here.
+            UsageError: ``init_overrides`` names an argument the constructor does not take.
 
         Example::
 
@@ -244,7 +265,9 @@ class Capture:
         mid = self.metadata["module"].get("construction")
         if mid is None:
             return None
-        _cls, args, kwargs = self._decode_construction(mid)
+        cls, args, kwargs = self._decode_construction(mid)
+        if self._init_overrides:
+            return override_arguments(cls, args, kwargs, self._init_overrides, self.ref)
         return args, kwargs
 
     def stored_source(self, module_name: str) -> str | None:
@@ -255,8 +278,13 @@ class Capture:
 
             text = cap.stored_source("__main__")
         """
-        entry = self.metadata.get("sources", {}).get(module_name)
-        return entry.get("text") if isinstance(entry, dict) else None
+        return self._sources.text(module_name)
+
+    def _read_text(self, tid: str) -> str:
+        """A stored source file (a blob referenced from ``sources``, docs/format.md)."""
+        if self.metadata["tensors"][tid]["nbytes"] == 0:
+            return ""
+        return self.fresh_tensor(tid).numpy().tobytes().decode("utf-8")
 
     def payload_of(self, tensor: torch.Tensor) -> str | None:
         """The payload hash of a tensor this capture returned (from :meth:`tensor`, a call's inputs or
@@ -303,7 +331,7 @@ class Capture:
             return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                   entry["storage_offset"])
         dtype = dtype_from_name(entry["dtype"])
-        flat = self.repo.open_tensor(entry["payload"], dtype, entry["shape"], entry["nbytes"])
+        flat = self._payloads.open_tensor(cast(dict[str, Any], entry), dtype)
         stride = entry.get("stride")
         if stride is not None and entry["shape"] and stride != contiguous_strides(entry["shape"]) and flat.numel() > 1:
             try:
@@ -343,11 +371,24 @@ class Capture:
 
     @property
     def module(self) -> torch.nn.Module:
-        """The original class rebuilt from its recorded arguments, with the recorded weights."""
+        """The original class rebuilt from its recorded arguments, with the recorded weights, in
+        the mode (train/eval) of its first recorded call, so ``module(*call.args, **call.kwargs)``
+        computes what that call did. When the recorded calls differ in mode, :attr:`notes` says so
+        (:meth:`replay` sets each call's own mode)."""
         if self._module is None:
             self._module = self._restore_module()
+            self._set_recorded_mode(self._module)
             self._collect_source_notes()
         return self._module
+
+    def _set_recorded_mode(self, module: torch.nn.Module) -> None:
+        if not self.calls:
+            return
+        module.train(self.calls[0].training)
+        if len({call.training for call in self.calls}) > 1:
+            first = "training" if self.calls[0].training else "eval"
+            self.notes.append(f"the recorded calls ran in both training and eval mode; the module is in {first} mode "
+                              "(that of the first call): set module.train(call.training) per call, as replay() does")
 
     def _decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
         try:
@@ -374,6 +415,10 @@ class Capture:
                 f"{self.ref}: cannot rebuild {module_info['class']}: {reason}; "
                 "pass its arguments with load(..., init_args=(...), init_kwargs={...})"
             )
+        if self._init_overrides:
+            arguments = self.init_arguments
+            assert arguments is not None
+            return self.module_type(*arguments[0], **arguments[1])
         return self._build_construction(module_info["construction"])
 
     def _restore_module(self) -> torch.nn.Module:
@@ -386,21 +431,53 @@ class Capture:
         except _NeedsRealConstructionError as why:
             self.notes.append(f"built on the CPU, not the meta device ({why})")
             module = self._construct_on_cpu()
-        except RestoreError:
+        except (RestoreError, UsageError):
             raise
         except Exception as error:  # the constructor did real computation on meta tensors
             self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
             module = self._construct_on_cpu()
+        self._restore_attributes(module)
         if self.device is not None and self.device.type != "cpu":
             module.to(self.device)
         if self.dtype is not None:
             module.to(self.dtype)
         return module
 
+    def _restore_attributes(self, module: torch.nn.Module) -> None:
+        """Set the plain attributes recorded at capture (``module.attributes``) that a rebuild from
+        the recorded arguments gives other values: state that methods set after construction
+        (issue 11). With ``init_overrides``, those are told from a second, meta-device rebuild
+        with the recorded arguments, so an overridden argument is not set back."""
+        recorded = self.metadata["module"].get("attributes", {})
+        if not recorded:
+            return
+        baseline = module
+        if self._init_overrides and self.metadata["module"].get("construction") is not None:
+            with torch.device("meta"):
+                baseline = self._build_construction(self.metadata["module"]["construction"])
+        ctx = self._decode_context()
+        changed = []
+        for path, values in recorded.items():
+            try:
+                owner, reference = ((module.get_submodule(path), baseline.get_submodule(path)) if path
+                                    else (module, baseline))
+            except AttributeError:
+                self.notes.append(f"submodule {path} of the capture is not in the rebuilt module; its attributes "
+                                  "were not restored")
+                continue
+            for name, encoded in values.items():
+                value = decode_value(encoded, ctx)
+                if name not in vars(reference) or vars(reference)[name] != value:
+                    setattr(owner, name, value)
+                    changed.append(f"{path}.{name}" if path else name)
+        if changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            self.notes.append(f"attributes set after construction restored as recorded: {shown}")
+
     def _construct_on_cpu(self) -> torch.nn.Module:
         try:
             module = self._construct()
-        except (RestoreError, KeyboardInterrupt):
+        except (RestoreError, UsageError, KeyboardInterrupt):
             raise
         except Exception as error:  # the class's own code rejected the recorded arguments
             raise RestoreError(f"{self.ref}: rebuilding {self.module_class} from its recorded arguments failed: "
@@ -420,10 +497,7 @@ class Capture:
             missing = sorted((expected_params - recorded_params) | (expected_buffers - recorded_buffers - _none_buffers(module)))
             unexpected = sorted((recorded_params - expected_params) | (recorded_buffers - expected_buffers - _none_buffers(module)))
             if missing or unexpected:
-                raise RestoreError(
-                    f"{self.ref}: the rebuilt {type(module).__name__} does not match the captured state "
-                    f"(missing: {missing[:5]}, unexpected: {unexpected[:5]}); has its code changed?"
-                )
+                raise RestoreError(self._mismatch_message(module, missing, unexpected))
         parameters: dict[str, torch.nn.Parameter] = {}
         live = self._module is module
         for name, entry in state["parameters"].items():
@@ -450,6 +524,21 @@ class Capture:
             owner, _ = _owner(module, name)
             owner.set_extra_state(decode_value(value, ctx))
         self._current_state = (index, _state_versions(module))
+
+    def _mismatch_message(self, module: torch.nn.Module, missing: list[str], unexpected: list[str]) -> str:
+        """Why the rebuilt module's parameters differ from the recorded ones: its structure was
+        changed after construction (re-parameterisation, fusing), or its code changed."""
+        head = (f"{self.ref}: the rebuilt {type(module).__name__} does not match the captured state "
+                f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})")
+        recorded = self.metadata["module"].get("structure")
+        code_changed = any("changed since it was captured" in note for note in self.notes)
+        difference = structure_difference(recorded, structure(module)) if isinstance(recorded, dict) else ""
+        if code_changed or not difference:
+            return f"{head}; has its code changed?"
+        return (f"{head}: the module's structure was changed after it was constructed (re-parameterisation, "
+                f"fusing...; {difference}), and its constructor arguments rebuild the original structure. "
+                "Capture it before the change, rebuild that structure with load(..., init_overrides={...}) if "
+                "its constructor can, or rebuild it yourself and load module.load_state_dict(cap.fresh_state_dict())")
 
     def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
@@ -528,6 +617,28 @@ def _tensor_ids(data: Any) -> list[str]:
     return []
 
 
+def override_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], overrides: dict[str, Any],
+                       ref: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` with the arguments named in ``overrides`` replaced (a positional one in
+    place, by its parameter name); a name the constructor does not take is a :class:`UsageError`."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters) or not parameters
+    new_args, new_kwargs = list(args), dict(kwargs)
+    for name, value in overrides.items():
+        if name in positional[:len(new_args)]:
+            new_args[positional.index(name)] = value
+        elif takes_any or any(p.name == name for p in parameters):
+            new_kwargs[name] = value
+        else:
+            raise UsageError(f"{ref}: init_overrides names {name!r}, which {cls.__qualname__}() does not take "
+                             f"(its parameters: {', '.join(p.name for p in parameters)})")
+    return tuple(new_args), new_kwargs
+
+
 class _NeedsRealConstructionError(Exception):
     pass
 
@@ -569,6 +680,7 @@ def load(
     synthesize: bool = False,
     trust_source: bool | None = None,
     run_source: bool | None = None,
+    init_overrides: dict[str, Any] | None = None,
 ) -> Capture:
     """Load ``"name[:vN|:alias]"`` from ``repo`` (default: ``$MODULELENS_REPO`` / the user repo).
 
@@ -591,15 +703,21 @@ def load(
             imported here (``None``: the repo's own setting, :attr:`Repo.trust_source`, which is
             off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`.
         run_source: deprecated alias of ``trust_source``.
+        init_overrides: replace single recorded constructor arguments by name
+            (``{"drop_rate": 0.0}``); :attr:`Capture.init_arguments` shows the resulting ones.
 
     Returns:
-        The :class:`Capture`; its module is built on first use of ``.module``.
+        The :class:`Capture`; its module is built on first use of ``.module``, in the mode
+        (train/eval) of the first recorded call, with plain attributes set after construction
+        restored as recorded.
 
     Raises:
         CaptureNotFoundError: no such name, version or alias.
         CorruptCaptureError: the metadata is damaged or not a capture.
         UntrustedCodeError: the capture names something the trust rules refuse.
-        RestoreError: the module cannot be rebuilt here.
+        RestoreError: the module cannot be rebuilt here (the message says why: a class that
+            cannot be imported, a structure changed after construction...).
+        UsageError: ``init_overrides`` names an argument the constructor does not take.
 
     Example::
 
@@ -613,9 +731,8 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    # Code stored with a capture runs only from a trusted repo (a remote one holds other people's captures).
-    run_source = run_source and repo.trusted
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source)
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source,
+                       init_overrides=init_overrides)

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from modulelens.errors import UsageError
+from modulelens.format.tree import mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.inputs import describe_input_path
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Call, Capture
@@ -214,6 +216,8 @@ def replay(
         synthetic = call.shape_only_in("inputs")
         result.leaves = compare(call.output, output, exact=exact, rtol=rtol, atol=atol,
                                 cross_device=cross_device or sharded, synthetic=synthetic)
+        result.leaves += _compare_mutated(call, (args, kwargs), exact=exact, rtol=rtol, atol=atol,
+                                          cross_device=cross_device or sharded, synthetic=synthetic)
         if grads_wanted:
             grad_leaves = compare(expected_grads, actual_grads, exact=exact, rtol=rtol, atol=atol,
                                   cross_device=cross_device or sharded,
@@ -225,6 +229,19 @@ def replay(
         report.notes.append(f"some outputs had no recorded values ({', '.join(not_compared)}) and were NOT "
                             "compared: the replay ran, but those leaves are unverified")
     return report
+
+
+def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult]:
+    """The inputs the recorded call changed in place (a cache it appended to), as they were after
+    the recorded call, against the replayed inputs after the replayed call."""
+    recorded = call.mutated_inputs
+    if not recorded:
+        return []
+    replayed = dict(mutable_leaves(inputs))
+    leaves: list[LeafResult] = []
+    for path, after in recorded.items():
+        leaves += compare(after, replayed.get(path), root=f"{describe_input_path(path)}(after the call)", **options)
+    return leaves
 
 
 def _rename(leaf: LeafResult) -> LeafResult:

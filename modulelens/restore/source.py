@@ -4,10 +4,10 @@ When a class a capture names cannot be imported here (a ``__main__`` class, a sc
 not on the path), the capture may hold the defining file's source (see
 :mod:`modulelens.tracing.source`). :class:`modulelens.restore.classes.ClassResolver` runs it only
 when the user trusts the capture's source (``load(..., trust_source=True)``, ``--trust-source``, or a
-repo the user marked trusted); even then only the file's *definitions* run: imports, ``def`` and
-``class`` statements, ``try`` blocks of imports and simple assignments. Everything else at module
-level (a training loop, an ``if __name__ == "__main__":`` block, calls) is skipped. Class bodies,
-decorators and default arguments of what is kept do run: that is why this needs trust.
+repo the user marked trusted); even then only the classes the capture names and what they depend
+on run (imports, helper functions, constants: :mod:`modulelens.restore.source_slice`), not the rest
+of a script (its training loop, an ``if __name__ == "__main__":`` block). Class bodies, decorators,
+default arguments and the module-level statements they need do run: that is why this needs trust.
 
 When the class that is imported has changed since the capture (its source hash differs), or a
 captured script's file changed on disk, a :class:`SourceChangedWarning` is issued and noted.
@@ -15,7 +15,6 @@ captured script's file changed on disk, a :class:`SourceChangedWarning` is issue
 
 from __future__ import annotations
 
-import ast
 import os
 import stat
 import sys
@@ -25,46 +24,20 @@ from typing import Any
 from modulelens.errors import RestoreError
 from modulelens.format.imports import import_checked
 from modulelens.format.sources import class_source, source_hash
+from modulelens.restore.source_slice import slice_source
 
 _MAX_SOURCE_BYTES = 16 << 20
-_EXECUTED: dict[str, types.ModuleType] = {}  # source hash -> module built from it (one per process)
-_SAFE_CALLS = {"namedtuple", "NamedTuple", "TypeVar", "NewType", "ParamSpec", "getLogger", "field", "dataclass",
-               "make_dataclass", "Enum", "IntEnum", "partial", "frozenset", "set", "dict", "list", "tuple", "cast"}
-
-
-def _call_names(node: ast.AST) -> set[str]:
-    names = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            func = sub.func
-            names.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "?"))
-    return names
-
-
-def _is_definition(node: ast.stmt) -> bool:
-    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return True
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        value = node.value
-        return value is None or _call_names(value) <= _SAFE_CALLS
-    if isinstance(node, ast.Try):
-        body = [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
-        return all(_is_definition(s) or isinstance(s, ast.Pass) for s in body)
-    return False
-
-
-def definitions_only(text: str, filename: str) -> ast.Module:
-    """The module's imports, definitions and simple assignments (see the module docstring)."""
-    tree = ast.parse(text, filename=filename)
-    tree.body = [node for node in tree.body if _is_definition(node)]
-    return tree
-
-
-def module_from_source(module_name: str, entry: dict[str, Any]) -> types.ModuleType:
-    """The definitions of a stored source file as a fresh module (cached per source hash).
-    Runs code from the capture: callers check the user's trust first."""
-    digest = source_hash(entry["text"])  # the text's own hash: a claimed one could alias another capture's module
-    cached = _EXECUTED.get(digest)
+_EXECUTED: dict[tuple[str, tuple[str, ...]], types.ModuleType] = {}  # (source hash, roots) -> module, per process
+def module_from_source(module_name: str, entry: dict[str, Any], text: str, wanted: str) -> types.ModuleType:
+    """The classes a capture names from a stored source file (and ``wanted``, a qualified name),
+    with what they depend on, as a fresh module (cached per source hash and classes). Runs code
+    from the capture: callers check the user's trust first."""
+    digest = source_hash(text)  # the text's own hash: a claimed one could alias another capture's module
+    # The classes by their top-level name (a class defined in a function needs that function): the
+    # slice executed is what they depend on (restore/source_slice.py).
+    names = [q for q in entry.get("classes", {}) if isinstance(q, str)]
+    roots = tuple(sorted({q.partition(".")[0] for q in [*names, wanted]}))
+    cached = _EXECUTED.get((digest, roots))
     if cached is not None:
         return cached
     safe = "".join(c if c.isalnum() else "_" for c in module_name)
@@ -73,13 +46,13 @@ def module_from_source(module_name: str, entry: dict[str, Any]) -> types.ModuleT
     module.__file__ = entry.get("file") or f"<captured {module_name}>"
     sys.modules[name] = module  # dataclasses and typing look classes' modules up here
     try:
-        code = compile(definitions_only(entry["text"], module.__file__), module.__file__, "exec")
+        code = compile(slice_source(text, module.__file__, roots), module.__file__, "exec")
         exec(code, module.__dict__)  # the user's own captured source; see the module docstring
     except Exception as error:
         del sys.modules[name]
         raise RestoreError(f"the source stored for {module_name} ({module.__file__}) does not run here: "
                            f"{type(error).__name__}: {error}") from None
-    _EXECUTED[digest] = module
+    _EXECUTED[(digest, roots)] = module
     return module
 
 

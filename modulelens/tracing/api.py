@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureWarning
+from modulelens.repo.names import validate_name
 from modulelens.tracing.budget import PayloadPolicy
 from modulelens.tracing.save import save_records
 from modulelens.tracing.tracer import Tracer
@@ -18,9 +19,10 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
     """Record calls of chosen submodules of ``model`` and save them to a repo.
 
     ``targets`` are qualified-name globs (``"encoder.layers.*.attn"``) or class names
-    (``"LlamaMLP"``). Per target, ``warmup`` calls are skipped and the next ``max_calls`` are
-    recorded; then the hooks go away and ``on_complete(tracer)`` runs. Leaving the ``with`` block
-    (or calling :meth:`save`) saves whatever was captured as ``<name>/<qualified name>``.
+    (``"LlamaMLP"``); ``""`` or ``"."`` (or the model's class name) target ``model`` itself. Per
+    target, ``warmup`` calls are skipped and the next ``max_calls`` are recorded; then the hooks go
+    away and ``on_complete(tracer)`` runs. Leaving the ``with`` block (or calling :meth:`save`)
+    saves whatever was captured as ``<name>/<qualified name>`` (the model itself as ``<name>``).
 
     Fidelity options (docs/fidelity.md): ``backward=True`` also records each recorded call's
     backward (output gradients in, input and parameter gradients out). ``shape_only_over`` (bytes)
@@ -42,6 +44,10 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         with modulelens.capture(model, targets=["mlp", "blocks.*.attn"], name="ranker") as cap:
             train(model)
         print([v.ref for v in cap.saved])        # ['ranker/mlp:v1', 'ranker/blocks.0.attn:v1', ...]
+
+    Raises:
+        InvalidNameError: ``name`` is not a valid capture name (checked here, before the job runs).
+        UsageError: no target pattern, no submodule matches the targets, or bad ``warmup``/``max_calls``.
     """
 
     def __init__(
@@ -64,6 +70,8 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         ranks: Sequence[int] | int | str = (0,),
         sync_timeout: float = 60.0,
     ) -> None:
+        if name is not None:
+            validate_name(name)  # now, not when the job is over and the capture is saved
         self.policy = PayloadPolicy(shape_only_over=shape_only_over, max_bytes=max_bytes,
                                     shape_only_params=shape_only_params)
         self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -123,7 +124,12 @@ def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
 
 
 def _dtensor_type() -> type | None:
+    """The DTensor class, or ``None`` when no DTensor can exist: importing
+    ``torch.distributed.tensor`` (sympy, symbolic shapes) took ~4 s of a first capture (issue 11),
+    and a job that has DTensors has imported it already."""
     if not torch.distributed.is_available():
+        return None
+    if "torch.distributed.tensor" not in sys.modules and "torch.distributed._tensor" not in sys.modules:
         return None
     try:
         from torch.distributed.tensor import DTensor

@@ -71,6 +71,16 @@ class TensorTable:
         self._keepalive.append(tensor)
         return tid
 
+    def add_text(self, text: str) -> str:
+        """A UTF-8 text (a source file) as a 1-D ``uint8`` entry: its payload is a content-addressed
+        blob like any tensor's, so a file shared by many captures is stored once."""
+        data = text.encode("utf-8")
+        tid = f"t{len(self.entries)}"
+        self.entries[tid] = {"dtype": "uint8", "shape": [len(data)], "stride": [1], "device": "cpu",
+                             "payload": None, "nbytes": len(data)}
+        self.payloads[tid] = memoryview(data)
+        return tid
+
 
 class ConstructionTable:
     """Constructor records of the target and of every module passed to a constructor."""
@@ -140,6 +150,13 @@ def encode_record(
         module_info["construction"] = constructions.add_record(
             record.module_class, record.construction.args, record.construction.kwargs, "", key=id(record.module)
         )
+    if record.structure:
+        module_info["structure"] = record.structure
+        attribute_ctx = EncodeContext(add_tensor=tensors.add)
+        module_info["attributes"] = {
+            path: {k: encode_value(v, attribute_ctx, f"attributes[{path!r}].{k}") for k, v in values.items()}
+            for path, values in record.attributes.items()
+        }
     call_ctx = EncodeContext(add_tensor=tensors.add, lenient=True)
     calls = [_encode_call(call, call_ctx) for call in record.calls]
     states = [_encode_state(state, tensors, i) for i, state in enumerate(record.states)]
@@ -162,6 +179,10 @@ def encode_record(
         "tensors": tensors.entries,
     }
     meta["sources"] = collect_sources(meta, [record.module_class, *constructions.classes])
+    for entry in meta["sources"].values():
+        text = entry.pop("text", None)
+        if text is not None:  # stored once as a blob, referenced from here (docs/format.md, sources)
+            entry["text_id"] = tensors.add_text(text)
     own = meta["sources"].get(record.module_class.__module__)
     if own is not None:
         module_info["source"] = {"module": record.module_class.__module__, "file": own["file"], "hash": own["hash"],
@@ -179,6 +200,8 @@ def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
         "rng": {device: ctx.add_tensor(state, f"rng[{device}]") for device, state in call.rng.items()},
         "inputs": encode_tree((tuple(call.args), dict(call.kwargs)), ctx, f"call{call.index}.inputs"),
         "output": encode_tree(call.output, ctx, f"call{call.index}.output") if call.finished else None,
+        **({"mutated_inputs": encode_tree(call.mutated_inputs, ctx, f"call{call.index}.mutated_inputs")}
+           if call.mutated_inputs else {}),
         "finished": call.finished,
         "error": call.error,
         **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),

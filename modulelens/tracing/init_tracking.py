@@ -6,6 +6,13 @@ and stores them on the new instance. Only the outermost class is seen (a subclas
 ``copy.deepcopy`` carries its record along (the record lives in the instance ``__dict__``).
 The cost is one extra Python call per construction (see benchmarks/bench_capture.py).
 
+Argument containers (lists, dicts, tuples, sets) are copied all the way down when the module is
+built, before its ``__init__`` runs, so a builder that pops keys from its argument dicts (timm's
+EfficientNet/MobileNetV3 block args) or a caller that reuses them does not change what is rebuilt.
+Plain objects (configs, dataclasses) are copied later, at the first recorded call
+(:func:`freeze_objects`); tensors, modules, classes and functions stay references (the state a
+capture records supersedes a tensor's constructor value). Scalar-only arguments cost one loop.
+
 Once installed, the replacement ``__new__`` stays for the life of the process and turning tracking
 off only flips a flag: CPython cannot put ``object.__new__`` back into the slots of subclasses
 that were created or updated meanwhile (they would then reject constructor arguments).
@@ -13,11 +20,16 @@ that were created or updated meanwhile (they would then reject constructor argum
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import enum
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from modulelens.format.values import has_codec
 
 _ATTR = "_modulelens_init"
 _lock = threading.Lock()
@@ -33,6 +45,10 @@ class InitRecord:
     kwargs: dict[str, Any]
 
 
+_SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex, torch.dtype, torch.device})
+_CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
+
+
 def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     instance = _object_new(cls)
     if not _enabled:
@@ -40,8 +56,60 @@ def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     # A class with its own __new__ may call us with different arguments than __init__ gets:
     # record nothing rather than something wrong.
     if cls.__new__ is _recording_new:
+        # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
+        for value in args:
+            if type(value) in _CONTAINERS:
+                args, kwargs = _copy_containers(args), _copy_containers(kwargs)
+                break
+        else:
+            for value in kwargs.values():
+                if type(value) in _CONTAINERS:
+                    kwargs = _copy_containers(kwargs)
+                    break
         object.__setattr__(instance, _ATTR, InitRecord(args, kwargs))
     return instance
+
+
+def _copy_containers(value: Any) -> Any:
+    """``value`` with its lists, dicts, tuples and sets copied all the way down (other objects are
+    the same objects: see :func:`freeze_objects`)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _copy_containers(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
+    if kind in _CONTAINERS:
+        return kind([_copy_containers(v) if type(v) in _CONTAINERS else v for v in value])
+    return value
+
+
+def freeze_objects(record: InitRecord) -> InitRecord:
+    """``record`` with its plain objects (configs, dataclasses, named tuples: what a codec encodes)
+    deep-copied as they are now.
+
+    The tracer calls this at a target's first recorded call, not at construction: a module keeps
+    its config object and reads it when it runs, and frameworks finish configs after the modules
+    are built (transformers sets ``config._attn_implementation`` once the whole model exists), so
+    the config as it was when the call ran is what rebuilds the module that made that call.
+    """
+    return InitRecord(_freeze(record.args), _freeze(record.kwargs))
+
+
+def _freeze(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind in _CONTAINERS:
+        items = value.items() if kind is dict else None
+        if items is not None:
+            return {k: _freeze(v) for k, v in items}
+        return kind(_freeze(v) for v in value)
+    if isinstance(value, (torch.Tensor, torch.nn.Module, type, enum.Enum)) or callable(value):
+        return value
+    if dataclasses.is_dataclass(value) or isinstance(value, tuple) or has_codec(value):
+        try:
+            return copy.deepcopy(value)
+        except Exception:  # an object that cannot be copied is kept by reference, as before
+            return value
+    return value
 
 
 def is_tracking() -> bool:

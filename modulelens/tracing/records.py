@@ -44,6 +44,9 @@ class CallRecord:
     rng: dict[str, torch.Tensor] = field(default_factory=dict)
     autocast: dict[str, Any] = field(default_factory=dict)
     output: Any = None
+    # input path (as ``deep_leaves`` names it) -> the value after the call, for each input the call
+    # changed in place: state objects (caches) always, tensors whose version counter moved
+    mutated_inputs: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
     error: str | None = None
     backward: BackwardRecord | None = None
@@ -63,3 +66,6 @@ class ModuleRecord:
     seen_calls: int = 0
     complete: bool = False
     failed: str | None = None
+    # At the first recorded call: plain attributes and submodule classes (format/module_state.py)
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    structure: dict[str, str] = field(default_factory=dict)

@@ -7,9 +7,11 @@ of the job then loads ``_bootstrap/sitecustomize.py``, which calls :func:`activa
 1. constructor tracking goes on before any user code is imported;
 2. a global forward pre-hook looks at each module the first time it is called; the first one whose
    tree contains a target becomes a root, and a :class:`Tracer` is attached to it;
-3. once every target is recorded the global hook is removed and the captures are saved (and with
-   ``--exit-after-capture`` the job ends cleanly with exit code 0);
-4. at exit, whatever was captured is saved and a summary for the parent is written.
+3. each target is saved as soon as it is recorded, so a job that ends abruptly keeps it; once
+   every target is, the global hook is removed (and with ``--exit-after-capture`` the job ends
+   cleanly with exit code 0);
+4. at exit, whatever was captured and not saved yet is saved and a summary for the parent is
+   written.
 """
 
 from __future__ import annotations
@@ -119,17 +121,20 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
             raise UsageError(f"command not found: {command[0]}") from None
         summaries = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob("*.json"))]
     saved = [s for summary in summaries for s in summary["saved"]]
-    captured_patterns = {p for summary in summaries for p in summary["resolved"]}
+    # a pattern counts once a capture of it was saved, not when it merely matched a module
+    captured_patterns = {p for summary in summaries for p in summary.get("captured", [])}
     roots = [root for summary in summaries for root in summary.get("roots", [])]
     modules = [m for root in roots for m in root["modules"]]
     missing = [t for t in config.targets if t not in captured_patterns]
     return {
+        # ok: the job succeeded and every target pattern has at least one saved capture
+        "ok": completed.returncode == 0 and bool(saved) and not missing,
         "exit_code": completed.returncode,
         "command": command,
         "repo": config.repo,
         "requested_repo": requested if requested is not None else str(repo_default()),
         "saved": saved,
-        "missing_targets": missing,
+        "missing_targets": missing,  # never matched, or matched but never captured (or saved)
         "suggestions": {t: closest_modules(t, modules) for t in missing},
         "roots": roots,
         "processes": summaries,
@@ -140,7 +145,11 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
 
 
 class _Session:
-    """Capture state of one process of the job."""
+    """Capture state of one process of the job.
+
+    Each target is saved as soon as it is complete (not only at exit), so a job that ends abruptly
+    keeps it; what is left is saved by the ``atexit`` handler.
+    """
 
     def __init__(self, config: RunConfig) -> None:
         import torch
@@ -151,29 +160,33 @@ class _Session:
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.tracers: list[Any] = []
         self.resolved: set[str] = set()
+        self.captured: set[str] = set()  # patterns with at least one saved capture
         self.saved: list[dict[str, Any]] = []
         self.failed: list[str] = []
         self.roots: list[dict[str, Any]] = []  # module trees of the first models called
         self._seen: set[int] = set()
         self._prefixes: dict[int, str] = {}  # tracer id -> capture name prefix
-        self._saved_tracers: set[int] = set()
+        self._patterns: dict[int, list[str]] = {}  # tracer id -> its target patterns as given
+        self._saved_targets: set[tuple[int, str]] = set()  # (tracer id, qualified name)
         self._lock = threading.RLock()
         self._done = False
         track_init()
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call)
         atexit.register(self.finish)
 
-    def _on_module_call(self, module: Any, _inputs: Any) -> None:
+    def _on_module_call(self, module: Any, inputs: Any) -> None:
         if id(module) in self._seen:
             return
         try:
-            self._consider_root(module)
+            tracer = self._consider_root(module)
+            if tracer is not None:
+                _record_root_call(tracer, module, inputs)
         except Exception as error:
             if self.config.strict:
                 raise
             warnings.warn(f"modulelens: could not attach capture: {error}", stacklevel=2)
 
-    def _consider_root(self, module: Any) -> None:
+    def _consider_root(self, module: Any) -> Any:
         from modulelens.tracing.tracer import Tracer, find_targets, matches, unwrap_model
 
         with self._lock:
@@ -184,16 +197,22 @@ class _Session:
             pending = [p for p in self.config.targets if p not in self.resolved]
             found = find_targets(module, pending)
             if not found:
-                return
+                return None
             patterns = [p for p in pending if any(matches(p, n, m) for n, m in found.items())]
             self.resolved.update(patterns)
             tracer = Tracer(module, patterns, warmup=self.config.warmup, max_calls=self.config.max_calls,
-                            on_complete=self._on_tracer_complete, strict=self.config.strict,
-                            backward=self.config.backward, ranks=self.config.ranks)
+                            on_complete=self._on_tracer_complete, on_target_complete=self._on_target_complete,
+                            strict=self.config.strict, backward=self.config.backward, ranks=self.config.ranks)
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
+            self._patterns[id(tracer)] = patterns
             if len(self.resolved) == len(self.config.targets):
                 self._hook.remove()
+            return tracer
+
+    def _on_target_complete(self, tracer: Any, qualified: str) -> None:
+        with self._lock:
+            self._save(tracer, [qualified])
 
     def _note_root(self, model: Any) -> None:
         def cls(m: Any) -> str:
@@ -210,46 +229,53 @@ class _Session:
 
     def _on_tracer_complete(self, tracer: Any) -> None:
         with self._lock:
-            self._save(tracer)
+            tracer.stop()
+            self._save(tracer, list(tracer.records))
             everything = len(self.resolved) == len(self.config.targets) and all(t.finished for t in self.tracers)
-        if everything:
-            self._write_summary()
-            if self.config.exit_after_capture:
-                print("modulelens: everything captured and saved; ending the job (--exit-after-capture)",
-                      file=sys.stderr, flush=True)
-                self._done = True
-                raise SystemExit(0)
+        if everything and self.config.exit_after_capture:
+            print("modulelens: everything captured and saved; ending the job (--exit-after-capture)",
+                  file=sys.stderr, flush=True)
+            self._done = True
+            raise SystemExit(0)
 
-    def _save(self, tracer: Any) -> None:
+    def _save(self, tracer: Any, qualified_names: list[str]) -> None:
+        """Save those targets of ``tracer`` not saved yet (each once), then update the summary."""
         from modulelens.tracing.save import save_records
+        from modulelens.tracing.tracer import matches
 
-        if id(tracer) in self._saved_tracers:
-            return
-        self._saved_tracers.add(id(tracer))
-        tracer.stop()
-        prefix = self._prefixes[id(tracer)]
-        try:
-            infos = save_records(tracer, self.config.repo, prefix, tags=self.config.tags,
-                                 policy=self.config.policy())
-        except Exception as error:
-            if self.config.strict:
-                raise
-            self.failed.append(str(error))
-            warnings.warn(f"modulelens: saving captures failed: {error}", stacklevel=2)
-            return
-        for info in infos:
-            self.saved.append(info.to_dict())
-            print(f"modulelens: saved {info.ref}", file=sys.stderr, flush=True)
+        for qualified in qualified_names:
+            if (id(tracer), qualified) in self._saved_targets:
+                continue
+            self._saved_targets.add((id(tracer), qualified))
+            try:
+                infos = save_records(tracer, self.config.repo, self._prefixes[id(tracer)], tags=self.config.tags,
+                                     policy=self.config.policy(), only=[qualified])
+            except Exception as error:
+                if self.config.strict:
+                    raise
+                self.failed.append(f"{qualified or '<root>'}: {error}")
+                warnings.warn(f"modulelens: saving the capture of {qualified or '<root>'} failed: {error}",
+                              stacklevel=2)
+                continue
+            if infos:
+                module = tracer.records[qualified].module
+                raw = self._patterns[id(tracer)]  # as the user wrote them; tracer.patterns are normalised
+                self.captured.update(r for r, p in zip(raw, tracer.patterns, strict=True) if matches(p, qualified, module))
+            for info in infos:
+                self.saved.append(info.to_dict())
+                print(f"modulelens: saved {info.ref}", file=sys.stderr, flush=True)
+        self._write_summary()
 
     def finish(self) -> None:
-        """At exit: save whatever was captured and report to the parent."""
+        """At exit: save whatever was captured and not saved yet, and report to the parent."""
         if self._done:
             return
         self._done = True
         with self._lock:
             self._hook.remove()
             for tracer in self.tracers:
-                self._save(tracer)
+                tracer.stop()
+                self._save(tracer, list(tracer.records))
             self._write_summary()
 
     def _write_summary(self) -> None:
@@ -257,11 +283,30 @@ class _Session:
         if not folder or not os.path.isdir(folder):
             return
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
-                   "saved": self.saved, "failed": self.failed, "roots": self.roots}
+                   "captured": sorted(self.captured), "saved": self.saved, "failed": self.failed, "roots": self.roots}
         target = Path(folder) / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))
         os.replace(tmp, target)
+
+
+def _record_root_call(tracer: Any, module: Any, inputs: tuple[Any, ...]) -> None:
+    """Record the root's call that is under way when its tracer attached (see
+    :meth:`Tracer.record_call_in_progress`). A global pre-hook gets no keyword arguments: they are
+    read from torch's ``_call_impl`` frame, and only when it is unmistakably this call's frame."""
+    if not any(r.module is module for r in tracer.records.values()):
+        return
+    frame = sys._getframe(2)  # _call_impl's inner() -> _on_module_call -> here
+    try:
+        names = frame.f_locals
+        args, kwargs = names.get("args"), names.get("kwargs")
+    finally:
+        del frame
+    if args is inputs and isinstance(kwargs, dict):
+        tracer.record_call_in_progress(module, args, kwargs)
+    else:
+        warnings.warn("modulelens: the root model's first call could not be recorded (its inputs are not visible "
+                      "from here); its next call will be", stacklevel=3)
 
 
 _session: _Session | None = None

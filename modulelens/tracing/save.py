@@ -36,11 +36,13 @@ def save_records(
     tags: Iterable[str] = (),
     metadata: dict[str, Any] | None = None,
     policy: PayloadPolicy | None = None,
+    only: Iterable[str] | None = None,
 ) -> list[VersionInfo]:
     """Save every target of ``tracer`` that recorded at least one call; returns their versions.
 
     In a distributed job only recording ranks save (others return ``[]``); when several ranks
-    record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``.
+    record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``. ``only`` limits
+    the save to those qualified names.
     """
     tracer.synchronize()
     if not tracer.recording:
@@ -54,9 +56,10 @@ def save_records(
                                 "backward": tracer.backward}
     if tracer.world_size > 1:
         settings["ranks"] = tracer.ranks
+    wanted = None if only is None else set(only)
     saved = []
     for qualified, record in tracer.records.items():
-        if not _has_calls(tracer, qualified, record):
+        if (wanted is not None and qualified not in wanted) or not _has_calls(tracer, qualified, record):
             continue
         capture_name = f"{prefix}/{qualified}" if qualified else prefix
         meta, payloads = _encode_or_drop_construction(tracer, record, capture_name, settings, list(tags), metadata, policy)

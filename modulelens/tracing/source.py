@@ -47,16 +47,32 @@ def is_user_module(module_name: str) -> bool:
     return not any(real.startswith(root + os.sep) for root in _library_roots())
 
 
+@functools.lru_cache(maxsize=64)
+def _file_text(path: str, mtime_ns: int, size: int) -> str:
+    """A file's text, read once per version of the file (every capture of a job names the same
+    files: a 5,000-line script was re-read and re-hashed on each save)."""
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+@functools.lru_cache(maxsize=64)
+def _text_hash(text: str) -> str:
+    return source_hash(text)
+
+
 def _module_text(module_name: str) -> tuple[str | None, str | None]:
     """``(file, text)`` of a module's source; a notebook's ``__main__`` gives its cell history."""
     module = sys.modules.get(module_name)
-    file = getattr(module, "__file__", None)
+    # CPython deletes ``__main__.__file__`` once the script has run, before ``atexit`` handlers
+    # (which save what `modulelens run` captured last); its loader still knows the path.
+    file = getattr(module, "__file__", None) or getattr(getattr(module, "__loader__", None), "path", None)
     if file:
+        path = os.path.abspath(file)
         try:
-            with open(file, encoding="utf-8") as handle:
-                return os.path.abspath(file), handle.read()
+            stat = os.stat(path)
+            return path, _file_text(path, stat.st_mtime_ns, stat.st_size)
         except (OSError, UnicodeDecodeError):
-            return os.path.abspath(file), None
+            return path, None
     cells = getattr(module, "In", None)  # IPython keeps every executed cell in __main__.In
     if isinstance(cells, list) and all(isinstance(c, str) for c in cells):
         return "<ipython>", "\n\n".join(cells)
@@ -99,7 +115,7 @@ def collect_sources(meta: dict[str, Any], classes: Iterable[type] = ()) -> dict[
         entry = sources.get(module_name)
         if entry is None:
             file, text = _module_text(module_name)
-            entry = {"file": file, "hash": source_hash(text) if text is not None else None, "classes": {}}
+            entry = {"file": file, "hash": _text_hash(text) if text is not None else None, "classes": {}}
             if text is not None and len(text.encode("utf-8")) <= MAX_SOURCE_BYTES:
                 entry["text"] = text
             elif text is not None:

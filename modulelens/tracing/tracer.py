@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
-from modulelens.tracing.backward import separate_inputs, watch_backward
+from modulelens.format.module_state import plain_attributes, structure
+from modulelens.format.tree import mutable_leaves
+from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
     RanksSpec,
     ShardSync,
@@ -40,7 +42,7 @@ from modulelens.tracing.distributed import (
     signature,
 )
 from modulelens.tracing.environment import describe_environment
-from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter
 
@@ -68,9 +70,14 @@ def is_wrapper(module: torch.nn.Module) -> bool:
     return unwrap_model(module) is not module
 
 
+ROOT_PATTERNS = ("", ".")  # target the model itself (its class name works too)
+
+
 def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
     """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
-    the same submodule as the unwrapped one does."""
+    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself."""
+    if pattern in ROOT_PATTERNS:
+        return ""
     if is_wrapper(model):
         while pattern.startswith(("module.", "_orig_mod.")):
             pattern = pattern.partition(".")[2]
@@ -89,6 +96,8 @@ def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
     for cls in (type(module), original_class(type(module))):
         if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
             return True
+    if pattern in ROOT_PATTERNS:
+        return qualified_name == ""
     return bool(qualified_name) and fnmatch.fnmatchcase(qualified_name, pattern)
 
 
@@ -111,10 +120,21 @@ class _Pending:
     call: CallRecord | None  # None on a rank that only takes part in gathers
     index: int
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
+    start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
+    # inputs the call may change in place: (path, live value, tensor version on entry or None)
+    watch: list[tuple[str, Any, int | None]] | None = None
 
 
 def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead."""
+    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead.
+
+    Only when ``torch._dynamo`` is already imported: ``torch.compiler.disable`` imports it, which
+    took ~8 s on the first capture of a process that compiles nothing (issue 11). A model compiled
+    before the capture attached has imported it already; one compiled while the hooks are on
+    (rare: compile first, then capture) traces the plain hooks, which graph-break on their lock.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return hook
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(hook) if disable is not None else hook
 
@@ -134,6 +154,7 @@ class Tracer:
         backward: bool = False,
         ranks: RanksSpec = (0,),
         sync_timeout: float = 60.0,
+        on_target_complete: Callable[[Tracer, str], Any] | None = None,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -146,6 +167,7 @@ class Tracer:
         self.warmup = warmup
         self.max_calls = max_calls
         self.on_complete = on_complete
+        self.on_target_complete = on_target_complete
         self.strict = strict
         self.backward = backward
         self._backward_handles: list[Any] = []
@@ -210,12 +232,13 @@ class Tracer:
                 return None
         return _eager(pre_hook)
 
-    def _make_post_hook(self, name: str) -> Callable[..., None]:
-        def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _make_post_hook(self, name: str) -> Callable[..., Any]:
+        def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             try:
-                self._on_exit(name, module, output)
+                return self._on_exit(name, module, output)
             except Exception as error:  # fail open
                 self._fail(name, error)
+                return None
         return _eager(post_hook)
 
     def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -238,6 +261,10 @@ class Tracer:
                 self._participated[name] = self._participated.get(name, 0) + 1
                 self._stack(name).append(_Pending(None, index))
                 return None
+            if not record.calls and not record.structure:  # state set after construction (issue 11)
+                record.attributes, record.structure = plain_attributes(module), structure(module)
+                if record.construction is not None:
+                    record.construction = freeze_objects(record.construction)
             self._snap.gathered = gathered
             try:
                 call = CallRecord(
@@ -254,13 +281,18 @@ class Tracer:
             call.rng = _rng_state(args, kwargs)
             record.calls.append(call)
             live = replacement = None
+            start = 0
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
-            self._stack(name).append(_Pending(call, index, live))
+                start = sequence_marker()  # after the input views: the call's own nodes come later
+            watch = [(path, value, value._version if isinstance(value, torch.Tensor) else None)
+                     for path, value in mutable_leaves((tuple(args), dict(kwargs)))]
+            self._stack(name).append(_Pending(call, index, live, start, watch))
             return replacement
 
-    def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> None:
+    def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> Any:
+        """Record the output; returns a replacement output only when capturing its backward."""
         with self._lock:
             stack = self._stack(name)
             pending = stack.pop() if stack else None
@@ -275,6 +307,7 @@ class Tracer:
                     self._participated[name] -= 1
                 return
             record = self.records[name]
+            replacement = None
             gathered = self._gather(name, pending.index, "output", output)
             if isinstance(gathered, str):
                 if pending.call is not None and pending.call in record.calls:
@@ -285,19 +318,28 @@ class Tracer:
                 self._snap.gathered = gathered
                 try:
                     pending.call.output = self._snap.tree(output)
+                    pending.call.mutated_inputs = self._mutated_inputs(pending.watch or [])
                 finally:
                     self._snap.gathered = {}
                 pending.call.finished = True
                 if pending.live_inputs is not None:
-                    handle = watch_backward(pending.call, module, pending.live_inputs, output, self._snap,
-                                            functools.partial(self._on_backward, name))
-                    if handle is not None:
-                        self._backward_handles.append(handle)
+                    output, handles = watch_backward(pending.call, module, pending.live_inputs, output, pending.start,
+                                                     self._snap, functools.partial(self._on_backward, name))
+                    self._backward_handles.extend(handles)
+                    replacement = output if handles else None
             done = (all(c.finished for c in record.calls) if self.recording
                     else not any(self._stacks.get(name, {}).values()))
             if self._taken(name) >= self.max_calls and done:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
+            return replacement
+
+    def _mutated_inputs(self, watch: list[tuple[str, Any, int | None]]) -> dict[str, Any]:
+        """Snapshots, after the call, of the inputs it may have changed in place: every state
+        object (a cache: attribute updates leave no version trace) and every tensor whose version
+        counter moved."""
+        return {path: self._snap.tree(value) for path, value, version in watch
+                if version is None or value._version != version}
 
     def _stack(self, name: str) -> list[_Pending | None]:
         """This thread's pending calls of target ``name`` (callers hold ``self._lock``)."""
@@ -314,8 +356,10 @@ class Tracer:
 
     def _check_complete(self, name: str) -> None:
         record = self.records[name]
-        if name not in self._handles and not any(c.backward_pending for c in record.calls):
-            record.complete = record.complete or (self._taken(name) >= self.max_calls and not record.failed)
+        if name not in self._handles and not any(c.backward_pending for c in record.calls) and not record.complete:
+            record.complete = self._taken(name) >= self.max_calls and not record.failed
+            if record.complete and self.on_target_complete is not None:
+                self._notify(self.on_target_complete, self, name)
         if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
             self._finish()
 
@@ -422,14 +466,29 @@ class Tracer:
         self._snap.clear()
         self._backward_handles.clear()
         if self.on_complete is not None:
-            try:
-                self.on_complete(self)
-            except Exception as error:
-                if self.strict:
-                    raise
-                warnings.warn(f"modulelens: on_complete callback failed: {error}", CaptureWarning, stacklevel=2)
+            self._notify(self.on_complete, self)
+
+    def _notify(self, callback: Callable[..., Any], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception as error:
+            if self.strict:
+                raise
+            warnings.warn(f"modulelens: {getattr(callback, '__name__', 'callback')} failed: {error}", CaptureWarning,
+                          stacklevel=3)
 
     # ------------------------------------------------------------------------------ public
+
+    def record_call_in_progress(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Record a call of target ``module`` that started before this tracer attached.
+
+        torch collects a call's forward pre-hooks before running them, so a tracer attached from a
+        global pre-hook (``modulelens run``) misses the root's own first call; its post-hook, looked
+        up after ``forward``, does run and completes the record started here.
+        """
+        for name, record in self.records.items():
+            if record.module is module and name in self._handles:
+                self._make_pre_hook(name)(module, args, kwargs)
 
     @property
     def complete(self) -> bool:

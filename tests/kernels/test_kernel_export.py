@@ -288,8 +288,9 @@ def test_class_defined_in_a_script_exports_from_its_stored_source(tmp_path: Path
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     script.unlink()  # the class now exists only in the source stored with the capture
-    modulelens.Repo(repo).trust_source = True  # the user's own repo: its stored source may run
-    result = export_kernelbench("script", tmp_path / "p", repo=repo)
+    with pytest.raises(modulelens.UntrustedCodeError, match="trust_source=True"):
+        export_kernelbench("script", tmp_path / "p", repo=repo)  # its own code runs only when trusted
+    result = export_kernelbench(modulelens.load("script", repo=repo, trust_source=True), tmp_path / "p")
     m = result.manifest
     assert m["capture"]["module_class"] == "__main__:ScriptBlock"
     assert m["model"]["source"] == "inlined" and "def _scale" in result.problem.read_text()

@@ -87,7 +87,7 @@ def test_metadata_is_plain_json_and_payloads_are_raw_bytes(repo: modulelens.Repo
     meta = json.loads((info.path / "capture.json").read_text())
     assert meta["format"] == "modulelens.capture" and meta["format_version"] == modulelens.FORMAT_VERSION
     weight = meta["tensors"][meta["states"][0]["parameters"]["weight"]["tensor"]]
-    raw = repo.blob_path(weight["payload"]).read_bytes()
+    raw = repo.payloads(meta).read_bytes(weight)
     assert raw == module.weight.detach().numpy().tobytes()
 
 

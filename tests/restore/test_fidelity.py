@@ -40,11 +40,13 @@ def _capture_all(repo: Path) -> dict[str, str]:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", modulelens.CaptureWarning)  # a dropped target fails here
                 with modulelens.capture(model, targets=list(scenario.targets.values()), repo=repo,
-                                        name=f"fidelity/{scenario.name}", strict=True) as cap:
+                                        name=f"fidelity/{scenario.name}", strict=True,
+                                        max_calls=scenario.max_calls) as cap:
                     scenario.drive(model)
             saved = {info.name: info.ref for info in cap.saved}
             for label, pattern in scenario.targets.items():
-                refs[label] = saved[f"fidelity/{scenario.name}/{pattern}"]
+                root = pattern == type(model).__name__  # the whole model, targeted by its class name
+                refs[label] = saved[f"fidelity/{scenario.name}" if root else f"fidelity/{scenario.name}/{pattern}"]
     return refs
 
 
@@ -74,6 +76,16 @@ def test_module_type_replays_bit_exact(fidelity: dict[str, Any], label: str) -> 
     assert result["mode"] == "bit-exact"
     assert result["tensor_leaves"] >= 1  # real tensors were compared, not just structure
     assert label.rpartition(".")[2] in result["class"]
+
+
+@pytest.mark.parametrize("label", fidelity_models.cache_labels())
+def test_cached_decode_replays_with_its_cache(fidelity: dict[str, Any], label: str) -> None:
+    """Caches on (transformers' default): the prefill and the decode step(s) both replay, and the
+    cache each call changed in place is compared after the call, not only the output."""
+    result = fidelity["results"][label]
+    assert result["unrecorded"] == []
+    assert result["calls"] >= 2
+    assert result["mutated_leaves"] >= 2  # keys and values of at least one cache layer, after the call
 
 
 def test_fidelity_summary(fidelity: dict[str, Any]) -> None:

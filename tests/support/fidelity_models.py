@@ -227,6 +227,7 @@ class Scenario:
     drive: Callable[[nn.Module], None]
     targets: dict[str, str]  # label (the module type) -> target pattern (qualified name)
     train: bool = False
+    max_calls: int = 1  # calls recorded per target (2 for prefill + one cached decode step)
 
 
 def _hf_ids(vocab: int, batch: int = 2, seq: int = 7, seed: int = 3) -> torch.Tensor:
@@ -250,6 +251,78 @@ def _drive_ids(vocab: int, **kwargs: Any) -> Callable[[nn.Module], None]:
         model(input_ids=ids, attention_mask=mask, **kwargs)
     return drive
 
+
+def _cache_keyword(model: nn.Module) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache`` (the old name still works, with a warning)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def drive_prefill_decode(model: nn.Module) -> None:
+    """A causal LM as people run it, caches on: prefill a left-padded batch, then one decode step
+    on the cache the prefill returned (the cache is mutated in place by every layer)."""
+    ids = _hf_ids(64)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    out = model(input_ids=ids, attention_mask=mask)
+    step = out.logits[:, -1:].argmax(-1)
+    model(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+          **{_cache_keyword(model): out.past_key_values})
+
+
+def drive_speech_decode(model: nn.Module) -> None:
+    """Whisper: encode + decode a prompt (self- and cross-attention caches), then one cached step."""
+    features = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(3))
+    out = model(input_features=features, decoder_input_ids=torch.tensor([[1, 5, 6]]))
+    model(encoder_outputs=(out.encoder_last_hidden_state,), decoder_input_ids=out.logits[:, -1:].argmax(-1),
+          **{_cache_keyword(model): out.past_key_values})
+
+
+def drive_generate(model: nn.Module) -> None:
+    ids = _hf_ids(64, seq=5)
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+
+
+# Small configurations with transformers' defaults otherwise (use_cache=True included).
+_DEFAULT_LM = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+               "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_WHISPER = {"vocab_size": 64, "d_model": 32, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "num_mel_bins": 8,
+            "max_source_positions": 16, "max_target_positions": 32, "decoder_start_token_id": 1, **_TOKENS}
+
+# Caches on (transformers' default): a prefill and a cached decode step recorded per target, the
+# cache recorded on entry and after the call (docs/fidelity.md).
+CACHE_SCENARIOS: list[Scenario] = [
+    Scenario("cache-llama", _hf("LlamaConfig", "LlamaForCausalLM", **_DEFAULT_LM), drive_prefill_decode, max_calls=2,
+             targets={"cache.LlamaForCausalLM": "LlamaForCausalLM", "cache.LlamaDecoderLayer": "model.layers.1",
+                      "cache.LlamaAttention": "model.layers.0.self_attn"}),
+    Scenario("cache-llama-train", _hf("LlamaConfig", "LlamaForCausalLM", **_DEFAULT_LM), drive_prefill_decode,
+             max_calls=2, train=True, targets={"cache-train.LlamaDecoderLayer": "model.layers.0"}),
+    Scenario("cache-gemma2", _hf("Gemma2Config", "Gemma2ForCausalLM", **_DEFAULT_LM, head_dim=8, sliding_window=4),
+             drive_prefill_decode, max_calls=2,
+             targets={"cache.Gemma2ForCausalLM": "Gemma2ForCausalLM", "cache.Gemma2DecoderLayer": "model.layers.0",
+                      "cache.Gemma2Attention": "model.layers.1.self_attn"}),
+    Scenario("cache-phi3", _hf("Phi3Config", "Phi3ForCausalLM", **_DEFAULT_LM), drive_prefill_decode, max_calls=2,
+             targets={"cache.Phi3DecoderLayer": "model.layers.0", "cache.Phi3Attention": "model.layers.1.self_attn"}),
+    Scenario("cache-falcon", _hf("FalconConfig", "FalconForCausalLM", vocab_size=64, hidden_size=32,
+                                 num_hidden_layers=2, num_attention_heads=4, **_TOKENS),
+             drive_prefill_decode, max_calls=2, targets={"cache.FalconDecoderLayer": "transformer.h.0"}),
+    Scenario("cache-mamba", _hf("MambaConfig", "MambaForCausalLM", vocab_size=64, hidden_size=32, state_size=4,
+                                num_hidden_layers=2, **_TOKENS),
+             drive_prefill_decode, max_calls=2,
+             targets={"cache.MambaForCausalLM": "MambaForCausalLM", "cache.MambaBlock": "backbone.layers.0",
+                      "cache.MambaMixer": "backbone.layers.1.mixer"}),
+    Scenario("cache-whisper", _hf("WhisperConfig", "WhisperForConditionalGeneration", **_WHISPER),
+             drive_speech_decode, max_calls=2,
+             targets={"cache.WhisperForConditionalGeneration": "WhisperForConditionalGeneration",
+                      "cache.WhisperDecoderLayer": "model.decoder.layers.0",
+                      "cache.WhisperAttention": "model.decoder.layers.1.encoder_attn"}),
+    Scenario("generate-llama", _hf("LlamaConfig", "LlamaForCausalLM", **_DEFAULT_LM), drive_generate, max_calls=3,
+             targets={"generate.LlamaForCausalLM": "LlamaForCausalLM", "generate.LlamaDecoderLayer": "model.layers.0"}),
+]
 
 _LM = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "use_cache": False,
@@ -306,5 +379,12 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
+SCENARIOS += CACHE_SCENARIOS
+
+
 def labels() -> list[str]:
     return [label for scenario in SCENARIOS for label in scenario.targets]
+
+
+def cache_labels() -> list[str]:
+    return [label for scenario in CACHE_SCENARIOS for label in scenario.targets]

@@ -168,8 +168,9 @@ def test_two_ranks_saving_into_one_repo_at_once_both_land(ddp_job: dict[str, Any
     writers = sorted(repo.read_metadata("race/same", v)["metadata"]["rank"] for v in range(1, 11))
     assert writers == [0] * 5 + [1] * 5
     for version in range(1, 11):
-        for entry in repo.read_metadata("race/same", version)["tensors"].values():
-            repo.check_blob(entry["payload"], entry["nbytes"], full=True)
+        meta = repo.read_metadata("race/same", version)
+        for entry in meta["tensors"].values():
+            repo.payloads(meta).check(entry, full=True)
     assert not list((repo.root / "tmp").iterdir())  # no staging leftovers
 
 

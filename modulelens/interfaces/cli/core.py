@@ -30,7 +30,7 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List captures: name, version, aliases, module class, size."""
-    store = session.open_repo(repo, create=True)
+    store = session.open_repo(repo, create=repo is None)  # a mistyped --repo is an error, not a new repo
     rows = [info.to_dict() for info in session.list_versions(store, name)]
 
     def render(result: list[dict[str, Any]]) -> None:

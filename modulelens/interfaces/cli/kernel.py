@@ -20,7 +20,7 @@ from modulelens.errors import UsageError
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
+from modulelens.interfaces.cli._options import JsonOpt, RepoOpt, TrustOpt
 from modulelens.interfaces.output import console, emit, err_console
 from modulelens.interfaces.session import open_repo as _repo
 
@@ -66,6 +66,7 @@ def export_cmd(
     atol: AtolOpt = None,
     eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
                                                    help="Put Model in eval or training mode (default: as recorded).")] = None,
+    trust_source: TrustOpt = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -74,7 +75,8 @@ def export_cmd(
 
     if format != "kernelbench":
         raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
-    result = export_kernelbench(ref, output, repo=_repo(repo), calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
+    capture = session.load_capture(ref, repo, trust_source=trust_source)
+    result = export_kernelbench(capture, output, repo=capture.repo, calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
                                 inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
                                 mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
     emit("export", as_json, result.to_dict(), _render_export)
@@ -133,13 +135,15 @@ def kernel_verify_cmd(
     allow_torch_ops: Annotated[bool, typer.Option("--allow-torch-ops",
                                                   help="Accept heavy ops (matmul/conv/attention) run through PyTorch.")] = False,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture version.")] = True,
+    trust_source: TrustOpt = None,
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
     from modulelens.kernels.verify import verify_kernel
 
-    report = verify_kernel(ref, candidate, repo=_repo(repo), timeout=timeout, reference_timeout=reference_timeout,
+    capture = session.load_capture(ref, repo, trust_source=trust_source)
+    report = verify_kernel(capture, candidate, repo=capture.repo, timeout=timeout, reference_timeout=reference_timeout,
                            device=device, calls=session.parse_int_list(calls, "--calls"),
                            max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
                            warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,

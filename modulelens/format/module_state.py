@@ -1,0 +1,65 @@
+"""What a module's constructor arguments do not tell: state set on it after construction.
+
+Methods called after ``__init__`` change modules in two ways that a rebuild from the recorded
+constructor arguments would lose (issue 11): plain attributes (timm's ``set_distilled_training``
+sets ``distilled_training = True``; ``fuse``-style flags) and the structure itself
+(re-parameterisation such as FastViT's ``reparameterize_model`` replaces branches by one conv).
+The tracer records both at a target's first recorded call: plain attributes are restored on load,
+and a structure the constructor does not rebuild is named in the load error.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+@functools.lru_cache(maxsize=1)
+def _module_internals() -> frozenset[str]:
+    """Attribute names every ``nn.Module`` has (hook dicts, flags): torch's, not the user's state."""
+    return frozenset(vars(torch.nn.Module())) | {"training"}
+
+
+def _is_plain(value: Any) -> bool:
+    if type(value) in _PLAIN:
+        return not (type(value) is float and not math.isfinite(value))  # JSON has no inf/nan
+    return type(value) is tuple and all(_is_plain(v) for v in value)
+
+
+def plain_attributes(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """``{submodule path: {attribute: value}}`` of the scalar, string, bool and tuple-of-those
+    attributes of ``module`` and its submodules (``""`` is ``module`` itself)."""
+    internals = _module_internals()
+    found: dict[str, dict[str, Any]] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        values = {k: v for k, v in vars(sub).items()
+                  if k not in internals and not k.startswith("__") and not k.startswith("_modulelens") and _is_plain(v)}
+        if values:
+            found[path] = values
+    return found
+
+
+def structure(module: torch.nn.Module) -> dict[str, str]:
+    """``{submodule path: class name}`` for ``module`` and every submodule."""
+    return {path: type(sub).__qualname__ for path, sub in module.named_modules(remove_duplicate=False)}
+
+
+def structure_difference(recorded: dict[str, str], rebuilt: dict[str, str], limit: int = 5) -> str:
+    """A one-line description of how two structures differ ("" when they do not)."""
+    parts = []
+    added = sorted(set(recorded) - set(rebuilt))
+    removed = sorted(set(rebuilt) - set(recorded))
+    changed = sorted(p for p in set(recorded) & set(rebuilt) if recorded[p] != rebuilt[p])
+    if added:
+        parts.append("captured but not rebuilt: " + ", ".join(f"{p or '<root>'} ({recorded[p]})" for p in added[:limit]))
+    if removed:
+        parts.append("rebuilt but not captured: " + ", ".join(f"{p or '<root>'} ({rebuilt[p]})" for p in removed[:limit]))
+    if changed:
+        parts.append("different class: " + ", ".join(f"{p or '<root>'} ({rebuilt[p]} -> {recorded[p]})"
+                                                      for p in changed[:limit]))
+    return "; ".join(parts)
