@@ -141,7 +141,7 @@ CASES: list[Case] = [
     Case("call input namedtuple subprocess:Popen",
          _call_arg({"$type": "namedtuple", "class": "subprocess:Popen", "items": [["touch", "MARKER"]]})),
     Case("call input partial of os:system", _call_arg(_partial("os:system", "touch MARKER"))),
-    Case("pytree node type os:system", lambda meta, marker: meta["calls"][0]["inputs"].update(
+    Case("pytree node type os:system", lambda meta, marker: meta["calls"][0]["output"].update(
         spec={"type": "os:system", "context": {"value": None}, "children": ["*"]})),
     Case("stored source: class body", _stored_source(CLASS_BODY), runs_with_trust=True),
     Case("stored source: decorator", _stored_source(DECORATOR), runs_with_trust=True),

@@ -66,6 +66,8 @@ def _remove(repo: modulelens.Repo, name: str, handle: int) -> None:
     if not refs:
         return
     info = random.choice(refs)
+    # Intent first: a kill between remove() returning and the log line must not count as a loss.
+    _log(handle, op="removing", ref=info.ref, name=info.name, tag=(info.tags or ("",))[0])
     repo.remove(info.ref)
     _log(handle, op="removed", ref=info.ref, name=info.name, tag=(info.tags or ("",))[0])
 
@@ -134,7 +136,7 @@ def check_repo(root: Path, records: list[dict[str, Any]]) -> tuple[int, int, lis
         except Exception as error:
             wrong += 1
             notes.append(f"{info.ref}: {type(error).__name__}: {error}")
-    removed = {(r["name"], r["tag"]) for r in records if r["op"] == "removed"}
+    removed = {(r["name"], r["tag"]) for r in records if r["op"] in ("removed", "removing")}
     saved = {(r["name"], r["tag"]) for r in records if r["op"] == "saved"}
     lost = len(saved - removed - present)
     if lost:

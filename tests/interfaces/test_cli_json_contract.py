@@ -62,7 +62,7 @@ def test_result_envelopes(repo: Path) -> None:
     result = runner.invoke(app, ["ls", "--repo", str(repo), "--json"])
     envelope = json.loads(result.stdout)
     assert envelope["ok"] and {"name", "version", "ref", "path", "created", "tags", "aliases", "payload_bytes",
-                               "module_class", "calls"} == set(envelope["result"][0])
+                               "module_class", "calls", "problem"} == set(envelope["result"][0])
     result = runner.invoke(app, ["replay", "toy/gate", "--repo", str(repo), "--json"])
     assert result.exit_code == 0
     replay = json.loads(result.stdout)["result"]
