@@ -667,28 +667,45 @@ class Repo:
                 if blob.name in referenced_hex:
                     report.kept_blobs += 1
                     continue
-                report.removed_blobs += 1
-                report.freed_bytes += blob.stat().st_size
-                report.removed.append(blob.name)
-                if not dry_run:
-                    os.unlink(blob.path)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(blob.path + ".ok")
-            cutoff = time.time() - tmp_age_s
-            for entry in (self.root / "tmp").iterdir():
-                if entry.stat().st_mtime < cutoff:
-                    report.removed_tmp += 1
+                with contextlib.suppress(FileNotFoundError):  # another gc or a repair got there first
+                    size = blob.stat(follow_symlinks=False).st_size
                     if not dry_run:
-                        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                        os.unlink(blob.path)
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(blob.path + ".ok")
+                    report.removed_blobs += 1
+                    report.freed_bytes += size
+                    report.removed.append(blob.name)
+            self._remove_stale_staging(report, time.time() - tmp_age_s, dry_run)
         return report
+
+    def _remove_stale_staging(self, report: GcReport, cutoff: float, dry_run: bool) -> None:
+        """Staging entries older than ``cutoff``. Never follows a symlink (a link placed in ``tmp/``
+        is removed as a link, never the tree it points to), and an entry a concurrent ``rm`` or save
+        removes meanwhile is simply gone."""
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "tmp") as entries:
+            for entry in list(entries):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                        continue
+                    report.removed_tmp += 1
+                    if dry_run:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
 
     def _blob_files(self) -> Iterator[os.DirEntry[str]]:
         """Every blob file (payloads and packs), found with scandir (pathlib's glob took most of a
-        gc --dry-run)."""
+        gc --dry-run). Only real shard folders and regular files count: gc never follows a
+        symlink placed in ``blobs/``, so it can never delete a file outside the repo."""
         with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "blobs") as shards:
             for shard in shards:
+                if not shard.is_dir(follow_symlinks=False):
+                    continue
                 with os.scandir(shard.path) as blobs:
-                    yield from [b for b in blobs if not b.name.endswith(".ok")]
+                    yield from [b for b in blobs if not b.name.endswith(".ok") and b.is_file(follow_symlinks=False)]
 
     # ---------------------------------------------------------------------------------- reports
 
