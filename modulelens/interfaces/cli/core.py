@@ -286,6 +286,8 @@ def run_cmd(
 
 def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
     """``'lin' matched no module; closest: 1.lin (Linear)`` (or the hint to list the modules)."""
+    if pattern in outcome.get("matched_not_captured", ()):
+        return f"{pattern!r} matched a module, but it finished no recorded call (called too rarely after --warmup?)"
     close = ", ".join(f"{n or '<root>'} ({c.rsplit(':', 1)[-1]})" for n, c in outcome["suggestions"].get(pattern, []))
     if close:
         return f"{pattern!r} matched no module; closest: {close}"
