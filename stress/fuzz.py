@@ -27,6 +27,7 @@ import torch
 
 import modulelens
 from modulelens.errors import ModulelensError
+from modulelens.repo.packs import referenced_blobs
 from stress.table import Row
 
 _CTX = multiprocessing.get_context("fork")
@@ -276,11 +277,12 @@ def fuzz_rows(tmp: Path, metadata_cases: int, payload_cases: int, seed: int = 0)
     start = time.perf_counter()
     rows = [_row("fuzzed metadata files", _run_cases(tmp / "fuzz-repo", ref, cases, tmp / "fuzz-meta.log"),
                  time.perf_counter() - start)]
-    blobs = sorted({repo.blob_path(e["payload"]) for e in meta["tensors"].values() if e.get("payload")},
+    blobs = sorted({repo.blob_path(digest) for digest in referenced_blobs(meta)},  # loose payloads and packs
                    key=lambda p: p.stat().st_size)
     big_repo, big_ref = _big_capture(tmp / "fuzz-big")
     big_meta = big_repo.read_metadata(*big_repo.resolve(big_ref))
-    big_blobs = [big_repo.blob_path(e["payload"]) for e in big_meta["tensors"].values() if e["nbytes"] >= 1 << 20]
+    big_blobs = [big_repo.blob_path(e["payload"]) for e in big_meta["tensors"].values()
+                 if e["nbytes"] >= 1 << 20 and "pack" not in e]
     small, large = [], []
     for _ in range(payload_cases):
         kind = rng.choice(("flip", "flip", "truncate", "missing", "swap", "extend"))

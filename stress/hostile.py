@@ -21,6 +21,7 @@ import torch
 
 import modulelens
 from modulelens.errors import ModulelensError
+from modulelens.repo.packs import referenced_blobs
 
 Edit = Callable[[dict[str, Any], str], None]
 
@@ -289,7 +290,7 @@ def hostile_repo_row(tmp: Path) -> Any:
     repo3 = modulelens.Repo(tmp / "symlink-blob")
     ref = make_base_capture(repo3)
     meta = repo3.read_metadata(*repo3.resolve(ref))
-    digest = next(e["payload"] for e in meta["tensors"].values() if e.get("payload"))
+    digest = next(iter(referenced_blobs(meta)))  # a loose payload or a pack: both are blob files
     blob = repo3.blob_path(digest)
     secret = outside / "secret"
     secret.write_bytes(b"secret")

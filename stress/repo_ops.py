@@ -25,6 +25,7 @@ import torch
 
 import modulelens
 from modulelens.errors import ModulelensError
+from modulelens.format.tensors import dtype_from_name, tensor_bytes
 from stress.table import Row
 
 _CTX = multiprocessing.get_context("fork")
@@ -48,7 +49,12 @@ def make_template(tmp: Path, size: int = 32) -> None:
         with modulelens.capture(model, targets=["0"], repo=repo, name="template", strict=True) as cap:
             model(torch.randn(2, size))
     meta = repo.read_metadata(*repo.resolve(cap.saved[0].ref))
-    payloads = {tid: repo.blob_path(e["payload"]).read_bytes() for tid, e in meta["tensors"].items() if e.get("payload")}
+    reader = repo.payloads(meta)  # loose blobs and packs alike
+    payloads = {tid: bytes(tensor_bytes(reader.open_tensor(e, dtype_from_name(e["dtype"]))))
+                for tid, e in meta["tensors"].items() if e.get("payload")}
+    meta.pop("packs", None)  # filled in again by each save
+    for entry in meta["tensors"].values():
+        entry.pop("pack", None)
     _TEMPLATE.update(meta=meta, payloads=payloads)
 
 
