@@ -288,8 +288,10 @@ def fuzz_rows(tmp: Path, metadata_cases: int, payload_cases: int, seed: int = 0)
         kind = rng.choice(("flip", "flip", "truncate", "missing", "swap", "extend"))
         pool, target = (big_blobs, large) if rng.random() < 0.3 else (blobs, small)
         blob = rng.choice(pool)
+        # swap within the same kind of payload when there is another one (a repo with packs may
+        # have a single small blob, its pack), else with any other blob
         other = rng.choice([b for b in (*blobs, *big_blobs) if b != blob and (b in pool) == (pool is blobs)]
-                           or [b for b in blobs if b != blob])
+                           or [b for b in (*blobs, *big_blobs) if b != blob])
         target.append((kind, (str(blob), str(other), rng.randrange(1 << 30))))
     start = time.perf_counter()
     results = _run_cases(tmp / "fuzz-repo", ref, small, tmp / "fuzz-payload.log")

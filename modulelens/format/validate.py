@@ -63,11 +63,26 @@ class _Checker:
 
     def tensors(self) -> None:
         table = self.field(self.meta, "tensors", dict, "capture")
+        packs = self.packs()
         for tid, entry in table.items():
             self.tensor(str(tid), self.expect(entry, dict, f"tensors[{tid}]"))
+            if "pack" in entry:
+                index = self.expect(entry["pack"], int, f"tensors[{tid}].pack")
+                if not 0 <= index < packs or "payload" not in entry:
+                    raise self.fail(f"tensors[{tid}].pack", f"pack {index} of {packs}, for a tensor with a payload")
         for tid, entry in table.items():
             if "view_of" in entry:
                 self.view(tid, entry, table)
+
+    def packs(self) -> int:
+        """The packs of small payloads (docs/format.md, "Packs"); returns how many there are."""
+        packs = self.field(self.meta, "packs", list, "capture", optional=True) or []
+        for i, pack in enumerate(packs):
+            entry = self.expect(pack, dict, f"packs[{i}]")
+            self.field(entry, "payload", str, f"packs[{i}]")
+            if self.field(entry, "nbytes", int, f"packs[{i}]") < 0:
+                raise self.fail(f"packs[{i}].nbytes", "negative")
+        return len(packs)
 
     def tensor(self, tid: str, entry: dict[str, Any]) -> None:
         where = f"tensors[{tid}]"

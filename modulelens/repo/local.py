@@ -681,12 +681,13 @@ class Repo:
 
     def _remove_stale_staging(self, report: GcReport, cutoff: float, dry_run: bool) -> None:
         """Staging entries older than ``cutoff``. Never follows a symlink (a link placed in ``tmp/``
-        is removed as a link, never the tree it points to), and an entry a concurrent ``rm`` or save
-        removes meanwhile is simply gone."""
+        is removed as a link, never the tree it points to), an entry a concurrent ``rm`` or save
+        removes meanwhile is simply gone, and the staging of a writer still running on this machine
+        (``tmp/<pid>-...``) is left alone however old, so even ``tmp_age_s=0`` breaks no save."""
         with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "tmp") as entries:
             for entry in list(entries):
                 with contextlib.suppress(FileNotFoundError):
-                    if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                    if entry.stat(follow_symlinks=False).st_mtime >= cutoff or _writer_alive(entry.name):
                         continue
                     report.removed_tmp += 1
                     if dry_run:
@@ -741,3 +742,17 @@ class Repo:
                 with contextlib.suppress(ValueError, OSError):
                     found.append({"path": str(path), **json.loads(path.read_text())})
         return found
+
+
+def _writer_alive(staging_name: str) -> bool:
+    """Whether the process that made ``tmp/<pid>-<uuid>...`` still runs on this machine."""
+    pid, _, rest = staging_name.partition("-")
+    if not pid.isdigit() or not rest:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, owned by another user
+        return True
+    return True

@@ -522,6 +522,9 @@ class Capture:
         ctx = self._decode_context()
         for name, value in state.get("extra_state", {}).items():
             owner, _ = _owner(module, name)
+            if type(owner).set_extra_state is torch.nn.Module.set_extra_state:  # torch's own raises RuntimeError
+                raise RestoreError(f"{self.ref}: the capture has extra state for {name}, but the rebuilt "
+                                   f"{type(owner).__name__} keeps none (has its code changed?)")
             owner.set_extra_state(decode_value(value, ctx))
         self._current_state = (index, _state_versions(module))
 
@@ -650,7 +653,11 @@ def _state_versions(module: torch.nn.Module) -> tuple[int, ...]:
 
 def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
     prefix, _, leaf = dotted.rpartition(".")
-    return (module.get_submodule(prefix) if prefix else module), leaf
+    try:
+        return (module.get_submodule(prefix) if prefix else module), leaf
+    except AttributeError:
+        raise RestoreError(f"the capture names {dotted!r}, but the rebuilt {type(module).__name__} has no "
+                           f"submodule {prefix!r}") from None
 
 
 def _none_buffers(module: torch.nn.Module) -> set[str]:

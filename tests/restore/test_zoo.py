@@ -41,17 +41,7 @@ SCRIPT_LABELS = ["script.train_noguard", "script.train_noguard:blocks.0", "scrip
                  "script.notebook_export"]
 
 # label -> text in its error; issue 11 item that owns the defect
-KNOWN_FAILURES: dict[str, str] = {
-    # item 4: timm's EfficientNet/MobileNetV3 builders pop keys from their argument dicts after
-    # construction, so the recorded constructor arguments no longer rebuild the model
-    "timm.efficientnet_b0": "KeyError: 'block_type'",
-    "timm.mobilenetv3_small_050": "KeyError: 'block_type'",
-    "timm.tinynet_e": "KeyError: 'block_type'",
-    "timm.lcnet_050": "KeyError: 'block_type'",
-    # item 3(b): the root model's first call after `modulelens run` attaches is not recorded, so a
-    # script that calls its model once captures nothing
-    "script.notebook_export": "not saved",
-}
+KNOWN_FAILURES: dict[str, str] = {}  # every zoo target replays bit-exact (issue 11's defects are fixed)
 
 
 def _env(group: str) -> dict[str, str]:
