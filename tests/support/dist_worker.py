@@ -70,7 +70,10 @@ def scenario_ddp(rank: int, repo: str, out: str) -> dict[str, Any]:
     dist.barrier()
     versions = []
     for _ in range(5):
-        meta = {"format_version": 1, "created": "", "module": {"class": "x:y"}, "metadata": {"rank": rank},
+        meta = {"format": "modulelens.capture", "format_version": 1, "name": None, "version": None, "created": "",
+                "tags": [], "metadata": {"rank": rank},
+                "module": {"class": "x:y", "qualified_name": "", "construction": None},
+                "constructions": {}, "states": [], "calls": [], "capture": {}, "environment": {},
                 "tensors": {tid: dict(entry) for tid, entry in table.entries.items()}}
         versions.append(Repo(repo).save_version("race/same", meta, dict(table.payloads)).version)
     result["race_versions"] = versions
