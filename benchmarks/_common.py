@@ -13,8 +13,23 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch import nn
 
 RESULTS = Path(__file__).parent / "results"
+
+
+class Big(nn.Module):
+    """The large-weights model of the save/load and remote benchmarks: ``depth`` x ``Linear(width, width)``
+    (importable as ``_common:Big``, so its captures restore without trusting stored source)."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
 
 
 def timed(func: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None = None) -> list[float]:

@@ -25,25 +25,13 @@ import uuid
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
-from _common import median, report, timed
+from _common import Big, median, report, timed
 from seaweed import SeaweedServer
 
 import modulelens
-
-
-class Big(nn.Module):
-    def __init__(self, width: int, depth: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def main() -> None:
