@@ -130,7 +130,7 @@ class ModulelensMagics(Magics):
         with _one_line():
             store = session.open_repo(args.repo, create=True)
             rows = [info.to_dict() for info in session.list_versions(store, args.prefix)]
-        return CaptureList(rows, str(store.root))
+        return CaptureList(rows, store.location)
 
     @magic_arguments()
     @argument("ref", help="NAME[:vN|:alias]; add 'as VAR' to choose the variable names.")

@@ -157,7 +157,7 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """List stored captures (every version): ref, module class, aliases, size, creation time."""
         store = session.open_repo(repo, create=True)
-        return _result({"repo": str(store.root), "captures": session.list_versions(store, prefix)})
+        return _result({"repo": store.location, "captures": session.list_versions(store, prefix)})
 
     @server.tool(annotations=_READS)
     @_one_line_errors

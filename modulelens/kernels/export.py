@@ -385,7 +385,7 @@ def _manifest(capture: Capture, store: Repo, directory: Path, binding: CallBindi
         "capture": {"ref": capture.ref, "name": capture.name, "version": capture.version,
                     "capture_id": hash_bytes(capture_json), "module_class": capture.module_class,
                     "qualified_name": capture.metadata["module"].get("qualified_name"),
-                    "repo": str(store.root), "created": capture.metadata.get("created")},
+                    "repo": store.location, "created": capture.metadata.get("created")},
         "model": {"source": source.origin, "class_expr": source.class_expr, "inlined_from": source.module,
                   "inlined_statements": source.included,
                   "init_inputs": binding.init_inputs if model.plain_init else [],
@@ -409,7 +409,7 @@ def _manifest(capture: Capture, store: Repo, directory: Path, binding: CallBindi
             "kernelagent": f"python -m Fuser.auto_agent --problem {directory / 'problem.py'} "
                            f"--test-paths {directory / TEST_FILE} > {directory / 'agent_result.json'}",
             "verify": f"modulelens kernel verify {capture.ref} --candidate {directory / 'agent_result.json'}"
-                      f"{'' if store.root == _default_root() else f' --repo {store.root}'}",
+                      f"{'' if store.root == _default_root() else f' --repo {store.location}'}",
             "test": f"cd <dir with kernel.py> && python {directory / TEST_FILE}",
         },
         "notes": notes,

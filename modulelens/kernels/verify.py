@@ -300,7 +300,7 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
     ref_out.mkdir()
     spec_path = workdir / "reference-spec.json"
     spec_path.write_text(json.dumps({
-        "repo": str(store_repo.root), "ref": capture.ref, "trust_source": capture.trust_source,
+        "repo": store_repo.location, "ref": capture.ref, "trust_source": capture.trust_source,
         "calls": positions, "max_calls": len(positions),
         "random": settings.random_samples, "seed": settings.seed, "device": settings.device,
         "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))

@@ -112,7 +112,7 @@ def default_repo_path() -> Path:
 class VersionInfo:
     name: str
     version: int
-    folder: str  # the version's folder (a str: building 2,000 Paths was most of a listing's time)
+    folder: str  # the version's folder or URL (a str: building 2,000 Paths was most of a listing's time)
     created: str
     tags: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
@@ -127,7 +127,8 @@ class VersionInfo:
 
     @property
     def path(self) -> Path:
-        """The version's folder (``capture.json``, ``reports/``)."""
+        """The version's folder (``capture.json``, ``reports/``) in a local repo; for a remote repo
+        use :attr:`folder` (its URL) or ``repo.version_path()`` (the cached copy)."""
         return Path(self.folder)
 
     def to_dict(self) -> dict[str, Any]:
@@ -562,7 +563,9 @@ class Repo:
         for alias, number in sorted(summary["aliases"].items()):
             by_version.setdefault(number, []).append(alias)
         latest = int(next(reversed(entries))) if entries else None
-        folder = f"{self.root}/names/{quote(name, safe='')}/versions/"
+        # Where the version lives, as its repo is named: a path, or for a remote repo its URL
+        # (never the local mirror that caches its capture.json).
+        folder = f"{self.location.rstrip('/')}/names/{quote(name, safe='')}/versions/"
         infos = []
         for number in versions if versions is not None else map(int, entries):
             entry = entries[str(number)]

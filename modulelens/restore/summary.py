@@ -47,7 +47,7 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
         "aliases": list(info.aliases),
         "tags": list(info.tags),
         "created": meta.get("created"),
-        "path": str(info.path),
+        "path": info.folder,
         "module_class": module["class"],
         "qualified_name": module.get("qualified_name"),
         "construction": construction,

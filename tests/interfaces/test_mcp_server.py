@@ -227,3 +227,23 @@ def test_stdout_carries_only_protocol(repo: Path, tmp_path: Path) -> None:
     assert replies[3]["result"]["isError"] is True
     assert "noisy forward on stdout" in stderr  # the module's print went to stderr
     assert "noisy forward warning" in stderr
+
+
+@pytest.mark.anyio
+async def test_a_remote_repo_is_named_by_its_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listing and describing a capture of a remote repo name the URL, never the local cache mirror."""
+    import torch
+
+    import modulelens
+
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    url = f"memory://mcp-{tmp_path.name}"
+    module = torch.nn.Linear(4, 4)
+    with modulelens.capture(module, targets="Linear", repo=url, name="remote/lin"):
+        module(torch.randn(2, 4))
+    async with Client(build_server(url), raise_exceptions=True) as client:
+        listed = (await client.call_tool("list_captures", {})).structured_content
+        shown = (await client.call_tool("show_capture", {"ref": "remote/lin"})).structured_content
+    assert listed["repo"] == url
+    assert listed["captures"][0]["path"] == shown["path"] == f"{url}/names/remote%2Flin/versions/1"
+    assert str(tmp_path / "cache") not in json.dumps([listed, shown])

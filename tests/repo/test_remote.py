@@ -296,3 +296,17 @@ def test_reading_a_missing_repo_never_creates_it(env: dict[str, str], tmp_path: 
         result = CliRunner().invoke(app, ["ls", "--repo", location, "--json"])
         assert result.exit_code == 2 and "no modulelens repo at" in json.loads(result.stdout)["error"]["message"]
     assert not (tmp_path / "typo").exists()
+
+
+def test_kernel_export_names_a_remote_repo_by_its_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exported manifest and its verify command name the repo's URL, which another process can
+    open, not the cache mirror (which holds no payloads)."""
+    from modulelens.kernels.export import export_kernelbench
+
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    url = f"memory://export-{uuid.uuid4().hex[:8]}"
+    info = _save(url, nn.Linear(8, 8), "remote/lin")
+    manifest = export_kernelbench(info.ref, tmp_path / "problem", repo=url).manifest
+    assert manifest["capture"]["repo"] == url
+    assert manifest["commands"]["verify"].endswith(f"--repo {url}")
+    assert str(tmp_path / "cache") not in json.dumps(manifest["capture"])

@@ -41,7 +41,7 @@ def ls(
         # width, the other columns fold, and the least useful ones go when the terminal is narrow.
         widest = max(len(row["ref"]) for row in result)
         if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
-            console.print(f"captures in {store.root}", soft_wrap=True, highlight=False)
+            console.print(f"captures in {store.location}", soft_wrap=True, highlight=False)
             for row in result:
                 console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
                               f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
@@ -213,7 +213,7 @@ def trust_cmd(
     trusted. Never trust a repo holding captures from people you do not trust (docs/security.md)."""
     store = session.open_repo(repo)
     store.trust_source = not revoke
-    result = {"repo": str(store.root), "trust_source": store.trust_source}
+    result = {"repo": store.location, "trust_source": store.trust_source}
     emit("trust", as_json, result,
          lambda r: console.print(f"{r['repo']}: stored source {'trusted' if r['trust_source'] else 'not trusted'}"))
 

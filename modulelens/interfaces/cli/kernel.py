@@ -270,7 +270,7 @@ def agent_cmd(
     result: dict[str, Any] = {"problem": exported.to_dict(), "kernelagent_available": kernelagent_available(),
                               "agent_command": agent_command, "agent": None, "verify": None}
     verify_hint = f"modulelens kernel verify {manifest['capture']['ref']} --candidate {directory.absolute() / 'agent_result.json'}" + (
-        f" --repo {store.root}" if repo else "")
+        f" --repo {store.location}" if repo else "")
     result["commands"] = [
         "git clone https://github.com/meta-pytorch/KernelAgent && pip install -e KernelAgent   # needs a CUDA/XPU GPU",
         "export OPENAI_API_KEY=...   # or ANTHROPIC_API_KEY=... (KernelAgent reads .env too)",
