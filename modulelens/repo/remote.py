@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -50,7 +51,9 @@ from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, valida
 from modulelens.repo.packs import referenced_blobs
 
 _REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
-_LOCK_STALE_S = 3600.0  # a lease older than this belongs to a crashed process
+# A lease (or gc lock) is rewritten every TTL/4 s while its holder runs, so one not rewritten for
+# a TTL belongs to a process that died: gc waits at most this long for a crashed saver.
+_LEASE_TTL_S = 120.0
 _CHUNK = 16 << 20  # download granularity (resume point, progress step)
 _WORKERS = 8
 _SMALL_BLOB = 256 << 10
@@ -63,6 +66,15 @@ def cache_root() -> Path:
         return Path(env).expanduser().absolute()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "modulelens" / "cache"
+
+
+def lease_ttl() -> float:
+    """Seconds after its last renewal that a lease counts as left by a crashed process
+    (``MODULELENS_LEASE_TTL_S``, default 120; every party of one repo must use the same value)."""
+    try:
+        return max(1.0, float(os.environ.get("MODULELENS_LEASE_TTL_S", _LEASE_TTL_S)))
+    except ValueError:
+        return _LEASE_TTL_S
 
 
 def offline() -> bool:
@@ -408,18 +420,25 @@ class RemoteRepo(Repo):
     def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
         validate_name(name)
         self._require_online(f"save {name}")
-        with self._lease():
-            self._store_payloads(metadata, payloads)
-            return self._commit(name, metadata)
+        while True:
+            with self._lease() as lease:
+                self._store_payloads(metadata, payloads)
+                if not lease.lapsed:
+                    return self._commit(name, metadata)
+            # The lease went unrenewed for half its TTL (a stalled process, a slow server): a gc
+            # may have run and removed a blob this save found present. Take a new lease and check
+            # again (blobs already there are skipped).
 
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         validate_name(name)
         self._require_online(f"save {name}")
-        with self._lease():
-            for digest in referenced_blobs(metadata):
-                if not self.has_blob(digest):
-                    raise CorruptCaptureError(f"payload {digest} is missing from {self.url}")
-            return self._commit(name, metadata)
+        while True:
+            with self._lease() as lease:
+                for digest in referenced_blobs(metadata):
+                    if not self.has_blob(digest):
+                        raise CorruptCaptureError(f"payload {digest} is missing from {self.url}")
+                if not lease.lapsed:  # else a gc may have run meanwhile: check again (see save_version)
+                    return self._commit(name, metadata)
 
     def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         """Create ``versions/<N>/capture.json`` with a conditional write; the server lets one of
@@ -562,52 +581,97 @@ class RemoteRepo(Repo):
         return self.store.mtime(info) if info else time.time()
 
     @contextlib.contextmanager
-    def _lease(self, wait_s: float = 600.0) -> Iterator[None]:
+    def _lease(self, wait_s: float = 600.0) -> Iterator[_Heartbeat]:
         """A save's lease: write ``locks/save-<id>``, then make sure no gc runs (else step back and
-        wait). gc writes its lock before looking for leases, so one of the two always sees the other."""
+        wait). gc writes its lock before looking for leases, so one of the two always sees the other.
+        The lease is rewritten every TTL/4 s until the save ends (see :class:`_Heartbeat`)."""
         key = self.store.key("locks", f"save-{uuid.uuid4().hex}")
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         deadline = time.monotonic() + wait_s
         while True:
             self.store.put(key, body)
             gc_info = self.store.info(self.store.key("locks", "gc"))
-            if gc_info is None or self.store.mtime(gc_info) < self._lock_time(key) - _LOCK_STALE_S:
+            if gc_info is None or self.store.mtime(gc_info) < self._lock_time(key) - lease_ttl():
                 break  # (the lease's own time is read only when there is a gc lock to compare)
             self.store.delete([key])
             if time.monotonic() > deadline:
                 raise RepoBusyError(f"{self.url}: gc has been running for over {wait_s:.0f} s; try again later")
             time.sleep(0.2)
+        heartbeat = _Heartbeat(self.store, key, body)
         try:
-            yield
+            yield heartbeat
         finally:
+            heartbeat.stop()  # before the delete: a late renewal must not bring the lease back
             self.store.delete([key])
 
     @contextlib.contextmanager
     def _gc_lock(self, wait_s: float) -> Iterator[float]:
+        """Hold ``locks/gc`` (renewed like a lease) and wait until no live lease is left; yields the
+        server's time when gc started. A lease not renewed for a TTL is a crashed saver's."""
         key = self.store.key("locks", "gc")
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+        ttl = lease_ttl()
         if not self.store.create(key, body):
             info = self.store.info(key)
             probe = self.store.key("locks", f"probe-{uuid.uuid4().hex}")
             self.store.put(probe, b"")
             now = self._lock_time(probe)
             self.store.delete([probe])
-            if info is not None and self.store.mtime(info) >= now - _LOCK_STALE_S:
+            if info is not None and self.store.mtime(info) >= now - ttl:
                 raise RepoBusyError(f"{self.url}: another gc is running (locks/gc); try again later")
             self.store.put(key, body)  # a crashed gc's lock
+        heartbeat = _Heartbeat(self.store, key, body)
         try:
-            now = self._lock_time(key)
+            start = self._lock_time(key)
+            offset = start - time.time()  # the server's clock, as seen from here
             deadline = time.monotonic() + wait_s
             while True:
+                now = time.time() + offset
                 leases = {k: i for k, i in self.store.list("locks").items() if k.startswith("locks/save-")}
-                if all(self.store.mtime(i) < now - _LOCK_STALE_S for i in leases.values()):
+                if all(self.store.mtime(i) < now - ttl for i in leases.values()):
                     break
                 if time.monotonic() > deadline:
                     raise RepoBusyError(f"{self.url}: saves still running after {wait_s:.0f} s; gc did nothing")
                 time.sleep(0.2)
-            yield now
+            yield start
         finally:
+            heartbeat.stop()
             self.store.delete([key])
+
+
+class _Heartbeat:
+    """Rewrites a lock object every TTL/4 s from a thread, so that its age (by the server's clock)
+    tells a live holder from a crashed one within one TTL.
+
+    A holder that cannot renew (its process stalled, the server slow) finds out with
+    :attr:`lapsed` and must re-check what a gc could have changed meanwhile before it commits.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, body: bytes) -> None:
+        self.store, self.key, self.body = store, key, body
+        self.ttl = lease_ttl()
+        self.renewed = time.monotonic()
+        self._stop = threading.Event()
+        # A daemon: it only renews, and stop() joins it; at exit an unrenewed lease just expires.
+        self._thread = threading.Thread(target=self._run, name="modulelens-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                self.store.put(self.key, self.body)
+            except Exception:  # noqa: BLE001 - a missed renewal shows as `lapsed`; the holder re-checks
+                continue
+            self.renewed = time.monotonic()
+
+    @property
+    def lapsed(self) -> bool:
+        """Whether the lock went unrenewed for half its TTL (a gc may have taken it for dead)."""
+        return time.monotonic() - self.renewed > self.ttl / 2
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @contextlib.contextmanager

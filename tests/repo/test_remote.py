@@ -310,3 +310,42 @@ def test_kernel_export_names_a_remote_repo_by_its_url(tmp_path: Path, monkeypatc
     assert manifest["capture"]["repo"] == url
     assert manifest["commands"]["verify"].endswith(f"--repo {url}")
     assert str(tmp_path / "cache") not in json.dumps(manifest["capture"])
+
+
+def test_a_killed_savers_lease_expires_while_a_live_one_is_renewed(env: dict[str, str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leases are renewed every TTL/4 s: gc waits for a save that runs longer than the TTL, and
+    for a saver killed mid-save only until its lease is a TTL old (not an hour)."""
+    import threading
+
+    ttl = 4.0
+    monkeypatch.setenv("MODULELENS_LEASE_TTL_S", str(ttl))
+    url = _url()
+    repo = modulelens.Repo(url)
+    store = ObjectStore(url)
+    holding = threading.Event()
+
+    def live_save() -> None:
+        with repo._lease():
+            holding.set()
+            time.sleep(3 * ttl)
+
+    saver = threading.Thread(target=live_save)
+    saver.start()
+    holding.wait(60)
+    started = time.monotonic()
+    repo.gc(grace_s=0, wait_s=60)
+    waited_live = time.monotonic() - started
+    saver.join()
+    assert waited_live > 2 * ttl  # the renewed lease kept gc waiting past its TTL
+
+    child = subprocess.Popen([PYTHON, "-m", "remote_worker", "hold_lease", url], stdout=subprocess.PIPE, text=True,
+                             env=subprocess_env(**{**env, "MODULELENS_LEASE_TTL_S": str(ttl)}))
+    assert child.stdout.readline().strip() == "held"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert [k for k in store.list("locks") if k.startswith("locks/save-")]  # the dead saver's lease is left
+    started = time.monotonic()
+    repo.gc(grace_s=0, wait_s=60)  # before: RepoBusyError after 60 s (a lease counted as live for an hour)
+    waited_dead = time.monotonic() - started
+    assert waited_dead < ttl + 10, waited_dead

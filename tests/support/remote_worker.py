@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 from torch import nn
@@ -43,5 +44,13 @@ def push(source: str, ref: str, target: str) -> None:
     print(json.dumps(modulelens.Repo(source).push(ref, target).to_dict()), flush=True)
 
 
+def hold_lease(repo: str) -> None:
+    """Take a save's lease (as a save does before uploading) and hang until killed: what a saver
+    that crashes mid-upload leaves behind."""
+    with modulelens.Repo(repo)._lease():
+        print("held", flush=True)
+        time.sleep(600)
+
+
 if __name__ == "__main__":
-    {"capture": capture, "load": load, "push": push}[sys.argv[1]](*sys.argv[2:])
+    {"capture": capture, "load": load, "push": push, "hold_lease": hold_lease}[sys.argv[1]](*sys.argv[2:])
