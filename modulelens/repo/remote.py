@@ -660,7 +660,7 @@ class _Heartbeat:
         while not self._stop.wait(self.ttl / 4):
             try:
                 self.store.put(self.key, self.body)
-            except Exception:
+            except Exception:  # a missed renewal shows as `lapsed`; the holder re-checks
                 continue
             self.renewed = time.monotonic()
 
