@@ -46,7 +46,8 @@ def content_id(metadata: dict[str, Any]) -> str:
     return hash_bytes(json.dumps(body, sort_keys=True, default=str).encode())
 
 
-def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False) -> TransferReport:
+def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False,
+                  record_origin: bool = True) -> TransferReport:
     """Copy ``ref`` from ``source`` to ``target``: ``name:v3``/``name:alias``/``name:latest`` one
     version, a bare ``name`` every version. Tags, metadata and reports come along; with
     ``aliases`` the source's aliases of the copied versions are set in the target too.
@@ -56,6 +57,8 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         target: the repo to write.
         ref: what to copy.
         aliases: also move the target's aliases of the same names to the copied versions.
+        record_origin: note the source repo and ref in each copy's ``origin`` (off for a capture
+            staged locally on its way to the repo it was made for: the staging folder is no origin).
 
     Returns:
         A :class:`TransferReport` (``bytes_copied`` counts payload bytes written to the target).
@@ -83,7 +86,8 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
             target_version = existing[key]
         else:
             _copy_blobs(source, target, name, version, meta, report)
-            meta["origin"] = {"repo": source.location, "ref": f"{name}:v{version}"}
+            if record_origin:
+                meta["origin"] = {"repo": source.location, "ref": f"{name}:v{version}"}
             target_version = target.commit_version(name, meta).version
             existing[key] = target_version
             report.copied.append(f"{name}:v{target_version}")

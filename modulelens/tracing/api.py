@@ -11,8 +11,9 @@ import torch
 from modulelens.errors import CaptureWarning
 from modulelens.repo.names import validate_name
 from modulelens.tracing.budget import PayloadPolicy
-from modulelens.tracing.save import save_records
+from modulelens.tracing.save import save_captures
 from modulelens.tracing.tracer import Tracer
+from modulelens.tracing.upload import Upload
 
 
 class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(model, ...)`
@@ -44,6 +45,12 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         with modulelens.capture(model, targets=["mlp", "blocks.*.attn"], name="ranker") as cap:
             train(model)
         print([v.ref for v in cap.saved])        # ['ranker/mlp:v1', 'ranker/blocks.0.attn:v1', ...]
+
+    With a remote ``repo`` (``"s3://team/captures"``) the job does not wait for the upload: the
+    captures are saved into a local staging repo and uploaded in the background
+    (``cap.upload``); ``cap.wait()`` blocks until they are uploaded and returns their versions in
+    the remote repo. A failed upload warns (:class:`CaptureWarning`) with the staged copy and the
+    command that retries it; see docs/repo-layout.md ("Capturing into a remote repo").
 
     Raises:
         InvalidNameError: ``name`` is not a valid capture name (checked here, before the job runs).
@@ -82,6 +89,7 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         self.tags = list(tags)
         self.metadata = metadata
         self.saved: list[Any] = []
+        self.upload: Upload | None = None  # the background upload to a remote repo, once saved
         self._saved_once = False
 
     def __enter__(self) -> capture:
@@ -120,9 +128,31 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         Returns:
             The :class:`VersionInfo` of each saved capture. When the repo cannot be written, the
             captures go to a fallback repo named in a :class:`CaptureWarning` (``strict=True``:
-            :class:`StorageError` instead).
+            :class:`StorageError` instead). For a remote repo, the versions as staged locally;
+            :meth:`wait` gives the uploaded ones.
         """
         self._saved_once = True
-        self.saved = save_records(self.tracer, repo if repo is not None else self.repo, self.name, tags=self.tags,
-                                  metadata=self.metadata, policy=self.policy)
+        self.saved, self.upload = save_captures(self.tracer, repo if repo is not None else self.repo, self.name,
+                                                tags=self.tags, metadata=self.metadata, policy=self.policy)
         return self.saved
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Block until the background upload to a remote repo ended; for a local repo, return at once.
+
+        Args:
+            timeout: wait at most this many seconds.
+
+        Returns:
+            The saved versions as named in the repo they were meant for: for a remote repo, the
+            uploaded ones (fewer after a failed upload, which was warned about); else :attr:`saved`.
+
+        Raises:
+            StorageError: the upload failed and ``strict=True``.
+
+        Example::
+
+            with modulelens.capture(model, "mlp", repo="s3://team/captures", name="ranker") as cap:
+                train(model)
+            print([v.ref for v in cap.wait()])   # ['ranker/mlp:v7'], once it is in S3
+        """
+        return self.upload.wait(timeout) if self.upload is not None else list(self.saved)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -166,6 +167,7 @@ class _Session:
         self.captured: set[str] = set()  # patterns with at least one saved capture
         self.saved: list[dict[str, Any]] = []
         self.failed: list[str] = []
+        self.uploads: list[Any] = []  # background uploads to a remote repo (modulelens/tracing/upload.py)
         self.roots: list[dict[str, Any]] = []  # module trees of the first models called
         self._seen: set[int] = set()
         self._prefixes: dict[int, str] = {}  # tracer id -> capture name prefix
@@ -243,7 +245,7 @@ class _Session:
 
     def _save(self, tracer: Any, qualified_names: list[str]) -> None:
         """Save those targets of ``tracer`` not saved yet (each once), then update the summary."""
-        from modulelens.tracing.save import save_records
+        from modulelens.tracing.save import save_captures
         from modulelens.tracing.tracer import matches
 
         for qualified in qualified_names:
@@ -251,8 +253,8 @@ class _Session:
                 continue
             self._saved_targets.add((id(tracer), qualified))
             try:
-                infos = save_records(tracer, self.config.repo, self._prefixes[id(tracer)], tags=self.config.tags,
-                                     policy=self.config.policy(), only=[qualified])
+                infos, upload = save_captures(tracer, self.config.repo, self._prefixes[id(tracer)],
+                                              tags=self.config.tags, policy=self.config.policy(), only=[qualified])
             except Exception as error:
                 if self.config.strict:
                     raise
@@ -264,6 +266,11 @@ class _Session:
                 module = tracer.records[qualified].module
                 raw = self._patterns[id(tracer)]  # as the user wrote them; tracer.patterns are normalised
                 self.captured.update(r for r, p in zip(raw, tracer.patterns, strict=True) if matches(p, qualified, module))
+            if upload is not None:  # staged locally; the job goes on while it uploads
+                self.uploads.append(upload)
+                print(f"modulelens: saved {', '.join(upload.staged)} locally; uploading to {upload.url} in the "
+                      "background", file=sys.stderr, flush=True)
+                continue
             for info in infos:
                 self.saved.append(info.to_dict())
                 print(f"modulelens: saved {info.ref}", file=sys.stderr, flush=True)
@@ -279,7 +286,23 @@ class _Session:
             for tracer in self.tracers:
                 tracer.stop()
                 self._save(tracer, list(tracer.records))
+            self._finish_uploads()
             self._write_summary()
+
+    def _finish_uploads(self) -> None:
+        """Wait (bounded, like at any exit) for the background uploads; the summary then names the
+        uploaded versions as the remote repo numbers them, and the ones that failed."""
+        from modulelens.tracing.upload import exit_wait_s
+
+        deadline = time.monotonic() + exit_wait_s()
+        for upload in self.uploads:
+            for info in upload.wait(max(0.0, deadline - time.monotonic())):
+                self.saved.append(info.to_dict())
+                print(f"modulelens: saved {info.ref} in {upload.url}", file=sys.stderr, flush=True)
+            if len(upload.uploaded) < len(upload.staged):
+                self.failed.append(f"upload to {upload.url} {'failed' if upload.done else 'unfinished'}: kept in "
+                                   f"{upload.staging.location}; retry with: {upload.retry_command}")
+        self.uploads = []
 
     def _write_summary(self) -> None:
         folder = os.environ.get(ENV_SUMMARY)

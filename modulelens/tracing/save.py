@@ -26,6 +26,7 @@ from modulelens.tracing.encode import encode_record
 from modulelens.tracing.environment import distributed_info
 from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.tracer import Tracer, unwrap_model
+from modulelens.tracing.upload import Upload, stage
 
 
 def save_records(
@@ -42,13 +43,56 @@ def save_records(
 
     In a distributed job only recording ranks save (others return ``[]``); when several ranks
     record, names get a ``rank<k>`` segment: ``<name>/rank<k>/<qualified name>``. ``only`` limits
-    the save to those qualified names.
+    the save to those qualified names. A remote repo is written here, synchronously; see
+    :func:`save_captures` for the background upload a training job uses.
     """
+    return _save_into(SaveTarget(repo, strict=tracer.strict), tracer, name, tags=tags, metadata=metadata,
+                      policy=policy, only=only)
+
+
+def save_captures(
+    tracer: Tracer,
+    repo: Repo | str | None = None,
+    name: str | None = None,
+    *,
+    tags: Iterable[str] = (),
+    metadata: dict[str, Any] | None = None,
+    policy: PayloadPolicy | None = None,
+    only: Iterable[str] | None = None,
+) -> tuple[list[VersionInfo], Upload | None]:
+    """:func:`save_records`, except that captures for a remote repo are saved into a local staging
+    repo and uploaded by a background :class:`~modulelens.tracing.upload.Upload` (the job does not
+    wait for the network; see ``modulelens/tracing/upload.py``).
+
+    Returns:
+        The saved versions (for a remote repo: as staged locally) and the upload, or ``None`` when
+        the repo is local or nothing was saved.
+    """
+    staged = stage(repo)
+    if staged is None:
+        return save_records(tracer, repo, name, tags=tags, metadata=metadata, policy=policy, only=only), None
+    staging, remote = staged
+    target = SaveTarget(staging, strict=tracer.strict)
+    infos = _save_into(target, tracer, name, tags=tags, metadata=metadata, policy=policy, only=only)
+    if not infos or target.repo is None:
+        return infos, None
+    return infos, Upload(target.repo, remote, [info.ref for info in infos], strict=tracer.strict)
+
+
+def _save_into(
+    target: SaveTarget,
+    tracer: Tracer,
+    name: str | None,
+    *,
+    tags: Iterable[str],
+    metadata: dict[str, Any] | None,
+    policy: PayloadPolicy | None,
+    only: Iterable[str] | None,
+) -> list[VersionInfo]:
     tracer.synchronize()
     if not tracer.recording:
         return []
     tracer.environment.update(distributed_info())
-    target = SaveTarget(repo, strict=tracer.strict)
     prefix = name or type(unwrap_model(tracer.model)).__name__
     if tracer.world_size > 1 and several_recorders(tracer.ranks, tracer.world_size):
         prefix = f"{prefix}/rank{tracer.rank}"
@@ -96,7 +140,7 @@ class SaveTarget:
     """
 
     def __init__(self, repo: Repo | str | None, *, strict: bool = False) -> None:
-        self.requested = repo.root if isinstance(repo, Repo) else repo
+        self.requested = repo.location if isinstance(repo, Repo) else repo
         self.strict = strict
         self.repo: Repo | None = None
         self.fell_back = False

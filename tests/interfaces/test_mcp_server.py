@@ -239,8 +239,9 @@ async def test_a_remote_repo_is_named_by_its_url(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
     url = f"memory://mcp-{tmp_path.name}"
     module = torch.nn.Linear(4, 4)
-    with modulelens.capture(module, targets="Linear", repo=url, name="remote/lin"):
+    with modulelens.capture(module, targets="Linear", repo=url, name="remote/lin") as cap:
         module(torch.randn(2, 4))
+    cap.wait()  # uploaded in the background
     async with Client(build_server(url), raise_exceptions=True) as client:
         listed = (await client.call_tool("list_captures", {})).structured_content
         shown = (await client.call_tool("show_capture", {"ref": "remote/lin"})).structured_content

@@ -51,7 +51,7 @@ def _url() -> str:
 def _save(repo: modulelens.Repo | str, module: nn.Module, name: str, **kw: object) -> modulelens.VersionInfo:
     with modulelens.capture(module, targets=type(module).__name__, repo=repo, name=name, **kw) as cap:
         module(torch.randn(2, module.in_features))
-    return cap.saved[0]
+    return cap.wait()[0]
 
 
 def _child(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -349,3 +349,67 @@ def test_a_killed_savers_lease_expires_while_a_live_one_is_renewed(env: dict[str
     repo.gc(grace_s=0, wait_s=60)  # before: RepoBusyError after 60 s (a lease counted as live for an hour)
     waited_dead = time.monotonic() - started
     assert waited_dead < ttl + 10, waited_dead
+
+
+# ------------------------------------------------------------------------------ background upload
+
+
+def test_capture_into_s3_returns_before_the_upload_and_it_lands_bit_exact(env: dict[str, str]) -> None:
+    """Leaving the capture block saves to a local staging repo and returns; the upload runs in the
+    background while the job keeps training, then loads bit-exact in a fresh process."""
+    url = _url()
+    modulelens.Repo(url)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 2048), nn.Linear(2048, 2048))  # 32 MiB of weights to upload
+    started = time.monotonic()
+    with modulelens.capture(model, targets=["0", "1"], repo=url, name="bg") as cap:
+        model(torch.randn(2, 2048))
+    stop_s = time.monotonic() - started
+    upload = cap.upload
+    assert upload is not None and not upload.done  # the job has its thread back; the upload goes on
+    steps = 0
+    while not upload.done:  # the "training job" keeps running meanwhile
+        model(torch.randn(2, 2048))
+        steps += 1
+    uploaded = cap.wait()
+    assert upload.error is None and steps >= 1
+    print(f"capture exit {stop_s:.2f} s, upload {upload.seconds:.2f} s, {steps} steps meanwhile")
+    assert [v.ref for v in uploaded] == ["bg/0:v1", "bg/1:v1"]
+    assert all(v.folder.startswith(url) for v in uploaded)
+    assert upload.staging.version_numbers("bg/0") == []  # the staged copy is dropped once uploaded
+    fresh = {**env, "MODULELENS_CACHE": str(Path(env["MODULELENS_CACHE"]).parent / "fresh-cache")}
+    loaded = _child("load", url, *[v.ref for v in uploaded], env=fresh)
+    assert loaded.returncode == 0, loaded.stderr
+    assert all(r["passed"] for r in json.loads(loaded.stdout))
+    weights = modulelens.load("bg/1", repo=url).state_dict()
+    assert torch.equal(weights["weight"], model[1].weight) and torch.equal(weights["bias"], model[1].bias)
+
+
+def test_upload_to_a_stopped_server_warns_keeps_the_capture_and_the_retry_command_works(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    server = SeaweedServer(tmp_path / "weed").start()  # its own server: this test stops it
+    try:
+        env = {**server.env, "MODULELENS_CACHE": str(tmp_path / "cache")}
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        url = f"s3://jobs/{uuid.uuid4().hex[:8]}"
+        modulelens.Repo(url)
+        server.stop()
+        module = nn.Linear(16, 16)
+        with pytest.warns(modulelens.CaptureWarning, match="uploading captures to .* failed") as caught:
+            with modulelens.capture(module, targets="Linear", repo=url, name="down") as cap:
+                module(torch.randn(2, 16))
+            assert cap.wait() == []
+        [message] = [str(w.message) for w in caught if issubclass(w.category, modulelens.CaptureWarning)]  # once
+        command = message.rsplit("retry with: ", 1)[1]
+        assert command == f"modulelens push down:v1 --repo {cap.upload.staging.location} --to {url}"
+        assert cap.upload.staging.version_numbers("down") == [1]  # the local copy
+        server.start()
+        retried = subprocess.run([PYTHON, "-m", "modulelens", *command.split()[1:]], capture_output=True, text=True,
+                                 env=subprocess_env(**env), timeout=240)
+        assert retried.returncode == 0, retried.stderr
+        loaded = _child("load", url, "down:v1", env={**env, "MODULELENS_CACHE": str(tmp_path / "fresh")})
+        assert loaded.returncode == 0, loaded.stderr
+        assert json.loads(loaded.stdout)[0]["passed"]
+    finally:
+        server.stop()

@@ -29,7 +29,7 @@ def capture(repo: str, name: str, width: str) -> None:
     model = nn.Sequential(nn.Linear(int(width), int(width)), nn.GELU(), StoredOnly(int(width)))
     with modulelens.capture(model, targets=["0", "2"], repo=repo, name=name) as cap:
         model(torch.randn(4, int(width)))
-    print(json.dumps([info.ref for info in cap.saved]), flush=True)
+    print(json.dumps([info.ref for info in cap.wait()]), flush=True)
 
 
 def load(repo: str, *refs: str) -> None:

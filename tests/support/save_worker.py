@@ -18,7 +18,7 @@ def main() -> None:
     for _ in range(count):
         with modulelens.capture(module, targets="Linear", repo=repo, name=name) as cap:
             module(torch.randn(4, 32))
-        print(cap.saved[0].ref, flush=True)
+        print(cap.wait()[0].ref, flush=True)
 
 
 if __name__ == "__main__":

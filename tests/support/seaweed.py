@@ -39,24 +39,34 @@ class SeaweedServer:
         self.directory = directory
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        # Every port is fixed for the server's life, so a restart (after stop()) is the same server.
+        self.ports = {name: _free_port() for name in ("s3.grpc", "master", "master.grpc", "volume", "volume.grpc",
+                                                      "filer", "filer.grpc")}
         self.env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}", "AWS_ACCESS_KEY_ID": "modulelens",
                     "AWS_SECRET_ACCESS_KEY": "modulelens", "AWS_DEFAULT_REGION": "us-east-1",
                     "AWS_EC2_METADATA_DISABLED": "true"}
 
     def start(self, timeout: float = 90.0) -> SeaweedServer:
         self.directory.mkdir(parents=True, exist_ok=True)
-        ports = {name: _free_port() for name in ("master", "volume", "filer")}
+        ports = self.ports
         command = [
             weed_binary(), "server", f"-dir={self.directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-master.telemetry=false", "-s3", f"-s3.port={self.port}", f"-s3.port.grpc={_free_port()}",
+            "-master.telemetry=false", "-s3", f"-s3.port={self.port}", f"-s3.port.grpc={ports['s3.grpc']}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=0",
-            f"-master.port={ports['master']}", f"-master.port.grpc={_free_port()}",
-            f"-volume.port={ports['volume']}", f"-volume.port.grpc={_free_port()}",
-            f"-filer.port={ports['filer']}", f"-filer.port.grpc={_free_port()}",
+            # -volume.max=0 sizes the volume count from free disk / volume size: with the default
+            # 30 GB volumes a machine with 60 GB free gets two, and each bucket needs its own, so
+            # after a restart new buckets found no writable volume. Small volumes keep it ample.
+            "-master.volumeSizeLimitMB=256",
+            f"-master.port={ports['master']}", f"-master.port.grpc={ports['master.grpc']}",
+            f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume.grpc']}",
+            f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer.grpc']}",
         ]
         log = open(self.directory / "weed.log", "ab")
+        # Without AWS_* variables: weed turns credentials found there into an admin identity and
+        # then refuses anonymous requests (a restart from a test that exported them got 403s).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.directory,
-                                        start_new_session=True)
+                                        start_new_session=True, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -65,21 +75,23 @@ class SeaweedServer:
                 return self
             time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"weed did not answer on port {self.port} within {timeout:.0f} s")
+        raise RuntimeError(f"weed did not answer on port {self.port} within {timeout:.0f} s ({self.last_error})")
 
     def _ready(self) -> bool:
-        """The gateway answers and can create a bucket (the filer behind it is up)."""
-        probe = f"probe-{os.getpid()}-{time.monotonic_ns()}"
+        """The gateway answers, can create a bucket and store an object in it (the filer and a
+        volume behind it are up: right after start, the first object write can fail with a 500)."""
+        probe = f"{self.env['AWS_ENDPOINT_URL']}/probe-{os.getpid()}-{time.monotonic_ns()}"
         try:
-            request = urllib.request.Request(f"{self.env['AWS_ENDPOINT_URL']}/{probe}", method="PUT")
-            with urllib.request.urlopen(request, timeout=2):
-                pass
-            request = urllib.request.Request(f"{self.env['AWS_ENDPOINT_URL']}/{probe}", method="DELETE")
-            with urllib.request.urlopen(request, timeout=2):
-                pass
-        except OSError:
+            for method, url, body in (("PUT", probe, None), ("PUT", f"{probe}/object", b"x"),
+                                      ("DELETE", f"{probe}/object", None), ("DELETE", probe, None)):
+                with urllib.request.urlopen(urllib.request.Request(url, data=body, method=method), timeout=5):
+                    pass
+        except OSError as error:
+            self.last_error = f"{method} {url}: {error}"
             return False
         return True
+
+    last_error = ""  # why the last readiness probe failed
 
     def stop(self) -> None:
         """Kill the server at once (like a network outage): SIGKILL to its process group."""

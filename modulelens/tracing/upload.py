@@ -1,0 +1,179 @@
+"""Captures for a remote repo: committed to a local staging repo, then uploaded in the background.
+
+A training job that captures into ``s3://...`` must not wait for the network. When the capture
+stops, each capture is saved into a local repo, ``$MODULELENS_CACHE/staging/<quoted URL>`` (a
+local disk write, like any save), and :class:`Upload` pushes those versions to the remote repo from
+a thread while the job goes on. Payloads are streamed from the staged files (8 at a time, in
+multipart parts), so memory stays bounded whatever the capture's size.
+
+Why a thread and not a detached process: the staged copy is already on disk, so the upload only
+needs to run *while the job runs*, and a thread does that without a second interpreter importing
+torch on a busy training node (it mostly waits on the network, in s3fs's event loop, without the
+GIL). A detached process would not outlive the job either where it matters: schedulers (SLURM,
+Kubernetes) end every process of a finished job. At interpreter exit an ``atexit`` handler waits
+for unfinished uploads at most ``MODULELENS_UPLOAD_EXIT_WAIT_S`` seconds (default 600); an upload
+still running then is abandoned (a partial upload is invisible: the manifest goes last) and one
+warning names the staged copy and the command that completes it.
+
+A failed upload warns once (:class:`CaptureWarning`: the job goes on) with the same retry command,
+``modulelens push NAME:vN --repo STAGING --to URL``; the staged copy is kept until an upload
+succeeds, then removed from the staging repo.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+from urllib.parse import quote
+
+from modulelens.errors import CaptureWarning, ModulelensError, StorageError
+from modulelens.repo.local import Repo, VersionInfo
+
+_EXIT_WAIT_S = 600.0
+_pending: set[Upload] = set()
+_pending_lock = threading.Lock()
+
+
+def staging_repo(url: str) -> Repo:
+    """The local repo where captures for ``url`` wait for their upload."""
+    from modulelens.repo.remote import cache_root
+
+    return Repo(cache_root() / "staging" / quote(url.rstrip("/"), safe=""))
+
+
+def exit_wait_s() -> float:
+    """How long the interpreter waits at exit for unfinished uploads (``MODULELENS_UPLOAD_EXIT_WAIT_S``)."""
+    try:
+        return max(0.0, float(os.environ.get("MODULELENS_UPLOAD_EXIT_WAIT_S", _EXIT_WAIT_S)))
+    except ValueError:
+        return _EXIT_WAIT_S
+
+
+class Upload:
+    """Versions of a staging repo being pushed to a remote repo by a background thread.
+
+    Args:
+        staging: the local repo holding the staged versions.
+        target: the remote repo (an object, or its URL: opened in the thread, so an unreachable
+            server never delays the caller).
+        refs: the staged versions (``name:vN`` in ``staging``).
+        strict: :meth:`wait` raises :class:`StorageError` when the upload failed.
+
+    Example::
+
+        with modulelens.capture(model, "mlp", repo="s3://team/captures") as cap:
+            train(model)                 # the upload starts when the capture stops
+        print([v.ref for v in cap.wait()])   # blocks until uploaded: the refs in s3://team/captures
+    """
+
+    def __init__(self, staging: Repo, target: Repo | str, refs: list[str], *, strict: bool = False) -> None:
+        self.staging = staging
+        self.url = target.location if isinstance(target, Repo) else str(target)
+        self.staged = list(refs)
+        self.strict = strict
+        self.uploaded: dict[str, VersionInfo] = {}  # staged ref -> the version in the remote repo
+        self.error: BaseException | None = None
+        self.seconds: float | None = None
+        self._target = target
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="modulelens-upload", daemon=True)
+        with _pending_lock:
+            _pending.add(self)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def retry_command(self) -> str:
+        """The command that completes the upload from the staged copy (safe to run more than once:
+        a version already in the target is not copied again)."""
+        return " && ".join(f"modulelens push {ref} --repo {self.staging.location} --to {self.url}"
+                           for ref in self.staged if ref not in self.uploaded)
+
+    def wait(self, timeout: float | None = None) -> list[VersionInfo]:
+        """Block until the upload ended (or ``timeout`` seconds passed).
+
+        Returns:
+            The uploaded versions, as named in the remote repo (all of them once it succeeded;
+            fewer after a failure, which was warned about, or when ``timeout`` ran out first).
+
+        Raises:
+            StorageError: the upload failed and the capture was ``strict``.
+        """
+        self._done.wait(timeout)
+        if self.error is not None and self.strict:
+            raise StorageError(f"uploading captures to {self.url} failed: {self.error}; "
+                               f"retry with: {self.retry_command}") from self.error
+        return [self.uploaded[ref] for ref in self.staged if ref in self.uploaded]
+
+    def _run(self) -> None:
+        from modulelens.repo.transfer import copy_versions
+
+        started = time.monotonic()
+        try:
+            target = self._target if isinstance(self._target, Repo) else Repo(self._target)
+            for ref in self.staged:
+                report = copy_versions(self.staging, target, ref, record_origin=False)
+                self.uploaded[ref] = target.info(*target.resolve((report.copied or report.present)[0]))
+            self._drop_staged()
+        except Exception as error:  # fail open: warn once, keep the staged copy
+            self.error = error
+            warnings.warn(f"modulelens: uploading captures to {self.url} failed ({type(error).__name__}: {error}); "
+                          f"they are kept in {self.staging.location}; retry with: {self.retry_command}",
+                          CaptureWarning, stacklevel=1)
+        finally:
+            self.seconds = time.monotonic() - started
+            with _pending_lock:
+                _pending.discard(self)
+            self._done.set()
+
+    def _drop_staged(self) -> None:
+        """Remove the uploaded versions from staging (and their payloads, unless a concurrent save
+        into the staging repo holds it: then a later upload's cleanup frees them)."""
+        for ref in self.staged:
+            self.staging.remove(ref)
+        try:
+            self.staging.gc()
+        except (OSError, ModulelensError):
+            pass
+
+
+def pending_uploads() -> list[Upload]:
+    """Uploads of this process still running."""
+    with _pending_lock:
+        return list(_pending)
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    uploads = pending_uploads()
+    if not uploads:
+        return
+    deadline = time.monotonic() + exit_wait_s()
+    print(f"modulelens: waiting for {len(uploads)} capture upload(s) to finish (at most {exit_wait_s():.0f} s)",
+          file=sys.stderr, flush=True)
+    for upload in uploads:
+        upload.wait(max(0.0, deadline - time.monotonic()))
+        if not upload.done:
+            print(f"modulelens: the upload to {upload.url} did not finish before exit; the captures are kept in "
+                  f"{upload.staging.location}; complete it with: {upload.retry_command}", file=sys.stderr, flush=True)
+
+
+def stage(repo: Any) -> tuple[Repo, Repo | str] | None:
+    """For a remote ``repo`` (a URL or a remote :class:`Repo`), the staging repo and the target;
+    ``None`` for a local repo (saved directly)."""
+    from modulelens.repo.local import default_repo_location, is_url
+
+    if isinstance(repo, Repo):
+        return (staging_repo(repo.location), repo) if repo.is_remote else None
+    location = default_repo_location() if repo is None else os.fspath(repo)
+    if not is_url(location):
+        return None
+    return staging_repo(location), location
