@@ -16,7 +16,6 @@ of the job then loads ``_bootstrap/sitecustomize.py``, which calls :func:`activa
 
 from __future__ import annotations
 
-import atexit
 import difflib
 import json
 import os
@@ -152,7 +151,7 @@ class _Session:
     """Capture state of one process of the job.
 
     Each target is saved as soon as it is complete (not only at exit), so a job that ends abruptly
-    keeps it; what is left is saved by the ``atexit`` handler.
+    keeps it; what is left is saved when the main thread ends (``at_main_thread_exit``).
     """
 
     def __init__(self, config: RunConfig) -> None:
@@ -177,7 +176,9 @@ class _Session:
         self._done = False
         track_init()
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call)
-        atexit.register(self.finish)
+        from modulelens.tracing.upload import at_main_thread_exit
+
+        at_main_thread_exit(self.finish)  # before thread pools stop: the last saves may upload
 
     def _on_module_call(self, module: Any, inputs: Any) -> None:
         if id(module) in self._seen:

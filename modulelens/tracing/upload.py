@@ -10,8 +10,8 @@ Why a thread and not a detached process: the staged copy is already on disk, so 
 needs to run *while the job runs*, and a thread does that without a second interpreter importing
 torch on a busy training node (it mostly waits on the network, in s3fs's event loop, without the
 GIL). A detached process would not outlive the job either where it matters: schedulers (SLURM,
-Kubernetes) end every process of a finished job. At interpreter exit an ``atexit`` handler waits
-for unfinished uploads at most ``MODULELENS_UPLOAD_EXIT_WAIT_S`` seconds (default 600); an upload
+Kubernetes) end every process of a finished job. When the main thread ends, a hook waits for
+unfinished uploads at most ``MODULELENS_UPLOAD_EXIT_WAIT_S`` seconds (default 600); an upload
 still running then is abandoned (a partial upload is invisible: the manifest goes last) and one
 warning names the staged copy and the command that completes it.
 
@@ -23,6 +23,7 @@ succeeds, then removed from the staging repo.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401 - imported first so its shutdown hook runs after ours
 import os
 import sys
 import threading
@@ -151,7 +152,25 @@ def pending_uploads() -> list[Upload]:
         return list(_pending)
 
 
-@atexit.register
+def at_main_thread_exit(func: Any) -> None:
+    """Run ``func`` when the main thread ends, *before* Python's shutdown stops thread pools.
+
+    A plain ``atexit`` handler runs too late for network work: by then ``concurrent.futures`` (and
+    asyncio's default executor, which s3fs needs to open a connection) refuse new tasks ("cannot
+    schedule new futures after interpreter shutdown", seen in the tests; CPython bpo-39812), so an
+    upload still running would fail. ``threading._register_atexit`` hooks run first, in reverse
+    order of registration; ``concurrent.futures.thread`` registered its own when imported, above.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(func)
+            return
+        except RuntimeError:  # already shutting down: atexit is all that is left
+            pass
+    atexit.register(func)
+
+
 def _wait_at_exit() -> None:
     uploads = pending_uploads()
     if not uploads:
@@ -177,3 +196,6 @@ def stage(repo: Any) -> tuple[Repo, Repo | str] | None:
     if not is_url(location):
         return None
     return staging_repo(location), location
+
+
+at_main_thread_exit(_wait_at_exit)

@@ -413,3 +413,24 @@ def test_upload_to_a_stopped_server_warns_keeps_the_capture_and_the_retry_comman
         assert json.loads(loaded.stdout)[0]["passed"]
     finally:
         server.stop()
+
+
+def test_modulelens_run_into_s3_uploads_in_the_background(env: dict[str, str], tmp_path: Path) -> None:
+    """`modulelens run --repo s3://...`: the job goes on after the capture (the upload runs in the
+    background) and the result names the versions in the S3 repo."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom torch import nn\n"
+                      "net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))\n"
+                      "for step in range(4):\n    net(torch.randn(4, 8)).sum().backward()\n"
+                      "    print('step', step, flush=True)\nprint('END', flush=True)\n")
+    url = _url()
+    done = subprocess.run([PYTHON, "-m", "modulelens", "run", "--repo", url, "--json", "-t", "2", "--name", "job",
+                           "--", PYTHON, str(script)], capture_output=True, text=True, env=subprocess_env(**env),
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)["result"]
+    assert result["ok"] and result["repo"] == url
+    assert [s["ref"] for s in result["saved"]] == ["job/2:v1"] and result["saved"][0]["path"].startswith(url)
+    log = done.stderr
+    assert log.index("uploading to " + url) < log.index("step 1") < log.index(f"saved job/2:v1 in {url}")
+    assert modulelens.load("job/2", repo=url).replay().passed
