@@ -50,6 +50,20 @@ def list_versions(store: Repo, prefix: str | None = None) -> list[VersionInfo]:
     return [info for n in names for info in store.list(n)]
 
 
+def open_ref(ref: str, repo: str | Repo | None = None) -> tuple[Repo, str]:
+    """The repo and ref a command argument names: ``wandb://ENTITY/PROJECT/COLLECTION:alias``
+    resolves through the W&B Registry into the local cache; anything else is a ref in ``repo``.
+
+    Raises:
+        MissingDependencyError, RemoteRepoError: a ``wandb://`` ref without the SDK or the network.
+    """
+    if ref.startswith("wandb://"):
+        from modulelens.repo.wandb_registry import resolve_wandb_ref
+
+        return resolve_wandb_ref(ref)
+    return (repo if isinstance(repo, Repo) else open_repo(repo)), ref
+
+
 def resolve(store: Repo, ref: str) -> tuple[str, int]:
     """``store.resolve(ref)``, with the closest stored names in the error when the name is unknown.
 
@@ -139,7 +153,7 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
     """Load ``ref`` with a dtype given by name and a device checked to exist.
 
     Args:
-        ref: ``NAME``, ``NAME:vN`` or ``NAME:alias``.
+        ref: ``NAME``, ``NAME:vN`` or ``NAME:alias`` (or a ``wandb://`` URL: :func:`open_ref`).
         repo: a repo directory or an open :class:`~modulelens.repo.local.Repo` (default repo if ``None``).
         device: move the module and inputs there (``cpu``, ``cuda``, ``cuda:1``).
         dtype: cast floating weights and inputs (``float32``, ``bfloat16``...).
@@ -155,12 +169,11 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
         RestoreError, CorruptCaptureError: the capture cannot be rebuilt or read.
         UntrustedCodeError: the capture names code the trust rules refuse.
     """
-    from modulelens.repo.local import Repo
     from modulelens.restore.loader import load
 
     torch_dtype = parse_dtype(dtype)
     check_device(device)
-    store = repo if isinstance(repo, Repo) else open_repo(repo)
+    store, ref = open_ref(ref, repo)
     name, version = resolve(store, ref)
     return load(f"{name}:v{version}", repo=store, device=device, dtype=torch_dtype, trust_source=trust_source)
 

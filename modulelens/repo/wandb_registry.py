@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import CorruptCaptureError, MissingDependencyError, UsageError
+from modulelens.errors import CorruptCaptureError, MissingDependencyError, RemoteRepoError, UsageError
 from modulelens.repo.local import CAPTURE_FILE, Repo, VersionInfo
 from modulelens.repo.names import LATEST, parse_ref, validate_report_file
 from modulelens.repo.packs import referenced_blobs
@@ -157,10 +157,107 @@ def import_artifact_dir(directory: Path, repo: Repo, *, aliases: tuple[str, ...]
 
 def pull_from_wandb(url: str, repo: Repo, *, root: Path | None = None) -> VersionInfo:
     """Download ``wandb://ENTITY/PROJECT/COLLECTION:alias`` and import it into ``repo``
-    (not yet run against a live W&B server)."""
+    (not yet run against a live W&B server).
+
+    Raises:
+        MissingDependencyError: the wandb SDK is not installed.
+        RemoteRepoError: W&B cannot be reached or refuses (no API key, no such artifact).
+    """
+    artifact = _remote_artifact(url)
+    directory = Path(_wandb_call(url, lambda: artifact.download(root=str(root) if root else None)))
+    return import_artifact_dir(directory, repo, aliases=_our_aliases(artifact.aliases))
+
+
+def _our_aliases(aliases: list[str]) -> tuple[str, ...]:
+    """W&B's aliases without the ones it maintains itself (``latest``, ``v0``, ``v1``...)."""
+    return tuple(a for a in aliases if a != LATEST and not (a[:1] == "v" and a[1:].isdigit()))
+
+
+def _remote_artifact(url: str) -> Any:
     wandb = _wandb()
     target = WandbTarget.parse(url)
-    artifact = wandb.Api().artifact(f"{target.path}:{target.alias or LATEST}", type=ARTIFACT_TYPE)
-    directory = Path(artifact.download(root=str(root) if root else None))
-    ours = tuple(a for a in artifact.aliases if a != LATEST and not (a[:1] == "v" and a[1:].isdigit()))
-    return import_artifact_dir(directory, repo, aliases=ours)
+    return _wandb_call(url, lambda: wandb.Api().artifact(f"{target.path}:{target.alias or LATEST}", type=ARTIFACT_TYPE))
+
+
+def _wandb_call(url: str, call: Any) -> Any:
+    """Run one W&B SDK request; its failures (no network, no API key, no such artifact) become one
+    line naming the URL."""
+    import wandb
+
+    try:
+        return call()
+    except (wandb.errors.Error, OSError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RemoteRepoError(f"cannot fetch {url} from W&B (network, login or registry): {first}") from None
+
+
+def wandb_cache_repo() -> Repo:
+    """The local repo that W&B artifacts are imported into when loaded by URL (part of the cache)."""
+    from modulelens.repo.remote import cache_root
+
+    return Repo(cache_root() / "wandb" / "repo")
+
+
+def resolve_wandb_ref(url: str) -> tuple[Repo, str]:
+    """Where ``modulelens.load("wandb://ENTITY/PROJECT/COLLECTION:alias")`` finds its capture: the
+    artifact version is downloaded (once: it is known by its W&B digest) and imported into
+    :func:`wandb_cache_repo`; returns that repo and the ref there. With ``MODULELENS_OFFLINE=1``
+    the URL resolves to what it resolved to last time, from the cache alone.
+
+    Raises:
+        MissingDependencyError: the wandb SDK is not installed (``pip install 'modulelens[wandb]'``).
+        RemoteRepoError: W&B cannot be reached or refuses, or offline and never loaded here.
+    """
+    from modulelens.repo.remote import cache_root, offline
+
+    target = WandbTarget.parse(url)
+    key = f"{target.path}:{target.alias or LATEST}"
+    index = _WandbIndex(cache_root() / "wandb" / "refs.json")
+    repo = wandb_cache_repo()
+    if offline():
+        ref = index.refs.get(key)
+        if ref is None:
+            raise RemoteRepoError(f"MODULELENS_OFFLINE is set and {url} was never loaded on this machine")
+        return repo, ref
+    artifact = _remote_artifact(url)
+    ref = index.digests.get(artifact.digest)
+    if ref is None:
+        root = cache_root() / "wandb" / "download" / artifact.digest
+        directory = Path(_wandb_call(url, lambda: artifact.download(root=str(root))))
+        ref = import_downloaded(directory, key, artifact.digest, _our_aliases(artifact.aliases))[1]
+        shutil.rmtree(root, ignore_errors=True)  # the payloads now live in the cache repo
+    else:
+        index.record(key, ref, artifact.digest)
+    return repo, ref
+
+
+def import_downloaded(directory: Path, key: str, digest: str, aliases: tuple[str, ...] = ()) -> tuple[Repo, str]:
+    """Import an artifact's downloaded ``directory`` into :func:`wandb_cache_repo` and remember that
+    ``key`` (``ENTITY/PROJECT/COLLECTION:alias``) and the artifact's ``digest`` resolve to it;
+    returns the cache repo and the ref there."""
+    from modulelens.repo.remote import cache_root
+
+    repo = wandb_cache_repo()
+    info = import_artifact_dir(directory, repo, aliases=aliases)
+    _WandbIndex(cache_root() / "wandb" / "refs.json").record(key, info.ref, digest)
+    return repo, info.ref
+
+
+class _WandbIndex:
+    """``refs.json`` in the cache: which of our refs each W&B URL and artifact digest resolved to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        self.refs: dict[str, str] = dict(data.get("refs", {}))
+        self.digests: dict[str, str] = dict(data.get("digests", {}))
+
+    def record(self, key: str, ref: str, digest: str) -> None:
+        self.refs[key], self.digests[digest] = ref, ref
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}-{os.getpid()}")
+        tmp.write_text(json.dumps({"refs": self.refs, "digests": self.digests}, indent=1))
+        os.replace(tmp, self.path)

@@ -696,7 +696,9 @@ def load(
     anything is called.
 
     Args:
-        ref: ``name``, ``name:v3`` or ``name:alias``.
+        ref: ``name``, ``name:v3`` or ``name:alias``; or ``wandb://ENTITY/PROJECT/COLLECTION:alias``,
+            an artifact of the W&B Registry (needs ``modulelens[wandb]``), downloaded into the
+            cache once and loaded from there (``repo`` is then not used).
         repo: a :class:`Repo` or its path.
         device: move the module and the inputs used by replay there.
         dtype: cast the module and the inputs used by replay.
@@ -725,6 +727,8 @@ def load(
         RestoreError: the module cannot be rebuilt here (the message says why: a class that
             cannot be imported, a structure changed after construction...).
         UsageError: ``init_overrides`` names an argument the constructor does not take.
+        MissingDependencyError, RemoteRepoError: a ``wandb://`` ref without the wandb SDK, or W&B
+            cannot be reached.
 
     Example::
 
@@ -735,6 +739,10 @@ def load(
         warnings.warn("load(..., run_source=...) is deprecated; use trust_source=...", DeprecationWarning,
                       stacklevel=2)
         trust_source = run_source if trust_source is None else trust_source
+    if ref.startswith("wandb://"):  # a W&B Registry artifact: downloaded into the cache, loaded from there
+        from modulelens.repo.wandb_registry import resolve_wandb_ref
+
+        repo, ref = resolve_wandb_ref(ref)
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel

@@ -4,7 +4,11 @@ directory, and the artifact's files come back into a repo as a loadable version.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +19,14 @@ from torch import nn
 import modulelens
 from modulelens.errors import UsageError
 from modulelens.repo.packs import referenced_blobs
-from modulelens.repo.wandb_registry import ARTIFACT_TYPE, WandbTarget, build_artifact, import_artifact_dir, push_to_wandb
+from modulelens.repo.wandb_registry import (
+    ARTIFACT_TYPE,
+    WandbTarget,
+    build_artifact,
+    import_artifact_dir,
+    import_downloaded,
+    push_to_wandb,
+)
 
 
 @pytest.fixture
@@ -75,3 +86,59 @@ def test_wandb_urls_are_parsed_strictly() -> None:
     assert WandbTarget.parse("wandb://team/wandb-registry-model/ranker:golden").alias == "golden"
     with pytest.raises(UsageError, match="ENTITY/PROJECT/COLLECTION"):
         WandbTarget.parse("wandb://team/ranker")
+
+
+def _download_layout(artifact: object, directory: Path) -> Path:
+    """The artifact's files where ``Artifact.download()`` puts them: each manifest path under ``directory``."""
+    for path, entry in artifact.manifest.entries.items():
+        (directory / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(entry.local_path, directory / path)
+    return directory
+
+
+def test_load_and_show_by_wandb_url_from_a_downloaded_artifact(source: modulelens.Repo, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wandb://ENTITY/PROJECT/COLLECTION:alias`` resolves into the cache; after one import (the
+    step that follows ``artifact.download()``), load and ``show`` work from the cache alone."""
+    from typer.testing import CliRunner
+
+    from modulelens.interfaces.cli.app import app
+
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    artifact, aliases = build_artifact(source, "ranker/0:golden", tmp_path / "stage")
+    url = "wandb://team/wandb-registry-model/ranker:golden"
+    repo, ref = import_downloaded(_download_layout(artifact, tmp_path / "dl"), url[len("wandb://"):], artifact.digest,
+                                  tuple(aliases))
+    assert ref == "ranker/0:v1" and repo.root == tmp_path / "cache" / "wandb" / "repo"
+    monkeypatch.setenv("MODULELENS_OFFLINE", "1")
+    loaded = modulelens.load(url)
+    assert loaded.replay().passed
+    assert torch.equal(loaded.state_dict()["weight"], modulelens.load("ranker/0:v1", repo=source).state_dict()["weight"])
+    shown = CliRunner().invoke(app, ["show", url, "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["result"]["ref"] == "ranker/0:v1"
+    unknown = CliRunner().invoke(app, ["replay", "wandb://team/wandb-registry-model/ranker:other", "--json"])
+    assert unknown.exit_code != 0 and "was never loaded on this machine" in json.loads(unknown.stdout)["error"]["message"]
+
+
+def test_wandb_url_without_network_or_sdk_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No server is reachable from the tests: W&B's own client, pointed at a closed loopback port
+    (and, separately, without an API key), fails, and so does a Python without the SDK."""
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings
+    monkeypatch.delenv("MODULELENS_OFFLINE", raising=False)
+    url = "wandb://team/wandb-registry-model/ranker:golden"
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(modulelens.RemoteRepoError, match=r"cannot fetch wandb://.*No API key configured"):
+        modulelens.load(url)
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(modulelens.RemoteRepoError, match=r"cannot fetch wandb://.*127\.0\.0\.1:9") as error:
+        modulelens.load(url)
+    assert "\n" not in str(error.value)
+    code = ("import sys; sys.modules['wandb'] = None\nimport modulelens\n"
+            f"try:\n    modulelens.load({url!r})\nexcept modulelens.ModulelensError as e:\n    print(type(e).__name__, e)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MODULELENS_CACHE": str(tmp_path / "cache")})
+    assert done.stdout.strip() == ("MissingDependencyError the W&B Registry needs the wandb SDK: "
+                                   "pip install 'modulelens[wandb]'"), done.stderr

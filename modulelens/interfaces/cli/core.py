@@ -65,14 +65,14 @@ def ls(
 
 @command(app, "show")
 def show(
-    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias], or wandb://ENTITY/PROJECT/COLLECTION:alias")],
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show one capture: class, constructor arguments, state, calls, environment, reports."""
     from modulelens.restore.summary import describe
 
-    store = session.open_repo(repo)
+    store, ref = session.open_ref(ref, repo)
     name, version = session.resolve(store, ref)
     result = describe(store, f"{name}:v{version}")
 
