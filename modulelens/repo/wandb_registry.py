@@ -11,11 +11,11 @@ summary of the capture (name, version, module class, tags, payload bytes, origin
 * our aliases become W&B aliases of that artifact version (ours exclude ``latest`` and ``vN``,
   which W&B reserves); pulling sets them back.
 
-Needs the ``wandb`` SDK (``pip install 'modulelens[wandb]'``). What has run without a W&B server
-(tests): building the artifact and its manifest from a capture, logging it in offline mode into a
-run directory, and importing an artifact's downloaded directory back into a repo. What has *not*
-run against a live W&B: ``link_artifact`` into a registry collection and ``Api().artifact(...)
-.download()`` in :func:`pull_from_wandb`.
+Needs the ``wandb`` SDK (``pip install 'modulelens[wandb]'``). ``modulelens.load("wandb://...")``
+goes through :func:`resolve_wandb_ref` (download once into the cache, import, load from there).
+What has run without a W&B server (tests) and what has *not* run against a live W&B
+(``link_artifact``, ``wandb sync``, ``Api().artifact(...)`` and ``.download()``, alias mapping on
+the server): the exact list is in docs/repo-layout.md ("The W&B Registry").
 """
 
 from __future__ import annotations
