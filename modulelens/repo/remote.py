@@ -327,10 +327,7 @@ class RemoteRepo(Repo):
             with contextlib.suppress(KeyError, ValueError):
                 aliases[alias] = int(contents[key].decode().strip())
         listing = {"versions": sorted(visible - removed), "used": used, "aliases": aliases}
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f".index-{uuid.uuid4().hex}")
-        tmp.write_text(json.dumps(listing))
-        os.replace(tmp, index)
+        self._write_index(index, listing)
         return listing
 
     def names(self) -> list[str]:
@@ -384,11 +381,51 @@ class RemoteRepo(Repo):
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
         """As for a local repo; an explicit ``name:vN`` whose manifest is cached needs no request
-        (versions are immutable), while ``latest`` and aliases are looked up on the server."""
+        (versions are immutable), an alias one GET, and ``latest`` one LIST (it may have changed)."""
         parsed = parse_ref(ref) if isinstance(ref, str) else ref
         if parsed.version is not None and (self._version_dir(parsed.name, parsed.version) / CAPTURE_FILE).exists():
             return parsed.name, parsed.version
+        if parsed.version is None and parsed.selector not in (None, LATEST) and self._online:
+            found = self._read_alias(parsed.name, parsed.selector)
+            if found is not None:
+                return parsed.name, found
         return super().resolve(parsed)
+
+    def _read_alias(self, name: str, alias: str) -> int | None:
+        """An alias with one GET of its object instead of a LIST of the name and a GET (what the
+        listing needs); ``None`` when it cannot say (no such alias, unreadable, server
+        unreachable), and the caller falls back to the listing, which also gives the error.
+        ``rm`` deletes the aliases of a version it removes, so an alias names a visible version
+        (except while such an ``rm`` runs). The cached listing learns it, for offline use."""
+        try:
+            data = self.store.read(self.store.key(self._name_key(name), "aliases", validate_alias(alias)))
+            version = int(data.decode().strip()) if data is not None else None
+        except (ValueError, InvalidNameError):
+            return None
+        except Exception as error:
+            if not is_network_error(error):
+                raise
+            return None
+        if version is None:
+            return None
+        index = self._mirror_dir(name) / "index.json"
+        try:
+            listing = json.loads(index.read_text())
+        except (OSError, ValueError):
+            listing = {"versions": [], "used": 0, "aliases": {}}
+        if listing["aliases"].get(alias) != version or version not in listing["versions"]:
+            listing["aliases"][alias] = version
+            listing["versions"] = sorted({*listing["versions"], version})
+            listing["used"] = max(listing["used"], version)
+            self._write_index(index, listing)
+        return version
+
+    @staticmethod
+    def _write_index(index: Path, listing: dict[str, Any]) -> None:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f".index-{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(listing))
+        os.replace(tmp, index)
 
     def version_path(self, name: str, version: int) -> Path:
         """The version's folder in the local mirror (its ``capture.json``, once read)."""

@@ -434,3 +434,21 @@ def test_modulelens_run_into_s3_uploads_in_the_background(env: dict[str, str], t
     log = done.stderr
     assert log.index("uploading to " + url) < log.index("step 1") < log.index(f"saved job/2:v1 in {url}")
     assert modulelens.load("job/2", repo=url).replay().passed
+
+
+def test_an_alias_resolves_from_its_object_and_then_offline(env: dict[str, str], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An alias is read with one GET (no listing of the name); a fresh cache learns it, so it
+    resolves offline afterwards; an alias that does not exist still fails with the listing's error."""
+    url = _url()
+    module = nn.Linear(4, 4)
+    _save(url, module, "al/lin")
+    _save(url, module, "al/lin")
+    modulelens.Repo(url).set_alias("al/lin:v1", "golden")
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "fresh"))
+    assert modulelens.load("al/lin:golden", repo=url).version == 1
+    with pytest.raises(modulelens.CaptureNotFoundError, match="has no alias 'silver'"):
+        modulelens.Repo(url).resolve("al/lin:silver")
+    monkeypatch.setenv("MODULELENS_OFFLINE", "1")
+    assert modulelens.Repo(url).resolve("al/lin:golden") == ("al/lin", 1)
+    assert modulelens.load("al/lin:golden", repo=url).replay().passed
