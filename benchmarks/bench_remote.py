@@ -11,7 +11,10 @@ capture in a local repo, all in the same run.
 * load:   modulelens.load(ref, repo="s3://...").module with every blob already cached
   vs      modulelens.load(ref, repo=local).module            (target: within 1.2x)
 
-The issue asks for 1 GiB; the default is 0.25 GiB to keep a run short on shared machines.
+The issue asks for 1 GiB (``--gib 1``: about 12 GiB of scratch disk for the server's copies, the
+local repo, the cache and the baselines' files); the default is 0.25 GiB to keep a run short on
+shared machines. Cached loads: ``big`` (latest) costs one LIST request, since a new version may
+have appeared; ``big:golden`` one GET of the alias; ``big:v1`` none (versions are immutable).
 """
 
 from __future__ import annotations
@@ -81,10 +84,15 @@ def main() -> None:
         get_s = timed(lambda: fs.get_file("bench/one-file", str(work / "got")), args.repeat, setup=fresh_cache)
 
         remote = modulelens.Repo(url)
+        remote.set_alias("big:v1", "golden")
         modulelens.load("big", repo=remote).module  # noqa: B018 - fills the cache
-        load_remote = timed(lambda: modulelens.load("big", repo=remote).module, args.repeat)
-        load_remote_v1 = timed(lambda: modulelens.load("big:v1", repo=remote).module, args.repeat)
-        load_local = timed(lambda: modulelens.load("big", repo=local).module, args.repeat)
+        loads = max(args.repeat, 9)  # a load takes milliseconds: more samples, interleaved, for a stable ratio
+        load_remote, load_remote_alias, load_remote_v1, load_local = [], [], [], []
+        for _ in range(loads):
+            load_remote += timed(lambda: modulelens.load("big", repo=remote).module, 1)
+            load_remote_alias += timed(lambda: modulelens.load("big:golden", repo=remote).module, 1)
+            load_remote_v1 += timed(lambda: modulelens.load("big:v1", repo=remote).module, 1)
+            load_local += timed(lambda: modulelens.load("big", repo=local).module, 1)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -95,13 +103,16 @@ def main() -> None:
          "baseline_s": median(get_s), "ratio": median(pull_s) / median(get_s)},
         {"operation": "load 'big' (latest: one LIST), cached remote", "modulelens_s": median(load_remote),
          "baseline": "load, local repo", "baseline_s": median(load_local), "ratio": median(load_remote) / median(load_local)},
-        {"operation": "load 'big:v1', cached remote", "modulelens_s": median(load_remote_v1),
+        {"operation": "load 'big:golden' (alias: one GET), cached remote", "modulelens_s": median(load_remote_alias),
+         "baseline": "load, local repo", "baseline_s": median(load_local),
+         "ratio": median(load_remote_alias) / median(load_local)},
+        {"operation": "load 'big:v1' (no request), cached remote", "modulelens_s": median(load_remote_v1),
          "baseline": "load, local repo", "baseline_s": median(load_local),
          "ratio": median(load_remote_v1) / median(load_local)},
     ]
     report("remote", f"remote repo on SeaweedFS (loopback), {nbytes / 2**30:.2f} GiB of fp32 weights ({depth}x Linear({width}))",
            rows, ["operation", "modulelens_s", "baseline", "baseline_s", "ratio"],
-           {"weight_bytes": nbytes, "repeat": args.repeat})
+           {"weight_bytes": nbytes, "repeat": args.repeat, "load_repeat": loads})
 
 
 if __name__ == "__main__":
