@@ -14,7 +14,7 @@ from typing import Any
 
 from modulelens.errors import CaptureNotFoundError
 from modulelens.format.hashing import hash_bytes
-from modulelens.repo.local import Repo
+from modulelens.repo.local import Repo, VersionInfo
 from modulelens.repo.names import parse_ref
 from modulelens.repo.packs import referenced_blobs
 
@@ -25,14 +25,15 @@ _LOCAL_FIELDS = ("name", "version", "origin")
 
 @dataclass
 class TransferReport:
-    """What a push or pull did: ``copied`` refs (as named in the target), versions the target
-    already had (``present``), payload blobs and bytes uploaded, and aliases set."""
+    """What a push or pull did: ``copied`` refs (as named in the target, and their ``versions``),
+    versions the target already had (``present``), payload blobs and bytes uploaded, and aliases set."""
 
     copied: list[str] = field(default_factory=list)
     present: list[str] = field(default_factory=list)
     blobs_copied: int = 0
     bytes_copied: int = 0
     aliases: list[str] = field(default_factory=list)
+    versions: list[VersionInfo] = field(default_factory=list)  # the copied versions, as in the target
 
     def to_dict(self) -> dict[str, Any]:
         return {"copied": self.copied, "present": self.present, "blobs_copied": self.blobs_copied,
@@ -47,7 +48,7 @@ def content_id(metadata: dict[str, Any]) -> str:
 
 
 def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False,
-                  record_origin: bool = True) -> TransferReport:
+                  record_origin: bool = True, find_existing: bool = True) -> TransferReport:
     """Copy ``ref`` from ``source`` to ``target``: ``name:v3``/``name:alias``/``name:latest`` one
     version, a bare ``name`` every version. Tags, metadata and reports come along; with
     ``aliases`` the source's aliases of the copied versions are set in the target too.
@@ -59,6 +60,9 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         aliases: also move the target's aliases of the same names to the copied versions.
         record_origin: note the source repo and ref in each copy's ``origin`` (off for a capture
             staged locally on its way to the repo it was made for: the staging folder is no origin).
+        find_existing: look for each version in the target first (reads every manifest of the
+            name there). Off only for a capture being uploaded for the first time: it was just
+            made, so the target cannot have it (a retry with ``push`` looks again).
 
     Returns:
         A :class:`TransferReport` (``bytes_copied`` counts payload bytes written to the target).
@@ -76,7 +80,8 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {source.location}")
     name = parsed.name
     report = TransferReport()
-    existing = {content_id(target.read_metadata(name, v)): v for v in target.version_numbers(name)}
+    existing = ({content_id(target.read_metadata(name, v)): v for v in target.version_numbers(name)}
+                if find_existing else {})
     source_aliases = source.aliases(name) if aliases else {}
     for version in versions:
         meta = source.read_metadata(name, version)
@@ -88,7 +93,9 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
             _copy_blobs(source, target, name, version, meta, report)
             if record_origin:
                 meta["origin"] = {"repo": source.location, "ref": f"{name}:v{version}"}
-            target_version = target.commit_version(name, meta).version
+            committed = target.commit_version(name, meta)
+            report.versions.append(committed)
+            target_version = committed.version
             existing[key] = target_version
             report.copied.append(f"{name}:v{target_version}")
         _copy_reports(source, target, name, version, target_version)
@@ -115,7 +122,10 @@ def _copy_blobs(source: Repo, target: Repo, name: str, version: int, meta: dict[
 
 
 def _copy_reports(source: Repo, target: Repo, name: str, version: int, target_version: int) -> None:
+    reports = source.report_files(name, version)
+    if not reports:
+        return  # (no listing of the target's reports: one request less per copied version)
     have = set(target.report_files(name, target_version))
-    for filename, data in source.report_files(name, version).items():
+    for filename, data in reports.items():
         if filename not in have:
             target.put_report(name, target_version, filename, data)

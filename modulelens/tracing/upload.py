@@ -121,8 +121,10 @@ class Upload:
         try:
             target = self._target if isinstance(self._target, Repo) else Repo(self._target)
             for ref in self.staged:
-                report = copy_versions(self.staging, target, ref, record_origin=False)
-                self.uploaded[ref] = target.info(*target.resolve((report.copied or report.present)[0]))
+                # A fresh capture (its `created` time is new) cannot be in the target already: skip
+                # reading the name's every manifest there (200 versions made that the slow part).
+                report = copy_versions(self.staging, target, ref, record_origin=False, find_existing=False)
+                self.uploaded[ref] = report.versions[0]
             self._drop_staged()
         except Exception as error:  # fail open: warn once, keep the staged copy
             self.error = error
