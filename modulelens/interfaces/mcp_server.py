@@ -268,14 +268,15 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
         random inputs in worker processes with a timeout; ``passed`` false is a result."""
+        from modulelens.kernels.options import KernelChecks, Sandbox
         from modulelens.kernels.verify import verify_kernel as run_verify_kernel
 
         _check_candidate_path(candidate)
+        checks = KernelChecks(calls=calls, random_samples=random_samples, seed=seed, rtol=rtol, atol=atol)
         store_repo = session.open_repo(repo)
         name, version = session.resolve(store_repo, ref)
-        return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, timeout=timeout_s,
-                                         device=device, calls=calls, random_samples=random_samples, seed=seed,
-                                         rtol=rtol, atol=atol, store=store))
+        return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, device=device,
+                                         checks=checks, sandbox=Sandbox(timeout=timeout_s), store=store))
 
     @server.tool(annotations=_WRITES_FILES)
     @_one_line_errors
