@@ -395,7 +395,7 @@ def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bo
         report["notes"].append(f"the candidate runs heavy ops through PyTorch ({ops}); accepted (allow_torch_ops)")
     else:
         report["failures"].append(f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own kernels; "
-                                  "pass --allow-torch-ops (allow_torch_ops=True) to accept a mixed candidate")
+                                  "pass --allow-torch-ops (Sandbox(allow_torch_ops=True)) to accept a mixed candidate")
 
 
 def _json_or_none(path: Path) -> Any:
