@@ -146,6 +146,7 @@ def build_server(repo: str | None = None) -> MCPServer:
     server = MCPServer("modulelens", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
     _register_reading_tools(server, repo)
     _register_running_tools(server, repo)
+    _register_kernel_tools(server, repo)
     return server
 
 
@@ -252,6 +253,8 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,
                                     timing=timing, store=store, timeout_s=timeout_s)
 
+
+def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
     @server.tool(annotations=_RUNS_CANDIDATE)
     @_one_line_errors
     def verify_kernel(

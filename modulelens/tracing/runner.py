@@ -48,7 +48,7 @@ class RunConfig:
     ranks: str = "0"
     strict: bool = False
     tags: list[str] = field(default_factory=list)
-    backward: bool = False  # also record gradients (capture(backward=True))
+    backward: bool = False  # also record gradients (Recording(backward=True))
     shape_only_over: int | None = None  # PayloadPolicy: bigger call tensors are stored shape-only
     max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
     list_modules: bool = False  # report the module tree of the first model called, then end the job
