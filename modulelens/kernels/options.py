@@ -1,7 +1,9 @@
 """The option groups of :func:`modulelens.kernels.verify_kernel` (timing is a :class:`TimingConfig`).
 
-Like httpx's ``Timeout`` and ``Limits``: each group is frozen, checked when it is built, and shared
-by the Python API, the CLI and the MCP server, so the three cannot disagree on a default.
+Like httpx's ``Timeout`` and ``Limits``: each group is frozen and checked when it is built; the CLI
+and the MCP server build them from their flags, so every surface validates the same way (a test
+pins the CLI's defaults to these). This module imports torch (through ``problems``), so the CLI
+repeats the defaults as literals rather than importing them at ``--help`` time.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The option groups of :class:`modulelens.capture`: which calls are recorded, how much is stored.
 
 Like httpx's ``Timeout`` and ``Limits``: each group is frozen and checked when it is built, so a
-bad value fails before the job runs, and ``capture``, the tracer and ``modulelens run`` share one
-definition of each default.
+bad value fails before the job runs; ``capture``, the tracer and the ``modulelens run`` bootstrap
+(``RunConfig.recording()``) all take these objects, so the checks live in one place.
 """
 
 from __future__ import annotations

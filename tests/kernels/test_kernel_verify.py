@@ -345,3 +345,17 @@ def test_option_groups_refuse_bad_values_when_built(repo: str) -> None:
     assert KernelChecks(calls=[1, 0]).calls == (1, 0)
     with pytest.raises(UsageError, match="fixed number of trials"):
         verify_kernel("km/act", CANDIDATES / "scaled_gelu.py", repo=repo, timing=modulelens.TimingConfig(iters=None))
+
+
+def test_cli_defaults_are_the_option_groups_defaults() -> None:
+    """The CLI repeats the defaults as literals (importing the groups would import torch at --help)."""
+    import inspect
+
+    from modulelens.interfaces.cli.kernel import kernel_verify_cmd
+    from modulelens.kernels.options import KERNEL_TIMING
+
+    cli = {name: p.default for name, p in inspect.signature(kernel_verify_cmd).parameters.items()}
+    checks, sandbox = KernelChecks(), Sandbox()
+    assert (cli["max_calls"], cli["random"], cli["seed"]) == (checks.max_calls, checks.random_samples, checks.seed)
+    assert (cli["timeout"], cli["warmup"], cli["trials"]) == (sandbox.timeout, KERNEL_TIMING.warmup, KERNEL_TIMING.iters)
+    assert (cli["allow_torch_ops"], cli["rtol"], cli["atol"]) == (sandbox.allow_torch_ops, checks.rtol, checks.atol)

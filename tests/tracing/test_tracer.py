@@ -11,6 +11,7 @@ from torch import nn
 
 import modulelens
 from modulelens.errors import UsageError
+from modulelens.tracing.runner import RunConfig
 from modulelens.tracing.tracer import Tracer
 
 
@@ -37,6 +38,7 @@ def test_option_groups_refuse_bad_values_before_the_job_runs() -> None:
     with pytest.raises(UsageError, match=r"PayloadPolicy\(max_bytes=...\) must be a number of bytes"):
         modulelens.PayloadPolicy(max_bytes=-1)
     assert modulelens.Recording(ranks=[2, 0]).ranks == (0, 2) and modulelens.Recording(ranks="all").ranks == "all"
+    assert RunConfig(targets=["x"]).recording() == modulelens.Recording()  # `modulelens run` defaults are capture's
 
 
 def test_early_stop_removes_every_hook_and_fires_on_complete(repo: modulelens.Repo) -> None:
