@@ -271,7 +271,7 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
         random inputs in worker processes with a timeout; ``passed`` false is a result."""
-        from modulelens.kernels.options import KernelChecks, Sandbox
+        from modulelens.kernels.options import CandidatePolicy, KernelChecks
         from modulelens.kernels.verify import verify_kernel as run_verify_kernel
 
         _check_candidate_path(candidate)
@@ -279,7 +279,7 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
         store_repo = session.open_repo(repo)
         name, version = session.resolve(store_repo, ref)
         return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, device=device,
-                                         checks=checks, sandbox=Sandbox(timeout=timeout_s), store=store))
+                                         checks=checks, policy=CandidatePolicy(timeout=timeout_s), store=store))
 
     @server.tool(annotations=_WRITES_FILES)
     @_one_line_errors

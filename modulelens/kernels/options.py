@@ -63,7 +63,7 @@ class KernelChecks:
 
 
 @dataclass(frozen=True)
-class Sandbox:
+class CandidatePolicy:
     """How long the worker processes may run, and which static-check findings are accepted.
 
     Args:
@@ -79,7 +79,7 @@ class Sandbox:
 
     Example::
 
-        verify_kernel("ranker/top_mlp:v3", "kernel.py", sandbox=Sandbox(timeout=60, allow_torch_ops=True))
+        verify_kernel("ranker/top_mlp:v3", "kernel.py", policy=CandidatePolicy(timeout=60, allow_torch_ops=True))
     """
 
     timeout: float = DEFAULT_TIMEOUT

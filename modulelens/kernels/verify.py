@@ -42,7 +42,7 @@ import torch.utils._pytree as pytree
 from modulelens.errors import CandidateError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.kernels.exchange import load_tensors, save_tensors
-from modulelens.kernels.options import KERNEL_TIMING, KernelChecks, Sandbox
+from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
 from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
@@ -128,7 +128,7 @@ def verify_kernel(
     entry: str = "auto",
     checks: KernelChecks = KernelChecks(),
     timing: TimingConfig = KERNEL_TIMING,
-    sandbox: Sandbox = Sandbox(),
+    policy: CandidatePolicy = CandidatePolicy(),
     store: bool = True,
 ) -> KernelReport:
     """Verify a kernel candidate file against capture ``ref`` and store the report.
@@ -142,7 +142,7 @@ def verify_kernel(
         checks: which calls and random inputs are checked, seed and tolerances (:class:`KernelChecks`).
         timing: ``warmup`` untimed calls and ``iters`` timed trials on CUDA (a fixed ``iters`` is
             required: reference and candidate are timed alike).
-        sandbox: process timeouts and accepted static-check findings (:class:`Sandbox`).
+        policy: process timeouts and accepted static-check findings (:class:`CandidatePolicy`).
         store: store the report with the capture version.
 
     Returns:
@@ -156,7 +156,7 @@ def verify_kernel(
     Example::
 
         report = verify_kernel("ranker/top_mlp:v3", "kernel.py", checks=KernelChecks(max_calls=2),
-                               sandbox=Sandbox(timeout=60))
+                               policy=CandidatePolicy(timeout=60))
         print(report)                  # PASS/FAIL, failures, speedup
         assert report.passed, report.failures
     """
@@ -172,9 +172,9 @@ def verify_kernel(
     source, origin = read_candidate(candidate)
     positions = select_calls(capture, checks.calls, checks.max_calls, same_state=False)
     output_dtypes = _output_dtypes(capture, positions)
-    static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=sandbox.allow)
+    static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=policy.allow)
     settings = _Settings(device=device or ("cuda" if torch.cuda.is_available() else "cpu"), entry=entry,
-                         checks=checks, warmup=timing.warmup, trials=timing.iters, sandbox=sandbox,
+                         checks=checks, warmup=timing.warmup, trials=timing.iters, policy=policy,
                          backend=static.backend, candidate_home=Path(candidate).expanduser().absolute().parent)
     report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings)
     for finding in static.errors:
@@ -203,7 +203,7 @@ class _Settings:
     checks: KernelChecks
     warmup: int
     trials: int
-    sandbox: Sandbox
+    policy: CandidatePolicy
     backend: str
     candidate_home: Path | None
 
@@ -214,7 +214,7 @@ class _Settings:
 
 def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str, origin: str, static: Any,
                 output_dtypes: list[str], settings: _Settings) -> dict[str, Any]:
-    checks, sandbox = settings.checks, settings.sandbox
+    checks, policy = settings.checks, settings.policy
     return {
         "schema": SCHEMA,
         "kind": "kernel",
@@ -229,11 +229,11 @@ def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str
         "static": static.to_dict(),
         "tolerances": tolerance_table(output_dtypes or ["float32"], checks.rtol, checks.atol),
         "tolerance_overrides": {"rtol": checks.rtol, "atol": checks.atol},
-        "settings": {"device": settings.device, "timeout_s": sandbox.timeout,
-                     "reference_timeout_s": sandbox.reference_seconds, "max_calls": checks.max_calls,
+        "settings": {"device": settings.device, "timeout_s": policy.timeout,
+                     "reference_timeout_s": policy.reference_seconds, "max_calls": checks.max_calls,
                      "random_samples": checks.random_samples, "seed": checks.seed, "warmup": settings.warmup,
-                     "trials": settings.trials, "entry": settings.entry, "allow": list(sandbox.allow),
-                     "allow_torch_ops": sandbox.allow_torch_ops},
+                     "trials": settings.trials, "entry": settings.entry, "allow": list(policy.allow),
+                     "allow_torch_ops": policy.allow_torch_ops},
         "runtime": {"device": settings.device, "triton_interpret": not settings.timing_on},
         "samples": [],
         "checks": {},
@@ -263,7 +263,7 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
     result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
     _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
     _runtime_checks(report, result)
-    _torch_ops_check(report, result, settings.sandbox.allow_torch_ops)
+    _torch_ops_check(report, result, settings.policy.allow_torch_ops)
     if settings.timing_on:
         _timing(report, info, result)
     else:
@@ -285,7 +285,7 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
         "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
     run = run_isolated([sys.executable, "-m", "modulelens.kernels.worker_reference", str(spec_path)],
                        env=worker_env(settings.device, candidate=False), cwd=Path.cwd(),
-                       timeout=settings.sandbox.reference_seconds, logs=workdir / "reference-logs")
+                       timeout=settings.policy.reference_seconds, logs=workdir / "reference-logs")
     report["runtime"]["reference_process"] = {k: v for k, v in run.items() if k != "stdout_tail"}
     if run["timed_out"] or run["returncode"] != 0 or not (ref_out / "reference.json").exists():
         why = "timed out" if run["timed_out"] else f"exited with {run['returncode']}"
@@ -348,7 +348,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
         env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
     command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
                str(_CANDIDATE_WORKER), str(spec_path)]
-    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.sandbox.timeout, logs=workdir / "candidate-logs")
+    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.policy.timeout, logs=workdir / "candidate-logs")
     report["runtime"]["candidate_process"] = dict(run)
     progress = _json_or_none(cand_out / "progress.json") or {}
     result = _json_or_none(cand_out / "candidate.json")
@@ -356,7 +356,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
         phase = progress.get("phase", "start")
         where = f"while running {progress['sample']}" if phase == "call" else (
             f"during {phase}" + (f" of {progress['sample']}" if progress.get("sample") else ""))
-        failures.append(f"the candidate timed out after {settings.sandbox.timeout:g} s (killed {where})")
+        failures.append(f"the candidate timed out after {settings.policy.timeout:g} s (killed {where})")
     elif result is None:
         failures.append(f"the candidate process died (exit {run['returncode']}) during {progress.get('phase', 'start')}: "
                         f"{run['stderr_tail'][-600:].strip()}")
@@ -395,7 +395,7 @@ def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bo
         report["notes"].append(f"the candidate runs heavy ops through PyTorch ({ops}); accepted (allow_torch_ops)")
     else:
         report["failures"].append(f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own kernels; "
-                                  "pass --allow-torch-ops (Sandbox(allow_torch_ops=True)) to accept a mixed candidate")
+                                  "pass --allow-torch-ops (CandidatePolicy(allow_torch_ops=True)) to accept a mixed candidate")
 
 
 def _json_or_none(path: Path) -> Any:
