@@ -31,7 +31,8 @@ def capture_group(group: str, repo: str, only: set[str] | None) -> dict[str, dic
             patterns = {label: root if t == "*root*" else t for label, t in scenario.targets.items()}
             with warnings.catch_warnings():
                 warnings.simplefilter("error", modulelens.CaptureWarning)  # a dropped target is an error
-                with modulelens.capture(model, targets=sorted(set(patterns.values())), repo=repo, name=f"zoo/{scenario.name}", strict=True,
+                with modulelens.capture(model, targets=sorted(set(patterns.values())), repo=repo,
+                                        name=f"zoo/{scenario.name}", strict=True,
                                         record=modulelens.Recording(max_calls=scenario.max_calls)) as cap:
                     scenario.drive(model)
             saved = {info.name: info.ref for info in cap.saved}

@@ -45,8 +45,9 @@ def test_early_stop_removes_every_hook_and_fires_on_complete(repo: modulelens.Re
     model = Tower()
     before = _all_hooks(model)
     fired = []
-    with modulelens.capture(model, targets=["blocks.*.0", "head"], repo=repo, on_complete=lambda t: fired.append(_all_hooks(model)),
-                            record=modulelens.Recording(warmup=2, max_calls=2)) as cap:
+    with modulelens.capture(model, targets=["blocks.*.0", "head"], repo=repo,
+                            record=modulelens.Recording(warmup=2, max_calls=2),
+                            on_complete=lambda t: fired.append(_all_hooks(model))) as cap:
         assert _all_hooks(model) == before + 8
         for _step in range(3):
             model(torch.randn(2, 8))
