@@ -249,7 +249,7 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         """Run a candidate implementation on every recorded call, in a child process with a timeout,
         and compare with the recorded outputs. ``passed`` false is a result, with ``failures``."""
         _check_candidate_path(candidate)
-        session.resolve(session.open_repo(repo), ref)  # an unknown ref fails here, with suggestions
+        session.resolve(*session.open_ref(ref, repo))  # an unknown ref fails here, with suggestions
         return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,
                                     timing=timing, store=store, timeout_s=timeout_s)
 
@@ -276,7 +276,7 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
 
         _check_candidate_path(candidate)
         checks = KernelChecks(calls=calls, random_samples=random_samples, seed=seed, rtol=rtol, atol=atol)
-        store_repo = session.open_repo(repo)
+        store_repo, ref = session.open_ref(ref, repo)
         name, version = session.resolve(store_repo, ref)
         return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, device=device,
                                          checks=checks, policy=CandidatePolicy(timeout=timeout_s), store=store))

@@ -22,7 +22,6 @@ from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, RepoOpt, TrustOpt
 from modulelens.interfaces.output import console, emit, err_console
-from modulelens.interfaces.session import open_repo as _repo
 
 app = typer.Typer()
 
@@ -262,8 +261,8 @@ def agent_cmd(
     from modulelens.kernels.process import worker_env
     from modulelens.kernels.verify import verify_kernel
 
-    store = _repo(repo)
-    name, version = store.resolve(ref)
+    store, ref = session.open_ref(ref, repo)
+    name, version = session.resolve(store, ref)
     directory = output or Path("kernel-problems") / f"{name.replace('/', '__')}-v{version}"
     exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=session.parse_int_list(calls, "--calls"),
                                   overwrite=force or (directory / "manifest.json").exists())
