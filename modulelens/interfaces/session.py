@@ -57,6 +57,8 @@ def open_ref(ref: str, repo: str | Repo | None = None) -> tuple[Repo, str]:
     Raises:
         MissingDependencyError, RemoteRepoError: a ``wandb://`` ref without the SDK or the network.
     """
+    from modulelens.repo.local import Repo
+
     if ref.startswith("wandb://"):
         from modulelens.repo.wandb_registry import resolve_wandb_ref
 

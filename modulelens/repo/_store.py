@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,10 @@ class ObjectStore:
             # Listings must never come from a cache: version numbers and locks are decided on them.
             # (The filesystem instance itself is shared: building an S3 client costs ~1 s of CPU.)
             options.setdefault("use_listings_cache", False)
+            # fsspec reuses a filesystem made with the same arguments; naming the endpoint keeps a
+            # process that changes AWS_ENDPOINT_URL from talking to the old server (seen in tests).
+            if os.environ.get("AWS_ENDPOINT_URL") and "endpoint_url" not in options.get("client_kwargs", {}):
+                options.setdefault("endpoint_url", os.environ["AWS_ENDPOINT_URL"])
         try:
             self.fs, base = fsspec.core.url_to_fs(url, **options)
         except ImportError as error:

@@ -448,6 +448,14 @@ class Repo:
             self._store_payloads(metadata, payloads)
             return self._commit(name, metadata)
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold off gc while blobs are copied in and then committed (push/pull): gc must not take
+        a blob written here for garbage before the version that references it exists. Here the
+        repo lock, shared (as a save holds it); a remote repo holds a lease."""
+        with self._lock(exclusive=False):
+            yield
+
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         """Make a new version of ``name`` whose payloads are all already stored (push/pull).
 

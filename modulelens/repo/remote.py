@@ -477,6 +477,14 @@ class RemoteRepo(Repo):
             # may have run and removed a blob this save found present. Take a new lease and check
             # again (blobs already there are skipped).
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A lease for the whole of a push's copy (blobs, then the commit), so that gc waits for it
+        instead of collecting its blobs before they are referenced (see :meth:`Repo.writing`)."""
+        self._require_online("write")
+        with self._lease():
+            yield
+
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         validate_name(name)
         self._require_online(f"save {name}")

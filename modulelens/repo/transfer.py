@@ -90,10 +90,11 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
             report.present.append(f"{name}:v{existing[key]}")
             target_version = existing[key]
         else:
-            _copy_blobs(source, target, name, version, meta, report)
             if record_origin:
                 meta["origin"] = {"repo": source.location, "ref": f"{name}:v{version}"}
-            committed = target.commit_version(name, meta)
+            with target.writing():  # gc waits: the blobs are unreferenced until the commit
+                _copy_blobs(source, target, name, version, meta, report)
+                committed = target.commit_version(name, meta)
             report.versions.append(committed)
             target_version = committed.version
             existing[key] = target_version
