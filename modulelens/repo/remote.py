@@ -150,6 +150,14 @@ class RemoteRepo(Repo):
 
     _unreachable = False
 
+    @property
+    def _held_leases(self) -> threading.local:
+        """The lease this thread holds, if any (see :meth:`_lease`)."""
+        local = self.__dict__.get("_lease_local")
+        if local is None:
+            local = self.__dict__.setdefault("_lease_local", threading.local())
+        return local
+
     def __repr__(self) -> str:
         return f"Repo({self.url!r})"
 
@@ -473,6 +481,7 @@ class RemoteRepo(Repo):
                 self._store_payloads(metadata, payloads)
                 if not lease.lapsed:
                     return self._commit(name, metadata)
+                _renewable(lease, self.url)
             # The lease went unrenewed for half its TTL (a stalled process, a slow server): a gc
             # may have run and removed a blob this save found present. Take a new lease and check
             # again (blobs already there are skipped).
@@ -495,6 +504,7 @@ class RemoteRepo(Repo):
                         raise CorruptCaptureError(f"payload {digest} is missing from {self.url}")
                 if not lease.lapsed:  # else a gc may have run meanwhile: check again (see save_version)
                     return self._commit(name, metadata)
+                _renewable(lease, self.url)
 
     def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         """Create ``versions/<N>/capture.json`` with a conditional write; the server lets one of
@@ -640,7 +650,14 @@ class RemoteRepo(Repo):
     def _lease(self, wait_s: float = 600.0) -> Iterator[_Heartbeat]:
         """A save's lease: write ``locks/save-<id>``, then make sure no gc runs (else step back and
         wait). gc writes its lock before looking for leases, so one of the two always sees the other.
-        The lease is rewritten every TTL/4 s until the save ends (see :class:`_Heartbeat`)."""
+        The lease is rewritten every TTL/4 s until the save ends (see :class:`_Heartbeat`).
+        Re-entrant per thread: a commit inside :meth:`writing` uses the lease already held (a
+        second one would wait for a gc that itself waits for the first: a deadlock)."""
+        held = getattr(self._held_leases, "current", None)
+        if held is not None:
+            held.outer = True
+            yield held
+            return
         key = self.store.key("locks", f"save-{uuid.uuid4().hex}")
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         deadline = time.monotonic() + wait_s
@@ -654,9 +671,11 @@ class RemoteRepo(Repo):
                 raise RepoBusyError(f"{self.url}: gc has been running for over {wait_s:.0f} s; try again later")
             time.sleep(0.2)
         heartbeat = _Heartbeat(self.store, key, body)
+        self._held_leases.current = heartbeat
         try:
             yield heartbeat
         finally:
+            self._held_leases.current = None
             heartbeat.stop()  # before the delete: a late renewal must not bring the lease back
             self.store.delete([key])
 
@@ -695,6 +714,14 @@ class RemoteRepo(Repo):
             self.store.delete([key])
 
 
+def _renewable(lease: _Heartbeat, url: str) -> None:
+    """A lapsed lease is given up and taken anew, unless it is an outer one (:meth:`RemoteRepo.writing`)
+    that this thread cannot give up here: then the write stops, with nothing committed."""
+    if lease.outer:
+        raise RemoteRepoError(f"{url}: the write lease went unrenewed (stalled process or server); a gc may "
+                              "have run meanwhile, so nothing was committed; run the push again")
+
+
 class _Heartbeat:
     """Rewrites a lock object every TTL/4 s from a thread, so that its age (by the server's clock)
     tells a live holder from a crashed one within one TTL.
@@ -707,6 +734,7 @@ class _Heartbeat:
         self.store, self.key, self.body = store, key, body
         self.ttl = lease_ttl()
         self.renewed = time.monotonic()
+        self.outer = False  # reused by a nested write (see _renewable)
         self._stop = threading.Event()
         # A daemon: it only renews, and stop() joins it; at exit an unrenewed lease just expires.
         self._thread = threading.Thread(target=self._run, name="modulelens-lease", daemon=True)
