@@ -108,8 +108,12 @@ def default_repo_path() -> Path:
     return Path(cache) / "modulelens" / "repo"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class VersionInfo:
+    """One stored version, as a listing describes it: a snapshot (changing it changes nothing
+    stored). Not frozen: a frozen dataclass sets each field through ``object.__setattr__``, which
+    made building these 5x slower and a fifth of listing 2,000 versions (benchmarks/bench_repo.py)."""
+
     name: str
     version: int
     folder: str  # the version's folder (a str: building 2,000 Paths was most of a listing's time)
@@ -397,15 +401,22 @@ class Repo:
     def _version_dir(self, name: str, version: int) -> Path:
         return self._name_dir(name) / "versions" / str(version)
 
-    def _index(self, name: str) -> NameIndex:
-        return NameIndex(self._name_dir(name), lambda v: self.read_metadata(name, v), self._atomic_write)
-
     def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The name's summary (repo/index.py), kept in memory while the folders do not change."""
+        return self._summary_in(name, f"{self.root}/names/{quote(validate_name(name), safe='')}", fresh)
+
+    def _summary_in(self, name: str, name_dir: str, fresh: dict[int, dict[str, Any]] | None = None, *,
+                    keep: bool = True) -> dict[str, Any]:
+        """:meth:`_summary` of ``name`` whose folder ``name_dir`` is known (a listing found it, so
+        the name is not validated and quoted again: a tenth of a listing's time). ``keep=False``:
+        not kept in memory (a walk over every name keeps nothing it will not ask for again; keeping
+        2,000 versions' summaries alive made the garbage collector a sixth of a listing)."""
         if "_summaries" not in self.__dict__:
             self._summaries = {}
-        summary = self._index(name).read(self._summaries.get(name), fresh)
-        self._summaries[name] = summary
+        index = NameIndex(name_dir, lambda v: self.read_metadata(name, v), self._atomic_write)
+        summary = index.read(self._summaries.get(name), fresh)
+        if keep:
+            self._summaries[name] = summary
         return summary
 
     def _quoted_names(self) -> list[str]:
@@ -415,8 +426,15 @@ class Repo:
         except FileNotFoundError:
             return []
 
+    def _name_summaries(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+        """``(name, folder, summary)`` of every name folder, in name order (what list, names and gc walk)."""
+        names_dir = f"{self.root}/names"
+        for name, quoted in sorted((_unquote_name(q), q) for q in self._quoted_names()):
+            name_dir = f"{names_dir}/{quoted}"
+            yield name, name_dir, self._summary_in(name, name_dir, keep=False)
+
     def names(self) -> list[str]:
-        return sorted(n for n in map(unquote, self._quoted_names()) if self._summary(n)["versions"])
+        return [name for name, _, summary in self._name_summaries() if summary["versions"]]
 
     @staticmethod
     def _version_numbers(name_dir: Path) -> list[int]:
@@ -556,28 +574,32 @@ class Repo:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
         return self._infos(name, summary, [version])[0]
 
-    def _infos(self, name: str, summary: dict[str, Any], versions: list[int] | None = None) -> list[VersionInfo]:
+    def _infos(self, name: str, summary: dict[str, Any], versions: list[int] | None = None, *,
+               name_dir: str | None = None) -> list[VersionInfo]:
+        """VersionInfos of ``versions`` (default: all) of ``name``, from its summary (``name_dir``:
+        its folder, when the caller knows it)."""
         entries = summary["versions"]
-        by_version: dict[int, list[str]] = {}
+        by_version: dict[int, tuple[str, ...]] = {}
         for alias, number in sorted(summary["aliases"].items()):
-            by_version.setdefault(number, []).append(alias)
-        latest = int(next(reversed(entries))) if entries else None
-        folder = f"{self.root}/names/{quote(name, safe='')}/versions/"
+            by_version[number] = (*by_version.get(number, ()), alias)
+        latest = next(reversed(entries), None)
+        if latest is not None:
+            by_version[int(latest)] = (LATEST, *by_version.get(int(latest), ()))
+        folder = f"{name_dir or f'{self.root}/names/' + quote(name, safe='')}/versions/"
+        chosen = entries.items() if versions is None else [(str(v), entries[str(v)]) for v in versions]
         infos = []
-        for number in versions if versions is not None else map(int, entries):
-            entry = entries[str(number)]
-            aliases = tuple(by_version.get(number, ()))
+        for key, entry in chosen:  # the hot loop of a listing: one VersionInfo per version
+            number = int(key)
             infos.append(VersionInfo(
-                name=name, version=number, folder=folder + str(number), created=entry["created"],
-                tags=tuple(entry["tags"]), aliases=(LATEST, *aliases) if number == latest else aliases,
-                nbytes=entry["nbytes"], module_class=entry["module_class"], calls=entry["calls"],
-                problem=entry.get("problem"),
-            ))
+                name, number, folder + key, entry["created"], tuple(entry["tags"]), by_version.get(number, ()),
+                entry["nbytes"], entry["module_class"], entry["calls"], entry.get("problem")))
         return infos
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
-        names = [validate_name(name)] if name else sorted(map(unquote, self._quoted_names()))
-        return [info for n in names for info in self._infos(n, self._summary(n))]
+        if name:
+            return self._infos(name, self._summary(name))
+        return [info for name, name_dir, summary in self._name_summaries()
+                for info in self._infos(name, summary, name_dir=name_dir)]
 
     # ---------------------------------------------------------------------------------- aliases
 
@@ -659,8 +681,8 @@ class Repo:
         report = GcReport(dry_run=dry_run)
         with self._lock(exclusive=True):
             referenced: set[str] = set()
-            for name in map(unquote, self._quoted_names()):
-                for entry in self._summary(name)["versions"].values():
+            for _name, _dir, summary in self._name_summaries():
+                for entry in summary["versions"].values():
                     referenced.update(entry["blobs"])
             referenced_hex = {digest.partition(":")[2] for digest in referenced}
             for blob in self._blob_files():
@@ -742,6 +764,13 @@ class Repo:
                 with contextlib.suppress(ValueError, OSError):
                     found.append({"path": str(path), **json.loads(path.read_text())})
         return found
+
+
+def _unquote_name(quoted: str) -> str:
+    """The name of a ``names/`` folder. A valid name quotes to letters, digits, ``._-`` and ``%2F``
+    (its slashes), so a plain replace does; ``unquote`` only for anything else."""
+    plain = quoted.replace("%2F", "/")
+    return plain if "%" not in plain else unquote(quoted)
 
 
 def _writer_alive(staging_name: str) -> bool:
