@@ -30,7 +30,6 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,6 @@ from urllib.parse import quote, unquote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
-from modulelens.format.validate import validate_capture
 from modulelens.repo.index import NameIndex, version_entry
 from modulelens.repo.markers import MARK_MIN_BYTES, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
@@ -145,6 +143,8 @@ class VersionInfo:
 
 @dataclass
 class GcReport:
+    """What :meth:`Repo.gc` removed (or, with ``dry_run``, would remove) and kept."""
+
     removed_blobs: int = 0
     freed_bytes: int = 0
     kept_blobs: int = 0
@@ -512,6 +512,8 @@ class Repo:
         # Pipeline: a worker thread hashes payload k+1 (blake3 itself uses every core for large
         # payloads) while this thread writes payload k; both release the GIL, so a save costs
         # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
+        from concurrent.futures import ThreadPoolExecutor  # here: listing a repo does not need threads
+
         items = list(payloads.items())
         try:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
@@ -565,6 +567,8 @@ class Repo:
             data = json.loads(text)
         except (ValueError, RecursionError) as error:
             raise CorruptCaptureError(f"{path} is not valid JSON (truncated or damaged): {error}") from None
+        from modulelens.format.validate import validate_capture  # here: `ls` starts without the validator
+
         validate_capture(data, str(path))
         return data
 
