@@ -65,8 +65,8 @@ class _LazyCommands(GivenValues, TyperGroup):
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         for name, sub, group in _entries(stop=cmd_name):
-            if name == cmd_name and group:
-                return typer.main.get_command(sub)
+            if name == cmd_name and group:  # a group even when it holds one command (agent install)
+                return typer.main.get_group(sub)
             if name == cmd_name:  # build this command only, not its module's others
                 [info] = [i for i in sub.registered_commands if i.name == name]
                 return typer.main.get_command_from_info(
