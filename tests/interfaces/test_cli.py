@@ -163,6 +163,9 @@ def test_help_lists_every_command_and_each_resolves() -> None:
         assert command is not None and command.name == name
         assert f"\n  {name} " in listed, name
     assert group.get_command(None, "no-such-command") is None
+    typo = subprocess.run([PYTHON, "-m", "modulelens", "lss"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert typo.returncode == 2 and "No such command 'lss'. Did you mean 'ls'?" in typo.stderr
 
 
 def test_ls_on_a_narrow_terminal_drops_columns_not_the_ref(tmp_path: Path) -> None:

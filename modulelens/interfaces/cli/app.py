@@ -15,6 +15,7 @@ dependencies and rendering help through rich took about two thirds of a ``--help
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import sys
@@ -72,6 +73,15 @@ class _LazyCommands(GivenValues, TyperGroup):
                 return typer.main.get_command_from_info(
                     info, pretty_exceptions_short=sub.pretty_exceptions_short, rich_markup_mode=sub.rich_markup_mode)
         return None
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        # typer suggests close names from the commands it built up front; here they are found on demand
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in [n for n, _, _ in _entries(stop=name)]:
+            close = difflib.get_close_matches(name, self.list_commands(ctx))
+            if close:
+                ctx.fail(f"No such command {name!r}. Did you mean {', '.join(map(repr, close))}?")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """The command list of ``--help``, from the registrations: nothing is built for it."""
