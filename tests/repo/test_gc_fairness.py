@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
+import multiprocessing
+import threading
 import time
 from pathlib import Path
 
-from child_process import PYTHON, SUPPORT_DIR, subprocess_env
+import torch
+from busy_saver import save_until
+from torch import nn
 
 import modulelens
 
@@ -14,23 +17,34 @@ import modulelens
 def test_gc_finishes_while_processes_save_back_to_back(tmp_path: Path) -> None:
     # Four savers keep the shared lock held without a gap (measured: before the turnstile, gc was
     # still waiting after 100 s; with it, gc takes well under a second).
-    root = tmp_path / "repo"
-    stop = tmp_path / "stop"
-    modulelens.Repo(root)
-    savers = [subprocess.Popen([PYTHON, str(SUPPORT_DIR / "busy_saver.py"), str(root), f"n{i}", str(stop)],
-                               stdout=subprocess.PIPE, text=True, env=subprocess_env()) for i in range(4)]
+    root, stop = tmp_path / "repo", tmp_path / "stop"
+    module = nn.Linear(1024, 1024)  # a 4 MiB weight: each save holds the lock while it writes it
+    with modulelens.capture(module, targets="Linear", repo=root, name="template", strict=True) as cap:
+        module(torch.randn(2, 1024))
+    ready = [str(tmp_path / f"ready-{i}") for i in range(4)]
+    context = multiprocessing.get_context("fork")  # torch is imported already: a saver starts at once
+    savers = [context.Process(target=save_until, args=(str(root), f"n{i}", str(stop), cap.saved[0].ref, ready[i]))
+              for i in range(4)]
+    for saver in savers:
+        saver.start()
     try:
-        for saver in savers:
-            assert saver.stdout.readline().strip() == "saving"
+        deadline = time.monotonic() + 60
+        while not all(Path(r).exists() for r in ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(1.0)
-        start = time.perf_counter()
-        report = modulelens.Repo(root).gc(tmp_age_s=0)
-        took = time.perf_counter() - start
+        reports: list[modulelens.repo.local.GcReport] = []
+        gc = threading.Thread(target=lambda: reports.append(modulelens.Repo(root).gc(tmp_age_s=0)))
+        gc.start()
+        gc.join(20)  # the bound; a starved gc finishes only once the savers stop
     finally:
         stop.touch()
-        counts = [int(saver.communicate(timeout=120)[0].strip() or 0) for saver in savers]
-    assert took < 20, f"gc waited {took:.1f} s for back-to-back saves"
-    assert report.kept_blobs > 0 and all(count > 0 for count in counts)
-    # gc in the middle of the saves lost none of them (plus each saver's first capture), and freed nothing
-    assert len(modulelens.Repo(root).list()) == sum(counts) + len(savers)
+        for saver in savers:
+            saver.join(120)
+    assert reports, "gc was still waiting after 20 s of back-to-back saves"
+    gc.join()
+    report = reports[0]
+    counts = [int(Path(r + ".count").read_text()) for r in ready]
+    assert all(count > 0 for count in counts)
+    # gc in the middle of the saves lost none of them (plus the template), and freed nothing
+    assert len(modulelens.Repo(root).list()) == sum(counts) + 1
     assert report.removed_blobs == 0

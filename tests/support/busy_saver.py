@@ -1,45 +1,35 @@
-"""Run by the tests: saves one capture into a repo back to back until a stop file appears, so that
-at any moment one save or another holds the repo's shared lock (what starved gc, issue 12)."""
+"""Saves copies of a capture (a new 4 MiB weight each time) into a repo back to back until a stop
+file appears, so that at any moment one save or another holds the repo's shared lock (what starved
+gc, issue 12). Run in processes forked by the tests."""
 
 from __future__ import annotations
 
 import json
-import sys
+import os
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 import modulelens
-from modulelens.format.tensors import dtype_from_name, tensor_bytes
 
 
-def main() -> None:
-    root, name, stop = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+def save_until(root: str, name: str, stop: str, template: str, ready: str) -> None:
+    """Save ``template`` (a ref in ``root``) as ``name`` until ``stop`` exists; then write the
+    number of saves to ``ready`` + ``.count`` (``ready`` is created once saving starts)."""
     repo = modulelens.Repo(root)
-    module = nn.Linear(1024, 1024)  # a 4 MiB weight: each save holds the lock while it writes
-    with modulelens.capture(module, targets="Linear", repo=repo, name=name, strict=True) as cap:
-        module(torch.randn(2, 1024))
-    meta = repo.read_metadata(*repo.resolve(cap.saved[0].ref))
+    meta = repo.read_metadata(*repo.resolve(template))
     reader = repo.payloads(meta)
-    payloads = {tid: bytes(tensor_bytes(reader.open_tensor(e, dtype_from_name(e["dtype"]))))
-                for tid, e in meta["tensors"].items() if e.get("payload")}
-    meta.pop("packs", None)
+    payloads = {tid: reader.read_bytes(e) for tid, e in meta["tensors"].items() if e.get("payload")}
+    meta.pop("packs", None)  # filled in again by each save
     for entry in meta["tensors"].values():
         entry.pop("pack", None)
+    largest = max(payloads, key=lambda t: len(payloads[t]))
     saves = 0
-    print("saving", flush=True)
-    while not stop.exists():
+    Path(ready).touch()
+    while not os.path.exists(stop):
         copy = json.loads(json.dumps(meta))
-        copy["tags"] = [str(time.time_ns())]  # a distinct capture.json each time
-        big = bytearray(payloads[max(payloads, key=lambda t: len(payloads[t]))])
+        big = bytearray(payloads[largest])
         big[:8] = time.time_ns().to_bytes(8, "little")  # a new blob each time: real writes, no dedup
-        data = {tid: memoryview(big if len(p) == len(big) else p) for tid, p in payloads.items()}
-        repo.save_version(name, copy, data)
+        repo.save_version(name, copy, {**{t: memoryview(p) for t, p in payloads.items()}, largest: memoryview(big)})
         saves += 1
-    print(saves, flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    Path(ready + ".count").write_text(str(saves))
+    os._exit(0)
