@@ -4,6 +4,8 @@ and safetensors, measured in the same run.
     python benchmarks/bench_save_load.py [--gib 1.0] [--repeat 3]
 
 save_s is the median of --repeat saves (rotating order, `sync` before each), save_best_s the best.
+modulelens flushes a save to the disk before returning; "safetensors + fsync" is the like-for-like
+baseline, and "modulelens (no fsync)" (MODULELENS_FSYNC=0) the like-for-like row for plain safetensors.
 "load to runnable" = from nothing in memory to a module object with its weights, as each user of
 each tool would write it:
   * torch:        m = Model(); m.load_state_dict(torch.load(f, weights_only=True))
@@ -55,16 +57,31 @@ def main() -> None:
         capture = modulelens.capture(model, targets="Big", repo=work / "repo", name="big")
         model(x)
         capture.stop()
+        def st_durable() -> None:
+            safetensors.torch.save_file(state, str(work / "w.safetensors"))
+            _flush(work / "w.safetensors")
+
+        def ml_volatile() -> None:
+            os.environ["MODULELENS_FSYNC"] = "0"
+            try:
+                save_records(capture.tracer, work / "repo", "big")
+            finally:
+                del os.environ["MODULELENS_FSYNC"]
+
+        # modulelens flushes each save to the disk before it returns (durable across power loss,
+        # repo/files.py); torch.save and safetensors do not, so each gets a row with a flush too.
         savers = {
             "torch": lambda: torch.save(state, work / "w.pt"),
             "safetensors": lambda: safetensors.torch.save_file(state, str(work / "w.safetensors")),
-            "modulelens": lambda: save_records(capture.tracer, work / "repo", "big"),  # hashing included
+            "safetensors + fsync": st_durable,
+            "modulelens (no fsync)": ml_volatile,
+            "modulelens": lambda: save_records(capture.tracer, work / "repo", "big"),  # hashing + fsync included
         }
         save_times: dict[str, list[float]] = {k: [] for k in savers}
         for r in range(args.repeat):
             # rotate the order and start each save with no dirty pages, so that no tool pays for
             # another's writeback
-            for label in list(savers)[r % 3:] + list(savers)[:r % 3]:
+            for label in list(savers)[r % len(savers):] + list(savers)[:r % len(savers)]:
                 fresh()
                 os.sync()
                 save_times[label] += timed(savers[label], 1)
@@ -102,12 +119,15 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     ml_s, st_s, t_s = median(ml_save), median(st_save), median(torch_save)
+    st_sync, ml_nosync = save_times["safetensors + fsync"], save_times["modulelens (no fsync)"]
     ml_l = rows_load["modulelens"][0]
     rows = [
         {"tool": "torch.save / torch.load", "save_s": t_s, "save_best_s": min(torch_save), "load_to_runnable_s": rows_load["torch.load"][0],
          "load_plus_forward_s": rows_load["torch.load"][1]},
         {"tool": "safetensors", "save_s": st_s, "save_best_s": min(st_save), "load_to_runnable_s": rows_load["safetensors"][0],
          "load_plus_forward_s": rows_load["safetensors"][1]},
+        {"tool": "safetensors + fsync", "save_s": median(st_sync), "save_best_s": min(st_sync)},
+        {"tool": "modulelens (no fsync)", "save_s": median(ml_nosync), "save_best_s": min(ml_nosync)},
         {"tool": "modulelens", "save_s": ml_s, "save_best_s": min(ml_save), "load_to_runnable_s": ml_l,
          "load_plus_forward_s": rows_load["modulelens"][1]},
     ]
@@ -115,6 +135,8 @@ def main() -> None:
         # the disk's writeback makes single saves noisy: the best of N shows each tool's own cost
         "save_best_vs_safetensors_best": min(ml_save) / min(st_save),
         "save_vs_safetensors": ml_s / st_s,
+        "save_vs_safetensors_fsync": ml_s / median(st_sync),
+        "save_no_fsync_vs_safetensors": median(ml_nosync) / st_s,
         "save_vs_torch_save": ml_s / t_s,
         "load_speedup_vs_torch_load": rows_load["torch.load"][0] / ml_l,
         "load_speedup_vs_torch_load_file_only": file_only / ml_l,
@@ -125,6 +147,16 @@ def main() -> None:
            {"weight_bytes": nbytes, "repeat": args.repeat, "torch_load_file_only_s": file_only, "ratios": ratios})
     for key, value in ratios.items():
         print(f"{key}: {value:.3g}")
+
+
+def _flush(path: Path) -> None:
+    """fsync a file and its folder, as a durable save does."""
+    for target, flags in ((path, os.O_RDONLY), (path.parent, os.O_RDONLY | os.O_DIRECTORY)):
+        fd = os.open(target, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 if __name__ == "__main__":

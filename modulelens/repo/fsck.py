@@ -40,7 +40,7 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CorruptCaptureError, InvalidNameError
 from modulelens.format.hashing import hash_bytes
 from modulelens.format.validate import validate_capture
-from modulelens.repo._files import open_regular, read_regular
+from modulelens.repo.files import open_regular, read_regular, write_new_file
 from modulelens.repo.index import SUMMARY_FILE, current_keys, damaged_entry
 from modulelens.repo.names import validate_alias, validate_name
 from modulelens.repo.packs import read_header, referenced_blobs
@@ -466,8 +466,7 @@ def _repair(repo: Repo, checker: _Checker, report: FsckReport) -> None:
         if version.broken:
             # The number stays used: a later save never takes a quarantined version's number.
             with contextlib.suppress(FileExistsError):
-                os.close(os.open(version.path.with_name(f"{version.number}.removed"),
-                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+                write_new_file(version.path.with_name(f"{version.number}.removed"), b"", mode=0o644)
             quarantine(version.path)
     for path, _ in checker.aliases:
         quarantine(path)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError
-from modulelens.repo._files import read_regular, require_dir
+from modulelens.repo.files import read_regular, require_dir
 from modulelens.repo.packs import referenced_blobs
 
 SUMMARY_FILE = "summary.json"

@@ -30,7 +30,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
@@ -40,9 +40,17 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.format.validate import validate_capture
-from modulelens.repo._files import create_new, open_regular, read_regular, require_dir
+from modulelens.repo.files import (
+    flush_and_rename,
+    flush_file,
+    flush_folder,
+    open_regular,
+    read_regular,
+    require_dir,
+    write_new_file,
+)
 from modulelens.repo.index import NameIndex, version_entry
-from modulelens.repo.markers import MARK_MIN_BYTES, sampled_check, write_marker
+from modulelens.repo.markers import MARK_MIN_BYTES, ChunkDigests, chunk_digests, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import PACK_BELOW, Payloads, referenced_blobs, store_packs
 from modulelens.repo.trust import set_trust_source, trusts_source
@@ -61,22 +69,6 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 _TOMBSTONE = ".removed"  # versions/<N>.removed: N was used by a version since removed
-
-
-def _write_preallocated(path: Path, data: memoryview) -> None:
-    """Write a new read-only file, reserving its blocks first: on ext4/xfs, `posix_fallocate`
-    makes a large write about twice as fast as letting the filesystem allocate as it goes
-    (measured: benchmarks/bench_save_load.py)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-    try:
-        if len(data) > (1 << 20) and hasattr(os, "posix_fallocate"):
-            with contextlib.suppress(OSError):  # not every filesystem supports it
-                os.posix_fallocate(fd, 0, len(data))
-        written = 0
-        while written < len(data):  # one write() moves at most ~2 GiB
-            written += os.write(fd, data[written:])
-    finally:
-        os.close(fd)
 
 
 def capture_json(metadata: dict[str, Any]) -> bytes:
@@ -283,11 +275,14 @@ class Repo:
         tmp.mkdir(exist_ok=True)
         return tmp / f"{os.getpid()}-{uuid.uuid4().hex}{suffix}"
 
-    def _atomic_write(self, target: Path, data: bytes | memoryview) -> None:
+    def _atomic_write(self, target: Path, data: bytes | memoryview, *, flush: bool = True) -> None:
+        """Replace ``target`` in one rename; ``flush=False`` for caches, which are rebuilt when lost."""
         tmp = self._tmp_path()
-        with os.fdopen(create_new(tmp), "wb") as handle:  # a new file, never through a planted link
-            handle.write(data)
-        os.replace(tmp, target)  # replaces a link at ``target`` itself, never what it points to
+        write_new_file(tmp, data, mode=0o644)
+        if flush:
+            flush_and_rename(tmp, target)
+        else:
+            os.replace(tmp, target)
 
     # ---------------------------------------------------------------------------------- blobs
 
@@ -297,19 +292,33 @@ class Repo:
             raise CorruptCaptureError(f"malformed payload hash {digest!r}")
         return self.root / "blobs" / hexdigest[:2] / hexdigest
 
-    def write_blob(self, digest: str, data: memoryview | bytes) -> bool:
-        """Store a payload under its hash; returns False when it was already there (dedup)."""
-        path = self.blob_path(digest)
-        if _is_regular(path):
-            return False  # a link or other entry planted there is replaced, never written through
-        path.parent.mkdir(exist_ok=True)
-        require_dir(path.parent)
-        tmp = self._tmp_path()
-        _write_preallocated(tmp, memoryview(data).cast("B"))
-        os.replace(tmp, path)
-        if len(data) >= MARK_MIN_BYTES:
-            write_marker(path)
+    def write_blob(self, digest: str, data: memoryview | bytes, *, chunks: ChunkDigests | None = None) -> bool:
+        """Store a payload under its hash, durably; returns False when it was already there (dedup).
+        ``chunks``: its marker's chunk hashes, when the caller computed them with the hash."""
+        if self.has_blob(digest):
+            return False
+        self._publish_blob(self._stage_blob(data), digest, chunks)
         return True
+
+    def _stage_blob(self, data: memoryview | bytes) -> tuple[Path | None, memoryview]:
+        view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+        tmp = self._tmp_path()
+        write_new_file(tmp, view)
+        return tmp, view
+
+    def _publish_blob(self, staged: tuple[Path | None, memoryview], digest: str, chunks: ChunkDigests | None,
+                      *, flush_folder_now: bool = True) -> Path | None:
+        """Flush a staged payload and rename it into ``blobs/``; then write its marker. Returns the
+        blob's path (``None`` where a subclass stores it elsewhere)."""
+        tmp, view = staged
+        assert tmp is not None
+        path = self.blob_path(digest)
+        path.parent.mkdir(exist_ok=True)
+        require_dir(path.parent)  # a shard folder planted as a link is refused, never written through
+        flush_and_rename(tmp, path, flush_target_folder=flush_folder_now)
+        if len(view) >= MARK_MIN_BYTES:
+            write_marker(path, chunks or chunk_digests(view))
+        return path
 
     def has_blob(self, digest: str) -> bool:
         return _is_regular(self.blob_path(digest))
@@ -427,7 +436,8 @@ class Repo:
         return self._name_dir(name) / "versions" / str(version)
 
     def _index(self, name: str) -> NameIndex:
-        return NameIndex(self._name_dir(name), lambda v: self.read_metadata(name, v), self._atomic_write)
+        return NameIndex(self._name_dir(name), lambda v: self.read_metadata(name, v),
+                         lambda target, data: self._atomic_write(target, data, flush=False))
 
     def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None, *,
                  persist: bool = False) -> dict[str, Any]:
@@ -519,25 +529,38 @@ class Repo:
         staging = self._tmp_path(".version")
         staging.mkdir()
         (staging / "reports").mkdir()
-        versions_dir = self._name_dir(name) / "versions"
-        versions_dir.mkdir(parents=True, exist_ok=True)
+        versions_dir = self._versions_folder(name)
         for _attempt in range(1000):
             version = self._highest_used(versions_dir) + 1
             metadata["version"] = version
             metadata["name"] = name
-            (staging / CAPTURE_FILE).write_bytes(capture_json(metadata))
+            capture_file = staging / CAPTURE_FILE
+            capture_file.unlink(missing_ok=True)
+            write_new_file(capture_file, capture_json(metadata), mode=0o644)
+            flush_file(capture_file)
+            flush_folder(staging)
             try:
                 os.rename(staging, versions_dir / str(version))
             except OSError as error:
                 if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     continue  # another writer took this number; take the next one
                 raise
+            flush_folder(versions_dir)  # the rename itself is what makes the version exist
             entry = version_entry(metadata)
             summary = self._summary(name, fresh={version: entry}, persist=True)
             if str(version) not in summary["versions"]:  # removed by a concurrent rm meanwhile: still saved
                 summary = {"versions": {str(version): entry}, "aliases": {}}
             return self._infos(name, summary, [version])[0]
         raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
+
+    def _versions_folder(self, name: str) -> Path:
+        """``names/<name>/versions``, created durably on a name's first save."""
+        versions_dir = self._name_dir(name) / "versions"
+        if not versions_dir.is_dir():
+            versions_dir.mkdir(parents=True, exist_ok=True)
+            for folder in (versions_dir.parent, versions_dir.parent.parent):
+                flush_folder(folder)
+        return versions_dir
 
     def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> None:
         """Hash and store every payload: small ones into packs, large ones as their own blobs."""
@@ -550,25 +573,37 @@ class Repo:
             store_packs(self, metadata, small)
 
     def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
-        # Pipeline: a worker thread hashes payload k+1 (blake3 itself uses every core for large
-        # payloads) while this thread writes payload k; both release the GIL, so a save costs
-        # about max(hash, write) rather than their sum (benchmarks/bench_save_load.py).
+        # A pipeline of three threads: the hashing thread hashes payload k+1 (blake3 itself uses
+        # every core for large payloads) while this thread writes payload k and the flushing thread
+        # waits for the disk to take payload k-1. All three release the GIL, so a save costs about
+        # the slowest of hashing, writing and flushing rather than their sum
+        # (benchmarks/bench_save_load.py).
         items = list(payloads.items())
         try:
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as pool:
-                digests = [pool.submit(hash_bytes, data) for _, data in items]
-                for (tid, data), digest in zip(items, digests, strict=False):
-                    entries[tid]["payload"] = digest.result()
-                    self.write_blob(entries[tid]["payload"], data)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as hasher, \
+                    ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-flush") as flusher:
+                fingerprints = [hasher.submit(_fingerprint, data) for _, data in items]
+                published: dict[str, Future[Path | None]] = {}
+                for (tid, data), fingerprint in zip(items, fingerprints, strict=True):
+                    digest, chunks = fingerprint.result()
+                    entries[tid]["payload"] = digest
+                    if digest not in published and not self.has_blob(digest):
+                        published[digest] = flusher.submit(self._publish_blob, self._stage_blob(data), digest, chunks,
+                                                           flush_folder_now=False)
+                paths = [future.result() for future in published.values()]
+                folders = {path.parent for path in paths if path is not None}
         except RuntimeError as error:
             # A save from an atexit handler (`modulelens run` saving what a job recorded before it
             # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
-            # after interpreter shutdown". Hash in this thread instead.
+            # after interpreter shutdown". Do each step in this thread instead.
             if "interpreter shutdown" not in str(error):
                 raise
             for tid, data in items:
-                entries[tid]["payload"] = hash_bytes(data)
-                self.write_blob(entries[tid]["payload"], data)
+                entries[tid]["payload"], chunks = _fingerprint(data)
+                self.write_blob(entries[tid]["payload"], data, chunks=chunks)
+            return
+        for folder in folders:
+            flush_folder(folder)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
         """``"name"``, ``"name:v3"``, ``"name:alias"`` -> ``(name, 3)``."""
@@ -720,7 +755,8 @@ class Repo:
         # A tombstone keeps the number used, so a later save never gets a removed version's
         # number (a ref someone noted down never silently means a different capture).
         with contextlib.suppress(FileExistsError):
-            os.close(create_new(folder.with_name(f"{version}{_TOMBSTONE}")))
+            write_new_file(folder.with_name(f"{version}{_TOMBSTONE}"), b"", mode=0o644)
+        flush_folder(folder.parent)
         trash = self._tmp_path(".trash")
         try:
             os.rename(folder, trash)  # disappears atomically; a link there is moved as a link
@@ -820,6 +856,12 @@ class Repo:
                 with contextlib.suppress(ValueError, OSError):
                     found.append({"path": str(path), **json.loads(path.read_text())})
         return found
+
+
+def _fingerprint(data: memoryview) -> tuple[str, ChunkDigests | None]:
+    """A payload's content hash, and its marker's chunk hashes when it gets a marker."""
+    view = memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
+    return hash_bytes(view), chunk_digests(view) if len(view) >= MARK_MIN_BYTES else None
 
 
 def _is_regular(path: Path) -> bool:

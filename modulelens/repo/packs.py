@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
-from modulelens.repo._files import open_regular
+from modulelens.repo.files import open_regular
 
 if TYPE_CHECKING:
     import torch

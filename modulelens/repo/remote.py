@@ -45,7 +45,7 @@ from modulelens.errors import (
 from modulelens.repo._store import ObjectStore, is_network_error
 from modulelens.repo.index import summarize, version_entry
 from modulelens.repo.local import _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo, capture_json
-from modulelens.repo.markers import MARK_MIN_BYTES, write_marker
+from modulelens.repo.markers import MARK_MIN_BYTES, ChunkDigests, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import referenced_blobs
 
@@ -178,7 +178,7 @@ class RemoteRepo(Repo):
     def has_blob(self, digest: str) -> bool:
         return self.store.exists(self._blob_key(digest))
 
-    def write_blob(self, digest: str, data: memoryview | bytes) -> bool:
+    def write_blob(self, digest: str, data: memoryview | bytes, *, chunks: ChunkDigests | None = None) -> bool:
         key = self._blob_key(digest)
         # A small payload is simply written again (same bytes): one request instead of a HEAD
         # and a PUT, which halves the round trips of a typical save.
@@ -186,6 +186,17 @@ class RemoteRepo(Repo):
             return False
         self.store.upload_bytes(memoryview(data).cast("B"), key)
         return True
+
+    # A save's pipeline (Repo._write_payloads): nothing to stage locally; "publishing" a payload is
+    # its upload, which then overlaps with hashing the next one. Object stores make a finished PUT
+    # durable themselves.
+    def _stage_blob(self, data: memoryview | bytes) -> tuple[Path | None, memoryview]:
+        return None, memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+
+    def _publish_blob(self, staged: tuple[Path | None, memoryview], digest: str, chunks: ChunkDigests | None,
+                      *, flush_folder_now: bool = True) -> Path | None:
+        self.store.upload_bytes(staged[1], self._blob_key(digest))
+        return None
 
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         key = self._blob_key(digest)
