@@ -3,8 +3,9 @@
 Every interface (the CLI, the MCP server, the IPython magics, the shell) catches exactly
 :data:`KNOWN_ERRORS` and shows :func:`error_message`; anything else (``TypeError``,
 ``AttributeError``...) is a bug and keeps its traceback. ``OSError`` is known because a user
-causes it (a candidate file that does not exist, an output folder without write permission) and
-the operating system's message names the path.
+causes it (a candidate file that does not exist, a full or read-only repo) and the operating
+system's message names the path; one that says the filesystem refused (:data:`STORAGE_ERRNOS`)
+becomes the documented ``StorageError`` (exit 8) whichever command or interface hit it.
 
 Like ``huggingface_hub/cli/_errors.py``'s ``format_known_exception``.
 """
