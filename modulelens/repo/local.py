@@ -343,7 +343,8 @@ class Repo:
         if size == 0:
             self.write_blob(digest, b"")
             return 0
-        with open(source, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with os.fdopen(open_regular(source), "rb") as handle, \
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
                 self.write_blob(digest, view)
@@ -837,7 +838,8 @@ class Repo:
     def report_files(self, name: str, version: int) -> dict[str, bytes]:
         """A version's report files by file name (for copying them to another repo)."""
         folder = self.version_path(name, version) / "reports"
-        return {p.name: p.read_bytes() for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+        # read_regular: a report planted as a link is refused, never copied from outside the repo
+        return {p.name: read_regular(p) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
 
     def put_report(self, name: str, version: int, filename: str, data: bytes) -> None:
         """Store a report file under its original name (push/pull)."""
@@ -853,8 +855,8 @@ class Repo:
         found = []
         for path in sorted(folder.glob("*.json")):
             if kind is None or path.name.startswith(kind + "-"):
-                with contextlib.suppress(ValueError, OSError):
-                    found.append({"path": str(path), **json.loads(path.read_text())})
+                with contextlib.suppress(ValueError, OSError, CorruptCaptureError):  # a linked report is skipped
+                    found.append({"path": str(path), **json.loads(read_regular(path))})
         return found
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
-from modulelens.repo.files import open_regular
+from modulelens.repo.files import open_regular, read_regular
 
 if TYPE_CHECKING:
     import torch
@@ -250,7 +250,7 @@ class Payloads:
     def read_bytes(self, entry: dict[str, Any]) -> bytes:
         """A payload's raw bytes (row-major, little-endian, as stored)."""
         if "pack" not in entry:
-            return self.repo.check_blob(entry["payload"], entry["nbytes"]).read_bytes()
+            return read_regular(self.repo.check_blob(entry["payload"], entry["nbytes"]))
         pack, hexdigest = self._member(entry)
         return pack.member_bytes(hexdigest)
 
