@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from modulelens.errors import CorruptCaptureError, InvalidNameError
+from modulelens.errors import CorruptCaptureError, InvalidNameError, UsageError
 from modulelens.format.hashing import hash_bytes
 from modulelens.format.validate import validate_capture
 from modulelens.repo.files import open_regular, read_regular, write_new_file
@@ -125,12 +125,18 @@ def fsck(repo: Repo, *, repair: bool = False) -> FsckReport:
     Returns:
         The :class:`FsckReport`; ``report.clean`` is false while a problem is left.
 
+    Raises:
+        UsageError: ``repo`` is a remote repo (not supported: pull into a local repo and check that).
+
     Example::
 
         report = modulelens.Repo("/data/captures").fsck()
         for problem in report.problems:
             print(problem.kind, problem.path, problem.detail)
     """
+    if repo.is_remote:
+        raise UsageError(f"fsck checks local repos only ({repo.location}); pull what you need into a local repo "
+                         "and check it there")
     report = FsckReport(repo=str(repo.root), repair=repair)
     if not repair:
         _Checker(repo, report).run()

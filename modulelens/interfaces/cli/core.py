@@ -244,11 +244,7 @@ def fsck_cmd(
 ) -> None:
     """Check every version's metadata and payloads (full hashes), aliases, summaries and the repo's
     layout; exit 3 when something is broken (and not repaired)."""
-    store = session.open_repo(repo)
-    if store.is_remote:
-        raise UsageError(f"fsck checks local repos only ({store.location}); pull what you need into a local repo "
-                         "and check it there")
-    report = store.fsck(repair=repair)
+    report = session.open_repo(repo).fsck(repair=repair)
 
     def render(r: dict[str, Any]) -> None:
         for p in r["problems"]:
