@@ -722,9 +722,11 @@ class Repo:
 
     def remove_alias(self, name: str, alias: str) -> None:
         path = self._name_dir(name) / "aliases" / validate_alias(alias)
-        if not path.exists():
-            raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
-        path.unlink()
+        try:
+            path.unlink()  # a link there is removed as a link
+        except FileNotFoundError:  # never there, or removed meanwhile by a concurrent rm
+            raise CaptureNotFoundError(f"{name} has no alias {alias!r}") from None
+        self._summary(name, persist=True)
 
     # ---------------------------------------------------------------------------------- removal
 
