@@ -125,8 +125,13 @@ def fsck(repo: Repo, *, repair: bool = False) -> FsckReport:
     Returns:
         The :class:`FsckReport`; ``report.clean`` is false while a problem is left.
 
+    A remote repo (``s3://``...) gets a read-only check: every version's metadata against the
+    format, and every referenced payload's presence and size from one listing of its blobs (not
+    their hashes, which would download everything: ``load(..., verify=True)`` hashes what it
+    downloads), aliases, and unreferenced payloads.
+
     Raises:
-        UsageError: ``repo`` is a remote repo (not supported: pull into a local repo and check that).
+        UsageError: ``repair`` on a remote repo (pull into a local repo and repair that).
 
     Example::
 
@@ -135,8 +140,10 @@ def fsck(repo: Repo, *, repair: bool = False) -> FsckReport:
             print(problem.kind, problem.path, problem.detail)
     """
     if repo.is_remote:
-        raise UsageError(f"fsck checks local repos only ({repo.location}); pull what you need into a local repo "
-                         "and check it there")
+        if repair:
+            raise UsageError(f"fsck --repair works on local repos only ({repo.location}); pull what you need into "
+                             "a local repo and repair that")
+        return _remote_fsck(repo)
     report = FsckReport(repo=str(repo.root), repair=repair)
     if not repair:
         _Checker(repo, report).run()
@@ -505,3 +512,46 @@ def _covered(problem: Problem, moved: set[str]) -> bool:
         return True
     path = problem.path
     return any(path == m or path.startswith(m + "/") for m in moved)
+
+
+# ------------------------------------------------------------------------------------ remote
+
+
+def _remote_fsck(repo: Repo) -> FsckReport:
+    """Metadata, payload presence and sizes, and aliases of a remote repo, from listings."""
+    report = FsckReport(repo=repo.location)
+    sizes = {key.rsplit("/", 1)[-1]: int(info.get("size", info.get("Size", -1)))
+             for key, info in repo.store.list("blobs").items()}
+    referenced: set[str] = set()
+    for name in repo.names():
+        report.names += 1
+        prefix = f"names/{quote(name, safe='')}"
+        good = set()
+        for number in repo.version_numbers(name):
+            report.versions += 1
+            where = f"{prefix}/versions/{number}/capture.json"
+            try:
+                blobs = referenced_blobs(repo.read_metadata(name, number))
+            except CorruptCaptureError as error:
+                report.problems.append(Problem("metadata", where, str(error)))
+                continue
+            referenced.update(d.partition(":")[2] for d in blobs)
+            damaged = [(d, n) for d, n in sorted(blobs.items()) if sizes.get(d.partition(":")[2]) != n]
+            for digest, nbytes in damaged:
+                hexdigest = digest.partition(":")[2]
+                found = sizes.get(hexdigest)
+                report.problems.append(Problem(
+                    "missing-payload" if found is None else "corrupt-payload", f"blobs/{hexdigest[:2]}/{hexdigest}",
+                    f"needed by {name}:v{number}: " + ("missing" if found is None else f"{found} bytes, expected {nbytes}")))
+            report.payloads_checked += len(blobs) - len(damaged)
+            report.bytes_checked += sum(n for d, n in blobs.items() if (d, n) not in damaged)
+            if not damaged:
+                good.add(number)
+        for alias, number in repo.aliases(name).items():
+            if number not in good:
+                report.problems.append(Problem("alias", f"{prefix}/aliases/{alias}",
+                                               f"points at v{number}, which is damaged or does not exist"))
+    orphans = set(sizes) - referenced
+    report.orphan_blobs, report.orphan_bytes = len(orphans), sum(sizes[h] for h in orphans)
+    report.actions.append("remote repo: payload sizes checked from the listing, not their hashes")
+    return report

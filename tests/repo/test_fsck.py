@@ -168,11 +168,24 @@ def test_orphans_and_dead_writers_staging_are_left_to_gc(repo: modulelens.Repo) 
     assert runner.invoke(app, ["gc", "--tmp-older-than", "soon", "--repo", str(repo.root)]).exit_code == 2
 
 
-def test_fsck_of_a_remote_repo_is_a_clear_error() -> None:
-    modulelens.Repo("memory://fsck-remote")
-    result = runner.invoke(app, ["fsck", "--repo", "memory://fsck-remote", "--json"])
-    assert result.exit_code == 2
-    assert "local repos only" in json.loads(result.stdout)["error"]["message"]
+def test_a_remote_repo_gets_a_read_only_check() -> None:
+    remote = modulelens.Repo("memory://fsck-remote")
+    ref = _save(remote, size=8)
+    _save(remote, name="other", size=8)
+    remote.set_alias(ref, "golden")
+    result = runner.invoke(app, ["fsck", "--repo", remote.location, "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)["result"]
+    assert (body["names"], body["versions"], body["clean"]) == (2, 2, True)
+    pack = remote.read_metadata(*remote.resolve(ref))["packs"][0]["payload"].partition(":")[2]
+    remote.store.delete([remote.store.key("blobs", pack[:2], pack)])
+    result = runner.invoke(app, ["fsck", "--repo", remote.location, "--json"])
+    assert result.exit_code == 3
+    problems = {(p["kind"], p["path"]) for p in json.loads(result.stdout)["result"]["problems"]}
+    assert problems == {("missing-payload", f"blobs/{pack[:2]}/{pack}"), ("alias", "names/lin/aliases/golden")}
+    refused = runner.invoke(app, ["fsck", "--repair", "--repo", remote.location, "--json"])
+    assert refused.exit_code == 2
+    assert "local repos only" in json.loads(refused.stdout)["error"]["message"]
 
 
 @pytest.mark.parametrize("what", ["pack", "summary", "alias", "tombstone", "version"])

@@ -243,7 +243,8 @@ def fsck_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check every version's metadata and payloads (full hashes), aliases, summaries and the repo's
-    layout; exit 3 when something is broken (and not repaired)."""
+    layout; exit 3 when something is broken (and not repaired). Remote repos: a read-only check of
+    metadata, payload sizes and aliases."""
     report = session.open_repo(repo).fsck(repair=repair)
 
     def render(r: dict[str, Any]) -> None:
