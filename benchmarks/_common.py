@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
+from modulelens.format.human import human_number
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -30,6 +32,11 @@ class Big(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+    @staticmethod
+    def depth_for(gib: float, width: int) -> int:
+        """The depth that gives about ``gib`` GiB of fp32 weights at this width (at least 1)."""
+        return max(1, round(gib * (1 << 30) / (4 * (width * width + width))))
 
 
 def timed(func: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None = None) -> list[float]:
@@ -63,8 +70,9 @@ def report(name: str, title: str, rows: list[dict[str, Any]], columns: list[str]
 
 
 def _fmt(value: Any) -> str:
+    """Floats through the package's formatter (as the CLI prints them); counts and text as they are."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return human_number(value)
     return "" if value is None else str(value)
 
 

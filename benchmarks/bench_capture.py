@@ -91,7 +91,7 @@ def main() -> None:
     before_t, before_c = paired_rounds()
     targets = ["embeddings", "attention", "interaction", "top_mlp"]
     with tempfile.TemporaryDirectory() as repo:
-        capture = modulelens.capture(traced, targets=targets, repo=repo, name="bench", warmup=0, max_calls=10)
+        capture = modulelens.capture(traced, targets=targets, repo=repo, name="bench", record=modulelens.Recording(warmup=0, max_calls=10))
         capturing = step_times(traced, opt_traced, batches, 10)  # every step records all 4 targets
         assert capture.complete and capture.tracer.active_hooks == 0
         start = time.perf_counter()

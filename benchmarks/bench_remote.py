@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     width = 4096
-    depth = max(1, round(args.gib * (1 << 30) / (4 * (width * width + width))))
+    depth = Big.depth_for(args.gib, width)
     work = Path(tempfile.mkdtemp(prefix="ml-bench-remote-"))
     server = SeaweedServer(work / "weed").start()
     os.environ.update(server.env)

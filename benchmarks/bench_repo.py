@@ -83,7 +83,8 @@ def many_small(work: Path, rounds: int, calls: int = 200,
                features: int = 1000) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, Any]]:
     torch.manual_seed(0)
     model = ManySmall(features)
-    capture = modulelens.capture(model, targets="ManySmall", repo=work / "unused", name="small", max_calls=calls)
+    capture = modulelens.capture(model, targets="ManySmall", repo=work / "unused", name="small",
+                                 record=modulelens.Recording(max_calls=calls))
     started = time.perf_counter()
     with torch.no_grad():
         for _ in range(calls):

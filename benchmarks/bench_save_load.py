@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     width = 4096
-    depth = max(1, round(args.gib * (1 << 30) / (4 * (width * width + width))))
+    depth = Big.depth_for(args.gib, width)
     modulelens.track_init()
     model = Big(width, depth)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())

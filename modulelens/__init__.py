@@ -5,7 +5,8 @@ Capture (while the real job runs)::
     import modulelens
     modulelens.track_init()                        # record constructor args of modules built from now on
     model = build_model()
-    with modulelens.capture(model, targets=["blocks.*.attn", "TopMLP"], name="ranker", warmup=2):
+    with modulelens.capture(model, targets=["blocks.*.attn", "TopMLP"], name="ranker",
+                            record=modulelens.Recording(warmup=2)):
         train(model)                               # hooks go away once every target is recorded
 
 Restore (anywhere, in seconds)::
@@ -49,7 +50,7 @@ if _TYPE_CHECKING:
     from modulelens.tools.profile import profile
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
-    from modulelens.tracing import capture, get_init_record, track_init
+    from modulelens.tracing import PayloadPolicy, Recording, capture, get_init_record, track_init
 
 # The rest of the API is imported on first use (PEP 562): ``import modulelens`` and the CLI's
 # ``--help``/``ls``/``show`` stay fast because nothing here imports torch until it is needed.
@@ -60,7 +61,7 @@ _LAZY = {
     "Call": "modulelens.restore", "Capture": "modulelens.restore", "ReplayReport": "modulelens.restore",
     "load": "modulelens.restore", "profile": "modulelens.tools.profile", "TimingConfig": "modulelens.tools.timing",
     "verify": "modulelens.tools.verify", "capture": "modulelens.tracing", "get_init_record": "modulelens.tracing",
-    "track_init": "modulelens.tracing",
+    "track_init": "modulelens.tracing", "Recording": "modulelens.tracing", "PayloadPolicy": "modulelens.tracing",
 }
 
 
@@ -104,6 +105,8 @@ __all__ = [
     "CorruptCaptureError",
     "InvalidNameError",
     "ModulelensError",
+    "PayloadPolicy",
+    "Recording",
     "RemoteRepoError",
     "ReplayReport",
     "Repo",

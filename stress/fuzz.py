@@ -61,7 +61,7 @@ def make_base(root: Path) -> tuple[modulelens.Repo, str]:
     base = torch.randn(40)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with modulelens.capture(model, targets=["0"], repo=repo, name="fuzz", max_calls=2) as cap:
+        with modulelens.capture(model, targets=["0"], repo=repo, name="fuzz", record=modulelens.Recording(max_calls=2)) as cap:
             for _ in range(2):
                 model[0](torch.randn(3, 8), base[4:28].view(3, 8), mask=base[:6] > 0)
     return repo, cap.saved[0].ref

@@ -31,7 +31,7 @@ def api(repo: str) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with modulelens.capture(model, targets=["0", "2"], repo=repo, name="job", max_calls=2) as cap:
+        with modulelens.capture(model, targets=["0", "2"], repo=repo, name="job", record=modulelens.Recording(max_calls=2)) as cap:
             steps = _train(model)
     print(f"STEPS {steps}", flush=True)
     print(json.dumps({"saved": [str(i.path) for i in cap.saved], "records": sorted(cap.records),

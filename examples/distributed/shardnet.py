@@ -1,5 +1,9 @@
 """The example's model: a small classifier of stacked residual MLP blocks (importable by path,
-so a capture of any of its parts can be rebuilt in another process)."""
+so a capture of any of its parts can be rebuilt in another process).
+
+It is also the model of the distributed tests (tests/tracing/test_distributed.py and
+test_run_distributed.py build it at a smaller size), so keep its class and attribute names:
+the tests target ``blocks.0.ff`` and check recorded class paths such as ``shardnet:Block``."""
 
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     # Same call on every rank; rank 0 (ranks=[0], the default) records and saves.
-    with modulelens.capture(model, [args.target], name=f"shardnet-{args.mode}", repo=args.repo, warmup=3) as cap:
+    with modulelens.capture(model, [args.target], name=f"shardnet-{args.mode}", repo=args.repo,
+                            record=modulelens.Recording(warmup=3)) as cap:
         for step in range(args.steps):
             gen = torch.Generator().manual_seed(step if args.mode == "tp" else step * world + rank)
             x = torch.randn(32, 16, generator=gen)

@@ -1,7 +1,7 @@
 """Shape-only tensor records: dtype, shape and summary statistics instead of the payload.
 
 Huge call tensors (a batch of token ids, a giant activation) can be stored this way (see
-``capture(shape_only_over=..., max_bytes=...)``). The statistics are what a replay needs to build
+``capture(payload=PayloadPolicy(shape_only_over=..., max_bytes=...))``). The statistics are what a replay needs to build
 a plausible stand-in (``load(..., synthesize=True)``): integer tensors keep their exact value
 range, so synthetic indices stay valid indices.
 """

@@ -146,6 +146,7 @@ def build_server(repo: str | None = None) -> MCPServer:
     server = MCPServer("modulelens", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
     _register_reading_tools(server, repo)
     _register_running_tools(server, repo)
+    _register_kernel_tools(server, repo)
     return server
 
 
@@ -252,6 +253,8 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,
                                     timing=timing, store=store, timeout_s=timeout_s)
 
+
+def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
     @server.tool(annotations=_RUNS_CANDIDATE)
     @_one_line_errors
     def verify_kernel(
@@ -268,14 +271,15 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
         random inputs in worker processes with a timeout; ``passed`` false is a result."""
+        from modulelens.kernels.options import CandidatePolicy, KernelChecks
         from modulelens.kernels.verify import verify_kernel as run_verify_kernel
 
         _check_candidate_path(candidate)
+        checks = KernelChecks(calls=calls, random_samples=random_samples, seed=seed, rtol=rtol, atol=atol)
         store_repo = session.open_repo(repo)
         name, version = session.resolve(store_repo, ref)
-        return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, timeout=timeout_s,
-                                         device=device, calls=calls, random_samples=random_samples, seed=seed,
-                                         rtol=rtol, atol=atol, store=store))
+        return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, device=device,
+                                         checks=checks, policy=CandidatePolicy(timeout=timeout_s), store=store))
 
     @server.tool(annotations=_WRITES_FILES)
     @_one_line_errors

@@ -2,8 +2,10 @@
 
 ``problem.py`` must run where only torch is installed, so the module's source is copied in: the
 class statement, then every top-level statement (imports, helper functions, constants, other
-classes) that binds a name it reads, followed transitively through the module's AST; relative
-imports become absolute. A ``torch`` builtin is subclassed by import instead.
+classes) that binds a name it reads, followed transitively: the same dependency slice that
+rebuilds a class from stored source (:func:`modulelens.restore.source_slice.needed_statements`),
+copied as text instead of executed. Relative imports become absolute. A ``torch`` builtin is
+subclassed by import instead.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 
 from modulelens.errors import KernelError
+from modulelens.restore.source_slice import bound_names, needed_statements
 
 RESERVED = {"Model", "get_inputs", "get_init_inputs", "get_benchmark_config", "DATA_DIR", "_Captured", "_ML_CALLS"}
 _SAFE_REBINDS = {  # names the template uses; the module may bind them only to the same thing
@@ -35,38 +38,6 @@ class ClassSource:
     included: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     imports: set[str] = field(default_factory=set)  # top-level packages the inlined code imports
-
-
-def _free_names(node: ast.AST) -> set[str]:
-    """Names a statement reads (over-approximated: every loaded name and attribute root)."""
-    names = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
-            names.add(sub.id)
-    return names
-
-
-def _bound_names(node: ast.stmt) -> set[str]:
-    """Top-level names a module statement binds."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {node.name}
-    if isinstance(node, ast.Import):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
-    if isinstance(node, ast.ImportFrom):
-        return {a.asname or a.name for a in node.names if a.name != "*"}
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    if isinstance(node, (ast.If, ast.Try, ast.With)) or type(node).__name__ == "TryStar":
-        found = set()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.stmt):
-                found |= _bound_names(child)
-            elif isinstance(child, ast.ExceptHandler):
-                for grandchild in child.body:
-                    found |= _bound_names(grandchild)
-        return found
-    return set()
 
 
 def _segment(lines: list[str], node: ast.stmt) -> str:
@@ -128,7 +99,7 @@ def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inli
     if target is None:
         fallback.notes.append(f"{qualname} is not a top-level class of {module_name}; the class is imported instead")
         return fallback
-    include = _needed_statements(statements, target, set(extra_names or ()))
+    include = set(needed_statements(text, f"<{module_name}>", {qualname, *(extra_names or ())}))
     _check_reserved(statements, include, module_name)
     source = _join_statements([statements[i] for i in sorted(include)], text.splitlines(keepends=True), package)
     source.code = f"# from {module_name} ({origin})\n" + source.code
@@ -138,29 +109,6 @@ def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inli
         isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names)
         for s in statements)
     return source
-
-
-def _needed_statements(statements: list[ast.stmt], target: ast.ClassDef, extra_names: set[str]) -> set[int]:
-    """Indices of the class statement and every statement binding a name it (transitively) reads."""
-    bindings: dict[str, list[int]] = {}
-    for i, statement in enumerate(statements):
-        if statement is target:
-            continue
-        for name in _bound_names(statement):
-            bindings.setdefault(name, []).append(i)
-    include = {statements.index(target)}
-    pending = _free_names(target) | extra_names
-    seen: set[str] = set()
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for i in bindings.get(name, []):
-            if i not in include:
-                include.add(i)
-                pending |= _free_names(statements[i])
-    return include
 
 
 def _join_statements(statements: list[ast.stmt], lines: list[str], package: str | None) -> ClassSource:
@@ -185,7 +133,7 @@ def _join_statements(statements: list[ast.stmt], lines: list[str], package: str 
             code += _blank_lines(previous, statement)
         code += chunk.rstrip("\n")
         previous = statement
-        included.append(", ".join(sorted(_bound_names(statement))) or type(statement).__name__)
+        included.append(", ".join(sorted(bound_names(statement))) or type(statement).__name__)
     stdlib = getattr(sys, "stdlib_module_names", frozenset())
     third_party = {name for name in imported if name not in stdlib and name not in ("torch", "__future__")}
     return ClassSource("inlined", "", code=code + "\n", included=included, imports=third_party)
@@ -205,7 +153,7 @@ def _blank_lines(previous: ast.stmt, statement: ast.stmt) -> str:
 def _check_reserved(statements: list[ast.stmt], include: set[int], module_name: str) -> None:
     for i in include:
         statement = statements[i]
-        for name in _bound_names(statement) & (RESERVED | set(_SAFE_REBINDS)):
+        for name in bound_names(statement) & (RESERVED | set(_SAFE_REBINDS)):
             if name in _SAFE_REBINDS and _binds_same(statement, name):
                 continue
             raise KernelError(f"{module_name} binds {name!r} at top level, which the problem file reserves; "

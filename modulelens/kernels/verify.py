@@ -42,17 +42,16 @@ import torch.utils._pytree as pytree
 from modulelens.errors import CandidateError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.kernels.exchange import load_tensors, save_tensors
-from modulelens.kernels.problems import MAX_CALLS, select_calls
+from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
+from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo.local import Repo
 from modulelens.restore.compare import compare, default_tolerance, tolerance_table
 from modulelens.restore.loader import Capture, load
+from modulelens.tools.timing import TimingConfig
 
 SCHEMA = "modulelens.kernel-verify/1"
-DEFAULT_TIMEOUT = 300.0
-REFERENCE_MIN_TIMEOUT = 120.0
-RANDOM_SAMPLES = 5
 SPEEDUP_REVIEW = 10.0
 LOOSE_FP32 = 1e-3
 _SOURCE_LIMIT = 256 * 1024
@@ -125,20 +124,11 @@ def verify_kernel(
     candidate: str | os.PathLike[str],
     *,
     repo: Repo | str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    reference_timeout: float | None = None,
     device: str | None = None,
-    calls: Sequence[int] | None = None,
-    max_calls: int = MAX_CALLS,
-    random_samples: int = RANDOM_SAMPLES,
-    seed: int = 0,
-    rtol: float | None = None,
-    atol: float | None = None,
-    warmup: int = 10,
-    trials: int = 100,
     entry: str = "auto",
-    allow: Sequence[str] = (),
-    allow_torch_ops: bool = False,
+    checks: KernelChecks = KernelChecks(),
+    timing: TimingConfig = KERNEL_TIMING,
+    policy: CandidatePolicy = CandidatePolicy(),
     store: bool = True,
 ) -> KernelReport:
     """Verify a kernel candidate file against capture ``ref`` and store the report.
@@ -147,54 +137,46 @@ def verify_kernel(
         ref: a capture ref or a loaded :class:`Capture`.
         candidate: a ``.py`` file (``ModelNew`` or ``kernel_function``) or a KernelAgent result JSON.
         repo: the repository (default: ``$MODULELENS_REPO`` or the default path).
-        timeout: seconds the candidate's process may run.
-        reference_timeout: seconds for the reference's process (default ``max(timeout, 120)``).
         device: ``"cuda"``/``"cpu"`` (default: CUDA when available).
-        calls: recorded call positions to use (default: all, up to ``max_calls``).
-        max_calls: the most recorded calls used.
-        random_samples: seeded random inputs added to the recorded calls.
-        seed: seed of the random inputs and of ``ModelNew``'s construction.
-        rtol: overrides the per-dtype relative tolerance for floating outputs.
-        atol: overrides the per-dtype absolute tolerance.
-        warmup: untimed calls before timing (CUDA).
-        trials: timed calls (CUDA).
         entry: ``"auto"``, ``"ModelNew"`` or ``"kernel_function"``.
-        allow: static-check rules downgraded to warnings.
-        allow_torch_ops: accept a candidate whose forward runs heavy ops (matmul, convolution,
-            attention) through PyTorch (a mixed candidate); by default that fails.
+        checks: which calls and random inputs are checked, seed and tolerances (:class:`KernelChecks`).
+        timing: ``warmup`` untimed calls and ``iters`` timed trials on CUDA (a fixed ``iters`` is
+            required: reference and candidate are timed alike).
+        policy: process timeouts and accepted static-check findings (:class:`CandidatePolicy`).
         store: store the report with the capture version.
 
     Returns:
         A :class:`KernelReport` (``passed``, ``failures``, the JSON report in ``data``).
 
     Raises:
-        ModulelensError: bad options, a missing candidate, or a capture without usable calls.
+        UsageError: a bad ``entry`` or ``timing`` without ``iters``.
+        CandidateError: a missing or unreadable candidate.
+        ModulelensError: a capture that cannot be loaded or has no usable calls (a subclass).
 
     Example::
 
-        report = verify_kernel("ranker/top_mlp:v3", "kernel.py")
+        report = verify_kernel("ranker/top_mlp:v3", "kernel.py", checks=KernelChecks(max_calls=2),
+                               policy=CandidatePolicy(timeout=60))
         print(report)                  # PASS/FAIL, failures, speedup
         assert report.passed, report.failures
     """
     if entry not in ("auto", "ModelNew", "kernel_function"):
         raise UsageError(f"entry must be auto, ModelNew or kernel_function, not {entry!r}")
-    if random_samples < 0 or max_calls < 1 or trials < 1 or warmup < 0 or timeout <= 0:
-        raise UsageError("random_samples >= 0, max_calls >= 1, trials >= 1, warmup >= 0 and timeout > 0 are required")
+    if timing.iters is None:
+        raise UsageError("kernel verify times a fixed number of trials: pass TimingConfig(iters=N)")
     if isinstance(ref, Capture):
         capture, store_repo = ref, ref.repo
     else:
         store_repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
         capture = load(ref, repo=store_repo)
     source, origin = read_candidate(candidate)
-    positions = select_calls(capture, calls, max_calls, same_state=False)
+    positions = select_calls(capture, checks.calls, checks.max_calls, same_state=False)
     output_dtypes = _output_dtypes(capture, positions)
-    static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=allow)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    settings = _Settings(device=device, timeout=timeout, reference_timeout=reference_timeout or max(timeout, REFERENCE_MIN_TIMEOUT),
-                         random_samples=random_samples, seed=seed, warmup=warmup, trials=trials, entry=entry,
-                         allow_torch_ops=allow_torch_ops, backend=static.backend,
-                         candidate_home=Path(candidate).expanduser().absolute().parent)
-    report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings, rtol, atol, max_calls, allow)
+    static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=policy.allow)
+    settings = _Settings(device=device or ("cuda" if torch.cuda.is_available() else "cpu"), entry=entry,
+                         checks=checks, warmup=timing.warmup, trials=timing.iters, policy=policy,
+                         backend=static.backend, candidate_home=Path(candidate).expanduser().absolute().parent)
+    report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings)
     for finding in static.errors:
         report["failures"].append(f"static check: {finding.rule} (line {finding.line}): {finding.message}")
     workdir = Path(tempfile.mkdtemp(prefix="modulelens-kernel-"))
@@ -214,17 +196,14 @@ def verify_kernel(
 
 @dataclass(frozen=True)
 class _Settings:
-    """How the workers run (validated by :func:`verify_kernel`)."""
+    """How the workers run (validated by :func:`verify_kernel` and the option groups)."""
 
     device: str
-    timeout: float
-    reference_timeout: float
-    random_samples: int
-    seed: int
+    entry: str
+    checks: KernelChecks
     warmup: int
     trials: int
-    entry: str
-    allow_torch_ops: bool
+    policy: CandidatePolicy
     backend: str
     candidate_home: Path | None
 
@@ -234,8 +213,8 @@ class _Settings:
 
 
 def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str, origin: str, static: Any,
-                output_dtypes: list[str], settings: _Settings, rtol: float | None, atol: float | None,
-                max_calls: int, allow: Sequence[str]) -> dict[str, Any]:
+                output_dtypes: list[str], settings: _Settings) -> dict[str, Any]:
+    checks, policy = settings.checks, settings.policy
     return {
         "schema": SCHEMA,
         "kind": "kernel",
@@ -248,13 +227,13 @@ def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str
         "failures": [],
         "notes": [],
         "static": static.to_dict(),
-        "tolerances": tolerance_table(output_dtypes or ["float32"], rtol, atol),
-        "tolerance_overrides": {"rtol": rtol, "atol": atol},
-        "settings": {"device": settings.device, "timeout_s": settings.timeout,
-                     "reference_timeout_s": settings.reference_timeout, "max_calls": max_calls,
-                     "random_samples": settings.random_samples, "seed": settings.seed, "warmup": settings.warmup,
-                     "trials": settings.trials, "entry": settings.entry, "allow": list(allow),
-                     "allow_torch_ops": settings.allow_torch_ops},
+        "tolerances": tolerance_table(output_dtypes or ["float32"], checks.rtol, checks.atol),
+        "tolerance_overrides": {"rtol": checks.rtol, "atol": checks.atol},
+        "settings": {"device": settings.device, "timeout_s": policy.timeout,
+                     "reference_timeout_s": policy.reference_seconds, "max_calls": checks.max_calls,
+                     "random_samples": checks.random_samples, "seed": checks.seed, "warmup": settings.warmup,
+                     "trials": settings.trials, "entry": settings.entry, "allow": list(policy.allow),
+                     "allow_torch_ops": policy.allow_torch_ops},
         "runtime": {"device": settings.device, "triton_interpret": not settings.timing_on},
         "samples": [],
         "checks": {},
@@ -284,7 +263,7 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
     result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
     _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
     _runtime_checks(report, result)
-    _torch_ops_check(report, result, settings.allow_torch_ops)
+    _torch_ops_check(report, result, settings.policy.allow_torch_ops)
     if settings.timing_on:
         _timing(report, info, result)
     else:
@@ -302,11 +281,11 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
     spec_path.write_text(json.dumps({
         "repo": str(store_repo.root), "ref": capture.ref, "trust_source": capture.trust_source,
         "calls": positions, "max_calls": len(positions),
-        "random": settings.random_samples, "seed": settings.seed, "device": settings.device,
+        "random": settings.checks.random_samples, "seed": settings.checks.seed, "device": settings.device,
         "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
     run = run_isolated([sys.executable, "-m", "modulelens.kernels.worker_reference", str(spec_path)],
                        env=worker_env(settings.device, candidate=False), cwd=Path.cwd(),
-                       timeout=settings.reference_timeout, logs=workdir / "reference-logs")
+                       timeout=settings.policy.reference_seconds, logs=workdir / "reference-logs")
     report["runtime"]["reference_process"] = {k: v for k, v in run.items() if k != "stdout_tail"}
     if run["timed_out"] or run["returncode"] != 0 or not (ref_out / "reference.json").exists():
         why = "timed out" if run["timed_out"] else f"exited with {run['returncode']}"
@@ -360,7 +339,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
     spec_path = workdir / "candidate-spec.json"
     spec_path.write_text(json.dumps({
         "candidate": str(candidate_dir / "kernel.py"), "entry": settings.entry, "data_dir": str(data_dir),
-        "device": settings.device, "blocked_modules": blocked, "seed": settings.seed, "warmup": settings.warmup,
+        "device": settings.device, "blocked_modules": blocked, "seed": settings.checks.seed, "warmup": settings.warmup,
         "trials": settings.trials, "timing": settings.timing_on, "out_dir": str(cand_out),
         "count_triton_launches": "triton" in settings.backend}))
     env = worker_env(settings.device, candidate=True)
@@ -369,7 +348,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
         env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
     command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
                str(_CANDIDATE_WORKER), str(spec_path)]
-    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.timeout, logs=workdir / "candidate-logs")
+    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.policy.timeout, logs=workdir / "candidate-logs")
     report["runtime"]["candidate_process"] = dict(run)
     progress = _json_or_none(cand_out / "progress.json") or {}
     result = _json_or_none(cand_out / "candidate.json")
@@ -377,7 +356,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
         phase = progress.get("phase", "start")
         where = f"while running {progress['sample']}" if phase == "call" else (
             f"during {phase}" + (f" of {progress['sample']}" if progress.get("sample") else ""))
-        failures.append(f"the candidate timed out after {settings.timeout:g} s (killed {where})")
+        failures.append(f"the candidate timed out after {settings.policy.timeout:g} s (killed {where})")
     elif result is None:
         failures.append(f"the candidate process died (exit {run['returncode']}) during {progress.get('phase', 'start')}: "
                         f"{run['stderr_tail'][-600:].strip()}")
@@ -416,7 +395,7 @@ def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bo
         report["notes"].append(f"the candidate runs heavy ops through PyTorch ({ops}); accepted (allow_torch_ops)")
     else:
         report["failures"].append(f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own kernels; "
-                                  "pass --allow-torch-ops (allow_torch_ops=True) to accept a mixed candidate")
+                                  "pass --allow-torch-ops (CandidatePolicy(allow_torch_ops=True)) to accept a mixed candidate")
 
 
 def _json_or_none(path: Path) -> Any:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def _recorded(call: Call) -> dict[str, Any]:
     data = call.backward
     if data is None:
-        raise RestoreError(f"call {call.index} has no recorded backward (capture with backward=True)")
+        raise RestoreError(f"call {call.index} has no recorded backward (capture with record=Recording(backward=True))")
     return data
 
 

@@ -80,7 +80,7 @@ class Call:
 
     @functools.cached_property
     def backward(self) -> dict[str, Any] | None:
-        """Recorded gradients (``capture(..., backward=True)``): ``output_grads`` (the output's
+        """Recorded gradients (``capture(..., record=Recording(backward=True))``): ``output_grads`` (the output's
         structure), ``input_grads`` (the ``(args, kwargs)`` structure) and ``param_grads``."""
         data = self._data.get("backward")
         if data is None:

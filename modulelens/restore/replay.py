@@ -182,53 +182,72 @@ def replay(
     report.notes.extend(capture.notes)
     if sharded:
         report.notes.append("recorded from sharded (DTensor) computation: compared within tolerance")
-    selected = range(len(capture.calls)) if calls is None else calls
-    for position in selected:
-        call = capture.calls[position]
-        result = CallReplay(call=position, index=call.index, passed=False)
-        report.calls.append(result)
-        if not call.finished:
-            result.error = "the recorded call did not finish (it raised in the original job)"
-            continue
-        grads_wanted = backward and call.has_backward
-        if backward and not call.has_backward:
-            result.error = ("no backward was recorded for this call "
-                            f"({call._data.get('backward_missing', 'capture with backward=True')})")
-            continue
-        try:
-            if weights == "recorded":  # the first call reloads: edits through .data keep version counters
-                capture.use_state(call.state_index, force=not report.calls[:-1])
-            args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
-            if grads_wanted:
-                args, kwargs = require_recorded_grads((args, kwargs), call)
-            target.train(call.training)
-            with call_context(call, device):
-                start = time.perf_counter()
-                output = target(*args, **kwargs)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                result.seconds = time.perf_counter() - start
-                if grads_wanted:
-                    expected_grads, actual_grads = run_backward(call, target, (args, kwargs), output, device)
-        except Exception as error:  # report, don't crash: the next call may still work
-            result.error = f"{type(error).__name__}: {error}"
-            continue
-        synthetic = call.shape_only_in("inputs")
-        result.leaves = compare(call.output, output, exact=exact, rtol=rtol, atol=atol,
-                                cross_device=cross_device or sharded, synthetic=synthetic)
-        result.leaves += _compare_mutated(call, (args, kwargs), exact=exact, rtol=rtol, atol=atol,
-                                          cross_device=cross_device or sharded, synthetic=synthetic)
-        if grads_wanted:
-            grad_leaves = compare(expected_grads, actual_grads, exact=exact, rtol=rtol, atol=atol,
-                                  cross_device=cross_device or sharded,
-                                  synthetic=synthetic or call.shape_only_in("backward.output_grads"))
-            result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
-        result.passed = result.status == "pass"
+    how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded)
+    for position in range(len(capture.calls)) if calls is None else calls:
+        first = not report.calls
+        report.calls.append(_replay_call(capture, position, target, device, how, weights=weights,
+                                         backward=backward, reload=first))
     not_compared = sorted({leaf.kind for c in report.calls for leaf in c.not_compared})
     if not_compared:
         report.notes.append(f"some outputs had no recorded values ({', '.join(not_compared)}) and were NOT "
                             "compared: the replay ran, but those leaves are unverified")
     return report
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """How :func:`replay` compares a call's results with the recording."""
+
+    exact: bool
+    rtol: float | None
+    atol: float | None
+    cross_device: bool
+
+    def leaves(self, expected: Any, actual: Any, synthetic: bool) -> list[LeafResult]:
+        return compare(expected, actual, exact=self.exact, rtol=self.rtol, atol=self.atol,
+                       cross_device=self.cross_device, synthetic=synthetic)
+
+
+def _replay_call(capture: Capture, position: int, target: torch.nn.Module, device: torch.device, how: _Comparison,
+                 *, weights: str, backward: bool, reload: bool) -> CallReplay:
+    """Run recorded call ``position`` on ``target`` and compare; errors go into the result, not up."""
+    call = capture.calls[position]
+    result = CallReplay(call=position, index=call.index, passed=False)
+    if not call.finished:
+        result.error = "the recorded call did not finish (it raised in the original job)"
+        return result
+    grads_wanted = backward and call.has_backward
+    if backward and not call.has_backward:
+        result.error = ("no backward was recorded for this call "
+                        f"({call._data.get('backward_missing', 'capture with record=Recording(backward=True)')})")
+        return result
+    try:
+        if weights == "recorded":  # the first call reloads: edits through .data keep version counters
+            capture.use_state(call.state_index, force=reload)
+        args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
+        if grads_wanted:
+            args, kwargs = require_recorded_grads((args, kwargs), call)
+        target.train(call.training)
+        with call_context(call, device):
+            start = time.perf_counter()
+            output = target(*args, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            result.seconds = time.perf_counter() - start
+            if grads_wanted:
+                expected_grads, actual_grads = run_backward(call, target, (args, kwargs), output, device)
+    except Exception as error:  # report, don't crash: the next call may still work
+        result.error = f"{type(error).__name__}: {error}"
+        return result
+    synthetic = call.shape_only_in("inputs")
+    result.leaves = how.leaves(call.output, output, synthetic)
+    result.leaves += _compare_mutated(call, (args, kwargs), exact=how.exact, rtol=how.rtol, atol=how.atol,
+                                      cross_device=how.cross_device, synthetic=synthetic)
+    if grads_wanted:
+        grad_leaves = how.leaves(expected_grads, actual_grads, synthetic or call.shape_only_in("backward.output_grads"))
+        result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
+    result.passed = result.status == "pass"
+    return result
 
 
 def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult]:

@@ -41,6 +41,34 @@ def slice_source(text: str, filename: str, roots: Iterable[str]) -> ast.Module:
         tree = slice_source("import torch\\nclass Net(torch.nn.Module): ...\\ntrain()", "train.py", ["Net"])
         # keeps the import and the class, drops train()
     """
+    keep = set(needed_statements(text, filename, roots))
+    tree = ast.parse(text, filename=filename)
+    tree.body = [node for i, node in enumerate(tree.body) if i in keep]
+    return tree
+
+
+def needed_statements(text: str, filename: str, roots: Iterable[str]) -> list[int]:
+    """Positions in ``ast.parse(text).body`` of the slice :func:`slice_source` keeps, in file order.
+
+    Used directly by the KernelBench inliner (:mod:`modulelens.kernels.inline`), which copies the
+    kept statements' text rather than executing them.
+
+    Args:
+        text: the module's source.
+        filename: shown in syntax errors.
+        roots: top-level names wanted.
+
+    Returns:
+        Sorted statement positions: those binding ``roots``, what they read (transitively),
+        ``from __future__`` imports and ``import *``.
+
+    Raises:
+        SyntaxError: the source does not parse.
+
+    Example::
+
+        needed_statements("import os\\nimport torch\\nclass Net(torch.nn.Module): ...", "m.py", ["Net"])  # [1, 2]
+    """
     statements = _parse(text, filename)
     binders: dict[str, list[int]] = {}
     for position, (bound, _reads) in enumerate(statements):
@@ -58,9 +86,7 @@ def slice_source(text: str, filename: str, roots: Iterable[str]) -> ast.Module:
             if position not in keep:
                 keep.add(position)
                 wanted.extend(statements[position][1])
-    tree = ast.parse(text, filename=filename)
-    tree.body = [node for i, node in enumerate(tree.body) if i in keep]
-    return tree
+    return sorted(keep)
 
 
 @functools.lru_cache(maxsize=32)
@@ -79,7 +105,7 @@ def _parse(text: str, filename: str) -> tuple[tuple[frozenset[str], frozenset[st
         for scope in scopes:
             if first <= scope.get_lineno() <= last:
                 reads |= _global_reads(scope)
-        result.append((frozenset(_bound_names(node)), frozenset(reads - _BUILTINS)))
+        result.append((frozenset(bound_names(node)), frozenset(reads - _BUILTINS)))
     return tuple(result)
 
 
@@ -90,8 +116,9 @@ def _is_main_guard(node: ast.stmt) -> bool:
     return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
 
 
-def _bound_names(node: ast.stmt) -> set[str]:
-    """Module-level names a statement binds (not those local to its functions and classes)."""
+def bound_names(node: ast.stmt) -> set[str]:
+    """Module-level names a statement binds (not those local to its functions and classes);
+    ``"__future__"`` for a future import and ``"*"`` for ``import *``."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, ast.ImportFrom):
@@ -103,9 +130,9 @@ def _bound_names(node: ast.stmt) -> set[str]:
     names: set[str] = set()
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.stmt):
-            names |= _bound_names(child)
+            names |= bound_names(child)
         elif isinstance(child, ast.excepthandler):
-            names |= {n for s in child.body for n in _bound_names(s)} | ({child.name} if child.name else set())
+            names |= {n for s in child.body for n in bound_names(s)} | ({child.name} if child.name else set())
         else:
             names |= {n.id for n in _module_scope_nodes(child) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     return names

@@ -10,7 +10,7 @@ import torch
 
 from modulelens.errors import CaptureWarning
 from modulelens.repo.names import validate_name
-from modulelens.tracing.budget import PayloadPolicy
+from modulelens.tracing.options import PayloadPolicy, Recording
 from modulelens.tracing.save import save_records
 from modulelens.tracing.tracer import Tracer
 
@@ -20,34 +20,44 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
 
     ``targets`` are qualified-name globs (``"encoder.layers.*.attn"``) or class names
     (``"LlamaMLP"``); ``""`` or ``"."`` (or the model's class name) target ``model`` itself. Per
-    target, ``warmup`` calls are skipped and the next ``max_calls`` are recorded; then the hooks go
-    away and ``on_complete(tracer)`` runs. Leaving the ``with`` block (or calling :meth:`save`)
-    saves whatever was captured as ``<name>/<qualified name>`` (the model itself as ``<name>``).
+    target, ``record.warmup`` calls are skipped and the next ``record.max_calls`` are recorded;
+    then the hooks go away and ``on_complete(tracer)`` runs. Leaving the ``with`` block (or calling
+    :meth:`save`) saves whatever was captured as ``<name>/<qualified name>`` (the model itself as
+    ``<name>``).
 
-    Fidelity options (docs/fidelity.md): ``backward=True`` also records each recorded call's
-    backward (output gradients in, input and parameter gradients out). ``shape_only_over`` (bytes)
-    stores bigger call tensors shape-only (dtype, shape, statistics; no payload) and ``max_bytes``
-    caps a capture's payload bytes by storing its largest call tensors shape-only; parameters and
-    buffers keep their payload unless ``shape_only_params=True``.
-
-    In a distributed job (torchrun, any ``torch.distributed`` launcher) ``ranks`` says which ranks
-    record: ``[0]`` (default), a list, or ``"all"``; with several recording ranks the names are
+    In a distributed job (torchrun, any ``torch.distributed`` launcher) ``record.ranks`` says which
+    ranks record (``[0]`` by default); with several recording ranks the names are
     ``<name>/rank<k>/<qualified name>``. Sharded (DTensor) parameters, inputs and outputs are
-    stored as full tensors, gathered on every rank of their mesh once those ranks agreed within
-    ``sync_timeout`` seconds; otherwise the capture stops incomplete and the job goes on. Call
-    ``capture`` on every rank alike. See docs/distributed.md.
+    stored as full tensors (docs/distributed.md). Call ``capture`` on every rank alike.
+
+    Args:
+        model: the job's model (the root the target names are relative to).
+        targets: target patterns (one string or several).
+        repo: where to save (a :class:`Repo`, a path or a remote URL; default ``$MODULELENS_REPO``
+            or the default path).
+        name: the capture name prefix (default: the model's class name).
+        record: which calls are recorded: ``warmup``, ``max_calls``, ``backward``, ``ranks``,
+            ``sync_timeout`` (:class:`Recording`, docs/fidelity.md).
+        payload: which tensors are stored shape-only: ``shape_only_over``, ``max_bytes``,
+            ``shape_only_params`` (:class:`PayloadPolicy`; all payloads by default).
+        tags: tags of the saved versions.
+        metadata: JSON-able user metadata stored with each saved version.
+        strict: raise on a capture or storage failure instead of warning (the tracer fails open
+            by default: the job goes on).
+        on_complete: called with the tracer once every target is recorded.
+
+    Raises:
+        InvalidNameError: ``name`` is not a valid capture name (checked here, before the job runs).
+        UsageError: no target pattern, or no submodule matches the targets.
 
     Example::
 
         modulelens.track_init()                  # before the model is built
         model = build_model()
-        with modulelens.capture(model, targets=["mlp", "blocks.*.attn"], name="ranker") as cap:
+        with modulelens.capture(model, targets=["mlp", "blocks.*.attn"], name="ranker",
+                                record=modulelens.Recording(warmup=2, max_calls=3)) as cap:
             train(model)
         print([v.ref for v in cap.saved])        # ['ranker/mlp:v1', 'ranker/blocks.0.attn:v1', ...]
-
-    Raises:
-        InvalidNameError: ``name`` is not a valid capture name (checked here, before the job runs).
-        UsageError: no target pattern, no submodule matches the targets, or bad ``warmup``/``max_calls``.
     """
 
     def __init__(
@@ -57,26 +67,17 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         *,
         repo: Any = None,
         name: str | None = None,
-        warmup: int = 0,
-        max_calls: int = 1,
-        on_complete: Callable[[Tracer], Any] | None = None,
-        strict: bool = False,
+        record: Recording = Recording(),
+        payload: PayloadPolicy = PayloadPolicy(),
         tags: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
-        backward: bool = False,
-        shape_only_over: int | None = None,
-        max_bytes: int | None = None,
-        shape_only_params: bool = False,
-        ranks: Sequence[int] | int | str = (0,),
-        sync_timeout: float = 60.0,
+        strict: bool = False,
+        on_complete: Callable[[Tracer], Any] | None = None,
     ) -> None:
         if name is not None:
             validate_name(name)  # now, not when the job is over and the capture is saved
-        self.policy = PayloadPolicy(shape_only_over=shape_only_over, max_bytes=max_bytes,
-                                    shape_only_params=shape_only_params)
-        self.tracer = Tracer(model, targets, warmup=warmup, max_calls=max_calls,
-                             on_complete=on_complete, strict=strict, backward=backward, ranks=ranks,
-                             sync_timeout=sync_timeout)
+        self.policy = payload
+        self.tracer = Tracer(model, targets, record=record, on_complete=on_complete, strict=strict)
         self.repo = repo
         self.name = name
         self.tags = list(tags)

@@ -1,4 +1,4 @@
-"""Record the backward pass of a captured call (``capture(..., backward=True)``).
+"""Record the backward pass of a captured call (``capture(..., record=Recording(backward=True))``).
 
 The gradients are read off the job's own backward pass with hooks; nothing runs a second
 backward. They are module-local, exactly what ``replay(backward=True)`` recomputes from the

@@ -10,36 +10,14 @@ Parameters and buffers are needed to rebuild the module, so they only go shape-o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from modulelens.errors import UsageError
 from modulelens.format.tree import deep_leaves
+from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.snapshot import BASE_ATTR
-
-
-@dataclass(frozen=True)
-class PayloadPolicy:
-    shape_only_over: int | None = None  # bytes; a bigger call tensor is stored shape-only
-    max_bytes: int | None = None  # bytes of payload per capture (parameters included)
-    shape_only_params: bool = False  # let parameters/buffers go shape-only too
-
-    def __post_init__(self) -> None:
-        for name in ("shape_only_over", "max_bytes"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise UsageError(f"capture({name}=...) must be a number of bytes >= 0, got {value!r}")
-
-    @property
-    def active(self) -> bool:
-        return self.shape_only_over is not None or self.max_bytes is not None
-
-    def settings(self) -> dict[str, Any]:
-        return {"shape_only_over": self.shape_only_over, "max_bytes": self.max_bytes,
-                "shape_only_params": self.shape_only_params}
 
 
 def unit_of(tensor: torch.Tensor) -> torch.Tensor:

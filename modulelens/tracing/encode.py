@@ -13,9 +13,10 @@ from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
 from modulelens.format.tensors import check_storable, dtype_name, tensor_bytes
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
-from modulelens.tracing.budget import PayloadPolicy, plan_shape_only
+from modulelens.tracing.budget import plan_shape_only
 from modulelens.tracing.distributed import original_class
 from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import BASE_ATTR
 from modulelens.tracing.source import collect_sources

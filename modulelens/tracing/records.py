@@ -23,7 +23,7 @@ class StateSnapshot:
 
 @dataclass
 class BackwardRecord:
-    """Gradients of one recorded call (``capture(..., backward=True)``), module-local: the
+    """Gradients of one recorded call (``capture(..., record=Recording(backward=True))``), module-local: the
     gradient that flowed into the outputs, and what the module's own backward made of it."""
 
     output_grads: Any  # the output's structure, a gradient (or None) per output leaf

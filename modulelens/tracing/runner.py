@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from modulelens.tracing.budget import PayloadPolicy
+    from modulelens.tracing.options import PayloadPolicy, Recording
 
 ENV_CONFIG = "MODULELENS_RUN_CONFIG"
 ENV_SUMMARY = "MODULELENS_RUN_SUMMARY_DIR"
@@ -48,14 +48,20 @@ class RunConfig:
     ranks: str = "0"
     strict: bool = False
     tags: list[str] = field(default_factory=list)
-    backward: bool = False  # also record gradients (capture(backward=True))
+    backward: bool = False  # also record gradients (Recording(backward=True))
     shape_only_over: int | None = None  # PayloadPolicy: bigger call tensors are stored shape-only
     max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
     list_modules: bool = False  # report the module tree of the first model called, then end the job
 
+    def recording(self) -> Recording:
+        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``."""
+        from modulelens.tracing.options import Recording  # imports torch: only in the job's processes
+
+        return Recording(warmup=self.warmup, max_calls=self.max_calls, backward=self.backward, ranks=self.ranks)
+
     def policy(self) -> PayloadPolicy | None:
         """The payload policy of ``--shape-only-over``/``--max-bytes`` (``None`` when neither is set)."""
-        from modulelens.tracing.budget import PayloadPolicy  # imports torch: only in the job's processes
+        from modulelens.tracing.options import PayloadPolicy  # imports torch: only in the job's processes
 
         if self.shape_only_over is None and self.max_bytes is None:
             return None
@@ -203,9 +209,8 @@ class _Session:
                 return None
             patterns = [p for p in pending if any(matches(p, n, m) for n, m in found.items())]
             self.resolved.update(patterns)
-            tracer = Tracer(module, patterns, warmup=self.config.warmup, max_calls=self.config.max_calls,
-                            on_complete=self._on_tracer_complete, on_target_complete=self._on_target_complete,
-                            strict=self.config.strict, backward=self.config.backward, ranks=self.config.ranks)
+            tracer = Tracer(module, patterns, record=self.config.recording(), on_complete=self._on_tracer_complete,
+                            on_target_complete=self._on_target_complete, strict=self.config.strict)
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             self._patterns[id(tracer)] = patterns

@@ -20,10 +20,10 @@ from typing import Any
 
 from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
 from modulelens.repo.local import Repo, VersionInfo
-from modulelens.tracing.budget import PayloadPolicy
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import encode_record
 from modulelens.tracing.environment import distributed_info
+from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.tracer import Tracer, unwrap_model
 

@@ -27,7 +27,6 @@ from modulelens.format.module_state import plain_attributes, structure
 from modulelens.format.tree import mutable_leaves
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
-    RanksSpec,
     ShardSync,
     describe_dtensor,
     dtensor_leaves,
@@ -43,6 +42,7 @@ from modulelens.tracing.distributed import (
 )
 from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
+from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter
 
@@ -147,29 +147,23 @@ class Tracer:
         model: torch.nn.Module,
         targets: Sequence[str] | str,
         *,
-        warmup: int = 0,
-        max_calls: int = 1,
+        record: Recording = Recording(),
         on_complete: Callable[[Tracer], Any] | None = None,
         strict: bool = False,
-        backward: bool = False,
-        ranks: RanksSpec = (0,),
-        sync_timeout: float = 60.0,
         on_target_complete: Callable[[Tracer, str], Any] | None = None,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
         if not targets:
             raise UsageError("capture needs at least one target pattern")
-        if warmup < 0 or max_calls < 1:
-            raise UsageError("warmup must be >= 0 and max_calls >= 1")
         self.model = model
         self.patterns = [normalise_pattern(p, model) for p in targets]
-        self.warmup = warmup
-        self.max_calls = max_calls
+        self.warmup = record.warmup
+        self.max_calls = record.max_calls
         self.on_complete = on_complete
         self.on_target_complete = on_target_complete
         self.strict = strict
-        self.backward = backward
+        self.backward = record.backward
         self._backward_handles: list[Any] = []
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
@@ -183,11 +177,11 @@ class Tracer:
         self._lock = threading.RLock()
         self.finished = False
         # Distributed jobs (docs/distributed.md): which ranks record, and bounded gathers of DTensors.
-        self.ranks = normalise_ranks(ranks)
+        self.ranks = normalise_ranks(record.ranks)
         self.rank, self.world_size = rank_and_world()
         self._recorders = recording_ranks(self.ranks, self.world_size)
         self.recording = self.world_size <= 1 or self.rank in self._recorders
-        self.sync_timeout = float(sync_timeout)
+        self.sync_timeout = float(record.sync_timeout)
         self._sync = ShardSync(f"{next(_SESSIONS)}-{'|'.join(self.patterns)}", self.sync_timeout)
         self._participated: dict[str, int] = {}
         self._incidents: dict[str, list[str]] = {}

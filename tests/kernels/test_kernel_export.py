@@ -314,3 +314,36 @@ def test_tools_verify_eval_mode_compares_with_the_reference_in_eval(tmp_path: Pa
 
     with pytest.raises(modulelens.ModulelensError, match="mode must be"):
         verify(cap, "kernel_models:DropMLP", mode="inference", timing=False, store=False)
+
+
+SCRIPT = '''
+from __future__ import annotations
+import torch
+from torch import nn
+SCALE = 2.0
+data = torch.randn(3)  # the job's data: not the class's
+def helper(x):
+    return x * SCALE
+class Net(nn.Module):
+    def forward(self, x):
+        data = helper(x)  # a local that shares a module-level name
+        return data
+train = Net()(data)
+if __name__ == "__main__":
+    SCALE = 3.0
+'''
+
+
+def test_inliner_copies_the_dependency_slice_of_stored_source() -> None:
+    """The inliner and stored-source restore share one slicer (restore.source_slice): only what
+    the class reads at module level, never the job's top-level code or the ``__main__`` block."""
+    from modulelens.kernels.inline import inlined_class_source
+
+    net = type("Net", (torch.nn.Module,), {})
+    source = inlined_class_source(net, module_name="__main__", text=SCRIPT)
+    assert source.origin == "inlined" and source.future_annotations
+    assert source.included == ["nn", "SCALE", "helper", "Net"]
+    assert "data = torch.randn" not in source.code and "train" not in source.code and "3.0" not in source.code
+    namespace: dict[str, Any] = {}
+    exec(compile(source.code, "<problem>", "exec"), namespace)
+    assert torch.equal(namespace["Net"]()(torch.ones(2)), torch.full((2,), 2.0))

@@ -13,9 +13,10 @@ from kernel_models import capture_all
 from typer.testing import CliRunner
 
 import modulelens
-from modulelens.errors import ModulelensError
+from modulelens.errors import ModulelensError, UsageError
 from modulelens.interfaces.cli import app
 from modulelens.kernels.export import export_kernelbench
+from modulelens.kernels.options import CandidatePolicy, KernelChecks
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.kernels.verify import read_candidate, verify_kernel
 
@@ -33,7 +34,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @needs_triton
 def test_correct_triton_kernel_function_passes_and_is_stored(repo: str) -> None:
-    report = verify_kernel("km/act", CANDIDATES / "scaled_gelu.py", repo=repo, timeout=120)
+    report = verify_kernel("km/act", CANDIDATES / "scaled_gelu.py", repo=repo, policy=CandidatePolicy(timeout=120))
     d = report.to_dict()
     assert report.passed, report.failures
     assert d["candidate"]["entry"] == "kernel_function" and d["candidate"]["backend"] == "triton"
@@ -53,7 +54,7 @@ def test_correct_triton_kernel_function_passes_and_is_stored(repo: str) -> None:
 
 @needs_triton
 def test_modelnew_with_keyword_only_argument_passes(repo: str) -> None:
-    report = verify_kernel("km/mlp", CANDIDATES / "linear_relu_modelnew.py", repo=repo, timeout=120)
+    report = verify_kernel("km/mlp", CANDIDATES / "linear_relu_modelnew.py", repo=repo, policy=CandidatePolicy(timeout=120))
     assert report.passed, report.failures
     d = report.to_dict()
     assert d["candidate"]["entry"] == "ModelNew"
@@ -62,7 +63,7 @@ def test_modelnew_with_keyword_only_argument_passes(repo: str) -> None:
 
 @needs_triton
 def test_subtly_wrong_kernel_fails_naming_the_call_and_error_size(repo: str) -> None:
-    report = verify_kernel("km/act", CANDIDATES / "scaled_gelu_tanh.py", repo=repo, timeout=120, store=False)
+    report = verify_kernel("km/act", CANDIDATES / "scaled_gelu_tanh.py", repo=repo, policy=CandidatePolicy(timeout=120), store=False)
     assert not report.passed
     first = report.failures[0]
     assert first.startswith("call 0 (recorded): output: ") and "elements differ (rtol=0.0001, atol=0.0001)" in first
@@ -77,7 +78,7 @@ def test_cached_output_is_caught_statically_and_by_random_inputs(repo: str, tmp_
     problem = export_kernelbench("km/act", tmp_path / "act", repo=repo)
     candidate = tmp_path / "cached.py"
     candidate.write_text((CANDIDATES / "scaled_gelu_cached.py").read_text().replace("@DATA@", str(problem.directory / "data")))
-    d = verify_kernel("km/act", candidate, repo=repo, timeout=120, store=False).to_dict()
+    d = verify_kernel("km/act", candidate, repo=repo, policy=CandidatePolicy(timeout=120), store=False).to_dict()
     assert not d["passed"]
     assert any(f["rule"] == "cached_output" for f in d["static"]["errors"])
     by_id = {s["sample"]: s for s in d["samples"]}
@@ -88,7 +89,8 @@ def test_cached_output_is_caught_statically_and_by_random_inputs(repo: str, tmp_
 
 @needs_triton
 def test_input_mutation_is_caught(repo: str) -> None:
-    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_inplace.py", repo=repo, timeout=120, store=False).to_dict()
+    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_inplace.py", repo=repo,
+                      policy=CandidatePolicy(timeout=120), store=False).to_dict()
     assert not d["passed"]
     assert all(s["mutated_inputs"] == ["x"] for s in d["samples"])
     assert "call 0 (recorded): modified its input(s) in place: x" in d["failures"]
@@ -133,8 +135,8 @@ CHEATS = [  # (file, static error rules expected: set() = only the run-time chec
 @needs_triton
 @pytest.mark.parametrize(("name", "static_rules"), CHEATS)
 def test_cheats_reaching_torch_for_the_heavy_op_fail(repo: str, name: str, static_rules: set[str]) -> None:
-    d = verify_kernel("km/mlp", CANDIDATES / "cheats" / name, repo=repo, timeout=120, max_calls=1, random_samples=0,
-                      store=False).to_dict()
+    d = verify_kernel("km/mlp", CANDIDATES / "cheats" / name, repo=repo, policy=CandidatePolicy(timeout=120),
+                      checks=KernelChecks(max_calls=1, random_samples=0), store=False).to_dict()
     assert not d["passed"]
     assert {f["rule"] for f in d["static"]["errors"]} == static_rules
     assert d["correctness"]["passed"] is True, d["failures"]  # right numbers: only the checks catch it
@@ -144,8 +146,9 @@ def test_cheats_reaching_torch_for_the_heavy_op_fail(repo: str, name: str, stati
 
 @needs_triton
 def test_mixed_candidate_passes_only_with_allow_torch_ops(repo: str) -> None:
-    d = verify_kernel("km/mlp", CANDIDATES / "cheats" / "matmul_torch_bias_triton.py", repo=repo, timeout=120,
-                      max_calls=1, random_samples=0, store=False, allow_torch_ops=True).to_dict()
+    d = verify_kernel("km/mlp", CANDIDATES / "cheats" / "matmul_torch_bias_triton.py", repo=repo,
+                      policy=CandidatePolicy(timeout=120, allow_torch_ops=True),
+                      checks=KernelChecks(max_calls=1, random_samples=0), store=False).to_dict()
     assert d["passed"], d["failures"]
     assert d["settings"]["allow_torch_ops"] is True and d["checks"]["torch_heavy_ops"]
     assert any("accepted (allow_torch_ops)" in n for n in d["notes"])
@@ -153,7 +156,7 @@ def test_mixed_candidate_passes_only_with_allow_torch_ops(repo: str) -> None:
 
 @needs_triton
 def test_calling_the_reference_is_caught(repo: str) -> None:
-    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_calls_reference.py", repo=repo, timeout=120,
+    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_calls_reference.py", repo=repo, policy=CandidatePolicy(timeout=120),
                       store=False).to_dict()
     assert not d["passed"]
     rules = {f["rule"] for f in d["static"]["errors"]}
@@ -164,8 +167,8 @@ def test_calling_the_reference_is_caught(repo: str) -> None:
 @needs_triton
 def test_hanging_candidate_is_killed_by_the_timeout(repo: str) -> None:
     start = time.perf_counter()
-    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_hangs.py", repo=repo, timeout=30, reference_timeout=600,
-                      store=False).to_dict()
+    d = verify_kernel("km/act", CANDIDATES / "scaled_gelu_hangs.py", repo=repo,
+                      policy=CandidatePolicy(timeout=30, reference_timeout=600), store=False).to_dict()
     assert not d["passed"]
     assert d["runtime"]["candidate_process"]["timed_out"] is True, d["failures"]
     assert any("timed out after 30 s" in f and "call 0" in f for f in d["failures"])
@@ -330,3 +333,30 @@ def test_random_inputs_keep_shapes_dtypes_and_index_structure() -> None:
     assert abs(float(new_x.mean()) - float(x.mean())) < 1.0 and scale == 2.0
     assert [n["arg"] for n in notes] == ["input", "offsets", "mask", "x"]
     assert notes[1]["how"].startswith("kept") and notes[3]["how"].startswith("normal(")
+
+
+def test_option_groups_refuse_bad_values_when_built(repo: str) -> None:
+    with pytest.raises(UsageError, match="max_calls >= 1"):
+        KernelChecks(max_calls=0)
+    with pytest.raises(UsageError, match="atol must be >= 0"):
+        KernelChecks(atol=-1.0)
+    with pytest.raises(UsageError, match="timeouts must be > 0"):
+        CandidatePolicy(timeout=0)
+    assert CandidatePolicy(timeout=30).reference_seconds == 120.0 and CandidatePolicy(timeout=200).reference_seconds == 200.0
+    assert KernelChecks(calls=[1, 0]).calls == (1, 0)
+    with pytest.raises(UsageError, match="fixed number of trials"):
+        verify_kernel("km/act", CANDIDATES / "scaled_gelu.py", repo=repo, timing=modulelens.TimingConfig(iters=None))
+
+
+def test_cli_defaults_are_the_option_groups_defaults() -> None:
+    """The CLI repeats the defaults as literals (importing the groups would import torch at --help)."""
+    import inspect
+
+    from modulelens.interfaces.cli.kernel import kernel_verify_cmd
+    from modulelens.kernels.options import KERNEL_TIMING
+
+    cli = {name: p.default for name, p in inspect.signature(kernel_verify_cmd).parameters.items()}
+    checks, policy = KernelChecks(), CandidatePolicy()
+    assert (cli["max_calls"], cli["random"], cli["seed"]) == (checks.max_calls, checks.random_samples, checks.seed)
+    assert (cli["timeout"], cli["warmup"], cli["trials"]) == (policy.timeout, KERNEL_TIMING.warmup, KERNEL_TIMING.iters)
+    assert (cli["allow_torch_ops"], cli["rtol"], cli["atol"]) == (policy.allow_torch_ops, checks.rtol, checks.atol)

@@ -39,9 +39,8 @@ def _capture_all(repo: Path) -> dict[str, str]:
             model = scenario.build().train(scenario.train)
             with warnings.catch_warnings():
                 warnings.simplefilter("error", modulelens.CaptureWarning)  # a dropped target fails here
-                with modulelens.capture(model, targets=list(scenario.targets.values()), repo=repo,
-                                        name=f"fidelity/{scenario.name}", strict=True,
-                                        max_calls=scenario.max_calls) as cap:
+                with modulelens.capture(model, targets=list(scenario.targets.values()), repo=repo, name=f"fidelity/{scenario.name}",
+                                        strict=True, record=modulelens.Recording(max_calls=scenario.max_calls)) as cap:
                     scenario.drive(model)
             saved = {info.name: info.ref for info in cap.saved}
             for label, pattern in scenario.targets.items():

@@ -39,8 +39,9 @@ def run_python(code: str, *args: str, cwd: Path, extra_path: list[Path] | None =
                           capture_output=True, text=True, timeout=180, check=False)
 
 
-def capture_one(model: nn.Module, target: str, repo: modulelens.Repo, drive: Any, **options: Any) -> modulelens.Capture:
-    with modulelens.capture(model, targets=[target], repo=repo, name="t", **options) as cap:
+def capture_one(model: nn.Module, target: str, repo: modulelens.Repo, drive: Any, *,
+                record: modulelens.Recording = modulelens.Recording(), strict: bool = False) -> modulelens.Capture:
+    with modulelens.capture(model, targets=[target], repo=repo, name="t", record=record, strict=strict) as cap:
         drive(model)
     assert cap.saved, "nothing was saved"
     return modulelens.load(cap.saved[0].ref, repo=repo)
@@ -262,7 +263,7 @@ def test_unrecorded_values_are_explicit_never_silent(repo: modulelens.Repo) -> N
         warnings.simplefilter("always")
         cap = capture_one(model, "UsesCache", repo, lambda m: (m(torch.randn(1, 2), cache=OpaqueCache()),
                                                                m(torch.randn(1, 2), cache=local_pair(torch.ones(1), 2))),
-                          max_calls=2)
+                          record=modulelens.Recording(max_calls=2))
     assert not [w for w in caught if issubclass(w.category, modulelens.CaptureWarning)]
     unrecorded = {u["path"]: u for u in cap.metadata["unrecorded"]}
     assert "call0.inputs[1]['cache']" in unrecorded and unrecorded["call0.inputs[1]['cache']"]["type"].endswith(
@@ -525,17 +526,17 @@ class Recommender(nn.Module):
         return self.proj(self.table(ids).mean(1) + dense)
 
 
-def _recommender_capture(repo: modulelens.Repo, **options: Any) -> modulelens.VersionInfo:
+def _recommender_capture(repo: modulelens.Repo, payload: modulelens.PayloadPolicy) -> modulelens.VersionInfo:
     torch.manual_seed(0)
     model = Recommender(rows=1000, dim=8)
     ids = torch.randint(100, 900, (64, 16))  # 8 KiB of indices, a "huge" tensor here
-    with modulelens.capture(model, targets=["Recommender"], repo=repo, name="rec", **options) as cap:
+    with modulelens.capture(model, targets=["Recommender"], repo=repo, name="rec", payload=payload) as cap:
         model(ids, torch.randn(64, 8))
     return cap.saved[0]
 
 
 def test_shape_only_index_input_synthesizes_valid_indices(repo: modulelens.Repo) -> None:
-    info = _recommender_capture(repo, shape_only_over=4096)
+    info = _recommender_capture(repo, modulelens.PayloadPolicy(shape_only_over=4096))
     cap = modulelens.load(info.ref, repo=repo)
     assert cap.shape_only == ["call0.inputs[0][0]"]  # ids only: dense (2 KiB) and parameters keep payloads
     ids_entry = next(e for e in cap.metadata["tensors"].values() if e.get("shape_only"))
@@ -561,14 +562,14 @@ def test_shape_only_index_input_synthesizes_valid_indices(repo: modulelens.Repo)
 
 
 def test_max_bytes_budget_and_parameters(repo: modulelens.Repo) -> None:
-    info = _recommender_capture(repo, max_bytes=40_000)  # weights 32 KiB + ids 8 KiB + dense 2 KiB > 40 KB
+    info = _recommender_capture(repo, modulelens.PayloadPolicy(max_bytes=40_000))  # weights 32 KiB + ids 8 KiB + dense 2 KiB > 40 KB
     cap = modulelens.load(info.ref, repo=repo)
     assert cap.shape_only == ["call0.inputs[0][0]"]  # the largest call tensor went; parameters never do
     assert cap.metadata["capture"]["max_bytes"] == 40_000
     assert all("payload" in cap.metadata["tensors"][e["tensor"]]
                for e in cap.metadata["states"][0]["parameters"].values())
 
-    info = _recommender_capture(repo, shape_only_over=1024, shape_only_params=True)
+    info = _recommender_capture(repo, modulelens.PayloadPolicy(shape_only_over=1024, shape_only_params=True))
     cap = modulelens.load(info.ref, repo=repo)
     assert "state0.table.weight" in cap.shape_only
     with pytest.raises(modulelens.RestoreError, match="stored shape-only"):
@@ -607,7 +608,7 @@ class TiedLM(nn.Module):
 
 def test_tied_weights_stay_tied(repo: modulelens.Repo) -> None:
     cap = capture_one(TiedLM(50, 8), "TiedLM", repo, lambda m: m(torch.randint(0, 50, (2, 5))).sum().backward(),
-                      backward=True)
+                      record=modulelens.Recording(backward=True))
     params = cap.metadata["states"][0]["parameters"]
     assert params["embed.weight"]["tensor"] == params["head.weight"]["tensor"]
     module = cap.module
@@ -685,7 +686,8 @@ class Noisy(nn.Module):
 
 def test_dropout_in_training_mode_replays_bit_exact(repo: modulelens.Repo) -> None:
     model = Noisy().train()
-    cap = capture_one(model, "Noisy", repo, lambda m: [m(torch.randn(8, 16)) for _ in range(3)], max_calls=3)
+    cap = capture_one(model, "Noisy", repo, lambda m: [m(torch.randn(8, 16)) for _ in range(3)],
+                      record=modulelens.Recording(max_calls=3))
     assert [c.training for c in cap.calls] == [True, True, True]
     assert all(c.rng and "cpu" in c.rng for c in cap.calls)
     masks = [(c.output[0] == 0) for c in cap.calls]
@@ -780,7 +782,7 @@ class Stack(nn.Module):
 def test_backward_replay_compares_input_and_parameter_gradients(repo: modulelens.Repo) -> None:
     model = Stack().train()
     x = torch.randn(5, 6)
-    cap = capture_one(model, "block", repo, lambda m: m(x).backward(), backward=True)
+    cap = capture_one(model, "block", repo, lambda m: m(x).backward(), record=modulelens.Recording(backward=True))
     call = cap.calls[0]
     grads = call.backward
     assert grads is not None and set(grads["param_grads"]) == {"up.weight", "up.bias", "down.weight", "down.bias"}
@@ -811,7 +813,7 @@ def test_backward_input_gradient_is_module_local(repo: modulelens.Repo) -> None:
         seen.setdefault("h", args[0])
 
     model.block.register_forward_pre_hook(keep_input)
-    cap = capture_one(model, "block", repo, lambda m: m(torch.randn(3, 6)).backward(), backward=True)
+    cap = capture_one(model, "block", repo, lambda m: m(torch.randn(3, 6)).backward(), record=modulelens.Recording(backward=True))
     recorded = cap.calls[0].backward
     h = seen["h"].detach().requires_grad_(True)
     gate = torch.sigmoid(seen["h"]).detach().requires_grad_(True)
@@ -871,7 +873,8 @@ def test_torch_compile_model(repo: modulelens.Repo) -> None:
     model = Tower()
     compiled = torch.compile(model, backend="eager")
     compiled(torch.randn(3, 8))  # compiled before the capture exists
-    with modulelens.capture(compiled, targets=["_orig_mod.b", "a"], repo=repo, name="compiled", max_calls=2) as cap:
+    with modulelens.capture(compiled, targets=["_orig_mod.b", "a"], repo=repo, name="compiled",
+                            record=modulelens.Recording(max_calls=2)) as cap:
         compiled(torch.randn(3, 8))
         compiled(torch.randn(5, 8))
     assert sorted(info.name for info in cap.saved) == ["compiled/a", "compiled/b"]
@@ -890,7 +893,7 @@ def test_ddp_wrapped_model(repo: modulelens.Repo, tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         ddp = nn.parallel.DistributedDataParallel(Tower())
-        with modulelens.capture(ddp, targets=["module.a", "b.0"], repo=repo, name="ddp", backward=True) as cap:
+        with modulelens.capture(ddp, targets=["module.a", "b.0"], repo=repo, name="ddp", record=modulelens.Recording(backward=True)) as cap:
             ddp(torch.randn(4, 8)).sum().backward()
     finally:
         dist.destroy_process_group()
@@ -913,7 +916,7 @@ def test_variable_sequence_lengths_each_recorded_and_replayed(repo: modulelens.R
                                       num_attention_heads=2, num_key_value_heads=1, use_cache=False)
     model = transformers.LlamaModel(config).eval()
     lengths = [5, 11, 3]
-    with modulelens.capture(model, targets=["layers.1"], repo=repo, name="llama", max_calls=3) as cap:
+    with modulelens.capture(model, targets=["layers.1"], repo=repo, name="llama", record=modulelens.Recording(max_calls=3)) as cap:
         for n in lengths:
             model(input_ids=torch.randint(0, 32, (2, n)))
     loaded = modulelens.load(cap.saved[0].ref, repo=repo)

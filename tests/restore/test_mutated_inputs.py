@@ -65,8 +65,8 @@ def _capture(model: nn.Module, repo: modulelens.Repo, drive: Any, max_calls: int
         model = type(model)()
     with warnings.catch_warnings():
         warnings.simplefilter("error", modulelens.CaptureWarning)
-        with modulelens.capture(model, targets=[type(model).__name__], repo=repo, name="m", max_calls=max_calls,
-                                strict=True) as cap:
+        with modulelens.capture(model, targets=[type(model).__name__], repo=repo, name="m", strict=True,
+                                record=modulelens.Recording(max_calls=max_calls)) as cap:
             drive(model)
     return modulelens.load(cap.saved[0].ref, repo=repo)
 
@@ -138,8 +138,8 @@ def test_transformers_cache_on_entry_and_after_a_decode_step(repo: modulelens.Re
     with modulelens.track_init():
         model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(0))
-    with modulelens.capture(model, targets=["model.layers.1.self_attn"], repo=repo, name="llama", max_calls=2,
-                            strict=True) as cap:
+    with modulelens.capture(model, targets=["model.layers.1.self_attn"], repo=repo, name="llama", strict=True,
+                            record=modulelens.Recording(max_calls=2)) as cap:
         out = model(input_ids=ids)  # default settings: use_cache=True, a DynamicCache
         model(input_ids=ids[:, -1:], past_key_values=out.past_key_values)
     loaded = modulelens.load(cap.saved[0].ref, repo=repo)

@@ -95,7 +95,7 @@ def test_calls_in_both_modes_are_noted(repo) -> None:
         drive(m.train())
         drive(m.eval())
 
-    with modulelens.capture(model, targets=[target], repo=repo, name="job", max_calls=2) as cap:
+    with modulelens.capture(model, targets=[target], repo=repo, name="job", record=modulelens.Recording(max_calls=2)) as cap:
         train_then_eval(model)
     loaded = modulelens.load(cap.saved[0].ref, repo=repo)
     assert loaded.module.training is True

@@ -35,7 +35,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     for case, (module, calls) in _cases().items():
         module.train(case == "encoder_layer")  # dropout active: replay needs the recorded RNG state
         with modulelens.capture(module, targets=[type(module).__name__], repo=repo_path, name=case,
-                                max_calls=len(calls)) as cap:
+                                record=modulelens.Recording(max_calls=len(calls))) as cap:
             for args, kwargs in calls:
                 module(*args, **kwargs)
         assert len(cap.saved) == 1
@@ -98,7 +98,7 @@ def test_aliased_inputs_stay_aliased_on_replay(repo: modulelens.Repo) -> None:
 def test_replay_twice_with_batchnorm_and_several_states(repo: modulelens.Repo) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with modulelens.capture(model, targets="Sequential", repo=repo, name="bn", max_calls=3):
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="bn", record=modulelens.Recording(max_calls=3)):
         for _ in range(3):
             model(torch.randn(8, 4)).sum().backward()
             optimizer.step()

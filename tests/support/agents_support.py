@@ -67,7 +67,7 @@ def make_repo(root: Path) -> Path:
         model = Net()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        with modulelens.capture(model, targets=["gate", "head", "noisy"], repo=root, name="toy", max_calls=2):
+        with modulelens.capture(model, targets=["gate", "head", "noisy"], repo=root, name="toy", record=modulelens.Recording(max_calls=2)):
             model(torch.randn(3, 8))
             model(torch.randn(5, 8))
     return root

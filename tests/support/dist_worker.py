@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from dist_models import Net
+from shardnet import ShardNet
 from torch import nn
 
 import modulelens
@@ -38,6 +38,11 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
     opt.step()
 
 
+def _net() -> ShardNet:
+    """The example's model (examples/distributed/shardnet.py) at test size."""
+    return ShardNet(features=8, dim=16, hidden=32, depth=2, classes=4)
+
+
 def _refs(infos: list[Any]) -> list[str]:
     return [info.ref for info in infos]
 
@@ -45,16 +50,16 @@ def _refs(infos: list[Any]) -> list[str]:
 def scenario_ddp(rank: int, repo: str, out: str) -> dict[str, Any]:
     modulelens.track_init()
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Net())
+    model = nn.parallel.DistributedDataParallel(_net())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     result: dict[str, Any] = {}
     # Rank 0 records (the default): blocks.1 at the second step, after one optimizer step.
-    with modulelens.capture(model, ["blocks.1"], name="ddp", repo=repo, warmup=1) as cap:
+    with modulelens.capture(model, ["blocks.1"], name="ddp", repo=repo, record=modulelens.Recording(warmup=1)) as cap:
         for step in range(3):
             _train_step(model, opt, *_batch(step, rank))
     result["default"] = _refs(cap.saved)
     # Every rank records the head; both save at the same moment into the same repo.
-    cap = modulelens.capture(model, ["head"], name="ddpall", repo=repo, ranks="all")
+    cap = modulelens.capture(model, ["head"], name="ddpall", repo=repo, record=modulelens.Recording(ranks="all"))
     _train_step(model, opt, *_batch(5, rank))
     cap.stop()
     dist.barrier()
@@ -85,12 +90,12 @@ def _tp_and_fsdp_models(mesh: Any) -> tuple[nn.Module, nn.Module, nn.Module]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
-    tp = Net()
-    tp_twin = Net()
+    tp = _net()
+    tp_twin = _net()
     tp_twin.load_state_dict(tp.state_dict())
-    parallelize_module(tp.blocks[0].mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    parallelize_module(tp.blocks[0].ff, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     torch.manual_seed(1)
-    fsdp = Net()
+    fsdp = _net()
     for block in fsdp.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(fsdp, mesh=mesh)
@@ -103,29 +108,29 @@ def scenario_sharded(rank: int, repo: str, out: str) -> dict[str, Any]:
     modulelens.track_init()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     tp, tp_twin, fsdp = _tp_and_fsdp_models(mesh)
-    result: dict[str, Any] = {"tp_class": type(tp.blocks[0].mlp).__name__, "fsdp_class": type(fsdp.blocks[1]).__name__}
+    result: dict[str, Any] = {"tp_class": type(tp.blocks[0].ff).__name__, "fsdp_class": type(fsdp.blocks[1]).__name__}
     reference: dict[str, np.ndarray] = {}
 
-    # Tensor parallel: every rank sees the same batch; blocks.0.mlp recorded at step 1.
+    # Tensor parallel: every rank sees the same batch; blocks.0.ff recorded at step 1.
     opt = torch.optim.SGD(tp.parameters(), lr=0.1)
     twin_opt = torch.optim.SGD(tp_twin.parameters(), lr=0.1)
-    with modulelens.capture(tp, ["blocks.0.mlp", "blocks.0.mlp.down"], name="tp", repo=repo, warmup=1) as cap:
+    with modulelens.capture(tp, ["blocks.0.ff", "blocks.0.ff.down"], name="tp", repo=repo, record=modulelens.Recording(warmup=1)) as cap:
         for step in range(3):
             if step == 1:  # the weights the capture will see, gathered by the test itself
-                for n, p in tp.blocks[0].mlp.named_parameters():
+                for n, p in tp.blocks[0].ff.named_parameters():
                     full = p.full_tensor()
                     reference[f"tp_full.{n}"] = full.detach().numpy().copy()
-                for n, p in tp_twin.blocks[0].mlp.named_parameters():
+                for n, p in tp_twin.blocks[0].ff.named_parameters():
                     reference[f"tp_twin.{n}"] = p.detach().numpy().copy()
             x, y = _batch(step)
             _train_step(tp, opt, x, y)
             _train_step(tp_twin, twin_opt, x, y)
     result["tp"] = _refs(cap.saved)
 
-    # FSDP2: each rank its own batch; the whole Net (children sharded while it is entered) and an
+    # FSDP2: each rank its own batch; the whole ShardNet (children sharded while it is entered) and an
     # FSDP-wrapped block, both recorded at step 1.
     opt = torch.optim.SGD(fsdp.parameters(), lr=0.1)
-    with modulelens.capture(fsdp, ["Net", "blocks.1"], name="fsdp", repo=repo, warmup=1) as cap:
+    with modulelens.capture(fsdp, ["ShardNet", "blocks.1"], name="fsdp", repo=repo, record=modulelens.Recording(warmup=1)) as cap:
         for step in range(3):
             if step == 1:
                 for n, p in fsdp.named_parameters():
@@ -138,9 +143,9 @@ def scenario_sharded(rank: int, repo: str, out: str) -> dict[str, Any]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
-    early = Net()
-    with modulelens.capture(early, ["blocks.0.mlp.down"], name="tpearly", repo=repo) as cap:
-        parallelize_module(early.blocks[0].mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    early = _net()
+    with modulelens.capture(early, ["blocks.0.ff.down"], name="tpearly", repo=repo) as cap:
+        parallelize_module(early.blocks[0].ff, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
         for step in range(2):
             early(_batch(step)[0])
     result["tpearly"] = _refs(cap.saved)
@@ -178,7 +183,7 @@ def scenario_nohang(rank: int, repo: str, out: str) -> dict[str, Any]:
     # 1. A sharded target called on rank 1 only, rank 0 records: rank 1 must not wait forever.
     model = _sharded_linear(mesh)
     start = time.monotonic()
-    with modulelens.capture(model, ["0"], name="only1", repo=repo, sync_timeout=2.0) as cap:
+    with modulelens.capture(model, ["0"], name="only1", repo=repo, record=modulelens.Recording(sync_timeout=2.0)) as cap:
         if rank == 1:
             model(inputs())
     result["only1"] = {"saved": _refs(cap.saved), "seconds": time.monotonic() - start}
@@ -187,7 +192,8 @@ def scenario_nohang(rank: int, repo: str, out: str) -> dict[str, Any]:
     # 2. Rank 1 fails inside capture at the second call while every rank records two calls.
     model = _sharded_linear(mesh)
     start = time.monotonic()
-    cap = modulelens.capture(model, ["0"], name="fail1", repo=repo, ranks="all", max_calls=2, sync_timeout=30.0)
+    cap = modulelens.capture(model, ["0"], name="fail1", repo=repo,
+                             record=modulelens.Recording(ranks="all", max_calls=2, sync_timeout=30.0))
     if rank == 1:
         gather = cap.tracer._gather
 
@@ -205,8 +211,8 @@ def scenario_nohang(rank: int, repo: str, out: str) -> dict[str, Any]:
 
     # 3. Rank 1 calls the target twice, rank 0 once: the second call cannot be gathered.
     model = _sharded_linear(mesh)
-    with modulelens.capture(model, ["0"], name="uneven", repo=repo, ranks="all", max_calls=2,
-                            sync_timeout=2.0) as cap:
+    with modulelens.capture(model, ["0"], name="uneven", repo=repo,
+                            record=modulelens.Recording(ranks="all", max_calls=2, sync_timeout=2.0)) as cap:
         for _ in range(1 + rank):
             model(inputs())
     result["uneven"] = {"saved": _refs(cap.saved)}

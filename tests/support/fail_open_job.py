@@ -20,7 +20,7 @@ def main() -> None:
     steps = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with modulelens.capture(model, targets=["0", "2"], repo=sys.argv[1], name="job", max_calls=2) as cap:
+        with modulelens.capture(model, targets=["0", "2"], repo=sys.argv[1], name="job", record=modulelens.Recording(max_calls=2)) as cap:
             for _ in range(6):
                 optimizer.zero_grad()
                 model(torch.randn(8, 64)).square().mean().backward()

@@ -79,7 +79,8 @@ def capture_all(repo: str, name: str = "km") -> None:
         model.act.scale.uniform_(0.5, 1.5)
         model.act.shift.uniform_(-0.1, 0.1)
     generator = torch.Generator().manual_seed(1)
-    with modulelens.capture(model, targets=["act", "mlp", "bag", "Wrapper"], repo=repo, name=name, max_calls=2), \
+    with modulelens.capture(model, targets=["act", "mlp", "bag", "Wrapper"], repo=repo, name=name,
+                            record=modulelens.Recording(max_calls=2)), \
             torch.no_grad():
         for _ in range(2):
             model(torch.randn(3, 16, generator=generator), torch.randint(0, 20, (6,), generator=generator),
@@ -105,7 +106,7 @@ def capture_dropout(repo: str, *, training: bool, name: str) -> None:
     torch.manual_seed(0)
     with modulelens.track_init():
         model = DropMLP(8).train(training)
-    with modulelens.capture(model, targets=["DropMLP"], repo=repo, name=name, max_calls=2), torch.no_grad():
+    with modulelens.capture(model, targets=["DropMLP"], repo=repo, name=name, record=modulelens.Recording(max_calls=2)), torch.no_grad():
         for _ in range(2):
             model(torch.randn(4, 8))
 

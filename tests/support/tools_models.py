@@ -53,7 +53,7 @@ def capture(module_factory: Any, inputs: list[tuple[Any, ...]], repo: Path, name
         model = Holder(module_factory())
     finally:
         tracking.stop()
-    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, max_calls=len(inputs)) as cap:
+    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, record=modulelens.Recording(max_calls=len(inputs))) as cap:
         for args in inputs:
             model(*args)
     return cap.saved[0].ref
@@ -153,7 +153,7 @@ def capture_training(repo: Path, name: str, steps: int = 3) -> str:
     finally:
         tracking.stop()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, max_calls=steps) as cap:
+    with modulelens.capture(model, targets=["inner"], repo=repo, name=name, record=modulelens.Recording(max_calls=steps)) as cap:
         for _ in range(steps):
             y, _aux = model.inner(torch.randn(10, 6), scale=2.0)
             y.square().sum().backward()

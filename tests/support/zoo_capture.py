@@ -33,7 +33,7 @@ def capture_group(group: str, repo: str, only: set[str] | None) -> dict[str, dic
                 warnings.simplefilter("error", modulelens.CaptureWarning)  # a dropped target is an error
                 with modulelens.capture(model, targets=sorted(set(patterns.values())), repo=repo,
                                         name=f"zoo/{scenario.name}", strict=True,
-                                        max_calls=scenario.max_calls) as cap:
+                                        record=modulelens.Recording(max_calls=scenario.max_calls)) as cap:
                     scenario.drive(model)
             saved = {info.name: info.ref for info in cap.saved}
             for label, pattern in patterns.items():

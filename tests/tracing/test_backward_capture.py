@@ -43,7 +43,8 @@ def _loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _capture(model: nn.Module, target: str, run: Any, repo: modulelens.Repo) -> modulelens.Capture:
     with warnings.catch_warnings():
         warnings.simplefilter("error", modulelens.CaptureWarning)  # a backward not recorded fails here
-        with modulelens.capture(model, targets=[target], repo=repo, name="bw", backward=True, strict=True) as cap:
+        with modulelens.capture(model, targets=[target], repo=repo, name="bw", strict=True,
+                                record=modulelens.Recording(backward=True)) as cap:
             run(model)
     return modulelens.load(cap.saved[0].ref, repo=repo)
 

@@ -42,7 +42,8 @@ needs_gloo = pytest.mark.skipif(
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(ROOT), str(TESTS), str(ROOT / "examples" / "distributed"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     env.pop("MODULELENS_REPO", None)
     if Path("/sys/class/net/lo").exists():
@@ -138,7 +139,7 @@ def test_ddp_submodule_replays_bit_exact_in_fresh_process(ddp_job: dict[str, Any
     assert ranks[1]["default"] == []  # only rank 0 records by default
     result = _fresh(_REPLAY, str(ddp_job["repo"]), "ddp/blocks.1")["ddp/blocks.1"]
     assert result["passed"] and result["mode"] == "bit-exact", result["report"]
-    assert result["class"] == "dist_models:Block"
+    assert result["class"] == "shardnet:Block"
     meta = result["meta"]
     assert (meta["rank"], meta["world_size"], meta["backend"], meta["recording_ranks"]) == (0, 2, "gloo", [0])
     assert meta["sharded"] is False and meta["incomplete"] == []
@@ -180,7 +181,7 @@ def test_two_ranks_saving_into_one_repo_at_once_both_land(ddp_job: dict[str, Any
 @needs_gloo
 def test_tensor_parallel_module_restores_full_and_replays(sharded_job: dict[str, Any]) -> None:
     ranks = sharded_job["ranks"]
-    assert ranks[0]["tp"] == ["tp/blocks.0.mlp:v1", "tp/blocks.0.mlp.down:v1"] and ranks[1]["tp"] == []
+    assert ranks[0]["tp"] == ["tp/blocks.0.ff:v1", "tp/blocks.0.ff.down:v1"] and ranks[1]["tp"] == []
     check = """
     import json, sys
     import numpy as np, torch
@@ -188,11 +189,11 @@ def test_tensor_parallel_module_restores_full_and_replays(sharded_job: dict[str,
     repo, reference = sys.argv[1], sys.argv[2]
     ref = np.load(reference, allow_pickle=False)
     result = {}
-    for name in ("tp/blocks.0.mlp", "tp/blocks.0.mlp.down"):
+    for name in ("tp/blocks.0.ff", "tp/blocks.0.ff.down"):
         cap = modulelens.load(name, repo=repo)
         module = cap.module
         report = cap.replay()
-        prefix = "" if name.endswith("mlp") else "down."
+        prefix = "" if name.endswith("ff") else "down."
         result[name] = {
             "passed": report.passed, "mode": report.mode, "report": str(report), "class": cap.module_class,
             "plain": all(type(p) is torch.nn.Parameter for p in module.parameters()),
@@ -206,8 +207,8 @@ def test_tensor_parallel_module_restores_full_and_replays(sharded_job: dict[str,
     print(json.dumps(result))
     """
     result = _fresh(check, str(sharded_job["repo"]), str(sharded_job["out"] / "reference.npz"))
-    mlp, down = result["tp/blocks.0.mlp"], result["tp/blocks.0.mlp.down"]
-    assert mlp["class"] == "dist_models:MLP"
+    mlp, down = result["tp/blocks.0.ff"], result["tp/blocks.0.ff.down"]
+    assert mlp["class"] == "shardnet:FeedForward"
     assert mlp["shapes"]["up.weight"] == [32, 16] and mlp["shapes"]["down.weight"] == [16, 32]  # full, not shards
     for entry in (mlp, down):
         assert entry["plain"] and entry["equal_gathered"], entry
@@ -252,22 +253,22 @@ def test_fsdp2_module_restores_as_its_own_class(sharded_job: dict[str, Any]) -> 
     """
     result = _fresh(check, str(sharded_job["repo"]), str(sharded_job["out"] / "reference.npz"))
     net, block = result["fsdp"], result["fsdp/blocks.1"]
-    assert (net["class"], net["type"]) == ("dist_models:Net", "Net")
-    assert (block["class"], block["type"]) == ("dist_models:Block", "Block")
+    assert (net["class"], net["type"]) == ("shardnet:ShardNet", "ShardNet")
+    assert (block["class"], block["type"]) == ("shardnet:Block", "Block")
     for entry in (net, block):
         assert entry["equal"] and entry["passed"], entry["report"]
-    assert net["meta"]["wrapper_class"] == "FSDPNet" and block["meta"]["wrapper_class"] == "FSDPBlock"
+    assert net["meta"]["wrapper_class"] == "FSDPShardNet" and block["meta"]["wrapper_class"] == "FSDPBlock"
     # The root was entered with its children's parameters still sharded: gathered for the capture.
-    assert net["meta"]["parameters"]["blocks.0.mlp.up.weight"]["placements"] == ["Shard(dim=0)"]
+    assert net["meta"]["parameters"]["blocks.0.ff.up.weight"]["placements"] == ["Shard(dim=0)"]
 
 
 @needs_gloo
 def test_capture_attached_before_tensor_parallel_still_records_full_tensors(sharded_job: dict[str, Any]) -> None:
-    assert sharded_job["ranks"][0]["tpearly"] == ["tpearly/blocks.0.mlp.down:v1"]
+    assert sharded_job["ranks"][0]["tpearly"] == ["tpearly/blocks.0.ff.down:v1"]
     check = """
     import json, sys
     import modulelens
-    cap = modulelens.load("tpearly/blocks.0.mlp.down", repo=sys.argv[1])
+    cap = modulelens.load("tpearly/blocks.0.ff.down", repo=sys.argv[1])
     report = cap.replay()
     print(json.dumps({"passed": report.passed, "report": str(report), "index": cap.calls[0].index,
                       "input": list(cap.calls[0].args[0].shape), "output": list(cap.calls[0].output.shape)}))
@@ -345,7 +346,7 @@ def test_ranks_setting_is_validated() -> None:
 
 
 def test_original_class_sees_through_composable_wrappers() -> None:
-    from dist_models import Block
+    from shardnet import Block
 
     if torch.distributed.is_available():
         from torch.distributed.fsdp import FSDPModule
@@ -361,7 +362,7 @@ def test_single_process_capture_has_no_distributed_block(tmp_path: Path) -> None
 
     modulelens.track_init()
     model = torch.nn.Sequential(torch.nn.Linear(3, 3))
-    with modulelens.capture(model, ["0"], name="single", repo=tmp_path, ranks=[1]) as cap:
+    with modulelens.capture(model, ["0"], name="single", repo=tmp_path, record=modulelens.Recording(ranks=[1])) as cap:
         model(torch.randn(2, 3))  # one process: it records whatever ranks says
     assert [v.ref for v in cap.saved] == ["single/0:v1"]
     assert "distributed" not in modulelens.load("single/0", repo=tmp_path).metadata

@@ -18,13 +18,13 @@ SCRIPT = textwrap.dedent('''
     import torch
     import torch.distributed as dist
     from torch import nn
-    from dist_models import Net
+    from shardnet import ShardNet
 
     mode = sys.argv[1]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = Net()
+    model = ShardNet(features=8, dim=16, hidden=32, depth=2, classes=4)  # examples/distributed, test size
     if mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
     else:
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent('''
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for block in model.blocks:
-            parallelize_module(block.mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            parallelize_module(block.ff, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(4):
         g = torch.Generator().manual_seed(step * 10 + (rank if mode == "ddp" else 0))
@@ -78,11 +78,11 @@ def test_run_ddp_all_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("ranks", ["0", "all"])
 def test_run_tensor_parallel_restores_a_full_module(tmp_path: Path, ranks: str) -> None:
-    result, out = _run(tmp_path, "tp", "-t", "blocks.0.mlp", "--ranks", ranks, "--name", "tp")
+    result, out = _run(tmp_path, "tp", "-t", "blocks.0.ff", "--ranks", ranks, "--name", "tp")
     assert result.returncode == 0, result.stderr
     assert "rank 0 END" in result.stderr and "rank 1 END" in result.stderr
     saved = [s["ref"] for s in out["result"]["saved"]]
-    expected = ["tp/blocks.0.mlp:v1"] if ranks == "0" else ["tp/rank0/blocks.0.mlp:v1", "tp/rank1/blocks.0.mlp:v1"]
+    expected = ["tp/blocks.0.ff:v1"] if ranks == "0" else ["tp/rank0/blocks.0.ff:v1", "tp/rank1/blocks.0.ff:v1"]
     assert sorted(saved) == expected
     for ref in saved:
         module = modulelens.load(ref, repo=tmp_path / "repo").module

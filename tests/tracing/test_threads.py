@@ -26,7 +26,7 @@ class SlowScale(nn.Module):
 def test_concurrent_calls_are_paired_with_their_own_outputs(repo: modulelens.Repo) -> None:
     model = nn.Sequential(SlowScale(4))
     per_thread = 15
-    with modulelens.capture(model, targets=["0"], repo=repo, name="threads", max_calls=2 * per_thread) as cap:
+    with modulelens.capture(model, targets=["0"], repo=repo, name="threads", record=modulelens.Recording(max_calls=2 * per_thread)) as cap:
         def work(seed: int) -> None:
             for i in range(per_thread):
                 with torch.no_grad():

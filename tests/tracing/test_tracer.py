@@ -10,6 +10,8 @@ from modules_for_tests import InPlace, Tower
 from torch import nn
 
 import modulelens
+from modulelens.errors import UsageError
+from modulelens.tracing.runner import RunConfig
 from modulelens.tracing.tracer import Tracer
 
 
@@ -29,11 +31,22 @@ def test_no_matching_target_is_a_clear_error() -> None:
         Tracer(Tower(), ["decoder.*"])
 
 
+def test_option_groups_refuse_bad_values_before_the_job_runs() -> None:
+    for bad in ({"warmup": -1}, {"max_calls": 0}, {"sync_timeout": 0}, {"ranks": "some"}):
+        with pytest.raises(UsageError):
+            modulelens.Recording(**bad)
+    with pytest.raises(UsageError, match=r"PayloadPolicy\(max_bytes=...\) must be a number of bytes"):
+        modulelens.PayloadPolicy(max_bytes=-1)
+    assert modulelens.Recording(ranks=[2, 0]).ranks == (0, 2) and modulelens.Recording(ranks="all").ranks == "all"
+    assert RunConfig(targets=["x"]).recording() == modulelens.Recording()  # `modulelens run` defaults are capture's
+
+
 def test_early_stop_removes_every_hook_and_fires_on_complete(repo: modulelens.Repo) -> None:
     model = Tower()
     before = _all_hooks(model)
     fired = []
-    with modulelens.capture(model, targets=["blocks.*.0", "head"], repo=repo, warmup=2, max_calls=2,
+    with modulelens.capture(model, targets=["blocks.*.0", "head"], repo=repo,
+                            record=modulelens.Recording(warmup=2, max_calls=2),
                             on_complete=lambda t: fired.append(_all_hooks(model))) as cap:
         assert _all_hooks(model) == before + 8
         for _step in range(3):
@@ -66,7 +79,7 @@ def test_in_place_op_inside_forward_does_not_corrupt_recorded_inputs(repo: modul
 def test_state_is_recorded_again_after_an_optimizer_step(repo: modulelens.Repo) -> None:
     model = Tower()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    with modulelens.capture(model, targets="head", repo=repo, name="opt", max_calls=3):
+    with modulelens.capture(model, targets="head", repo=repo, name="opt", record=modulelens.Recording(max_calls=3)):
         for _ in range(3):
             model(torch.randn(4, 8)).sum().backward()
             optimizer.step()
@@ -143,7 +156,7 @@ def test_weight_updates_through_data_are_recorded_as_new_states(repo: modulelens
     """``p.data.add_()`` does not bump version counters; each call must still get the weights it saw."""
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(3, 4)
-    with modulelens.capture(model, targets=["0"], repo=repo, max_calls=3) as cap:
+    with modulelens.capture(model, targets=["0"], repo=repo, record=modulelens.Recording(max_calls=3)) as cap:
         for _step in range(3):
             loss = model(x).square().sum()
             loss.backward()
@@ -160,7 +173,7 @@ def test_weight_updates_through_data_are_recorded_as_new_states(repo: modulelens
 
 def test_unchanged_weights_share_one_state(repo: modulelens.Repo) -> None:
     model = nn.Linear(4, 4)
-    with modulelens.capture(model, targets=["Linear"], repo=repo, max_calls=3) as cap, torch.no_grad():
+    with modulelens.capture(model, targets=["Linear"], repo=repo, record=modulelens.Recording(max_calls=3)) as cap, torch.no_grad():
         for _step in range(3):
             model(torch.randn(2, 4))
     assert [c.state_index for c in modulelens.load(cap.saved[0].ref, repo=repo).calls] == [0, 0, 0]

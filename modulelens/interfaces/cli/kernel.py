@@ -140,14 +140,17 @@ def kernel_verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
+    from modulelens.kernels.options import CandidatePolicy, KernelChecks
     from modulelens.kernels.verify import verify_kernel
+    from modulelens.tools.timing import TimingConfig
 
+    checks = KernelChecks(calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls, random_samples=random,
+                          seed=seed, rtol=rtol, atol=atol)
+    policy = CandidatePolicy(timeout=timeout, reference_timeout=reference_timeout, allow=allow or (),
+                      allow_torch_ops=allow_torch_ops)
     capture = session.load_capture(ref, repo, trust_source=trust_source)
-    report = verify_kernel(capture, candidate, repo=capture.repo, timeout=timeout, reference_timeout=reference_timeout,
-                           device=device, calls=session.parse_int_list(calls, "--calls"),
-                           max_calls=max_calls, random_samples=random, seed=seed, rtol=rtol, atol=atol,
-                           warmup=warmup, trials=trials, entry=entry, allow=allow or (), allow_torch_ops=allow_torch_ops,
-                           store=store)
+    report = verify_kernel(capture, candidate, repo=capture.repo, device=device, entry=entry, checks=checks,
+                           timing=TimingConfig(warmup=warmup, iters=trials), policy=policy, store=store)
     emit("kernel verify", as_json, report.to_dict(), render_kernel_report)
     if not report.passed:
         raise typer.Exit(1)
@@ -255,6 +258,7 @@ def agent_cmd(
 ) -> None:
     """Export the problem, run KernelAgent on it (if installed; extra args after -- go to it), verify and store its kernel."""
     from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.options import CandidatePolicy
     from modulelens.kernels.process import worker_env
     from modulelens.kernels.verify import verify_kernel
 
@@ -300,7 +304,7 @@ def agent_cmd(
             kernel = exported.directory / "kernel.py"
             kernel.write_text(data["kernel_code"])
             result["agent"]["kernel"] = str(kernel)
-            report = verify_kernel(manifest["capture"]["ref"], kernel, repo=store, timeout=timeout)
+            report = verify_kernel(manifest["capture"]["ref"], kernel, repo=store, policy=CandidatePolicy(timeout=timeout))
             result["verify"] = report.to_dict()
     emit("kernel agent", as_json, result, _render_agent)
     verified = result["verify"]

@@ -52,56 +52,58 @@ def profile_cmd(
                      timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
                      top=top, store=store)
 
-    def render(r: dict[str, Any]) -> None:
-        lat = r["latency"]
-        compiled = f", torch.compile({r['compiled']})" if r["compiled"] else ""
-        console.print(f"[bold]profile {r['ref']}[/bold] call {r['call_index']} on {r['device']}"
-                      f"{' ' + r['dtype'] if r['dtype'] else ''} — {r['mode']}{compiled}")
-        table = Table(show_header=False)
-        table.add_column("metric")
-        table.add_column("value")
-        table.add_row("latency", f"median {lat['median_ms']:.4g} ms   p10 {lat['p10_ms']:.4g}   "
-                                 f"p90 {lat['p90_ms']:.4g}   ({lat['iterations']} iterations, {lat['warmup']} warm-up)")
-        if r["compile_seconds"] is not None:
-            table.add_row("first call (compile)", f"{r['compile_seconds']:.2f} s")
-        peak = r["memory"].get("peak_bytes")
-        table.add_row("peak memory", ("-" if peak is None else human_bytes(peak))
-                      + f"   [dim]({r['memory'].get('source', 'see method')})[/dim]")
-        table.add_row("FLOPs", _num(r["flops"]["total"]) + ("   [yellow](lower bound)[/yellow]"
-                                                            if r["flops"]["uncounted_compute_ops"] else ""))
-        table.add_row("bytes moved", human_bytes(r["bytes_moved"]["total"]) + "   [dim](eager, no fusion)[/dim]")
-        table.add_row("achieved", _num(r["achieved_flops_per_s"], "FLOP/s"))
-        table.add_row("arithmetic intensity", _num(r["arithmetic_intensity"], "FLOP/byte"))
-        if r["batch_size"] is not None:
-            table.add_row("recorded batch size", str(r["batch_size"]))
-        console.print(table)
-        if r["flops"]["uncounted_compute_ops"]:
-            console.print("no FLOP formula (not counted): " + ", ".join(r["flops"]["uncounted_compute_ops"]))
-        ops = Table(title="top operators (self time per iteration)")
-        for col in ("operator", "calls/iter", "self ms", "total ms", "%"):
-            ops.add_column(col)
-        for op in r["top_ops"]:
-            ops.add_row(op["name"], f"{op['calls_per_iter']:g}", f"{op['self_ms_per_iter']:.4g}",
-                        f"{op['total_ms_per_iter']:.4g}", f"{op['percent']:.1f}")
-        console.print(ops)
-        if r["batch_sweep"]:
-            sweep = Table(title="batch sweep (synthetic inputs)")
-            for col in ("batch", "median ms", "p10", "p90", "samples/s", "FLOP/s"):
-                sweep.add_column(col)
-            for row in r["batch_sweep"]:
-                if row.get("median_ms") is None:
-                    sweep.add_row(str(row["batch_size"]), f"[red]{row.get('error')}[/red]", "", "", "", "")
-                    continue
-                sweep.add_row(str(row["batch_size"]), f"{row['median_ms']:.4g}", f"{row['p10_ms']:.4g}",
-                              f"{row['p90_ms']:.4g}", _num(row["throughput_per_s"]), _num(row["achieved_flops_per_s"]))
-            console.print(sweep)
-        for label, key in (("plot", "plot"), ("trace", "trace"), ("report", "report_path")):
-            if r.get(key):
-                console.print(f"{label}: {r[key]}")
-        for note in r["notes"]:
-            console.print(f"note: {note}")
+    emit("profile", as_json, report.to_dict(), _render_profile)
 
-    emit("profile", as_json, report.to_dict(), render)
+
+def _render_profile(r: dict[str, Any]) -> None:
+    """The profile report as rich tables."""
+    lat = r["latency"]
+    compiled = f", torch.compile({r['compiled']})" if r["compiled"] else ""
+    console.print(f"[bold]profile {r['ref']}[/bold] call {r['call_index']} on {r['device']}"
+                  f"{' ' + r['dtype'] if r['dtype'] else ''} — {r['mode']}{compiled}")
+    table = Table(show_header=False)
+    table.add_column("metric")
+    table.add_column("value")
+    table.add_row("latency", f"median {lat['median_ms']:.4g} ms   p10 {lat['p10_ms']:.4g}   "
+                             f"p90 {lat['p90_ms']:.4g}   ({lat['iterations']} iterations, {lat['warmup']} warm-up)")
+    if r["compile_seconds"] is not None:
+        table.add_row("first call (compile)", f"{r['compile_seconds']:.2f} s")
+    peak = r["memory"].get("peak_bytes")
+    table.add_row("peak memory", ("-" if peak is None else human_bytes(peak))
+                  + f"   [dim]({r['memory'].get('source', 'see method')})[/dim]")
+    table.add_row("FLOPs", _num(r["flops"]["total"]) + ("   [yellow](lower bound)[/yellow]"
+                                                        if r["flops"]["uncounted_compute_ops"] else ""))
+    table.add_row("bytes moved", human_bytes(r["bytes_moved"]["total"]) + "   [dim](eager, no fusion)[/dim]")
+    table.add_row("achieved", _num(r["achieved_flops_per_s"], "FLOP/s"))
+    table.add_row("arithmetic intensity", _num(r["arithmetic_intensity"], "FLOP/byte"))
+    if r["batch_size"] is not None:
+        table.add_row("recorded batch size", str(r["batch_size"]))
+    console.print(table)
+    if r["flops"]["uncounted_compute_ops"]:
+        console.print("no FLOP formula (not counted): " + ", ".join(r["flops"]["uncounted_compute_ops"]))
+    ops = Table(title="top operators (self time per iteration)")
+    for col in ("operator", "calls/iter", "self ms", "total ms", "%"):
+        ops.add_column(col)
+    for op in r["top_ops"]:
+        ops.add_row(op["name"], f"{op['calls_per_iter']:g}", f"{op['self_ms_per_iter']:.4g}",
+                    f"{op['total_ms_per_iter']:.4g}", f"{op['percent']:.1f}")
+    console.print(ops)
+    if r["batch_sweep"]:
+        sweep = Table(title="batch sweep (synthetic inputs)")
+        for col in ("batch", "median ms", "p10", "p90", "samples/s", "FLOP/s"):
+            sweep.add_column(col)
+        for row in r["batch_sweep"]:
+            if row.get("median_ms") is None:
+                sweep.add_row(str(row["batch_size"]), f"[red]{row.get('error')}[/red]", "", "", "", "")
+                continue
+            sweep.add_row(str(row["batch_size"]), f"{row['median_ms']:.4g}", f"{row['p10_ms']:.4g}",
+                          f"{row['p90_ms']:.4g}", _num(row["throughput_per_s"]), _num(row["achieved_flops_per_s"]))
+        console.print(sweep)
+    for label, key in (("plot", "plot"), ("trace", "trace"), ("report", "report_path")):
+        if r.get(key):
+            console.print(f"{label}: {r[key]}")
+    for note in r["notes"]:
+        console.print(f"note: {note}")
 
 
 # ------------------------------------------------------------------------------------- verify
