@@ -40,7 +40,7 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CorruptCaptureError, InvalidNameError, UsageError
 from modulelens.format.hashing import hash_bytes
 from modulelens.format.validate import validate_capture
-from modulelens.repo.files import open_regular, read_regular, write_new_file
+from modulelens.repo.files import open_regular, read_regular, require_dir, write_new_file
 from modulelens.repo.index import SUMMARY_FILE, current_keys, damaged_entry
 from modulelens.repo.names import validate_alias, validate_name
 from modulelens.repo.packs import read_header, referenced_blobs
@@ -132,6 +132,7 @@ def fsck(repo: Repo, *, repair: bool = False) -> FsckReport:
 
     Raises:
         UsageError: ``repair`` on a remote repo (pull into a local repo and repair that).
+        CorruptCaptureError: ``repair`` while the repo's ``quarantine`` is a link (remove it first).
 
     Example::
 
@@ -210,7 +211,7 @@ class _Checker:
                 self._foreign(path, "not part of a repo's layout")
             elif entry.name in ("blobs", "names", "tmp", QUARANTINE):
                 self._entry_ok(path, want_dir=True)
-            elif entry.name not in ("lock", "lock-gate"):
+            else:
                 self._entry_ok(path, want_dir=False)
 
     def _name(self, folder: Path) -> None:
@@ -461,6 +462,8 @@ def _hash_file(path: Path, size: int) -> str:
 
 def _repair(repo: Repo, checker: _Checker, report: FsckReport) -> None:
     root = repo.root
+    if os.path.lexists(root / QUARANTINE):
+        require_dir(root / QUARANTINE)  # never move anything through a link planted there
     run = root / QUARANTINE / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     moved: set[str] = set()
 

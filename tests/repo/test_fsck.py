@@ -223,3 +223,15 @@ def test_links_inside_a_repo_are_never_followed(repo: modulelens.Repo, tmp_path:
 def _blobs_pack(repo: modulelens.Repo, ref: str) -> Path:
     meta = repo.read_metadata(*repo.resolve(ref))
     return repo.blob_path(meta["packs"][0]["payload"])
+
+
+def test_repair_never_moves_anything_through_a_linked_quarantine(repo: modulelens.Repo, tmp_path: Path) -> None:
+    _save(repo, size=8)
+    (repo.root / "names/lin/notes.txt").write_text("mine")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (repo.root / "quarantine").symlink_to(outside, target_is_directory=True)
+    assert {p.kind for p in repo.fsck().problems} == {"symlink", "foreign"}
+    with pytest.raises(modulelens.CorruptCaptureError, match="symbolic link"):
+        repo.fsck(repair=True)
+    assert not any(outside.iterdir()) and (repo.root / "names/lin/notes.txt").exists()
