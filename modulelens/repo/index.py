@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError
+from modulelens.repo.files import read_regular, require_dir
 from modulelens.repo.packs import referenced_blobs
 
 SUMMARY_FILE = "summary.json"
@@ -78,22 +79,11 @@ def _folder_key(path: str, now_ns: int, *, nlink: bool) -> tuple[list[int] | Non
     return key, stat.st_mtime_ns < now_ns - _SETTLED_NS
 
 
-def _read_small(path: str) -> bytes:
-    """The bytes of a small file in four system calls (open, fstat, read, close); ``open().read()``
-    makes nine (an ioctl, two seeks, a second fstat and a read to find the end), which cost a listing
-    of 2,000 versions more than the two ``stat`` calls that check each summary (strace, bench_repo.py)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)  # a regular file reads short only at its end
-        if len(data) > size:  # it grew meanwhile: read on to the end
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        return data
-    finally:
-        os.close(fd)
+def current_keys(name_dir: Path) -> tuple[list[int], list[int]]:
+    """The keys a summary of ``name_dir`` must record for readers to trust it as current."""
+    now = time.time_ns()
+    return (_folder_key(f"{name_dir}/versions", now, nlink=True)[0],
+            _folder_key(f"{name_dir}/aliases", now, nlink=False)[0])
 
 
 class NameIndex:
@@ -116,22 +106,25 @@ class NameIndex:
         self._write_atomic = write_atomic
 
     def read(self, cached: dict[str, Any] | None = None,
-             fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+             fresh: dict[int, dict[str, Any]] | None = None, *, persist: bool = False,
+             rebuild: bool = False) -> dict[str, Any]:
         """The current summary: ``cached`` (a summary read before) or the file when its keys match
-        the folders, else rebuilt and written back. ``fresh`` gives entries of versions just written
-        (so a save does not re-read its own capture.json)."""
+        the folders, else rebuilt. ``fresh`` gives entries of versions just written (so a save does
+        not re-read its own capture.json). A rebuilt summary is written back only with ``persist``
+        (by writers: save, rm, alias, gc, fsck --repair): reading a repo never modifies it, so a
+        read-only repo, or a fixture, lists as it is. ``rebuild`` ignores what is stored."""
         now = time.time_ns()
         vkey, vsettled = _folder_key(self._versions, now, nlink=True)
         akey, asettled = _folder_key(self._aliases_dir, now, nlink=False)
-        if not fresh and cached is not None and cached["versions_key"] == vkey and cached["aliases_key"] == akey:
+        if not fresh and not rebuild and cached is not None and cached["versions_key"] == vkey and cached["aliases_key"] == akey:
             return cached
-        stored = self._load()
+        stored = None if rebuild else self._load()
         if not fresh and stored is not None and stored.get("versions_key") == vkey and stored.get("aliases_key") == akey:
             return stored
         summary = self._rebuild(stored or {}, fresh or {})
         summary["versions_key"] = vkey if vsettled else None
         summary["aliases_key"] = akey if asettled else None
-        if summary == stored:
+        if summary == stored or not persist:
             return summary
         with contextlib.suppress(OSError):  # a read-only repo still lists, just without the cache
             if os.path.isdir(self.name_dir):
@@ -140,8 +133,8 @@ class NameIndex:
 
     def _load(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(_read_small(self._file))
-        except (OSError, ValueError):
+            data = json.loads(read_regular(self._file))
+        except (OSError, ValueError, CorruptCaptureError):
             return None
         return data if isinstance(data, dict) and data.get("summary") == 1 else None
 
@@ -153,7 +146,7 @@ class NameIndex:
                 if not entry.name.isdigit():
                     continue
                 try:
-                    stat = entry.stat()
+                    stat = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # removed meanwhile
                 identity = [stat.st_ino, stat.st_ctime_ns]
@@ -177,15 +170,16 @@ class NameIndex:
 
     def _raw_metadata(self, number: int) -> bytes:
         try:
-            return Path(self._versions, str(number), "capture.json").read_bytes()
-        except OSError:
+            require_dir(Path(self._versions, str(number)))  # never read through a linked version folder
+            return read_regular(Path(self._versions, str(number), "capture.json"))
+        except (OSError, CorruptCaptureError):
             return b""
 
     def _aliases(self) -> dict[str, int]:
         result = {}
         with contextlib.suppress(FileNotFoundError), os.scandir(self._aliases_dir) as found:
             for entry in found:
-                if not entry.name.startswith("."):
-                    with contextlib.suppress(ValueError, OSError):
-                        result[entry.name] = int(Path(entry.path).read_text().strip())
+                if not entry.name.startswith("."):  # a linked or odd alias is skipped here, reported by fsck
+                    with contextlib.suppress(ValueError, OSError, CorruptCaptureError):
+                        result[entry.name] = int(read_regular(entry.path).decode().strip())
         return dict(sorted(result.items()))

@@ -367,7 +367,7 @@ class RemoteRepo(Repo):
                                 for v in listing["versions"]}, "aliases": listing["aliases"]}
         return self._infos(name, summary, [version])[0]
 
-    def _name_summaries(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    def _name_summaries(self, *, persist: bool = False) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
         """``(name, None, summary)`` of every name (``Repo.list`` walks these)."""
         for name in self.names():
             yield name, None, self._summary(name)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from modulelens.errors import NothingCapturedError, UsageError
+from modulelens.errors import CorruptCaptureError, NothingCapturedError, UsageError
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
@@ -210,13 +210,65 @@ def trust_cmd(
 def gc_cmd(
     repo: RepoOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be removed.")] = False,
+    tmp_older_than: Annotated[str, typer.Option(
+        "--tmp-older-than", metavar="DURATION",
+        help="Free staging left by writers that are gone once it is this old: 0, 90s, 10m, 1h, 2d. "
+             "A running writer's staging is never freed.")] = "1h",
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete payloads that no version references."""
-    report = session.open_repo(repo).gc(dry_run=dry_run)
+    """Delete payloads that no version references, and staging left by crashed writers."""
+    report = session.open_repo(repo).gc(dry_run=dry_run, tmp_age_s=parse_duration(tmp_older_than, "--tmp-older-than"))
     emit("gc", as_json, report.to_dict(), lambda r: console.print(
         f"{'would remove' if dry_run else 'removed'} {r['removed_blobs']} payloads "
-        f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}"))
+        f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}; {r['removed_tmp']} staging entries"))
+
+
+@command(app, "fsck")
+def fsck_cmd(
+    repo: RepoOpt = None,
+    repair: Annotated[bool, typer.Option(
+        "--repair", help="Move what is broken into the repo's quarantine/ folder (never deletes) and rebuild summaries.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check every version's metadata and payloads (full hashes), aliases, summaries and the repo's
+    layout; exit 3 when something is broken (and not repaired). Remote repos: a read-only check of
+    metadata, payload sizes and aliases."""
+    report = session.open_repo(repo).fsck(repair=repair)
+
+    def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
+
+        for p in r["problems"]:
+            mark = "[green]repaired[/green]" if p["repaired"] else "[red]problem[/red]"
+            console.print(f"{mark} {p['kind']}: {escape(p['path'])}: {escape(p['detail'])}", soft_wrap=True)
+        for action in r["actions"]:
+            console.print(escape(action), soft_wrap=True, highlight=False)
+        state = "clean" if r["clean"] else f"{sum(not p['repaired'] for p in r['problems'])} problems"
+        console.print(f"{r['repo']}: {state}; {r['versions']} versions of {r['names']} names, {r['payloads_checked']} "
+                      f"payloads ({human_bytes(r['bytes_checked'])}) hashed; {r['orphan_blobs']} unreferenced payloads "
+                      f"({human_bytes(r['orphan_bytes'])}) and {r['stale_staging']} stale staging entries for gc",
+                      soft_wrap=True, highlight=False)
+
+    emit("fsck", as_json, report.to_dict(), render)
+    if not report.clean:
+        raise typer.Exit(CorruptCaptureError.exit_code)
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds in ``"0"``, ``"90"``, ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``.
+
+    Raises:
+        UsageError: ``text`` is not such a duration (names ``option``).
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 0, 90s, 10m, 1h, 2d)") from None
+    if not value >= 0:
+        raise UsageError(f"{option}: {text!r} must not be negative")
+    return value
 
 
 # ------------------------------------------------------------------------------------- capture
