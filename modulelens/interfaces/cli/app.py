@@ -32,7 +32,7 @@ from modulelens.interfaces.output import err_console
 # Where the commands are defined, in the order ``--help`` lists them: (module, its typer app, the
 # group name, or None when its commands are top-level commands).
 _SOURCES = (
-    ("core", "app", None),      # ls, show, replay, alias, rm, trust, gc, run, demo
+    ("core", "app", None),      # ls, show, replay, alias, rm, trust, gc, fsck, run, demo
     ("tools", "app", None),     # profile, verify, diff
     ("kernel", "app", None),    # export
     ("agents", "app", None),    # shell, mcp
