@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import shutil
@@ -58,13 +59,16 @@ class ManySmall(nn.Module):
 
 def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int,
                 setup: Callable[[str], None] | None = None) -> dict[str, list[float]]:
-    """Time each contender once per round, rotating the order every round."""
+    """Time each contender once per round, rotating the order every round. Garbage left by what ran
+    before is collected first (untimed): otherwise whichever contender allocates enough to trigger
+    the collector pays for the previous section's garbage (the many-small-tensors capture's)."""
     names = list(contenders)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for label in names[r % len(names):] + names[:r % len(names)]:
             if setup is not None:
                 setup(label)
+            gc.collect()
             start = time.perf_counter()
             contenders[label]()
             times[label].append(time.perf_counter() - start)
