@@ -35,6 +35,9 @@ def test_ls_and_show_json(populated: Path) -> None:
     code, out, _ = cli("ls", "--repo", str(populated), "--json")
     assert code == 0 and out["schema"] == "modulelens.cli/1" and out["ok"]
     assert [row["ref"] for row in out["result"]] == ["ranker/attn:v1", "ranker/attn:v2"]
+    for prefix, refs in (("ranker", ["ranker/attn:v1", "ranker/attn:v2"]), ("rank", [])):  # whole segments only
+        code, out, _ = cli("ls", prefix, "--repo", str(populated), "--json")
+        assert code == 0 and [row["ref"] for row in out["result"]] == refs
     code, out, _ = cli("show", "ranker/attn:v1", "--repo", str(populated), "--json")
     shown = out["result"]
     assert shown["module_class"] == "modules_for_tests:DictToTuple"
