@@ -22,7 +22,7 @@ import torch
 
 from stress.fuzz import fuzz_rows
 from stress.hostile import hostile_capture_row, hostile_repo_row
-from stress.repo_ops import kill_row, race_row
+from stress.repo_ops import kill_row, race_row, rm_race_row
 from stress.storage import storage_row
 from stress.table import Row, render
 
@@ -38,6 +38,7 @@ def run(quick: bool, seed: int) -> list[Row]:
     rows = [
         kill_row(tmp, 10 if quick else 100),
         race_row(tmp, 4 if quick else 8, 5 if quick else 25),
+        rm_race_row(tmp, 10 if quick else 120),
         *fuzz_rows(tmp, 500 if quick else 5000, 60 if quick else 500, seed),
         hostile_capture_row(tmp),
         hostile_repo_row(tmp),

@@ -8,8 +8,10 @@ it tries to run creates a *marker file*, so "executed" is a fact on disk, not a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
 import textwrap
 from collections.abc import Callable
@@ -244,7 +246,7 @@ def hostile_repo_row(tmp: Path) -> Any:
 
     from stress.table import Row
 
-    row = Row("symlinked blob folders/staging, names with traversal")
+    row = Row("symlinked blob folders/staging/packs/summaries/aliases/tombstones/versions, names with traversal")
     start = time.perf_counter()
     outside = tmp / "outside"
     outside.mkdir()
@@ -300,9 +302,51 @@ def hostile_repo_row(tmp: Path) -> Any:
     check("load of a symlinked blob", lambda: modulelens.load(ref, repo=repo3).module,
           lambda: secret.read_bytes() != b"secret")
 
+    # links where a pack, a summary, an alias, a tombstone or a version folder should be: listing,
+    # loading, saving, rm, gc and fsck --repair must neither read through them nor change the target
+    for what in ("pack", "summary", "alias", "tombstone", "version"):
+        _planted_link(tmp, outside, what, check)
+
     repo4 = modulelens.Repo(tmp / "traversal")
     for name in ("../../evil", "a/../../evil", "/abs/evil", "..", "a/./b", "a//b", "x" * 300, "a\x00b"):
         check(f"name {name[:20]!r}", lambda name=name: make_base_capture(repo4, name),
               lambda: any(p.name == "evil" for p in tmp.rglob("evil")))
     row.seconds = time.perf_counter() - start
     return row
+
+
+def _planted_link(tmp: Path, outside: Path, what: str, check: Callable[..., None]) -> None:
+    repo = modulelens.Repo(tmp / f"symlink-{what}")
+    ref = make_base_capture(repo)
+    repo.set_alias(ref, "golden")
+    repo.remove(make_base_capture(repo))  # leaves the tombstone 2.removed
+    folder = repo.info(*repo.resolve(ref)).path.parent.parent  # names/<quoted name>
+    meta = repo.read_metadata(*repo.resolve(ref))
+    target = {"pack": repo.blob_path(meta["packs"][0]["payload"]) if meta.get("packs") else None,
+              "summary": folder / "summary.json", "alias": folder / "aliases" / "golden",
+              "tombstone": folder / "versions" / "2.removed", "version": folder / "versions" / "1"}[what]
+    if target is None:
+        return
+    victim = outside / f"linked-{what}"
+    if target.is_dir():
+        shutil.copytree(target, victim)
+        shutil.rmtree(target)
+    else:
+        victim.write_bytes(target.read_bytes())
+        target.unlink()
+    before = {str(p): p.read_bytes() for p in ([victim] if victim.is_file() else sorted(victim.rglob("*")))
+              if p.is_file()}
+    target.symlink_to(victim)
+
+    def act() -> None:
+        fresh = modulelens.Repo(repo.root)
+        fresh.list()
+        with contextlib.suppress(ModulelensError):
+            _ = modulelens.load(ref, repo=fresh).module  # refused for a linked pack or version folder
+        make_base_capture(fresh)
+        fresh.gc(tmp_age_s=0)
+        if not fresh.fsck(repair=True).clean or not fresh.fsck().clean:
+            raise AssertionError("fsck --repair left a problem")
+
+    check(f"symlinked {what}", act, lambda: before != {
+        str(p): p.read_bytes() for p in ([victim] if victim.is_file() else sorted(victim.rglob("*"))) if p.is_file()})

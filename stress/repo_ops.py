@@ -4,8 +4,8 @@ Workers are forked from the suite's process (torch and modulelens already import
 starts in milliseconds) and append one JSON line per completed operation to their log, written
 with a single ``os.write`` so a kill never leaves half a line that counts. Afterwards a fresh
 ``Repo`` is checked: every listed version must load and verify (else ``wrong``: half-visible or
-damaged), and every save that returned, unless a remove of it also returned, must still be there
-(else ``lost``).
+damaged), ``fsck`` must find no problem (what a crash leaves is only garbage for gc), and every save
+that returned, unless a remove of it also returned, must still be there (else ``lost``).
 """
 
 from __future__ import annotations
@@ -150,12 +150,16 @@ def check_repo(root: Path, records: list[dict[str, Any]]) -> tuple[int, int, lis
     crashes = [f"{r['what']}: {r['error']}" for r in records if r["op"] == "crash"]
     wrong += len(crashes)
     notes.extend(crashes[:3])
+    # What a crash leaves must be only garbage for gc (staging, unreferenced payloads), never damage.
+    report = repo.fsck()
+    wrong += len(report.problems)
+    notes.extend(f"fsck: {p.kind} {p.path}: {p.detail}" for p in report.problems[:3])
     return lost, wrong, notes
 
 
 def kill_row(tmp: Path, trials: int) -> Row:
     """kill -9 a worker doing save/remove/alias/gc at a random moment, ``trials`` times."""
-    row = Row("kill -9 during save/remove/alias/gc, then verify")
+    row = Row("kill -9 during save/remove/alias/gc, then verify and fsck")
     start = time.perf_counter()
     make_template(tmp)
     root = tmp / "kill-repo"
@@ -212,5 +216,89 @@ def race_row(tmp: Path, writers: int, saves: int) -> Row:
                  f"removes {sum(r['op'] == 'removed' for r in records)}, alias moves "
                  f"{sum(r['op'] == 'alias' for r in records)}, reads {sum(r['op'] == 'read' for r in records)}",
                  *notes, *(r["error"] for r in refused[:2])]
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def _rm_race_saver(root: str, log: str, deadline: float, seed: int) -> None:
+    """Save until ``deadline``; log each save that returned (its ref) and each that raised (its tag)."""
+    random.seed(seed)
+    handle = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    repo = modulelens.Repo(root)
+    while time.time() < deadline:
+        tag = uuid.uuid4().hex
+        meta = json.loads(json.dumps(_TEMPLATE["meta"]))
+        meta["tags"] = [tag]
+        try:
+            info = repo.save_version(f"r{random.randrange(2)}", meta,
+                                     {tid: memoryview(data) for tid, data in _TEMPLATE["payloads"].items()})
+            _log(handle, op="saved", ref=info.ref, tag=tag)
+        except ModulelensError as error:
+            _log(handle, op="save failed", tag=tag, error=f"{type(error).__name__}: {error}")
+        except Exception as error:  # not a documented error: counted as wrong
+            _log(handle, op="crash", what="save", error=f"{type(error).__name__}: {error}")
+    os._exit(0)
+
+
+def _rm_race_remover(root: str, log: str, deadline: float, seed: int) -> None:
+    """``rm NAME`` (every version) or ``rm NAME:vN`` until ``deadline``; logs what each rm returned."""
+    random.seed(seed)
+    handle = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    repo = modulelens.Repo(root)
+    while time.time() < deadline:
+        name = f"r{random.randrange(2)}"
+        try:
+            if random.random() < 0.5:
+                removed = repo.remove(name)
+            else:
+                versions = repo.version_numbers(name)
+                removed = repo.remove(f"{name}:v{random.choice(versions)}") if versions else []
+            _log(handle, op="removed", refs=removed)
+        except ModulelensError:
+            pass  # nothing to remove, or removed meanwhile by the other remover
+        except Exception as error:
+            _log(handle, op="crash", what="rm", error=f"{type(error).__name__}: {error}")
+        time.sleep(random.uniform(0, 0.02))
+    os._exit(0)
+
+
+def rm_race_row(tmp: Path, seconds: float) -> Row:
+    """3 processes saving into 2 names while 2 run ``rm NAME`` / ``rm NAME:vN``, for ``seconds``;
+    then fsck. Versions are never reused, so a ref names one save: a ref whose save returned must
+    be listed unless an ``rm`` returned it, and a save that raised must not have committed."""
+    row = Row("rm NAME / rm NAME:vN racing saves, then fsck")
+    start = time.perf_counter()
+    make_template(tmp)
+    root = tmp / "rm-race-repo"
+    modulelens.Repo(root)
+    deadline = time.time() + seconds
+    logs = [tmp / f"rm-race-{i}.log" for i in range(5)]
+    procs = [_CTX.Process(target=_rm_race_saver if i < 3 else _rm_race_remover,
+                          args=(str(root), str(logs[i]), deadline, 200 + i)) for i in range(5)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(seconds + 120)
+    records = _read_logs(logs)
+    repo = modulelens.Repo(root)
+    listed = repo.list()
+    present = {info.ref for info in listed}
+    present_tags = {tag for info in listed for tag in info.tags}
+    saved = {r["ref"] for r in records if r["op"] == "saved"}
+    removed = {ref for r in records if r["op"] == "removed" for ref in r["refs"]}
+    failed = [r for r in records if r["op"] == "save failed"]
+    crashes = [r for r in records if r["op"] == "crash"]
+    row.tried = len(saved) + len(failed) + sum(r["what"] == "save" for r in crashes)
+    row.lost = len(saved - removed - present)
+    committed_failed = [r for r in failed if r["tag"] in present_tags]
+    report = repo.fsck()
+    row.wrong = len(crashes) + len(committed_failed) + sum(not p.repaired for p in report.problems)
+    row.survived = row.tried - sum(r["what"] == "save" for r in crashes)
+    row.notes = [f"{len(saved)} saves returned, {len(failed)} raised ({len(committed_failed)} of them committed), "
+                 f"{len(removed)} versions removed by {sum(r['op'] == 'removed' for r in records)} rm calls; "
+                 f"fsck: {len(report.problems)} problems",
+                 *(f"lost: {ref}" for ref in sorted(saved - removed - present)[:2]),
+                 *(f"{r['what']}: {r['error']}" for r in crashes[:2]), *(r["error"] for r in failed[:2]),
+                 *(f"fsck: {p.kind} {p.path}: {p.detail}" for p in report.problems[:2])]
     row.seconds = time.perf_counter() - start
     return row

@@ -3,17 +3,22 @@
 Every interface (the CLI, the MCP server, the IPython magics, the shell) catches exactly
 :data:`KNOWN_ERRORS` and shows :func:`error_message`; anything else (``TypeError``,
 ``AttributeError``...) is a bug and keeps its traceback. ``OSError`` is known because a user
-causes it (a candidate file that does not exist, an output folder without write permission) and
-the operating system's message names the path.
+causes it (a candidate file that does not exist, a full or read-only repo) and the operating
+system's message names the path; one that says the filesystem refused (:data:`STORAGE_ERRNOS`)
+becomes the documented ``StorageError`` (exit 8) whichever command or interface hit it.
 
 Like ``huggingface_hub/cli/_errors.py``'s ``format_known_exception``.
 """
 
 from __future__ import annotations
 
-from modulelens.errors import ModulelensError, RepoError, UsageError
+import errno
+
+from modulelens.errors import ModulelensError, RepoError, StorageError, UsageError
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (ModulelensError, OSError)
+#: ``OSError`` numbers that mean the filesystem refused: disk full, quota, read-only, no permission.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def as_modulelens_error(error: BaseException) -> ModulelensError:
@@ -24,8 +29,10 @@ def as_modulelens_error(error: BaseException) -> ModulelensError:
 
     Returns:
         ``error`` itself when it is a ``ModulelensError``; for an ``OSError``, a
-        :class:`~modulelens.errors.UsageError` (exit 2) when a path the user gave is missing or not
-        accessible, else a :class:`~modulelens.errors.RepoError` (exit 1: disk full, I/O error).
+        :class:`~modulelens.errors.StorageError` (exit 8) when the filesystem refused (disk full,
+        quota, read-only, permission denied: :data:`STORAGE_ERRNOS`), a
+        :class:`~modulelens.errors.UsageError` (exit 2) when a path the user gave is missing or is
+        the wrong kind, else a :class:`~modulelens.errors.RepoError` (exit 1: an I/O error).
 
     Raises:
         TypeError: ``error`` is not a known error (a bug must keep its traceback).
@@ -36,9 +43,13 @@ def as_modulelens_error(error: BaseException) -> ModulelensError:
         raise TypeError(f"not a user-caused error: {type(error).__name__}") from error
     where = f"{error.filename}: " if error.filename else ""
     reason = error.strerror or str(error)
-    if isinstance(error, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
-                          FileExistsError)):
-        converted: ModulelensError = UsageError(f"{where}{reason}")
+    if error.errno in STORAGE_ERRNOS:
+        # The filesystem refused (a read-only or full repo): the documented StorageError, exit 8,
+        # whatever the command, so scripts can tell "fix the disk" from "fix the arguments".
+        converted: ModulelensError = StorageError(f"{where}{reason}", error.errno)
+    elif isinstance(error, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
+                            FileExistsError)):
+        converted = UsageError(f"{where}{reason}")
     else:
         converted = RepoError(f"{where}{reason}")
     converted.__cause__ = error

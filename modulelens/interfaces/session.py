@@ -46,8 +46,10 @@ def list_versions(store: Repo, prefix: str | None = None) -> list[VersionInfo]:
 
         [v.ref for v in list_versions(open_repo(), "ranker")]   # ['ranker/mlp:v1', 'ranker/mlp:v2']
     """
-    names = [n for n in store.names() if prefix is None or n == prefix or n.startswith(prefix.rstrip("/") + "/")]
-    return [info for n in names for info in store.list(n)]
+    if prefix is None:
+        return store.list()
+    under = prefix.rstrip("/") + "/"
+    return [info for info in store.list() if info.name == prefix or info.name.startswith(under)]  # one walk
 
 
 def open_ref(ref: str, repo: str | Repo | None = None) -> tuple[Repo, str]:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError
+from modulelens.repo.files import read_regular, require_dir
 from modulelens.repo.packs import referenced_blobs
 
 SUMMARY_FILE = "summary.json"
@@ -78,18 +79,25 @@ def _folder_key(path: str, now_ns: int, *, nlink: bool) -> tuple[list[int] | Non
     return key, stat.st_mtime_ns < now_ns - _SETTLED_NS
 
 
+def current_keys(name_dir: Path) -> tuple[list[int], list[int]]:
+    """The keys a summary of ``name_dir`` must record for readers to trust it as current."""
+    now = time.time_ns()
+    return (_folder_key(f"{name_dir}/versions", now, nlink=True)[0],
+            _folder_key(f"{name_dir}/aliases", now, nlink=False)[0])
+
+
 class NameIndex:
     """The summary of one name in a local repo.
 
     Args:
-        name_dir: ``<root>/names/<quoted name>``.
+        name_dir: ``<root>/names/<quoted name>`` (a string: a listing builds one index per name,
+            and pathlib's joins cost more than the stats).
         read_metadata: reads a version's capture metadata (only versions the summary lacks).
         write_atomic: writes a file atomically (``Repo._atomic_write``).
     """
 
-    def __init__(self, name_dir: Path, read_metadata: Callable[[int], dict[str, Any]],
+    def __init__(self, name_dir: str, read_metadata: Callable[[int], dict[str, Any]],
                  write_atomic: Callable[[Path, bytes], None]) -> None:
-        # Plain strings: a listing builds one index per name, and pathlib's joins cost more than the stats.
         self.name_dir = name_dir
         self._versions = f"{name_dir}/versions"
         self._aliases_dir = f"{name_dir}/aliases"
@@ -98,33 +106,35 @@ class NameIndex:
         self._write_atomic = write_atomic
 
     def read(self, cached: dict[str, Any] | None = None,
-             fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+             fresh: dict[int, dict[str, Any]] | None = None, *, persist: bool = False,
+             rebuild: bool = False) -> dict[str, Any]:
         """The current summary: ``cached`` (a summary read before) or the file when its keys match
-        the folders, else rebuilt and written back. ``fresh`` gives entries of versions just written
-        (so a save does not re-read its own capture.json)."""
+        the folders, else rebuilt. ``fresh`` gives entries of versions just written (so a save does
+        not re-read its own capture.json). A rebuilt summary is written back only with ``persist``
+        (by writers: save, rm, alias, gc, fsck --repair): reading a repo never modifies it, so a
+        read-only repo, or a fixture, lists as it is. ``rebuild`` ignores what is stored."""
         now = time.time_ns()
         vkey, vsettled = _folder_key(self._versions, now, nlink=True)
         akey, asettled = _folder_key(self._aliases_dir, now, nlink=False)
-        if not fresh and cached is not None and cached["versions_key"] == vkey and cached["aliases_key"] == akey:
+        if not fresh and not rebuild and cached is not None and cached["versions_key"] == vkey and cached["aliases_key"] == akey:
             return cached
-        stored = self._load()
+        stored = None if rebuild else self._load()
         if not fresh and stored is not None and stored.get("versions_key") == vkey and stored.get("aliases_key") == akey:
             return stored
         summary = self._rebuild(stored or {}, fresh or {})
         summary["versions_key"] = vkey if vsettled else None
         summary["aliases_key"] = akey if asettled else None
-        if summary == stored:
+        if summary == stored or not persist:
             return summary
         with contextlib.suppress(OSError):  # a read-only repo still lists, just without the cache
-            if self.name_dir.exists():
-                self._write_atomic(self.name_dir / SUMMARY_FILE, json.dumps(summary, separators=(",", ":")).encode())
+            if os.path.isdir(self.name_dir):
+                self._write_atomic(Path(self._file), json.dumps(summary, separators=(",", ":")).encode())
         return summary
 
     def _load(self) -> dict[str, Any] | None:
         try:
-            with open(self._file, "rb") as handle:
-                data = json.loads(handle.read())
-        except (OSError, ValueError):
+            data = json.loads(read_regular(self._file))
+        except (OSError, ValueError, CorruptCaptureError):
             return None
         return data if isinstance(data, dict) and data.get("summary") == 1 else None
 
@@ -136,7 +146,7 @@ class NameIndex:
                 if not entry.name.isdigit():
                     continue
                 try:
-                    stat = entry.stat()
+                    stat = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # removed meanwhile
                 identity = [stat.st_ino, stat.st_ctime_ns]
@@ -160,15 +170,16 @@ class NameIndex:
 
     def _raw_metadata(self, number: int) -> bytes:
         try:
-            return Path(self._versions, str(number), "capture.json").read_bytes()
-        except OSError:
+            require_dir(Path(self._versions, str(number)))  # never read through a linked version folder
+            return read_regular(Path(self._versions, str(number), "capture.json"))
+        except (OSError, CorruptCaptureError):
             return b""
 
     def _aliases(self) -> dict[str, int]:
         result = {}
         with contextlib.suppress(FileNotFoundError), os.scandir(self._aliases_dir) as found:
             for entry in found:
-                if not entry.name.startswith("."):
-                    with contextlib.suppress(ValueError, OSError):
-                        result[entry.name] = int(Path(entry.path).read_text().strip())
+                if not entry.name.startswith("."):  # a linked or odd alias is skipped here, reported by fsck
+                    with contextlib.suppress(ValueError, OSError, CorruptCaptureError):
+                        result[entry.name] = int(read_regular(entry.path).decode().strip())
         return dict(sorted(result.items()))

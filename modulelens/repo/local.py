@@ -30,16 +30,23 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
-from modulelens.format.validate import validate_capture
-from modulelens.repo.files import flush_and_rename, flush_file, flush_folder, write_new_file
+from modulelens.repo.files import (
+    flush_and_rename,
+    flush_file,
+    flush_folder,
+    open_regular,
+    read_regular,
+    require_dir,
+    write_new_file,
+)
 from modulelens.repo.index import NameIndex, version_entry
 from modulelens.repo.markers import MARK_MIN_BYTES, ChunkDigests, chunk_digests, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
@@ -47,8 +54,11 @@ from modulelens.repo.packs import PACK_BELOW, Payloads, referenced_blobs, store_
 from modulelens.repo.trust import set_trust_source, trusts_source
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import torch
 
+    from modulelens.repo.fsck import FsckReport
     from modulelens.repo.transfer import TransferReport
 
 # 2: small payloads in packs, per-name summaries (docs/repo-layout.md). Layout-1 repos are read as
@@ -93,8 +103,12 @@ def default_repo_path() -> Path:
     return Path(cache) / "modulelens" / "repo"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class VersionInfo:
+    """One stored version, as a listing describes it: a snapshot (changing it changes nothing
+    stored). Not frozen: a frozen dataclass sets each field through ``object.__setattr__``, which
+    made building these 5x slower and a fifth of listing 2,000 versions (benchmarks/bench_repo.py)."""
+
     name: str
     version: int
     folder: str  # the version's folder or URL (a str: building 2,000 Paths was most of a listing's time)
@@ -127,6 +141,8 @@ class VersionInfo:
 
 @dataclass
 class GcReport:
+    """What :meth:`Repo.gc` removed (or, with ``dry_run``, would remove) and kept."""
+
     removed_blobs: int = 0
     freed_bytes: int = 0
     kept_blobs: int = 0
@@ -181,8 +197,8 @@ class Repo:
             self._initialise()
         else:
             try:
-                layout = json.loads(marker.read_text())["layout_version"]
-            except (ValueError, KeyError) as error:
+                layout = json.loads(read_regular(marker))["layout_version"]
+            except (ValueError, KeyError, TypeError) as error:
                 raise CorruptCaptureError(f"{marker}: unreadable repo marker ({error})") from None
             self._layout = layout
             if layout > LAYOUT_VERSION:
@@ -232,12 +248,34 @@ class Repo:
 
     @contextlib.contextmanager
     def _lock(self, exclusive: bool) -> Iterator[None]:
-        with open(self.root / "lock", "a+b") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            try:
+        """Saves hold ``lock`` shared, gc and ``fsck --repair`` exclusively. Linux grants a shared
+        ``flock`` while an exclusive one waits, so saves run back to back kept gc waiting forever
+        (issue 12). A turnstile, ``lock-gate``, makes it fair: a saver passes it (held exclusively
+        for an instant) before taking ``lock``; gc holds it while it waits for ``lock``, so new saves
+        queue behind gc, saves in progress finish, and gc runs."""
+        with self._flock("lock-gate", exclusive=True) if exclusive else self._passing_gate():
+            with self._flock("lock", exclusive=exclusive):
                 yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _passing_gate(self) -> Iterator[None]:
+        with self._flock("lock-gate", exclusive=True):
+            pass
+        yield
+
+    @contextlib.contextmanager
+    def _flock(self, filename: str, *, exclusive: bool) -> Iterator[None]:
+        fd = os.open(self.root / filename, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def exclusive_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the repo against every save (what gc and ``fsck --repair`` do while they work)."""
+        return self._lock(exclusive=True)
 
     def _tmp_path(self, suffix: str = "") -> Path:
         tmp = self.root / "tmp"
@@ -283,13 +321,14 @@ class Repo:
         assert tmp is not None
         path = self.blob_path(digest)
         path.parent.mkdir(exist_ok=True)
+        require_dir(path.parent)  # a shard folder planted as a link is refused, never written through
         flush_and_rename(tmp, path, flush_target_folder=flush_folder_now)
         if len(view) >= MARK_MIN_BYTES:
             write_marker(path, chunks or chunk_digests(view))
         return path
 
     def has_blob(self, digest: str) -> bool:
-        return self.blob_path(digest).exists()
+        return _is_regular(self.blob_path(digest))
 
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         """Copy the file ``source`` (whose content hashes to ``digest``) in as a blob; returns the
@@ -301,7 +340,7 @@ class Repo:
         is safe); this makes a pull from a cached remote cost no second write.
         """
         path = self.blob_path(digest)
-        if path.exists():
+        if _is_regular(path):
             return 0
         size = os.path.getsize(source)
         if verified and self._link_blob(source, path):
@@ -311,7 +350,8 @@ class Repo:
         if size == 0:
             self.write_blob(digest, b"")
             return 0
-        with open(source, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with os.fdopen(open_regular(source), "rb") as handle, \
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
                 self.write_blob(digest, view)
@@ -343,9 +383,11 @@ class Repo:
         sampled hash of a few chunks (coverage: :mod:`modulelens.repo.markers`)."""
         path = self.blob_path(digest)
         try:
-            stat = path.stat()
+            stat = os.lstat(path)
         except FileNotFoundError:
             raise CorruptCaptureError(f"payload {digest} is missing from {self.root}") from None
+        if not S_ISREG(stat.st_mode):
+            raise CorruptCaptureError(f"payload {path} is not a regular file (a link or other entry is never followed)")
         if stat.st_size != nbytes:
             raise CorruptCaptureError(
                 f"payload {digest} has {stat.st_size} bytes, expected {nbytes} (truncated or damaged)"
@@ -365,7 +407,8 @@ class Repo:
     def _hash_file(path: Path, size: int) -> str:
         if size == 0:
             return hash_bytes(b"")
-        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with os.fdopen(open_regular(path), "rb") as handle, \
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             return hash_bytes(memoryview(mapped))
 
     def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
@@ -400,27 +443,72 @@ class Repo:
     def _version_dir(self, name: str, version: int) -> Path:
         return self._name_dir(name) / "versions" / str(version)
 
-    def _index(self, name: str) -> NameIndex:
-        return NameIndex(self._name_dir(name), lambda v: self.read_metadata(name, v),
+    def _index(self, name: str, name_dir: str | None = None) -> NameIndex:
+        return NameIndex(name_dir or f"{self.root}/names/{quote(validate_name(name), safe='')}",
+                         lambda v: self.read_metadata(name, v),
                          lambda target, data: self._atomic_write(target, data, flush=False))
 
-    def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The name's summary (repo/index.py), kept in memory while the folders do not change."""
+    def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None, *,
+                 persist: bool = False) -> dict[str, Any]:
+        """The name's summary (repo/index.py), kept in memory while the folders do not change;
+        written back to ``summary.json`` only with ``persist`` (by operations that write)."""
+        return self._summary_in(name, None, fresh, persist=persist)
+
+    def _summary_in(self, name: str, name_dir: str | None, fresh: dict[int, dict[str, Any]] | None = None, *,
+                    persist: bool = False, keep: bool = True) -> dict[str, Any]:
+        """:meth:`_summary`, given the name's folder when a listing found it (so the name is not
+        validated and quoted again: a tenth of a listing's time). ``keep=False``: not kept in
+        memory (a walk over every name keeps nothing it will not ask for again; keeping 2,000
+        versions' summaries alive made the garbage collector a sixth of a listing)."""
         if "_summaries" not in self.__dict__:
             self._summaries = {}
-        summary = self._index(name).read(self._summaries.get(name), fresh)
-        self._summaries[name] = summary
+        summary = self._index(name, name_dir).read(self._summaries.get(name), fresh, persist=persist)
+        if keep:
+            self._summaries[name] = summary
         return summary
+
+    def rebuild_summary(self, name: str) -> None:
+        """Rebuild ``name``'s ``summary.json`` from its folders, ignoring the stored one (fsck --repair)."""
+        self.__dict__.setdefault("_summaries", {}).pop(name, None)
+        self._summaries[name] = self._index(name).read(rebuild=True, persist=True)
+
+    def fsck(self, *, repair: bool = False) -> FsckReport:
+        """Check every version's metadata and payloads, aliases, summaries and the layout; with
+        ``repair``, move what is broken into ``quarantine/`` (docs/repo-layout.md, "fsck").
+
+        Args:
+            repair: quarantine broken versions, payloads, foreign entries and dangling aliases,
+                and rebuild the summaries; nothing is deleted.
+
+        Returns:
+            A :class:`~modulelens.repo.fsck.FsckReport` (``report.clean``, ``report.problems``).
+
+        Example::
+
+            report = modulelens.Repo().fsck()
+            assert report.clean, [p.detail for p in report.problems]
+        """
+        from modulelens.repo.fsck import fsck
+
+        return fsck(self, repair=repair)
 
     def _quoted_names(self) -> list[str]:
         try:
             with os.scandir(self.root / "names") as found:
-                return [entry.name for entry in found if entry.is_dir()]
+                return [entry.name for entry in found if entry.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             return []
 
+    def _name_summaries(self, *, persist: bool = False) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+        """``(name, folder, summary)`` of every name folder, in name order (what list, names and gc
+        walk; ``persist``: gc, a writer, stores summaries it had to rebuild)."""
+        names_dir = f"{self.root}/names"
+        for name, quoted in sorted((_unquote_name(q), q) for q in self._quoted_names()):
+            name_dir = f"{names_dir}/{quoted}"
+            yield name, name_dir, self._summary_in(name, name_dir, persist=persist, keep=False)
+
     def names(self) -> list[str]:
-        return sorted(n for n in map(unquote, self._quoted_names()) if self._summary(n)["versions"])
+        return [name for name, _, summary in self._name_summaries() if summary["versions"]]
 
     @staticmethod
     def _version_numbers(name_dir: Path) -> list[int]:
@@ -492,8 +580,11 @@ class Repo:
                     continue  # another writer took this number; take the next one
                 raise
             flush_folder(versions_dir)  # the rename itself is what makes the version exist
-            self._summary(name, fresh={version: version_entry(metadata)})
-            return self.info(name, version)
+            entry = version_entry(metadata)
+            summary = self._summary(name, fresh={version: entry}, persist=True)
+            if str(version) not in summary["versions"]:  # removed by a concurrent rm meanwhile: still saved
+                summary = {"versions": {str(version): entry}, "aliases": {}}
+            return self._infos(name, summary, [version])[0]
         raise RepoError(f"could not allocate a version for {name!r} after 1000 attempts")
 
     def _versions_folder(self, name: str) -> Path:
@@ -521,6 +612,8 @@ class Repo:
         # waits for the disk to take payload k-1. All three release the GIL, so a save costs about
         # the slowest of hashing, writing and flushing rather than their sum
         # (benchmarks/bench_save_load.py).
+        from concurrent.futures import ThreadPoolExecutor  # here: listing a repo does not need threads
+
         items = list(payloads.items())
         try:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as hasher, \
@@ -570,20 +663,24 @@ class Repo:
 
     def version_path(self, name: str, version: int) -> Path:
         path = self._version_dir(name, version)
-        if not path.exists():
-            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.root}")
+        try:
+            require_dir(path)  # a linked version folder is refused, never read through
+        except FileNotFoundError:
+            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.root}") from None
         return path
 
     def read_metadata(self, name: str, version: int) -> dict[str, Any]:
         path = self.version_path(name, version) / CAPTURE_FILE
         try:
-            text = path.read_bytes()  # json.loads decodes; undecodable bytes are a ValueError there
+            text = read_regular(path)  # json.loads decodes; undecodable bytes are a ValueError there
         except FileNotFoundError:
             raise CorruptCaptureError(f"{path} is missing") from None
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as error:
             raise CorruptCaptureError(f"{path} is not valid JSON (truncated or damaged): {error}") from None
+        from modulelens.format.validate import validate_capture  # here: `ls` starts without the validator
+
         validate_capture(data, str(path))
         return data
 
@@ -593,30 +690,34 @@ class Repo:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
         return self._infos(name, summary, [version])[0]
 
-    def _infos(self, name: str, summary: dict[str, Any], versions: list[int] | None = None) -> list[VersionInfo]:
+    def _infos(self, name: str, summary: dict[str, Any], versions: list[int] | None = None, *,
+               name_dir: str | None = None) -> list[VersionInfo]:
+        """VersionInfos of ``versions`` (default: all) of ``name``, from its summary (``name_dir``:
+        its folder, when the caller knows it)."""
         entries = summary["versions"]
-        by_version: dict[int, list[str]] = {}
+        by_version: dict[int, tuple[str, ...]] = {}
         for alias, number in sorted(summary["aliases"].items()):
-            by_version.setdefault(number, []).append(alias)
-        latest = int(next(reversed(entries))) if entries else None
+            by_version[number] = (*by_version.get(number, ()), alias)
+        latest = next(reversed(entries), None)
+        if latest is not None:
+            by_version[int(latest)] = (LATEST, *by_version.get(int(latest), ()))
         # Where the version lives, as its repo is named: a path, or for a remote repo its URL
         # (never the local mirror that caches its capture.json).
-        folder = f"{self.location.rstrip('/')}/names/{quote(name, safe='')}/versions/"
+        folder = f"{name_dir or f'{self.location.rstrip(chr(47))}/names/' + quote(name, safe='')}/versions/"
+        chosen = entries.items() if versions is None else [(str(v), entries[str(v)]) for v in versions]
         infos = []
-        for number in versions if versions is not None else map(int, entries):
-            entry = entries[str(number)]
-            aliases = tuple(by_version.get(number, ()))
+        for key, entry in chosen:  # the hot loop of a listing: one VersionInfo per version
+            number = int(key)
             infos.append(VersionInfo(
-                name=name, version=number, folder=folder + str(number), created=entry["created"],
-                tags=tuple(entry["tags"]), aliases=(LATEST, *aliases) if number == latest else aliases,
-                nbytes=entry["nbytes"], module_class=entry["module_class"], calls=entry["calls"],
-                problem=entry.get("problem"),
-            ))
+                name, number, folder + key, entry["created"], tuple(entry["tags"]), by_version.get(number, ()),
+                entry["nbytes"], entry["module_class"], entry["calls"], entry.get("problem")))
         return infos
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
-        names = [validate_name(name)] if name else sorted(map(unquote, self._quoted_names()))
-        return [info for n in names for info in self._infos(n, self._summary(n))]
+        if name:
+            return self._infos(name, self._summary(name))
+        return [info for name, name_dir, summary in self._name_summaries()
+                for info in self._infos(name, summary, name_dir=name_dir)]
 
     # ---------------------------------------------------------------------------------- aliases
 
@@ -631,8 +732,10 @@ class Repo:
         name, version = self.resolve(ref)
         folder = self._name_dir(name) / "aliases"
         folder.mkdir(exist_ok=True)
+        require_dir(folder)
         self._atomic_write(folder / alias, str(version).encode())
-        return self.info(name, version)  # the folder changed, so the summary is brought up to date
+        self._summary(name, persist=True)  # the folder changed, so the summary is brought up to date
+        return self.info(name, version)
 
     def push(self, ref: str, to: str | os.PathLike[str] | Repo, *, aliases: bool = False) -> TransferReport:
         """Copy ``ref`` (one version, or every version of a bare name) to another repo.
@@ -662,9 +765,11 @@ class Repo:
 
     def remove_alias(self, name: str, alias: str) -> None:
         path = self._name_dir(name) / "aliases" / validate_alias(alias)
-        if not path.exists():
-            raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
-        path.unlink()
+        try:
+            path.unlink()  # a link there is removed as a link
+        except FileNotFoundError:  # never there, or removed meanwhile by a concurrent rm
+            raise CaptureNotFoundError(f"{name} has no alias {alias!r}") from None
+        self._summary(name, persist=True)
 
     # ---------------------------------------------------------------------------------- removal
 
@@ -680,27 +785,42 @@ class Repo:
             targets = [self.resolve(parsed)[1]]
         removed = []
         for version in targets:
-            folder = self._version_dir(parsed.name, version)
-            # A tombstone keeps the number used, so a later save never gets a removed version's
-            # number (a ref someone noted down never silently means a different capture).
-            folder.with_name(f"{version}{_TOMBSTONE}").touch()
-            flush_folder(folder.parent)
-            trash = self._tmp_path(".trash")
-            os.rename(folder, trash)  # disappears atomically
-            shutil.rmtree(trash, ignore_errors=True)
-            removed.append(f"{parsed.name}:v{version}")
-        for alias, version in self.aliases(parsed.name).items():
+            if self._remove_version(parsed.name, version):
+                removed.append(f"{parsed.name}:v{version}")
+        for alias, version in self._summary(parsed.name, persist=True)["aliases"].items():
             if version in targets:
-                self.remove_alias(parsed.name, alias)
+                with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
+                    self.remove_alias(parsed.name, alias)
+        if not removed:
+            raise CaptureNotFoundError(f"{ref} was removed meanwhile by another process")
         return removed
+
+    def _remove_version(self, name: str, version: int) -> bool:
+        """Move one version out of sight and delete it; False when another rm got there first."""
+        folder = self._version_dir(name, version)
+        # A tombstone keeps the number used, so a later save never gets a removed version's
+        # number (a ref someone noted down never silently means a different capture).
+        with contextlib.suppress(FileExistsError):
+            write_new_file(folder.with_name(f"{version}{_TOMBSTONE}"), b"", mode=0o644)
+        flush_folder(folder.parent)
+        trash = self._tmp_path(".trash")
+        try:
+            os.rename(folder, trash)  # disappears atomically; a link there is moved as a link
+        except FileNotFoundError:
+            return False
+        if os.path.islink(trash):
+            os.unlink(trash)
+        else:
+            shutil.rmtree(trash, ignore_errors=True)
+        return True
 
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0) -> GcReport:
         """Delete payloads no version references, and stale staging files."""
         report = GcReport(dry_run=dry_run)
         with self._lock(exclusive=True):
             referenced: set[str] = set()
-            for name in map(unquote, self._quoted_names()):
-                for entry in self._summary(name)["versions"].values():
+            for _name, _dir, summary in self._name_summaries(persist=True):
+                for entry in summary["versions"].values():
                     referenced.update(entry["blobs"])
             referenced_hex = {digest.partition(":")[2] for digest in referenced}
             for blob in self._blob_files():
@@ -727,7 +847,7 @@ class Repo:
         with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "tmp") as entries:
             for entry in list(entries):
                 with contextlib.suppress(FileNotFoundError):
-                    if entry.stat(follow_symlinks=False).st_mtime >= cutoff or _writer_alive(entry.name):
+                    if entry.stat(follow_symlinks=False).st_mtime >= cutoff or writer_alive(entry.name):
                         continue
                     report.removed_tmp += 1
                     if dry_run:
@@ -763,7 +883,8 @@ class Repo:
     def report_files(self, name: str, version: int) -> dict[str, bytes]:
         """A version's report files by file name (for copying them to another repo)."""
         folder = self.version_path(name, version) / "reports"
-        return {p.name: p.read_bytes() for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+        # read_regular: a report planted as a link is refused, never copied from outside the repo
+        return {p.name: read_regular(p) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
 
     def put_report(self, name: str, version: int, filename: str, data: bytes) -> None:
         """Store a report file under its original name (push/pull)."""
@@ -779,9 +900,16 @@ class Repo:
         found = []
         for path in sorted(folder.glob("*.json")):
             if kind is None or path.name.startswith(kind + "-"):
-                with contextlib.suppress(ValueError, OSError):
-                    found.append({"path": str(path), **json.loads(path.read_text())})
+                with contextlib.suppress(ValueError, OSError, CorruptCaptureError):  # a linked report is skipped
+                    found.append({"path": str(path), **json.loads(read_regular(path))})
         return found
+
+
+def _unquote_name(quoted: str) -> str:
+    """The name of a ``names/`` folder. A valid name quotes to letters, digits, ``._-`` and ``%2F``
+    (its slashes), so a plain replace does; ``unquote`` only for anything else."""
+    plain = quoted.replace("%2F", "/")
+    return plain if "%" not in plain else unquote(quoted)
 
 
 def _fingerprint(data: memoryview) -> tuple[str, ChunkDigests | None]:
@@ -790,7 +918,15 @@ def _fingerprint(data: memoryview) -> tuple[str, ChunkDigests | None]:
     return hash_bytes(view), chunk_digests(view) if len(view) >= MARK_MIN_BYTES else None
 
 
-def _writer_alive(staging_name: str) -> bool:
+def _is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (``lstat``: a link is not)."""
+    try:
+        return S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def writer_alive(staging_name: str) -> bool:
     """Whether the process that made ``tmp/<pid>-<uuid>...`` still runs on this machine."""
     pid, _, rest = staging_name.partition("-")
     if not pid.isdigit() or not rest:

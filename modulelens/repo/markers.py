@@ -33,6 +33,9 @@ from pathlib import Path
 
 import xxhash
 
+from modulelens.errors import CorruptCaptureError
+from modulelens.repo.files import open_regular, read_regular
+
 MARK_MIN_BYTES = 1 << 20
 MIN_CHUNK = 1 << 20
 MAX_CHUNKS = 64
@@ -69,28 +72,36 @@ def write_marker(blob: Path, chunks: ChunkDigests | None = None) -> None:
     stale marker only fails to match, and the blob is then re-hashed."""
     backdated = time.time_ns() - 2_000_000_000
     try:
-        os.utime(blob, ns=(backdated, backdated))
-        info = blob.stat()
-        if chunks is None:
-            with open(blob, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    chunks = chunk_digests(view)
-                finally:
-                    view.release()
+        with os.fdopen(open_regular(blob), "rb") as handle:  # never through a link planted in the repo
+            os.utime(handle.fileno(), ns=(backdated, backdated))
+            info = os.fstat(handle.fileno())
+            if chunks is None:
+                chunks = _chunks(handle.fileno(), info.st_size)
         record = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "checked": time.time(),
                   "chunk_hash": CHUNK_HASH, "chunk": chunks[0], "chunks": chunks[1]}
-        with open(marker_path(blob), "w") as marker:
+        fd = os.open(marker_path(blob), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps(record))
-    except OSError:
+    except (OSError, CorruptCaptureError):
         pass  # no marker: the blob is fully hashed on its next load
+
+
+def _chunks(fd: int, size: int) -> ChunkDigests:
+    if size == 0:
+        return chunk_size(0), []
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return chunk_digests(view)
+        finally:
+            view.release()
 
 
 def sampled_check(blob: Path, info: os.stat_result) -> bool | None:
     """``True``: the marker matches and the sampled chunks hash as recorded; ``False``: a sampled
     chunk differs (the blob is damaged); ``None``: no usable marker, or a full check is due."""
     try:
-        record = json.loads(marker_path(blob).read_text())
+        record = json.loads(read_regular(marker_path(blob)))
         if (record["size"], record["mtime_ns"]) != (info.st_size, info.st_mtime_ns):
             return None
         if time.time() - float(record["checked"]) > FULL_CHECK_EVERY_S:
@@ -98,12 +109,12 @@ def sampled_check(blob: Path, info: os.stat_result) -> bool | None:
         if record.get("chunk_hash") != CHUNK_HASH:
             return None  # a marker from before xxh3 chunks: the full check rewrites it
         chunk, chunks = int(record["chunk"]), list(record["chunks"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, CorruptCaptureError):
         return None
     if chunk != chunk_size(info.st_size) or len(chunks) != -(-info.st_size // chunk):
         return None
     picks = random.sample(range(len(chunks)), min(SAMPLED_CHUNKS, len(chunks)))
-    with open(blob, "rb") as handle:
+    with os.fdopen(open_regular(blob), "rb") as handle:
         for index in picks:
             handle.seek(index * chunk)
             if _chunk_digest(handle.read(chunk)) != chunks[index]:

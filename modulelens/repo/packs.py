@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
+from modulelens.repo.files import open_regular, read_regular
 
 if TYPE_CHECKING:
     import torch
@@ -153,7 +155,7 @@ class _Pack:
     handed out is independent (what the loader promises for parameters vs ``Capture.tensor``)."""
 
     def __init__(self, path: Path) -> None:
-        with open(path, "rb") as handle:
+        with os.fdopen(open_regular(path), "rb") as handle:  # never through a link (check_blob lstat'd it)
             self._private = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
             self._pristine = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         self.members = read_header(self._pristine, str(path))
@@ -248,7 +250,7 @@ class Payloads:
     def read_bytes(self, entry: dict[str, Any]) -> bytes:
         """A payload's raw bytes (row-major, little-endian, as stored)."""
         if "pack" not in entry:
-            return self.repo.check_blob(entry["payload"], entry["nbytes"]).read_bytes()
+            return read_regular(self.repo.check_blob(entry["payload"], entry["nbytes"]))
         pack, hexdigest = self._member(entry)
         return pack.member_bytes(hexdigest)
 

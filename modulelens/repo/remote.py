@@ -384,8 +384,10 @@ class RemoteRepo(Repo):
                                 for v in listing["versions"]}, "aliases": listing["aliases"]}
         return self._infos(name, summary, [version])[0]
 
-    def _quoted_names(self) -> list[str]:
-        return [quote(n, safe="") for n in self.names()]
+    def _name_summaries(self, *, persist: bool = False) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+        """``(name, None, summary)`` of every name (``Repo.list`` walks these)."""
+        for name in self.names():
+            yield name, None, self._summary(name)
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
         """As for a local repo; an explicit ``name:vN`` whose manifest is cached needs no request

@@ -16,6 +16,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from modulelens.errors import CorruptCaptureError
+from modulelens.repo.files import read_regular, write_new_file
+
 TRUST_FILE = "trust.json"
 
 
@@ -33,10 +36,10 @@ def trusts_source(root: Path) -> bool:
             return False
         if info.st_size > 4096:
             return False
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path))  # O_NOFOLLOW: no swap for a link after the lstat
         return bool(isinstance(data, dict) and data.get("trust_source") is True
                     and {k: data.get(k) for k in ("path", "device", "inode", "uid")} == _identity(root))
-    except (OSError, ValueError):
+    except (OSError, ValueError, CorruptCaptureError):
         return False
 
 
@@ -47,6 +50,7 @@ def set_trust_source(root: Path, value: bool) -> None:
         path.unlink(missing_ok=True)
         return
     tmp = root / f".{TRUST_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"trust_source": True, **_identity(root)}))
+    tmp.unlink(missing_ok=True)  # left by a crash (or planted): removed as it is, never written through
+    write_new_file(tmp, json.dumps({"trust_source": True, **_identity(root)}).encode(), mode=0o644)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)

@@ -35,6 +35,9 @@ def test_ls_and_show_json(populated: Path) -> None:
     code, out, _ = cli("ls", "--repo", str(populated), "--json")
     assert code == 0 and out["schema"] == "modulelens.cli/1" and out["ok"]
     assert [row["ref"] for row in out["result"]] == ["ranker/attn:v1", "ranker/attn:v2"]
+    for prefix, refs in (("ranker", ["ranker/attn:v1", "ranker/attn:v2"]), ("rank", [])):  # whole segments only
+        code, out, _ = cli("ls", prefix, "--repo", str(populated), "--json")
+        assert code == 0 and [row["ref"] for row in out["result"]] == refs
     code, out, _ = cli("show", "ranker/attn:v1", "--repo", str(populated), "--json")
     shown = out["result"]
     assert shown["module_class"] == "modules_for_tests:DictToTuple"
@@ -113,6 +116,93 @@ def test_help_version_ls_show_do_not_import_torch(populated: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "modulelens 0.1.0" in result.stdout and "ranker/attn:v2" in result.stdout
     assert result.stdout.strip().endswith("torch imported: False")
+
+
+IMPORTED = """
+import json, sys
+from modulelens.interfaces.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exit:
+    assert not exit.code, exit.code
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "pydantic", "rich"})
+commands = sorted(m.rsplit(".", 1)[1] for m in sys.modules
+                  if m.startswith("modulelens.interfaces.cli.") and not m.rsplit(".", 1)[1].startswith("_"))
+print(json.dumps({"heavy": heavy, "command_modules": commands}))
+"""
+
+
+@pytest.mark.parametrize("args, command_modules", [
+    ("--help", ["agents", "app", "core", "kernel", "remote", "tools"]),  # lists every command, builds none
+    ("--version", ["app"]),
+    ("ls", ["app", "core"]),
+    ("show ranker/attn", ["app", "core"]),
+    ("show ranker/attn --json", ["app", "core"]),
+])
+def test_fast_commands_import_only_what_they_use(populated: Path, args: str, command_modules: list[str]) -> None:
+    """Issue 14: --help, --version, ls and show start without torch, numpy, pydantic (typer's
+    coercion of plain strings) or rich (plain text and JSON), importing only their command module."""
+    argv = [*args.split(), *(["--repo", str(populated)] if args.startswith(("ls", "show")) else [])]
+    result = subprocess.run([PYTHON, "-c", IMPORTED, *argv], capture_output=True, text=True,
+                            env=subprocess_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    imported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert imported == {"heavy": [], "command_modules": command_modules}
+
+
+def test_help_lists_every_command_and_each_resolves() -> None:
+    import typer
+
+    from modulelens.interfaces.cli import app
+
+    group = typer.main.get_command(app)
+    names = group.list_commands(None)
+    assert {"ls", "show", "replay", "gc", "profile", "verify", "export", "push", "kernel", "agent"} <= set(names)
+    result = subprocess.run([PYTHON, "-m", "modulelens", "--help"], capture_output=True, text=True,
+                            env=subprocess_env(), timeout=120)
+    listed = result.stdout.split("Commands:", 1)[1]
+    for name in names:
+        command = group.get_command(None, name)
+        assert command is not None and command.name == name
+        assert f"\n  {name} " in listed, name
+    assert group.get_command(None, "no-such-command") is None
+    typo = subprocess.run([PYTHON, "-m", "modulelens", "lss"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert typo.returncode == 2 and "No such command 'lss'. Did you mean 'ls'?" in typo.stderr
+
+
+def test_ls_on_a_narrow_terminal_drops_columns_not_the_ref(tmp_path: Path) -> None:
+    import os
+    import pty
+
+    repo = tmp_path / "repo"
+    module = DictToTuple(4)
+    long_name = "a-rather-long-project-name/with/a/nested/module"
+    with modulelens.capture(module, targets="DictToTuple", repo=repo, name=long_name):
+        module({"q": torch.randn(2, 4), "k": torch.randn(3, 4)})
+    ref = f"{long_name}:v1"
+    main, terminal = pty.openpty()  # a real terminal: ls fits its columns to the width
+    try:
+        result = subprocess.run([PYTHON, "-m", "modulelens", "ls", "--repo", str(repo)], stdout=terminal,
+                                stderr=subprocess.PIPE, env={**subprocess_env(), "COLUMNS": "80"}, timeout=120)
+        os.close(terminal)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's other end is closed: everything was read
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(main)
+    lines = output.decode().replace("\x1b[1m", "").replace("\x1b[0m", "").splitlines()
+    assert result.returncode == 0, result.stderr
+    [row] = [line for line in lines if line.startswith(ref)]
+    header = lines[lines.index(row) - 1]
+    assert header.split() == ["ref", "aliases", "module", "class"] and len(row) <= 80  # payload, created dropped
+    assert row.split()[:2] == [ref, "latest"]
 
 
 def test_did_you_mean_bad_dtype_and_missing_device(populated: Path) -> None:

@@ -20,10 +20,10 @@ TOOL_COMMANDS = {"profile", "verify", "diff", "export", "kernel"}  # documented 
 
 def command_names() -> set[str]:
     """Every command of the assembled CLI, groups as ``"kernel verify"``."""
-    root = typer.main.get_command(app)
+    root = typer.main.get_command(app)  # commands are found on demand: ask the group, as click does
     names = set()
-    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
-        sub = getattr(cmd, "commands", None)
+    for name in root.list_commands(None):  # type: ignore[attr-defined]
+        sub = getattr(root.get_command(None, name), "commands", None)  # type: ignore[attr-defined]
         names |= {f"{name} {s}" for s in sub} if sub else {name}
     return names
 

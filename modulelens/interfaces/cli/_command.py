@@ -7,11 +7,56 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
 from modulelens.interfaces._errors import KNOWN_ERRORS
 from modulelens.interfaces.cli._errors import DebugState, report_error
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def take_as_given(params: list[Any]) -> None:
+    """Let flags and plain ``str`` arguments and options of a command keep their value as given.
+
+    typer converts every value that is not already a bool flag's bool through a pydantic
+    ``TypeAdapter`` built on first use, ``--help``'s unset ``None`` included; for
+    ``modulelens ls --repo DIR`` that meant importing pydantic and building three adapters, about
+    40% of the command's wall time (``python -X importtime``), to turn a string into itself. Other
+    types (numbers, lists, choices, paths, parsers) keep typer's conversion. typer has no public
+    hook for this: where its internals differ, nothing changes but speed, and
+    tests/interfaces/test_cli.py (the modules ``ls`` imports) notices.
+
+    Args:
+        params: a typer command's or group's click parameters.
+    """
+    try:
+        from typer._coercion import PassThroughRuntimeParam
+    except ImportError:
+        return
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is None or getattr(param, "_runtime_param", True) is not None:
+            continue  # not typer's, or already decided
+        plain = descriptor.annotation is str and not (
+            descriptor.parameter_info.parser is not None or descriptor.is_choice or descriptor.is_path)
+        flag = descriptor.annotation is bool and getattr(param, "is_flag", False)
+        if plain or flag:
+            param._runtime_param = PassThroughRuntimeParam(parameter_info=descriptor.parameter_info,
+                                                           annotation=descriptor.annotation)
+
+
+class GivenValues:
+    """Mixin for a typer command or group whose parameters, ``--help`` included, are
+    :func:`take_as_given` (click makes the help option when first asked for the parameters)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        take_as_given(params)
+        return params
+
+
+class _Command(GivenValues, TyperCommand):
+    """typer's command with :func:`take_as_given` parameters."""
 
 
 def command(group: typer.Typer, name: str, *, json_name: str | None = None, **settings: Any) -> Callable[[F], F]:
@@ -45,7 +90,7 @@ def command(group: typer.Typer, name: str, *, json_name: str | None = None, **se
                     raise
                 raise report_error(label, error, bool(kwargs.get("as_json"))) from None
 
-        group.command(name, **settings)(wrapper)
+        group.command(name, cls=_Command, **settings)(wrapper)
         return func
 
     return decorate

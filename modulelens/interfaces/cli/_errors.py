@@ -8,9 +8,8 @@ it. ``--debug`` re-raises instead, for a traceback.
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 
-from modulelens.interfaces._errors import error_message, exit_code
+from modulelens.interfaces._errors import as_modulelens_error, error_message, exit_code
 from modulelens.interfaces.output import emit_json, err_console
 
 
@@ -34,8 +33,11 @@ def report_error(label: str, error: BaseException, as_json: bool) -> typer.Exit:
     code = exit_code(error)
     message = error_message(error)
     if as_json:
-        emit_json(label, error_type=type(error).__name__, message=message, exit_code=code)
+        # The documented class (an OSError is reported as the error it maps to: StorageError...).
+        emit_json(label, error_type=type(as_modulelens_error(error)).__name__, message=message, exit_code=code)
     else:
+        from rich.markup import escape  # here: a command that succeeds never imports rich for this
+
         # escape(): a message such as "pip install 'modulelens[agents]'" must keep its brackets.
         err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)

@@ -6,12 +6,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
 
 from modulelens.errors import MissingDependencyError
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import DeviceOpt, DtypeOpt, JsonOpt, RepoOpt
-from modulelens.interfaces.output import console, emit, err_console
+from modulelens.interfaces.output import console, emit, err_console, rich_table
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,7 +67,7 @@ def agent_install_cmd(
     result = install(project, cursor=cursor, force=force)
 
     def render(r: dict[str, Any]) -> None:
-        table = Table(title=f"modulelens agent skill in {r['project']}")
+        table = rich_table(title=f"modulelens agent skill in {r['project']}")
         table.add_column("file")
         table.add_column("status")
         colors = {"created": "green", "updated": "green", "overwritten": "yellow", "kept-modified": "yellow"}

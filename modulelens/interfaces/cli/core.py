@@ -1,4 +1,8 @@
-"""Core commands: browse (``ls``, ``show``), ``replay``, manage (``alias``, ``rm``, ``gc``), ``run``, ``demo``."""
+"""Core commands: browse (``ls``, ``show``), ``replay``, manage (``alias``, ``rm``, ``gc``), ``run``, ``demo``.
+
+``ls`` and ``show`` print plain text and start without rich (other renderers build their tables
+with ``output.rich_table``, which imports it on first use; see ``app.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,13 @@ import shlex
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from modulelens.errors import NothingCapturedError, UsageError
+from modulelens.errors import CorruptCaptureError, NothingCapturedError, UsageError
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
-from modulelens.interfaces.output import console, emit, emit_json, err_console
+from modulelens.interfaces.output import console, emit, emit_json, err_console, rich_table, text_table
 
 app = typer.Typer()
 
@@ -35,30 +37,18 @@ def ls(
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            console.print(f"no captures in {store.location}")
+            typer.echo(f"no captures in {store.location}")
             return
-        # A ref is what people copy into the next command, so it is never cut: it gets its full
-        # width, the other columns fold, and the least useful ones go when the terminal is narrow.
-        widest = max(len(row["ref"]) for row in result)
-        if widest + 4 > console.width:  # not even the ref fits in a table: plain lines, wrapped
-            console.print(f"captures in {store.location}", soft_wrap=True, highlight=False)
-            for row in result:
-                console.print(f"{row['ref']}  {', '.join(row['aliases'])}  {row['module_class'].rsplit(':', 1)[-1]}  "
-                              f"{human_bytes(row['payload_bytes'])}", soft_wrap=True, highlight=False, markup=False)
-            return
-        columns = ["aliases", "module class", "payload", "created"]
-        while columns and widest + 12 * len(columns) > console.width:
-            columns.pop()
-        table = Table(title=f"captures in {store.location}", title_justify="left")
-        table.add_column("ref", no_wrap=True, min_width=widest)
-        for col in columns:
-            table.add_column(col, overflow="fold")
-        for row in result:
-            kind = row["module_class"].rsplit(":", 1)[-1] if not row.get("problem") else "damaged (see show)"
-            cells = {"aliases": ", ".join(row["aliases"]), "module class": kind,
-                     "payload": human_bytes(row["payload_bytes"]), "created": row["created"]}
-            table.add_row(row["ref"], *(cells[col] for col in columns))
-        console.print(table)
+        # Plain aligned text, not a rich table: rendering 2,000 rows through rich took longer than
+        # the rest of `ls`. A ref is what people copy into the next command, so it is never cut;
+        # on a narrow terminal the last columns go instead (text_table).
+        cells = [[row["ref"], ", ".join(row["aliases"]),
+                  "damaged (see show)" if row.get("problem") else row["module_class"].rsplit(":", 1)[-1],
+                  human_bytes(row["payload_bytes"]), row["created"]] for row in result]
+        typer.echo(f"captures in {store.location}")
+        lines = text_table(["ref", "aliases", "module class", "payload", "created"], cells)
+        typer.secho(lines[0], bold=True)
+        typer.echo("\n".join(lines[1:]))
 
     emit("ls", as_json, rows, render)
 
@@ -76,27 +66,24 @@ def show(
     name, version = session.resolve(store, ref)
     result = describe(store, f"{name}:v{version}")
 
-    def render(d: dict[str, Any]) -> None:
-        console.print(f"[bold]{d['ref']}[/bold]  aliases: {', '.join(d['aliases']) or '-'}  stored at {d['path']}")
-        console.print(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
+    def render(d: dict[str, Any]) -> None:  # plain text, like ls: show starts without rich
+        typer.echo(typer.style(d["ref"], bold=True) + f"  aliases: {', '.join(d['aliases']) or '-'}  stored at {d['path']}")
+        typer.echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
         if d["construction"]:
-            console.print("constructor: " + json.dumps({"args": d["construction"]["args"], "kwargs": d["construction"]["kwargs"]}))
+            typer.echo("constructor: " + json.dumps({"args": d["construction"]["args"], "kwargs": d["construction"]["kwargs"]}))
         else:
-            console.print(f"constructor: [yellow]not recorded[/yellow] ({d['construction_missing']})")
-        console.print(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
-                      f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
-        table = Table(title="recorded calls")
-        for col in ("call", "mode", "inputs", "outputs"):
-            table.add_column(col)
-        for c in d["calls"]:
-            table.add_row(str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
-                          _leaves_text(c["inputs"]), _leaves_text(c["outputs"]))
-        console.print(table)
+            typer.echo("constructor: " + typer.style("not recorded", fg="yellow") + f" ({d['construction_missing']})")
+        typer.echo(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
+                   f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
+        typer.secho("recorded calls", bold=True)
+        calls = [[str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
+                  _leaves_text(c["inputs"]), _leaves_text(c["outputs"])] for c in d["calls"]]
+        typer.echo("\n".join("  " + line for line in text_table(["call", "mode", "inputs", "outputs"], calls, fit=False)))
         env = d["environment"]
-        console.print(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
-                      f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
+        typer.echo(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
+                   f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
         for r in d["reports"]:
-            console.print(f"report: {r['kind']} {r['created']} passed={r['passed']}")
+            typer.echo(f"report: {r['kind']} {r['created']} passed={r['passed']}")
 
     emit("show", as_json, result, render)
 
@@ -133,9 +120,10 @@ def replay_cmd(
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
     def render(r: Any) -> None:
+
         style = styles[r.status]
         console.print(f"[{style}]{r.status}[/{style}] replay of {r.ref} on {r.device} ({r.mode})")
-        table = Table()
+        table = rich_table()
         for col in ("call", "result", "max abs err", "max rel err", "time", "detail"):
             table.add_column(col)
         for c in r.calls:
@@ -222,13 +210,65 @@ def trust_cmd(
 def gc_cmd(
     repo: RepoOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report what would be removed.")] = False,
+    tmp_older_than: Annotated[str, typer.Option(
+        "--tmp-older-than", metavar="DURATION",
+        help="Free staging left by writers that are gone once it is this old: 0, 90s, 10m, 1h, 2d. "
+             "A running writer's staging is never freed.")] = "1h",
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete payloads that no version references."""
-    report = session.open_repo(repo).gc(dry_run=dry_run)
+    """Delete payloads that no version references, and staging left by crashed writers."""
+    report = session.open_repo(repo).gc(dry_run=dry_run, tmp_age_s=parse_duration(tmp_older_than, "--tmp-older-than"))
     emit("gc", as_json, report.to_dict(), lambda r: console.print(
         f"{'would remove' if dry_run else 'removed'} {r['removed_blobs']} payloads "
-        f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}"))
+        f"({human_bytes(r['freed_bytes'])}), kept {r['kept_blobs']}; {r['removed_tmp']} staging entries"))
+
+
+@command(app, "fsck")
+def fsck_cmd(
+    repo: RepoOpt = None,
+    repair: Annotated[bool, typer.Option(
+        "--repair", help="Move what is broken into the repo's quarantine/ folder (never deletes) and rebuild summaries.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check every version's metadata and payloads (full hashes), aliases, summaries and the repo's
+    layout; exit 3 when something is broken (and not repaired). Remote repos: a read-only check of
+    metadata, payload sizes and aliases."""
+    report = session.open_repo(repo).fsck(repair=repair)
+
+    def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
+
+        for p in r["problems"]:
+            mark = "[green]repaired[/green]" if p["repaired"] else "[red]problem[/red]"
+            console.print(f"{mark} {p['kind']}: {escape(p['path'])}: {escape(p['detail'])}", soft_wrap=True)
+        for action in r["actions"]:
+            console.print(escape(action), soft_wrap=True, highlight=False)
+        state = "clean" if r["clean"] else f"{sum(not p['repaired'] for p in r['problems'])} problems"
+        console.print(f"{r['repo']}: {state}; {r['versions']} versions of {r['names']} names, {r['payloads_checked']} "
+                      f"payloads ({human_bytes(r['bytes_checked'])}) hashed; {r['orphan_blobs']} unreferenced payloads "
+                      f"({human_bytes(r['orphan_bytes'])}) and {r['stale_staging']} stale staging entries for gc",
+                      soft_wrap=True, highlight=False)
+
+    emit("fsck", as_json, report.to_dict(), render)
+    if not report.clean:
+        raise typer.Exit(CorruptCaptureError.exit_code)
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds in ``"0"``, ``"90"``, ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``.
+
+    Raises:
+        UsageError: ``text`` is not such a duration (names ``option``).
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 0, 90s, 10m, 1h, 2d)") from None
+    if not value >= 0:
+        raise UsageError(f"{option}: {text!r} must not be negative")
+    return value
 
 
 # ------------------------------------------------------------------------------------- capture
@@ -297,8 +337,10 @@ def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
 
 
 def _render_run(r: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     if r["saved"]:
-        table = Table(title=f"captured into {r['repo']}")
+        table = rich_table(title=f"captured into {r['repo']}")
         table.add_column("ref", no_wrap=True)
         table.add_column("module class")
         table.add_column("calls")
@@ -310,8 +352,9 @@ def _render_run(r: dict[str, Any]) -> None:
 
 
 def _render_modules(r: dict[str, Any]) -> None:
+
     root = r["roots"][0]
-    table = Table(title=f"modules of {root['class']} (the first model called)", title_justify="left")
+    table = rich_table(title=f"modules of {root['class']} (the first model called)", title_justify="left")
     table.add_column("qualified name", no_wrap=True)
     table.add_column("class")
     for qualified, cls in root["modules"]:

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
 
 from modulelens.errors import UsageError
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, RepoOpt, TrustOpt
-from modulelens.interfaces.output import console, emit, err_console
+from modulelens.interfaces.output import console, emit, err_console, rich_table
+from modulelens.interfaces.session import open_repo as _repo
 
 app = typer.Typer()
 
@@ -84,7 +84,7 @@ def export_cmd(
 def _render_export(result: dict[str, Any]) -> None:
     m = result["manifest"]
     console.print(f"[bold]{m['capture']['ref']}[/bold] -> {result['directory']}")
-    table = Table(show_header=True)
+    table = rich_table(show_header=True)
     table.add_column("file")
     table.add_column("hash")
     for name, digest in m["files"].items():
@@ -163,7 +163,7 @@ def render_kernel_report(d: dict[str, Any]) -> None:
                   f"from {cand['origin']} against {d['ref']} on {d['runtime']['device']}", highlight=False)
     static = d["static"]
     if static["errors"] or static["warnings"]:
-        table = Table(title="static check")
+        table = rich_table(title="static check")
         for col in ("severity", "line", "rule", "message"):
             table.add_column(col)
         for f in static["errors"] + static["warnings"]:
@@ -172,7 +172,7 @@ def render_kernel_report(d: dict[str, Any]) -> None:
         console.print(table)
     timing = d.get("timing", {})
     by_sample = {row["sample"]: row for row in timing.get("samples", [])} if timing.get("measured") else {}
-    table = Table(title="samples")
+    table = rich_table(title="samples")
     columns = ["sample", "kind", "result", "max abs err", "max rel err", "ok at 1e-3"]
     if by_sample:
         columns += ["reference ms", "candidate ms", "speedup"]

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from modulelens.format.human import human_bytes
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt, TrustOpt
-from modulelens.interfaces.output import console, emit
+from modulelens.interfaces.output import console, emit, rich_table
 
 app = typer.Typer()
 
@@ -61,7 +60,7 @@ def _render_profile(r: dict[str, Any]) -> None:
     compiled = f", torch.compile({r['compiled']})" if r["compiled"] else ""
     console.print(f"[bold]profile {r['ref']}[/bold] call {r['call_index']} on {r['device']}"
                   f"{' ' + r['dtype'] if r['dtype'] else ''} — {r['mode']}{compiled}")
-    table = Table(show_header=False)
+    table = rich_table(show_header=False)
     table.add_column("metric")
     table.add_column("value")
     table.add_row("latency", f"median {lat['median_ms']:.4g} ms   p10 {lat['p10_ms']:.4g}   "
@@ -81,7 +80,7 @@ def _render_profile(r: dict[str, Any]) -> None:
     console.print(table)
     if r["flops"]["uncounted_compute_ops"]:
         console.print("no FLOP formula (not counted): " + ", ".join(r["flops"]["uncounted_compute_ops"]))
-    ops = Table(title="top operators (self time per iteration)")
+    ops = rich_table(title="top operators (self time per iteration)")
     for col in ("operator", "calls/iter", "self ms", "total ms", "%"):
         ops.add_column(col)
     for op in r["top_ops"]:
@@ -89,7 +88,7 @@ def _render_profile(r: dict[str, Any]) -> None:
                     f"{op['total_ms_per_iter']:.4g}", f"{op['percent']:.1f}")
     console.print(ops)
     if r["batch_sweep"]:
-        sweep = Table(title="batch sweep (synthetic inputs)")
+        sweep = rich_table(title="batch sweep (synthetic inputs)")
         for col in ("batch", "median ms", "p10", "p90", "samples/s", "FLOP/s"):
             sweep.add_column(col)
         for row in r["batch_sweep"]:
@@ -144,7 +143,7 @@ def verify_cmd(
         if r["error"]:
             console.print(f"[red]{r['error']}[/red]")
         if r["calls"]:
-            table = Table()
+            table = rich_table()
             for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
                 table.add_column(col)
             for c in r["calls"]:
@@ -195,7 +194,7 @@ def diff_cmd(
         if s["class_changed"]:
             console.print(f"class: {r['class_a']} -> {r['class_b']}")
         if r["constructor"]:
-            table = Table(title="constructor arguments")
+            table = rich_table(title="constructor arguments")
             for col in ("argument", "A", "B"):
                 table.add_column(col)
             for c in r["constructor"]:
@@ -205,7 +204,7 @@ def diff_cmd(
             console.print("constructor arguments: identical")
         rows = [t for t in r["tensors"] if show_all or t["status"] != "same"]
         if rows:
-            table = Table(title="parameters and buffers (first recorded state)")
+            table = rich_table(title="parameters and buffers (first recorded state)")
             table.add_column("tensor", overflow="fold")
             for col in ("status", "shape", "max abs diff", "‖a-b‖/‖a‖"):
                 table.add_column(col)
@@ -219,7 +218,7 @@ def diff_cmd(
         same = sum(t["status"] == "same" for t in r["tensors"])
         console.print(f"{same}/{s['tensors']} tensors identical")
         if r["inputs"]:
-            table = Table(title="input statistics (all recorded calls)")
+            table = rich_table(title="input statistics (all recorded calls)")
             for col in ("input", "mean A → B", "std A → B", "min A → B", "max A → B"):
                 table.add_column(col)
             for row in r["inputs"]:
@@ -231,7 +230,7 @@ def diff_cmd(
                                              for k in ("mean", "std", "min", "max")))
             console.print(table)
         if r["outputs"]:
-            table = Table(title=f"outputs: {r['b']} run on {r['a']}'s inputs vs {r['a']}'s recorded outputs")
+            table = rich_table(title=f"outputs: {r['b']} run on {r['a']}'s inputs vs {r['a']}'s recorded outputs")
             for col in ("call", "result", "max abs err", "max rel err", "mean abs err", "detail"):
                 table.add_column(col)
             for o in r["outputs"]:

@@ -1,0 +1,108 @@
+"""How fast the CLI starts (issue 14): fresh-process wall time of the commands people type most.
+
+    python benchmarks/bench_cli.py [--rounds 9] [--versions 200] [--names 20]
+
+Each round runs, in a new process and in rotating order: ``python -c pass`` (the interpreter),
+``python -c "import typer"`` (the CLI framework), ``python -c "import torch"`` (what a command
+that loads a capture pays first), and ``modulelens --help``, ``--version``, ``ls`` and ``show``
+on a repo of --versions versions under --names names (stdout to a pipe, as a script or an agent
+reads it). Reports the median and best of the rounds, each command's ratio to the interpreter and
+to ``import torch``, and the machine's load average (other processes share its cores); results go
+to benchmarks/results/cli.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import median, report
+
+import modulelens
+
+
+def build_repo(root: Path, versions: int, names: int) -> str:
+    """``versions`` versions of a small Linear under ``names`` names, saved through the repo's own
+    save path (as benchmarks/bench_repo.py does); returns a ref for ``show``."""
+    repo = modulelens.Repo(root)
+    module = nn.Linear(4, 4)
+    with modulelens.capture(module, targets="Linear", repo=repo, name="seed"):
+        module(torch.randn(2, 4))
+    seed = repo.read_metadata("seed", 1)
+    loaded = modulelens.load("seed", repo=repo)
+    payloads = {tid: memoryview(loaded.tensor(tid).contiguous().numpy().tobytes())
+                for tid, entry in seed["tensors"].items() if entry.get("payload")}
+    repo.remove("seed")
+    for i in range(versions):
+        meta = copy.deepcopy(seed)
+        meta["tags"] = [f"run{i}"]
+        for entry in meta["tensors"].values():
+            entry.pop("pack", None)
+        meta.pop("packs", None)
+        repo.save_version(f"team/model{i % names}/block", meta, dict(payloads))
+    repo.gc()
+    return f"team/model{names // 2}/block"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--versions", type=int, default=200)
+    parser.add_argument("--names", type=int, default=20)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ml-bench-cli-"))
+    try:
+        root = work / "repo"
+        ref = build_repo(root, args.versions, args.names)
+        cli = [sys.executable, "-m", "modulelens"]
+        contenders = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            'python -c "import typer"': [sys.executable, "-c", "import typer"],
+            'python -c "import torch"': [sys.executable, "-c", "import torch"],
+            "modulelens --help": [*cli, "--help"],
+            "modulelens --version": [*cli, "--version"],
+            f"modulelens ls ({args.versions} versions)": [*cli, "ls", "--repo", str(root)],
+            "modulelens show": [*cli, "show", ref, "--repo", str(root)],
+        }
+        load_before = os.getloadavg()
+        times = _interleaved(contenders, args.rounds)
+        load_after = os.getloadavg()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    m = {label: median(samples) for label, samples in times.items()}
+    floor, torch_s = m["python -c pass"], m['python -c "import torch"']
+    rows = [{"command": label, "median_s": m[label], "best_s": min(samples), "vs_python": m[label] / floor,
+             "vs_import_torch": m[label] / torch_s, "rounds": len(samples)} for label, samples in times.items()]
+    report("cli", f"fresh-process CLI start (median of {args.rounds} interleaved rounds; "
+                  f"load average {load_before[0]:.1f} -> {load_after[0]:.1f})",
+           rows, ["command", "median_s", "best_s", "vs_python", "vs_import_torch", "rounds"],
+           {"rounds": args.rounds, "versions": args.versions, "names": args.names,
+            "load_average": {"before": load_before, "after": load_after}})
+
+
+def _interleaved(contenders: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
+    """Run each command once per round (stdout to a pipe), rotating the order every round."""
+    labels = list(contenders)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            start = time.perf_counter()
+            subprocess.run(contenders[label], check=True, stdout=subprocess.PIPE, env=env)
+            times[label].append(time.perf_counter() - start)
+    return times
+
+
+if __name__ == "__main__":
+    main()
