@@ -21,7 +21,6 @@ from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, RepoOpt, TrustOpt
 from modulelens.interfaces.output import console, emit, err_console, rich_table
-from modulelens.interfaces.session import open_repo as _repo
 
 app = typer.Typer()
 
