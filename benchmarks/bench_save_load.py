@@ -10,6 +10,9 @@ baseline, and "modulelens (no fsync)" (MODULELENS_FSYNC=0) the like-for-like row
 each tool would write it:
   * torch:        m = Model(); m.load_state_dict(torch.load(f, weights_only=True))
   * safetensors:  m = Model(); m.load_state_dict(safetensors.torch.load_file(f))
+  * torch mmap:   with torch.device("meta"): m = Model()
+                  m.load_state_dict(torch.load(f, weights_only=True, mmap=True), assign=True)
+                  (the best-practice recipe)
   * modulelens:   m = modulelens.load(ref).module      (meta-device build + memory-mapped weights)
 The "+ first forward" column adds one forward pass, which touches every weight: it shows what
 lazy memory mapping defers rather than saves. Files are in the page cache (warm) for every tool.
@@ -107,11 +110,19 @@ def main() -> None:
             m.load_state_dict(safetensors.torch.load_file(str(work / "w.safetensors")))
             return m
 
+        def load_torch_mmap() -> nn.Module:
+            # the best-practice recipe: build on the meta device, memory-map the file, assign
+            with torch.device("meta"):
+                m = Big(width, depth)
+            m.load_state_dict(torch.load(work / "w.pt", weights_only=True, mmap=True), assign=True)
+            return m
+
         def load_ml() -> nn.Module:
             return modulelens.load("big", repo=repo, trust_source=True).module  # Big is this script's own class
 
         rows_load = {}
-        for label, fn in (("torch.load", load_torch), ("safetensors", load_st), ("modulelens", load_ml)):
+        for label, fn in (("torch.load", load_torch), ("safetensors", load_st), ("torch.load mmap", load_torch_mmap),
+                          ("modulelens", load_ml)):
             fn()  # warm the page cache and imports
             rows_load[label] = (median(timed(fn, args.repeat)), median(timed(lambda f=fn: f()(x), args.repeat)))
         file_only = median(timed(load_torch_file_only, args.repeat))
@@ -126,6 +137,8 @@ def main() -> None:
          "load_plus_forward_s": rows_load["torch.load"][1]},
         {"tool": "safetensors", "save_s": st_s, "save_best_s": min(st_save), "load_to_runnable_s": rows_load["safetensors"][0],
          "load_plus_forward_s": rows_load["safetensors"][1]},
+        {"tool": "torch.load(mmap=True) + meta build + assign", "load_to_runnable_s": rows_load["torch.load mmap"][0],
+         "load_plus_forward_s": rows_load["torch.load mmap"][1]},
         {"tool": "safetensors + fsync", "save_s": median(st_sync), "save_best_s": min(st_sync)},
         {"tool": "modulelens (no fsync)", "save_s": median(ml_nosync), "save_best_s": min(ml_nosync)},
         {"tool": "modulelens", "save_s": ml_s, "save_best_s": min(ml_save), "load_to_runnable_s": ml_l,
@@ -141,6 +154,7 @@ def main() -> None:
         "load_speedup_vs_torch_load": rows_load["torch.load"][0] / ml_l,
         "load_speedup_vs_torch_load_file_only": file_only / ml_l,
         "load_speedup_vs_safetensors": rows_load["safetensors"][0] / ml_l,
+        "load_vs_mmap_recipe": ml_l / rows_load["torch.load mmap"][0],
     }
     report("save_load", f"save / load-to-runnable, {nbytes / 2**30:.2f} GiB of fp32 weights ({depth}x Linear({width}))",
            rows, ["tool", "save_s", "save_best_s", "load_to_runnable_s", "load_plus_forward_s"],
