@@ -24,7 +24,7 @@ def _save(repo: modulelens.Repo, name: str = "lin", size: int = 512) -> str:
     module = nn.Linear(size, size)
     with modulelens.capture(module, targets="Linear", repo=repo, name=name) as cap:
         module(torch.randn(2, size))
-    return cap.saved[0].ref
+    return cap.wait()[0].ref  # for a remote repo: the uploaded version, not the staged one
 
 
 def _blobs(repo: modulelens.Repo, ref: str) -> tuple[Path, Path]:
