@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import platform
 import statistics
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
+import modulelens
 from modulelens.format.human import human_number
 
 RESULTS = Path(__file__).parent / "results"
@@ -37,6 +39,30 @@ class Big(nn.Module):
     def depth_for(gib: float, width: int) -> int:
         """The depth that gives about ``gib`` GiB of fp32 weights at this width (at least 1)."""
         return max(1, round(gib * (1 << 30) / (4 * (width * width + width))))
+
+
+def many_versions_repo(root: Path, versions: int, names: int) -> modulelens.Repo:
+    """A repo of ``versions`` versions of a small Linear under ``names`` names
+    (``team/model<i>/block``), saved through the repo's own save path (hash, pack, commit,
+    summary) minus tracing: one real capture is taken, then saved again with new tags."""
+    repo = modulelens.Repo(root)
+    module = nn.Linear(4, 4)
+    with modulelens.capture(module, targets="Linear", repo=repo, name="seed"):
+        module(torch.randn(2, 4))
+    seed = repo.read_metadata("seed", 1)
+    loaded = modulelens.load("seed", repo=repo)
+    payloads = {tid: memoryview(loaded.tensor(tid).contiguous().numpy().tobytes())
+                for tid, entry in seed["tensors"].items() if entry.get("payload")}
+    repo.remove("seed")
+    for i in range(versions):
+        meta = copy.deepcopy(seed)
+        meta["tags"] = [f"run{i}"]
+        for entry in meta["tensors"].values():
+            entry.pop("pack", None)
+        meta.pop("packs", None)
+        repo.save_version(f"team/model{i % names}/block", meta, dict(payloads))
+    repo.gc()
+    return repo
 
 
 def timed(func: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None = None) -> list[float]:

@@ -14,7 +14,6 @@ to benchmarks/results/cli.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import shutil
 import subprocess
@@ -23,36 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import median, report
-
-import modulelens
-
-
-def build_repo(root: Path, versions: int, names: int) -> str:
-    """``versions`` versions of a small Linear under ``names`` names, saved through the repo's own
-    save path (as benchmarks/bench_repo.py does); returns a ref for ``show``."""
-    repo = modulelens.Repo(root)
-    module = nn.Linear(4, 4)
-    with modulelens.capture(module, targets="Linear", repo=repo, name="seed"):
-        module(torch.randn(2, 4))
-    seed = repo.read_metadata("seed", 1)
-    loaded = modulelens.load("seed", repo=repo)
-    payloads = {tid: memoryview(loaded.tensor(tid).contiguous().numpy().tobytes())
-                for tid, entry in seed["tensors"].items() if entry.get("payload")}
-    repo.remove("seed")
-    for i in range(versions):
-        meta = copy.deepcopy(seed)
-        meta["tags"] = [f"run{i}"]
-        for entry in meta["tensors"].values():
-            entry.pop("pack", None)
-        meta.pop("packs", None)
-        repo.save_version(f"team/model{i % names}/block", meta, dict(payloads))
-    repo.gc()
-    return f"team/model{names // 2}/block"
+from _common import many_versions_repo, median, report
 
 
 def main() -> None:
@@ -64,7 +35,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ml-bench-cli-"))
     try:
         root = work / "repo"
-        ref = build_repo(root, args.versions, args.names)
+        many_versions_repo(root, args.versions, args.names)
+        ref = f"team/model{args.names // 2}/block"
         cli = [sys.executable, "-m", "modulelens"]
         contenders = {
             "python -c pass": [sys.executable, "-c", "pass"],

@@ -19,7 +19,6 @@ rounds and the ratio of medians; results go to benchmarks/results/repo.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -37,7 +36,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import median, report
+from _common import many_versions_repo, median, report
 
 import modulelens
 from modulelens.format.hashing import hash_bytes
@@ -140,23 +139,7 @@ def many_small(work: Path, rounds: int, calls: int = 200,
 
 def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
     root = work / "versions-repo"
-    repo = modulelens.Repo(root)
-    module = nn.Linear(4, 4)
-    with modulelens.capture(module, targets="Linear", repo=repo, name="seed"):
-        module(torch.randn(2, 4))
-    seed_meta = repo.read_metadata("seed", 1)
-    loaded = modulelens.load("seed", repo=repo)
-    payloads = {tid: memoryview(loaded.tensor(tid).contiguous().numpy().tobytes())
-                for tid, e in seed_meta["tensors"].items() if e.get("payload")}
-    repo.remove("seed")
-    for i in range(versions):  # the repo's own save path (hash, pack, commit, summary), minus tracing
-        meta = copy.deepcopy(seed_meta)
-        meta["tags"] = [f"run{i}"]
-        for entry in meta["tensors"].values():
-            entry.pop("pack", None)
-        meta.pop("packs", None)
-        repo.save_version(f"team/model{i % names}/block", meta, dict(payloads))
-    repo.gc()
+    many_versions_repo(root, versions, names)
     show_ref = f"team/model{names // 2}/block:v{versions // names // 2 or 1}"
 
     def floor(filename: str) -> Callable[[], None]:
