@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import os
+import weakref
 
 from modulelens.format.tensors import hash_bytes
+
+# class -> ((source file, its mtime_ns and size), hash of the class's source)
+_CLASS_HASHES: weakref.WeakKeyDictionary[type, tuple[tuple[str, int, int], str | None]] = weakref.WeakKeyDictionary()
 
 
 def source_hash(text: str) -> str:
@@ -18,3 +23,30 @@ def class_source(cls: type) -> str | None:
         return inspect.getsource(cls)
     except (OSError, TypeError):
         return None
+
+
+def class_source_hash(cls: type) -> str | None:
+    """``source_hash(class_source(cls))``, remembered while the class's file is unchanged on disk.
+
+    ``inspect.getsource`` parses the whole defining file on every call (~3 ms for a small file),
+    and every load compares each captured class with the current one
+    (:func:`modulelens.restore.source.source_changes`), so uncached it was a tenth of the time to
+    a runnable module (benchmarks/bench_save_load.py). Keyed on the file's mtime and size because
+    ``getsource`` reads the file as it is now, not as it was imported.
+    """
+    try:
+        file = inspect.getsourcefile(cls)
+        info = os.stat(file) if file else None
+    except (OSError, TypeError):
+        info = None
+    if file is None or info is None:
+        own = class_source(cls)
+        return source_hash(own) if own is not None else None
+    key = (file, info.st_mtime_ns, info.st_size)
+    known = _CLASS_HASHES.get(cls)
+    if known is not None and known[0] == key:
+        return known[1]
+    own = class_source(cls)
+    digest = source_hash(own) if own is not None else None
+    _CLASS_HASHES[cls] = (key, digest)
+    return digest

@@ -57,7 +57,11 @@ class _Checker:
             if optional:
                 return None
             raise self.fail(where, f"missing {key!r}")
-        return self.expect(obj[key], kind, f"{where}.{key}")
+        value = obj[key]
+        # the common case without building the field's name: validation is on every load's path
+        if type(value) is kind and ((kind is not list and kind is not dict) or len(value) <= MAX_ITEMS):
+            return value
+        return self.expect(value, kind, f"{where}.{key}")
 
     # ------------------------------------------------------------------------------ tensors
 

@@ -56,8 +56,6 @@ from modulelens.repo.trust import set_trust_source, trusts_source
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    import torch
-
     from modulelens.repo.fsck import FsckReport
     from modulelens.repo.transfer import TransferReport
 
@@ -297,7 +295,7 @@ class Repo:
         algorithm, _, hexdigest = digest.partition(":")
         if algorithm != HASH_ALGORITHM or not _HEX64.fullmatch(hexdigest):
             raise CorruptCaptureError(f"malformed payload hash {digest!r}")
-        return self.root / "blobs" / hexdigest[:2] / hexdigest
+        return Path(f"{self.root}/blobs/{hexdigest[:2]}/{hexdigest}")  # one parse, not three joins: a load asks per blob
 
     def write_blob(self, digest: str, data: memoryview | bytes, *, chunks: ChunkDigests | None = None) -> bool:
         """Store a payload under its hash, durably; returns False when it was already there (dedup).
@@ -410,20 +408,6 @@ class Repo:
         with os.fdopen(open_regular(path), "rb") as handle, \
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             return hash_bytes(memoryview(mapped))
-
-    def open_tensor(self, digest: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
-        """The payload as a tensor memory-mapped copy-on-write: nothing is read until used, and
-        writing to the tensor never touches the blob."""
-        import torch  # here, not at the top: listing and showing captures must not import torch
-
-        numel = 1
-        for size in shape:
-            numel *= size
-        if numel == 0:
-            return torch.empty(shape, dtype=dtype)
-        path = self.check_blob(digest, nbytes)
-        flat = torch.from_file(str(path), shared=False, size=numel, dtype=dtype)
-        return flat.view(shape)
 
     def payloads(self, metadata: dict[str, Any]) -> Payloads:
         """Reader of one capture's payloads, loose or packed (see :mod:`modulelens.repo.packs`).

@@ -218,15 +218,17 @@ class Payloads:
     def open_tensor(self, entry: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
         """A tensor entry's payload, shaped; never shares memory with the stored bytes' file."""
         shape = entry["shape"]
-        if "pack" not in entry:
-            return self.repo.open_tensor(entry["payload"], dtype, shape, entry["nbytes"])
-        import torch
+        import torch  # here, not at the top: listing captures must not import torch
 
         numel = 1
         for size in shape:
             numel *= size
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
+        if "pack" not in entry:
+            # copy-on-write: nothing is read until used, and writing to the tensor never touches the blob
+            path = self.repo.check_blob(entry["payload"], entry["nbytes"])
+            return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(shape)
         pack, hexdigest = self._member(entry)
         return pack.tensor(hexdigest, dtype, entry["nbytes"]).view(shape)
 

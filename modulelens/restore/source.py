@@ -23,7 +23,7 @@ from typing import Any
 
 from modulelens.errors import RestoreError
 from modulelens.format.imports import import_checked
-from modulelens.format.sources import class_source, source_hash
+from modulelens.format.sources import class_source_hash, source_hash
 from modulelens.restore.source_slice import slice_source
 
 _MAX_SOURCE_BYTES = 16 << 20
@@ -87,10 +87,10 @@ def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str]) -> 
             if info.get("hash") is None or "<locals>" in qualname:
                 continue
             try:
-                current = class_source(import_checked(f"{module_name}:{qualname}", forbidden))
+                current = class_source_hash(import_checked(f"{module_name}:{qualname}", forbidden))
             except Exception:  # not importable (or refused) here: the stored source would be used
                 continue
-            if current is not None and source_hash(current) != info["hash"]:
+            if current is not None and current != info["hash"]:
                 changed.append(f"{module_name}.{qualname} has changed since it was captured "
                                f"(its source differs); replay may not match")
     return changed
