@@ -219,6 +219,12 @@ def is_dataclass_leaf(value: Any) -> bool:
             and type(value) not in pytree.SUPPORTED_NODES and not getattr(value, "__modulelens_marker__", False))
 
 
+def has_fields(leaf: Any) -> bool:
+    """Whether the walkers (:func:`map_leaves`, :func:`deep_leaves`) look inside ``leaf``: a
+    dataclass torch's pytree sees as a leaf, or a state object."""
+    return is_dataclass_leaf(leaf) or is_state_object(leaf)
+
+
 def _fields(leaf: Any) -> dict[str, Any] | None:
     """The named parts a walker looks inside (``None``: a plain leaf)."""
     if is_dataclass_leaf(leaf):
@@ -269,6 +275,32 @@ def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any
 def mutable_leaves(tree: Any) -> list[tuple[str, Any]]:
     """``(path, value)`` for every tensor and every outermost state object of ``tree`` (dataclass
     fields included): what a call can change in place, at the paths :func:`deep_leaves` uses."""
+    values, paths = mutable_values(tree)
+    return list(zip(paths(), values, strict=True))
+
+
+def mutable_values(tree: Any) -> tuple[list[Any], Callable[[], list[str]]]:
+    """The values of :func:`mutable_leaves`, and a function that gives their paths.
+
+    The tracer watches every recorded call's inputs but needs their paths only for the ones a call
+    changed, and building pytree key paths costs three times the flatten itself (~100 us for a
+    dict of four feature tuples, benchmarks/bench_recording.py), so they are built when asked.
+    """
+    leaves, spec = pytree.tree_flatten(tree)
+    if any(is_dataclass_leaf(leaf) for leaf in leaves):  # rare: walk into the fields, with paths
+        found = _mutable_with_paths(tree)
+        return [value for _, value in found], lambda: [path for path, _ in found]
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) or is_state_object(leaf)]
+
+    def paths() -> list[str]:
+        # the same structure with each leaf's position in it: its paths are the original's
+        numbered = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(len(leaves))), spec))[0]
+        return [pytree.keystr(numbered[i][0]) for i in positions]
+
+    return [leaves[i] for i in positions], paths
+
+
+def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
     found: list[tuple[str, Any]] = []
 
     def visit(where: str, leaf: Any) -> None:

@@ -15,9 +15,10 @@ import weakref
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from modulelens.errors import CaptureError
-from modulelens.format.tree import deep_leaves, map_leaves
+from modulelens.format.tree import deep_leaves, has_fields, map_leaves
 
 BASE_ATTR = "_modulelens_base"
 # Share a storage span only when it is at most this many times the bytes of the views in it, so a
@@ -64,8 +65,16 @@ class Snapshotter:
         return target
 
     def tree(self, tree: Any) -> Any:
-        self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor)])
-        return map_leaves(lambda _path, leaf: self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, tree)
+        """``tree`` with each tensor replaced by its copy."""
+        leaves, spec = pytree.tree_flatten(tree)
+        if any(has_fields(leaf) for leaf in leaves):  # dataclasses, state objects: the walker that looks inside
+            self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor)])
+            return map_leaves(lambda _path, leaf: self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, tree)
+        # The common case in one flatten, without the key paths that map_leaves builds: this runs on
+        # every recorded call's inputs and output (benchmarks/bench_recording.py).
+        self._copy_shared_storages([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
+        return pytree.tree_unflatten([self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                                     spec)
 
     def _copy_shared_storages(self, tensors: list[torch.Tensor]) -> None:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""

@@ -24,7 +24,7 @@ import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.module_state import plain_attributes, structure
-from modulelens.format.tree import mutable_leaves
+from modulelens.format.tree import mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
     ShardSync,
@@ -121,8 +121,16 @@ class _Pending:
     index: int
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
     start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
-    # inputs the call may change in place: (path, live value, tensor version on entry or None)
-    watch: list[tuple[str, Any, int | None]] | None = None
+    watch: _Watch | None = None  # inputs the call may change in place
+
+
+@dataclass
+class _Watch:
+    """A call's inputs that it may change in place (:func:`modulelens.format.tree.mutable_values`)."""
+
+    values: list[Any]  # the live tensors and state objects
+    versions: list[int | None]  # each tensor's version counter on entry (None: a state object)
+    paths: Callable[[], list[str]]  # their paths, built only when a call changed one
 
 
 def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -247,7 +255,8 @@ class Tracer:
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stack(name).append(None)
                 return None
-            gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), module)
+            live_state = _live_state(module)  # once per call: fingerprinting reads every weight
+            gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), live_state)
             if isinstance(gathered, str):
                 self._abort(name, index, "inputs", gathered)
                 return None
@@ -265,7 +274,7 @@ class Tracer:
                     index=index,
                     args=self._snap.tree(tuple(args)),
                     kwargs=self._snap.tree(dict(kwargs)),
-                    state_index=self._state_index(name, module),
+                    state_index=self._state_index(name, module, live_state),
                     training=module.training,
                     grad_enabled=torch.is_grad_enabled(),
                     autocast=_autocast_state(),
@@ -280,8 +289,8 @@ class Tracer:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
                 live = replacement if replacement is not None else (tuple(args), dict(kwargs))
                 start = sequence_marker()  # after the input views: the call's own nodes come later
-            watch = [(path, value, value._version if isinstance(value, torch.Tensor) else None)
-                     for path, value in mutable_leaves((tuple(args), dict(kwargs)))]
+            values, paths = mutable_values((tuple(args), dict(kwargs)))
+            watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
             self._stack(name).append(_Pending(call, index, live, start, watch))
             return replacement
 
@@ -312,7 +321,7 @@ class Tracer:
                 self._snap.gathered = gathered
                 try:
                     pending.call.output = self._snap.tree(output)
-                    pending.call.mutated_inputs = self._mutated_inputs(pending.watch or [])
+                    pending.call.mutated_inputs = self._mutated_inputs(pending.watch)
                 finally:
                     self._snap.gathered = {}
                 pending.call.finished = True
@@ -328,12 +337,18 @@ class Tracer:
                 self._check_complete(name)
             return replacement
 
-    def _mutated_inputs(self, watch: list[tuple[str, Any, int | None]]) -> dict[str, Any]:
+    def _mutated_inputs(self, watch: _Watch | None) -> dict[str, Any]:
         """Snapshots, after the call, of the inputs it may have changed in place: every state
         object (a cache: attribute updates leave no version trace) and every tensor whose version
         counter moved."""
-        return {path: self._snap.tree(value) for path, value, version in watch
-                if version is None or value._version != version}
+        if watch is None:
+            return {}
+        changed = [i for i, (value, version) in enumerate(zip(watch.values, watch.versions, strict=True))
+                   if version is None or value._version != version]
+        if not changed:
+            return {}
+        paths = watch.paths()
+        return {paths[i]: self._snap.tree(watch.values[i]) for i in changed}
 
     def _stack(self, name: str) -> list[_Pending | None]:
         """This thread's pending calls of target ``name`` (callers hold ``self._lock``)."""
@@ -357,10 +372,11 @@ class Tracer:
         if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
             self._finish()
 
-    def _state_index(self, name: str, module: torch.nn.Module) -> int:
-        """Snapshot parameters and buffers when they changed since the last recorded call
-        (optimizer steps bump version counters), else reuse the last snapshot."""
-        params, buffers, key = _live_state(module)
+    def _state_index(self, name: str, module: torch.nn.Module, live_state: _LiveState) -> int:
+        """Snapshot parameters and buffers (``live_state``, :func:`_live_state`) when they changed
+        since the last recorded call (optimizer steps bump version counters), else reuse the last
+        snapshot."""
+        params, buffers, key = live_state
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
             return len(record.states) - 1
@@ -385,14 +401,14 @@ class Tracer:
         return len(self.records[name].calls) if self.recording else self._participated.get(name, 0)
 
     def _gather(self, name: str, index: int, phase: str, tree: Any,
-                module: torch.nn.Module | None = None) -> dict[int, torch.Tensor] | str:
+                live_state: _LiveState | None = None) -> dict[int, torch.Tensor] | str:
         """Full tensors of the DTensors this call records (inputs or output, and the module's state
         when it changed), keyed by ``id``: gathered on every rank of their meshes once those ranks
         agreed to. ``{}`` when nothing is sharded; a reason (str) when the ranks did not agree."""
         leaves = dtensor_leaves(tree)
         state_key = None
-        if module is not None:
-            params, buffers, state_key = _live_state(module)
+        if live_state is not None:
+            params, buffers, state_key = live_state
             if self._state_keys.get(name) != state_key:
                 seen = {id(t) for _, t in leaves}
                 for state_name, tensor in (*params.items(), *buffers.items()):
@@ -528,7 +544,10 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
     return True
 
 
-def _live_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]:
+_LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
+
+
+def _live_state(module: torch.nn.Module) -> _LiveState:
     """Parameters, buffers and the key that tells whether they changed since the last recorded call.
 
     Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many

@@ -1,0 +1,149 @@
+"""Recording overhead: a forward pass while the inputs and outputs of chosen submodules are recorded,
+modulelens against nnsight (https://nnsight.net), and both against the same forward untraced.
+
+    python benchmarks/bench_recording.py [--steps 20] [--rounds 9]
+
+Each contender records the same thing on the same model object: every call's inputs and output of
+the four targets.
+  * untraced:    model(x)
+  * modulelens:  a capture of the targets (Recording(max_calls=steps)); each timed forward records
+                 every target (snapshot copies of its tensors, kept in memory; saving is not timed)
+  * nnsight:     with NNsight(model).trace(x): target.input.save(); target.output.save() for each target
+Rounds are interleaved with a rotating order; each round's figure is the median step of its
+--steps forwards, and the table shows the median over rounds. The models run with their default
+settings (a transformers model built from a config is in train mode, with caches on), on 1 thread.
+nnsight is in the `bench` extra (pip install -e ".[bench]").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import report
+
+import modulelens
+from modulelens.demo.model import CARDINALITIES, RecModel, synthetic_batch
+
+try:
+    from nnsight import NNsight
+except ImportError:  # pragma: no cover - the benchmark says how to get it
+    sys.exit('bench_recording.py compares against nnsight: pip install -e ".[bench]"')
+
+
+def _gpt2() -> tuple[nn.Module, tuple[Any, ...], list[str]]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=128,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    ids = torch.randint(0, config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(0))
+    return model, (ids,), [f"transformer.h.{i}" for i in range(config.n_layer)]
+
+
+def _recmodel() -> tuple[nn.Module, tuple[Any, ...], list[str]]:
+    model = RecModel(CARDINALITIES)
+    dense, sparse, _ = synthetic_batch(512, torch.Generator().manual_seed(0))
+    return model, (dense, sparse), ["embeddings", "attention", "interaction", "top_mlp"]
+
+
+def _nnsight_recorder(model: nn.Module, inputs: tuple[Any, ...], targets: list[str]) -> Callable[[], list[Any]]:
+    wrapped = NNsight(model)
+    envoys = [_envoy(wrapped, name) for name in targets]
+
+    def record() -> list[Any]:
+        saved: list[Any] = []
+        with wrapped.trace(*inputs):  # targets in the order they run, as nnsight requires
+            for envoy in envoys:
+                saved.append(envoy.input.save())
+                saved.append(envoy.output.save())
+        return saved
+
+    return record
+
+
+def _envoy(wrapped: Any, name: str) -> Any:
+    envoy = wrapped
+    for part in name.split("."):
+        envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+    return envoy
+
+
+def _steps(fn: Callable[[], Any], steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list[str], steps: int, rounds: int,
+            repo: Path) -> dict[str, Any]:
+    def untraced() -> None:
+        model(*inputs)
+
+    nnsight_record = _nnsight_recorder(model, inputs, targets)
+
+    def modulelens_round() -> float:
+        capture = modulelens.capture(model, targets=targets, repo=repo, name="bench",
+                                     record=modulelens.Recording(max_calls=steps + 1))
+        try:
+            model(*inputs)  # the first recorded call of each target (imports, first snapshots): not timed
+            return _steps(untraced, steps)
+        finally:
+            recorded = [len(record.calls) for record in capture.tracer.records.values()]
+            assert recorded == [steps + 1] * len(targets), f"not every call was recorded: {recorded}"
+            capture.stop()
+            capture.tracer.records.clear()  # nothing is saved: recording alone is measured
+
+    contenders: dict[str, Callable[[], float]] = {
+        "untraced": lambda: _steps(untraced, steps),
+        "modulelens": modulelens_round,
+        "nnsight": lambda: _steps(nnsight_record, steps),
+    }
+    for run in contenders.values():  # warm up every path once
+        run()
+    medians: dict[str, list[float]] = {k: [] for k in contenders}
+    order = list(contenders)
+    for r in range(rounds):
+        for key in order[r % 3:] + order[:r % 3]:
+            medians[key].append(contenders[key]())
+    base = statistics.median(medians["untraced"])
+    ml, nn_ = statistics.median(medians["modulelens"]), statistics.median(medians["nnsight"])
+    return {"model": label, "targets": len(targets), "untraced_ms": base * 1e3, "modulelens_ms": ml * 1e3,
+            "nnsight_ms": nn_ * 1e3, "modulelens_vs_untraced": ml / base, "nnsight_vs_untraced": nn_ / base,
+            "modulelens_vs_nnsight": ml / nn_}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    modulelens.track_init()
+    rows = []
+    with tempfile.TemporaryDirectory() as repo:
+        for label, build in (("GPT-2 (4 blocks of 256, batch 8 x 64 tokens)", _gpt2),
+                             ("demo RecModel (batch 512)", _recmodel)):
+            model, inputs, targets = build()
+            rows.append(measure(label, model, inputs, targets, args.steps, args.rounds, Path(repo)))
+    report("recording", "forward pass while recording every call's inputs and output of 4 submodules", rows,
+           ["model", "untraced_ms", "modulelens_ms", "nnsight_ms", "modulelens_vs_nnsight"],
+           {"steps": args.steps, "rounds": args.rounds, "threads": 1})
+
+
+if __name__ == "__main__":
+    main()
