@@ -94,8 +94,8 @@ def run(rounds: int, iters: int, warmup: int) -> dict[str, Any]:
             hand, prof = [], []
             for _ in range(rounds):  # alternate so drift on a shared machine hits both alike
                 hand.append(hand_loop(module, inputs, spec["backward"], warmup, iters))
-                report = cap.profile(backward=spec["backward"], warmup=warmup, iters=iters, store=False,
-                                     profiler_iters=1)
+                report = modulelens.profile(cap, backward=spec["backward"], store=False,
+                                            timing=modulelens.TimingConfig(warmup=warmup, iters=iters))
                 prof.append(report.latency["median_ms"])
             hand_ms, prof_ms = statistics.median(hand), statistics.median(prof)
             ratios = [p / h for p, h in zip(prof, hand, strict=True)]

@@ -1,0 +1,94 @@
+"""Every benchmark in one run, one after another on the same machine, then one table of the
+performance targets (issue 15) from what they measured.
+
+    python benchmarks/run_all.py [--quick]
+
+Each script runs in its own process (so one's memory and caches do not help or hurt the next) and
+writes its benchmarks/results/<name>.json as usual; this runner adds benchmarks/results/all.json
+(the runs: arguments, wall time, load average before and after) and prints the targets table as
+Markdown, the one in the README. --quick runs each script with small sizes, to check the runner
+itself; its numbers are not the README's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+
+# (script, full-size arguments, quick arguments)
+RUNS: list[tuple[str, list[str], list[str]]] = [
+    ("bench_save_load.py", ["--gib", "1", "--repeat", "7"], ["--gib", "0.1", "--repeat", "2"]),
+    ("bench_repo.py", ["--rounds", "7"], ["--quick"]),
+    ("bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
+    ("bench_capture.py", [], ["--steps", "10", "--rounds", "3"]),
+    ("bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
+    ("bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
+    ("bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small sizes: checks the runner, not the numbers")
+    parser.add_argument("--only", nargs="*", help="run only these scripts (then summarize all results)")
+    args = parser.parse_args()
+    runs = []
+    for script, full, quick in RUNS:
+        if args.only and script not in args.only:
+            continue
+        argv = quick if args.quick else full
+        load_before = os.getloadavg()
+        start = time.perf_counter()
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        done = subprocess.run([sys.executable, str(HERE / script), *argv], env=env)
+        runs.append({"script": script, "args": argv, "exit_code": done.returncode,
+                     "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()})
+        if done.returncode != 0:
+            print(f"{script} failed (exit {done.returncode})", file=sys.stderr)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "all.json").write_text(json.dumps({"quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                   "runs": runs}, indent=1))
+    print(targets_table())
+    if any(run["exit_code"] for run in runs):
+        sys.exit(1)
+
+
+def _load(name: str) -> dict[str, Any]:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def targets_table() -> str:
+    """The issue-15 targets, each with what the latest results measured."""
+    save_load, repo, recording = _load("save_load"), _load("repo"), _load("recording")
+    sl, rp = save_load.get("ratios", {}), repo.get("ratios", {})
+    rows: list[tuple[str, float | None, float]] = [
+        ("many small tensors: save / safetensors `save_file`", rp.get("small_save_vs_safetensors"), 1.5),
+        ("many small tensors: load / safetensors `load_file`", rp.get("small_load_vs_safetensors"), 1.5),
+        ("`Repo.list()` of 2,000 versions / the floor (read every summary)", rp.get("list_vs_floor_summaries"), 1.3),
+        ("`gc --dry-run` of 2,000 versions / the floor (summaries + blob scan)", rp.get("gc_dry_run_vs_floor"), 1.3),
+        ("1 GiB save, durable / safetensors + fsync", sl.get("save_vs_safetensors_fsync"), 1.0),
+        ("1 GiB save, unflushed (`MODULELENS_FSYNC=0`) / safetensors", sl.get("save_no_fsync_vs_safetensors"), 1.0),
+        ("1 GiB load to runnable / the mmap recipe", sl.get("load_vs_mmap_recipe"), 1.1),
+    ]
+    for row in recording.get("rows", []):
+        rows.append((f"recording, {row['model']}: modulelens / nnsight", row.get("modulelens_vs_nnsight"), 1.0))
+    lines = ["| target | measured | goal | met |", "| --- | --- | --- | --- |"]
+    for label, value, goal in rows:
+        shown = "not run" if value is None else f"{value:.2f}×"
+        met = "" if value is None else ("yes" if value <= goal else "**no**")
+        lines.append(f"| {label} | {shown} | ≤ {goal}× | {met} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
