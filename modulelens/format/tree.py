@@ -256,6 +256,8 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
             object.__setattr__(result, name, value)
         return result
 
+    if pytree.tree_is_leaf(tree):  # a single leaf (most attributes of a state object): no pytree walk
+        return visit((), tree)
     return pytree.tree_map_with_path(visit, tree)
 
 
