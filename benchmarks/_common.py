@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import platform
 import statistics
@@ -63,6 +64,24 @@ def many_versions_repo(root: Path, versions: int, names: int) -> modulelens.Repo
         repo.save_version(f"team/model{i % names}/block", meta, dict(payloads))
     repo.gc()
     return repo
+
+
+def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int,
+                setup: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """Time each contender once per round, rotating the order every round. Garbage left by what ran
+    before is collected first (untimed): otherwise whichever contender allocates enough to trigger
+    the collector pays for the previous section's garbage (the many-small-tensors capture's)."""
+    names = list(contenders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for label in names[r % len(names):] + names[:r % len(names)]:
+            if setup is not None:
+                setup(label)
+            gc.collect()
+            start = time.perf_counter()
+            contenders[label]()
+            times[label].append(time.perf_counter() - start)
+    return times
 
 
 def timed(func: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None = None) -> list[float]:

@@ -19,7 +19,6 @@ rounds and the ratio of medians; results go to benchmarks/results/repo.json.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import many_versions_repo, median, report
+from _common import interleaved, many_versions_repo, median, report
 
 import modulelens
 from modulelens.format.hashing import hash_bytes
@@ -54,24 +53,6 @@ class ManySmall(nn.Module):
 
     def forward(self, *features: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.proj[i](f) for i, f in enumerate(features[:5]))
-
-
-def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int,
-                setup: Callable[[str], None] | None = None) -> dict[str, list[float]]:
-    """Time each contender once per round, rotating the order every round. Garbage left by what ran
-    before is collected first (untimed): otherwise whichever contender allocates enough to trigger
-    the collector pays for the previous section's garbage (the many-small-tensors capture's)."""
-    names = list(contenders)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for label in names[r % len(names):] + names[:r % len(names)]:
-            if setup is not None:
-                setup(label)
-            gc.collect()
-            start = time.perf_counter()
-            contenders[label]()
-            times[label].append(time.perf_counter() - start)
-    return times
 
 
 def _rows(times: dict[str, list[float]], case: str) -> list[dict[str, Any]]:
@@ -169,19 +150,22 @@ def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[l
     # Right after the saves each summary is current but carries no key (the folders changed under a
     # second ago, repo/index.py), and reading never writes: a listing rebuilds each name's summary
     # from its folders (a stat per version, no capture file read) until a writer stores it again.
+    # Listing, gc and show take milliseconds, where one scheduler hiccup is a large share: three
+    # times the rounds (the fresh-process `ls` below keeps --rounds: each round imports torch).
+    cheap = 3 * rounds
     unsettled = interleaved({"floor: summaries": floor("summary.json"),
-                             "Repo.list() (right after saving)": lambda: modulelens.Repo(root).list()}, rounds)
+                             "Repo.list() (right after saving)": lambda: modulelens.Repo(root).list()}, cheap)
     time.sleep(1.1)  # the folders' state is trusted once it is a second old (repo/index.py)
     modulelens.Repo(root).gc(dry_run=True)  # a writer stores the summaries with their keys
     times = interleaved({
         "floor: summaries": floor("summary.json"),
         "floor: capture files": floor("capture.json"),
         "Repo.list()": lambda: modulelens.Repo(root).list(),
-    }, rounds)
+    }, cheap)
     gc_times = interleaved({"floor: summaries + blob scan": floor_gc,
-                            "gc --dry-run": lambda: modulelens.Repo(root).gc(dry_run=True)}, rounds)
+                            "gc --dry-run": lambda: modulelens.Repo(root).gc(dry_run=True)}, cheap)
     show_times = interleaved({"floor: one capture file": floor_show,
-                              "show": lambda: describe(modulelens.Repo(root), show_ref)}, rounds)
+                              "show": lambda: describe(modulelens.Repo(root), show_ref)}, cheap)
     ls_times = interleaved({
         'python -c "import torch"': lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True),
         "modulelens ls": lambda: subprocess.run([sys.executable, "-m", "modulelens", "ls", "--repo", str(root)],

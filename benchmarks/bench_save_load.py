@@ -3,7 +3,8 @@ and safetensors, measured in the same run.
 
     python benchmarks/bench_save_load.py [--gib 1.0] [--repeat 3]
 
-save_s is the median of --repeat saves (rotating order, `sync` before each), save_best_s the best.
+save_s is the median of --repeat saves (rotating order, `sync` before each), save_best_s the best;
+loads are interleaved rounds too (--repeat of them, 5x as many for the two millisecond loads).
 modulelens flushes a save to the disk before returning; "safetensors + fsync" is the like-for-like
 baseline, and "modulelens (no fsync)" (MODULELENS_FSYNC=0) the like-for-like row for plain safetensors.
 "load to runnable" = from nothing in memory to a module object with its weights, as each user of
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import Big, median, report, timed
+from _common import Big, interleaved, median, report, timed
 
 import modulelens
 from modulelens.tracing.save import save_records
@@ -120,11 +121,18 @@ def main() -> None:
         def load_ml() -> nn.Module:
             return modulelens.load("big", repo=repo, trust_source=True).module  # Big is this script's own class
 
-        rows_load = {}
-        for label, fn in (("torch.load", load_torch), ("safetensors", load_st), ("torch.load mmap", load_torch_mmap),
-                          ("modulelens", load_ml)):
+        loaders = {"torch.load": load_torch, "safetensors": load_st, "torch.load mmap": load_torch_mmap,
+                   "modulelens": load_ml}
+        for fn in loaders.values():
             fn()  # warm the page cache and imports
-            rows_load[label] = (median(timed(fn, args.repeat)), median(timed(lambda f=fn: f()(x), args.repeat)))
+        # Interleaved rounds with a rotating order (garbage collected untimed before each), like
+        # every other comparison here; the two loads that take milliseconds get 5x the rounds,
+        # since one scheduler hiccup is a large part of 15 ms.
+        slow = {k: loaders[k] for k in ("torch.load", "safetensors")}
+        fast = {k: loaders[k] for k in ("torch.load mmap", "modulelens")}
+        to_runnable = {**interleaved(slow, args.repeat), **interleaved(fast, 5 * args.repeat)}
+        with_forward = interleaved({k: (lambda f=f: f()(x)) for k, f in loaders.items()}, args.repeat)
+        rows_load = {k: (median(to_runnable[k]), median(with_forward[k])) for k in loaders}
         file_only = median(timed(load_torch_file_only, args.repeat))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -40,7 +40,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes: checks the runner, not the numbers")
     parser.add_argument("--only", nargs="*", help="run only these scripts (then summarize all results)")
+    parser.add_argument("--tables", action="store_true", help="run nothing: print the README's tables from the results")
     args = parser.parse_args()
+    if args.tables:
+        print(targets_table() + "\n\n" + detail_tables())
+        return
     runs = []
     for script, full, quick in RUNS:
         if args.only and script not in args.only:
@@ -88,6 +92,67 @@ def targets_table() -> str:
         met = "" if value is None else ("yes" if value <= goal else "**no**")
         lines.append(f"| {label} | {shown} | ≤ {goal}× | {met} |")
     return "\n".join(lines)
+
+
+def _s(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds:.3g} s"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def detail_tables() -> str:
+    """Each benchmark's table as the README shows it, from the latest results."""
+    parts = []
+    save_load = _load("save_load")
+    if save_load:
+        parts.append("save / load to runnable, 1 GiB\n" + _table(
+            ["", "save (median)", "save (best)", "load to runnable", "load + first forward"],
+            [[r["tool"], _s(r.get("save_s")), _s(r.get("save_best_s")), _s(r.get("load_to_runnable_s")),
+              _s(r.get("load_plus_forward_s"))] for r in save_load["rows"]]))
+    repo = _load("repo")
+    if repo:
+        parts.append("repo\n" + _table(["case", "contender", "median", "best"],
+                                        [[r["case"], r["contender"], _s(r["median_s"]), _s(r["best_s"])] for r in repo["rows"]])
+                     + "\n\nratios: " + ", ".join(f"{k} {v:.2f}" for k, v in repo["ratios"].items())
+                     + f"\n\nload average {repo.get('load_average')}")
+    recording = _load("recording")
+    if recording:
+        parts.append("recording\n" + _table(
+            ["model", "untraced", "modulelens", "nnsight", "modulelens / untraced", "nnsight / untraced", "modulelens / nnsight"],
+            [[r["model"], f"{r['untraced_ms']:.1f} ms", f"{r['modulelens_ms']:.1f} ms", f"{r['nnsight_ms']:.1f} ms",
+              f"{r['modulelens_vs_untraced']:.2f}", f"{r['nnsight_vs_untraced']:.2f}", f"{r['modulelens_vs_nnsight']:.2f}"]
+             for r in recording["rows"]]))
+    capture = _load("capture_overhead")
+    if capture:
+        parts.append("training step\n" + _table(["phase", "median step", "ratio to untraced"],
+                                                 [[r["phase"], f"{r['median_step_ms']:.1f} ms", f"{r['ratio_vs_untraced']:.2f}"]
+                                                  for r in capture["rows"]])
+                     + f"\n\nnoise band {capture.get('noise_band_before')}, construction "
+                       f"{capture.get('construction_us_tracking_off', 0):.2f} / {capture.get('construction_us_tracking_on', 0):.2f} us")
+    cli = _load("cli")
+    if cli:
+        parts.append("cli\n" + _table(["command", "median", "best", "x python -c pass", "x import torch"],
+                                       [[r["command"], _s(r["median_s"]), _s(r["best_s"]), f"{r['vs_python']:.2f}",
+                                         f"{r['vs_import_torch']:.3f}"] for r in cli["rows"]])
+                     + f"\n\nload average {cli.get('load_average')}")
+    profile = _load("profile")
+    if profile:
+        parts.append("profile\n" + _table(["workload", "hand loop", "profile", "difference", "paired"],
+                                           [[name, f"{w['hand_median_ms']:.3f} ms", f"{w['profile_median_ms']:.3f} ms",
+                                             f"{w['difference_percent']:+.1f}%", f"{w['paired_difference_percent']:+.1f}%"]
+                                            for name, w in profile["workloads"].items()]))
+    remote = _load("remote")
+    if remote:
+        parts.append("remote\n" + _table(["operation", "modulelens", "baseline", "baseline time", "ratio"],
+                                          [[r["operation"], _s(r["modulelens_s"]), r["baseline"], _s(r["baseline_s"]),
+                                            f"{r['ratio']:.2f}"] for r in remote["rows"]]))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":
