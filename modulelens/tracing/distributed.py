@@ -151,6 +151,8 @@ def dtensor_leaves(tree: Any) -> list[tuple[str, torch.Tensor]]:
     cls = _dtensor_type()
     if cls is None:
         return []
+    if not any(isinstance(leaf, cls) for leaf in pytree.tree_leaves(tree)):
+        return []  # the common case, without the key paths (every recorded call asks, twice)
     found: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
     for key_path, leaf in pytree.tree_flatten_with_path(tree)[0]:
