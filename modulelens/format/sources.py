@@ -34,10 +34,11 @@ def class_source_hash(cls: type) -> str | None:
     a runnable module (benchmarks/bench_save_load.py). Keyed on the file's mtime and size because
     ``getsource`` reads the file as it is now, not as it was imported.
     """
+    file, info = None, None
     try:
         file = inspect.getsourcefile(cls)
         info = os.stat(file) if file else None
-    except (OSError, TypeError):
+    except (OSError, TypeError):  # a builtin class, or its file is gone
         info = None
     if file is None or info is None:
         own = class_source(cls)

@@ -125,3 +125,24 @@ def test_dtypes_round_trip_through_payloads(repo: modulelens.Repo) -> None:
         assert restored.dtype == original.dtype and restored.shape == original.shape
         assert torch.equal(restored, original)
     assert call.args[5].stride() == xs[5].stride()  # the transposed layout came back
+
+
+def test_class_source_hash_follows_the_file_on_disk(tmp_path, monkeypatch) -> None:
+    """Loads compare each captured class with its current source; the hash is cached per file
+    state, so an edit of the file after import is still seen (as inspect.getsource sees it)."""
+    import importlib
+    import os
+
+    from modulelens.format.sources import class_source, class_source_hash, source_hash
+
+    module_file = tmp_path / "edited_model.py"
+    module_file.write_text("class Edited:\n    factor = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cls = importlib.import_module("edited_model").Edited
+    first = class_source_hash(cls)
+    assert first == source_hash(class_source(cls)) and class_source_hash(cls) == first
+    module_file.write_text("class Edited:\n    factor = 30\n")
+    stamp = os.stat(module_file).st_mtime_ns + 5_000_000_000
+    os.utime(module_file, ns=(stamp, stamp))  # a later mtime, whatever the filesystem's clock granularity
+    assert class_source_hash(cls) == source_hash("class Edited:\n    factor = 30\n") != first
+    assert class_source_hash(int) is None  # a builtin has no source file
