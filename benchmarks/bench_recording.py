@@ -18,10 +18,8 @@ nnsight is in the `bench` extra (pip install -e ".[bench]").
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report
+from _common import median, report, timed
 
 import modulelens
 from modulelens.demo.model import CARDINALITIES, RecModel, synthetic_batch
@@ -80,12 +78,7 @@ def _envoy(wrapped: Any, name: str) -> Any:
 
 
 def _steps(fn: Callable[[], Any], steps: int) -> float:
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median(timed(fn, steps))
 
 
 def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list[str], steps: int, rounds: int,
@@ -119,8 +112,8 @@ def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list
     for r in range(rounds):
         for key in order[r % 3:] + order[:r % 3]:
             medians[key].append(contenders[key]())
-    base = statistics.median(medians["untraced"])
-    ml, nn_ = statistics.median(medians["modulelens"]), statistics.median(medians["nnsight"])
+    base = median(medians["untraced"])
+    ml, nn_ = median(medians["modulelens"]), median(medians["nnsight"])
     return {"model": label, "targets": len(targets), "untraced_ms": base * 1e3, "modulelens_ms": ml * 1e3,
             "nnsight_ms": nn_ * 1e3, "modulelens_vs_untraced": ml / base, "nnsight_vs_untraced": nn_ / base,
             "modulelens_vs_nnsight": ml / nn_}
