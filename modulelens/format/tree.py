@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -213,6 +214,25 @@ def _no_tensor_ids(_id: str) -> Any:
 # or a replay copy must never share one with the job.
 
 
+@dataclasses.dataclass(frozen=True)
+class Flattened:
+    """A tree flattened once by torch's pytree, for walkers that each need its leaves.
+
+    The tracer looks at every recorded call's inputs three ways (DTensors to gather, the snapshot,
+    the inputs a call may change in place); one flatten serves all three (~30 us each for a dict of
+    feature tuples, benchmarks/bench_recording.py).
+    """
+
+    tree: Any
+    leaves: list[Any]
+    spec: pytree.TreeSpec
+
+    @classmethod
+    def of(cls, tree: Any) -> Flattened:
+        leaves, spec = pytree.tree_flatten(tree)
+        return cls(tree, leaves, spec)
+
+
 def is_dataclass_leaf(value: Any) -> bool:
     """A dataclass instance torch's pytree sees as a leaf (modulelens' own markers excepted)."""
     return (dataclasses.is_dataclass(value) and not isinstance(value, type)
@@ -234,17 +254,20 @@ def _fields(leaf: Any) -> dict[str, Any] | None:
     return None
 
 
-def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True) -> Any:
+def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True,
+               paths: bool = True) -> Any:
     """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves
     and state objects (a state object is always rebuilt as a new object). With
-    ``state_objects=False`` a state object is a leaf like any other (the job's own object kept)."""
+    ``state_objects=False`` a state object is a leaf like any other (the job's own object kept).
+    With ``paths=False`` every leaf's path is ``""``: building key paths costs most of a walk of a
+    state object such as a transformers cache (~100 leaves), and a snapshot does not need them."""
 
-    def visit(key_path: pytree.KeyPath, leaf: Any) -> Any:
-        where = path + pytree.keystr(key_path)
+    def visit(where: str, leaf: Any) -> Any:
         fields = _fields(leaf) if state_objects or not is_state_object(leaf) else None
         if fields is None:
             return fn(where, leaf)
-        mapped = {name: map_leaves(fn, old, f"{where}.{name}", state_objects=state_objects)
+        mapped = {name: map_leaves(fn, old, f"{where}.{name}" if paths else "", state_objects=state_objects,
+                                   paths=paths)
                   for name, old in fields.items()}
         if is_state_object(leaf):
             return with_state_attributes(leaf, mapped)
@@ -256,21 +279,44 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
             object.__setattr__(result, name, value)
         return result
 
+    if not paths:
+        return _map_without_paths(visit, fn, tree)
     if pytree.tree_is_leaf(tree):  # a single leaf (most attributes of a state object): no pytree walk
-        return visit((), tree)
-    return pytree.tree_map_with_path(visit, tree)
+        return visit(path, tree)
+    return pytree.tree_map_with_path(lambda key_path, leaf: visit(path + pytree.keystr(key_path), leaf), tree)
 
 
-def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any]]:
+# Leaves that no walker looks inside, and containers rebuilt exactly as torch's pytree rebuilds them.
+_ATOMS = frozenset({type(None), bool, int, float, str, torch.Tensor, torch.nn.Parameter, torch.device, torch.dtype})
+
+
+def _map_without_paths(visit: Callable[[str, Any], Any], fn: Callable[[str, Any], Any], tree: Any) -> Any:
+    """``pytree.tree_map`` of ``visit("", leaf)``, recursing in Python through plain lists, tuples
+    and dicts (exactly those types: what pytree does with them, ~5x faster than its generic walk on
+    a transformers cache) and handing any other node to pytree. ``fn`` maps the leaves that have
+    no fields to look inside."""
+    cls = type(tree)
+    if cls in _ATOMS:
+        return fn("", tree)
+    if cls is list or cls is tuple:
+        return cls([_map_without_paths(visit, fn, item) for item in tree])
+    if cls is dict:
+        return {key: _map_without_paths(visit, fn, value) for key, value in tree.items()}
+    if pytree.tree_is_leaf(tree):
+        return visit("", tree)
+    return pytree.tree_map(lambda leaf: visit("", leaf), tree)
+
+
+def deep_leaves(tree: Any, *, state_objects: bool = True, paths: bool = True) -> list[tuple[str, Any]]:
     """``(path, leaf)`` for every leaf, dataclass fields and (unless ``state_objects=False``)
-    state attributes included, in a stable order."""
+    state attributes included, in a stable order (every path ``""`` with ``paths=False``)."""
     found: list[tuple[str, Any]] = []
 
     def collect(where: str, leaf: Any) -> Any:
         found.append((where, leaf))
         return leaf
 
-    map_leaves(collect, tree, state_objects=state_objects)
+    map_leaves(collect, tree, state_objects=state_objects, paths=paths)
     return found
 
 
@@ -281,25 +327,37 @@ def mutable_leaves(tree: Any) -> list[tuple[str, Any]]:
     return list(zip(paths(), values, strict=True))
 
 
-def mutable_values(tree: Any) -> tuple[list[Any], Callable[[], list[str]]]:
+def mutable_values(tree: Any | Flattened) -> tuple[list[Any], Callable[[], list[str]]]:
     """The values of :func:`mutable_leaves`, and a function that gives their paths.
 
     The tracer watches every recorded call's inputs but needs their paths only for the ones a call
     changed, and building pytree key paths costs three times the flatten itself (~100 us for a
     dict of four feature tuples, benchmarks/bench_recording.py), so they are built when asked.
     """
-    leaves, spec = pytree.tree_flatten(tree)
+    flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
+    leaves, spec = flat.leaves, flat.spec
     if any(is_dataclass_leaf(leaf) for leaf in leaves):  # rare: walk into the fields, with paths
-        found = _mutable_with_paths(tree)
+        found = _mutable_with_paths(flat.tree)
         return [value for _, value in found], lambda: [path for path, _ in found]
-    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) or is_state_object(leaf)]
+    positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) or is_state_object(leaf))
 
     def paths() -> list[str]:
-        # the same structure with each leaf's position in it: its paths are the original's
-        numbered = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(len(leaves))), spec))[0]
-        return [pytree.keystr(numbered[i][0]) for i in positions]
+        try:
+            return list(_leaf_paths(spec, positions))
+        except TypeError:  # a node context that cannot be hashed: no memo
+            return list(_leaf_paths.__wrapped__(spec, positions))
 
     return [leaves[i] for i in positions], paths
+
+
+@functools.lru_cache(maxsize=256)
+def _leaf_paths(spec: pytree.TreeSpec, positions: tuple[int, ...]) -> tuple[str, ...]:
+    """The key paths of the leaves at ``positions`` of a tree shaped ``spec``, memoised: a call
+    that takes a state object (a cache) asks on every recorded call, and the same structure comes
+    back call after call (~60 us each, benchmarks/bench_recording.py)."""
+    # the same structure with each leaf's position in it: its paths are the original's
+    numbered = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))[0]
+    return tuple(pytree.keystr(numbered[i][0]) for i in positions)
 
 
 def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:

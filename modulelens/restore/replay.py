@@ -134,6 +134,35 @@ def recorded_device_type(capture: Capture) -> str:
     return devices.pop() if len(devices) == 1 else "cpu"
 
 
+def _other_kernels(capture: Capture, device: torch.device) -> str | None:
+    """Why the kernels that run here may round differently from the recorded ones (another torch,
+    other CPU vector instructions, another GPU model), or ``None`` when they are the same ones.
+
+    The same float operations give other last bits under AVX2 and AVX-512 kernels, so a bit-exact
+    verdict is only true on the kernels that recorded: elsewhere a pass within tolerance is the
+    true answer, and a bit-level mismatch is no regression (tests/format/test_golden_v1.py).
+    """
+    recorded = capture.environment
+    if recorded.get("torch") not in (None, torch.__version__):
+        return f"recorded with torch {recorded['torch']}, replayed with {torch.__version__}"
+    if device.type == "cpu":
+        here = _cpu_capability()
+        if "cpu_capability" not in recorded:
+            return "the capture does not say which CPU kernels recorded it (made before modulelens noted it)"
+        if recorded["cpu_capability"] != here:
+            return f"recorded with {recorded['cpu_capability']} CPU kernels, replayed with {here}"
+    elif device.type == "cuda" and recorded.get("gpu_name") not in (None, torch.cuda.get_device_name(device)):
+        return f"recorded on a {recorded['gpu_name']}, replayed on a {torch.cuda.get_device_name(device)}"
+    return None
+
+
+def _cpu_capability() -> str | None:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # torch < 2.1
+        return None
+
+
 def replay(
     capture: Capture,
     *,
@@ -150,8 +179,8 @@ def replay(
     Args:
         capture: the loaded capture.
         calls: positions in ``capture.calls`` to replay (default: all).
-        exact: bit-exact comparison (default: when device and dtype are unchanged), else per-dtype
-            tolerances; ``rtol``/``atol`` override them.
+        exact: bit-exact comparison (default: when device, dtype and kernels are unchanged: the same
+            torch, CPU vector instructions or GPU model), else per-dtype tolerances; ``rtol``/``atol`` override them.
         module: run this module instead of ``capture.module`` (as it is: nothing is loaded into it).
         weights: ``"recorded"`` loads each call's recorded parameters and buffers into
             ``capture.module`` before the call; ``"current"`` runs ``capture.module`` as it is, with
@@ -174,12 +203,16 @@ def replay(
     cross_device = recorded_device_type(capture) != device.type
     # Recorded from sharded (DTensor) computation: its reductions ran in another order across ranks.
     sharded = bool(capture.metadata.get("distributed", {}).get("sharded"))
+    other_kernels = None if cross_device else _other_kernels(capture, device)
     if exact is None:
-        exact = not cross_device and not sharded and capture.dtype is None and rtol is None and atol is None
+        exact = (not cross_device and not sharded and other_kernels is None and capture.dtype is None
+                 and rtol is None and atol is None)
     report = ReplayReport(ref=capture.ref, mode="bit-exact" if exact else "tolerance", device=str(device),
                           dtype=str(capture.dtype).removeprefix("torch.") if capture.dtype else None, weights=weights)
     target = module if module is not None else capture.module
     report.notes.extend(capture.notes)
+    if other_kernels is not None and not exact:
+        report.notes.append(f"{other_kernels}: compared within tolerance (exact=True asks for bit-exact)")
     if sharded:
         report.notes.append("recorded from sharded (DTensor) computation: compared within tolerance")
     how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded)

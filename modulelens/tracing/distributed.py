@@ -28,6 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import UsageError
+from modulelens.format.tree import Flattened
 
 RanksSpec = Sequence[int] | int | str
 
@@ -123,7 +124,7 @@ def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
 # ---------------------------------------------------------------------------------------- DTensors
 
 
-def _dtensor_type() -> type | None:
+def dtensor_type() -> type | None:
     """The DTensor class, or ``None`` when no DTensor can exist: importing
     ``torch.distributed.tensor`` (sympy, symbolic shapes) took ~4 s of a first capture (issue 11),
     and a job that has DTensors has imported it already."""
@@ -142,20 +143,21 @@ def _dtensor_type() -> type | None:
 
 
 def is_dtensor(value: Any) -> bool:
-    cls = _dtensor_type()
+    cls = dtensor_type()
     return cls is not None and isinstance(value, cls)
 
 
-def dtensor_leaves(tree: Any) -> list[tuple[str, torch.Tensor]]:
+def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, torch.Tensor]]:
     """``(path, dtensor)`` for each distinct DTensor leaf of ``tree``, in pytree order."""
-    cls = _dtensor_type()
+    cls = dtensor_type()
     if cls is None:
         return []
-    if not any(isinstance(leaf, cls) for leaf in pytree.tree_leaves(tree)):
+    flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
+    if not any(isinstance(leaf, cls) for leaf in flat.leaves):
         return []  # the common case, without the key paths (every recorded call asks, twice)
     found: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
-    for key_path, leaf in pytree.tree_flatten_with_path(tree)[0]:
+    for key_path, leaf in pytree.tree_flatten_with_path(flat.tree)[0]:
         if isinstance(leaf, cls) and id(leaf) not in seen:
             seen.add(id(leaf))
             found.append((pytree.keystr(key_path), leaf))

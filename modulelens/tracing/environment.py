@@ -25,6 +25,9 @@ def describe_environment() -> dict[str, Any]:
         "cuda_available": torch.cuda.is_available(),
         "git_commit": _git_commit(),
     }
+    capability = cpu_capability()
+    if capability is not None:
+        env["cpu_capability"] = capability
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
         env["cuda_device"] = index
@@ -32,6 +35,15 @@ def describe_environment() -> dict[str, Any]:
         env["cuda_version"] = torch.version.cuda
     env.update(distributed_info())
     return env
+
+
+def cpu_capability() -> str | None:
+    """The vector instructions torch's CPU kernels use here (``"AVX2"``, ``"AVX512"``...): the same
+    float operations round differently under another, so replay is bit-exact only on the same."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # torch < 2.1
+        return None
 
 
 def distributed_info() -> dict[str, Any]:

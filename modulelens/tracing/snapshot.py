@@ -18,7 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import CaptureError
-from modulelens.format.tree import deep_leaves, has_fields, map_leaves
+from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leaves
 
 BASE_ATTR = "_modulelens_base"
 # Share a storage span only when it is at most this many times the bytes of the views in it, so a
@@ -64,12 +64,16 @@ class Snapshotter:
         self.pending_device_copies |= pinned
         return target
 
-    def tree(self, tree: Any) -> Any:
+    def tree(self, tree: Any | Flattened) -> Any:
         """``tree`` with each tensor replaced by its copy."""
-        leaves, spec = pytree.tree_flatten(tree)
+        flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
+        leaves, spec = flat.leaves, flat.spec
         if any(has_fields(leaf) for leaf in leaves):  # dataclasses, state objects: the walker that looks inside
-            self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor)])
-            return map_leaves(lambda _path, leaf: self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, tree)
+            tree = flat.tree
+            self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree, paths=False)
+                                        if isinstance(leaf, torch.Tensor)])
+            return map_leaves(lambda _path, leaf: self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, tree,
+                              paths=False)
         # The common case in one flatten, without the key paths that map_leaves builds: this runs on
         # every recorded call's inputs and output (benchmarks/bench_recording.py).
         self._copy_shared_storages([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
@@ -80,8 +84,10 @@ class Snapshotter:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""
         groups: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
         for tensor in tensors:
+            if (id(tensor), tensor._version) in self._memo:
+                continue  # copied already (the memo is looked at first: it is the cheaper test)
             key = _storage_key(tensor)
-            if key is not None and self._memo.get((id(tensor), tensor._version)) is None:
+            if key is not None:
                 groups.setdefault(key, {})[id(tensor)] = tensor
         for members in groups.values():
             views = list(members.values())

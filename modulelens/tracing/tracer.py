@@ -10,6 +10,7 @@ and the job continues. ``strict=True`` raises instead.
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import functools
 import itertools
@@ -21,15 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import xxhash
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.module_state import plain_attributes, structure
-from modulelens.format.tree import mutable_values
+from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
     ShardSync,
     describe_dtensor,
     dtensor_leaves,
+    dtensor_type,
     full_tensor,
     is_dtensor,
     mesh_ranks,
@@ -256,7 +259,8 @@ class Tracer:
                 self._stack(name).append(None)
                 return None
             live_state = _live_state(module)  # once per call: fingerprinting reads every weight
-            gathered = self._gather(name, index, "inputs", (tuple(args), dict(kwargs)), live_state)
+            inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
+            gathered = self._gather(name, index, "inputs", inputs, live_state)
             if isinstance(gathered, str):
                 self._abort(name, index, "inputs", gathered)
                 return None
@@ -270,10 +274,11 @@ class Tracer:
                     record.construction = freeze_objects(record.construction)
             self._snap.gathered = gathered
             try:
+                copied_args, copied_kwargs = self._snap.tree(inputs)
                 call = CallRecord(
                     index=index,
-                    args=self._snap.tree(tuple(args)),
-                    kwargs=self._snap.tree(dict(kwargs)),
+                    args=copied_args,
+                    kwargs=copied_kwargs,
                     state_index=self._state_index(name, module, live_state),
                     training=module.training,
                     grad_enabled=torch.is_grad_enabled(),
@@ -281,15 +286,15 @@ class Tracer:
                 )
             finally:
                 self._snap.gathered = {}
-            call.rng = _rng_state(args, kwargs)
+            call.rng = _rng_state(inputs.leaves)
             record.calls.append(call)
             live = replacement = None
             start = 0
             if self.backward and call.grad_enabled:
                 replacement = separate_inputs(tuple(args), dict(kwargs))
-                live = replacement if replacement is not None else (tuple(args), dict(kwargs))
+                live = replacement if replacement is not None else inputs.tree
                 start = sequence_marker()  # after the input views: the call's own nodes come later
-            values, paths = mutable_values((tuple(args), dict(kwargs)))
+            values, paths = mutable_values(inputs)
             watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
             self._stack(name).append(_Pending(call, index, live, start, watch))
             return replacement
@@ -330,12 +335,17 @@ class Tracer:
                                                      self._snap, functools.partial(self._on_backward, name))
                     self._backward_handles.extend(handles)
                     replacement = output if handles else None
-            done = (all(c.finished for c in record.calls) if self.recording
-                    else not any(self._stacks.get(name, {}).values()))
-            if self._taken(name) >= self.max_calls and done:
+            if self._taken(name) >= self.max_calls and self._all_returned(name):
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
             return replacement
+
+    def _all_returned(self, name: str) -> bool:
+        """Whether every call of ``name`` taken so far has returned (asked once the last is taken:
+        it looks at every recorded call)."""
+        if self.recording:
+            return all(c.finished for c in self.records[name].calls)
+        return not any(self._stacks.get(name, {}).values())
 
     def _mutated_inputs(self, watch: _Watch | None) -> dict[str, Any]:
         """Snapshots, after the call, of the inputs it may have changed in place: every state
@@ -555,37 +565,74 @@ def _live_state(module: torch.nn.Module) -> _LiveState:
     that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
     each tensor's storage address and a fingerprint of its bits (see :func:`_fingerprints`).
     """
-    params = dict(module.named_parameters(remove_duplicate=False))
-    buffers = dict(module.named_buffers(remove_duplicate=False))
-    tensors = [t for t in (*params.values(), *buffers.values()) if t is not None]
-    key = tuple((id(t), t._version, t.data_ptr() if not is_dtensor(t) else 0) for t in tensors)
+    # One walk of the submodules' own dicts: what named_parameters()/named_buffers() (duplicates
+    # kept) yield, without their two generator walks (a third of this function's time).
+    params: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, param in sub._parameters.items():
+            if param is not None:
+                params[dot + name] = param
+        for name, buffer in sub._buffers.items():
+            if buffer is not None:
+                buffers[dot + name] = buffer
+    tensors = [*params.values(), *buffers.values()]
+    dtensor = dtensor_type()
+    key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
+                for t in tensors)
     return params, buffers, (key, _fingerprints(tensors))
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Below this many bytes a CPU tensor is fingerprinted by hashing its memory in place (xxh3, ~3 us
+# a tensor); above it summing on its own device is faster (~11 vs ~9 GB/s here).
+_HASH_IN_PLACE_MAX_BYTES = 1 << 20
 
 
 def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
-    """The sum of each tensor's elements read as integers of the same width, in int64.
+    """A fingerprint of each tensor's bits: any change of a single element changes it.
 
-    Any change of a single element changes it; a change that keeps the integer sum (a permutation
-    of elements, or two edits that cancel exactly) does not. One pass over the weights per
-    recorded call (never during warm-up or after early stop), one device sync per device.
-    DTensors are fingerprinted by their local shard, so no rank waits for another.
+    Small plain CPU tensors are hashed in place with xxh3 (every change shows, a permutation
+    included); the rest are summed as integers of the same width, in int64 on their own device (a
+    change that keeps the integer sum, such as a permutation or two edits that cancel exactly, does
+    not show). Per-tensor torch reductions cost ~15 us each, which made fingerprinting most of a
+    small module's recording overhead (benchmarks/bench_recording.py). One pass over the weights per
+    recorded call (never during warm-up or after early stop), one device sync per device. DTensors
+    are fingerprinted by their local shard, so no rank waits for another.
     """
+    dtensor = dtensor_type()
     sums: dict[torch.device, list[torch.Tensor]] = {}
-    order: list[tuple[torch.device, int]] = []
+    order: list[tuple[torch.device | None, int]] = []
     for tensor in tensors:
-        local = (tensor.to_local() if is_dtensor(tensor) else tensor).detach()
+        local = tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
+        hashed = _hash_in_place(local)
+        if hashed is not None:
+            order.append((None, hashed))
+            continue
         width = _SAME_SIZE_INT.get(local.element_size())
         if local.device.type == "meta" or local.numel() == 0 or width is None:
-            order.append((torch.device("cpu"), -1))
+            order.append((None, 0))
             continue
         on_device = sums.setdefault(local.device, [])
         order.append((local.device, len(on_device)))
-        on_device.append(_bit_sum(local, width))
+        on_device.append(_bit_sum(local.detach(), width))
     values = {device: torch.stack(found).tolist() for device, found in sums.items()}
-    return tuple(values[device][i] if i >= 0 else 0 for device, i in order)
+    return tuple(values[device][i] if device is not None else i for device, i in order)
+
+
+def _hash_in_place(tensor: torch.Tensor) -> int | None:
+    """xxh3 of a small, contiguous, plain CPU tensor's bytes, read where they are; ``None`` for
+    anything else (a subclass, a view with gaps, another device, a large tensor)."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu":
+        return None
+    size = tensor.numel() * tensor.element_size()
+    if not 0 < size <= _HASH_IN_PLACE_MAX_BYTES or not tensor.is_contiguous():
+        return None
+    address = tensor.data_ptr()
+    if not address:
+        return None
+    return xxhash.xxh3_64_intdigest((ctypes.c_char * size).from_address(address))
 
 
 def _bit_sum(tensor: torch.Tensor, width: torch.dtype) -> torch.Tensor:
@@ -619,11 +666,10 @@ def _autocast_state() -> dict[str, Any]:
     return state
 
 
-def _rng_state(args: Any, kwargs: Any) -> dict[str, torch.Tensor]:
+def _rng_state(input_leaves: list[Any]) -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        devices = {t.device for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
+        devices = {t.device for t in input_leaves if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
         for device in devices:
             state[str(device)] = torch.cuda.get_rng_state(device)
     return state

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import modulelens
-from modulelens.format.tree import decode_tree, encode_tree
+from modulelens.format.tree import decode_tree, deep_leaves, encode_tree, map_leaves, mutable_leaves
 from modulelens.format.values import DecodeContext, EncodeContext, decode_value, encode_value
 
 Point = collections.namedtuple("Point", "x y")
@@ -146,3 +146,49 @@ def test_class_source_hash_follows_the_file_on_disk(tmp_path, monkeypatch) -> No
     os.utime(module_file, ns=(stamp, stamp))  # a later mtime, whatever the filesystem's clock granularity
     assert class_source_hash(cls) == source_hash("class Edited:\n    factor = 30\n") != first
     assert class_source_hash(int) is None  # a builtin has no source file
+
+
+class _Stats:
+    """A state object (register_state_codec): walked attribute by attribute."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.history = torch.zeros(2), 3, [torch.ones(1), None]
+
+
+@dataclass
+class _Batch:
+    ids: torch.Tensor
+    note: str
+
+
+def test_walking_without_paths_maps_every_leaf_as_walking_with_them() -> None:
+    """map_leaves(paths=False), the snapshot's walk, recurses through plain containers itself:
+    it must give what the pytree walk with key paths gives, node types and all."""
+    modulelens.register_state_codec(_Stats)
+    point = collections.namedtuple("point", "x y")
+    tree = ((torch.ones(2), point(torch.zeros(1), 2.5)), {"stats": _Stats(), "batch": _Batch(torch.arange(3), "a"),
+            "nested": [{"k": (None, True)}, collections.OrderedDict(z=torch.ones(1))], 4: "four"})
+
+    def double(_path: str, leaf: object) -> object:
+        return leaf * 2 if isinstance(leaf, torch.Tensor) else leaf
+
+    with_paths, without = map_leaves(double, tree), map_leaves(double, tree, paths=False)
+    assert [path for path, _ in deep_leaves(tree)][:3] == ["[0][0]", "[0][1].x", "[0][1].y"]
+    assert all(path == "" for path, _ in deep_leaves(tree, paths=False))
+    flat_a, flat_b = deep_leaves(with_paths), deep_leaves(without)
+    assert len(flat_a) == len(flat_b) == len(deep_leaves(tree))
+    for (_, a), (_, b) in zip(flat_a, flat_b, strict=True):
+        assert type(a) is type(b)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert type(without[0][1]) is point and type(without[1]["nested"][1]) is collections.OrderedDict
+    assert type(without[1]["stats"]) is _Stats and without[1]["stats"] is not tree[1]["stats"]
+    assert torch.equal(without[1]["batch"].ids, torch.arange(3) * 2)
+
+
+def test_paths_of_changed_inputs_are_the_same_when_memoised() -> None:
+    tree = ((torch.ones(1), {"a": torch.zeros(1), "b": [1, torch.ones(2)]}), {"cache": _Stats()})
+    modulelens.register_state_codec(_Stats)
+    first = mutable_leaves(tree)
+    again = mutable_leaves(tree)
+    assert [path for path, _ in first] == [path for path, _ in again] == \
+        ["[0][0]", "[0][1]['a']", "[0][1]['b'][1]", "[1]['cache']"]

@@ -828,6 +828,32 @@ def test_backward_input_gradient_is_module_local(repo: modulelens.Repo) -> None:
 # ============================================================================================
 
 
+def test_replay_is_bit_exact_only_on_the_kernels_that_recorded(repo: modulelens.Repo) -> None:
+    """AVX2 and AVX-512 kernels round the same float operations differently (the golden v1 capture
+    replays 1.5e-8 off on an AVX-512 machine): elsewhere, the true verdict is a pass within
+    tolerance, said in a note, and exact=True still asks for bits."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.LayerNorm(32))
+    with modulelens.capture(model, targets=["Sequential"], repo=repo, name="mlp") as cap:
+        model(torch.randn(8, 16))
+    here = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert here.environment["cpu_capability"] == str(torch.backends.cpu.get_cpu_capability())
+    report = here.replay()
+    assert report.passed and report.mode == "bit-exact" and not report.notes, report
+
+    elsewhere = modulelens.load(cap.saved[0].ref, repo=repo)
+    elsewhere.metadata["environment"]["cpu_capability"] = "a CPU this machine is not"
+    report = elsewhere.replay()
+    assert report.passed and report.mode == "tolerance", report
+    assert any("recorded with a CPU this machine is not CPU kernels" in note for note in report.notes), report.notes
+    assert elsewhere.replay(exact=True).mode == "bit-exact"
+
+    older_torch = modulelens.load(cap.saved[0].ref, repo=repo)
+    older_torch.metadata["environment"]["torch"] = "2.4.0"
+    report = older_torch.replay()
+    assert report.mode == "tolerance" and any("recorded with torch 2.4.0" in note for note in report.notes)
+
+
 def test_dtype_override_tolerances(repo: modulelens.Repo) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))

@@ -171,6 +171,34 @@ def test_weight_updates_through_data_are_recorded_as_new_states(repo: modulelens
     assert report.passed, report
 
 
+@pytest.mark.parametrize("features", [8, 600])  # hashed in place (< 1 MiB) / summed on its device
+def test_one_element_written_through_data_is_a_new_state(repo: modulelens.Repo, features: int) -> None:
+    model = nn.Linear(features, features)
+    with modulelens.capture(model, targets=["Linear"], repo=repo, record=modulelens.Recording(max_calls=3)) as cap, \
+            torch.no_grad():
+        model(torch.randn(2, features))
+        model.weight.data[3, 5] += 0.5  # keeps the version counter
+        model(torch.randn(2, features))
+        model(torch.randn(2, features))
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert [c.state_index for c in loaded.calls] == [0, 1, 1]
+    assert loaded.replay().passed
+
+
+def test_weights_permuted_through_data_are_a_new_state(repo: modulelens.Repo) -> None:
+    """A permutation keeps every element's value, so a sum of the bits misses it; small weights are
+    fingerprinted by a hash of their bytes, which does not."""
+    model = nn.Linear(4, 4)
+    with modulelens.capture(model, targets=["Linear"], repo=repo, record=modulelens.Recording(max_calls=2)) as cap, \
+            torch.no_grad():
+        model(torch.randn(2, 4))
+        model.weight.data.copy_(model.weight.data.flip(0))
+        model(torch.randn(2, 4))
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert [c.state_index for c in loaded.calls] == [0, 1]
+    assert loaded.replay().passed
+
+
 def test_unchanged_weights_share_one_state(repo: modulelens.Repo) -> None:
     model = nn.Linear(4, 4)
     with modulelens.capture(model, targets=["Linear"], repo=repo, record=modulelens.Recording(max_calls=3)) as cap, torch.no_grad():
