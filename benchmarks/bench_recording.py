@@ -3,23 +3,26 @@ modulelens against nnsight (https://nnsight.net), and both against the same forw
 
     python benchmarks/bench_recording.py [--steps 20] [--rounds 9]
 
-Each contender records the same thing on the same model object: every call's inputs and output of
+Each contender records the same thing on its own copy of the model: every call's inputs and output of
 the four targets.
   * untraced:    model(x)
   * modulelens:  a capture of the targets (Recording(max_calls=steps)); each timed forward records
                  every target (snapshot copies of its tensors, kept in memory; saving is not timed)
   * nnsight:     with NNsight(model).trace(x): target.input.save(); target.output.save() for each target
-Rounds are interleaved with a rotating order; each round's figure is the median step of its
---steps forwards, and the table shows the median over rounds. The models run with their default
-settings (a transformers model built from a config is in train mode, with caches on), on 1 thread.
+Each contender has its own copy of the model (same weights); every step runs the three in a
+rotating order, --steps steps per round (a fresh capture each round), and the ratios are medians of
+per-step ratios. The models run with their default settings (a transformers model built from a
+config is in train mode, with caches on), on 1 thread.
 nnsight is in the `bench` extra (pip install -e ".[bench]").
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import median, report, timed
+from _common import median, report
 
 import modulelens
 from modulelens.demo.model import CARDINALITIES, RecModel, synthetic_batch
@@ -77,46 +80,46 @@ def _envoy(wrapped: Any, name: str) -> Any:
     return envoy
 
 
-def _steps(fn: Callable[[], Any], steps: int) -> float:
-    return median(timed(fn, steps))
-
-
 def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list[str], steps: int, rounds: int,
             repo: Path) -> dict[str, Any]:
-    def untraced() -> None:
-        model(*inputs)
-
-    nnsight_record = _nnsight_recorder(model, inputs, targets)
-
-    def modulelens_round() -> float:
-        capture = modulelens.capture(model, targets=targets, repo=repo, name="bench",
+    """Three copies of one model (same weights), one per contender, stepped in turn: each step runs
+    all three in a rotating order, so a slow spell of the machine (this one's clock varies by a
+    third over seconds) falls on all three alike. The ratios are medians of per-step ratios."""
+    plain, traced, wrapped = model, copy.deepcopy(model), copy.deepcopy(model)
+    nnsight_record = _nnsight_recorder(wrapped, inputs, targets)
+    contenders: dict[str, Callable[[], Any]] = {
+        "untraced": lambda: plain(*inputs),
+        "modulelens": lambda: traced(*inputs),
+        "nnsight": nnsight_record,
+    }
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    order = list(contenders)
+    for r in range(rounds + 1):  # round 0 warms every path up and is not kept
+        capture = modulelens.capture(traced, targets=targets, repo=repo, name="bench",
                                      record=modulelens.Recording(max_calls=steps + 1))
         try:
-            model(*inputs)  # the first recorded call of each target (imports, first snapshots): not timed
-            return _steps(untraced, steps)
+            traced(*inputs)  # the first recorded call of each target (imports, first snapshots): not timed
+            for step in range(steps):
+                turn = (r * steps + step) % len(order)
+                for key in order[turn:] + order[:turn]:
+                    start = time.perf_counter()
+                    contenders[key]()
+                    if r:
+                        times[key].append(time.perf_counter() - start)
         finally:
             recorded = [len(record.calls) for record in capture.tracer.records.values()]
             assert recorded == [steps + 1] * len(targets), f"not every call was recorded: {recorded}"
             capture.stop()
             capture.tracer.records.clear()  # nothing is saved: recording alone is measured
+    ml, nn_, base = (median(times[k]) for k in ("modulelens", "nnsight", "untraced"))
 
-    contenders: dict[str, Callable[[], float]] = {
-        "untraced": lambda: _steps(untraced, steps),
-        "modulelens": modulelens_round,
-        "nnsight": lambda: _steps(nnsight_record, steps),
-    }
-    for run in contenders.values():  # warm up every path once
-        run()
-    medians: dict[str, list[float]] = {k: [] for k in contenders}
-    order = list(contenders)
-    for r in range(rounds):
-        for key in order[r % 3:] + order[:r % 3]:
-            medians[key].append(contenders[key]())
-    base = median(medians["untraced"])
-    ml, nn_ = median(medians["modulelens"]), median(medians["nnsight"])
+    def paired(a: str, b: str) -> float:
+        return median([x / y for x, y in zip(times[a], times[b], strict=True)])
+
     return {"model": label, "targets": len(targets), "untraced_ms": base * 1e3, "modulelens_ms": ml * 1e3,
-            "nnsight_ms": nn_ * 1e3, "modulelens_vs_untraced": ml / base, "nnsight_vs_untraced": nn_ / base,
-            "modulelens_vs_nnsight": ml / nn_}
+            "nnsight_ms": nn_ * 1e3, "modulelens_vs_untraced": paired("modulelens", "untraced"),
+            "nnsight_vs_untraced": paired("nnsight", "untraced"),
+            "modulelens_vs_nnsight": paired("modulelens", "nnsight"), "steps_timed": len(times["untraced"])}
 
 
 def main() -> None:
@@ -135,7 +138,7 @@ def main() -> None:
             rows.append(measure(label, model, inputs, targets, args.steps, args.rounds, Path(repo)))
     report("recording", "forward pass while recording every call's inputs and output of 4 submodules", rows,
            ["model", "untraced_ms", "modulelens_ms", "nnsight_ms", "modulelens_vs_nnsight"],
-           {"steps": args.steps, "rounds": args.rounds, "threads": 1})
+           {"steps": args.steps, "rounds": args.rounds, "threads": 1, "paired": "per step"})
 
 
 if __name__ == "__main__":

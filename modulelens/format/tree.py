@@ -216,26 +216,97 @@ def _no_tensor_ids(_id: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Flattened:
-    """A tree flattened once by torch's pytree, for walkers that each need its leaves.
+    """A tree flattened once, for walkers that each need its leaves, in torch's pytree order.
 
     The tracer looks at every recorded call's inputs three ways (DTensors to gather, the snapshot,
-    the inputs a call may change in place); one flatten serves all three (~30 us each for a dict of
-    feature tuples, benchmarks/bench_recording.py).
+    the inputs a call may change in place) and at every output; one flatten serves them all. A tree
+    of plain tuples, lists and dicts (nearly every call) is walked in Python, which is ~4x faster
+    than pytree's generic walk (benchmarks/bench_recording.py); any other node (a namedtuple, a
+    ``ModelOutput``, anything registered with pytree) sends the whole tree to pytree.
     """
 
     tree: Any
     leaves: list[Any]
-    spec: pytree.TreeSpec
+    _shape: _Shape | None  # a tree of plain containers: their types and keys, as they were
+    _spec: pytree.TreeSpec | None  # any other tree
 
     @classmethod
     def of(cls, tree: Any) -> Flattened:
+        leaves: list[Any] = []
+        shape = _plain_shape(tree, leaves)
+        if shape is not _NOT_PLAIN:
+            return cls(tree, leaves, shape, None)
         leaves, spec = pytree.tree_flatten(tree)
-        return cls(tree, leaves, spec)
+        return cls(tree, leaves, None, spec)
+
+    def unflatten(self, leaves: list[Any]) -> Any:
+        """The tree's structure (as it was when flattened) holding ``leaves``."""
+        if self._spec is not None:
+            return pytree.tree_unflatten(leaves, self._spec)
+        return _rebuild(self._shape, iter(leaves))
+
+    def paths(self, positions: tuple[int, ...]) -> list[str]:
+        """The key paths (``pytree.keystr``) of the leaves at ``positions``."""
+        if self._spec is None:
+            found: list[str] = []
+            _plain_paths(self._shape, "", found)
+            return [found[i] for i in positions]
+        try:
+            return list(_leaf_paths(self._spec, positions))
+        except TypeError:  # a node context that cannot be hashed: no memo
+            return list(_leaf_paths.__wrapped__(self._spec, positions))
+
+
+# The structure of a tree of plain containers: None for a leaf, else (type, dict keys or None, children).
+_Shape = Any
+_NOT_PLAIN = object()
+# Leaves that no walker looks inside, and containers rebuilt exactly as torch's pytree rebuilds them.
+_ATOMS = frozenset({type(None), bool, int, float, str, torch.Tensor, torch.nn.Parameter, torch.device, torch.dtype})
+
+
+def _plain_shape(node: Any, leaves: list[Any]) -> _Shape:
+    """Append ``node``'s leaves to ``leaves`` and return its shape, or ``_NOT_PLAIN`` when a node
+    is neither a plain tuple, list or dict nor a pytree leaf."""
+    cls = type(node)
+    if cls in _ATOMS:
+        leaves.append(node)
+        return None
+    if cls is tuple or cls is list or cls is dict:
+        keys = tuple(node) if cls is dict else None
+        children = []
+        for child in (node.values() if cls is dict else node):
+            shape = _plain_shape(child, leaves)
+            if shape is _NOT_PLAIN:
+                return _NOT_PLAIN
+            children.append(shape)
+        return (cls, keys, children)
+    if pytree.tree_is_leaf(node):
+        leaves.append(node)
+        return None
+    return _NOT_PLAIN
+
+
+def _rebuild(shape: _Shape, leaves: Iterator[Any]) -> Any:
+    if shape is None:
+        return next(leaves)
+    cls, keys, children = shape
+    if cls is dict:
+        return {key: _rebuild(child, leaves) for key, child in zip(keys, children, strict=True)}
+    return cls([_rebuild(child, leaves) for child in children])
+
+
+def _plain_paths(shape: _Shape, prefix: str, found: list[str]) -> None:
+    if shape is None:
+        found.append(prefix)
+        return
+    cls, keys, children = shape
+    for i, child in enumerate(children):
+        _plain_paths(child, f"{prefix}[{keys[i]!r}]" if cls is dict else f"{prefix}[{i}]", found)
 
 
 def is_dataclass_leaf(value: Any) -> bool:
     """A dataclass instance torch's pytree sees as a leaf (modulelens' own markers excepted)."""
-    return (dataclasses.is_dataclass(value) and not isinstance(value, type)
+    return (type(value) not in _ATOMS and dataclasses.is_dataclass(value) and not isinstance(value, type)
             and type(value) not in pytree.SUPPORTED_NODES and not getattr(value, "__modulelens_marker__", False))
 
 
@@ -286,10 +357,6 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
     return pytree.tree_map_with_path(lambda key_path, leaf: visit(path + pytree.keystr(key_path), leaf), tree)
 
 
-# Leaves that no walker looks inside, and containers rebuilt exactly as torch's pytree rebuilds them.
-_ATOMS = frozenset({type(None), bool, int, float, str, torch.Tensor, torch.nn.Parameter, torch.device, torch.dtype})
-
-
 def _map_without_paths(visit: Callable[[str, Any], Any], fn: Callable[[str, Any], Any], tree: Any) -> Any:
     """``pytree.tree_map`` of ``visit("", leaf)``, recursing in Python through plain lists, tuples
     and dicts (exactly those types: what pytree does with them, ~5x faster than its generic walk on
@@ -335,19 +402,12 @@ def mutable_values(tree: Any | Flattened) -> tuple[list[Any], Callable[[], list[
     dict of four feature tuples, benchmarks/bench_recording.py), so they are built when asked.
     """
     flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
-    leaves, spec = flat.leaves, flat.spec
+    leaves = flat.leaves
     if any(is_dataclass_leaf(leaf) for leaf in leaves):  # rare: walk into the fields, with paths
         found = _mutable_with_paths(flat.tree)
         return [value for _, value in found], lambda: [path for path, _ in found]
     positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) or is_state_object(leaf))
-
-    def paths() -> list[str]:
-        try:
-            return list(_leaf_paths(spec, positions))
-        except TypeError:  # a node context that cannot be hashed: no memo
-            return list(_leaf_paths.__wrapped__(spec, positions))
-
-    return [leaves[i] for i in positions], paths
+    return [leaves[i] for i in positions], lambda: flat.paths(positions)
 
 
 @functools.lru_cache(maxsize=256)

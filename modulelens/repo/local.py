@@ -689,13 +689,13 @@ class Repo:
         # (never the local mirror that caches its capture.json).
         folder = f"{name_dir or f'{self.location.rstrip(chr(47))}/names/' + quote(name, safe='')}/versions/"
         chosen = entries.items() if versions is None else [(str(v), entries[str(v)]) for v in versions]
-        infos = []
-        for key, entry in chosen:  # the hot loop of a listing: one VersionInfo per version
-            number = int(key)
-            infos.append(VersionInfo(
-                name, number, folder + key, entry["created"], tuple(entry["tags"]), by_version.get(number, ()),
-                entry["nbytes"], entry["module_class"], entry["calls"], entry.get("problem")))
-        return infos
+        aliases_of = by_version.get
+        # The hot loop of a listing, one VersionInfo per version: a comprehension with the lookups
+        # bound once, and no tuple built for the usual empty tags (a third of this function's time).
+        return [VersionInfo(name, number, folder + key, entry["created"], tuple(tags) if (tags := entry["tags"]) else (),
+                            aliases_of(number, ()), entry["nbytes"], entry["module_class"], entry["calls"],
+                            entry.get("problem"))
+                for key, entry in chosen for number in (int(key),)]
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
         if name:

@@ -15,7 +15,6 @@ import weakref
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from modulelens.errors import CaptureError
 from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leaves
@@ -67,7 +66,7 @@ class Snapshotter:
     def tree(self, tree: Any | Flattened) -> Any:
         """``tree`` with each tensor replaced by its copy."""
         flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
-        leaves, spec = flat.leaves, flat.spec
+        leaves = flat.leaves
         if any(has_fields(leaf) for leaf in leaves):  # dataclasses, state objects: the walker that looks inside
             tree = flat.tree
             self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree, paths=False)
@@ -76,9 +75,10 @@ class Snapshotter:
                               paths=False)
         # The common case in one flatten, without the key paths that map_leaves builds: this runs on
         # every recorded call's inputs and output (benchmarks/bench_recording.py).
-        self._copy_shared_storages([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
-        return pytree.tree_unflatten([self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
-                                     spec)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        if len(tensors) > 1:  # one tensor shares a storage with no other
+            self._copy_shared_storages(tensors)
+        return flat.unflatten([self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
 
     def _copy_shared_storages(self, tensors: list[torch.Tensor]) -> None:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""

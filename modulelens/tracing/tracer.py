@@ -316,7 +316,8 @@ class Tracer:
                 return
             record = self.records[name]
             replacement = None
-            gathered = self._gather(name, pending.index, "output", output)
+            flat_output = Flattened.of(output)  # once: the DTensor check and the snapshot both walk it
+            gathered = self._gather(name, pending.index, "output", flat_output)
             if isinstance(gathered, str):
                 if pending.call is not None and pending.call in record.calls:
                     record.calls.remove(pending.call)
@@ -325,7 +326,7 @@ class Tracer:
             if pending.call is not None:
                 self._snap.gathered = gathered
                 try:
-                    pending.call.output = self._snap.tree(output)
+                    pending.call.output = self._snap.tree(flat_output)
                     pending.call.mutated_inputs = self._mutated_inputs(pending.watch)
                 finally:
                     self._snap.gathered = {}
@@ -624,9 +625,9 @@ def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
 def _hash_in_place(tensor: torch.Tensor) -> int | None:
     """xxh3 of a small, contiguous, plain CPU tensor's bytes, read where they are; ``None`` for
     anything else (a subclass, a view with gaps, another device, a large tensor)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu":
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or not tensor.is_cpu:
         return None
-    size = tensor.numel() * tensor.element_size()
+    size = tensor.nbytes
     if not 0 < size <= _HASH_IN_PLACE_MAX_BYTES or not tensor.is_contiguous():
         return None
     address = tensor.data_ptr()

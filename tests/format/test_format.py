@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import modulelens
-from modulelens.format.tree import decode_tree, deep_leaves, encode_tree, map_leaves, mutable_leaves
+from modulelens.format.tree import Flattened, decode_tree, deep_leaves, encode_tree, map_leaves, mutable_leaves
 from modulelens.format.values import DecodeContext, EncodeContext, decode_value, encode_value
 
 Point = collections.namedtuple("Point", "x y")
@@ -192,3 +192,22 @@ def test_paths_of_changed_inputs_are_the_same_when_memoised() -> None:
     again = mutable_leaves(tree)
     assert [path for path, _ in first] == [path for path, _ in again] == \
         ["[0][0]", "[0][1]['a']", "[0][1]['b'][1]", "[1]['cache']"]
+
+
+@pytest.mark.parametrize("tree", [
+    ((torch.ones(1), [2, {"b": torch.zeros(2), 7: None}]), {"a": (True, "s"), "c": []}),
+    ((torch.ones(1),), {"named": collections.namedtuple("pair", "x y")(torch.zeros(1), 3)}),  # pytree's walk
+    (torch.ones(1), collections.OrderedDict(k=[torch.zeros(1)])),
+    torch.ones(2),
+])
+def test_flattened_agrees_with_pytree(tree: object) -> None:
+    """Flattened walks plain containers itself: leaves, rebuilt structure and paths as pytree's."""
+    import torch.utils._pytree as pytree
+
+    flat = Flattened.of(tree)
+    leaves, spec = pytree.tree_flatten(tree)
+    assert len(flat.leaves) == len(leaves) and all(a is b for a, b in zip(flat.leaves, leaves, strict=True))
+    rebuilt = flat.unflatten(list(range(len(leaves))))
+    assert pytree.tree_structure(rebuilt) == spec
+    every = tuple(range(len(leaves)))
+    assert flat.paths(every) == [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(tree)[0]]
