@@ -62,12 +62,15 @@ def check_storable(tensor: torch.Tensor, what: str) -> None:
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's elements as a read-only byte view (a copy only when it is not contiguous)."""
     flat = tensor.detach()
-    if flat.device.type != "cpu":
+    if not flat.is_cpu:
         flat = flat.cpu()
-    flat = flat.contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).toreadonly()
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    # One view as bytes, whatever the dtype (numpy has no bfloat16): a save of many small tensors
+    # makes one of these per tensor, so every intermediate tensor saved shows (bench_repo.py).
+    return memoryview(flat.view(-1).view(torch.uint8).numpy()).toreadonly()
 
 
 def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:

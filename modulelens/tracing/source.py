@@ -83,16 +83,18 @@ def referenced_paths(meta: Any) -> set[str]:
     """Every ``module:Qual.Name`` import path in capture metadata."""
     found: set[str] = set()
 
-    def walk(node: Any) -> None:
+    def walk(node: dict[str, Any] | list[Any]) -> None:
+        # Containers only are visited: a capture of many calls holds tens of thousands of scalars.
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in _CLASS_KEYS and isinstance(value, str) and ":" in value:
                     found.add(value)
-                else:
+                elif isinstance(value, (dict, list)):
                     walk(value)
-        elif isinstance(node, list):
+        else:
             for item in node:
-                walk(item)
+                if isinstance(item, (dict, list)):
+                    walk(item)
 
     walk({k: v for k, v in meta.items() if k not in ("environment", "tensors")})
     return found
