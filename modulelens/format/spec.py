@@ -135,3 +135,15 @@ class CaptureMetadata(TypedDict):
     distributed: NotRequired[dict[str, Any]]
     tensors: dict[str, TensorEntry]
     packs: NotRequired[list[dict[str, Any]]]  # [{"payload": "blake3:...", "nbytes": N}], repo layout 2
+
+
+def cpu_capability() -> str | None:
+    """The value of ``environment.cpu_capability``: the vector instructions torch's CPU kernels
+    use on this machine (``"AVX2"``, ``"AVX512"``...). The same float operations round differently
+    under others, so capture records it and replay is bit-exact by default only on the same."""
+    import torch  # here: reading metadata (``modulelens ls``) must not import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # torch < 2.1
+        return None

@@ -231,7 +231,10 @@ class Flattened:
     _spec: pytree.TreeSpec | None  # any other tree
 
     @classmethod
-    def of(cls, tree: Any) -> Flattened:
+    def of(cls, tree: Any | Flattened) -> Flattened:
+        """``tree`` flattened (a tree flattened already comes back as it is)."""
+        if isinstance(tree, Flattened):
+            return tree
         leaves: list[Any] = []
         shape = _plain_shape(tree, leaves)
         if shape is not _NOT_PLAIN:
@@ -260,7 +263,7 @@ class Flattened:
 # The structure of a tree of plain containers: None for a leaf, else (type, dict keys or None, children).
 _Shape = Any
 _NOT_PLAIN = object()
-# Leaves that no walker looks inside, and containers rebuilt exactly as torch's pytree rebuilds them.
+# Leaves with nothing inside for a walker to look at (no fields, no children).
 _ATOMS = frozenset({type(None), bool, int, float, str, torch.Tensor, torch.nn.Parameter, torch.device, torch.dtype})
 
 
@@ -330,8 +333,9 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
     """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves
     and state objects (a state object is always rebuilt as a new object). With
     ``state_objects=False`` a state object is a leaf like any other (the job's own object kept).
-    With ``paths=False`` every leaf's path is ``""``: building key paths costs most of a walk of a
-    state object such as a transformers cache (~100 leaves), and a snapshot does not need them."""
+    With ``paths=False`` every leaf's path is ``""`` and the tree is walked as :class:`Flattened`
+    walks it: building key paths costs most of a walk of a state object such as a transformers
+    cache (~100 leaves), and a snapshot does not need them."""
 
     def visit(where: str, leaf: Any) -> Any:
         fields = _fields(leaf) if state_objects or not is_state_object(leaf) else None
@@ -350,28 +354,14 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
             object.__setattr__(result, name, value)
         return result
 
-    if not paths:
-        return _map_without_paths(visit, fn, tree)
+    if not paths:  # leaves with nothing to look inside go straight to fn
+        if type(tree) in _ATOMS:  # most attributes of a state object: no flatten at all
+            return fn("", tree)
+        flat = Flattened.of(tree)
+        return flat.unflatten([fn("", leaf) if type(leaf) in _ATOMS else visit("", leaf) for leaf in flat.leaves])
     if pytree.tree_is_leaf(tree):  # a single leaf (most attributes of a state object): no pytree walk
         return visit(path, tree)
     return pytree.tree_map_with_path(lambda key_path, leaf: visit(path + pytree.keystr(key_path), leaf), tree)
-
-
-def _map_without_paths(visit: Callable[[str, Any], Any], fn: Callable[[str, Any], Any], tree: Any) -> Any:
-    """``pytree.tree_map`` of ``visit("", leaf)``, recursing in Python through plain lists, tuples
-    and dicts (exactly those types: what pytree does with them, ~5x faster than its generic walk on
-    a transformers cache) and handing any other node to pytree. ``fn`` maps the leaves that have
-    no fields to look inside."""
-    cls = type(tree)
-    if cls in _ATOMS:
-        return fn("", tree)
-    if cls is list or cls is tuple:
-        return cls([_map_without_paths(visit, fn, item) for item in tree])
-    if cls is dict:
-        return {key: _map_without_paths(visit, fn, value) for key, value in tree.items()}
-    if pytree.tree_is_leaf(tree):
-        return visit("", tree)
-    return pytree.tree_map(lambda leaf: visit("", leaf), tree)
 
 
 def deep_leaves(tree: Any, *, state_objects: bool = True, paths: bool = True) -> list[tuple[str, Any]]:
@@ -401,7 +391,7 @@ def mutable_values(tree: Any | Flattened) -> tuple[list[Any], Callable[[], list[
     changed, and building pytree key paths costs three times the flatten itself (~100 us for a
     dict of four feature tuples, benchmarks/bench_recording.py), so they are built when asked.
     """
-    flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
+    flat = Flattened.of(tree)
     leaves = flat.leaves
     if any(is_dataclass_leaf(leaf) for leaf in leaves):  # rare: walk into the fields, with paths
         found = _mutable_with_paths(flat.tree)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from modulelens.errors import UsageError
+from modulelens.format.spec import cpu_capability
 from modulelens.format.tree import mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
@@ -146,21 +147,16 @@ def _other_kernels(capture: Capture, device: torch.device) -> str | None:
     if recorded.get("torch") not in (None, torch.__version__):
         return f"recorded with torch {recorded['torch']}, replayed with {torch.__version__}"
     if device.type == "cpu":
-        here = _cpu_capability()
+        here = cpu_capability()
         if "cpu_capability" not in recorded:
             return "the capture does not say which CPU kernels recorded it (made before modulelens noted it)"
         if recorded["cpu_capability"] != here:
             return f"recorded with {recorded['cpu_capability']} CPU kernels, replayed with {here}"
-    elif device.type == "cuda" and recorded.get("gpu_name") not in (None, torch.cuda.get_device_name(device)):
-        return f"recorded on a {recorded['gpu_name']}, replayed on a {torch.cuda.get_device_name(device)}"
+    elif device.type == "cuda" and recorded.get("gpu_name") is not None:
+        here = torch.cuda.get_device_name(device)
+        if recorded["gpu_name"] != here:
+            return f"recorded on a {recorded['gpu_name']}, replayed on a {here}"
     return None
-
-
-def _cpu_capability() -> str | None:
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except (AttributeError, RuntimeError):  # torch < 2.1
-        return None
 
 
 def replay(

@@ -152,7 +152,7 @@ def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, torch.Tensor]]:
     cls = dtensor_type()
     if cls is None:
         return []
-    flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
+    flat = Flattened.of(tree)
     if not any(isinstance(leaf, cls) for leaf in flat.leaves):
         return []  # the common case, without the key paths (every recorded call asks, twice)
     found: list[tuple[str, torch.Tensor]] = []

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from modulelens.format.spec import cpu_capability
+
 
 def describe_environment() -> dict[str, Any]:
     env: dict[str, Any] = {
@@ -35,15 +37,6 @@ def describe_environment() -> dict[str, Any]:
         env["cuda_version"] = torch.version.cuda
     env.update(distributed_info())
     return env
-
-
-def cpu_capability() -> str | None:
-    """The vector instructions torch's CPU kernels use here (``"AVX2"``, ``"AVX512"``...): the same
-    float operations round differently under another, so replay is bit-exact only on the same."""
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except (AttributeError, RuntimeError):  # torch < 2.1
-        return None
 
 
 def distributed_info() -> dict[str, Any]:

@@ -118,7 +118,7 @@ def _save_into(
                 if distributed["incomplete"]:
                     meta["capture"]["complete"] = False
             info = target.save(capture_name, meta, payloads)
-            del meta, payloads
+            del meta, payloads  # freed before the collector counts again
         if info is None:
             break  # nowhere to write: the records stay in memory (warned once)
         saved.append(info)

@@ -65,7 +65,7 @@ class Snapshotter:
 
     def tree(self, tree: Any | Flattened) -> Any:
         """``tree`` with each tensor replaced by its copy."""
-        flat = tree if isinstance(tree, Flattened) else Flattened.of(tree)
+        flat = Flattened.of(tree)
         leaves = flat.leaves
         if any(has_fields(leaf) for leaf in leaves):  # dataclasses, state objects: the walker that looks inside
             tree = flat.tree

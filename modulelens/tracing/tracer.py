@@ -604,7 +604,7 @@ def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
     """
     dtensor = dtensor_type()
     sums: dict[torch.device, list[torch.Tensor]] = {}
-    order: list[tuple[torch.device | None, int]] = []
+    order: list[tuple[torch.device | None, int]] = []  # (device, index into its sums) or (None, fingerprint)
     for tensor in tensors:
         local = tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
         hashed = _hash_in_place(local)
