@@ -34,20 +34,19 @@ def class_source_hash(cls: type) -> str | None:
     a runnable module (benchmarks/bench_save_load.py). Keyed on the file's mtime and size because
     ``getsource`` reads the file as it is now, not as it was imported.
     """
-    file, info = None, None
+    key = None
     try:
         file = inspect.getsourcefile(cls)
-        info = os.stat(file) if file else None
-    except (OSError, TypeError):  # a builtin class, or its file is gone
-        info = None
-    if file is None or info is None:
-        own = class_source(cls)
-        return source_hash(own) if own is not None else None
-    key = (file, info.st_mtime_ns, info.st_size)
-    known = _CLASS_HASHES.get(cls)
+        if file:
+            info = os.stat(file)
+            key = (file, info.st_mtime_ns, info.st_size)
+    except (OSError, TypeError):  # a builtin class, or its file is gone: nothing to key on
+        pass
+    known = _CLASS_HASHES.get(cls) if key is not None else None
     if known is not None and known[0] == key:
         return known[1]
     own = class_source(cls)
     digest = source_hash(own) if own is not None else None
-    _CLASS_HASHES[cls] = (key, digest)
+    if key is not None:
+        _CLASS_HASHES[cls] = (key, digest)
     return digest
