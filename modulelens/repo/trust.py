@@ -38,7 +38,9 @@ from modulelens.repo.files import read_regular, write_new_file
 TRUST_FILE = "trust.json"
 
 
-def _identity(root: Path) -> dict[str, Any]:
+def repo_identity(root: Path) -> dict[str, Any]:
+    """What binds trust to a local repo: its directory's real path, device and inode, and the user.
+    A copy (new inode), a move (new path) or another user's view of it differs."""
     info = os.stat(root)
     return {"path": os.path.realpath(root), "device": info.st_dev, "inode": info.st_ino, "uid": os.getuid()}
 
@@ -54,7 +56,7 @@ def trusts_source(root: Path) -> bool:
             return False
         data = json.loads(read_regular(path))  # O_NOFOLLOW: no swap for a link after the lstat
         return bool(isinstance(data, dict) and data.get("trust_source") is True
-                    and {k: data.get(k) for k in ("path", "device", "inode", "uid")} == _identity(root))
+                    and {k: data.get(k) for k in ("path", "device", "inode", "uid")} == repo_identity(root))
     except (OSError, ValueError, CorruptCaptureError):
         return False
 
@@ -67,7 +69,7 @@ def set_trust_source(root: Path, value: bool) -> None:
         return
     tmp = root / f".{TRUST_FILE}.{os.getpid()}"
     tmp.unlink(missing_ok=True)  # left by a crash (or planted): removed as it is, never written through
-    write_new_file(tmp, json.dumps({"trust_source": True, **_identity(root)}).encode(), mode=0o644)
+    write_new_file(tmp, json.dumps({"trust_source": True, **repo_identity(root)}).encode(), mode=0o644)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
@@ -86,7 +88,7 @@ def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
     cannot be had: the capture is then saved unsigned, as captures were before provenance."""
     try:
         key = user_key(create=True)
-        binding = _identity(root)
+        binding = repo_identity(root)
     except SigningKeyError as error:
         warn_once(str(error))
         return None
@@ -99,7 +101,7 @@ def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, Any]
     and it sits where it was saved)."""
     try:
         key = user_key()
-        binding = _identity(root)
+        binding = repo_identity(root)
     except (SigningKeyError, OSError) as error:
         return Provenance(False, f"no usable signing key here ({error})")
     why = check(metadata, binding, key)

@@ -130,7 +130,8 @@ class ClassResolver:
         elif "<locals>" in qualname:
             reason = "it was defined inside a function"
         if entry is None or not (isinstance(entry.get("text"), str) or isinstance(entry.get("text_id"), str)):
-            raise RestoreError(f"{self.ref}: cannot import {path} ({reason}) and the capture holds no source for it")
+            raise RestoreError(f"{self.ref}: cannot import {path} ({reason}{self._not_yours()}) and the capture holds "
+                               "no source for it")
         own = not self.trust_source and self.provenance().own
         if not self.trust_source and not own:
             raise UntrustedCodeError(
@@ -138,6 +139,11 @@ class ClassResolver:
                 f"({entry.get('file')}), which runs only if you trust this capture (it is not one you saved "
                 f"into this repo: {self.provenance().why}): {TRUST_HINT}")
         return self._from_source(module_name, qualname, entry, own=own)
+
+    def _not_yours(self) -> str:
+        """Why the capture is not the user's own, when that was checked (and so decided a refusal)."""
+        checked = self._provenance
+        return f"; it is not one you saved into this repo: {checked.why}" if checked and not checked.own else ""
 
     def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any], *, own: bool) -> Any:
         text = self.text(module_name)

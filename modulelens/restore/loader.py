@@ -713,7 +713,8 @@ def load(
             dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
         trust_source: run the source stored with the capture for classes that cannot be
             imported here (``None``: the repo's own setting, :attr:`Repo.trust_source`, which is
-            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`.
+            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`,
+            except in a capture you saved into this repo yourself (docs/security.md, "Your own captures").
         run_source: deprecated alias of ``trust_source``.
         init_overrides: replace single recorded constructor arguments by name
             (``{"drop_rate": 0.0}``); :attr:`Capture.init_arguments` shows the resulting ones.

@@ -27,7 +27,7 @@ import pytest
 import modulelens
 from modulelens.errors import CaptureWarning, SigningKeyError, UntrustedCodeError
 from modulelens.format.provenance import PROVENANCE_FIELD, field_lines, key_file, seal, user_key
-from modulelens.repo.trust import Provenance, _identity, own_capture
+from modulelens.repo.trust import Provenance, own_capture, repo_identity
 from modulelens.restore.classes import ClassResolver
 
 MODEL = '''
@@ -187,15 +187,15 @@ def test_copies_and_edits_of_your_captures_still_need_trust(project: dict[str, P
     other_key = os.urandom(32)
     for ref in (NET, LOCAL):  # signed for this very repo, but with another user's key
         _edit(edited, ref, lambda m, e=edited: m.update(
-            {PROVENANCE_FIELD: seal(field_lines(m), _identity(Path(e)), other_key)}))
+            {PROVENANCE_FIELD: seal(field_lines(m), repo_identity(Path(e)), other_key)}))
     # a copy signed as if the user had saved it there (the control below loads), then edited
     tagged = shutil.copytree(repo, base / "tagged")
     key = bytes.fromhex((project["config"] / "modulelens" / "key").read_text())
     for ref in (NET, LOCAL):
-        _edit(tagged, ref, lambda m: m.update({PROVENANCE_FIELD: seal(field_lines(m), _identity(tagged), key)}))
+        _edit(tagged, ref, lambda m: m.update({PROVENANCE_FIELD: seal(field_lines(m), repo_identity(tagged), key)}))
     _edit(tagged, NET, lambda m: m["tags"].append("harmless"))
     forged = shutil.copytree(repo, base / "forged")  # a provenance made up for the original directory
-    _edit(forged, LOCAL, lambda m: m.update({PROVENANCE_FIELD: seal(field_lines(m), _identity(repo), b"k" * 32)}))
+    _edit(forged, LOCAL, lambda m: m.update({PROVENANCE_FIELD: seal(field_lines(m), repo_identity(repo), b"k" * 32)}))
     empty_config = base / "no-key"
     items = [
         {"label": "copied folder, module", "repo": copied, "ref": NET},
