@@ -162,6 +162,11 @@ def _cases(tmp: Path, config: Path) -> tuple[list[Case], Path]:
     ref = _capture(repo, "forged", _names_module("planted_forged", here / "planted_forged.py"), _signed(repo, key))
     _rewrite(repo, ref, lambda m: m[PROVENANCE_FIELD].update(mac="0" * 64))
     cases.append(Case("forged signature (the user's key id, a made-up MAC)", repo, ref, marker, "signature does not match"))
+    # a provenance field of the wrong shape: a MAC compare_digest cannot take
+    marker = plant(here, "planted_oddmac")
+    ref = _capture(repo, "oddmac", _names_module("planted_oddmac", here / "planted_oddmac.py"), _signed(repo, key))
+    _rewrite(repo, ref, lambda m: m[PROVENANCE_FIELD].update(mac="\u00e9" * 64, repo=["not", "a", "path"]))
+    cases.append(Case("provenance with a non-ASCII MAC", repo, ref, marker, "not one this modulelens signs"))
     # a genuine provenance lifted from another capture of the same repo
     marker = plant(here, "planted_lifted")
     genuine = json.loads(_capture_file(repo, cases[1].ref).read_text())[PROVENANCE_FIELD]

@@ -159,12 +159,13 @@ def check(metadata: Mapping[str, Any], binding: Mapping[str, Any], key: bytes) -
     field = metadata.get(PROVENANCE_FIELD)
     if field is None:
         return "it has no provenance (saved by another user, machine or an older modulelens, or copied)"
-    if not isinstance(field, dict) or field.get("scheme") != SCHEME or not isinstance(field.get("mac"), str):
-        return "its provenance is not one this modulelens signs"
+    mac = field.get("mac") if isinstance(field, dict) else None
+    if not isinstance(field, dict) or field.get("scheme") != SCHEME or not isinstance(mac, str) or not mac.isascii():
+        return "its provenance is not one this modulelens signs"  # (compare_digest takes ASCII strings only)
     if field.get("key") != key_id(key):
         return "it was signed with another key (another user or machine)"
     expected = hmac.new(key, message(field_lines(metadata), binding), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, field["mac"]):
+    if not hmac.compare_digest(expected, mac):
         where = field.get("repo")
         if isinstance(where, str) and where != binding.get("path"):
             return f"it was signed for another repo ({where[:200]!r}): copied, pulled, pushed or moved"

@@ -288,6 +288,11 @@ def test_a_saved_capture_is_your_own_until_edited(config: Path, repo: modulelens
         assert not verdict.own and "does not match" in verdict.why, field
     assert "not where it is now" in own_capture(repo.root, name, version + 1, meta).why  # moved to another version
     assert "no provenance" in own_capture(repo.root, name, version, {**meta, PROVENANCE_FIELD: None}).why
+    good = meta[PROVENANCE_FIELD]
+    for odd in ([good], {**good, "mac": "é" * 64}, {**good, "mac": 7}, {**good, "key": ["x"]}, {**good, "scheme": None},
+                {**good, "repo": {"a": 1}, "mac": "0" * 64}):
+        verdict = own_capture(repo.root, name, version, {**meta, PROVENANCE_FIELD: odd})
+        assert not verdict.own and verdict.why, odd  # a hostile field is a refusal, never a traceback
 
 
 def test_without_a_usable_key_nothing_is_signed(config: Path, repo: modulelens.Repo) -> None:
