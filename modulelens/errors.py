@@ -23,6 +23,7 @@ code the CLI uses for it, so interfaces print one line and exit non-zero, while 
     │   └── RemoteRepoError           exit 7   a remote repo is unreachable or lacks conditional writes
     │       └── RepoBusyError         exit 7   gc is running, or an alias moved concurrently
     ├── KernelError                   exit 1   a kernel problem cannot be exported or a candidate run
+    ├── SigningKeyError               exit 1   the per-user signing key cannot be used (caught: nothing is signed)
     └── MissingDependencyError        exit 1   an optional dependency is not installed
 
     ModulelensWarning (UserWarning)
@@ -117,6 +118,12 @@ class StorageError(RepoError):
 
 class KernelError(ModulelensError):
     """A kernel problem cannot be exported, or a candidate kernel cannot be run."""
+
+
+class SigningKeyError(ModulelensError):
+    """The per-user key that marks captures as your own cannot be used: missing, unreadable, or not
+    private (docs/security.md). Saving then signs nothing (one warning) and loading trusts nothing
+    extra; the message says which file and why."""
 
 
 class MissingDependencyError(ModulelensError):

@@ -9,3 +9,8 @@ DTYPE_SIZES: dict[str, int] = {
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
 }
+
+
+def can_require_grad(dtype: str) -> bool:
+    """Whether a tensor of ``dtype`` may require gradients (torch allows floating point and complex only)."""
+    return dtype.startswith(("float", "bfloat", "complex"))

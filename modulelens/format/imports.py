@@ -9,9 +9,10 @@ come from anyone, so an import path is only a *request*: :func:`resolve_import` 
    machinery: ``builtins``, ``os``, ``subprocess``, ``importlib``, ``sys``, ``shutil``, ``pickle``,
    ``torch.hub``, ``torch.serialization``... and every standard-library module outside a short
    allowlist of data types: :data:`STDLIB_ALLOWED`);
-3. a module that is not imported yet is *importable*: found on ``sys.path`` outside the current
-   directory (``''``, ``'.'`` or the working directory, unless ``PYTHONPATH`` names it) and outside
-   the directories the caller forbids (the repo), checked before anything is imported;
+3. a module that is not imported yet is *importable*: found on ``sys.path`` outside the directories
+   the caller forbids (the repo), and outside the current directory (``''``, ``'.'`` or the working
+   directory) unless an entry of ``PYTHONPATH`` finds the same file or the caller allows it (a
+   capture of your own that recorded that very file), checked before anything is imported;
 4. the object is of the kind its use needs (:data:`Kind`), checked before it is called:
    ``"module"``: an ``nn.Module`` subclass; ``"node"``: a type torch's pytree registered;
    ``"class"``: a class (the caller checks namedtuple/dataclass/codec type); ``"value"``: a class,
@@ -28,7 +29,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,13 +101,9 @@ def _inside(path: str, folders: Iterable[Path]) -> bool:
 
 
 def _is_current_dir(entry: str) -> bool:
-    """Whether a ``sys.path`` entry is the working directory (``''``, ``'.'`` or its path), and
-    the user did not name that directory in ``PYTHONPATH`` on purpose."""
-    if entry in ("", "."):
-        return True
-    named = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    real = os.path.realpath(entry)
-    return real == os.path.realpath(os.getcwd()) and real not in named
+    """Whether a ``sys.path`` entry is the working directory: ``''`` (IPython, Jupyter,
+    ``python -c``), ``'.'``, or its path (``python -m``, a script run from its own folder)."""
+    return entry in ("", ".") or os.path.realpath(entry) == os.path.realpath(os.getcwd())
 
 
 def _path_entry(module_name: str) -> str | None:
@@ -117,10 +114,37 @@ def _path_entry(module_name: str) -> str | None:
     return None
 
 
-def _check_findable(module_name: str, forbidden: list[Path]) -> None:
-    """Refuse a module not yet imported that would come from the current directory, a folder
-    the caller forbids, or nowhere. Nothing runs: parents are imported first, then ``find_spec``
-    only locates the module."""
+def _locations(spec: importlib.machinery.ModuleSpec) -> list[str]:
+    """The file a module would run (a package's ``__init__``), or a namespace package's folders."""
+    origin = spec.origin if spec.has_location else None
+    return [origin] if origin else list(spec.submodule_search_locations or [])
+
+
+def _named_in_pythonpath(module_name: str, locations: list[str]) -> bool:
+    """Whether an entry of ``PYTHONPATH`` finds the very module found: the user named its folder
+    on purpose, even when ``''`` or the working directory comes first on ``sys.path`` and finds it
+    there (IPython and ``python -c`` put ``''`` before ``PYTHONPATH``). Empty entries (a stray
+    ``:``) name nothing."""
+    found = [os.path.realpath(loc) for loc in locations]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry:
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(module_name, [entry])
+        if spec is not None and [os.path.realpath(loc) for loc in _locations(spec)] == found:
+            return True
+    return False
+
+
+AllowHere = Callable[[str, importlib.machinery.ModuleSpec], bool]
+"""``(top-level module name, its spec) -> bool``: whether a module found in the working directory
+may be imported anyway (a capture of your own names it: :mod:`modulelens.restore.classes`)."""
+
+
+def _check_findable(module_name: str, forbidden: list[Path], allow_here: AllowHere | None) -> None:
+    """Refuse a module not yet imported that would come from a folder the caller forbids (the
+    repo), from the current directory (unless ``PYTHONPATH`` names it or ``allow_here`` allows
+    it), or from nowhere. Nothing runs: parents are imported first, then ``find_spec`` only
+    locates the module."""
     if module_name in sys.modules:
         return
     try:
@@ -129,33 +153,39 @@ def _check_findable(module_name: str, forbidden: list[Path]) -> None:
         raise ImportError(f"cannot find module {module_name}: {error}") from None
     if spec is None:
         raise ImportError(f"no module named {module_name!r}")
-    origin = spec.origin if spec.has_location else None
-    locations = [origin] if origin else list(spec.submodule_search_locations or [])
+    locations = _locations(spec)
     where = next((loc for loc in locations if _inside(loc, forbidden)), None)
-    if where is None and "." not in module_name and locations:
-        entry = _path_entry(module_name)
-        if entry is not None and _is_current_dir(entry):
-            where = locations[0]
-    if where is not None:
-        raise ImportError(
-            f"module {module_name} would be imported from {where}, in the current directory or the repo, which "
-            "modulelens never imports from; import it yourself first (or add its folder to PYTHONPATH) if you "
-            "trust it")
+    if where is not None:  # even when PYTHONPATH names it: a repo's files come with its captures
+        raise ImportError(f"module {module_name} would be imported from {where}, inside the repo, which modulelens "
+                          "never imports from")
+    if "." in module_name or not locations:
+        return
+    entry = _path_entry(module_name)
+    if entry is None or not _is_current_dir(entry) or _named_in_pythonpath(module_name, locations):
+        return
+    if allow_here is not None and allow_here(module_name, spec):
+        return
+    raise ImportError(
+        f"module {module_name} would be imported from {locations[0]}, in the current directory, which modulelens "
+        "never imports from for a capture that is not your own; add its folder to PYTHONPATH (or import it "
+        "yourself first) if you trust it")
 
 
-def _import_module(module_name: str, forbidden: list[Path]) -> types.ModuleType:
+def _import_module(module_name: str, forbidden: list[Path], allow_here: AllowHere | None) -> types.ModuleType:
     parts = module_name.split(".")
     module: types.ModuleType | None = None
     for i in range(1, len(parts) + 1):
         name = ".".join(parts[:i])
-        _check_findable(name, forbidden)
+        _check_findable(name, forbidden, allow_here)
         module = importlib.import_module(name)
     assert module is not None
     return module
 
 
-def import_checked(path: str, forbidden: Iterable[str | os.PathLike[str]] = ()) -> Any:
+def import_checked(path: str, forbidden: Iterable[str | os.PathLike[str]] = (),
+                   allow_here: AllowHere | None = None) -> Any:
     """The object at ``path`` if its module may be imported (rules 1-3); no kind check.
+    ``allow_here`` may allow a top-level module found in the current directory (see :data:`AllowHere`).
 
     Raises:
         UntrustedCodeError: the path is malformed or denied.
@@ -173,7 +203,7 @@ def import_checked(path: str, forbidden: Iterable[str | os.PathLike[str]] = ()) 
         raise UntrustedCodeError(f"{path}: {module_name}.{parts[0]} is never resolved from a capture")
     if (module_name.split(".")[0] in sys.stdlib_module_names) and any(p.startswith("_") for p in parts):
         raise UntrustedCodeError(f"{path}: private names of the standard library are never resolved")
-    obj: Any = _import_module(module_name, [Path(os.path.realpath(f)) for f in forbidden])
+    obj: Any = _import_module(module_name, [Path(os.path.realpath(f)) for f in forbidden], allow_here)
     for part in parts:
         obj = getattr(obj, part)
         # Attribute hops must not lead out of what rule 2 allows (``torch:serialization.load``).

@@ -16,7 +16,7 @@ import math
 from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
-from modulelens.format.dtypes import DTYPE_SIZES
+from modulelens.format.dtypes import DTYPE_SIZES, can_require_grad
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
@@ -253,7 +253,7 @@ class _Checker:
         self.states()
         self.calls()
         for key, kind in (("unrecorded", list), ("shape_only", list), ("sources", dict), ("capture", dict),
-                          ("environment", dict), ("metadata", dict), ("tags", list)):
+                          ("environment", dict), ("metadata", dict), ("tags", list), ("provenance", dict)):
             self.field(meta, key, kind, "capture", optional=True)
         for name, entry in (meta.get("sources") or {}).items():
             where = f"sources[{name}]"
@@ -292,6 +292,9 @@ class _Checker:
                     self.field(entry, flag, bool, f"{where}.{part}[{name}]")
                     if tid not in tensors:
                         raise self.fail(f"{where}.{part}[{name}]", f"tensor {tid!r} is not in the tensor table")
+                    if flag == "requires_grad" and entry[flag] and not can_require_grad(tensors[tid]["dtype"]):
+                        raise self.fail(f"{where}.{part}[{name}]", f"requires_grad with dtype {tensors[tid]['dtype']} "
+                                                                    "(only floating point and complex tensors can)")
             extra = self.field(state, "extra_state", dict, where, optional=True) or {}
             self.value(list(extra.values()), f"{where}.extra_state")
 

@@ -29,7 +29,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
@@ -38,6 +38,7 @@ from urllib.parse import quote, unquote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, RepoError
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
+from modulelens.format.provenance import PROVENANCE_FIELD, field_line, field_lines
 from modulelens.repo.files import (
     flush_and_rename,
     flush_file,
@@ -51,7 +52,7 @@ from modulelens.repo.index import NameIndex, version_entry
 from modulelens.repo.markers import MARK_MIN_BYTES, ChunkDigests, chunk_digests, sampled_check, write_marker
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import PACK_BELOW, Payloads, referenced_blobs, store_packs
-from modulelens.repo.trust import set_trust_source, trusts_source
+from modulelens.repo.trust import capture_sealer, set_trust_source, trusts_source
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -69,11 +70,16 @@ CAPTURE_FILE = "capture.json"
 _TOMBSTONE = ".removed"  # versions/<N>.removed: N was used by a version since removed
 
 
-def capture_json(metadata: dict[str, Any]) -> bytes:
+def capture_json(metadata: dict[str, Any], seal: Callable[[list[str]], dict[str, Any]] | None = None) -> bytes:
     """A capture's ``capture.json``: one line per top-level field. Indented JSON goes through the
     pure-Python encoder, a third of a 5,000-tensor save (benchmarks/bench_repo.py); compact values
-    use the C encoder and the file stays readable field by field."""
-    fields = (f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in metadata.items())
+    use the C encoder and the file stays readable field by field. ``seal`` (a new capture saved
+    here: :func:`modulelens.repo.trust.capture_sealer`) signs those very lines, so signing costs no
+    second encoding, and its ``provenance`` field is set in ``metadata`` and written last."""
+    fields = field_lines(metadata) if seal is not None else [field_line(k, v) for k, v in metadata.items()]
+    if seal is not None:
+        metadata[PROVENANCE_FIELD] = seal(fields)
+        fields.append(field_line(PROVENANCE_FIELD, metadata[PROVENANCE_FIELD]))
     return ("{\n" + ",\n".join(fields) + "\n}\n").encode()
 
 
@@ -518,7 +524,7 @@ class Repo:
         validate_name(name)
         with self._lock(exclusive=False):
             self._store_payloads(metadata, payloads)
-            return self._commit(name, metadata)
+            return self._commit(name, metadata, seal=capture_sealer(self.root))  # yours: signed (repo/trust.py)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -543,7 +549,8 @@ class Repo:
                 self._upgrade_layout()
             return self._commit(name, metadata)
 
-    def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
+    def _commit(self, name: str, metadata: dict[str, Any],
+                seal: Callable[[list[str]], dict[str, Any]] | None = None) -> VersionInfo:
         staging = self._tmp_path(".version")
         staging.mkdir()
         (staging / "reports").mkdir()
@@ -554,7 +561,7 @@ class Repo:
             metadata["name"] = name
             capture_file = staging / CAPTURE_FILE
             capture_file.unlink(missing_ok=True)
-            write_new_file(capture_file, capture_json(metadata), mode=0o644)
+            write_new_file(capture_file, capture_json(metadata, seal), mode=0o644)
             flush_file(capture_file)
             flush_folder(staging)
             try:

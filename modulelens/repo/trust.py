@@ -1,4 +1,9 @@
-"""The per-repo "trust stored source" setting, bound to the directory it was set on.
+"""Trust in a local repo: the "trust stored source" setting, and the provenance of your own captures.
+
+Both are bound to the repo's directory (real path, device, inode) and the current user, so neither
+travels with a copy (docs/security.md).
+
+**The setting.**
 
 A user may mark *their own* local repo as trusted, so that loading its captures runs the source
 stored with them (docs/security.md) without ``trust_source=True`` each time. The setting is a file
@@ -6,6 +11,14 @@ stored with them (docs/security.md) without ``trust_source=True`` each time. The
 It counts only when all of those still match and the file belongs to the current user and is not
 writable by others: a repo copied, unpacked or synced from elsewhere (new inode, other owner) is
 never trusted by a file it brought along.
+
+**Provenance.** A capture this user saved into this repo carries a ``provenance`` field signed with
+the user's key (:mod:`modulelens.format.provenance`) over its metadata and this directory's
+identity: :func:`capture_sealer` makes it when the repo saves a new capture, and
+:func:`own_capture` checks it, for the loader, where the import rules would otherwise refuse the
+capture's own classes. A copied, pulled, pushed or downloaded capture (another directory), one
+saved by another user (another key), one edited or moved to another name or version, verifies as
+not yours.
 """
 
 from __future__ import annotations
@@ -13,16 +26,21 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import CorruptCaptureError
+from modulelens.errors import CorruptCaptureError, SigningKeyError
+from modulelens.format.provenance import check, seal, user_key, warn_once
 from modulelens.repo.files import read_regular, write_new_file
 
 TRUST_FILE = "trust.json"
 
 
-def _identity(root: Path) -> dict[str, Any]:
+def repo_identity(root: Path) -> dict[str, Any]:
+    """What binds trust to a local repo: its directory's real path, device and inode, and the user.
+    A copy (new inode), a move (new path) or another user's view of it differs."""
     info = os.stat(root)
     return {"path": os.path.realpath(root), "device": info.st_dev, "inode": info.st_ino, "uid": os.getuid()}
 
@@ -38,7 +56,7 @@ def trusts_source(root: Path) -> bool:
             return False
         data = json.loads(read_regular(path))  # O_NOFOLLOW: no swap for a link after the lstat
         return bool(isinstance(data, dict) and data.get("trust_source") is True
-                    and {k: data.get(k) for k in ("path", "device", "inode", "uid")} == _identity(root))
+                    and {k: data.get(k) for k in ("path", "device", "inode", "uid")} == repo_identity(root))
     except (OSError, ValueError, CorruptCaptureError):
         return False
 
@@ -51,6 +69,45 @@ def set_trust_source(root: Path, value: bool) -> None:
         return
     tmp = root / f".{TRUST_FILE}.{os.getpid()}"
     tmp.unlink(missing_ok=True)  # left by a crash (or planted): removed as it is, never written through
-    write_new_file(tmp, json.dumps({"trust_source": True, **_identity(root)}).encode(), mode=0o644)
+    write_new_file(tmp, json.dumps({"trust_source": True, **repo_identity(root)}).encode(), mode=0o644)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Whether a capture is the current user's own, saved into this repo (and if not, why not)."""
+
+    own: bool
+    why: str = ""
+
+
+def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
+    """What :meth:`Repo.save_version` signs a new capture with: field lines -> the ``provenance``
+    field, for the repo at ``root``. ``None`` (after one warning per process) when the user's key
+    cannot be had: the capture is then saved unsigned, as captures were before provenance."""
+    try:
+        key = user_key(create=True)
+        binding = repo_identity(root)
+    except SigningKeyError as error:
+        warn_once(str(error))
+        return None
+    return lambda lines: seal(lines, binding, key)
+
+
+def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, Any]) -> Provenance:
+    """Whether ``metadata``, read from ``name:v<version>`` of the repo at ``root``, is a capture
+    the current user saved there (its provenance verifies under the user's key for this directory,
+    and it sits where it was saved)."""
+    try:
+        key = user_key()
+        binding = repo_identity(root)
+    except (SigningKeyError, OSError) as error:
+        return Provenance(False, f"no usable signing key here ({error})")
+    why = check(metadata, binding, key)
+    if why is not None:
+        return Provenance(False, why)
+    if metadata.get("name") != name or metadata.get("version") != version:
+        return Provenance(False, f"it was saved as {metadata.get('name')!s:.200}:v{metadata.get('version')}, "
+                                 "not where it is now")
+    return Provenance(True)

@@ -5,10 +5,17 @@ metadata becomes an object only under the import rules of :mod:`modulelens.forma
 (importable, not denied, of the kind its use needs, checked before anything is called). When a
 class is not importable here and the capture stored its source, that source runs only if the user
 trusts it (``trust_source``; docs/security.md); without trust the error says how to give it.
+
+A capture of *your own* (its provenance verifies: this user saved it into this repo,
+:func:`modulelens.repo.trust.own_capture`) needs no trust for its own classes: a module it recorded
+is imported from the current directory when that is the very file it recorded, and its stored
+source runs when the text still has the hash it was signed with. The signature is checked only
+when one of those is about to be needed.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -18,8 +25,10 @@ import torch
 
 from modulelens.errors import RestoreError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.imports import Kind, check_kind, import_checked
+from modulelens.format.sources import source_hash
 from modulelens.format.spec import Construction
 from modulelens.format.values import DecodeContext, decode_value
+from modulelens.repo.trust import Provenance
 from modulelens.restore.source import lookup, module_from_source, source_changes
 
 TRUST_HINT = ("load(..., trust_source=True), --trust-source on the command line, or "
@@ -35,11 +44,14 @@ class ClassResolver:
         trust_source: whether stored source may run.
         forbidden: folders nothing is imported from (the repo).
         read_text: reads a stored source file by its ``text_id`` (a blob of the capture).
+        provenance: checks whether the capture is the user's own (:func:`modulelens.repo.trust.own_capture`),
+            called at most once, when that decides; ``None``: never (not a local repo).
     """
 
     def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust_source: bool = False,
                  forbidden: Iterable[str | os.PathLike[str]] = (),
-                 read_text: Callable[[str], str] | None = None) -> None:
+                 read_text: Callable[[str], str] | None = None,
+                 provenance: Callable[[], Provenance] | None = None) -> None:
         self.sources = sources if isinstance(sources, dict) else {}
         self.ref = ref
         self.trust_source = trust_source
@@ -47,6 +59,8 @@ class ClassResolver:
         self.notes: list[str] = []
         self._cache: dict[str, Any] = {}
         self._read_text = read_text
+        self._check_provenance = provenance
+        self._provenance: Provenance | None = None
 
     def text(self, module_name: str) -> str | None:
         """The stored source of ``module_name``: a blob referenced by ``"text_id"``, or inline
@@ -71,9 +85,32 @@ class ClassResolver:
             self._cache[path] = self._resolve(path)
         return check_kind(self._cache[path], kind, path)
 
+    def provenance(self) -> Provenance:
+        """Whether the capture is the user's own, saved into this repo (checked once, when asked)."""
+        if self._provenance is None:
+            self._provenance = (self._check_provenance() if self._check_provenance is not None
+                                else Provenance(False, "it is not in a local repo"))
+        return self._provenance
+
+    def allow_here(self, module_name: str, spec: importlib.machinery.ModuleSpec) -> bool:
+        """Whether the top-level module ``module_name``, found in the current directory, may be
+        imported: it is (the package of) a file this capture recorded, and the capture is your own."""
+        found = [os.path.realpath(spec.origin)] if spec.has_location and spec.origin else []
+        folders = [os.path.realpath(f) for f in spec.submodule_search_locations or []]
+        for name, entry in self.sources.items():
+            file = entry.get("file") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or not isinstance(file, str) or not os.path.isabs(file):
+                continue
+            real = os.path.realpath(file)
+            recorded = (real in found if name == module_name else
+                        name.startswith(module_name + ".") and any(real.startswith(f + os.sep) for f in folders))
+            if recorded:
+                return self.provenance().own
+        return False
+
     def source_changes(self) -> list[str]:
         """Messages about captured classes whose code changed since the capture (also noted)."""
-        changed = source_changes(self.sources, self.forbidden)
+        changed = source_changes(self.sources, self.forbidden, self.allow_here)
         self.notes.extend(changed)
         return changed
 
@@ -87,29 +124,42 @@ class ClassResolver:
         reason = "it is defined in a script (__main__) other than the one running"
         if importable and "<locals>" not in qualname:
             try:
-                return import_checked(path, self.forbidden)
+                return import_checked(path, self.forbidden, self.allow_here)
             except (ImportError, AttributeError) as error:
                 reason = str(error)
         elif "<locals>" in qualname:
             reason = "it was defined inside a function"
         if entry is None or not (isinstance(entry.get("text"), str) or isinstance(entry.get("text_id"), str)):
-            raise RestoreError(f"{self.ref}: cannot import {path} ({reason}) and the capture holds no source for it")
-        if not self.trust_source:
+            raise RestoreError(f"{self.ref}: cannot import {path} ({reason}{self._not_yours()}) and the capture holds "
+                               "no source for it")
+        own = not self.trust_source and self.provenance().own
+        if not self.trust_source and not own:
             raise UntrustedCodeError(
                 f"{self.ref}: {path} cannot be imported here ({reason}); the capture stores its source "
-                f"({entry.get('file')}), which runs only if you trust this capture: {TRUST_HINT}")
-        return self._from_source(module_name, qualname, entry)
+                f"({entry.get('file')}), which runs only if you trust this capture (it is not one you saved "
+                f"into this repo: {self.provenance().why}): {TRUST_HINT}")
+        return self._from_source(module_name, qualname, entry, own=own)
 
-    def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any]) -> Any:
+    def _not_yours(self) -> str:
+        """Why the capture is not the user's own, when that was checked (and so decided a refusal)."""
+        checked = self._provenance
+        return f"; it is not one you saved into this repo: {checked.why}" if checked and not checked.own else ""
+
+    def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any], *, own: bool) -> Any:
+        text = self.text(module_name)
+        if own and text is not None and source_hash(text) != entry.get("hash"):
+            # The signature covers the hash, not the text: a blob changed after the save is not yours.
+            raise UntrustedCodeError(f"{self.ref}: the source stored for {module_name} is not the one this capture "
+                                     f"was saved with (its hash differs); it runs only if you trust it: {TRUST_HINT}")
         try:
-            text = self.text(module_name)
             if text is None:
                 raise KeyError("text")
             obj = lookup(module_from_source(module_name, entry, text, qualname), qualname, entry)
         except (AttributeError, KeyError, SyntaxError, NameError, TypeError) as error:
             raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
                                f"({type(error).__name__}: {error})") from None
-        note = f"classes of {module_name} were rebuilt from the source stored with the capture ({entry.get('file')})"
+        whose = "your own capture" if own else "the capture"
+        note = f"classes of {module_name} were rebuilt from the source stored with {whose} ({entry.get('file')})"
         if note not in self.notes:
             self.notes.append(note)
         return obj

@@ -24,6 +24,7 @@ from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.local import Repo
+from modulelens.repo.trust import own_capture
 from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
@@ -191,9 +192,11 @@ class Capture:
         self._synthetic: dict[str, torch.Tensor] = {}
         if trust_source is None:
             trust_source = bool(getattr(repo, "trust_source", False))
+        local = isinstance(repo, Repo) and not repo.is_remote  # your own captures: only where you saved them
         self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
                                       forbidden=[repo.root] if isinstance(repo, Repo) else [],
-                                      read_text=self._read_text)
+                                      read_text=self._read_text, provenance=functools.partial(
+                                          own_capture, repo.root, name, version, self.metadata) if local else None)
         for message in self._sources.source_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
@@ -710,7 +713,8 @@ def load(
             dtype, shape and statistics (otherwise using one raises :class:`RestoreError`).
         trust_source: run the source stored with the capture for classes that cannot be
             imported here (``None``: the repo's own setting, :attr:`Repo.trust_source`, which is
-            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`.
+            off unless you set it). Without trust such a class raises :class:`UntrustedCodeError`,
+            except in a capture you saved into this repo yourself (docs/security.md, "Your own captures").
         run_source: deprecated alias of ``trust_source``.
         init_overrides: replace single recorded constructor arguments by name
             (``{"drop_rate": 0.0}``); :attr:`Capture.init_arguments` shows the resulting ones.

@@ -22,7 +22,7 @@ import types
 from typing import Any
 
 from modulelens.errors import RestoreError
-from modulelens.format.imports import import_checked
+from modulelens.format.imports import AllowHere, import_checked
 from modulelens.format.sources import class_source_hash, source_hash
 from modulelens.restore.source_slice import slice_source
 
@@ -74,10 +74,11 @@ def lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> An
     return obj
 
 
-def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str]) -> list[str]:
+def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str],
+                   allow_here: AllowHere | None = None) -> list[str]:
     """Messages about captured user classes whose code is not what was captured (the caller
     notes them and warns with :class:`SourceChangedWarning`). Only modules the import rules allow
-    are imported to compare (:func:`modulelens.format.imports.import_checked`)."""
+    are imported to compare (:func:`modulelens.format.imports.import_checked`, with ``allow_here``)."""
     changed: list[str] = []
     for module_name, entry in sources.items():
         if module_name == "__main__" or not entry.get("classes"):
@@ -87,7 +88,7 @@ def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str]) -> 
             if info.get("hash") is None or "<locals>" in qualname:
                 continue
             try:
-                current = class_source_hash(import_checked(f"{module_name}:{qualname}", forbidden))
+                current = class_source_hash(import_checked(f"{module_name}:{qualname}", forbidden, allow_here))
             except Exception:  # not importable (or refused) here: the stored source would be used
                 continue
             if current is not None and current != info["hash"]:

@@ -147,3 +147,13 @@ def test_nothing_is_imported_from_the_current_directory_or_the_repo(repo: module
                          if where == "cwd" else tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "REFUSED" in ran.stdout, ran.stdout + ran.stderr
     assert "never imports from" in ran.stdout and not marker.exists()
+
+
+def test_hostile_provenance_is_refused_without_running_code(tmp_path: Path) -> None:
+    """The stress row of stress/hostile_trust.py: forged, lifted, copied, moved and other-key
+    signatures, a rewritten source blob, modules planted in the current folder or the repo; each
+    refused for its own reason, in real ``python -c`` children, and no marker file written."""
+    from stress.hostile_trust import hostile_trust_row
+
+    row = hostile_trust_row(tmp_path)
+    assert row.tried >= 13 and row.executed == 0 and row.clean, row.notes
