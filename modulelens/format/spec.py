@@ -87,6 +87,7 @@ class CallEntry(TypedDict):
     finished: NotRequired[bool]
     error: NotRequired[str]
     backward: NotRequired[BackwardEntry]
+    backward_missing: NotRequired[str]  # why a backward asked for was not recorded
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
 

@@ -248,7 +248,7 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     grads_wanted = backward and call.has_backward
     if backward and not call.has_backward:
         result.error = ("no backward was recorded for this call "
-                        f"({call._data.get('backward_missing', 'capture with record=Recording(backward=True)')})")
+                        f"({call.backward_missing or 'capture with record=Recording(backward=True)'})")
         return result
     try:
         if weights == "recorded":  # the first call reloads: edits through .data keep version counters

@@ -10,7 +10,6 @@ and the job continues. ``strict=True`` raises instead.
 
 from __future__ import annotations
 
-import ctypes
 import fnmatch
 import functools
 import itertools
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.module_state import plain_attributes, structure
@@ -32,7 +30,6 @@ from modulelens.tracing.distributed import (
     ShardSync,
     describe_dtensor,
     dtensor_leaves,
-    dtensor_type,
     full_tensor,
     is_dtensor,
     mesh_ranks,
@@ -44,6 +41,7 @@ from modulelens.tracing.distributed import (
     signature,
 )
 from modulelens.tracing.environment import describe_environment
+from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -258,9 +256,9 @@ class Tracer:
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stack(name).append(None)
                 return None
-            live_state = _live_state(module)  # once per call: fingerprinting reads every weight
+            weights = live_state(module)  # once per call: fingerprinting reads every weight
             inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
-            gathered = self._gather(name, index, "inputs", inputs, live_state)
+            gathered = self._gather(name, index, "inputs", inputs, weights)
             if isinstance(gathered, str):
                 self._abort(name, index, "inputs", gathered)
                 return None
@@ -279,7 +277,7 @@ class Tracer:
                     index=index,
                     args=copied_args,
                     kwargs=copied_kwargs,
-                    state_index=self._state_index(name, module, live_state),
+                    state_index=self._state_index(name, module, weights),
                     training=module.training,
                     grad_enabled=torch.is_grad_enabled(),
                     autocast=_autocast_state(),
@@ -383,11 +381,11 @@ class Tracer:
         if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
             self._finish()
 
-    def _state_index(self, name: str, module: torch.nn.Module, live_state: _LiveState) -> int:
-        """Snapshot parameters and buffers (``live_state``, :func:`_live_state`) when they changed
+    def _state_index(self, name: str, module: torch.nn.Module, weights: LiveState) -> int:
+        """Snapshot parameters and buffers (``weights``, :func:`~modulelens.tracing.fingerprint.live_state`) when they changed
         since the last recorded call (optimizer steps bump version counters), else reuse the last
         snapshot."""
-        params, buffers, key = live_state
+        params, buffers, key = weights
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
             return len(record.states) - 1
@@ -412,14 +410,14 @@ class Tracer:
         return len(self.records[name].calls) if self.recording else self._participated.get(name, 0)
 
     def _gather(self, name: str, index: int, phase: str, tree: Any,
-                live_state: _LiveState | None = None) -> dict[int, torch.Tensor] | str:
+                weights: LiveState | None = None) -> dict[int, torch.Tensor] | str:
         """Full tensors of the DTensors this call records (inputs or output, and the module's state
         when it changed), keyed by ``id``: gathered on every rank of their meshes once those ranks
         agreed to. ``{}`` when nothing is sharded; a reason (str) when the ranks did not agree."""
         leaves = dtensor_leaves(tree)
         state_key = None
-        if live_state is not None:
-            params, buffers, state_key = live_state
+        if weights is not None:
+            params, buffers, state_key = weights
             if self._state_keys.get(name) != state_key:
                 seen = {id(t) for _, t in leaves}
                 for state_name, tensor in (*params.items(), *buffers.items()):
@@ -553,99 +551,6 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
         return False
     dynamo.reset()
     return True
-
-
-_LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
-
-
-def _live_state(module: torch.nn.Module) -> _LiveState:
-    """Parameters, buffers and the key that tells whether they changed since the last recorded call.
-
-    Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many
-    hand-written training loops, does not bump ``p._version``), and a snapshot shared by calls
-    that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
-    each tensor's storage address and a fingerprint of its bits (see :func:`_fingerprints`).
-    """
-    # One walk of the submodules' own dicts: what named_parameters()/named_buffers() (duplicates
-    # kept) yield, without their two generator walks (a third of this function's time).
-    params: dict[str, torch.Tensor] = {}
-    buffers: dict[str, torch.Tensor] = {}
-    for prefix, sub in module.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        for name, param in sub._parameters.items():
-            if param is not None:
-                params[dot + name] = param
-        for name, buffer in sub._buffers.items():
-            if buffer is not None:
-                buffers[dot + name] = buffer
-    tensors = [*params.values(), *buffers.values()]
-    dtensor = dtensor_type()
-    key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
-                for t in tensors)
-    return params, buffers, (key, _fingerprints(tensors))
-
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# Below this many bytes a CPU tensor is fingerprinted by hashing its memory in place (xxh3, ~3 us
-# a tensor); above it summing on its own device is faster (~11 vs ~9 GB/s here).
-_HASH_IN_PLACE_MAX_BYTES = 1 << 20
-
-
-def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
-    """A fingerprint of each tensor's bits: any change of a single element changes it.
-
-    Small plain CPU tensors are hashed in place with xxh3 (every change shows, a permutation
-    included); the rest are summed as integers of the same width, in int64 on their own device (a
-    change that keeps the integer sum, such as a permutation or two edits that cancel exactly, does
-    not show). Per-tensor torch reductions cost ~15 us each, which made fingerprinting most of a
-    small module's recording overhead (benchmarks/bench_recording.py). One pass over the weights per
-    recorded call (never during warm-up or after early stop), one device sync per device. DTensors
-    are fingerprinted by their local shard, so no rank waits for another.
-    """
-    dtensor = dtensor_type()
-    sums: dict[torch.device, list[torch.Tensor]] = {}
-    order: list[tuple[torch.device | None, int]] = []  # (device, index into its sums) or (None, fingerprint)
-    for tensor in tensors:
-        local = tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
-        hashed = _hash_in_place(local)
-        if hashed is not None:
-            order.append((None, hashed))
-            continue
-        width = _SAME_SIZE_INT.get(local.element_size())
-        if local.device.type == "meta" or local.numel() == 0 or width is None:
-            order.append((None, 0))
-            continue
-        on_device = sums.setdefault(local.device, [])
-        order.append((local.device, len(on_device)))
-        on_device.append(_bit_sum(local.detach(), width))
-    values = {device: torch.stack(found).tolist() for device, found in sums.items()}
-    return tuple(values[device][i] if device is not None else i for device, i in order)
-
-
-def _hash_in_place(tensor: torch.Tensor) -> int | None:
-    """xxh3 of a small, contiguous, plain CPU tensor's bytes, read where they are; ``None`` for
-    anything else (a subclass, a view with gaps, another device, a large tensor)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or not tensor.is_cpu:
-        return None
-    size = tensor.nbytes
-    if not 0 < size <= _HASH_IN_PLACE_MAX_BYTES or not tensor.is_contiguous():
-        return None
-    address = tensor.data_ptr()
-    if not address:
-        return None
-    return xxhash.xxh3_64_intdigest((ctypes.c_char * size).from_address(address))
-
-
-def _bit_sum(tensor: torch.Tensor, width: torch.dtype) -> torch.Tensor:
-    """The sum of ``tensor``'s bits read as integers, in int64 (wrapping). Read as int64 when the
-    bytes allow it: summing int64 natively is ~8x faster than widening each int32 of a float32
-    weight (benchmarks/bench_recording.py), and a change of any element still changes the sum."""
-    if tensor.is_contiguous() and (tensor.numel() * tensor.element_size()) % 8 == 0:
-        try:
-            return tensor.reshape(-1).view(torch.int64).sum()
-        except RuntimeError:  # an offset into its storage that int64 cannot start at
-            pass
-    return tensor.view(width).sum(dtype=torch.int64)
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
