@@ -12,7 +12,7 @@ from typing import Any
 from typing_extensions import NotRequired, TypedDict
 
 FORMAT_NAME = "modulelens.capture"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this modulelens writes; it reads 1 and 2 (docs/format.md, "Versions")
 
 EncodedValue = Any
 """A value in the JSON encoding of docs/format.md ("Encoded values"): JSON scalars and lists as
@@ -40,6 +40,8 @@ ModuleInfo = TypedDict(
         # (submodule path -> {name: encoded scalar/str/bool/tuple}); restored on load
         "structure": NotRequired[dict[str, str]],
         "attributes": NotRequired[dict[str, dict[str, EncodedValue]]],
+        # format 2, at the first recorded call: per submodule path, what a rebuild needs to put it back
+        "tree": NotRequired[dict[str, dict[str, Any]]],
     },
 )
 

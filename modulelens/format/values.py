@@ -364,7 +364,10 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
     if tag == "float":
         return float(data["value"])
     if tag == "dtype":
-        return getattr(torch, data["value"])
+        dtype = getattr(torch, data["value"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise UnsupportedValueError(f"dtype {data['value']!r} does not exist in this torch {torch.__version__}")
+        return dtype
     if tag == "device":
         return torch.device(data["value"])
     if tag == "size":

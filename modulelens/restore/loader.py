@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from modulelens.errors import RestoreError, SourceChangedWarning
+from modulelens.format.dtypes import QUANTIZED_STORAGE
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
-from modulelens.format.tensors import contiguous_strides, dtype_from_name
+from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
 from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext
 from modulelens.repo.local import Repo
@@ -324,6 +325,10 @@ class Capture:
         if "view_of" in entry:
             return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                   entry["storage_offset"])
+        if "quantized" in entry:  # the payload is the integer representation
+            values = self._payloads.open_tensor(cast(dict[str, Any], entry),
+                                                dtype_from_name(QUANTIZED_STORAGE[entry["dtype"]]))
+            return quantized(values.reshape(entry["shape"]), entry["quantized"], self._open_tensor)
         dtype = dtype_from_name(entry["dtype"])
         flat = self._payloads.open_tensor(cast(dict[str, Any], entry), dtype)
         stride = entry.get("stride")

@@ -10,6 +10,7 @@ outside its parameters and buffers, is constructed again on the CPU.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,7 +113,9 @@ class Rebuilder:
         try:
             with torch.device("meta"):
                 module = self._construct()
+                self._reassemble(module)
             self.assign_state(module, 0, live=False)
+            _refresh_norm_weights(module)
             if _has_meta_tensors(module):
                 raise _NeedsRealConstructionError("tensors outside parameters and buffers")
         except _NeedsRealConstructionError as why:
@@ -157,8 +160,99 @@ class Rebuilder:
         except Exception as error:  # the class's own code rejected the recorded arguments
             raise RestoreError(f"{self.ref}: rebuilding {self.module_class_path} from its recorded arguments failed: "
                                f"{type(error).__name__}: {error}") from error
+        self._reassemble(module)
         self.assign_state(module, 0, live=False)
+        _refresh_norm_weights(module)
         return module
+
+    # ------------------------------------------------------------------------------ structure
+
+    def _reassemble(self, module: torch.nn.Module) -> None:
+        """Make ``module`` (just constructed from its record) the tree recorded at capture
+        (``module.tree``, docs/format.md): walking the recorded submodules parents first, a child
+        the constructor did not build as it ran in the job (another class, other weights: peft's
+        LoRA layers, ``quantize_dynamic``'s Linears, a child replaced after construction) is
+        constructed from its own record and put where it was, recorded parametrizations and
+        norm hooks are applied again, and children the job no longer had are removed. Only a
+        piece that is needed and has no record fails, naming it."""
+        tree = self.metadata["module"].get("tree")
+        if not tree:
+            return
+        states = self.metadata.get("states", [])
+        direct = _direct_state(states[0]) if states else None
+        built: dict[str, torch.nn.Module] = {"": module}
+        changed: list[str] = []
+        for path, entry in tree.items():
+            if path == "":
+                self._put_back(module, entry, path, changed)
+                continue
+            parent_path, _, name = path.rpartition(".")
+            parent = built.get(parent_path)
+            if parent is None:  # under a piece that could not be put back (reported there)
+                continue
+            if "same_as" in entry:
+                shared = built.get(entry["same_as"])
+                if shared is not None and parent._modules.get(name) is not shared:
+                    _put(parent, name, shared)
+                if shared is not None:
+                    built[path] = shared
+                continue
+            current = parent._modules.get(name)
+            fits = current is not None and _class_path(current) == entry["class"]
+            if fits:
+                self._put_back(current, entry, path, changed)
+                fits = direct is None or _same_direct_state(current, direct.get(path, {}), self.metadata)
+            if not fits:
+                current = self._piece(entry, path)
+                self._put_back(current, entry, path, changed)
+                _put(parent, name, current)
+                changed.append(path)
+            built[path] = current
+        for path, owner in list(built.items()):
+            for name in [n for n in owner._modules if n not in ("parametrizations",)]:
+                child_path = f"{path}.{name}" if path else name
+                if child_path not in tree:  # the job's module no longer had it
+                    del owner._modules[name]
+                    changed.append(f"{child_path} (removed)")
+        if changed:
+            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            self.notes.append(f"structure changed after construction rebuilt from the recorded submodules: {shown}")
+
+    def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
+        """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
+        mid = entry.get("construction")
+        if mid is None:
+            raise RestoreError(
+                f"{self.ref}: cannot rebuild submodule {path!r} ({entry['class']}): the module's structure was "
+                f"changed after it was constructed and this piece has no construction record "
+                f"({entry.get('missing', 'not recorded')}). Build the module yourself and load "
+                "module.load_state_dict(cap.fresh_state_dict())")
+        return self.construct(mid)
+
+    def _put_back(self, module: torch.nn.Module, entry: dict[str, Any], path: str, changed: list[str]) -> None:
+        """Apply the recorded parametrizations and norm hooks that ``module`` does not have yet
+        (its constructor may apply some itself, e.g. ``parametrizations.weight_norm`` in ``__init__``)."""
+        from torch.nn.utils import parametrize
+
+        for tensor_name, chain in entry.get("parametrizations", {}).items():
+            have = len(module.parametrizations[tensor_name]) if parametrize.is_parametrized(module, tensor_name) else 0
+            for position, piece in enumerate(chain["modules"]):
+                if position < have:
+                    continue
+                parametrization = self._piece(piece, f"{path}.parametrizations.{tensor_name}.{position}")
+                parametrize.register_parametrization(module, tensor_name, parametrization, unsafe=chain["unsafe"])
+                changed.append(f"{path or '<root>'}.{tensor_name} parametrized")
+        for hook in entry.get("reapply", []):
+            if _has_norm_hook(module, hook):
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the hook-based norms
+                if hook["kind"] == "weight_norm":
+                    torch.nn.utils.weight_norm(module, name=hook["name"], dim=hook["dim"])
+                elif hook["kind"] == "spectral_norm":
+                    torch.nn.utils.spectral_norm(module, name=hook["name"], dim=hook["dim"], eps=hook["eps"],
+                                                 n_power_iterations=hook["n_power_iterations"])
+            changed.append(f"{path or '<root>'}.{hook['name']} {hook['kind']}")
 
     def _restore_attributes(self, module: torch.nn.Module) -> None:
         """Set the plain attributes recorded at capture (``module.attributes``) that a rebuild from
@@ -236,6 +330,14 @@ class Rebuilder:
                 raise RestoreError(f"{self.ref}: the capture has extra state for {name}, but the rebuilt "
                                    f"{type(owner).__name__} keeps none (has its code changed?)")
             owner.set_extra_state(decode_value(value, ctx))
+        for path, values in state.get("module_state", {}).items():
+            owner = _owner(module, f"{path}.x" if path else "x")[0]
+            errors: list[str] = []
+            owner._load_from_state_dict({key: decode_value(v, ctx) for key, v in values.items()}, "",
+                                        {"version": getattr(type(owner), "_version", None)}, False, [], [], errors)
+            if errors:
+                raise RestoreError(f"{self.ref}: the recorded state of {path or '<root>'} does not load into the "
+                                   f"rebuilt {type(owner).__name__}: {errors[0]}")
         self.current_state = (index, state_versions(module))
 
     def _mismatch_message(self, module: torch.nn.Module, missing: list[str], unexpected: list[str]) -> str:
@@ -296,6 +398,66 @@ def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
 
 def _none_buffers(module: torch.nn.Module) -> set[str]:
     return {f"{p}.{n}" if p else n for p, m in module.named_modules() for n, b in m._buffers.items() if b is None}
+
+
+def _put(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
+    """``child`` as ``parent``'s child ``name``, through ``nn.Module.__setattr__``: it also drops a
+    plain attribute of that name (timm's MobileOne blocks hold ``reparam_conv = None`` until fused)."""
+    setattr(parent, name, child)
+
+
+def _class_path(module: torch.nn.Module) -> str:
+    """The ``module:QualName`` of the class ``module``'s construction built (a parametrized module's
+    generated class unwrapped), as the tracer records it."""
+    cls = type(module)
+    if cls.__module__ == "torch.nn.utils.parametrize" and len(cls.__bases__) == 1:
+        cls = cls.__bases__[0]
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _direct_state(state: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Recorded parameters and buffers by the path of the module that holds them: ``{path: {name: tensor id}}``."""
+    found: dict[str, dict[str, str]] = {}
+    for part in ("parameters", "buffers"):
+        for dotted, entry in state[part].items():
+            path, _, name = dotted.rpartition(".")
+            found.setdefault(path, {})[name] = entry["tensor"]
+    return found
+
+
+def _same_direct_state(module: torch.nn.Module, recorded: dict[str, str], metadata: CaptureMetadata) -> bool:
+    """Whether ``module`` holds exactly the recorded parameters and buffers of its own (names and
+    shapes): a child of the right class built with other arguments than the job's does not."""
+    own = {**{n: p for n, p in module._parameters.items() if p is not None},
+           **{n: b for n, b in module._buffers.items() if b is not None}}
+    if set(own) != set(recorded) - {n for n, b in module._buffers.items() if b is None}:
+        return False
+    tensors = metadata["tensors"]
+    return all(list(tensor.shape) == tensors[recorded[name]]["shape"] for name, tensor in own.items())
+
+
+def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    kind = WeightNorm if hook["kind"] == "weight_norm" else SpectralNorm
+    return any(isinstance(h, kind) and h.name == hook["name"] for h in module._forward_pre_hooks.values())
+
+
+def _refresh_norm_weights(module: torch.nn.Module) -> None:
+    """The weight that ``weight_norm``/``spectral_norm`` keep as a plain attribute, computed from
+    the loaded parameters (it was computed from meta tensors when the hook was applied; forward
+    computes it again anyway). Spectral norm's power iteration is not run: its vectors are loaded."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for sub in module.modules():
+        for hook in sub._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm):
+                setattr(sub, hook.name, hook.compute_weight(sub))
+            elif isinstance(hook, SpectralNorm):
+                with torch.no_grad():
+                    setattr(sub, hook.name, hook.compute_weight(sub, do_power_iteration=False))
 
 
 def _has_meta_tensors(module: torch.nn.Module) -> bool:

@@ -40,10 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_module_registration_hook
+from torch.utils.hooks import RemovableHandle
 
 from modulelens.format.values import has_codec
 
 _lock = threading.Lock()
+_registration_hook: Any = None
 _enabled = False
 _object_new = object.__new__
 
@@ -60,23 +63,51 @@ _SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex, torch.d
 _CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
 
 
-# id(module) -> (weak reference to it, its record). The reference's callback drops the entry when
-# the module dies; a lookup checks the reference, so a reused id never finds another's record.
-_RECORDS: dict[int, tuple[weakref.KeyedRef, InitRecord]] = {}
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    """A module's record, held by a weak reference to the module (its callback drops the entry).
+
+    ``hooks_from``/``hooks_to`` bound the ids of the hooks its construction registered (torch numbers
+    every hook handle from one counter): from the counter when ``__new__`` ran to the counter when the
+    module was first registered as another module's child (``None`` until then). Hooks outside that
+    span were added after construction and are not rebuilt with it (``tracing/module_tree.py``).
+    """
+
+    __slots__ = ("hooks_from", "hooks_to", "key", "record")
+
+    def __new__(cls, module: Any, record: InitRecord, key: int) -> _Entry:
+        self = super().__new__(cls, module, _forget)
+        self.key, self.record = key, record
+        self.hooks_from, self.hooks_to = RemovableHandle.next_id, None
+        return self
+
+    def __init__(self, module: Any, record: InitRecord, key: int) -> None:
+        super().__init__(module, _forget)
 
 
-def _forget(ref: weakref.KeyedRef) -> None:
-    entry = _RECORDS.get(ref.key)
-    if entry is not None and entry[0] is ref:
+# id(module) -> its entry. A lookup checks the reference, so a reused id never finds another's record.
+_RECORDS: dict[int, _Entry] = {}
+
+
+def _forget(ref: _Entry) -> None:
+    if _RECORDS.get(ref.key) is ref:
         del _RECORDS[ref.key]
 
 
-def _remember(module: Any, record: InitRecord) -> None:
+def _remember(module: Any, record: InitRecord) -> _Entry | None:
     key = id(module)
     try:
-        _RECORDS[key] = (weakref.KeyedRef(module, _forget, key), record)
+        entry = _RECORDS[key] = _Entry(module, record, key)
     except TypeError:  # not weakly referenceable (every nn.Module is; a C subclass might not be)
-        pass
+        return None
+    return entry
+
+
+def _on_registered(parent: Any, name: str, child: Any) -> None:
+    """torch's global module-registration hook: ``child`` became a child of ``parent``, so its own
+    construction is over (the first time only: a later move keeps the first boundary)."""
+    entry = _RECORDS.get(id(child))
+    if entry is not None and entry.hooks_to is None and entry() is child:
+        entry.hooks_to = RemovableHandle.next_id
 
 
 def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -89,9 +120,11 @@ def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
         if not args and not kwargs:
             original = _copied_from(cls, sys._getframe(1))
             if original is not None:  # a copy is not constructed: it gets its original's record
-                record = get_init_record(original)
-                if record is not None:
-                    _remember(instance, record)
+                entry = _entry(original)
+                if entry is not None:  # its hooks are copies too, with the original's ids
+                    copied = _remember(instance, entry.record)
+                    if copied is not None:
+                        copied.hooks_from, copied.hooks_to = entry.hooks_from, entry.hooks_to
                 return instance
         # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
         for value in args:
@@ -180,6 +213,9 @@ def is_tracking() -> bool:
 
 def _set_enabled(on: bool) -> None:
     global _enabled
+    global _registration_hook
+    if on and _registration_hook is None:
+        _registration_hook = register_module_module_registration_hook(_on_registered)
     installed = torch.nn.Module.__dict__.get("__new__")
     if on and getattr(installed, "__func__", installed) is not _recording_new:
         # A staticmethod, as a __new__ written in a class body is: looked up on an instance
@@ -236,7 +272,18 @@ def get_init_record(module: torch.nn.Module) -> InitRecord | None:
         lin = torch.nn.Linear(4, 8, bias=False)
         modulelens.get_init_record(lin)   # InitRecord(args=(4, 8), kwargs={'bias': False})
     """
+    entry = _entry(module)
+    return None if entry is None else entry.record
+
+
+def _entry(module: Any) -> _Entry | None:
     entry = _RECORDS.get(id(module))
-    if entry is not None and entry[0]() is module:
-        return entry[1]
-    return None
+    return entry if entry is not None and entry() is module else None
+
+
+def construction_hooks(module: torch.nn.Module) -> tuple[int, int | None] | None:
+    """``(first, end)``: the hook ids that ``module``'s construction may have registered are
+    ``first <= id < end`` (``end`` ``None``: it never became another module's child, so its end is
+    unknown); ``None`` for a module built untracked."""
+    entry = _entry(module)
+    return None if entry is None else (entry.hooks_from, entry.hooks_to)

@@ -132,7 +132,7 @@ def _is_dense(tensor: torch.Tensor) -> bool:
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     """Identity of a plain dense tensor's storage (``None`` for anything else)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided or tensor.is_quantized:
         return None
     if tensor.device.type == "meta" or tensor.numel() == 0:
         return None

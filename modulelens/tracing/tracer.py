@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
-from modulelens.format.module_state import plain_attributes, structure
+from modulelens.format.module_state import plain_attributes
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
@@ -43,6 +43,7 @@ from modulelens.tracing.distributed import (
 from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
+from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter
@@ -215,15 +216,22 @@ class Tracer:
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
         self.records[name] = ModuleRecord(
-            qualified_name=name, module_class=original_class(type(module)), construction=get_init_record(module),
+            qualified_name=name, module_class=constructed_class(module), construction=get_init_record(module),
             module=module,
         )
         self._stacks[name] = {}
-        pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
-        # First among the post-hooks: the output as forward returned it (a DTensor under tensor
-        # parallel, before its output hook turns it into a local shard).
-        post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
-                                            prepend=True)
+        if self.world_size > 1:
+            # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
+            # local inputs into DTensors before it and its DTensor output into a shard after it).
+            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
+            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
+                                                prepend=True)
+        else:
+            # Outermost: the call as the parent sees it, inputs before the module's own pre-hooks and
+            # the output after its own forward hooks, since a rebuilt module registers those again in
+            # its constructor and replay runs them (recorded inside them, they applied twice, issue 22).
+            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True, prepend=True)
+            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True)
         self._handles[name] = [pre, post]
 
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
@@ -252,7 +260,11 @@ class Tracer:
             record.seen_calls += 1
             # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
             # call would be seen before them, so it is skipped (alike on every rank).
-            reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
+            if self.world_size > 1:
+                reordered = reorder_hooks(module, self._handles.get(name, []))
+            else:  # hooks the job added since: ours stay outermost
+                reordered = False
+                _keep_outermost(module, self._handles.get(name, []))
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stack(name).append(None)
                 return None
@@ -266,10 +278,8 @@ class Tracer:
                 self._participated[name] = self._participated.get(name, 0) + 1
                 self._stack(name).append(_Pending(None, index))
                 return None
-            if not record.calls and not record.structure:  # state set after construction (issue 11)
-                record.attributes, record.structure = plain_attributes(module), structure(module)
-                if record.construction is not None:
-                    record.construction = freeze_objects(record.construction)
+            if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
+                self._note_structure(name, record, module)
             self._snap.gathered = gathered
             try:
                 copied_args, copied_kwargs = self._snap.tree(inputs)
@@ -296,6 +306,25 @@ class Tracer:
             watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
             self._stack(name).append(_Pending(call, index, live, start, watch))
             return replacement
+
+    def _note_structure(self, name: str, record: ModuleRecord, module: torch.nn.Module) -> None:
+        """At the first recorded call: plain attributes, the module tree (with the hooks a rebuild
+        will not register, named in a warning), and the constructor's plain objects as they are now."""
+        record.tree = module_tree(module, ignore_hooks=self._hook_ids())
+        own = [node for node in record.tree if node.same_as is None]  # compile wrappers are transparent here
+        record.attributes = plain_attributes(module, [(node.path, node.module) for node in own])
+        record.structure = {node.path: node.cls.__qualname__ for node in record.tree}
+        if record.construction is not None:
+            record.construction = freeze_objects(record.construction)
+        missing = not_rebuilt(record.tree)
+        if missing:
+            shown = "; ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            warnings.warn(f"modulelens: {name or '<root>'}: hooks added after construction are not rebuilt on load, "
+                          f"so replay runs without them: {shown}", CaptureWarning, stacklevel=4)
+
+    def _hook_ids(self) -> set[int]:
+        """Handle ids of this tracer's own hooks (never the job's)."""
+        return {handle.id for handles in self._handles.values() for handle in handles}
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> Any:
         """Record the output; returns a replacement output only when capturing its backward."""
@@ -392,15 +421,21 @@ class Tracer:
         self._snap.forget([t for t in (*params.values(), *buffers.values()) if t is not None])
         non_persistent = _non_persistent_buffers(module)
         extra = {}
+        own_state: dict[str, dict[str, Any]] = {}
         for sub_name, sub in module.named_modules():
             if type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
                 extra[f"{sub_name}._extra_state" if sub_name else "_extra_state"] = sub.get_extra_state()
+            if type(sub)._save_to_state_dict is not torch.nn.Module._save_to_state_dict:
+                custom = _custom_state(sub)
+                if custom:
+                    own_state[sub_name] = self._snap.tree(custom)
         record.states.append(StateSnapshot(
             parameters={n: self._snap.tensor(p) for n, p in params.items()},
             requires_grad={n: p.requires_grad for n, p in params.items()},
             buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None},
             persistent={n: n not in non_persistent for n in buffers},
             extra_state=extra,
+            module_state=own_state,
         ))
         self._state_keys[name] = key
         return len(record.states) - 1
@@ -542,6 +577,18 @@ class Tracer:
         return self._sharding.get(qualified, {})
 
 
+def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:
+    """Keep the tracer's pre-hook first and its forward hook last among the module's hooks."""
+    if len(handles) != 2:
+        return
+    pre, post = handles
+    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
+    if pre.id in pre_hooks and next(iter(pre_hooks)) != pre.id:
+        pre_hooks.move_to_end(pre.id, last=False)
+    if post.id in post_hooks and next(reversed(post_hooks)) != post.id:
+        post_hooks.move_to_end(post.id)
+
+
 def _reset_compiled_code(model: torch.nn.Module) -> bool:
     """Reset torch.compile's caches if ``model`` holds a compiled module; True if it did."""
     compiled = any(type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
@@ -551,6 +598,16 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
         return False
     dynamo.reset()
     return True
+
+
+def _custom_state(module: torch.nn.Module) -> dict[str, Any]:
+    """What a module's own ``_save_to_state_dict`` adds to its state dict besides its parameters,
+    buffers and extra state: dynamically quantized Linears keep their weights packed outside
+    parameters (``_packed_params``: the quantized weight and bias; ``scale``, ``zero_point``)."""
+    destination: dict[str, Any] = {}
+    module._save_to_state_dict(destination, "", keep_vars=True)
+    known = {*module._parameters, *module._buffers, "_extra_state"}
+    return {key: value for key, value in destination.items() if key not in known}
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
