@@ -150,3 +150,10 @@ def cpu_capability() -> str | None:
         return str(torch.backends.cpu.get_cpu_capability())
     except (AttributeError, RuntimeError):  # torch < 2.1
         return None
+
+
+def hooks_not_rebuilt(module: ModuleInfo) -> list[str]:
+    """``"head: forward hook mypkg:clip"`` for each hook in ``module.tree`` that a rebuild does not
+    register again: the job added it after construction (docs/fidelity.md, "Hooks")."""
+    return [f"{path or '<root>'}: {hook['kind'].replace('_', '-')} hook {hook['hook']}"
+            for path, entry in module.get("tree", {}).items() for hook in entry.get("hooks", []) if not hook["rebuilt"]]

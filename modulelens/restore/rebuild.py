@@ -19,7 +19,7 @@ import torch
 
 from modulelens.errors import RestoreError, UsageError
 from modulelens.format.module_state import structure, structure_difference
-from modulelens.format.spec import CaptureMetadata
+from modulelens.format.spec import CaptureMetadata, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 
@@ -127,6 +127,11 @@ class Rebuilder:
             self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
             module = self._construct_on_cpu()
         self._restore_attributes(module)
+        missing_hooks = hooks_not_rebuilt(self.metadata["module"])
+        if missing_hooks:
+            shown = "; ".join(missing_hooks[:5]) + (f" and {len(missing_hooks) - 5} more" if len(missing_hooks) > 5 else "")
+            self.notes.append(f"hooks the job added after construction are not rebuilt, so the module runs without "
+                              f"them: {shown}")
         options = self.options
         if options.device is not None and options.device.type != "cpu":
             module.to(options.device)

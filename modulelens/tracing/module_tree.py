@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from modulelens.format.spec import hooks_not_rebuilt
 from modulelens.tracing.distributed import original_class
 from modulelens.tracing.init_tracking import construction_hooks
 
@@ -146,6 +147,8 @@ def describe_hook(hook: Any) -> str:
 
 
 def not_rebuilt(nodes: list[TreeNode]) -> list[str]:
-    """``"enc.attn: forward hook mypkg:log_stats"`` for every hook a rebuild will not register."""
-    return [f"{node.path or '<root>'}: {hook.kind.replace('_', '-')} hook {hook.hook}"
-            for node in nodes for hook in node.hooks if not hook.rebuilt]
+    """``"enc.attn: forward hook mypkg:log_stats"`` for every hook a rebuild will not register
+    (worded as :func:`modulelens.format.spec.hooks_not_rebuilt` words a stored tree)."""
+    tree = {node.path: {"hooks": [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]}
+            for node in nodes}
+    return hooks_not_rebuilt({"tree": tree})  # type: ignore[typeddict-item]
