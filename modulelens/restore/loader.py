@@ -6,9 +6,11 @@ views of the payload blobs; the module itself is rebuilt by :mod:`modulelens.res
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +25,7 @@ from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext
 from modulelens.repo.local import Repo
 from modulelens.restore.classes import ClassResolver
+from modulelens.restore.context import call_context
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
 from modulelens.restore.rebuild import Rebuilder, RebuildOptions, state_versions
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
@@ -33,7 +36,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Call:
-    """One recorded call. ``args``/``kwargs``/``output`` are loaded on first access."""
+    """One recorded call. ``output`` and the other recorded values are loaded on first access;
+    ``args``/``kwargs``/``inputs`` are new copies on every access (see :attr:`args`)."""
 
     index: int
     training: bool
@@ -43,21 +47,83 @@ class Call:
     autocast: dict[str, str]
     _capture: Capture = field(repr=False)
     _data: CallEntry = field(repr=False)
-
-    @functools.cached_property
-    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)``; a tensor stored shape-only is a :class:`ShapeOnly` marker, or with
-        ``load(..., synthesize=True)`` a synthetic tensor matching its recorded statistics."""
-        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context(synthesize=True))
-        return tuple(args), dict(kwargs)
+    _pending_kwargs: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def args(self) -> tuple[Any, ...]:
-        return self.inputs[0]
+        """The positional inputs as the module received them, as a new copy on every access, so a
+        call that changes its inputs in place (a transformers cache it appends to) cannot change
+        what is recorded. Tensors are new copy-on-write mappings of the stored payloads (nothing is
+        read until used), moved/cast when ``load(..., device=, dtype=)`` asked for it; a tensor
+        stored shape-only is a :class:`ShapeOnly` marker (a synthetic tensor with
+        ``load(..., synthesize=True)``). ``call.kwargs`` read right after ``call.args`` (as in
+        ``module(*call.args, **call.kwargs)``) comes from the same copy, so a tensor passed twice
+        stays one tensor.
+
+        Example::
+
+            with call.context():
+                out = cap.module(*call.args, **call.kwargs)
+        """
+        args, self._pending_kwargs = self._fresh_inputs()
+        return args
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return self.inputs[1]
+        """The keyword inputs, a new copy on every access (see :attr:`args`)."""
+        pending, self._pending_kwargs = self._pending_kwargs, None
+        return pending if pending is not None else self._fresh_inputs()[1]
+
+    @property
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` from one new copy (see :attr:`args`)."""
+        return self._fresh_inputs()
+
+    def _fresh_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        capture = self._capture
+        args, kwargs = decode_tree(self._data["inputs"], capture._decode_context(synthesize=True, fresh=True))
+        inputs = (tuple(args), dict(kwargs))
+        if capture.device is not None or capture.dtype is not None:
+            inputs = copy_inputs(inputs, capture.device, capture.dtype)
+        return inputs
+
+    @functools.cached_property
+    def _stored_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The inputs decoded once, sharing the capture's cached tensors: read only, never run."""
+        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context(synthesize=True))
+        return tuple(args), dict(kwargs)
+
+    @contextlib.contextmanager
+    def context(self, module: torch.nn.Module | None = None, *, weights: bool = True) -> Iterator[torch.nn.Module]:
+        """Run a module as this call ran: the call's recorded weights (``weights=False`` keeps the
+        module's own), its training flag, grad mode, autocast and RNG state (dropout draws the same
+        masks). Grad mode, autocast, the RNG and the training flag are put back on exit.
+
+        Args:
+            module: the module to run (default: :attr:`Capture.module`; another module keeps its
+                weights).
+            weights: load this call's recorded parameters and buffers into :attr:`Capture.module`.
+
+        Yields:
+            The module.
+
+        Example::
+
+            call = cap.calls[0]
+            with call.context() as module:
+                out = module(*call.args, **call.kwargs)   # equals call.output
+        """
+        capture = self._capture
+        target = capture.module if module is None else module
+        if weights and module is None:
+            capture.use_state(self.state_index)
+        was_training = target.training
+        target.train(self.training)
+        try:
+            with call_context(self, capture.device or torch.device("cpu")):
+                yield target
+        finally:
+            target.train(was_training)
 
     @functools.cached_property
     def output(self) -> Any:
@@ -119,7 +185,7 @@ class Call:
         """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify. The
         aliasing of the recording is kept: one recorded tensor passed twice (``attn(x, x, x)``) is
         one copy, and views of one storage stay views of one (copied) storage."""
-        args, kwargs = self.inputs
+        args, kwargs = self._stored_inputs
         check_inputs_usable(self, (args, kwargs))
         return copy_inputs((args, kwargs), device, dtype)
 
@@ -186,6 +252,8 @@ class Capture:
         self.device = torch.device(device) if device is not None else None
         self.dtype = dtype
         self._tensors: dict[str, torch.Tensor] = {}
+        # id -> (weak reference, tensor id) of the copies handed out by call.args/kwargs (payload_of)
+        self._handed_out: dict[int, tuple[weakref.ref[torch.Tensor], str]] = _PrunedById()
         self._module: torch.nn.Module | None = None
         self.notes: list[str] = []
         self.synthesize = synthesize
@@ -292,6 +360,9 @@ class Capture:
         for tid, known in self._tensors.items():
             if known is tensor:
                 return self.metadata["tensors"][tid].get("payload")
+        handed = self._handed_out.get(id(tensor))  # a copy from call.args/kwargs/inputs
+        if handed is not None and handed[0]() is tensor:
+            return self.metadata["tensors"][handed[1]].get("payload")
         return None
 
     def __repr__(self) -> str:
@@ -353,11 +424,25 @@ class Capture:
                                "values; load(..., synthesize=True) builds a synthetic one from its statistics")
         return marker
 
-    def _decode_context(self, synthesize: bool = False) -> DecodeContext:
+    def _decode_context(self, synthesize: bool = False, fresh: bool = False) -> DecodeContext:
+        """Decoding with the capture's cached tensors, or (``fresh``) with new copy-on-write
+        mappings, one per tensor id for this decoding (views of one storage stay views of one)."""
+        tensors = self.metadata["tensors"]
+        opened: dict[str, Any] = {}
+
         def get_tensor(tid: str) -> Any:
-            if self.metadata["tensors"][tid].get("shape_only"):
-                return self._shape_only_tensor(tid, synthesize=synthesize)
-            return self.tensor(tid)
+            if tensors[tid].get("shape_only"):
+                found = self._shape_only_tensor(tid, synthesize=synthesize)
+                return found.clone() if fresh and isinstance(found, torch.Tensor) else found
+            if not fresh:
+                return self.tensor(tid)
+            if tid not in opened:
+                entry = tensors[tid]
+                opened[tid] = (get_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
+                                                                      entry["storage_offset"])
+                               if "view_of" in entry else self._open_tensor(tid))
+                self._handed_out[id(opened[tid])] = (weakref.ref(opened[tid]), tid)
+            return opened[tid]
 
         return DecodeContext(get_tensor=get_tensor, get_module=self._rebuilder.construct, resolve=self._sources.resolve)
 
@@ -455,6 +540,19 @@ class Capture:
 
         return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
                       backward=backward)
+
+
+class _PrunedById(dict):  # type: ignore[type-arg]
+    """A dict of ``id -> (weak reference, value)`` that drops dead entries as it grows."""
+
+    _limit = 1024
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        if len(self) >= self._limit:
+            for dead in [k for k, (ref, _) in self.items() if ref() is None]:
+                del self[dead]
+            self._limit = max(1024, 2 * len(self))
+        super().__setitem__(key, value)
 
 
 def _tensor_ids(data: Any) -> list[str]:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ from modulelens.format.spec import cpu_capability
 from modulelens.format.tree import mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.context import call_context  # noqa: F401 - tools and kernels import it from here
 from modulelens.restore.inputs import describe_input_path
 
 if TYPE_CHECKING:
@@ -108,25 +108,6 @@ class ReplayReport:
         return "\n".join(lines)
 
     __repr__ = __str__
-
-
-@contextlib.contextmanager
-def call_context(call: Call, device: torch.device) -> Iterator[None]:
-    """Grad mode, autocast and RNG state as they were when the call was recorded."""
-    rng = call.rng
-    cuda_devices = [d for d in rng if d.startswith("cuda")] if device.type == "cuda" else []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=[torch.device(d).index or 0 for d in cuda_devices],
-                                                  enabled=bool(rng)))
-        if "cpu" in rng:
-            torch.set_rng_state(rng["cpu"].clone())
-        for name in cuda_devices:
-            torch.cuda.set_rng_state(rng[name].clone(), torch.device(name))
-        stack.enter_context(torch.set_grad_enabled(call.grad_enabled))
-        for device_type, dtype in call.autocast.items():
-            if device_type == device.type:
-                stack.enter_context(torch.autocast(device_type, dtype=getattr(torch, dtype)))
-        yield
 
 
 def recorded_device_type(capture: Capture) -> str:
@@ -260,8 +241,7 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
         if grads_wanted:
             args, kwargs = require_recorded_grads((args, kwargs), call)
-        target.train(call.training)
-        with call_context(call, device):
+        with call.context(target, weights=False):
             start = time.perf_counter()
             output = target(*args, **kwargs)
             if device.type == "cuda":
