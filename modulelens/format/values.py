@@ -266,6 +266,11 @@ _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodWr
 
 def encode_value(value: Any, ctx: EncodeContext, path: str) -> JSON:
     """Encode ``value``; ``path`` names it in errors (``"kwargs['activation']"``)."""
+    if isinstance(value, Unrecorded):  # the tracer could not copy it: say so, as for a value with no encoding
+        if not ctx.lenient:
+            raise UnsupportedValueError(f"{path}: not recorded: {value.reason}")
+        ctx.unrecorded.append({"path": path, "type": value.type_name, "reason": value.reason})
+        return {"$type": "unrecorded", "class": value.type_name, "reason": value.reason}
     try:
         return _encode(value, ctx, path)
     except UnsupportedValueError as error:
