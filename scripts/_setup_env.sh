@@ -29,5 +29,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # PyPI pins a newer (CUDA) torch than the pinned CPU build, which it would replace
   # (tests/support/shims stands in for the few torchvision names timm imports).
   python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
+  # torchtune for the fidelity tests, in a folder of its own that only the torchtune test's processes
+  # put on their path (tests/restore/test_structure_rebuild.py): it imports torchao, and transformers
+  # imports torchao whenever it is installed (seconds and noise on every transformers test). torchao
+  # 0.17.0: torchtune 0.6.1 imports torchao.dtypes.nf4tensor (gone in 0.18), 0.12 does not import
+  # with torch 2.13, and peft refuses torchao below 0.16. Its `datasets` import is shimmed
+  # (tests/support/torchtune_shims/datasets): pyarrow and pandas for a dataset loader no test calls.
+  rm -rf .venv/torchtune-site
+  python -m pip install -q --disable-pip-version-check --no-deps --target .venv/torchtune-site \
+    "torchtune==0.6.1" "torchao==0.17.0" omegaconf antlr4-python3-runtime sentencepiece tiktoken >&2
   echo "$want" > "$stamp"
 fi

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -31,12 +32,15 @@ def _is_plain(value: Any) -> bool:
     return type(value) is tuple and all(_is_plain(v) for v in value)
 
 
-def plain_attributes(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
+def plain_attributes(module: torch.nn.Module,
+                     modules: Iterable[tuple[str, torch.nn.Module]] | None = None) -> dict[str, dict[str, Any]]:
     """``{submodule path: {attribute: value}}`` of the scalar, string, bool and tuple-of-those
-    attributes of ``module`` and its submodules (``""`` is ``module`` itself)."""
+    attributes of ``module`` and its submodules (``""`` is ``module`` itself); ``modules``: the
+    ``(path, submodule)`` pairs to look at instead of ``module.named_modules()``."""
     internals = _module_internals()
     found: dict[str, dict[str, Any]] = {}
-    for path, sub in module.named_modules(remove_duplicate=False):
+    pairs = module.named_modules(remove_duplicate=False) if modules is None else modules
+    for path, sub in pairs:
         values = {k: v for k, v in vars(sub).items()
                   if k not in internals and not k.startswith("__") and not k.startswith("_modulelens") and _is_plain(v)}
         if values:

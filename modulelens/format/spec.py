@@ -12,7 +12,7 @@ from typing import Any
 from typing_extensions import NotRequired, TypedDict
 
 FORMAT_NAME = "modulelens.capture"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this modulelens writes; it reads 1 and 2 (docs/format.md, "Versions")
 
 EncodedValue = Any
 """A value in the JSON encoding of docs/format.md ("Encoded values"): JSON scalars and lists as
@@ -40,6 +40,8 @@ ModuleInfo = TypedDict(
         # (submodule path -> {name: encoded scalar/str/bool/tuple}); restored on load
         "structure": NotRequired[dict[str, str]],
         "attributes": NotRequired[dict[str, dict[str, EncodedValue]]],
+        # format 2, at the first recorded call: per submodule path, what a rebuild needs to put it back
+        "tree": NotRequired[dict[str, dict[str, Any]]],
     },
 )
 
@@ -87,6 +89,7 @@ class CallEntry(TypedDict):
     finished: NotRequired[bool]
     error: NotRequired[str]
     backward: NotRequired[BackwardEntry]
+    backward_missing: NotRequired[str]  # why a backward asked for was not recorded
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
 
@@ -147,3 +150,10 @@ def cpu_capability() -> str | None:
         return str(torch.backends.cpu.get_cpu_capability())
     except (AttributeError, RuntimeError):  # torch < 2.1
         return None
+
+
+def hooks_not_rebuilt(module: ModuleInfo) -> list[str]:
+    """``"head: forward hook mypkg:clip"`` for each hook in ``module.tree`` that a rebuild does not
+    register again: the job added it after construction (docs/fidelity.md, "Hooks")."""
+    return [f"{path or '<root>'}: {hook['kind'].replace('_', '-')} hook {hook['hook']}"
+            for path, entry in module.get("tree", {}).items() for hook in entry.get("hooks", []) if not hook["rebuilt"]]

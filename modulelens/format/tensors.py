@@ -9,6 +9,8 @@ metadata, never in the blob.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,7 +19,7 @@ from modulelens.format.dtypes import DTYPE_SIZES
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 
 __all__ = ["HASH_ALGORITHM", "check_storable", "contiguous_strides", "dtype_from_name", "dtype_name", "dtype_names",
-           "hash_bytes", "tensor_bytes"]
+           "hash_bytes", "quantization", "quantized", "tensor_bytes"]
 
 # The dtypes of format/dtypes.py that this torch build has.
 _DTYPES: dict[str, torch.dtype] = {
@@ -48,20 +50,44 @@ def dtype_from_name(name: str) -> torch.dtype:
         raise UnsupportedValueError(f"unknown dtype {name!r} in capture metadata") from None
 
 
+_QSCHEMES = (torch.per_tensor_affine, torch.per_channel_affine)
+
+
 def check_storable(tensor: torch.Tensor, what: str) -> None:
-    """Fail loudly for tensors whose bytes are not plain strided memory."""
+    """Fail loudly for tensors whose bytes are not plain strided memory (quantized tensors with an
+    affine scheme are stored as their integer representation)."""
     if tensor.layout != torch.strided:
         raise UnsupportedValueError(f"{what}: {tensor.layout} tensors are not supported yet")
-    if tensor.is_quantized:
-        raise UnsupportedValueError(f"{what}: quantized tensors are not supported yet")
+    if tensor.is_quantized and tensor.qscheme() not in _QSCHEMES:
+        raise UnsupportedValueError(f"{what}: quantized tensors with scheme {tensor.qscheme()} are not supported yet")
     if tensor.device.type == "meta":
         raise UnsupportedValueError(f"{what}: a meta tensor has no data to store")
     dtype_name(tensor.dtype)
 
 
+def quantization(tensor: torch.Tensor, add_tensor: Callable[[torch.Tensor, str], str], what: str) -> dict[str, Any]:
+    """The ``quantized`` field of a quantized tensor's entry: its scheme and parameters (per-channel
+    scales and zero points are tensors of their own, added with ``add_tensor``)."""
+    if tensor.qscheme() == torch.per_tensor_affine:
+        return {"scheme": "per_tensor_affine", "scale": float(tensor.q_scale()), "zero_point": int(tensor.q_zero_point())}
+    return {"scheme": "per_channel_affine", "axis": int(tensor.q_per_channel_axis()),
+            "scales": add_tensor(tensor.q_per_channel_scales(), f"{what}.scales"),
+            "zero_points": add_tensor(tensor.q_per_channel_zero_points(), f"{what}.zero_points")}
+
+
+def quantized(values: torch.Tensor, quantized: dict[str, Any], get_tensor: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    """A quantized tensor from its integer representation ``values`` and its ``quantized`` field."""
+    if quantized["scheme"] == "per_tensor_affine":
+        return torch._make_per_tensor_quantized_tensor(values, quantized["scale"], quantized["zero_point"])
+    return torch._make_per_channel_quantized_tensor(values, get_tensor(quantized["scales"]),
+                                                    get_tensor(quantized["zero_points"]), quantized["axis"])
+
+
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's elements as a read-only byte view (a copy only when it is not contiguous)."""
     flat = tensor.detach()
+    if flat.is_quantized:
+        flat = flat.int_repr()
     if not flat.is_cpu:
         flat = flat.cpu()
     if flat.numel() == 0:

@@ -34,8 +34,40 @@ from modulelens.format.values import (
 _LEAF = "*"
 
 
+def flatten_with_paths(tree: Any) -> tuple[list[tuple[str, Any]], pytree.TreeSpec]:
+    """``([(key string, leaf), ...], spec)``: :func:`torch.utils._pytree.tree_flatten_with_path`
+    with its key strings, also for node types registered without a ``flatten_with_keys_fn``
+    (diffusers' ``BaseOutput``, whose whole UNet capture was dropped, issue 22): their children are
+    named by their context's keys when it lists one per child, else by position."""
+    try:
+        found, spec = pytree.tree_flatten_with_path(tree)
+        return [(pytree.keystr(key_path), leaf) for key_path, leaf in found], spec
+    except ValueError:  # a node type without keys
+        leaves, spec = pytree.tree_flatten(tree)
+        return list(zip(spec_paths(spec), leaves, strict=True)), spec
+
+
+def spec_paths(spec: pytree.TreeSpec, prefix: str = "") -> list[str]:
+    """The key strings of a spec's leaves, as :func:`flatten_with_paths` names them."""
+    if spec.is_leaf():
+        return [prefix]
+    children = spec.children()
+    try:
+        keys = pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn is not None and [
+            pytree.keystr((key,)) for key, _ in pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(
+                pytree.tree_unflatten([0] * spec.num_leaves, spec))[0]]
+    except Exception:  # a node that cannot be rebuilt from placeholders
+        keys = None
+    if not keys or len(keys) != len(children):
+        context = spec.context
+        named = isinstance(context, (list, tuple)) and len(context) == len(children) and all(
+            isinstance(k, str) for k in context)
+        keys = [f"[{k!r}]" for k in context] if named else [f"[{i}]" for i in range(len(children))]
+    return [path for key, child in zip(keys, children, strict=True) for path in spec_paths(child, prefix + key)]
+
+
 def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
-    leaves_with_paths, spec = pytree.tree_flatten_with_path(tree)
+    leaves_with_paths, spec = flatten_with_paths(tree)
     leaves: list[JSON] = []
     encoded_spec = _encode_node(spec, iter(leaves_with_paths), leaves, ctx, path)
     return {"spec": encoded_spec, "leaves": leaves}
@@ -53,8 +85,8 @@ def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
 def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
                  ctx: EncodeContext, path: str) -> JSON:
     if spec.is_leaf():
-        key_path, leaf = next(leaves_in)
-        leaves_out.append(encode_value(leaf, ctx, path + pytree.keystr(key_path)))
+        key, leaf = next(leaves_in)
+        leaves_out.append(encode_value(leaf, ctx, path + key))
         return _LEAF
     try:
         node = _encode_node_header(spec, path)
@@ -63,25 +95,14 @@ def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: li
             raise
         # A container that cannot be stored becomes one explicit "unrecorded" leaf.
         subtree = [next(leaves_in) for _ in range(spec.num_leaves)]
-        depth = _first_leaf_depth(spec)
-        where = path + (pytree.keystr(subtree[0][0][:-depth]) if subtree and depth else "")
+        first, inner = (subtree[0][0], spec_paths(spec)[0]) if subtree else ("", "")
+        where = path + first[:len(first) - len(inner)]  # the first leaf's path, less its part inside the node
         label = _type_name(spec.context if isinstance(spec.context, type) else spec.type)  # a namedtuple's class
         ctx.unrecorded.append({"path": where, "type": label, "reason": str(error)})
         leaves_out.append({"$type": "unrecorded", "class": label, "reason": str(error)})
         return _LEAF
     node["children"] = [_encode_node(child, leaves_in, leaves_out, ctx, path) for child in spec.children()]
     return node
-
-
-def _first_leaf_depth(spec: pytree.TreeSpec) -> int | None:
-    """How many levels below ``spec`` its first leaf is (``None``: it has no leaves)."""
-    if spec.is_leaf():
-        return 0
-    for child in spec.children():
-        depth = _first_leaf_depth(child)
-        if depth is not None:
-            return depth + 1
-    return None
 
 
 def _type_name(cls: type) -> str:
@@ -167,8 +188,7 @@ def leaf_paths(data: JSON, prefix: str) -> list[str]:
     count = len(data["leaves"])
     try:
         spec = _decode_spec(data["spec"])
-        keys = [pytree.keystr(kp) for kp, _ in
-                pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), spec))[0]]
+        keys = spec_paths(spec)
     except (ImportError, AttributeError, KeyError, UnsupportedValueError):  # a container type not importable here
         return [f"{prefix}[{i}]" for i in range(count)]
     if len(keys) != count:
@@ -361,7 +381,8 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
         return flat.unflatten([fn("", leaf) if type(leaf) in _ATOMS else visit("", leaf) for leaf in flat.leaves])
     if pytree.tree_is_leaf(tree):  # a single leaf (most attributes of a state object): no pytree walk
         return visit(path, tree)
-    return pytree.tree_map_with_path(lambda key_path, leaf: visit(path + pytree.keystr(key_path), leaf), tree)
+    found, spec = flatten_with_paths(tree)
+    return pytree.tree_unflatten([visit(path + key, leaf) for key, leaf in found], spec)
 
 
 def deep_leaves(tree: Any, *, state_objects: bool = True, paths: bool = True) -> list[tuple[str, Any]]:
@@ -406,8 +427,8 @@ def _leaf_paths(spec: pytree.TreeSpec, positions: tuple[int, ...]) -> tuple[str,
     that takes a state object (a cache) asks on every recorded call, and the same structure comes
     back call after call (~60 us each, benchmarks/bench_recording.py)."""
     # the same structure with each leaf's position in it: its paths are the original's
-    numbered = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))[0]
-    return tuple(pytree.keystr(numbered[i][0]) for i in positions)
+    keys = spec_paths(spec)
+    return tuple(keys[i] for i in positions)
 
 
 def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
@@ -418,11 +439,11 @@ def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
             found.append((where, leaf))
         elif is_dataclass_leaf(leaf):
             for name, value in (_fields(leaf) or {}).items():
-                for key_path, inner in pytree.tree_flatten_with_path(value)[0]:
-                    visit(f"{where}.{name}{pytree.keystr(key_path)}", inner)
+                for key, inner in flatten_with_paths(value)[0]:
+                    visit(f"{where}.{name}{key}", inner)
 
-    for key_path, leaf in pytree.tree_flatten_with_path(tree)[0]:
-        visit(pytree.keystr(key_path), leaf)
+    for key, leaf in flatten_with_paths(tree)[0]:
+        visit(key, leaf)
     return found
 
 

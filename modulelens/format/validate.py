@@ -13,10 +13,11 @@ or calls anything.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
-from modulelens.format.dtypes import DTYPE_SIZES, can_require_grad
+from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
@@ -31,6 +32,7 @@ _TAGS_WITH = {  # "$type" -> required fields and their JSON types
     "namedtuple": {"class": str, "items": list}, "dataclass": {"class": str}, "unrecorded": {"class": str},
     "codec": {"codec": str, "class": str},
 }
+_DTYPE_VALUE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _FLOATS = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
 
 
@@ -106,6 +108,9 @@ class _Checker:
         kinds = [k for k in ("payload", "view_of") if k in entry] + (["shape_only"] if entry.get("shape_only") else [])
         if len(kinds) != 1:
             raise self.fail(where, f"must have exactly one of payload, view_of, shape_only (has {kinds or 'none'})")
+        quantized = self.field(entry, "quantized", dict, where, optional=True)
+        if quantized is not None:
+            self.quantized(quantized, dtype, f"{where}.quantized")
         if kinds == ["payload"]:
             self.field(entry, "payload", str, where)
             if nbytes != numel * self.dtypes[dtype]:
@@ -114,6 +119,21 @@ class _Checker:
                 raise self.fail(f"{where}.stride", f"strides {stride} reach past the {numel} stored elements")
         elif kinds == ["shape_only"]:
             self.field(entry, "stats", dict, where, optional=True)
+
+    def quantized(self, data: dict[str, Any], dtype: str, where: str) -> None:
+        if dtype not in QUANTIZED_STORAGE:
+            raise self.fail(where, f"a {dtype} tensor is not quantized")
+        scheme = self.field(data, "scheme", str, where)
+        if scheme == "per_tensor_affine":
+            self.field(data, "scale", (int, float), where)
+            self.field(data, "zero_point", int, where)
+        elif scheme == "per_channel_affine":
+            self.field(data, "axis", int, where)
+            for key in ("scales", "zero_points"):
+                if self.field(data, key, str, where) not in self.meta["tensors"]:
+                    raise self.fail(f"{where}.{key}", f"{data[key]!r} is not in the tensor table")
+        else:
+            raise self.fail(f"{where}.scheme", f"unknown quantization scheme {scheme!r}")
 
     def view(self, tid: str, entry: dict[str, Any], table: dict[str, Any]) -> None:
         where = f"tensors[{tid}]"
@@ -169,8 +189,9 @@ class _Checker:
             raise self.fail(where, f"construction {data['ref']!r} does not exist")
         elif tag == "float" and data["value"].lower() not in _FLOATS:
             raise self.fail(where, f"{data['value']!r} is not a non-finite float")
-        elif tag == "dtype" and data["value"] not in self.dtypes:
-            raise self.fail(where, f"unknown dtype {data['value']!r}")
+        elif tag == "dtype" and not _DTYPE_VALUE.fullmatch(data["value"]):
+            # any torch dtype as a value (qint8, uint4...): the decoder checks torch has it
+            raise self.fail(where, f"{data['value']!r} is not a dtype name")
         elif tag == "size":
             self.dims(data["value"], where)
         elif tag in ("tuple", "set", "frozenset", "namedtuple"):
@@ -275,10 +296,54 @@ class _Checker:
         structure = self.field(module, "structure", dict, "module", optional=True) or {}
         for path, name in structure.items():
             self.expect(name, str, f"module.structure[{path}]")
+        self.module_tree(self.field(module, "tree", dict, "module", optional=True) or {})
         attributes = self.field(module, "attributes", dict, "module", optional=True) or {}
         for path, values in attributes.items():
             self.expect(values, dict, f"module.attributes[{path}]")
             self.value(list(values.values()), f"module.attributes[{path}]")
+
+    def module_tree(self, tree: dict[str, Any]) -> None:
+        """``module.tree`` (format 2): per submodule path, its class and construction (or why it has
+        none), or the earlier path of the same module; parametrizations, norm hooks, hooks."""
+        constructions = self.meta.get("constructions", {})
+        for path, entry in tree.items():
+            where = f"module.tree[{path!r}]"
+            self.expect(entry, dict, where)
+            if "same_as" in entry:
+                if entry["same_as"] not in tree or "same_as" in tree[entry["same_as"]]:
+                    raise self.fail(f"{where}.same_as", f"{entry['same_as']!r} is not a path of the tree")
+                continue
+            self.built(entry, where, constructions)
+            self.field(entry, "compiled", bool, where, optional=True)
+            for name, chain in (self.field(entry, "parametrizations", dict, where, optional=True) or {}).items():
+                self.expect(chain, dict, f"{where}.parametrizations[{name}]")
+                self.field(chain, "unsafe", bool, f"{where}.parametrizations[{name}]")
+                for i, piece in enumerate(self.field(chain, "modules", list, f"{where}.parametrizations[{name}]")):
+                    self.built(self.expect(piece, dict, f"{where}.parametrizations[{name}][{i}]"),
+                               f"{where}.parametrizations[{name}][{i}]", constructions)
+            for i, hook in enumerate(self.field(entry, "reapply", list, where, optional=True) or []):
+                here = f"{where}.reapply[{i}]"
+                self.expect(hook, dict, here)
+                if hook.get("kind") not in ("weight_norm", "spectral_norm"):
+                    raise self.fail(here, f"unknown norm hook {hook.get('kind')!r}")
+                self.field(hook, "name", str, here)
+                self.field(hook, "dim", int, here)
+                if hook["kind"] == "spectral_norm":
+                    self.field(hook, "eps", (int, float), here)
+                    self.field(hook, "n_power_iterations", int, here)
+            for i, hook in enumerate(self.field(entry, "hooks", list, where, optional=True) or []):
+                here = f"{where}.hooks[{i}]"
+                self.expect(hook, dict, here)
+                for key, kind in (("kind", str), ("hook", str), ("rebuilt", bool)):
+                    self.field(hook, key, kind, here)
+
+    def built(self, entry: dict[str, Any], where: str, constructions: dict[str, Any]) -> None:
+        """A module as a tree records it: its class and construction id, or ``null`` and why."""
+        self.field(entry, "class", str, where)
+        mid = self.field(entry, "construction", (str, type(None)), where)
+        if mid is not None and mid not in constructions:
+            raise self.fail(f"{where}.construction", f"{mid!r} does not exist")
+        self.field(entry, "missing", str, where, optional=True)
 
     def states(self) -> None:
         tensors = self.meta["tensors"]
@@ -297,6 +362,9 @@ class _Checker:
                                                                     "(only floating point and complex tensors can)")
             extra = self.field(state, "extra_state", dict, where, optional=True) or {}
             self.value(list(extra.values()), f"{where}.extra_state")
+            for path, values in (self.field(state, "module_state", dict, where, optional=True) or {}).items():
+                self.value(list(self.expect(values, dict, f"{where}.module_state[{path}]").values()),
+                           f"{where}.module_state[{path}]")
 
     def calls(self) -> None:
         states = len(self.meta["states"])

@@ -266,6 +266,11 @@ _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodWr
 
 def encode_value(value: Any, ctx: EncodeContext, path: str) -> JSON:
     """Encode ``value``; ``path`` names it in errors (``"kwargs['activation']"``)."""
+    if isinstance(value, Unrecorded):  # the tracer could not copy it: say so, as for a value with no encoding
+        if not ctx.lenient:
+            raise UnsupportedValueError(f"{path}: not recorded: {value.reason}")
+        ctx.unrecorded.append({"path": path, "type": value.type_name, "reason": value.reason})
+        return {"$type": "unrecorded", "class": value.type_name, "reason": value.reason}
     try:
         return _encode(value, ctx, path)
     except UnsupportedValueError as error:
@@ -364,7 +369,10 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
     if tag == "float":
         return float(data["value"])
     if tag == "dtype":
-        return getattr(torch, data["value"])
+        dtype = getattr(torch, data["value"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise UnsupportedValueError(f"dtype {data['value']!r} does not exist in this torch {torch.__version__}")
+        return dtype
     if tag == "device":
         return torch.device(data["value"])
     if tag == "size":

@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.format.shape_only import ShapeOnly, tensor_stats
-from modulelens.format.tree import expand_dataclasses
+from modulelens.format.tree import expand_dataclasses, flatten_with_paths
 from modulelens.format.values import Unrecorded
 
 # (rtol, atol) per dtype, as torch.testing.assert_close uses them.
@@ -135,16 +135,16 @@ def compare(
     ``rtol * max|e|``: rounding errors of the lower precision scale with the values' magnitude.
     ``synthetic=True`` (the replay ran on synthetic inputs) checks shapes only: no leaf counts as
     compared. ``root`` names the compared tree in leaf paths and messages."""
-    expected_leaves, expected_spec = pytree.tree_flatten_with_path(expand_dataclasses(expected))
-    actual_leaves, actual_spec = pytree.tree_flatten_with_path(expand_dataclasses(actual))
+    expected_leaves, expected_spec = flatten_with_paths(expand_dataclasses(expected))
+    actual_leaves, actual_spec = flatten_with_paths(expand_dataclasses(actual))
     if expected_spec != actual_spec:
         return [LeafResult(
             path=f"<{root}>", passed=False, kind="structure",
             message=f"{root} structure differs: expected {_describe(expected_spec)}, got {_describe(actual_spec)}",
         )]
     results = []
-    for (key_path, want), (_, got) in zip(expected_leaves, actual_leaves, strict=False):
-        path = root + pytree.keystr(key_path)
+    for (key, want), (_, got) in zip(expected_leaves, actual_leaves, strict=False):
+        path = root + key
         if synthetic:
             results.append(_compare_synthetic(path, want, got))
         else:

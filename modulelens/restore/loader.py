@@ -1,32 +1,34 @@
 """``modulelens.load``: a capture back as a module, its recorded calls, and replay.
 
-The module is rebuilt from its recorded constructor arguments on the meta device (no memory, no
-initialisation work), then given its recorded parameters and buffers as memory-mapped,
-copy-on-write views of the payload blobs, so even a multi-GB module is ready in milliseconds.
+:class:`Capture` reads the metadata and hands out recorded tensors as memory-mapped, copy-on-write
+views of the payload blobs; the module itself is rebuilt by :mod:`modulelens.restore.rebuild`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import inspect
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning, UsageError
-from modulelens.format.module_state import structure, structure_difference
+from modulelens.errors import RestoreError, SourceChangedWarning
+from modulelens.format.dtypes import QUANTIZED_STORAGE
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
-from modulelens.format.tensors import contiguous_strides, dtype_from_name
+from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
 from modulelens.format.tree import decode_tree, tree_summary
-from modulelens.format.values import DecodeContext, decode_value
+from modulelens.format.values import DecodeContext
 from modulelens.repo.local import Repo
 from modulelens.repo.trust import own_capture
-from modulelens.restore.classes import ClassResolver, decode_construction, module_class
+from modulelens.restore.classes import ClassResolver
+from modulelens.restore.context import call_context
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
+from modulelens.restore.rebuild import Rebuilder, RebuildOptions, state_versions
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
 if TYPE_CHECKING:
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Call:
-    """One recorded call. ``args``/``kwargs``/``output`` are loaded on first access."""
+    """One recorded call. ``output`` and the other recorded values are loaded on first access;
+    ``args``/``kwargs``/``inputs`` are new copies on every access (see :attr:`args`)."""
 
     index: int
     training: bool
@@ -45,21 +48,83 @@ class Call:
     autocast: dict[str, str]
     _capture: Capture = field(repr=False)
     _data: CallEntry = field(repr=False)
-
-    @functools.cached_property
-    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)``; a tensor stored shape-only is a :class:`ShapeOnly` marker, or with
-        ``load(..., synthesize=True)`` a synthetic tensor matching its recorded statistics."""
-        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context(synthesize=True))
-        return tuple(args), dict(kwargs)
+    _pending_kwargs: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def args(self) -> tuple[Any, ...]:
-        return self.inputs[0]
+        """The positional inputs as the module received them, as a new copy on every access, so a
+        call that changes its inputs in place (a transformers cache it appends to) cannot change
+        what is recorded. Tensors are new copy-on-write mappings of the stored payloads (nothing is
+        read until used), moved/cast when ``load(..., device=, dtype=)`` asked for it; a tensor
+        stored shape-only is a :class:`ShapeOnly` marker (a synthetic tensor with
+        ``load(..., synthesize=True)``). ``call.kwargs`` read right after ``call.args`` (as in
+        ``module(*call.args, **call.kwargs)``) comes from the same copy, so a tensor passed twice
+        stays one tensor.
+
+        Example::
+
+            with call.context():
+                out = cap.module(*call.args, **call.kwargs)
+        """
+        args, self._pending_kwargs = self._fresh_inputs()
+        return args
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return self.inputs[1]
+        """The keyword inputs, a new copy on every access (see :attr:`args`)."""
+        pending, self._pending_kwargs = self._pending_kwargs, None
+        return pending if pending is not None else self._fresh_inputs()[1]
+
+    @property
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` from one new copy (see :attr:`args`)."""
+        return self._fresh_inputs()
+
+    def _fresh_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        capture = self._capture
+        args, kwargs = decode_tree(self._data["inputs"], capture._decode_context(synthesize=True, fresh=True))
+        inputs = (tuple(args), dict(kwargs))
+        if capture.device is not None or capture.dtype is not None:
+            inputs = copy_inputs(inputs, capture.device, capture.dtype)
+        return inputs
+
+    @functools.cached_property
+    def _stored_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The inputs decoded once, sharing the capture's cached tensors: read only, never run."""
+        args, kwargs = decode_tree(self._data["inputs"], self._capture._decode_context(synthesize=True))
+        return tuple(args), dict(kwargs)
+
+    @contextlib.contextmanager
+    def context(self, module: torch.nn.Module | None = None, *, weights: bool = True) -> Iterator[torch.nn.Module]:
+        """Run a module as this call ran: the call's recorded weights (``weights=False`` keeps the
+        module's own), its training flag, grad mode, autocast and RNG state (dropout draws the same
+        masks). Grad mode, autocast, the RNG and the training flag are put back on exit.
+
+        Args:
+            module: the module to run (default: :attr:`Capture.module`; another module keeps its
+                weights).
+            weights: load this call's recorded parameters and buffers into :attr:`Capture.module`.
+
+        Yields:
+            The module.
+
+        Example::
+
+            call = cap.calls[0]
+            with call.context() as module:
+                out = module(*call.args, **call.kwargs)   # equals call.output
+        """
+        capture = self._capture
+        target = capture.module if module is None else module
+        if weights and module is None:
+            capture.use_state(self.state_index)
+        was_training = target.training
+        target.train(self.training)
+        try:
+            with call_context(self, capture.device or torch.device("cpu")):
+                yield target
+        finally:
+            target.train(was_training)
 
     @functools.cached_property
     def output(self) -> Any:
@@ -78,6 +143,12 @@ class Call:
     @property
     def has_backward(self) -> bool:
         return self._data.get("backward") is not None
+
+    @property
+    def backward_missing(self) -> str | None:
+        """Why no backward was recorded for this call although one was asked for (its backward
+        had not run when the capture was saved), or ``None``."""
+        return self._data.get("backward_missing")
 
     @functools.cached_property
     def backward(self) -> dict[str, Any] | None:
@@ -115,7 +186,7 @@ class Call:
         """A private copy of the inputs (on ``device``/``dtype``) that a forward may modify. The
         aliasing of the recording is kept: one recorded tensor passed twice (``attn(x, x, x)``) is
         one copy, and views of one storage stay views of one (copied) storage."""
-        args, kwargs = self.inputs
+        args, kwargs = self._stored_inputs
         check_inputs_usable(self, (args, kwargs))
         return copy_inputs((args, kwargs), device, dtype)
 
@@ -181,12 +252,10 @@ class Capture:
             )
         self.device = torch.device(device) if device is not None else None
         self.dtype = dtype
-        self._init_args = tuple(init_args) if init_args is not None else None
-        self._init_kwargs = dict(init_kwargs or {})
-        self._init_overrides = dict(init_overrides or {})
         self._tensors: dict[str, torch.Tensor] = {}
+        # id -> (weak reference, tensor id) of the copies handed out by call.args/kwargs (payload_of)
+        self._handed_out: dict[int, tuple[weakref.ref[torch.Tensor], str]] = _PrunedById()
         self._module: torch.nn.Module | None = None
-        self._current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
@@ -197,6 +266,11 @@ class Capture:
                                       forbidden=[repo.root] if isinstance(repo, Repo) else [],
                                       read_text=self._read_text, provenance=functools.partial(
                                           own_capture, repo.root, name, version, self.metadata) if local else None)
+        self._rebuilder = Rebuilder(
+            self.ref, self.metadata, self._sources, self._open_tensor, self._decode_context, self.notes,
+            RebuildOptions(init_args=tuple(init_args) if init_args is not None else None,
+                           init_kwargs=dict(init_kwargs or {}), init_overrides=dict(init_overrides or {}),
+                           device=self.device, dtype=dtype))
         for message in self._sources.source_changes():
             warnings.warn(f"modulelens: {self.ref}: {message}", SourceChangedWarning, stacklevel=3)
         self._collect_source_notes()
@@ -243,10 +317,7 @@ class Capture:
 
             cls = cap.module_type          # e.g. <class 'model.TopMLP'>
         """
-        try:
-            return module_class(self._sources, self.module_class)
-        finally:
-            self._collect_source_notes()
+        return self._rebuilder.module_type()
 
     @property
     def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -263,15 +334,7 @@ class Capture:
 
             args, kwargs = cap.init_arguments   # ((64, 128), {"bias": True})
         """
-        if self._init_args is not None or self._init_kwargs:
-            return tuple(self._init_args or ()), dict(self._init_kwargs)
-        mid = self.metadata["module"].get("construction")
-        if mid is None:
-            return None
-        cls, args, kwargs = self._decode_construction(mid)
-        if self._init_overrides:
-            return override_arguments(cls, args, kwargs, self._init_overrides, self.ref)
-        return args, kwargs
+        return self._rebuilder.init_arguments()
 
     def stored_source(self, module_name: str) -> str | None:
         """The source text of ``module_name`` stored with the capture (see
@@ -300,6 +363,9 @@ class Capture:
         for tid, known in self._tensors.items():
             if known is tensor:
                 return self.metadata["tensors"][tid].get("payload")
+        handed = self._handed_out.get(id(tensor))  # a copy from call.args/kwargs/inputs
+        if handed is not None and handed[0]() is tensor:
+            return self.metadata["tensors"][handed[1]].get("payload")
         return None
 
     def __repr__(self) -> str:
@@ -333,6 +399,10 @@ class Capture:
         if "view_of" in entry:
             return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                   entry["storage_offset"])
+        if "quantized" in entry:  # the payload is the integer representation
+            values = self._payloads.open_tensor(cast(dict[str, Any], entry),
+                                                dtype_from_name(QUANTIZED_STORAGE[entry["dtype"]]))
+            return quantized(values.reshape(entry["shape"]), entry["quantized"], self._open_tensor)
         dtype = dtype_from_name(entry["dtype"])
         flat = self._payloads.open_tensor(cast(dict[str, Any], entry), dtype)
         stride = entry.get("stride")
@@ -357,13 +427,27 @@ class Capture:
                                "values; load(..., synthesize=True) builds a synthetic one from its statistics")
         return marker
 
-    def _decode_context(self, synthesize: bool = False) -> DecodeContext:
-        def get_tensor(tid: str) -> Any:
-            if self.metadata["tensors"][tid].get("shape_only"):
-                return self._shape_only_tensor(tid, synthesize=synthesize)
-            return self.tensor(tid)
+    def _decode_context(self, synthesize: bool = False, fresh: bool = False) -> DecodeContext:
+        """Decoding with the capture's cached tensors, or (``fresh``) with new copy-on-write
+        mappings, one per tensor id for this decoding (views of one storage stay views of one)."""
+        tensors = self.metadata["tensors"]
+        opened: dict[str, Any] = {}
 
-        return DecodeContext(get_tensor=get_tensor, get_module=self._build_construction, resolve=self._sources.resolve)
+        def get_tensor(tid: str) -> Any:
+            if tensors[tid].get("shape_only"):
+                found = self._shape_only_tensor(tid, synthesize=synthesize)
+                return found.clone() if fresh and isinstance(found, torch.Tensor) else found
+            if not fresh:
+                return self.tensor(tid)
+            if tid not in opened:
+                entry = tensors[tid]
+                opened[tid] = (get_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
+                                                                      entry["storage_offset"])
+                               if "view_of" in entry else self._open_tensor(tid))
+                self._handed_out[id(opened[tid])] = (weakref.ref(opened[tid]), tid)
+            return opened[tid]
+
+        return DecodeContext(get_tensor=get_tensor, get_module=self._rebuilder.construct, resolve=self._sources.resolve)
 
     @property
     def shape_only(self) -> list[str]:
@@ -379,9 +463,8 @@ class Capture:
         computes what that call did. When the recorded calls differ in mode, :attr:`notes` says so
         (:meth:`replay` sets each call's own mode)."""
         if self._module is None:
-            self._module = self._restore_module()
+            self._module = self._rebuilder.build()
             self._set_recorded_mode(self._module)
-            self._collect_source_notes()
         return self._module
 
     def _set_recorded_mode(self, module: torch.nn.Module) -> None:
@@ -393,166 +476,16 @@ class Capture:
             self.notes.append(f"the recorded calls ran in both training and eval mode; the module is in {first} mode "
                               "(that of the first call): set module.train(call.training) per call, as replay() does")
 
-    def _decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
-        try:
-            return decode_construction(self.metadata["constructions"][mid], self._sources, self._decode_context())
-        finally:
-            self._collect_source_notes()
-
-    def _build_construction(self, mid: str) -> torch.nn.Module:
-        cls, args, kwargs = self._decode_construction(mid)
-        return cls(*args, **kwargs)
-
     def _collect_source_notes(self) -> None:
-        for note in self._sources.notes:
-            if note not in self.notes:
-                self.notes.append(note)
-
-    def _construct(self) -> torch.nn.Module:
-        module_info = self.metadata["module"]
-        if self._init_args is not None or self._init_kwargs:
-            return self.module_type(*(self._init_args or ()), **self._init_kwargs)
-        if module_info.get("construction") is None:
-            reason = module_info.get("construction_missing", "no constructor record")
-            raise RestoreError(
-                f"{self.ref}: cannot rebuild {module_info['class']}: {reason}; "
-                "pass its arguments with load(..., init_args=(...), init_kwargs={...})"
-            )
-        if self._init_overrides:
-            arguments = self.init_arguments
-            assert arguments is not None
-            return self.module_type(*arguments[0], **arguments[1])
-        return self._build_construction(module_info["construction"])
-
-    def _restore_module(self) -> torch.nn.Module:
-        try:
-            with torch.device("meta"):
-                module = self._construct()
-            self._assign_state(module, 0)
-            if _has_meta_tensors(module):
-                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
-        except _NeedsRealConstructionError as why:
-            self.notes.append(f"built on the CPU, not the meta device ({why})")
-            module = self._construct_on_cpu()
-        except (RestoreError, UsageError):
-            raise
-        except Exception as error:  # the constructor did real computation on meta tensors
-            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
-            module = self._construct_on_cpu()
-        self._restore_attributes(module)
-        if self.device is not None and self.device.type != "cpu":
-            module.to(self.device)
-        if self.dtype is not None:
-            module.to(self.dtype)
-        return module
-
-    def _restore_attributes(self, module: torch.nn.Module) -> None:
-        """Set the plain attributes recorded at capture (``module.attributes``) that a rebuild from
-        the recorded arguments gives other values: state that methods set after construction
-        (issue 11). With ``init_overrides``, those are told from a second, meta-device rebuild
-        with the recorded arguments, so an overridden argument is not set back."""
-        recorded = self.metadata["module"].get("attributes", {})
-        if not recorded:
-            return
-        baseline = module
-        if self._init_overrides and self.metadata["module"].get("construction") is not None:
-            with torch.device("meta"):
-                baseline = self._build_construction(self.metadata["module"]["construction"])
-        ctx = self._decode_context()
-        changed = []
-        for path, values in recorded.items():
-            try:
-                owner, reference = ((module.get_submodule(path), baseline.get_submodule(path)) if path
-                                    else (module, baseline))
-            except AttributeError:
-                self.notes.append(f"submodule {path} of the capture is not in the rebuilt module; its attributes "
-                                  "were not restored")
-                continue
-            for name, encoded in values.items():
-                value = decode_value(encoded, ctx)
-                if name not in vars(reference) or vars(reference)[name] != value:
-                    setattr(owner, name, value)
-                    changed.append(f"{path}.{name}" if path else name)
-        if changed:
-            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-            self.notes.append(f"attributes set after construction restored as recorded: {shown}")
-
-    def _construct_on_cpu(self) -> torch.nn.Module:
-        try:
-            module = self._construct()
-        except (RestoreError, UsageError, KeyboardInterrupt):
-            raise
-        except Exception as error:  # the class's own code rejected the recorded arguments
-            raise RestoreError(f"{self.ref}: rebuilding {self.module_class} from its recorded arguments failed: "
-                               f"{type(error).__name__}: {error}") from error
-        self._assign_state(module, 0)
-        return module
-
-    def _assign_state(self, module: torch.nn.Module, index: int) -> None:
-        states = self.metadata.get("states", [])
-        if not states:
-            return
-        state = states[index]
-        expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-        expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}
-        recorded_params, recorded_buffers = set(state["parameters"]), set(state["buffers"])
-        if expected_params != recorded_params or not recorded_buffers <= expected_buffers | _none_buffers(module):
-            missing = sorted((expected_params - recorded_params) | (expected_buffers - recorded_buffers - _none_buffers(module)))
-            unexpected = sorted((recorded_params - expected_params) | (recorded_buffers - expected_buffers - _none_buffers(module)))
-            if missing or unexpected:
-                raise RestoreError(self._mismatch_message(module, missing, unexpected))
-        parameters: dict[str, torch.nn.Parameter] = {}
-        live = self._module is module
-        for name, entry in state["parameters"].items():
-            owner, leaf = _owner(module, name)
-            if live:
-                with torch.no_grad():
-                    owner._parameters[leaf].copy_(self._open_tensor(entry["tensor"]))
-                continue
-            param = parameters.get(entry["tensor"])
-            if param is None:  # tied parameters share one recorded tensor -> one Parameter
-                param = torch.nn.Parameter(self._open_tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
-                parameters[entry["tensor"]] = param
-            owner._parameters[leaf] = param
-        for name, entry in state["buffers"].items():
-            owner, leaf = _owner(module, name)
-            if live:
-                owner._buffers[leaf].copy_(self._open_tensor(entry["tensor"]))
-                continue
-            owner._buffers[leaf] = self._open_tensor(entry["tensor"])
-            if not entry["persistent"]:
-                owner._non_persistent_buffers_set.add(leaf)
-        ctx = self._decode_context()
-        for name, value in state.get("extra_state", {}).items():
-            owner, _ = _owner(module, name)
-            if type(owner).set_extra_state is torch.nn.Module.set_extra_state:  # torch's own raises RuntimeError
-                raise RestoreError(f"{self.ref}: the capture has extra state for {name}, but the rebuilt "
-                                   f"{type(owner).__name__} keeps none (has its code changed?)")
-            owner.set_extra_state(decode_value(value, ctx))
-        self._current_state = (index, _state_versions(module))
-
-    def _mismatch_message(self, module: torch.nn.Module, missing: list[str], unexpected: list[str]) -> str:
-        """Why the rebuilt module's parameters differ from the recorded ones: its structure was
-        changed after construction (re-parameterisation, fusing), or its code changed."""
-        head = (f"{self.ref}: the rebuilt {type(module).__name__} does not match the captured state "
-                f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})")
-        recorded = self.metadata["module"].get("structure")
-        code_changed = any("changed since it was captured" in note for note in self.notes)
-        difference = structure_difference(recorded, structure(module)) if isinstance(recorded, dict) else ""
-        if code_changed or not difference:
-            return f"{head}; has its code changed?"
-        return (f"{head}: the module's structure was changed after it was constructed (re-parameterisation, "
-                f"fusing...; {difference}), and its constructor arguments rebuild the original structure. "
-                "Capture it before the change, rebuild that structure with load(..., init_overrides={...}) if "
-                "its constructor can, or rebuild it yourself and load module.load_state_dict(cap.fresh_state_dict())")
+        self._rebuilder.collect_source_notes()
 
     def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
         module holds exactly them already (no other state loaded, nothing changed in place).
         ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
-        if force or self._current_state != (index, _state_versions(module)):
-            self._assign_state(module, index)
+        if force or self._rebuilder.current_state != (index, state_versions(module)):
+            self._rebuilder.assign_state(module, index, live=True)
         return module
 
     def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:
@@ -612,6 +545,19 @@ class Capture:
                       backward=backward)
 
 
+class _PrunedById(dict):  # type: ignore[type-arg]
+    """A dict of ``id -> (weak reference, value)`` that drops dead entries as it grows."""
+
+    _limit = 1024
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        if len(self) >= self._limit:
+            for dead in [k for k, (ref, _) in self.items() if ref() is None]:
+                del self[dead]
+            self._limit = max(1024, 2 * len(self))
+        super().__setitem__(key, value)
+
+
 def _tensor_ids(data: Any) -> list[str]:
     """Ids of every tensor referenced in an encoded value or tree."""
     if isinstance(data, dict):
@@ -621,61 +567,6 @@ def _tensor_ids(data: Any) -> list[str]:
     if isinstance(data, list):
         return [tid for value in data for tid in _tensor_ids(value)]
     return []
-
-
-def override_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], overrides: dict[str, Any],
-                       ref: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``(args, kwargs)`` with the arguments named in ``overrides`` replaced (a positional one in
-    place, by its parameter name); a name the constructor does not take is a :class:`UsageError`."""
-    try:
-        parameters = list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
-    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters) or not parameters
-    new_args, new_kwargs = list(args), dict(kwargs)
-    for name, value in overrides.items():
-        if name in positional[:len(new_args)]:
-            new_args[positional.index(name)] = value
-        elif takes_any or any(p.name == name for p in parameters):
-            new_kwargs[name] = value
-        else:
-            raise UsageError(f"{ref}: init_overrides names {name!r}, which {cls.__qualname__}() does not take "
-                             f"(its parameters: {', '.join(p.name for p in parameters)})")
-    return tuple(new_args), new_kwargs
-
-
-class _NeedsRealConstructionError(Exception):
-    pass
-
-
-def _state_versions(module: torch.nn.Module) -> tuple[int, ...]:
-    """Identity and version counter of every parameter and buffer: changes on any in-place update."""
-    return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
-
-
-def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
-    prefix, _, leaf = dotted.rpartition(".")
-    try:
-        return (module.get_submodule(prefix) if prefix else module), leaf
-    except AttributeError:
-        raise RestoreError(f"the capture names {dotted!r}, but the rebuilt {type(module).__name__} has no "
-                           f"submodule {prefix!r}") from None
-
-
-def _none_buffers(module: torch.nn.Module) -> set[str]:
-    return {f"{p}.{n}" if p else n for p, m in module.named_modules() for n, b in m._buffers.items() if b is None}
-
-
-def _has_meta_tensors(module: torch.nn.Module) -> bool:
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.device.type == "meta":
-            return True
-    for sub in module.modules():
-        for value in vars(sub).values():
-            if isinstance(value, torch.Tensor) and value.device.type == "meta":
-                return True
-    return False
 
 
 def load(

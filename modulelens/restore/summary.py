@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from modulelens.format.spec import hooks_not_rebuilt
 from modulelens.repo.local import Repo
 
 
@@ -65,6 +66,7 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
             for c in meta.get("calls", [])
         ],
         "unrecorded": meta.get("unrecorded", []),
+        "hooks_not_rebuilt": hooks_not_rebuilt(module),
         "capture": meta.get("capture", {}),
         "environment": meta.get("environment", {}),
         "metadata": meta.get("metadata", {}),

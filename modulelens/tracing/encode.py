@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -10,12 +11,12 @@ import torch
 from modulelens.errors import UnsupportedValueError
 from modulelens.format.shape_only import tensor_stats
 from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
-from modulelens.format.tensors import check_storable, dtype_name, tensor_bytes
+from modulelens.format.tensors import check_storable, dtype_name, quantization, tensor_bytes
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
 from modulelens.tracing.budget import plan_shape_only
-from modulelens.tracing.distributed import original_class
 from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.module_tree import constructed_class
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import BASE_ATTR
@@ -56,6 +57,8 @@ class TensorTable:
             "stride": list(tensor.stride()),
             "device": str(getattr(tensor, "_modulelens_device", tensor.device)),
         }
+        if tensor.is_quantized:
+            entry["quantized"] = quantization(tensor, self.add, path)
         if id(base if base is not None else tensor) in self._shape_only:
             entry.update(shape_only=True, stats=tensor_stats(tensor), nbytes=0)
             self.shape_only_paths.append(path)
@@ -91,6 +94,7 @@ class ConstructionTable:
         self.classes: list[type] = []
         self._tensors = tensors
         self._ids: dict[int, str] = {}
+        self._numbers = itertools.count()
 
     def add(self, module: torch.nn.Module, path: str) -> str:
         existing = self._ids.get(id(module))
@@ -102,12 +106,12 @@ class ConstructionTable:
                 f"{path}: {type(module).__qualname__} was built before modulelens.track_init() "
                 "was on, so its constructor arguments are unknown"
             )
-        cls = original_class(type(module))  # the user's class, not FSDP2's FSDP<Cls>
+        cls = constructed_class(module)  # the user's class, not FSDP2's FSDP<Cls> or a Parametrized<Cls>
         return self.add_record(cls, record.args, record.kwargs, path, key=id(module))
 
     def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
         ctx = EncodeContext(add_tensor=self._tensors.add, add_module=self.add)
-        mid = f"m{len(self.entries)}"
+        mid = f"m{next(self._numbers)}"  # not len(entries): a failed record is removed, its nested ones stay
         self._ids[key] = mid
         self.entries[mid] = {}  # reserve the id (a module cannot contain itself, but stay safe)
         try:
@@ -151,6 +155,8 @@ def encode_record(
         module_info["construction"] = constructions.add_record(
             record.module_class, record.construction.args, record.construction.kwargs, "", key=id(record.module)
         )
+    if record.tree:
+        module_info["tree"] = _encode_module_tree(record, constructions)
     if record.structure:
         module_info["structure"] = record.structure
         attribute_ctx = EncodeContext(add_tensor=tensors.add)
@@ -191,6 +197,45 @@ def encode_record(
     return meta, tensors.payloads
 
 
+def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) -> dict[str, dict[str, Any]]:
+    """``module.tree`` (docs/format.md): per submodule path, the class its construction built and
+    that construction, or why there is none; parametrizations, norm hooks to apply again, hooks."""
+
+    def built(module: torch.nn.Module, cls: type, path: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {"class": class_path(cls)}
+        try:
+            entry["construction"] = constructions.add(module, path)
+        except UnsupportedValueError as error:  # only a rebuild that needs this piece fails, naming it
+            entry.update(construction=None, missing=str(error))
+        return entry
+
+    tree: dict[str, dict[str, Any]] = {}
+    for node in record.tree:
+        if node.same_as is not None:
+            tree[node.path] = {"same_as": node.same_as}
+            continue
+        entry = built(node.module, node.cls, f"tree[{node.path!r}].")
+        if node.compiled:
+            entry["compiled"] = True
+        if node.parametrizations:
+            entry["parametrizations"] = {
+                name: {"unsafe": unsafe, "modules": [built(m, constructed_class(m), f"tree[{node.path!r}].{name}[{i}].")
+                                                     for i, m in enumerate(chain)]}
+                for name, (chain, unsafe) in node.parametrizations.items()}
+        if node.reapply:
+            entry["reapply"] = node.reapply
+        if node.hooks:
+            entry["hooks"] = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
+        tree[node.path] = entry
+    return tree
+
+
+def state_name(name: str) -> str:
+    """A parameter or buffer name as the rebuilt module has it: a child that ran ``torch.compile``d
+    is rebuilt as itself, so its wrapper's ``_orig_mod.`` segment goes."""
+    return name.replace("._orig_mod.", ".").removeprefix("_orig_mod.") if "_orig_mod." in name else name
+
+
 def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
     return {
         "index": call.index,
@@ -218,7 +263,8 @@ def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
     return {
         "output_grads": encode_tree(backward.output_grads, ctx, f"{where}.output_grads"),
         "input_grads": encode_tree(backward.input_grads, ctx, f"{where}.input_grads"),
-        "param_grads": encode_tree(backward.param_grads, ctx, f"{where}.param_grads"),
+        "param_grads": encode_tree({state_name(n): g for n, g in backward.param_grads.items()}, ctx,
+                                   f"{where}.param_grads"),
     }
 
 
@@ -226,12 +272,16 @@ def _encode_state(state: StateSnapshot, tensors: TensorTable, index: int) -> dic
     ctx = EncodeContext(add_tensor=tensors.add)
     return {
         "parameters": {
-            name: {"tensor": tensors.add(t, f"state{index}.{name}"), "requires_grad": state.requires_grad[name]}
+            state_name(name): {"tensor": tensors.add(t, f"state{index}.{name}"), "requires_grad": state.requires_grad[name]}
             for name, t in state.parameters.items()
         },
         "buffers": {
-            name: {"tensor": tensors.add(t, f"state{index}.{name}"), "persistent": state.persistent[name]}
+            state_name(name): {"tensor": tensors.add(t, f"state{index}.{name}"), "persistent": state.persistent[name]}
             for name, t in state.buffers.items()
         },
-        "extra_state": {name: encode_value(v, ctx, f"state{index}.{name}") for name, v in state.extra_state.items()},
+        "extra_state": {state_name(name): encode_value(v, ctx, f"state{index}.{name}")
+                        for name, v in state.extra_state.items()},
+        **({"module_state": {state_name(path): {key: encode_value(v, ctx, f"state{index}.{path}.{key}")
+                                                for key, v in values.items()}
+                             for path, values in state.module_state.items()}} if state.module_state else {}),
     }

@@ -1,10 +1,19 @@
 """Record the constructor arguments of every ``nn.Module`` built while tracking is on.
 
 ``nn.Module.__new__`` is replaced by a function that receives the same arguments as ``__init__``
-and stores them on the new instance. Only the outermost class is seen (a subclass calling
-``super().__init__`` is not recorded twice), no user code changes, and a module copied with
-``copy.deepcopy`` carries its record along (the record lives in the instance ``__dict__``).
-The cost is one extra Python call per construction (see benchmarks/bench_capture.py).
+and notes them for the new instance. Only the outermost class is seen (a subclass calling
+``super().__init__`` is not recorded twice) and no user code changes.
+
+The records live in a side table keyed by the module's identity, never in the module itself:
+frameworks walk their modules' ``__dict__`` (Lightning's ``apply_to_collection`` over a
+``ResultMetric`` rejects the frozen record it found there and killed the training job, issue 22),
+pickle it, or compare it. An entry holds a weak reference to its module, whose callback removes the
+entry, so a record lives exactly as long as its module; keying by ``id`` works for modules that
+define ``__eq__`` without ``__hash__`` (unhashable). A module copied with ``copy.deepcopy`` or
+``copy.copy`` (torchtune clones its layers this way) gets the record of the module it was copied
+from: the copy is made by ``cls.__new__(cls)`` without arguments, called from ``copy._reconstruct``
+(or a class's own ``__deepcopy__``), and the original is read from that frame. The cost is one
+extra Python call and one weak reference per construction (see benchmarks/bench_capture.py).
 
 Argument containers (lists, dicts, tuples, sets) are copied all the way down when the module is
 built, before its ``__init__`` runs, so a builder that pops keys from its argument dicts (timm's
@@ -21,18 +30,23 @@ that were created or updated meanwhile (they would then reject constructor argum
 from __future__ import annotations
 
 import copy
+import copyreg
 import dataclasses
 import enum
+import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_module_registration_hook
+from torch.utils.hooks import RemovableHandle
 
 from modulelens.format.values import has_codec
 
-_ATTR = "_modulelens_init"
 _lock = threading.Lock()
+_registration_hook: Any = None
 _enabled = False
 _object_new = object.__new__
 
@@ -49,6 +63,53 @@ _SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex, torch.d
 _CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
 
 
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    """A module's record, held by a weak reference to the module (its callback drops the entry).
+
+    ``hooks_from``/``hooks_to`` bound the ids of the hooks its construction registered (torch numbers
+    every hook handle from one counter): from the counter when ``__new__`` ran to the counter when the
+    module was first registered as another module's child (``None`` until then). Hooks outside that
+    span were added after construction and are not rebuilt with it (``tracing/module_tree.py``).
+    """
+
+    __slots__ = ("hooks_from", "hooks_to", "key", "record")
+
+    def __new__(cls, module: Any, record: InitRecord, key: int) -> _Entry:
+        self = super().__new__(cls, module, _forget)
+        self.key, self.record = key, record
+        self.hooks_from, self.hooks_to = RemovableHandle.next_id, None
+        return self
+
+    def __init__(self, module: Any, record: InitRecord, key: int) -> None:
+        super().__init__(module, _forget)
+
+
+# id(module) -> its entry. A lookup checks the reference, so a reused id never finds another's record.
+_RECORDS: dict[int, _Entry] = {}
+
+
+def _forget(ref: _Entry) -> None:
+    if _RECORDS.get(ref.key) is ref:
+        del _RECORDS[ref.key]
+
+
+def _remember(module: Any, record: InitRecord) -> _Entry | None:
+    key = id(module)
+    try:
+        entry = _RECORDS[key] = _Entry(module, record, key)
+    except TypeError:  # not weakly referenceable (every nn.Module is; a C subclass might not be)
+        return None
+    return entry
+
+
+def _on_registered(parent: Any, name: str, child: Any) -> None:
+    """torch's global module-registration hook: ``child`` became a child of ``parent``, so its own
+    construction is over (the first time only: a later move keeps the first boundary)."""
+    entry = _RECORDS.get(id(child))
+    if entry is not None and entry.hooks_to is None and entry() is child:
+        entry.hooks_to = RemovableHandle.next_id
+
+
 def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     instance = _object_new(cls)
     if not _enabled:
@@ -56,6 +117,15 @@ def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     # A class with its own __new__ may call us with different arguments than __init__ gets:
     # record nothing rather than something wrong.
     if cls.__new__ is _recording_new:
+        if not args and not kwargs:
+            original = _copied_from(cls, sys._getframe(1))
+            if original is not None:  # a copy is not constructed: it gets its original's record
+                entry = _entry(original)
+                if entry is not None:  # its hooks are copies too, with the original's ids
+                    copied = _remember(instance, entry.record)
+                    if copied is not None:
+                        copied.hooks_from, copied.hooks_to = entry.hooks_from, entry.hooks_to
+                return instance
         # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
         for value in args:
             if type(value) in _CONTAINERS:
@@ -66,8 +136,33 @@ def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
                 if type(value) in _CONTAINERS:
                     kwargs = _copy_containers(kwargs)
                     break
-        object.__setattr__(instance, _ATTR, InitRecord(args, kwargs))
+        _remember(instance, InitRecord(args, kwargs))
     return instance
+
+
+_NEWOBJ_CODE = copyreg.__newobj__.__code__
+_RECONSTRUCT_CODE = copy._reconstruct.__code__  # type: ignore[attr-defined]
+_COPY_METHODS = frozenset({"__deepcopy__", "__copy__", "default_deepcopy"})  # default_deepcopy: torch parametrize
+
+
+def _copied_from(cls: type, caller: Any) -> Any:
+    """The module being copied when ``cls.__new__(cls)`` is called by a copy, else ``None``.
+
+    ``copy.deepcopy``/``copy.copy`` call ``copyreg.__newobj__(cls)`` from ``copy._reconstruct(x,
+    ...)``, whose ``x`` is the original; a class's own ``__deepcopy__`` (torch's parametrized
+    modules) calls ``self.__new__(cls)`` with ``self`` the original. Only frame identities are
+    compared on the way, so a plain ``nn.ReLU()`` costs two attribute reads.
+    """
+    if caller.f_code is _NEWOBJ_CODE:
+        outer = caller.f_back
+        if outer is not None and outer.f_code is _RECONSTRUCT_CODE:
+            original = outer.f_locals.get("x")
+            return original if type(original) is cls else None
+        return None
+    if caller.f_code.co_name in _COPY_METHODS:
+        original = caller.f_locals.get("self")
+        return original if type(original) is cls else None
+    return None
 
 
 def _copy_containers(value: Any) -> Any:
@@ -118,8 +213,14 @@ def is_tracking() -> bool:
 
 def _set_enabled(on: bool) -> None:
     global _enabled
-    if on and torch.nn.Module.__dict__.get("__new__") is not _recording_new:
-        torch.nn.Module.__new__ = _recording_new  # type: ignore[method-assign]
+    global _registration_hook
+    if on and _registration_hook is None:
+        _registration_hook = register_module_module_registration_hook(_on_registered)
+    installed = torch.nn.Module.__dict__.get("__new__")
+    if on and getattr(installed, "__func__", installed) is not _recording_new:
+        # A staticmethod, as a __new__ written in a class body is: looked up on an instance
+        # (``self.__new__(cls)``, torch parametrize's deepcopy) a plain function would bind ``self``.
+        torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign,assignment]
     _enabled = on
 
 
@@ -163,8 +264,26 @@ def stop_tracking() -> None:
 
 
 def get_init_record(module: torch.nn.Module) -> InitRecord | None:
-    """The recorded constructor arguments of ``module``, or ``None`` if it was built untracked."""
-    record = module.__dict__.get(_ATTR)
-    if record is not None and type(record) is InitRecord:
-        return record
-    return None
+    """The recorded constructor arguments of ``module``, or ``None`` if it was built untracked.
+
+    Example::
+
+        modulelens.track_init()
+        lin = torch.nn.Linear(4, 8, bias=False)
+        modulelens.get_init_record(lin)   # InitRecord(args=(4, 8), kwargs={'bias': False})
+    """
+    entry = _entry(module)
+    return None if entry is None else entry.record
+
+
+def _entry(module: Any) -> _Entry | None:
+    entry = _RECORDS.get(id(module))
+    return entry if entry is not None and entry() is module else None
+
+
+def construction_hooks(module: torch.nn.Module) -> tuple[int, int | None] | None:
+    """``(first, end)``: the hook ids that ``module``'s construction may have registered are
+    ``first <= id < end`` (``end`` ``None``: it never became another module's child, so its end is
+    unknown); ``None`` for a module built untracked."""
+    entry = _entry(module)
+    return None if entry is None else (entry.hooks_from, entry.hooks_to)

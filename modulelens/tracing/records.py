@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from modulelens.tracing.init_tracking import InitRecord
+from modulelens.tracing.module_tree import TreeNode
 
 
 @dataclass
@@ -19,6 +20,8 @@ class StateSnapshot:
     buffers: dict[str, torch.Tensor]
     persistent: dict[str, bool]
     extra_state: dict[str, Any] = field(default_factory=dict)
+    # submodule path -> what its own _save_to_state_dict adds (quantized modules' packed weights)
+    module_state: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,3 +72,4 @@ class ModuleRecord:
     # At the first recorded call: plain attributes and submodule classes (format/module_state.py)
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
     structure: dict[str, str] = field(default_factory=dict)
+    tree: list[TreeNode] = field(default_factory=list)  # every submodule and how to put it back

@@ -240,8 +240,10 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
     """Encode ``record``; a constructor argument without an encoding drops the constructor record
     (with a warning, unless strict) rather than the whole capture."""
     try:
-        return encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
-                             metadata=metadata, policy=policy)
+        meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
+                                       metadata=metadata, policy=policy)
+        _warn_unrecorded(capture_name, meta)
+        return meta, payloads
     except UnsupportedValueError as error:
         if tracer.strict:
             raise
@@ -254,3 +256,13 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
             record.construction = construction
         meta["module"]["construction_missing"] = str(error)
         return meta, payloads
+
+
+def _warn_unrecorded(capture_name: str, meta: dict[str, Any]) -> None:
+    """Call values stored as explicit "unrecorded" markers are named, never dropped in silence."""
+    missing = meta.get("unrecorded") or []
+    if missing:
+        shown = "; ".join(f"{u['path']} ({u['type']}: {u['reason']})" for u in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        warnings.warn(f"modulelens: {capture_name}: {len(missing)} call value(s) not recorded, stored as "
+                      f"'unrecorded' markers: {shown}{more}", CaptureWarning, stacklevel=4)

@@ -15,9 +15,11 @@ import weakref
 from typing import Any
 
 import torch
+from torch._C import _functorch
 
 from modulelens.errors import CaptureError
 from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leaves
+from modulelens.format.values import Unrecorded
 
 BASE_ATTR = "_modulelens_base"
 # Share a storage span only when it is at most this many times the bytes of the views in it, so a
@@ -49,6 +51,8 @@ class Snapshotter:
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         source = self.gathered.get(id(tensor), tensor).detach()
+        if _functorch.is_functorch_wrapped_tensor(source):
+            source = _unwrap_functorch(source)
         if type(source) is not torch.Tensor and hasattr(source, "full_tensor"):
             raise CaptureError("a sharded tensor (DTensor) was not gathered on every rank of its mesh; "
                                   "not recorded")
@@ -71,14 +75,24 @@ class Snapshotter:
             tree = flat.tree
             self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree, paths=False)
                                         if isinstance(leaf, torch.Tensor)])
-            return map_leaves(lambda _path, leaf: self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, tree,
-                              paths=False)
+            return map_leaves(lambda _path, leaf: self._call_value(leaf) if isinstance(leaf, torch.Tensor) else leaf,
+                              tree, paths=False)
         # The common case in one flatten, without the key paths that map_leaves builds: this runs on
         # every recorded call's inputs and output (benchmarks/bench_recording.py).
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         if len(tensors) > 1:  # one tensor shares a storage with no other
             self._copy_shared_storages(tensors)
-        return flat.unflatten([self.tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
+        return flat.unflatten([self._call_value(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
+
+    def _call_value(self, tensor: torch.Tensor) -> Any:
+        """A call tensor's copy, or an explicit :class:`Unrecorded` marker for one that has no
+        values to copy here (a ``torch.func.vmap`` batch, a dtype torch cannot copy): the rest of
+        the call is still recorded (issue 22)."""
+        try:
+            return self.tensor(tensor)
+        except (RuntimeError, NotImplementedError, TypeError) as error:
+            return Unrecorded("torch.Tensor", f"a {str(tensor.dtype).removeprefix('torch.')} tensor that cannot be "
+                                              f"copied: {type(error).__name__}: {str(error).splitlines()[0]}")
 
     def _copy_shared_storages(self, tensors: list[torch.Tensor]) -> None:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""
@@ -126,13 +140,23 @@ class Snapshotter:
             self._memo.pop((id(tensor), tensor._version), None)
 
 
+def _unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:
+    """The value under ``torch.func.grad``/``jvp`` wrappers (the same values: they only track
+    gradients); a ``vmap`` batch holds one value per batch entry, which no single tensor is."""
+    while _functorch.is_functorch_wrapped_tensor(tensor):
+        if _functorch.is_batchedtensor(tensor):
+            raise RuntimeError("a tensor inside torch.func.vmap holds one value per batch entry")
+        tensor = _functorch.get_unwrapped(tensor)
+    return tensor.detach()
+
+
 def _is_dense(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     """Identity of a plain dense tensor's storage (``None`` for anything else)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided or tensor.is_quantized:
         return None
     if tensor.device.type == "meta" or tensor.numel() == 0:
         return None

@@ -10,7 +10,6 @@ and the job continues. ``strict=True`` raises instead.
 
 from __future__ import annotations
 
-import ctypes
 import fnmatch
 import functools
 import itertools
@@ -22,17 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
-from modulelens.format.module_state import plain_attributes, structure
+from modulelens.format.module_state import plain_attributes
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
     ShardSync,
     describe_dtensor,
     dtensor_leaves,
-    dtensor_type,
     full_tensor,
     is_dtensor,
     mesh_ranks,
@@ -44,7 +41,9 @@ from modulelens.tracing.distributed import (
     signature,
 )
 from modulelens.tracing.environment import describe_environment
+from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
+from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter
@@ -217,15 +216,22 @@ class Tracer:
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
         self.records[name] = ModuleRecord(
-            qualified_name=name, module_class=original_class(type(module)), construction=get_init_record(module),
+            qualified_name=name, module_class=constructed_class(module), construction=get_init_record(module),
             module=module,
         )
         self._stacks[name] = {}
-        pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
-        # First among the post-hooks: the output as forward returned it (a DTensor under tensor
-        # parallel, before its output hook turns it into a local shard).
-        post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
-                                            prepend=True)
+        if self.world_size > 1:
+            # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
+            # local inputs into DTensors before it and its DTensor output into a shard after it).
+            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
+            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
+                                                prepend=True)
+        else:
+            # Outermost: the call as the parent sees it, inputs before the module's own pre-hooks and
+            # the output after its own forward hooks, since a rebuilt module registers those again in
+            # its constructor and replay runs them (recorded inside them, they applied twice, issue 22).
+            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True, prepend=True)
+            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True)
         self._handles[name] = [pre, post]
 
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
@@ -254,13 +260,17 @@ class Tracer:
             record.seen_calls += 1
             # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
             # call would be seen before them, so it is skipped (alike on every rank).
-            reordered = self.world_size > 1 and reorder_hooks(module, self._handles.get(name, []))
+            if self.world_size > 1:
+                reordered = reorder_hooks(module, self._handles.get(name, []))
+            else:  # hooks the job added since: ours stay outermost
+                reordered = False
+                _keep_outermost(module, self._handles.get(name, []))
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stack(name).append(None)
                 return None
-            live_state = _live_state(module)  # once per call: fingerprinting reads every weight
+            weights = live_state(module)  # once per call: fingerprinting reads every weight
             inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
-            gathered = self._gather(name, index, "inputs", inputs, live_state)
+            gathered = self._gather(name, index, "inputs", inputs, weights)
             if isinstance(gathered, str):
                 self._abort(name, index, "inputs", gathered)
                 return None
@@ -268,10 +278,8 @@ class Tracer:
                 self._participated[name] = self._participated.get(name, 0) + 1
                 self._stack(name).append(_Pending(None, index))
                 return None
-            if not record.calls and not record.structure:  # state set after construction (issue 11)
-                record.attributes, record.structure = plain_attributes(module), structure(module)
-                if record.construction is not None:
-                    record.construction = freeze_objects(record.construction)
+            if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
+                self._note_structure(name, record, module)
             self._snap.gathered = gathered
             try:
                 copied_args, copied_kwargs = self._snap.tree(inputs)
@@ -279,7 +287,7 @@ class Tracer:
                     index=index,
                     args=copied_args,
                     kwargs=copied_kwargs,
-                    state_index=self._state_index(name, module, live_state),
+                    state_index=self._state_index(name, module, weights),
                     training=module.training,
                     grad_enabled=torch.is_grad_enabled(),
                     autocast=_autocast_state(),
@@ -298,6 +306,25 @@ class Tracer:
             watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
             self._stack(name).append(_Pending(call, index, live, start, watch))
             return replacement
+
+    def _note_structure(self, name: str, record: ModuleRecord, module: torch.nn.Module) -> None:
+        """At the first recorded call: plain attributes, the module tree (with the hooks a rebuild
+        will not register, named in a warning), and the constructor's plain objects as they are now."""
+        record.tree = module_tree(module, ignore_hooks=self._hook_ids())
+        own = [node for node in record.tree if node.same_as is None]  # compile wrappers are transparent here
+        record.attributes = plain_attributes(module, [(node.path, node.module) for node in own])
+        record.structure = {node.path: node.cls.__qualname__ for node in record.tree}
+        if record.construction is not None:
+            record.construction = freeze_objects(record.construction)
+        missing = not_rebuilt(record.tree)
+        if missing:
+            shown = "; ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            warnings.warn(f"modulelens: {name or '<root>'}: hooks added after construction are not rebuilt on load, "
+                          f"so replay runs without them: {shown}", CaptureWarning, stacklevel=4)
+
+    def _hook_ids(self) -> set[int]:
+        """Handle ids of this tracer's own hooks (never the job's)."""
+        return {handle.id for handles in self._handles.values() for handle in handles}
 
     def _on_exit(self, name: str, module: torch.nn.Module, output: Any) -> Any:
         """Record the output; returns a replacement output only when capturing its backward."""
@@ -383,26 +410,32 @@ class Tracer:
         if not self._handles and not any(c.backward_pending for r in self.records.values() for c in r.calls):
             self._finish()
 
-    def _state_index(self, name: str, module: torch.nn.Module, live_state: _LiveState) -> int:
-        """Snapshot parameters and buffers (``live_state``, :func:`_live_state`) when they changed
+    def _state_index(self, name: str, module: torch.nn.Module, weights: LiveState) -> int:
+        """Snapshot parameters and buffers (``weights``, :func:`~modulelens.tracing.fingerprint.live_state`) when they changed
         since the last recorded call (optimizer steps bump version counters), else reuse the last
         snapshot."""
-        params, buffers, key = live_state
+        params, buffers, key = weights
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
             return len(record.states) - 1
         self._snap.forget([t for t in (*params.values(), *buffers.values()) if t is not None])
         non_persistent = _non_persistent_buffers(module)
         extra = {}
+        own_state: dict[str, dict[str, Any]] = {}
         for sub_name, sub in module.named_modules():
             if type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
                 extra[f"{sub_name}._extra_state" if sub_name else "_extra_state"] = sub.get_extra_state()
+            if type(sub)._save_to_state_dict is not torch.nn.Module._save_to_state_dict:
+                custom = _custom_state(sub)
+                if custom:
+                    own_state[sub_name] = self._snap.tree(custom)
         record.states.append(StateSnapshot(
             parameters={n: self._snap.tensor(p) for n, p in params.items()},
             requires_grad={n: p.requires_grad for n, p in params.items()},
             buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None},
             persistent={n: n not in non_persistent for n in buffers},
             extra_state=extra,
+            module_state=own_state,
         ))
         self._state_keys[name] = key
         return len(record.states) - 1
@@ -412,14 +445,14 @@ class Tracer:
         return len(self.records[name].calls) if self.recording else self._participated.get(name, 0)
 
     def _gather(self, name: str, index: int, phase: str, tree: Any,
-                live_state: _LiveState | None = None) -> dict[int, torch.Tensor] | str:
+                weights: LiveState | None = None) -> dict[int, torch.Tensor] | str:
         """Full tensors of the DTensors this call records (inputs or output, and the module's state
         when it changed), keyed by ``id``: gathered on every rank of their meshes once those ranks
         agreed to. ``{}`` when nothing is sharded; a reason (str) when the ranks did not agree."""
         leaves = dtensor_leaves(tree)
         state_key = None
-        if live_state is not None:
-            params, buffers, state_key = live_state
+        if weights is not None:
+            params, buffers, state_key = weights
             if self._state_keys.get(name) != state_key:
                 seen = {id(t) for _, t in leaves}
                 for state_name, tensor in (*params.items(), *buffers.items()):
@@ -544,6 +577,18 @@ class Tracer:
         return self._sharding.get(qualified, {})
 
 
+def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:
+    """Keep the tracer's pre-hook first and its forward hook last among the module's hooks."""
+    if len(handles) != 2:
+        return
+    pre, post = handles
+    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
+    if pre.id in pre_hooks and next(iter(pre_hooks)) != pre.id:
+        pre_hooks.move_to_end(pre.id, last=False)
+    if post.id in post_hooks and next(reversed(post_hooks)) != post.id:
+        post_hooks.move_to_end(post.id)
+
+
 def _reset_compiled_code(model: torch.nn.Module) -> bool:
     """Reset torch.compile's caches if ``model`` holds a compiled module; True if it did."""
     compiled = any(type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
@@ -555,97 +600,14 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
     return True
 
 
-_LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
-
-
-def _live_state(module: torch.nn.Module) -> _LiveState:
-    """Parameters, buffers and the key that tells whether they changed since the last recorded call.
-
-    Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many
-    hand-written training loops, does not bump ``p._version``), and a snapshot shared by calls
-    that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
-    each tensor's storage address and a fingerprint of its bits (see :func:`_fingerprints`).
-    """
-    # One walk of the submodules' own dicts: what named_parameters()/named_buffers() (duplicates
-    # kept) yield, without their two generator walks (a third of this function's time).
-    params: dict[str, torch.Tensor] = {}
-    buffers: dict[str, torch.Tensor] = {}
-    for prefix, sub in module.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        for name, param in sub._parameters.items():
-            if param is not None:
-                params[dot + name] = param
-        for name, buffer in sub._buffers.items():
-            if buffer is not None:
-                buffers[dot + name] = buffer
-    tensors = [*params.values(), *buffers.values()]
-    dtensor = dtensor_type()
-    key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
-                for t in tensors)
-    return params, buffers, (key, _fingerprints(tensors))
-
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# Below this many bytes a CPU tensor is fingerprinted by hashing its memory in place (xxh3, ~3 us
-# a tensor); above it summing on its own device is faster (~11 vs ~9 GB/s here).
-_HASH_IN_PLACE_MAX_BYTES = 1 << 20
-
-
-def _fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
-    """A fingerprint of each tensor's bits: any change of a single element changes it.
-
-    Small plain CPU tensors are hashed in place with xxh3 (every change shows, a permutation
-    included); the rest are summed as integers of the same width, in int64 on their own device (a
-    change that keeps the integer sum, such as a permutation or two edits that cancel exactly, does
-    not show). Per-tensor torch reductions cost ~15 us each, which made fingerprinting most of a
-    small module's recording overhead (benchmarks/bench_recording.py). One pass over the weights per
-    recorded call (never during warm-up or after early stop), one device sync per device. DTensors
-    are fingerprinted by their local shard, so no rank waits for another.
-    """
-    dtensor = dtensor_type()
-    sums: dict[torch.device, list[torch.Tensor]] = {}
-    order: list[tuple[torch.device | None, int]] = []  # (device, index into its sums) or (None, fingerprint)
-    for tensor in tensors:
-        local = tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
-        hashed = _hash_in_place(local)
-        if hashed is not None:
-            order.append((None, hashed))
-            continue
-        width = _SAME_SIZE_INT.get(local.element_size())
-        if local.device.type == "meta" or local.numel() == 0 or width is None:
-            order.append((None, 0))
-            continue
-        on_device = sums.setdefault(local.device, [])
-        order.append((local.device, len(on_device)))
-        on_device.append(_bit_sum(local.detach(), width))
-    values = {device: torch.stack(found).tolist() for device, found in sums.items()}
-    return tuple(values[device][i] if device is not None else i for device, i in order)
-
-
-def _hash_in_place(tensor: torch.Tensor) -> int | None:
-    """xxh3 of a small, contiguous, plain CPU tensor's bytes, read where they are; ``None`` for
-    anything else (a subclass, a view with gaps, another device, a large tensor)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or not tensor.is_cpu:
-        return None
-    size = tensor.nbytes
-    if not 0 < size <= _HASH_IN_PLACE_MAX_BYTES or not tensor.is_contiguous():
-        return None
-    address = tensor.data_ptr()
-    if not address:
-        return None
-    return xxhash.xxh3_64_intdigest((ctypes.c_char * size).from_address(address))
-
-
-def _bit_sum(tensor: torch.Tensor, width: torch.dtype) -> torch.Tensor:
-    """The sum of ``tensor``'s bits read as integers, in int64 (wrapping). Read as int64 when the
-    bytes allow it: summing int64 natively is ~8x faster than widening each int32 of a float32
-    weight (benchmarks/bench_recording.py), and a change of any element still changes the sum."""
-    if tensor.is_contiguous() and (tensor.numel() * tensor.element_size()) % 8 == 0:
-        try:
-            return tensor.reshape(-1).view(torch.int64).sum()
-        except RuntimeError:  # an offset into its storage that int64 cannot start at
-            pass
-    return tensor.view(width).sum(dtype=torch.int64)
+def _custom_state(module: torch.nn.Module) -> dict[str, Any]:
+    """What a module's own ``_save_to_state_dict`` adds to its state dict besides its parameters,
+    buffers and extra state: dynamically quantized Linears keep their weights packed outside
+    parameters (``_packed_params``: the quantized weight and bias; ``scale``, ``zero_point``)."""
+    destination: dict[str, Any] = {}
+    module._save_to_state_dict(destination, "", keep_vars=True)
+    known = {*module._parameters, *module._buffers, "_extra_state"}
+    return {key: value for key, value in destination.items() if key not in known}
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:

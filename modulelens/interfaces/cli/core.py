@@ -73,6 +73,8 @@ def show(
             typer.echo("constructor: " + json.dumps({"args": d["construction"]["args"], "kwargs": d["construction"]["kwargs"]}))
         else:
             typer.echo("constructor: " + typer.style("not recorded", fg="yellow") + f" ({d['construction_missing']})")
+        if d.get("hooks_not_rebuilt"):  # issue 22: the loaded module runs without them
+            typer.echo(typer.style("hooks not rebuilt: ", fg="yellow") + "; ".join(d["hooks_not_rebuilt"]))
         typer.echo(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
                    f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
         typer.secho("recorded calls", bold=True)

@@ -1,0 +1,476 @@
+"""A capture's module rebuilt: the original class from its construction record, then its recorded
+parameters, buffers, extra state and plain attributes.
+
+The module is constructed on the meta device (no memory, no initialisation work) and given its
+recorded tensors as memory-mapped, copy-on-write views of the payload blobs, so even a multi-GB
+module is ready in milliseconds. A constructor that computes with real tensors, or keeps tensors
+outside its parameters and buffers, is constructed again on the CPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from modulelens.errors import RestoreError, UsageError
+from modulelens.format.module_state import structure, structure_difference
+from modulelens.format.spec import CaptureMetadata, hooks_not_rebuilt
+from modulelens.format.values import DecodeContext, decode_value
+from modulelens.restore.classes import ClassResolver, decode_construction, module_class
+
+
+@dataclass(frozen=True)
+class RebuildOptions:
+    """How ``load()`` was asked to rebuild: arguments given instead of the recorded ones, single
+    recorded arguments replaced, and where the module goes."""
+
+    init_args: tuple[Any, ...] | None = None
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    init_overrides: dict[str, Any] = field(default_factory=dict)
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+
+    @property
+    def given_arguments(self) -> bool:
+        return self.init_args is not None or bool(self.init_kwargs)
+
+
+class Rebuilder:
+    """Builds one capture's module and loads its recorded states into it.
+
+    Args:
+        ref: the capture's reference, for messages.
+        metadata: the capture's (validated) metadata.
+        resolver: the capture's class resolver (its trust rules).
+        open_tensor: a new copy-on-write mapping of a recorded tensor, by id.
+        decode_context: the capture's value decoding (tensors, and modules built by :meth:`construct`).
+        notes: the capture's notes, appended to.
+        options: see :class:`RebuildOptions`.
+    """
+
+    def __init__(self, ref: str, metadata: CaptureMetadata, resolver: ClassResolver,
+                 open_tensor: Callable[[str], torch.Tensor], decode_context: Callable[[], DecodeContext],
+                 notes: list[str], options: RebuildOptions) -> None:
+        self.ref = ref
+        self.metadata = metadata
+        self.resolver = resolver
+        self.open_tensor = open_tensor
+        self.decode_context = decode_context
+        self.notes = notes
+        self.options = options
+        self.current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
+
+    # ------------------------------------------------------------------------------ arguments
+
+    @property
+    def module_class_path(self) -> str:
+        return self.metadata["module"]["class"]
+
+    def module_type(self) -> type[torch.nn.Module]:
+        try:
+            return module_class(self.resolver, self.module_class_path)
+        finally:
+            self.collect_source_notes()
+
+    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """See :attr:`modulelens.Capture.init_arguments`."""
+        options = self.options
+        if options.given_arguments:
+            return tuple(options.init_args or ()), dict(options.init_kwargs)
+        mid = self.metadata["module"].get("construction")
+        if mid is None:
+            return None
+        cls, args, kwargs = self.decode_construction(mid)
+        if options.init_overrides:
+            return override_arguments(cls, args, kwargs, options.init_overrides, self.ref)
+        return args, kwargs
+
+    def decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+        try:
+            return decode_construction(self.metadata["constructions"][mid], self.resolver, self.decode_context())
+        finally:
+            self.collect_source_notes()
+
+    def construct(self, mid: str) -> torch.nn.Module:
+        """A new module from construction record ``mid`` (the decoding of a ``module`` value)."""
+        cls, args, kwargs = self.decode_construction(mid)
+        return cls(*args, **kwargs)
+
+    def collect_source_notes(self) -> None:
+        for note in self.resolver.notes:
+            if note not in self.notes:
+                self.notes.append(note)
+
+    # ------------------------------------------------------------------------------ module
+
+    def build(self) -> torch.nn.Module:
+        """The module, with recorded state 0 and the recorded attributes, on the asked device/dtype."""
+        try:
+            with torch.device("meta"):
+                module = self._construct()
+                self._reassemble(module)
+            self.assign_state(module, 0, live=False)
+            _refresh_norm_weights(module)
+            if _has_meta_tensors(module):
+                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
+        except _NeedsRealConstructionError as why:
+            self.notes.append(f"built on the CPU, not the meta device ({why})")
+            module = self._construct_on_cpu()
+        except (RestoreError, UsageError):
+            raise
+        except Exception as error:  # the constructor did real computation on meta tensors
+            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
+            module = self._construct_on_cpu()
+        self._restore_attributes(module)
+        missing_hooks = hooks_not_rebuilt(self.metadata["module"])
+        if missing_hooks:
+            shown = "; ".join(missing_hooks[:5]) + (f" and {len(missing_hooks) - 5} more" if len(missing_hooks) > 5 else "")
+            self.notes.append(f"hooks the job added after construction are not rebuilt, so the module runs without "
+                              f"them: {shown}")
+        options = self.options
+        if options.device is not None and options.device.type != "cpu":
+            module.to(options.device)
+        if options.dtype is not None:
+            module.to(options.dtype)
+        self.collect_source_notes()
+        return module
+
+    def _construct(self) -> torch.nn.Module:
+        module_info = self.metadata["module"]
+        options = self.options
+        if options.given_arguments:
+            return self.module_type()(*(options.init_args or ()), **options.init_kwargs)
+        if module_info.get("construction") is None:
+            reason = module_info.get("construction_missing", "no constructor record")
+            raise RestoreError(
+                f"{self.ref}: cannot rebuild {module_info['class']}: {reason}; "
+                "pass its arguments with load(..., init_args=(...), init_kwargs={...})"
+            )
+        if options.init_overrides:
+            arguments = self.init_arguments()
+            assert arguments is not None
+            return self.module_type()(*arguments[0], **arguments[1])
+        return self.construct(module_info["construction"])
+
+    def _construct_on_cpu(self) -> torch.nn.Module:
+        try:
+            module = self._construct()
+        except (RestoreError, UsageError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # the class's own code rejected the recorded arguments
+            raise RestoreError(f"{self.ref}: rebuilding {self.module_class_path} from its recorded arguments failed: "
+                               f"{type(error).__name__}: {error}") from error
+        self._reassemble(module)
+        self.assign_state(module, 0, live=False)
+        _refresh_norm_weights(module)
+        return module
+
+    # ------------------------------------------------------------------------------ structure
+
+    def _reassemble(self, module: torch.nn.Module) -> None:
+        """Make ``module`` (just constructed from its record) the tree recorded at capture
+        (``module.tree``, docs/format.md): walking the recorded submodules parents first, a child
+        the constructor did not build as it ran in the job (another class, other weights: peft's
+        LoRA layers, ``quantize_dynamic``'s Linears, a child replaced after construction) is
+        constructed from its own record and put where it was, recorded parametrizations and
+        norm hooks are applied again, and children the job no longer had are removed. Only a
+        piece that is needed and has no record fails, naming it."""
+        tree = self.metadata["module"].get("tree")
+        if not tree:
+            return
+        states = self.metadata.get("states", [])
+        direct = _direct_state(states[0]) if states else None
+        built: dict[str, torch.nn.Module] = {"": module}
+        changed: list[str] = []
+        for path, entry in tree.items():
+            if path == "":
+                self._put_back(module, entry, path, changed)
+                continue
+            parent_path, _, name = path.rpartition(".")
+            parent = built.get(parent_path)
+            if parent is None:  # under a piece that could not be put back (reported there)
+                continue
+            if "same_as" in entry:
+                shared = built.get(entry["same_as"])
+                if shared is not None and parent._modules.get(name) is not shared:
+                    _put(parent, name, shared)
+                if shared is not None:
+                    built[path] = shared
+                continue
+            current = parent._modules.get(name)
+            fits = current is not None and _class_path(current) == entry["class"]
+            if fits:
+                self._put_back(current, entry, path, changed)
+                fits = direct is None or _same_direct_state(current, direct.get(path, {}), self.metadata)
+            if not fits:
+                current = self._piece(entry, path)
+                self._put_back(current, entry, path, changed)
+                _put(parent, name, current)
+                changed.append(path)
+            built[path] = current
+        for path, owner in list(built.items()):
+            for name in [n for n in owner._modules if n not in ("parametrizations",)]:
+                child_path = f"{path}.{name}" if path else name
+                if child_path not in tree:  # the job's module no longer had it
+                    del owner._modules[name]
+                    changed.append(f"{child_path} (removed)")
+        if changed:
+            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            self.notes.append(f"structure changed after construction rebuilt from the recorded submodules: {shown}")
+
+    def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
+        """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
+        mid = entry.get("construction")
+        if mid is None:
+            raise RestoreError(
+                f"{self.ref}: cannot rebuild submodule {path!r} ({entry['class']}): the module's structure was "
+                f"changed after it was constructed and this piece has no construction record "
+                f"({entry.get('missing', 'not recorded')}). Build the module yourself and load "
+                "module.load_state_dict(cap.fresh_state_dict())")
+        return self.construct(mid)
+
+    def _put_back(self, module: torch.nn.Module, entry: dict[str, Any], path: str, changed: list[str]) -> None:
+        """Apply the recorded parametrizations and norm hooks that ``module`` does not have yet
+        (its constructor may apply some itself, e.g. ``parametrizations.weight_norm`` in ``__init__``)."""
+        from torch.nn.utils import parametrize
+
+        for tensor_name, chain in entry.get("parametrizations", {}).items():
+            have = len(module.parametrizations[tensor_name]) if parametrize.is_parametrized(module, tensor_name) else 0
+            for position, piece in enumerate(chain["modules"]):
+                if position < have:
+                    continue
+                parametrization = self._piece(piece, f"{path}.parametrizations.{tensor_name}.{position}")
+                parametrize.register_parametrization(module, tensor_name, parametrization, unsafe=chain["unsafe"])
+                changed.append(f"{path or '<root>'}.{tensor_name} parametrized")
+        for hook in entry.get("reapply", []):
+            if _has_norm_hook(module, hook):
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the hook-based norms
+                if hook["kind"] == "weight_norm":
+                    torch.nn.utils.weight_norm(module, name=hook["name"], dim=hook["dim"])
+                elif hook["kind"] == "spectral_norm":
+                    torch.nn.utils.spectral_norm(module, name=hook["name"], dim=hook["dim"], eps=hook["eps"],
+                                                 n_power_iterations=hook["n_power_iterations"])
+            changed.append(f"{path or '<root>'}.{hook['name']} {hook['kind']}")
+
+    def _restore_attributes(self, module: torch.nn.Module) -> None:
+        """Set the plain attributes recorded at capture (``module.attributes``) that a rebuild from
+        the recorded arguments gives other values: state that methods set after construction
+        (issue 11). With ``init_overrides``, those are told from a second, meta-device rebuild
+        with the recorded arguments, so an overridden argument is not set back."""
+        recorded = self.metadata["module"].get("attributes", {})
+        if not recorded:
+            return
+        baseline = module
+        if self.options.init_overrides and self.metadata["module"].get("construction") is not None:
+            with torch.device("meta"):
+                baseline = self.construct(self.metadata["module"]["construction"])
+        ctx = self.decode_context()
+        changed = []
+        for path, values in recorded.items():
+            try:
+                owner, reference = ((module.get_submodule(path), baseline.get_submodule(path)) if path
+                                    else (module, baseline))
+            except AttributeError:
+                self.notes.append(f"submodule {path} of the capture is not in the rebuilt module; its attributes "
+                                  "were not restored")
+                continue
+            for name, encoded in values.items():
+                value = decode_value(encoded, ctx)
+                if name not in vars(reference) or vars(reference)[name] != value:
+                    setattr(owner, name, value)
+                    changed.append(f"{path}.{name}" if path else name)
+        if changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            self.notes.append(f"attributes set after construction restored as recorded: {shown}")
+
+    # ------------------------------------------------------------------------------ states
+
+    def assign_state(self, module: torch.nn.Module, index: int, *, live: bool) -> None:
+        """Give ``module`` the parameters and buffers of recorded state ``index``: new mappings
+        (``live=False``, a module being built), or copied into the tensors it has (``live=True``:
+        the capture's module, whose parameters the user may hold)."""
+        states = self.metadata.get("states", [])
+        if not states:
+            return
+        state = states[index]
+        expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+        expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}
+        recorded_params, recorded_buffers = set(state["parameters"]), set(state["buffers"])
+        if expected_params != recorded_params or not recorded_buffers <= expected_buffers | _none_buffers(module):
+            missing = sorted((expected_params - recorded_params) | (expected_buffers - recorded_buffers - _none_buffers(module)))
+            unexpected = sorted((recorded_params - expected_params) | (recorded_buffers - expected_buffers - _none_buffers(module)))
+            if missing or unexpected:
+                raise RestoreError(self._mismatch_message(module, missing, unexpected))
+        parameters: dict[str, torch.nn.Parameter] = {}
+        for name, entry in state["parameters"].items():
+            owner, leaf = _owner(module, name)
+            if live:
+                with torch.no_grad():
+                    owner._parameters[leaf].copy_(self.open_tensor(entry["tensor"]))
+                continue
+            param = parameters.get(entry["tensor"])
+            if param is None:  # tied parameters share one recorded tensor -> one Parameter
+                param = torch.nn.Parameter(self.open_tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
+                parameters[entry["tensor"]] = param
+            owner._parameters[leaf] = param
+        for name, entry in state["buffers"].items():
+            owner, leaf = _owner(module, name)
+            if live:
+                owner._buffers[leaf].copy_(self.open_tensor(entry["tensor"]))
+                continue
+            owner._buffers[leaf] = self.open_tensor(entry["tensor"])
+            if not entry["persistent"]:
+                owner._non_persistent_buffers_set.add(leaf)
+        ctx = self.decode_context()
+        for name, value in state.get("extra_state", {}).items():
+            owner, _ = _owner(module, name)
+            if type(owner).set_extra_state is torch.nn.Module.set_extra_state:  # torch's own raises RuntimeError
+                raise RestoreError(f"{self.ref}: the capture has extra state for {name}, but the rebuilt "
+                                   f"{type(owner).__name__} keeps none (has its code changed?)")
+            owner.set_extra_state(decode_value(value, ctx))
+        for path, values in state.get("module_state", {}).items():
+            owner = _owner(module, f"{path}.x" if path else "x")[0]
+            errors: list[str] = []
+            owner._load_from_state_dict({key: decode_value(v, ctx) for key, v in values.items()}, "",
+                                        {"version": getattr(type(owner), "_version", None)}, False, [], [], errors)
+            if errors:
+                raise RestoreError(f"{self.ref}: the recorded state of {path or '<root>'} does not load into the "
+                                   f"rebuilt {type(owner).__name__}: {errors[0]}")
+        self.current_state = (index, state_versions(module))
+
+    def _mismatch_message(self, module: torch.nn.Module, missing: list[str], unexpected: list[str]) -> str:
+        """Why the rebuilt module's parameters differ from the recorded ones: its structure was
+        changed after construction (re-parameterisation, fusing), or its code changed."""
+        head = (f"{self.ref}: the rebuilt {type(module).__name__} does not match the captured state "
+                f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})")
+        recorded = self.metadata["module"].get("structure")
+        code_changed = any("changed since it was captured" in note for note in self.notes)
+        difference = structure_difference(recorded, structure(module)) if isinstance(recorded, dict) else ""
+        if code_changed or not difference:
+            return f"{head}; has its code changed?"
+        return (f"{head}: the module's structure was changed after it was constructed (re-parameterisation, "
+                f"fusing...; {difference}), and its constructor arguments rebuild the original structure. "
+                "Capture it before the change, rebuild that structure with load(..., init_overrides={...}) if "
+                "its constructor can, or rebuild it yourself and load module.load_state_dict(cap.fresh_state_dict())")
+
+
+def override_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], overrides: dict[str, Any],
+                       ref: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` with the arguments named in ``overrides`` replaced (a positional one in
+    place, by its parameter name); a name the constructor does not take is a :class:`UsageError`."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters) or not parameters
+    new_args, new_kwargs = list(args), dict(kwargs)
+    for name, value in overrides.items():
+        if name in positional[:len(new_args)]:
+            new_args[positional.index(name)] = value
+        elif takes_any or any(p.name == name for p in parameters):
+            new_kwargs[name] = value
+        else:
+            raise UsageError(f"{ref}: init_overrides names {name!r}, which {cls.__qualname__}() does not take "
+                             f"(its parameters: {', '.join(p.name for p in parameters)})")
+    return tuple(new_args), new_kwargs
+
+
+class _NeedsRealConstructionError(Exception):
+    pass
+
+
+def state_versions(module: torch.nn.Module) -> tuple[int, ...]:
+    """Identity and version counter of every parameter and buffer: changes on any in-place update."""
+    return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
+
+
+def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
+    prefix, _, leaf = dotted.rpartition(".")
+    try:
+        return (module.get_submodule(prefix) if prefix else module), leaf
+    except AttributeError:
+        raise RestoreError(f"the capture names {dotted!r}, but the rebuilt {type(module).__name__} has no "
+                           f"submodule {prefix!r}") from None
+
+
+def _none_buffers(module: torch.nn.Module) -> set[str]:
+    return {f"{p}.{n}" if p else n for p, m in module.named_modules() for n, b in m._buffers.items() if b is None}
+
+
+def _put(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
+    """``child`` as ``parent``'s child ``name``, through ``nn.Module.__setattr__``: it also drops a
+    plain attribute of that name (timm's MobileOne blocks hold ``reparam_conv = None`` until fused)."""
+    setattr(parent, name, child)
+
+
+def _class_path(module: torch.nn.Module) -> str:
+    """The ``module:QualName`` of the class ``module``'s construction built (a parametrized module's
+    generated class unwrapped), as the tracer records it."""
+    cls = type(module)
+    if cls.__module__ == "torch.nn.utils.parametrize" and len(cls.__bases__) == 1:
+        cls = cls.__bases__[0]
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _direct_state(state: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Recorded parameters and buffers by the path of the module that holds them: ``{path: {name: tensor id}}``."""
+    found: dict[str, dict[str, str]] = {}
+    for part in ("parameters", "buffers"):
+        for dotted, entry in state[part].items():
+            path, _, name = dotted.rpartition(".")
+            found.setdefault(path, {})[name] = entry["tensor"]
+    return found
+
+
+def _same_direct_state(module: torch.nn.Module, recorded: dict[str, str], metadata: CaptureMetadata) -> bool:
+    """Whether ``module`` holds exactly the recorded parameters and buffers of its own (names and
+    shapes): a child of the right class built with other arguments than the job's does not."""
+    own = {**{n: p for n, p in module._parameters.items() if p is not None},
+           **{n: b for n, b in module._buffers.items() if b is not None}}
+    if set(own) != set(recorded) - {n for n, b in module._buffers.items() if b is None}:
+        return False
+    tensors = metadata["tensors"]
+    return all(list(tensor.shape) == tensors[recorded[name]]["shape"] for name, tensor in own.items())
+
+
+def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    kind = WeightNorm if hook["kind"] == "weight_norm" else SpectralNorm
+    return any(isinstance(h, kind) and h.name == hook["name"] for h in module._forward_pre_hooks.values())
+
+
+def _refresh_norm_weights(module: torch.nn.Module) -> None:
+    """The weight that ``weight_norm``/``spectral_norm`` keep as a plain attribute, computed from
+    the loaded parameters (it was computed from meta tensors when the hook was applied; forward
+    computes it again anyway). Spectral norm's power iteration is not run: its vectors are loaded."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for sub in module.modules():
+        for hook in sub._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm):
+                setattr(sub, hook.name, hook.compute_weight(sub))
+            elif isinstance(hook, SpectralNorm):
+                with torch.no_grad():
+                    setattr(sub, hook.name, hook.compute_weight(sub, do_power_iteration=False))
+
+
+def _has_meta_tensors(module: torch.nn.Module) -> bool:
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.device.type == "meta":
+            return True
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor) and value.device.type == "meta":
+                return True
+    return False

@@ -1,0 +1,108 @@
+"""Which weights a recorded call saw: parameters, buffers, and a fingerprint of their bits.
+
+The tracer snapshots a target's state only when it changed since the last recorded call. Version
+counters miss writes through ``.data``, so each recorded call also fingerprints every weight; this
+is the cost that dominates a small module's recording overhead (benchmarks/bench_recording.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+import xxhash
+
+from modulelens.tracing.distributed import dtensor_type
+
+LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
+
+
+def live_state(module: torch.nn.Module) -> LiveState:
+    """Parameters, buffers and the key that tells whether they changed since the last recorded call.
+
+    Version counters alone miss writes through ``.data`` (``p.data.add_(...)``, the update of many
+    hand-written training loops, does not bump ``p._version``), and a snapshot shared by calls
+    that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
+    each tensor's storage address and a fingerprint of its bits (see :func:`fingerprints`).
+    """
+    # One walk of the submodules' own dicts: what named_parameters()/named_buffers() (duplicates
+    # kept) yield, without their two generator walks (a third of this function's time).
+    params: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, param in sub._parameters.items():
+            if param is not None:
+                params[dot + name] = param
+        for name, buffer in sub._buffers.items():
+            if buffer is not None:
+                buffers[dot + name] = buffer
+    tensors = [*params.values(), *buffers.values()]
+    dtensor = dtensor_type()
+    key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
+                for t in tensors)
+    return params, buffers, (key, fingerprints(tensors))
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Below this many bytes a CPU tensor is fingerprinted by hashing its memory in place (xxh3, ~3 us
+# a tensor); above it summing on its own device is faster (~11 vs ~9 GB/s here).
+_HASH_IN_PLACE_MAX_BYTES = 1 << 20
+
+
+def fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """A fingerprint of each tensor's bits: any change of a single element changes it.
+
+    Small plain CPU tensors are hashed in place with xxh3 (every change shows, a permutation
+    included); the rest are summed as integers of the same width, in int64 on their own device (a
+    change that keeps the integer sum, such as a permutation or two edits that cancel exactly, does
+    not show). Per-tensor torch reductions cost ~15 us each, which made fingerprinting most of a
+    small module's recording overhead (benchmarks/bench_recording.py). One pass over the weights per
+    recorded call (never during warm-up or after early stop), one device sync per device. DTensors
+    are fingerprinted by their local shard, so no rank waits for another.
+    """
+    dtensor = dtensor_type()
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    order: list[tuple[torch.device | None, int]] = []  # (device, index into its sums) or (None, fingerprint)
+    for tensor in tensors:
+        local = tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
+        hashed = _hash_in_place(local)
+        if hashed is not None:
+            order.append((None, hashed))
+            continue
+        width = _SAME_SIZE_INT.get(local.element_size())
+        if local.device.type == "meta" or local.numel() == 0 or width is None:
+            order.append((None, 0))
+            continue
+        on_device = sums.setdefault(local.device, [])
+        order.append((local.device, len(on_device)))
+        on_device.append(_bit_sum(local.detach(), width))
+    values = {device: torch.stack(found).tolist() for device, found in sums.items()}
+    return tuple(values[device][i] if device is not None else i for device, i in order)
+
+
+def _hash_in_place(tensor: torch.Tensor) -> int | None:
+    """xxh3 of a small, contiguous, plain CPU tensor's bytes, read where they are; ``None`` for
+    anything else (a subclass, a view with gaps, another device, a large tensor)."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or not tensor.is_cpu:
+        return None
+    size = tensor.nbytes
+    if not 0 < size <= _HASH_IN_PLACE_MAX_BYTES or not tensor.is_contiguous():
+        return None
+    address = tensor.data_ptr()
+    if not address:
+        return None
+    return xxhash.xxh3_64_intdigest((ctypes.c_char * size).from_address(address))
+
+
+def _bit_sum(tensor: torch.Tensor, width: torch.dtype) -> torch.Tensor:
+    """The sum of ``tensor``'s bits read as integers, in int64 (wrapping). Read as int64 when the
+    bytes allow it: summing int64 natively is ~8x faster than widening each int32 of a float32
+    weight (benchmarks/bench_recording.py), and a change of any element still changes the sum."""
+    if tensor.is_contiguous() and (tensor.numel() * tensor.element_size()) % 8 == 0:
+        try:
+            return tensor.reshape(-1).view(torch.int64).sum()
+        except RuntimeError:  # an offset into its storage that int64 cannot start at
+            pass
+    return tensor.view(width).sum(dtype=torch.int64)
