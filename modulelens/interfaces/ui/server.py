@@ -244,7 +244,7 @@ def _int_param(request: Request, key: str, default: int) -> int:
 _HEADERS = [
     (b"content-security-policy", render.SERVER_CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
@@ -302,10 +302,12 @@ class _Guard:
         if scope["method"] == "POST":
             if not scope.get("path", "").startswith("/actions/"):
                 return 405, "method not allowed"
+            # A form of another site posting here (CSRF) is refused by its origin, by the browser's
+            # Sec-Fetch-Site, and, whatever the browser sends, by the form token (_Ui.action).
             origin = headers.get("origin")
-            if origin is not None and origin.split("://", 1)[-1] != headers.get("host"):
+            if origin not in (None, "null") and origin.split("://", 1)[-1] != headers.get("host"):
                 return 403, "cross-origin request refused"
-            if headers.get("sec-fetch-site") not in (None, "same-origin", "none"):
+            if headers.get("sec-fetch-site") not in (None, "same-origin"):
                 return 403, "cross-site request refused"
         if settings.token and not self._carries_token(scope, headers):
             return 401, "this server needs its token: open the address modulelens ui printed (it ends in ?token=...)"
