@@ -137,7 +137,7 @@ def value_sample(tensor: torch.Tensor, limit: int = SAMPLE_ELEMENTS) -> torch.Te
         starts = torch.linspace(0, numel - run, runs, dtype=torch.float64).round().to(torch.int64).tolist()
         return torch.cat([flat[start:start + run] for start in starts])
     rows = tensor.shape[0]
-    count = min(rows, _SAMPLE_RUNS)
+    count = min(rows, _SAMPLE_RUNS, limit)
     picks = torch.linspace(0, rows - 1, count, dtype=torch.float64).round().to(torch.int64).tolist()
     return torch.cat([value_sample(tensor[i], max(1, limit // count)) for i in picks])
 

@@ -170,7 +170,8 @@ class _Ui:
             first = self._capture(a)
             earlier = [v for v in self.view.version_numbers(first.name) if v < first.version]
             if earlier:
-                return RedirectResponse(f"/diff?a={quote(first.name)}:v{earlier[-1]}&b={quote(first.ref)}", status_code=302)
+                return RedirectResponse(f"/diff?a={quote(first.name)}:v{earlier[-1]}&b={quote(first.ref, safe='/:')}",
+                                        status_code=302)
         return self.page("diff.html", context)
 
     def static(self, request: Request) -> Response:
