@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -162,3 +163,19 @@ def test_the_saved_file_is_self_contained(demo: dict[str, Any]) -> None:
     assert not re.search(r'(src|href)="(?!data:)[^"#]', html)  # nothing to fetch: data: images only, no links
     assert html.count('<svg class="hist"') >= 6 + 2  # parameters, and the call tensors drawn in
     assert html.count('src="data:image/png;base64,') == 2
+
+
+def test_hostile_captures_render_as_text_and_run_nothing(tmp_path: Path) -> None:
+    """The stress suite's hostile captures (and one whose every string is markup) on every page:
+    each page answers, no markup survives unescaped, no marker file appears (the server imports
+    nothing a capture names). The same pages in Chromium: python -m stress (stress/hostile_ui.py)."""
+    from stress.hostile_ui import _hostile_repo, _pages
+
+    repo, refs, markers = _hostile_repo(tmp_path, "http://127.0.0.1:9", quick=True)
+    web = client(repo)
+    for path in _pages(repo, refs):
+        page = web.get(path)
+        assert page.status_code == 200, (path, page.text[-300:])
+        assert "<script>window" not in page.text and "onerror=\"window" not in page.text and "<iframe" not in page.text
+    assert "&lt;script&gt;window.__ml_pwned=true" in web.get(f"/capture/{refs[0]}").text
+    assert not any(marker.exists() for marker in markers)

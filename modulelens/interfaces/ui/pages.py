@@ -153,7 +153,8 @@ def capture_page(view: RepoView, capture: StoredCapture, *, state: int = 0, hist
     earlier = [v for v in versions if v < capture.version]
     return {
         "title": capture.ref, "ref": capture.ref, "name": capture.name, "version": capture.version,
-        "aliases": info.aliases, "tags": info.tags, "created": info.created, "size": human_bytes(info.nbytes),
+        "aliases": info.aliases, "tags": [str(t) for t in meta.get("tags") or []], "created": info.created,
+        "size": human_bytes(info.nbytes),
         "module_class": module.get("class", ""), "cls": short_class(module.get("class", "")),
         "qualified_name": module.get("qualified_name") or "<root>",
         "constructor": construction_text(construction, meta) if construction else None,
