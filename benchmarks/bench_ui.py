@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+# As `modulelens ui` does before importing torch (interfaces/cli/ui.py): one intra-op thread, in the
+# app's worker threads too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
@@ -175,8 +180,6 @@ def main() -> None:
         capture_rows, big = capture_page(work / "big", args.gib, args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    import os
-
     extra = {**listing, **big, "ratios": {**listing["ratios"], **big["ratios"]}, "load_average": os.getloadavg(),
              "targets": {"repo_page_s": 0.3, "capture_page_cold_s": 1.0}}
     report("ui", f"UI pages, server side (median of {args.rounds} interleaved rounds)", listing_rows + capture_rows,

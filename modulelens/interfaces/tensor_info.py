@@ -10,7 +10,7 @@ memory-mapped payload (:func:`value_sample`) so that a multi-GB tensor is never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import ModulelensError
@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 # Statistics read every element; above this many elements they are skipped (the table says so).
 MAX_STATS_NUMEL = 1 << 24
-# tensor_summary reads at most this many elements of a tensor: 64 evenly spaced runs of 16,384
-# (4 MiB of float32), so a page of a 1 GiB capture reads 64 MiB, not 1 GiB (benchmarks/bench_ui.py).
-SAMPLE_ELEMENTS = 1 << 20
+# tensor_summary reads at most this many elements of a tensor: 64 evenly spaced runs of 4,096 (1 MiB
+# of float32). Statistics and a 40-bin histogram of 262,144 values are as good as of all of them for a
+# page (the mean's standard error is std/512), and computing them is what a capture page spends its
+# time on: at 1,048,576 per tensor, a 1 GiB capture's page took 4x as long (benchmarks/bench_ui.py).
+SAMPLE_ELEMENTS = 1 << 18
 _SAMPLE_RUNS = 64
 HISTOGRAM_BINS = 40
 
@@ -113,13 +115,25 @@ def state_rows(
     return rows
 
 
+def sample_runs(numel: int, limit: int = SAMPLE_ELEMENTS) -> list[tuple[int, int]]:
+    """``(start, length)`` of the runs of consecutive elements that sample a flat tensor of ``numel``
+    elements: all of it when it has at most ``limit``, else 64 evenly spaced runs of ``limit // 64``.
+
+    Runs, not a stride: a memory map or a file is read by the page, and a stride of a few elements
+    would read every page.
+    """
+    if numel <= limit:
+        return [(0, numel)]
+    runs = min(_SAMPLE_RUNS, limit)
+    run = limit // runs
+    step = (numel - run) / (runs - 1) if runs > 1 else 0
+    return [(round(i * step), run) for i in range(runs)]
+
+
 def value_sample(tensor: torch.Tensor, limit: int = SAMPLE_ELEMENTS) -> torch.Tensor:
     """The values of ``tensor`` as one flat tensor: all of them when there are at most ``limit``,
-    else a sample of about ``limit`` that reads only the parts of the payload it takes.
-
-    A contiguous tensor (every stored payload) gives 64 evenly spaced runs of consecutive elements:
-    runs, not a stride, because a memory-mapped payload is read by the page, and a stride of a few
-    elements would touch every page of it. Any other layout (a view) is sampled row by row.
+    else a sample of about ``limit`` that reads only the parts it takes (:func:`sample_runs` of a
+    contiguous tensor; any other layout, a view, row by row).
 
     Example::
 
@@ -132,10 +146,7 @@ def value_sample(tensor: torch.Tensor, limit: int = SAMPLE_ELEMENTS) -> torch.Te
         return tensor.detach().reshape(-1)
     if tensor.is_contiguous():
         flat = tensor.detach().view(-1)
-        runs = min(_SAMPLE_RUNS, limit)
-        run = limit // runs
-        starts = torch.linspace(0, numel - run, runs, dtype=torch.float64).round().to(torch.int64).tolist()
-        return torch.cat([flat[start:start + run] for start in starts])
+        return torch.cat([flat[start:start + length] for start, length in sample_runs(numel, limit)])
     rows = tensor.shape[0]
     count = min(rows, _SAMPLE_RUNS, limit)
     picks = torch.linspace(0, rows - 1, count, dtype=torch.float64).round().to(torch.int64).tolist()
@@ -175,9 +186,17 @@ def histogram(values: torch.Tensor, bins: int = HISTOGRAM_BINS) -> dict[str, Any
             "min": smallest, "max": largest}
 
 
-def tensor_summary(capture: RecordedTensors, tid: str, *, bins: int = HISTOGRAM_BINS,
-                   limit: int = SAMPLE_ELEMENTS) -> dict[str, Any]:
+def tensor_summary(capture: RecordedTensors, tid: str, *, bins: int = HISTOGRAM_BINS, limit: int = SAMPLE_ELEMENTS,
+                   sample: Callable[[str, int], torch.Tensor] | None = None) -> dict[str, Any]:
     """Statistics and a histogram of recorded tensor ``tid``, from a sample when it is big.
+
+    Args:
+        capture: the capture.
+        tid: the tensor's id.
+        bins: histogram bins.
+        limit: at most this many elements are read (:func:`sample_runs`).
+        sample: reads ``(tid, limit)``'s sample itself (the web UI reads a stored payload's runs
+            without readahead); default :func:`value_sample` of ``capture.tensor(tid)``.
 
     Returns:
         ``{"stats", "histogram", "sampled", "shape_only", "error"}``: ``sampled`` is how many
@@ -193,21 +212,22 @@ def tensor_summary(capture: RecordedTensors, tid: str, *, bins: int = HISTOGRAM_
     if summary["shape_only"]:
         summary["stats"] = entry.get("stats")
         return summary
+    numel = 1
+    for size in entry["shape"]:
+        numel *= size
+    if numel == 0:
+        summary["stats"] = {"numel": 0}
+        return summary
     try:
-        tensor = capture.tensor(tid)
-        numel = tensor.numel()
-        if numel == 0:
-            summary["stats"] = {"numel": 0}
-            return summary
-        sample = value_sample(tensor, limit)
-        stats = tensor_stats(sample, quantiles=False)
+        values = sample(tid, limit) if sample is not None else value_sample(capture.tensor(tid), limit)
+        stats = tensor_stats(values, quantiles=False)
     except ModulelensError as error:  # a damaged payload must not break a page
         summary["error"] = str(error)
         return summary
     stats["numel"] = numel
     summary["stats"] = stats
-    summary["sampled"] = sample.numel() if sample.numel() < numel else None
-    summary["histogram"] = histogram(sample, bins)
+    summary["sampled"] = values.numel() if values.numel() < numel else None
+    summary["histogram"] = histogram(values, bins)
     return summary
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -62,10 +63,12 @@ class JobRunner:
 
     Args:
         repo_location: the repo the server shows (passed to each child as ``--repo``).
+        omp_threads: ``OMP_NUM_THREADS`` for the children (``None``: unset, torch's default).
     """
 
-    def __init__(self, repo_location: str) -> None:
+    def __init__(self, repo_location: str, omp_threads: str | None = None) -> None:
         self.repo_location = repo_location
+        self.omp_threads = omp_threads  # OMP_NUM_THREADS of the actions (the user's, before the server set its own)
         self._jobs: dict[int, Job] = {}
         self._ids = itertools.count(1)
         self._one_at_a_time = threading.Lock()
@@ -102,9 +105,14 @@ class JobRunner:
             job.state, job.stage, job.started = "running", "starting", time.time()
             command = [sys.executable, "-m", "modulelens.interfaces.ui._action_worker", job.kind, *job.refs,
                        "--repo", self.repo_location]
+            env = dict(os.environ)
+            if self.omp_threads is None:
+                env.pop("OMP_NUM_THREADS", None)  # the server's own one-thread setting is not the action's
+            else:
+                env["OMP_NUM_THREADS"] = self.omp_threads
             try:
                 child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         stdin=subprocess.DEVNULL, bufsize=1)
+                                         stdin=subprocess.DEVNULL, bufsize=1, env=env)
             except OSError as error:
                 job.state, job.stage, job.ended = "failed", f"could not start: {error}", time.time()
                 return

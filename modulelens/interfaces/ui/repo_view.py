@@ -13,6 +13,8 @@ background thread reads those once per version, so a repo page never reads a cap
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import ModulelensError, RestoreError
 from modulelens.interfaces import session
+from modulelens.repo.files import open_regular
 
 if TYPE_CHECKING:
     import torch
@@ -81,6 +84,44 @@ class StoredCapture:
             self.repo.fetch_version(self.name, self.version)  # a remote repo: into its cache once
             self._payloads = self.repo.payloads(self.metadata)
         return self._payloads.open_tensor(entry, dtype_from_name(entry["dtype"]))
+
+    def sample(self, tid: str, limit: int) -> torch.Tensor:
+        """Recorded tensor ``tid``'s values, or the runs of them that
+        :func:`~modulelens.interfaces.tensor_info.sample_runs` picks when there are more than ``limit``.
+
+        A big stored payload is read run by run with ``pread`` after telling the kernel the reads are
+        random (``POSIX_FADV_RANDOM``): through the memory map, each page fault also read ahead up to
+        the device's readahead window (8 MiB here), and 64 runs 1 MiB apart read the whole 64 MiB
+        weight (benchmarks/bench_ui.py measured a 1 GiB page adding 1.2 GiB of mapped file). Views,
+        strided and packed payloads (packs hold only payloads under 1 MiB) go through :meth:`tensor`.
+        """
+        import torch
+
+        from modulelens.format.tensors import contiguous_strides, dtype_from_name
+        from modulelens.interfaces.tensor_info import sample_runs, value_sample
+
+        entry = self.metadata["tensors"][tid]
+        numel = 1
+        for size in entry["shape"]:
+            numel *= size
+        stride = entry.get("stride")
+        loose = "payload" in entry and "pack" not in entry and "view_of" not in entry and not entry.get("shape_only")
+        if numel <= limit or not loose or (stride is not None and stride != contiguous_strides(entry["shape"])):
+            return value_sample(self.tensor(tid), limit)
+        dtype = dtype_from_name(entry["dtype"])
+        size = torch.empty((), dtype=dtype).element_size()
+        if self._payloads is None:
+            self.repo.fetch_version(self.name, self.version)
+            self._payloads = self.repo.payloads(self.metadata)
+        path = self.repo.check_blob(entry["payload"], entry["nbytes"])  # size and sampled hashes, as a load does
+        fd = open_regular(path)
+        try:
+            with contextlib.suppress(AttributeError, OSError):  # not on every platform: then it only reads more
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            parts = [bytearray(os.pread(fd, length * size, start * size)) for start, length in sample_runs(numel, limit)]
+        finally:
+            os.close(fd)
+        return torch.cat([torch.frombuffer(part, dtype=dtype) for part in parts])
 
     def source_texts(self) -> list[dict[str, Any]]:
         """The source files stored with the capture: ``{"module", "file", "text", "classes"}``,
@@ -169,7 +210,7 @@ class RepoView:
         with self._lock:
             found = self._summaries.get(key)
         if found is None:
-            found = tensor_summary(capture, tid)
+            found = tensor_summary(capture, tid, sample=capture.sample)
             with self._lock:
                 self._summaries[key] = found
                 while len(self._summaries) > _SUMMARIES:

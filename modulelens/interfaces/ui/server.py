@@ -370,15 +370,16 @@ def bind(host: str, port: int, *, explicit: bool) -> socket.socket:
 
 
 def serve(view: RepoView, settings: UiSettings, *, explicit_port: bool, open_browser: bool,
-          announce: Callable[[str], None] = print) -> None:
-    """Serve ``view`` until interrupted; announce the URL (discovery file, terminal, browser)."""
+          action_threads: str | None = None, announce: Callable[[str], None] = print) -> None:
+    """Serve ``view`` until interrupted; announce the URL (discovery file, terminal, browser).
+    ``action_threads``: ``OMP_NUM_THREADS`` for the actions' processes (``None``: torch's default)."""
     import uvicorn
 
     sock = bind(settings.host, settings.port, explicit=explicit_port)
     port = sock.getsockname()[1]
     host = settings.host if ":" not in settings.host.strip("[]") else f"[{settings.host.strip('[]')}]"
     url = f"http://{host}:{port}"
-    runner = JobRunner(view.location)
+    runner = JobRunner(view.location, action_threads)
     app = create_app(view, settings, runner)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
     marker = discovery.announce(url, view.location, settings.token)
