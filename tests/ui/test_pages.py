@@ -179,3 +179,15 @@ def test_hostile_captures_render_as_text_and_run_nothing(tmp_path: Path) -> None
         assert "<script>window" not in page.text and "onerror=\"window" not in page.text and "<iframe" not in page.text
     assert "&lt;script&gt;window.__ml_pwned=true" in web.get(f"/capture/{refs[0]}").text
     assert not any(marker.exists() for marker in markers)
+
+
+def test_a_remote_repo_is_browsed_through_its_cache(demo: dict[str, Any], tmp_path: Path, monkeypatch: Any) -> None:
+    """An fsspec repo (memory:// here; s3:// alike): listing, capture page with histograms from the
+    payloads downloaded into the cache."""
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    url = f"memory://ui-{tmp_path.name}/repo"
+    demo["repo"].push(demo["top_v1"], url)
+    web = client(modulelens.Repo(url))
+    assert refs_on(web.get("/").text) == [demo["top_v1"]]
+    page = web.get(f"/capture/{demo['top_v1']}")
+    assert page.status_code == 200 and page.text.count('<svg class="hist"') == 6
