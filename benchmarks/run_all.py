@@ -33,6 +33,7 @@ RUNS: list[tuple[str, list[str], list[str]]] = [
     ("bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
     ("bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
     ("bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
+    ("bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
 ]
 
 
@@ -91,6 +92,13 @@ def targets_table() -> str:
         shown = "not run" if value is None else f"{value:.2f}×"
         met = "" if value is None else ("yes" if value <= goal else "**no**")
         lines.append(f"| {label} | {shown} | ≤ {goal}× | {met} |")
+    ui = _load("ui")  # issue 26: times, not ratios
+    for label, key, goal in (("UI repo page, 2,000 versions (server side)", "repo_page_s", 0.3),
+                             ("UI capture page, 1 GiB capture, cold (server side)", "capture_page_cold_s", 1.0)):
+        value = ui.get(key)
+        shown = "not run" if value is None else _s(value)
+        met = "" if value is None else ("yes" if value <= goal else "**no**")
+        lines.append(f"| {label} | {shown} | ≤ {_s(goal)} | {met} |")
     return "\n".join(lines)
 
 
@@ -152,6 +160,13 @@ def detail_tables() -> str:
         parts.append("remote\n" + _table(["operation", "modulelens", "baseline", "baseline time", "ratio"],
                                           [[r["operation"], _s(r["modulelens_s"]), r["baseline"], _s(r["baseline_s"]),
                                             f"{r['ratio']:.2f}"] for r in remote["rows"]]))
+    ui = _load("ui")
+    if ui:
+        parts.append("ui\n" + _table(["case", "contender", "median", "best"],
+                                       [[r["case"], r["contender"], _s(r["median_s"]), _s(r["best_s"])] for r in ui["rows"]])
+                     + "\n\nratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ui["ratios"].items())
+                     + f"\n\npeak memory added by the cold capture page: {ui.get('capture_page_peak_added_mib', 0):.0f} MiB; "
+                       f"load average {ui.get('load_average')}")
     return "\n\n".join(parts)
 
 

@@ -143,6 +143,11 @@ def capture_html(capture: Capture) -> str:
         calls += f"<div>... {len(capture.calls) - MAX_CALLS} more call(s): capture.calls[i]</div>"
     parts.append(f"<details open><summary>recorded calls ({len(capture.calls)})</summary>{calls}</details>")
     parts.extend(f"<div>note: {esc(note)}</div>" for note in capture.notes)
+    from modulelens.interfaces.ui.discovery import capture_url
+
+    url = capture_url(capture.repo.location, capture.ref)  # a running `modulelens ui` of this repo
+    if url:
+        parts.append(f'<div><a href="{esc(url)}" target="_blank" rel="noopener noreferrer">open in modulelens ui</a></div>')
     return _wrap("".join(parts))
 
 

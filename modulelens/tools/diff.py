@@ -34,6 +34,7 @@ from modulelens.tools.working_copy import run_device, working_module
 if TYPE_CHECKING:
     from modulelens.repo.local import Repo
     from modulelens.restore.loader import Capture
+    from modulelens.tools.recorded import RecordedTensors
 
 
 @dataclass
@@ -190,7 +191,7 @@ def constructor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
 # Weights
 
 
-def _state_entries(capture: Capture) -> dict[str, tuple[str, str]]:
+def _state_entries(capture: RecordedTensors) -> dict[str, tuple[str, str]]:
     states = capture.metadata.get("states", [])
     if not states:
         return {}
@@ -200,8 +201,12 @@ def _state_entries(capture: Capture) -> dict[str, tuple[str, str]]:
     return entries
 
 
-def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
+def tensor_changes(a: RecordedTensors, b: RecordedTensors) -> list[dict[str, Any]]:
     """Per parameter/buffer of the first recorded state: status, max abs diff, relative norm.
+
+    Reads only the captures' metadata and recorded tensors (a :class:`Capture`, or the web UI's
+    view of a stored one), chunk by chunk: two multi-GB weights are compared without a copy of
+    either in memory, and tensors with the same payload hash are not read at all.
 
     Example::
 
@@ -223,19 +228,47 @@ def tensor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
             row.update(status="only in b" if meta_a is None else "only in a", max_abs_diff=None, rel_norm=None)
         elif meta_a["shape"] != meta_b["shape"]:
             row.update(status="shape changed", max_abs_diff=None, rel_norm=None)
-        elif meta_a["payload"] != meta_b["payload"] or meta_a["dtype"] != meta_b["dtype"]:
-            ta = a.fresh_tensor(ea[name][1]).to(torch.float64)
-            tb = b.fresh_tensor(eb[name][1]).to(torch.float64)
-            delta = tb - ta
-            norm_a = float(ta.norm()) if ta.numel() else 0.0
-            row["max_abs_diff"] = float(delta.abs().max()) if delta.numel() else 0.0
-            row["rel_norm"] = float(delta.norm()) / norm_a if norm_a else (0.0 if not row["max_abs_diff"] else math.inf)
+        elif meta_a.get("shape_only") or meta_b.get("shape_only"):
+            row.update(status="not compared (shape-only)", max_abs_diff=None, rel_norm=None)
+        elif meta_a.get("payload") != meta_b.get("payload") or meta_a["dtype"] != meta_b["dtype"] or "payload" not in meta_a:
+            max_abs, delta_norm, norm_a = _drift(a.tensor(ea[name][1]), b.tensor(eb[name][1]))
+            row["max_abs_diff"] = max_abs
+            row["rel_norm"] = delta_norm / norm_a if norm_a else (0.0 if not max_abs else math.inf)
             if meta_a["dtype"] != meta_b["dtype"]:
                 row["status"] = "dtype changed"
-            elif row["max_abs_diff"] != 0.0 or bool(torch.isnan(delta).any()):
+            elif max_abs != 0.0:  # NaN included
                 row["status"] = "changed"
         rows.append(row)
     return rows
+
+
+_DRIFT_CHUNK = 1 << 22  # elements compared at a time (two float64 chunks: 64 MiB)
+
+
+def _drift(ta: torch.Tensor, tb: torch.Tensor) -> tuple[float, float, float]:
+    """``(max |b - a|, ||b - a||, ||a||)`` in float64, a chunk at a time (the first two NaN when a
+    difference is)."""
+    flat_a, flat_b = _flat_real(ta), _flat_real(tb)
+    max_abs, delta_sq, a_sq = 0.0, 0.0, 0.0
+    for start in range(0, flat_a.numel(), _DRIFT_CHUNK):
+        chunk_a = flat_a[start:start + _DRIFT_CHUNK].to(torch.float64)
+        delta = flat_b[start:start + _DRIFT_CHUNK].to(torch.float64) - chunk_a
+        a_sq += float((chunk_a * chunk_a).sum())
+        if math.isnan(max_abs):
+            continue
+        if bool(torch.isnan(delta).any()):
+            max_abs = delta_sq = math.nan
+            continue
+        if delta.numel():
+            max_abs = max(max_abs, float(delta.abs().max()))
+        delta_sq += float((delta * delta).sum())
+    return max_abs, math.sqrt(delta_sq), math.sqrt(a_sq)
+
+
+def _flat_real(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as one flat real tensor (a view when it is contiguous: nothing is read yet)."""
+    flat = tensor.detach().reshape(-1)
+    return torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat
 
 
 # ------------------------------------------------------------------------------------------------

@@ -125,7 +125,9 @@ try:
     app(sys.argv[1:])
 except SystemExit as exit:
     assert not exit.code, exit.code
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "pydantic", "rich"})
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "pydantic", "rich", "starlette", "uvicorn",
+                                                       "jinja2", "markupsafe", "matplotlib", "selenium"})
+heavy += sorted(m for m in sys.modules if m.startswith("modulelens.interfaces.ui.") and m != "modulelens.interfaces.ui.discovery")
 commands = sorted(m.rsplit(".", 1)[1] for m in sys.modules
                   if m.startswith("modulelens.interfaces.cli.") and not m.rsplit(".", 1)[1].startswith("_"))
 print(json.dumps({"heavy": heavy, "command_modules": commands}))
@@ -133,7 +135,7 @@ print(json.dumps({"heavy": heavy, "command_modules": commands}))
 
 
 @pytest.mark.parametrize("args, command_modules", [
-    ("--help", ["agents", "app", "core", "kernel", "remote", "tools"]),  # lists every command, builds none
+    ("--help", ["agents", "app", "core", "kernel", "remote", "tools", "ui"]),  # lists every command, builds none
     ("--version", ["app"]),
     ("ls", ["app", "core"]),
     ("show ranker/attn", ["app", "core"]),
@@ -141,7 +143,9 @@ print(json.dumps({"heavy": heavy, "command_modules": commands}))
 ])
 def test_fast_commands_import_only_what_they_use(populated: Path, args: str, command_modules: list[str]) -> None:
     """Issue 14: --help, --version, ls and show start without torch, numpy, pydantic (typer's
-    coercion of plain strings) or rich (plain text and JSON), importing only their command module."""
+    coercion of plain strings) or rich (plain text and JSON), importing only their command module;
+    issue 26: nor the web UI's stack (starlette, uvicorn, jinja2) or its modules (show reads only
+    the running servers' announcements, modulelens.interfaces.ui.discovery)."""
     argv = [*args.split(), *(["--repo", str(populated)] if args.startswith(("ls", "show")) else [])]
     result = subprocess.run([PYTHON, "-c", IMPORTED, *argv], capture_output=True, text=True,
                             env=subprocess_env(), timeout=120)
@@ -157,7 +161,7 @@ def test_help_lists_every_command_and_each_resolves() -> None:
 
     group = typer.main.get_command(app)
     names = group.list_commands(None)
-    assert {"ls", "show", "replay", "gc", "profile", "verify", "export", "push", "kernel", "agent"} <= set(names)
+    assert {"ls", "show", "replay", "gc", "profile", "verify", "export", "push", "kernel", "agent", "ui", "report"} <= set(names)
     result = subprocess.run([PYTHON, "-m", "modulelens", "--help"], capture_output=True, text=True,
                             env=subprocess_env(), timeout=120)
     listed = result.stdout.split("Commands:", 1)[1]
@@ -240,6 +244,8 @@ main()
 @pytest.mark.parametrize("package, args, message", [
     ("IPython", ["shell", "ranker/attn"], "error: modulelens shell needs IPython"),
     ("mcp", ["mcp"], "error: the MCP server needs the mcp package: pip install 'modulelens[agents]'"),
+    ("starlette", ["ui", "--no-open"], "error: modulelens ui needs starlette: pip install 'modulelens[ui]'"),
+    ("jinja2", ["report", "ranker/attn", "-o", "x.html"], "error: modulelens report needs jinja2: pip install 'modulelens[ui]'"),
 ])
 def test_a_missing_optional_package_is_one_line(populated: Path, package: str, args: list[str], message: str) -> None:
     result = subprocess.run([PYTHON, "-c", MISSING, package, *args, "--repo", str(populated)], capture_output=True,

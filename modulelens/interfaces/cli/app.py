@@ -37,6 +37,7 @@ _SOURCES = (
     ("kernel", "app", None),    # export
     ("agents", "app", None),    # shell, mcp
     ("remote", "app", None),    # push, pull
+    ("ui", "app", None),        # ui, report
     ("kernel", "kernel_app", "kernel"),
     ("agents", "agent_app", "agent"),
 )

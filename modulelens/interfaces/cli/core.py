@@ -86,6 +86,9 @@ def show(
                    f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
         for r in d["reports"]:
             typer.echo(f"report: {r['kind']} {r['created']} passed={r['passed']}")
+        from modulelens.interfaces.ui.discovery import capture_url  # a running `modulelens ui` of this repo
+        if url := capture_url(store.location, d["ref"]):
+            typer.echo(f"in the browser: {url}")
 
     emit("show", as_json, result, render)
 

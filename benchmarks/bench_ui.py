@@ -1,0 +1,193 @@
+"""Server-side render time of the web UI's pages, against the obvious alternatives in the same run.
+
+    python benchmarks/bench_ui.py [--rounds 7] [--versions 2000] [--names 200] [--gib 1.0]
+
+* The repo page of --versions versions under --names names (the whole request through the app:
+  routing, the guard, the listing, the template; Starlette's in-process test client, no socket),
+  its first page (500 rows) and all rows on one page, against what ``modulelens ls --json`` does
+  in-process (the listing as JSON) and against reading every version's ``capture.json``, what a
+  page that did not use the listing summaries would have to do. Target: under 300 ms.
+* The capture page of a --gib GiB capture (``Big``: 16 x Linear(4096, 4096) at 1 GiB, one recorded
+  call), cold (a new view: nothing cached; files in the page cache, as right after the capture or
+  on a second look) and warm, against ``modulelens show --json`` (metadata only, no statistics)
+  and against exact statistics over every element of every weight (what a page that did not sample
+  would do). Target: under 1 s cold. Also the peak memory the cold page added, in a fresh process:
+  it reads samples of the memory-mapped payloads, never a whole weight.
+
+Rounds are interleaved with a rotating order (_common.interleaved); medians and best are reported,
+and the ratios in results/ui.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# As `modulelens ui` does before importing torch (interfaces/cli/ui.py): one intra-op thread, in the
+# app's worker threads too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import Big, interleaved, many_versions_repo, median, report
+from starlette.testclient import TestClient
+
+import modulelens
+from modulelens.format.shape_only import tensor_stats
+from modulelens.interfaces import session
+from modulelens.interfaces.ui.repo_view import RepoView
+from modulelens.interfaces.ui.server import UiSettings, create_app
+from modulelens.restore.summary import describe
+
+BASE = "http://127.0.0.1:8765"
+
+# Run in a fresh process: how much memory the cold capture page adds (its high-water mark over the
+# resident size before; file pages of the memory-mapped payloads that it reads count too).
+_PEAK = """
+import json, sys
+from starlette.testclient import TestClient
+import modulelens
+from modulelens.interfaces.ui.repo_view import RepoView
+from modulelens.interfaces.ui.server import UiSettings, create_app
+web = TestClient(create_app(RepoView(modulelens.Repo(sys.argv[1]), scan_jobs=False), UiSettings()),
+                 base_url="http://127.0.0.1:8765")
+web.get("/static/ui.css")  # the app and the templates' machinery loaded
+def rss_kib():
+    with open("/proc/self/status") as status:
+        return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status) if k in ("VmRSS", "VmHWM")}
+before = rss_kib()
+page = web.get("/capture/" + sys.argv[2])
+after = rss_kib()
+print(json.dumps({"status": page.status_code, "added_kib": after["VmHWM"] - before["VmRSS"], "before_kib": before["VmRSS"]}))
+"""
+
+
+def _client(view: RepoView) -> TestClient:
+    return TestClient(create_app(view, UiSettings()), base_url=BASE)
+
+
+def _get(web: TestClient, path: str) -> None:
+    response = web.get(path)
+    assert response.status_code == 200, (path, response.status_code, response.text[-400:])
+
+
+def repo_page(root: Path, versions: int, names: int, rounds: int) -> tuple[list[dict], dict]:
+    start = time.perf_counter()
+    repo = many_versions_repo(root, versions, names)
+    print(f"made {versions} versions in {time.perf_counter() - start:.1f} s")
+    time.sleep(1.1)  # then a writer stores every name's summary with its key: the listing of a repo at rest
+    repo.gc()
+    view = RepoView(repo)
+    start = time.perf_counter()
+    view.wait_for_jobs()
+    scan_s = time.perf_counter() - start
+    web = _client(view)
+    _get(web, "/")
+
+    def ls_json() -> None:
+        json.dumps([info.to_dict() for info in session.list_versions(repo)])
+
+    def every_capture_file() -> None:
+        for info in repo.list():
+            repo.read_metadata(info.name, info.version)
+
+    times = interleaved({
+        "ui: repo page (first 500 rows)": lambda: _get(web, "/"),
+        "ui: repo page, all rows": lambda: _get(web, "/?per_page=all"),
+        "ui: repo page, search 'model1' + sort by size": lambda: _get(web, "/?q=model1&sort=size"),
+        "ls --json, in-process (listing as JSON)": ls_json,
+        "read every capture.json": every_capture_file,
+    }, rounds)
+    rows = [{"case": f"repo page, {versions} versions", "contender": k, "median_s": median(v), "best_s": min(v)}
+            for k, v in times.items()]
+    cli = []
+    for _ in range(3):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "modulelens", "ls", "--json", "--repo", str(root)], check=True,
+                       capture_output=True)
+        cli.append(time.perf_counter() - began)
+    rows.append({"case": f"repo page, {versions} versions", "contender": "modulelens ls --json (fresh process)",
+                 "median_s": median(cli), "best_s": min(cli)})
+    page = median(times["ui: repo page (first 500 rows)"])
+    ratios = {"repo_page_vs_ls_json": page / median(times["ls --json, in-process (listing as JSON)"]),
+              "repo_page_all_rows_vs_ls_json": median(times["ui: repo page, all rows"])
+              / median(times["ls --json, in-process (listing as JSON)"]),
+              "repo_page_vs_every_capture_file": page / median(times["read every capture.json"])}
+    return rows, {"ratios": ratios, "job_scan_s": scan_s, "repo_page_s": page,
+                  "repo_page_all_rows_s": median(times["ui: repo page, all rows"])}
+
+
+def capture_page(root: Path, gib: float, rounds: int) -> tuple[list[dict], dict]:
+    width = 4096
+    modulelens.track_init()
+    model = Big(width, Big.depth_for(gib, width))
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    repo = modulelens.Repo(root)
+    with torch.no_grad(), modulelens.capture(model, targets=".", repo=repo, name="big") as cap:
+        model(torch.randn(8, width))
+    ref = cap.saved[0].ref
+    del model, cap
+    name, version = repo.resolve(ref)
+    path = f"/capture/{ref}"
+    warm = _client(RepoView(repo, scan_jobs=False))
+    _get(warm, path)
+    loaded = modulelens.load(ref, repo=repo)
+
+    def cold() -> None:
+        _get(_client(RepoView(modulelens.Repo(root), scan_jobs=False)), path)
+
+    def exact_stats() -> None:
+        for tensor in loaded.state_dict().values():
+            tensor_stats(tensor, quantiles=False)
+
+    times = interleaved({
+        "ui: capture page, cold (nothing cached)": cold,
+        "ui: capture page, warm": lambda: _get(warm, path),
+        "show --json, in-process (metadata, no statistics)": lambda: describe(repo, ref),
+        "exact statistics of every weight (all elements)": exact_stats,
+    }, rounds)
+    label = f"capture page, {nbytes / 2**30:.2f} GiB of weights"
+    rows = [{"case": label, "contender": k, "median_s": median(v), "best_s": min(v)} for k, v in times.items()]
+    peak = json.loads(subprocess.run([sys.executable, "-c", _PEAK, str(root), ref], check=True, capture_output=True,
+                                     text=True).stdout.strip().splitlines()[-1])
+    page = median(times["ui: capture page, cold (nothing cached)"])
+    return rows, {"ratios": {"capture_page_vs_show_json": page / median(times["show --json, in-process (metadata, no statistics)"]),
+                             "capture_page_vs_exact_stats": page / median(times["exact statistics of every weight (all elements)"])},
+                  "capture_page_cold_s": page, "capture_page_warm_s": median(times["ui: capture page, warm"]),
+                  "capture_payload_bytes": nbytes, "capture_page_peak_added_mib": peak["added_kib"] / 1024,
+                  "version": f"{name}:v{version}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--versions", type=int, default=2000)
+    parser.add_argument("--names", type=int, default=200)
+    parser.add_argument("--gib", type=float, default=1.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="ml-bench-ui-"))
+    try:
+        listing_rows, listing = repo_page(work / "many", args.versions, args.names, args.rounds)
+        capture_rows, big = capture_page(work / "big", args.gib, args.rounds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    extra = {**listing, **big, "ratios": {**listing["ratios"], **big["ratios"]}, "load_average": os.getloadavg(),
+             "targets": {"repo_page_s": 0.3, "capture_page_cold_s": 1.0}}
+    report("ui", f"UI pages, server side (median of {args.rounds} interleaved rounds)", listing_rows + capture_rows,
+           ["case", "contender", "median_s", "best_s"], extra)
+    print(f"repo page {listing['repo_page_s'] * 1e3:.1f} ms (target 300 ms); capture page cold "
+          f"{big['capture_page_cold_s'] * 1e3:.0f} ms (target 1000 ms), peak memory added "
+          f"{big['capture_page_peak_added_mib']:.0f} MiB for {big['capture_payload_bytes'] / 2**30:.2f} GiB of weights")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Pictures on the pages: tensor histograms as inline SVG, report plots as PNG images.
+
+Histograms are many and small (one per tensor), so they are SVG bars computed here and drawn by a
+template macro: no image request, no script, and they print. Report plots (latency by batch size,
+memory, FLOPs and the roofline) go through matplotlib, the plotting library the rest of modulelens
+uses (``modulelens profile --plot``), as PNG ``data:`` URIs: the page stays one document, which the
+self-contained export (``modulelens report``) needs, and the Content-Security-Policy allows images
+only from the server itself and ``data:``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+import tempfile
+from typing import Any
+
+from modulelens.format.human import human_number
+
+HIST_WIDTH = 240
+HIST_HEIGHT = 56
+
+
+def histogram_bars(hist: dict[str, Any] | None, width: int = HIST_WIDTH, height: int = HIST_HEIGHT) -> dict[str, Any] | None:
+    """SVG geometry of a histogram from :func:`~modulelens.interfaces.tensor_info.histogram`.
+
+    Returns:
+        ``{"width", "height", "bars": [{"x", "y", "w", "h", "count", "low", "high"}], "low", "high",
+        "peak", "total"}`` with bar heights on a square-root scale (so a spike at zero does not flatten
+        the rest), or ``None`` for no histogram.
+    """
+    if not hist or not hist.get("counts"):
+        return None
+    counts = hist["counts"]
+    peak = max(counts) or 1
+    step = width / len(counts)
+    span = (hist["high"] - hist["low"]) / len(counts)
+    bars = []
+    for i, count in enumerate(counts):
+        h = 0.0 if not count else max(1.0, (height - 2) * math.sqrt(count / peak))
+        low = hist["low"] + i * span
+        bars.append({"x": round(i * step + 0.5, 2), "y": round(height - h, 2), "w": round(max(step - 1, 0.5), 2),
+                     "h": round(h, 2), "count": count, "low": human_number(low), "high": human_number(low + span)})
+    labels = hist.get("labels") or [human_number(hist["min"]), human_number(hist["max"])]
+    return {"width": width, "height": height, "bars": bars, "peak": peak, "total": hist.get("total"),
+            "low": labels[0], "high": labels[-1]}
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def sweep_plot(report: dict[str, Any]) -> str | None:
+    """Latency and throughput by batch size of a profile report with a sweep, as a ``data:`` URI
+    (drawn by :func:`modulelens.tools.profile.draw_plot`, the plot of ``profile --plot``)."""
+    rows = report.get("batch_sweep") or []
+    if not any(isinstance(r, dict) and r.get("median_ms") is not None for r in rows):
+        return None
+    from modulelens.tools.profile import draw_plot
+
+    with tempfile.TemporaryDirectory(prefix="modulelens-ui-") as folder:
+        path = os.path.join(folder, "sweep.png")
+        draw_plot(rows, path, f"{report.get('ref', '')} ({report.get('mode', '')}, {report.get('device', '')})")
+        with open(path, "rb") as handle:
+            return png_data_uri(handle.read())
+
+
+def history_plot(reports: list[dict[str, Any]]) -> str | None:
+    """Profile reports of one capture side by side, as a ``data:`` URI: median latency, peak
+    memory, and the roofline view (achieved FLOP/s against arithmetic intensity, log-log; each
+    batch size of a sweep is a point too). ``None`` without a profile report."""
+    profiles = [r for r in reports if r.get("kind") == "profile" and isinstance(r.get("latency"), dict)]
+    if not profiles:
+        return None
+    from matplotlib.figure import Figure
+
+    profiles = sorted(profiles, key=lambda r: str(r.get("created", "")))
+    labels = [str(r.get("created", "?"))[4:13] for r in profiles]
+    fig = Figure(figsize=(11, 3.4), dpi=90)
+    latency_ax, memory_ax, roof_ax = fig.subplots(1, 3)
+    medians = [_number(r["latency"].get("median_ms")) for r in profiles]
+    latency_ax.plot(range(len(profiles)), medians, marker="o")
+    latency_ax.set(title="median latency (ms)", xticks=range(len(profiles)))
+    latency_ax.set_xticklabels(labels, rotation=30, fontsize=7)
+    peaks = [_number((r.get("memory") or {}).get("peak_bytes")) / 2**20 for r in profiles]
+    memory_ax.bar(range(len(profiles)), [0 if math.isnan(p) else p for p in peaks], color="tab:purple")
+    memory_ax.set(title="peak memory (MiB)", xticks=range(len(profiles)))
+    memory_ax.set_xticklabels(labels, rotation=30, fontsize=7)
+    points = []
+    for r in profiles:
+        points.append((_number(r.get("arithmetic_intensity")), _number(r.get("achieved_flops_per_s")), "tab:blue"))
+        for row in r.get("batch_sweep") or []:
+            flops, achieved, median = (_number(row.get(k)) for k in ("flops", "achieved_flops_per_s", "median_ms"))
+            bytes_moved = _number((r.get("bytes_moved") or {}).get("total"))
+            if flops and bytes_moved and achieved and median:
+                points.append((flops / bytes_moved, achieved, "tab:orange"))
+    points = [(x, y, c) for x, y, c in points if x > 0 and y > 0]
+    if points:
+        roof_ax.scatter([p[0] for p in points], [p[1] for p in points], c=[p[2] for p in points])
+        roof_ax.set_xscale("log")
+        roof_ax.set_yscale("log")
+    roof_ax.set(title="roofline: FLOP/s vs FLOP/byte", xlabel="arithmetic intensity (FLOP/byte)")
+    for ax in (latency_ax, memory_ax, roof_ax):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return png_data_uri(buffer.getvalue())
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan

@@ -1,0 +1,277 @@
+"""What the pages read from a repo: listings, one capture's checked metadata and memory-mapped
+payloads, its reports. Every read goes through the public ``Repo`` API (here and nowhere else in
+the UI), and nothing here imports a class, function or module that a capture names: browsing a
+capture someone sent you runs none of its code, exactly like ``modulelens show``
+(docs/security.md). Replay and profile, which must rebuild the module, run only as actions
+(``--allow-run``) in a child process (:mod:`.actions`).
+
+Versions are immutable (a removed version's number is never reused), so what is read of one is
+kept: a bounded cache of opened captures and of tensor summaries, and the capturing job's facts
+(host, command, git commit) for the repo page, which the listing summaries do not carry; a
+background thread reads those once per version, so a repo page never reads a capture file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from modulelens.errors import ModulelensError, RestoreError
+from modulelens.interfaces import session
+from modulelens.repo.files import open_regular
+
+if TYPE_CHECKING:
+    import torch
+
+    from modulelens.repo.local import Repo, VersionInfo
+
+_OPEN_CAPTURES = 16
+_SUMMARIES = 4096
+
+
+class StoredCapture:
+    """One stored version, read for display: checked metadata and memory-mapped tensors.
+
+    Satisfies :class:`~modulelens.tools.recorded.RecordedTensors`, so the tables of
+    :mod:`modulelens.interfaces.tensor_info` and the weight comparison of
+    :func:`modulelens.tools.diff.tensor_changes` work on it without a module being rebuilt.
+    """
+
+    def __init__(self, repo: Repo, name: str, version: int) -> None:
+        self.repo = repo
+        self.name = name
+        self.version = version
+        self.metadata: dict[str, Any] = repo.read_metadata(name, version)
+        self.info: VersionInfo = repo.info(name, version)
+        self._payloads: Any = None
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:v{self.version}"
+
+    def tensor(self, tid: str) -> torch.Tensor:
+        """Recorded tensor ``tid``, memory-mapped (a view of another one shares its mapping).
+
+        Raises:
+            RestoreError: the tensor was stored shape-only (it has no values).
+            CorruptCaptureError: its payload is missing or damaged.
+        """
+        with self._lock:
+            cached = self._tensors.get(tid)
+            if cached is None:
+                cached = self._tensors[tid] = self._open(tid)
+            return cached
+
+    def _open(self, tid: str) -> torch.Tensor:
+        from modulelens.format.tensors import dtype_from_name
+
+        entry = self.metadata["tensors"][tid]
+        if entry.get("shape_only"):
+            raise RestoreError(f"{self.ref}: tensor {tid} was stored shape-only (no values)")
+        if "view_of" in entry:
+            base = self._tensors.get(entry["view_of"])
+            if base is None:
+                base = self._tensors[entry["view_of"]] = self._open(entry["view_of"])
+            return base.as_strided(entry["shape"], entry["stride"], entry["storage_offset"])
+        if self._payloads is None:
+            self.repo.fetch_version(self.name, self.version)  # a remote repo: into its cache once
+            self._payloads = self.repo.payloads(self.metadata)
+        return self._payloads.open_tensor(entry, dtype_from_name(entry["dtype"]))
+
+    def sample(self, tid: str, limit: int) -> torch.Tensor:
+        """Recorded tensor ``tid``'s values, or the runs of them that
+        :func:`~modulelens.interfaces.tensor_info.sample_runs` picks when there are more than ``limit``.
+
+        A big stored payload is read run by run with ``pread`` after telling the kernel the reads are
+        random (``POSIX_FADV_RANDOM``): through the memory map, each page fault also read ahead up to
+        the device's readahead window (8 MiB here), and 64 runs 1 MiB apart read the whole 64 MiB
+        weight (benchmarks/bench_ui.py measured a 1 GiB page adding 1.2 GiB of mapped file). Views,
+        strided and packed payloads (packs hold only payloads under 1 MiB) go through :meth:`tensor`.
+        """
+        import torch
+
+        from modulelens.format.tensors import contiguous_strides, dtype_from_name
+        from modulelens.interfaces.tensor_info import sample_runs, value_sample
+
+        entry = self.metadata["tensors"][tid]
+        numel = 1
+        for size in entry["shape"]:
+            numel *= size
+        stride = entry.get("stride")
+        loose = "payload" in entry and "pack" not in entry and "view_of" not in entry and not entry.get("shape_only")
+        if numel <= limit or not loose or (stride is not None and stride != contiguous_strides(entry["shape"])):
+            return value_sample(self.tensor(tid), limit)
+        dtype = dtype_from_name(entry["dtype"])
+        size = torch.empty((), dtype=dtype).element_size()
+        if self._payloads is None:
+            self.repo.fetch_version(self.name, self.version)
+            self._payloads = self.repo.payloads(self.metadata)
+        path = self.repo.check_blob(entry["payload"], entry["nbytes"])  # size and sampled hashes, as a load does
+        fd = open_regular(path)
+        try:
+            with contextlib.suppress(AttributeError, OSError):  # not on every platform: then it only reads more
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            parts = [bytearray(os.pread(fd, length * size, start * size)) for start, length in sample_runs(numel, limit)]
+        finally:
+            os.close(fd)
+        return torch.cat([torch.frombuffer(part, dtype=dtype) for part in parts])
+
+    def source_texts(self) -> list[dict[str, Any]]:
+        """The source files stored with the capture: ``{"module", "file", "text", "classes"}``,
+        text decoded from its payload (shown, never run)."""
+        texts = []
+        for module, entry in sorted((self.metadata.get("sources") or {}).items()):
+            text = entry.get("text")
+            if not isinstance(text, str) and isinstance(entry.get("text_id"), str):
+                try:
+                    text = self.tensor(entry["text_id"]).numpy().tobytes().decode("utf-8", errors="replace")
+                except ModulelensError as error:
+                    text = f"(cannot read the stored source: {error})"
+            texts.append({"module": module, "file": entry.get("file"), "text": text if isinstance(text, str) else "",
+                          "classes": sorted((entry.get("classes") or {}).keys())})
+        return texts
+
+
+class RepoView:
+    """The repo a UI serves, with the caches that make its pages fast.
+
+    Args:
+        repo: the open repo (local, remote through its cache, or a pulled W&B artifact).
+        scan_jobs: read each version's capturing job in a background thread (the repo page's
+            host/command/commit columns).
+    """
+
+    def __init__(self, repo: Repo, *, scan_jobs: bool = True) -> None:
+        self.repo = repo
+        self._lock = threading.Lock()
+        self._captures: OrderedDict[tuple[str, int], StoredCapture] = OrderedDict()
+        self._summaries: OrderedDict[tuple[str, int, str], dict[str, Any]] = OrderedDict()
+        self._jobs: dict[str, dict[str, Any] | None] = {}
+        self._drawn: OrderedDict[tuple[str, ...], Any] = OrderedDict()
+        self._scan: threading.Thread | None = None
+        if scan_jobs:
+            self.scan_jobs()
+
+    @property
+    def location(self) -> str:
+        return self.repo.location
+
+    # ---------------------------------------------------------------------------- listings
+
+    def versions(self) -> list[VersionInfo]:
+        """Every version, from the per-name listing summaries (no capture file read)."""
+        return self.repo.list()
+
+    def resolve(self, ref: str) -> tuple[str, int]:
+        """``NAME[:vN|:alias]`` -> ``(name, version)``.
+
+        Raises:
+            CaptureNotFoundError: no such ref (with the closest names), or a name that is not valid.
+        """
+        return session.resolve(self.repo, ref)
+
+    def version_numbers(self, name: str) -> list[int]:
+        return self.repo.version_numbers(name)
+
+    # ---------------------------------------------------------------------------- captures
+
+    def capture(self, name: str, version: int) -> StoredCapture:
+        """The stored capture ``name:vN`` (kept open: versions never change).
+
+        Raises:
+            CaptureNotFoundError, CorruptCaptureError: no such version, or its metadata is damaged.
+        """
+        key = (name, version)
+        with self._lock:
+            found = self._captures.get(key)
+            if found is not None:
+                self._captures.move_to_end(key)
+                return found
+        found = StoredCapture(self.repo, name, version)
+        with self._lock:
+            self._captures[key] = found
+            while len(self._captures) > _OPEN_CAPTURES:
+                self._captures.popitem(last=False)
+        self._remember_job(found.ref, found.metadata)
+        return found
+
+    def summary(self, capture: StoredCapture, tid: str) -> dict[str, Any]:
+        """:func:`~modulelens.interfaces.tensor_info.tensor_summary` of one tensor, kept."""
+        from modulelens.interfaces.tensor_info import tensor_summary
+
+        key = (capture.name, capture.version, tid)
+        with self._lock:
+            found = self._summaries.get(key)
+        if found is None:
+            found = tensor_summary(capture, tid, sample=capture.sample)
+            with self._lock:
+                self._summaries[key] = found
+                while len(self._summaries) > _SUMMARIES:
+                    self._summaries.popitem(last=False)
+        return found
+
+    def drawn(self, key: tuple[str, ...], draw: Callable[[], Any]) -> Any:
+        """``draw()`` once per ``key`` (a plot of stored reports: they do not change once written)."""
+        with self._lock:
+            if key in self._drawn:
+                return self._drawn[key]
+        value = draw()
+        with self._lock:
+            self._drawn[key] = value
+            while len(self._drawn) > _OPEN_CAPTURES * 8:
+                self._drawn.popitem(last=False)
+        return value
+
+    def reports(self, ref: str) -> list[dict[str, Any]]:
+        """The reports stored with ``name:vN``, newest first (a damaged one is skipped by the repo)."""
+        found = self.repo.reports(ref)
+        return sorted(found, key=lambda r: (str(r.get("created", "")), str(r.get("path", ""))), reverse=True)
+
+    # ---------------------------------------------------------------------------- jobs
+
+    def job(self, ref: str) -> dict[str, Any] | None:
+        """The capturing job of ``name:vN`` (``host``, ``command``, ``git_commit``), once read."""
+        return self._jobs.get(ref)
+
+    def scan_jobs(self) -> None:
+        """Start reading every version's capturing job in a background thread (once at a time)."""
+        if self._scan is not None and self._scan.is_alive():
+            return
+        self._scan = threading.Thread(target=self._scan_all, name="modulelens-ui-jobs", daemon=True)
+        self._scan.start()
+
+    def wait_for_jobs(self, timeout: float | None = None) -> None:
+        """Wait for the background read of the capturing jobs (benchmarks and tests)."""
+        if self._scan is not None:
+            self._scan.join(timeout)
+
+    def _scan_all(self) -> None:
+        for info in _safely(self.versions):
+            if info.ref in self._jobs or info.problem:
+                continue
+            try:
+                self._remember_job(info.ref, self.repo.read_metadata(info.name, info.version))
+            except (ModulelensError, OSError):
+                self._jobs[info.ref] = None
+            time.sleep(0)  # let page requests have the interpreter between files
+
+    def _remember_job(self, ref: str, metadata: dict[str, Any]) -> None:
+        env = metadata.get("environment") or {}
+        argv = env.get("argv")
+        command = " ".join(str(a) for a in argv) if isinstance(argv, list) else None
+        self._jobs[ref] = {"host": env.get("host"), "command": command, "git_commit": env.get("git_commit"),
+                           "rank": env.get("rank"), "world_size": env.get("world_size")}
+
+
+def _safely(listing: Callable[[], list[VersionInfo]]) -> Iterator[VersionInfo]:
+    try:
+        yield from listing()
+    except (ModulelensError, OSError):
+        return

@@ -1,0 +1,400 @@
+"""The ``modulelens ui`` server: a Starlette app over one repo, served by uvicorn.
+
+Safe by default (docs/ui.md, "Security model"):
+
+* it binds 127.0.0.1 and answers only requests whose ``Host`` is that address (a web page cannot
+  reach it through DNS rebinding);
+* on any other ``--host`` it makes a token, prints it in the URL, and refuses every request that
+  does not carry it (``?token=`` once, which sets an HttpOnly same-site cookie, or
+  ``Authorization: Bearer``);
+* it is read-only: GET pages only, unless ``--allow-run``, which adds the action forms (POST,
+  with a per-server form token and a same-origin check) that run replay/profile in a child process;
+* every response carries a strict Content-Security-Policy (:data:`.render.SERVER_CSP`), and every
+  page escapes every string from a capture;
+* it serves no file by path: pages come from the repo through its API, and ``/static/`` only the
+  three files named in :data:`.render.STATIC_TYPES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import secrets
+import socket
+import sys
+import threading
+import webbrowser
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from modulelens.errors import CaptureNotFoundError, InvalidNameError, ModulelensError, UsageError
+from modulelens.interfaces.ui import discovery, pages, render
+from modulelens.interfaces.ui.actions import KINDS, JobRunner
+from modulelens.interfaces.ui.export import standalone_html
+from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
+
+TOKEN_COOKIE = "modulelens_ui_token"
+DEFAULT_PORT = 8765
+_PORT_TRIES = 20
+
+
+@dataclass(frozen=True)
+class UiSettings:
+    """How a server runs.
+
+    Args:
+        host: the address to bind; anything but a loopback address needs the token.
+        port: the port (``0``: any free one).
+        allow_run: offer replay/profile/diff-outputs actions (they run code from the repo's captures).
+        token: the token every request must carry, or ``None`` (loopback only).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    allow_run: bool = False
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"--port must be 0-65535, not {self.port}")
+        if not is_loopback(self.host) and not self.token:
+            raise UsageError(f"serving on {self.host} needs a token (only loopback addresses are served without one)")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+# ------------------------------------------------------------------------------------------ app
+
+
+def create_app(view: RepoView, settings: UiSettings, runner: JobRunner | None = None) -> Starlette:
+    """The web app over ``view``'s repo (started by :func:`serve`; tests and benchmarks call it directly)."""
+    ui = _Ui(view, settings, runner or JobRunner(view.location))
+    routes = [
+        Route("/", ui.repo),
+        Route("/capture/{rest:path}", ui.capture_routes),
+        Route("/diff", ui.diff),
+        Route("/static/{name}", ui.static),
+        Route("/actions/{kind}", ui.action, methods=["POST"]),
+        Route("/jobs", ui.jobs),
+        Route("/jobs/{job_id:int}", ui.job),
+        Route("/jobs/{job_id:int}/status", ui.job_status),
+    ]
+    app = Starlette(routes=routes, exception_handlers={ModulelensError: ui.error, 404: ui.not_found, 405: ui.not_allowed})
+    app.add_middleware(_Guard, settings=settings)  # type: ignore[arg-type]
+    app.state.ui = ui
+    return app
+
+
+class _Ui:
+    """The routes, sharing the repo view, the settings and the action runner."""
+
+    def __init__(self, view: RepoView, settings: UiSettings, runner: JobRunner) -> None:
+        self.view = view
+        self.settings = settings
+        self.runner = runner
+        self.csrf = secrets.token_urlsafe(24)
+
+    def page(self, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+        html = render.render(template, {"repo": self.view.location, **context}, allow_run=self.settings.allow_run,
+                             csrf=self.csrf)
+        return HTMLResponse(html, status_code=status)
+
+    def _capture(self, ref: str) -> StoredCapture:
+        name, version = self.view.resolve(ref)
+        return self.view.capture(name, version)
+
+    # ---------------------------------------------------------------------------- pages
+
+    def repo(self, request: Request) -> Response:
+        query = pages.RepoQuery.from_params(request.query_params)
+        return self.page("repo.html", pages.repo_page(self.view, query))
+
+    def capture_routes(self, request: Request) -> Response:
+        rest = request.path_params["rest"]
+        ref, _, tid = rest.rpartition("/histogram/") if "/histogram/" in rest else (rest, "", "")
+        for suffix in ("/reports", "/export"):
+            head = rest[: -len(suffix)]
+            if rest.endswith(suffix) and ":" in head:
+                return self._version_page(request, head, suffix[1:])
+        if tid:
+            return self._version_page(request, ref, "histogram", tid)
+        return self._version_page(request, rest, "capture")
+
+    def _version_page(self, request: Request, ref: str, kind: str, tid: str = "") -> Response:
+        name, version = self.view.resolve(ref)
+        canonical = f"{name}:v{version}"
+        if canonical != ref:  # an alias or no selector: send the reader to the version it is now
+            tail = {"capture": "", "reports": "/reports", "export": "/export", "histogram": f"/histogram/{quote(tid)}"}[kind]
+            target = f"/capture/{render.ref_path(canonical)}{tail}" + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(target, status_code=302)
+        capture = self.view.capture(name, version)
+        if kind == "histogram":
+            return self.page("histogram.html", pages.histogram_of(self.view, capture, tid))
+        if kind == "reports":
+            return self.page("reports.html", pages.reports_page(self.view, capture))
+        if kind == "export":
+            html = standalone_html(self.view, capture)
+            filename = f"{name.replace('/', '_')}_v{version}.html"
+            return HTMLResponse(html, headers={"Content-Disposition": f'attachment; filename="{filename}"',
+                                               "Content-Security-Policy": render.standalone_csp()})
+        state = _int_param(request, "state", 0)
+        return self.page("capture.html", pages.capture_page(self.view, capture, state=state))
+
+    def diff(self, request: Request) -> Response:
+        a, b = request.query_params.get("a", "").strip(), request.query_params.get("b", "").strip()
+        context: dict[str, Any] = {"title": "diff", "a": a, "b": b,
+                                   "refs": [info.ref for info in self.view.versions()][:5000]}
+        if a and b:
+            context.update(pages.diff_page(self.view, self._capture(a), self._capture(b)))
+        elif a and not b:  # one given: compare with the version before it
+            first = self._capture(a)
+            earlier = [v for v in self.view.version_numbers(first.name) if v < first.version]
+            if earlier:
+                return RedirectResponse(f"/diff?a={quote(first.name)}:v{earlier[-1]}&b={quote(first.ref, safe='/:')}",
+                                        status_code=302)
+        return self.page("diff.html", context)
+
+    def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            body = render.static_file(name)
+        except KeyError:
+            return self.not_found(request, None)
+        return Response(body, media_type=render.STATIC_TYPES[name], headers={"Cache-Control": "max-age=3600"})
+
+    # ---------------------------------------------------------------------------- actions
+
+    async def action(self, request: Request) -> Response:
+        if not self.settings.allow_run:
+            return self.page("error.html", {"title": "read-only", "heading": "this server is read-only",
+                                            "message": "start it with modulelens ui --allow-run to replay or profile"}, 403)
+        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
+        if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
+            return self.page("error.html", {"title": "refused", "heading": "refused",
+                                            "message": "the form is not from this server (reload the page)"}, 403)
+        kind = request.path_params["kind"]
+        if kind not in KINDS:
+            return self.not_found(request, None)
+        wanted = (form.get("a", ""), form.get("b", "")) if kind == "diff" else (form.get("ref", ""),)
+        refs = tuple(self._capture(ref).ref for ref in wanted)  # each must exist; pinned to its version now
+        job = self.runner.start(kind, refs)
+        return RedirectResponse(f"/jobs/{job.id}", status_code=303)
+
+    def jobs(self, request: Request) -> Response:
+        return self.page("jobs.html", {"title": "actions", "jobs": [j.view() for j in self.runner.jobs()]})
+
+    def job(self, request: Request) -> Response:
+        job = self.runner.get(request.path_params["job_id"])
+        if job is None:
+            return self.not_found(request, None)
+        return self.page("job.html", {"title": f"{job.kind} {job.target}", "job": job.view()})
+
+    def job_status(self, request: Request) -> Response:
+        job = self.runner.get(request.path_params["job_id"])
+        if job is None:
+            return self.not_found(request, None)
+        return self.page("job_status.html", {"job": job.view()})
+
+    # ---------------------------------------------------------------------------- errors
+
+    def error(self, request: Request, error: Exception) -> Response:
+        status = 404 if isinstance(error, (CaptureNotFoundError, InvalidNameError)) else \
+            400 if isinstance(error, UsageError) else 500
+        heading = {404: "not found", 400: "bad request"}.get(status, "cannot show this")
+        return self.page("error.html", {"title": heading, "heading": heading, "message": str(error)}, status)
+
+    def not_found(self, request: Request, error: Exception | None) -> Response:
+        return self.page("error.html", {"title": "not found", "heading": "not found",
+                                        "message": f"nothing at {request.url.path}"}, 404)
+
+    def not_allowed(self, request: Request, error: Exception | None) -> Response:
+        return self.page("error.html", {"title": "not allowed", "heading": "not allowed",
+                                        "message": f"{request.method} is not accepted here"}, 405)
+
+
+def _int_param(request: Request, key: str, default: int) -> int:
+    text = request.query_params.get(key, "")
+    try:
+        return int(text) if text else default
+    except ValueError:
+        raise UsageError(f"{key} must be a number, not {text!r}") from None
+
+
+# ------------------------------------------------------------------------------------------ guard
+
+_HEADERS = [
+    (b"content-security-policy", render.SERVER_CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
+class _Guard:
+    """ASGI middleware in front of every route: the host check, the token, the methods, and the
+    security headers on every response (error pages included)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], settings: UiSettings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refusal = self._refusal(scope, headers)
+        if refusal is not None:
+            status, message = refusal
+            await _plain(send, status, message)
+            return
+        token_in_query = self._token_in_query(scope)
+        if token_in_query:  # remember it in a cookie, and take it out of the address bar
+            path = scope.get("path", "/")
+            rest = "&".join(p for p in scope.get("query_string", b"").decode("latin-1").split("&")
+                            if p and not p.startswith("token="))
+            await send({"type": "http.response.start", "status": 303, "headers": [
+                (b"location", (quote(path, safe="/:%") + (f"?{rest}" if rest else "")).encode("latin-1")),
+                (b"set-cookie", f"{TOKEN_COOKIE}={self.settings.token}; HttpOnly; SameSite=Strict; Path=/".encode()),
+                *_HEADERS]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []), *(h for h in _HEADERS if h[0] not in present)]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+    def _refusal(self, scope: dict[str, Any], headers: dict[str, str]) -> tuple[int, str] | None:
+        settings = self.settings
+        if is_loopback(settings.host):
+            host = headers.get("host", "").rsplit(":", 1)[0] if not headers.get("host", "").startswith("[") \
+                else headers.get("host", "").split("]")[0] + "]"
+            if not is_loopback(host):
+                return 421, "this server answers only at its loopback address"
+        if scope["method"] not in ("GET", "HEAD", "POST"):
+            return 405, "method not allowed"
+        if scope["method"] == "POST":
+            if not scope.get("path", "").startswith("/actions/"):
+                return 405, "method not allowed"
+            # A form of another site posting here (CSRF) is refused by its origin, by the browser's
+            # Sec-Fetch-Site, and, whatever the browser sends, by the form token (_Ui.action).
+            origin = headers.get("origin")
+            if origin not in (None, "null") and origin.split("://", 1)[-1] != headers.get("host"):
+                return 403, "cross-origin request refused"
+            if headers.get("sec-fetch-site") not in (None, "same-origin"):
+                return 403, "cross-site request refused"
+        if settings.token and not self._carries_token(scope, headers):
+            return 401, "this server needs its token: open the address modulelens ui printed (it ends in ?token=...)"
+        return None
+
+    def _token_in_query(self, scope: dict[str, Any]) -> bool:
+        if not self.settings.token:
+            return False
+        query = scope.get("query_string", b"").decode("latin-1")
+        return any(hmac.compare_digest(p, f"token={self.settings.token}") for p in query.split("&") if p.startswith("token="))
+
+    def _carries_token(self, scope: dict[str, Any], headers: dict[str, str]) -> bool:
+        token = self.settings.token or ""
+        if self._token_in_query(scope):
+            return True
+        bearer = headers.get("authorization", "")
+        if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[7:].strip(), token):
+            return True
+        for part in headers.get("cookie", "").split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == TOKEN_COOKIE and hmac.compare_digest(value, token):
+                return True
+        return False
+
+
+async def _plain(send: Any, status: int, message: str) -> None:
+    body = message.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                            *_HEADERS]})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ------------------------------------------------------------------------------------------ serve
+
+
+def bind(host: str, port: int, *, explicit: bool) -> socket.socket:
+    """A listening socket at ``host:port``; the default port moves up to the next free one.
+
+    Raises:
+        UsageError: the port is taken (an explicit ``--port``), or nothing free near the default.
+    """
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    tries = 1 if explicit or port == 0 else _PORT_TRIES
+    last: OSError | None = None
+    for candidate in range(port, port + tries):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), candidate))
+        except OSError as error:
+            sock.close()
+            last = error
+            continue
+        sock.listen(128)
+        return sock
+    raise UsageError(f"cannot listen on {host}:{port}{'' if tries == 1 else f'-{port + tries - 1}'}: {last} "
+                     "(another modulelens ui? pick one with --port)")
+
+
+def serve(view: RepoView, settings: UiSettings, *, explicit_port: bool, open_browser: bool,
+          action_threads: str | None = None, announce: Callable[[str], None] = print) -> None:
+    """Serve ``view`` until interrupted; announce the URL (discovery file, terminal, browser).
+    ``action_threads``: ``OMP_NUM_THREADS`` for the actions' processes (``None``: torch's default)."""
+    import uvicorn
+
+    sock = bind(settings.host, settings.port, explicit=explicit_port)
+    port = sock.getsockname()[1]
+    host = settings.host if ":" not in settings.host.strip("[]") else f"[{settings.host.strip('[]')}]"
+    url = f"http://{host}:{port}"
+    runner = JobRunner(view.location, action_threads)
+    app = create_app(view, settings, runner)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+    marker = discovery.announce(url, view.location, settings.token)
+    visit = f"{url}/?token={settings.token}" if settings.token else f"{url}/"
+    mode = "actions enabled (--allow-run)" if settings.allow_run else "read-only"
+    announce(f"modulelens ui: {view.location} at {visit} ({mode}; Ctrl+C to stop)")
+    if settings.token:
+        announce("serving beyond this machine: every request must carry the token in that address")
+    if open_browser:
+        threading.Timer(0.5, lambda: webbrowser.open(visit)).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        discovery.withdraw(marker)
+        runner.stop()
+        with contextlib.suppress(OSError):
+            sock.close()
+        sys.stdout.flush()

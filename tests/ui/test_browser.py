@@ -1,0 +1,161 @@
+"""``modulelens ui`` in a real headless Chromium: a server started as a user starts it (``modulelens ui
+--repo DIR``, a child process on a free port), clicked through page by page, with the rendered DOM
+checked and screenshots saved for CI. Every request the pages make is recorded: none may leave
+the server (no CDN, no font, no beacon), and no Content-Security-Policy violation may be reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ready
+from selenium.webdriver.support.ui import WebDriverWait
+
+import modulelens
+from stress.browser import console_messages, requested_urls, ui_server
+
+
+def _only_from(server_url: str, urls: list[str]) -> list[str]:
+    """The requests that went anywhere but the server (``data:`` images are part of the page)."""
+    return [u for u in urls if not (u.startswith(server_url + "/") or u == server_url or u.startswith("data:"))]
+
+
+def _wait(driver: Any, seconds: float = 30) -> WebDriverWait:
+    # htmx replaces parts of the page (the job status every second): an element may go stale mid-check
+    return WebDriverWait(driver, seconds, ignored_exceptions=(StaleElementReferenceException, NoSuchElementException))
+
+
+def _text(driver: Any, element_id: str) -> str:
+    return _wait(driver).until(lambda d: d.find_element(By.ID, element_id).text)
+
+
+def test_click_through_repo_capture_histogram_diff_reports(demo: dict[str, Any], browser: Any, child_env: dict[str, str],
+                                                           screenshots: Path) -> None:
+    driver = browser
+    with ui_server(demo["repo"].location, env=child_env) as server:
+        requested_urls(driver), console_messages(driver)  # start the logs from here
+        driver.get(server.url + "/")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#captures tbody tr")
+        assert len(rows) == len(demo["refs"]) == 5
+        assert {a.text for a in driver.find_elements(By.CSS_SELECTOR, "#captures a.ref")} == set(demo["refs"])
+        driver.save_screenshot(str(screenshots / "1-repo.png"))
+
+        # search: only the two versions of top_mlp are left
+        box = driver.find_element(By.ID, "q")
+        box.clear()
+        box.send_keys("top_mlp")
+        driver.find_element(By.ID, "apply").click()
+        _wait(driver).until(lambda d: "q=top_mlp" in d.current_url)
+        refs = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#captures a.ref")]
+        assert refs == ["demo/top_mlp:v2", "demo/top_mlp:v1"]  # newest first
+
+        # a capture: constructor, parameters with a histogram each, calls
+        driver.find_element(By.LINK_TEXT, "demo/top_mlp:v1").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "capture-ref")))
+        assert driver.find_element(By.ID, "capture-ref").text == "demo/top_mlp:v1"
+        assert driver.find_element(By.ID, "constructor").text == (
+            "MLP([26, 64, 32, 1], activation=torch.nn.modules.activation.GELU, dropout=0.1)")
+        params = driver.find_elements(By.CSS_SELECTOR, "table[data-part=state] tbody tr")
+        assert [r.get_attribute("data-path") for r in params] == [
+            "net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias", "net.6.weight", "net.6.bias"]
+        assert len(driver.find_elements(By.CSS_SELECTOR, "table[data-part=state] svg.hist")) == 6
+        bars = driver.find_elements(By.CSS_SELECTOR, "table[data-part=state] tr[data-path='net.0.weight'] svg.hist rect")
+        assert len(bars) == 40
+        calls = driver.find_elements(By.CSS_SELECTOR, "section.call")
+        assert len(calls) == 2
+        driver.save_screenshot(str(screenshots / "2-capture.png"))
+
+        # a call's input histogram, on click (htmx asks the server for it)
+        first_input = calls[0].find_element(By.CSS_SELECTOR, "table[data-part=inputs] tbody tr")
+        assert first_input.get_attribute("data-path") == "args[0]"
+        assert not first_input.find_elements(By.CSS_SELECTOR, "svg.hist")
+        first_input.find_element(By.CSS_SELECTOR, "button.hbtn").click()
+        _wait(driver).until(lambda d: first_input.find_elements(By.CSS_SELECTOR, ".hist-slot svg.hist rect"))
+        assert "float32[64, 26]" in first_input.find_element(By.CSS_SELECTOR, ".hist-slot").text
+        driver.execute_script("arguments[0].scrollIntoView()", first_input)
+        driver.save_screenshot(str(screenshots / "3-call-histogram.png"))
+
+        # the next version, then its diff with this one
+        driver.find_element(By.LINK_TEXT, "v2").click()
+        _wait(driver).until(lambda d: d.find_element(By.ID, "capture-ref").text == "demo/top_mlp:v2")
+        driver.find_element(By.ID, "diff-previous").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "diff-weights")))
+        weights = {r.find_element(By.CSS_SELECTOR, "td").text: r for r in
+                   driver.find_elements(By.CSS_SELECTOR, "#diff-weights tbody tr")}
+        assert set(weights) == {"net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias", "net.6.weight", "net.6.bias"}
+        assert all("changed" in (r.get_attribute("class") or "") for r in weights.values())  # trained in between
+        assert float(weights["net.0.weight"].find_elements(By.CSS_SELECTOR, "td")[5].text) > 0
+        assert driver.find_elements(By.CSS_SELECTOR, "#diff-inputs tbody tr")[0].find_element(By.CSS_SELECTOR, "td").text == "args[0]"
+        driver.save_screenshot(str(screenshots / "4-diff.png"))
+
+        # the reports of v2: the profile (with its plots) and the replay, newest first
+        driver.get(server.url + "/capture/demo/top_mlp:v2")
+        driver.find_element(By.ID, "reports-link").click()
+        _wait(driver).until(ready.presence_of_element_located((By.CSS_SELECTOR, "section.report")))
+        kinds = [s.get_attribute("data-kind") for s in driver.find_elements(By.CSS_SELECTOR, "section.report")]
+        assert kinds == ["profile", "replay"]
+        assert driver.find_element(By.ID, "history-plot").get_attribute("naturalWidth") != "0"
+        sweep = driver.find_element(By.CSS_SELECTOR, "section.report[data-kind=profile] img.sweep")
+        assert int(sweep.get_attribute("naturalWidth")) > 500  # the PNG decoded
+        assert "PASS" in driver.find_element(By.CSS_SELECTOR, "section.report[data-kind=replay] h3").text
+        driver.save_screenshot(str(screenshots / "5-reports.png"))
+
+        elsewhere = _only_from(server.url, requested_urls(driver))
+        assert elsewhere == []
+        problems = [m for m in console_messages(driver) if "Content Security Policy" in m or "SEVERE" in m]
+        assert problems == []
+
+
+def test_an_action_shows_its_progress_and_stores_its_report(demo: dict[str, Any], browser: Any,
+                                                            child_env: dict[str, str], screenshots: Path) -> None:
+    driver = browser
+    ref = demo["top_v1"]
+    before = len(demo["repo"].reports(ref))
+    with ui_server(demo["repo"].location, env=child_env, allow_run=True) as server:
+        driver.get(f"{server.url}/capture/{ref}")
+        driver.find_element(By.ID, "run-replay").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "job-status")))
+        assert _text(driver, "job-state") in ("queued", "running", "done")
+        driver.save_screenshot(str(screenshots / "6-action-running.png"))
+        seen = set()
+        _wait(driver, 240).until(lambda d: seen.add(d.find_element(By.ID, "job-status").text)
+                                 or d.find_element(By.ID, "job-state").text in ("done", "failed"))
+        assert _text(driver, "job-state") == "done", _text(driver, "job-status")
+        assert "PASS" in _text(driver, "job-status")
+        # while it ran, the page showed its stage and how far it was (a <progress> of calls)
+        assert any(text.startswith("state: running") and " / " in text for text in seen), seen
+        driver.save_screenshot(str(screenshots / "7-action-done.png"))
+        driver.find_element(By.ID, "job-reports").click()
+        _wait(driver).until(ready.presence_of_element_located((By.CSS_SELECTOR, "section.report")))
+        assert driver.find_elements(By.CSS_SELECTOR, "section.report")[0].get_attribute("data-kind") == "replay"
+    assert len(modulelens.Repo(demo["repo"].location).reports(ref)) == before + 1
+
+
+def test_the_saved_file_opens_offline_and_fetches_nothing(demo: dict[str, Any], browser: Any, tmp_path: Path,
+                                                          child_env: dict[str, str], screenshots: Path) -> None:
+    import subprocess
+    import sys
+
+    target = tmp_path / "top_mlp.html"
+    done = subprocess.run([sys.executable, "-m", "modulelens", "report", demo["top_v2"], "-o", str(target),
+                           "--repo", demo["repo"].location], capture_output=True, text=True, env=child_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {target}" in done.stdout
+    driver = browser
+    requested_urls(driver), console_messages(driver)
+    driver.get(target.as_uri())
+    assert driver.find_element(By.ID, "capture-ref").text == demo["top_v2"]
+    # every call tensor's histogram is in the file (no server to ask), and the reports with their plots
+    assert driver.find_elements(By.CSS_SELECTOR, "table[data-part=inputs] svg.hist")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "section.report")) >= 2
+    assert int(driver.find_element(By.CSS_SELECTOR, "img.sweep").get_attribute("naturalWidth")) > 500
+    assert driver.execute_script("return document.scripts.length") == 0
+    # the stylesheet applied (allowed by its hash): the header is dark
+    assert driver.find_element(By.CSS_SELECTOR, "header.top").value_of_css_property("background-color") == "rgba(36, 41, 47, 1)"
+    driver.save_screenshot(str(screenshots / "8-saved-file.png"))
+    urls = requested_urls(driver)
+    assert [u for u in urls if not u.startswith(("file://", "data:"))] == []
+    assert [m for m in console_messages(driver) if "Content Security Policy" in m] == []
