@@ -23,7 +23,7 @@ from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name
 from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext, decode_value
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
@@ -746,8 +746,8 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    # trust_source=None: Capture asks repo.trust_source, which a RemoteRepo never takes from a file
-    # (off unless RemoteRepo(url, trust_source=True)), so a remote's stored source runs only when asked.
+    # trust_source=None: Capture asks repo.trust_source, which a remote repo never takes from a file
+    # (off unless Repo(url, trust_source=True)), so a remote's stored source runs only when asked.
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
