@@ -144,22 +144,27 @@ class LocalStore(Store):
             self._folder(folder, create=create_folder)
         return f"{self.location}/{key}"
 
-    def _folder(self, prefix: str, *, create: bool = False) -> str:
+    def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False) -> str:
+        """The path of the folder ``prefix`` after checking each folder on the way with ``lstat``.
+        ``create``: make it when missing (the one above must exist); ``create_all``: make every
+        missing one, each inside a folder just checked (a name's first save), durably."""
         parts = prefix.split("/")
         path = self.location
         for index, part in enumerate(parts):
-            path = f"{path}/{part}"
+            parent, path = path, f"{path}/{part}"
             if index == 0 and part in self._checked:
                 continue
             try:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
                     require_dir(path)  # raises, naming a link or another entry
             except FileNotFoundError:
-                if not (create and index == len(parts) - 1):
+                if not (create_all or (create and index == len(parts) - 1)):
                     raise
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)
                 require_dir(path)
+                if create_all:
+                    flush_folder(Path(parent))  # the new folder's name is durable before anything is put in it
             if index == 0:
                 # names/, blobs/: checked once per store object (a listing reads a file in each of
                 # 200 name folders; re-checking names/ each time was a twentieth of it)
@@ -309,7 +314,7 @@ class LocalStore(Store):
 
     def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
         parent, _, leaf = prefix.rpartition("/")
-        target = self._make_folders(parent)
+        target = self._folder(parent, create_all=True)  # names/<name>/versions, on a name's first save
         if os.path.lexists(f"{target}/{leaf}{TOMBSTONE}"):
             return False  # once used: a ref someone noted down never silently means another capture
         staging = self._tmp_path(".version")
@@ -332,17 +337,6 @@ class LocalStore(Store):
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
-
-    def _make_folders(self, prefix: str) -> str:
-        """``prefix`` (``names/<name>/versions``), its missing folders created durably (a name's
-        first save)."""
-        path = f"{self.root}/{prefix}"
-        if not os.path.isdir(path):
-            os.makedirs(path, exist_ok=True)
-            for folder in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-                flush_folder(Path(folder))
-        self._folder(prefix)
-        return path
 
     def retire(self, prefix: str) -> bool:
         """A tombstone first (flushed), then the folder moves out of sight in one rename and is deleted."""

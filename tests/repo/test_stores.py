@@ -139,4 +139,7 @@ def test_a_local_read_never_goes_through_a_linked_folder(tmp_path: Path) -> None
         store.read("names/a/aliases/golden")
     with pytest.raises(CorruptCaptureError, match="symbolic link"):
         store.write("names/a/aliases/golden", b"2")
+    with pytest.raises(CorruptCaptureError, match="symbolic link"):
+        store.publish("names/a/versions/1", {"capture.json": b"{}"})
+    assert sorted(p.name for p in outside.iterdir()) == ["aliases"]  # no versions/ made through the link
     assert (outside / "aliases" / "golden").read_text() == "1"
