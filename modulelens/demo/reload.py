@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 from modulelens.restore.loader import load
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 from modulelens.tracing.runner import RunConfig, run_command
 
 TARGETS = ["embeddings", "attention", "interaction", "top_mlp"]

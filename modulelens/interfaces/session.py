@@ -15,7 +15,7 @@ from modulelens.errors import CaptureNotFoundError, UsageError
 if TYPE_CHECKING:
     import torch
 
-    from modulelens.repo.local import Repo, VersionInfo
+    from modulelens.repo import Repo, VersionInfo
     from modulelens.restore.loader import Capture
 
 
@@ -23,18 +23,18 @@ def open_repo(path: str | None = None, *, create: bool = False) -> Repo:
     """The repo at ``path`` (default: ``$MODULELENS_REPO`` or ``~/.cache/modulelens/repo``).
 
     Args:
-        path: a repo directory, an fsspec URL (``s3://bucket/prefix``: a ``RemoteRepo``), or
+        path: a repo directory, an fsspec URL (``s3://bucket/prefix``: a repo in object storage), or
             ``None`` for the default.
         create: create an empty repo when there is none (listing an empty default repo is fine;
             loading from a repo that does not exist is an error).
 
     Returns:
-        The :class:`~modulelens.repo.local.Repo`.
+        The :class:`~modulelens.repo.Repo`.
 
     Raises:
         RepoError: ``path`` is not a repo and ``create`` is false, or it cannot be created.
     """
-    from modulelens.repo.local import Repo
+    from modulelens.repo import Repo
 
     return Repo(path, create=create)
 
@@ -59,7 +59,7 @@ def open_ref(ref: str, repo: str | Repo | None = None) -> tuple[Repo, str]:
     Raises:
         MissingDependencyError, RemoteRepoError: a ``wandb://`` ref without the SDK or the network.
     """
-    from modulelens.repo.local import Repo
+    from modulelens.repo import Repo
 
     if ref.startswith("wandb://"):
         from modulelens.repo.wandb_registry import resolve_wandb_ref
@@ -158,7 +158,7 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
 
     Args:
         ref: ``NAME``, ``NAME:vN`` or ``NAME:alias`` (or a ``wandb://`` URL: :func:`open_ref`).
-        repo: a repo directory or an open :class:`~modulelens.repo.local.Repo` (default repo if ``None``).
+        repo: a repo directory or an open :class:`~modulelens.repo.Repo` (default repo if ``None``).
         device: move the module and inputs there (``cpu``, ``cuda``, ``cuda:1``).
         dtype: cast floating weights and inputs (``float32``, ``bfloat16``...).
         trust_source: run source stored with the capture (``None``: the repo's own setting;

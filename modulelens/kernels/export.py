@@ -48,7 +48,8 @@ from modulelens.kernels.problems import (
     select_calls,
 )
 from modulelens.kernels.render import SourceRenderer
-from modulelens.repo.local import CAPTURE_FILE, Repo
+from modulelens.repo import Repo
+from modulelens.repo.layout import CAPTURE_FILE
 from modulelens.restore.compare import compare, tolerance_table
 from modulelens.restore.loader import Capture, load
 from modulelens.restore.replay import call_context
@@ -461,7 +462,7 @@ def _describe_arg(name: str, value: Any, key_of: Callable[[torch.Tensor], str | 
 
 
 def _default_root() -> Path:
-    from modulelens.repo.local import default_repo_path
+    from modulelens.repo import default_repo_path
 
     return default_repo_path().expanduser().absolute()
 

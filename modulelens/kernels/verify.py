@@ -46,7 +46,7 @@ from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChe
 from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 from modulelens.restore.compare import compare, default_tolerance, tolerance_table
 from modulelens.restore.loader import Capture, load
 from modulelens.tools.timing import TimingConfig

@@ -1,11 +1,36 @@
-"""Repos: where captures live: a local directory, or object storage (``s3://``, any fsspec URL)."""
+"""Repos: where captures live: a local directory, or object storage (``s3://``, any fsspec URL).
+
+One :class:`Repo` holds what a repo means (names, versions, aliases, summaries, reports, save,
+gc, fsck, push/pull); one :class:`~modulelens.repo.store.Store` interface holds how its files are
+kept, implemented by a directory (:class:`~modulelens.repo.local.LocalStore`) and an object store
+with a local cache (:class:`~modulelens.repo.remote.RemoteStore`). ``Repo(location)`` picks the
+store in :func:`~modulelens.repo.repository.open_store`. Layout: docs/repo-layout.md.
+
+Its modules in layers, each importing only from the layers below it (``tests/repo/test_structure.py``
+reads this table and checks it against every import, those inside functions included; imports for
+annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in annotations, and
+``Repo.fsck``/``Repo.push`` import them when called)::
+
+    wandb_registry
+    repository
+    fsck transfer
+    remote
+    local leases
+    index markers trust _objects
+    layout packs location
+    store names files
+
+``store`` is the interface: the front end (``repository``, ``index``, ``fsck``) and both stores
+(``local``, ``remote``) depend on it, never on each other's internals.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from modulelens.repo.local import GcReport, Repo, VersionInfo, default_repo_path
+from modulelens.repo.location import default_repo_path
 from modulelens.repo.names import Ref, parse_ref
+from modulelens.repo.repository import GcReport, Repo, VersionInfo
 
 if TYPE_CHECKING:
     from modulelens.repo.transfer import TransferReport

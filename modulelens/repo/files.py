@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import stat
 from pathlib import Path
 
 from modulelens.errors import CorruptCaptureError
+from modulelens.format.hashing import hash_bytes
 
 # Larger writes are preallocated: on ext4/xfs `posix_fallocate` makes a large write about twice as
 # fast as letting the filesystem allocate as it goes (measured: benchmarks/bench_save_load.py).
@@ -159,3 +161,15 @@ def require_dir(path: str | os.PathLike[str]) -> os.stat_result:
     if not stat.S_ISDIR(info.st_mode):
         raise CorruptCaptureError(f"{path} is not a folder")
     return info
+
+
+def hash_file(path: str | os.PathLike[str]) -> str:
+    """The content hash of a regular file inside a repo (memory-mapped; never through a link)."""
+    fd, info = _open_checked(path)
+    try:
+        if info.st_size == 0:
+            return hash_bytes(b"")
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+            return hash_bytes(memoryview(mapped))
+    finally:
+        os.close(fd)

@@ -1,10 +1,7 @@
 """Per-name summaries: list, show, resolve and gc without parsing every capture file.
 
-``names/<name>/summary.json`` holds, for each version of the name, what a listing shows (created,
-tags, payload bytes, module class, call count) and the blobs it references (for gc), plus the
-name's aliases. It is a cache: the truth stays the ``versions/`` and ``aliases/`` folders, and the
-summary records the state of those folders it was built from, so a reader can tell in two
-``stat`` calls whether it is current::
+A summary holds, for each version of a name, what a listing shows (created, tags, payload bytes,
+module class, call count) and the blobs it references (for gc), plus the name's aliases::
 
     {"summary": 1,
      "versions_key": [mtime_ns, nlink] | null,  "aliases_key": [mtime_ns] | null,
@@ -12,34 +9,43 @@ summary records the state of those folders it was built from, so a reader can te
                         "module_class": ..., "calls": ..., "blobs": ["blake3:...", ...]}},
      "aliases": {"golden": 3}}
 
-Adding or removing a version renames an entry into or out of ``versions/`` and moving an alias
-renames a file into ``aliases/``; each changes that folder's mtime (and a version changes its link
-count). A key is recorded only when the folder had not changed for a second before it was read:
-the kernel stamps mtimes from a coarse clock, so two changes within one tick can share an mtime,
-but a change made after the key was read always gets a later one. A summary that does not match
-(or has no key) is rebuilt from the folders: entries whose version folder is the same one (inode and
-ctime) are kept, and only new versions' ``capture.json`` files are read. Writes are atomic renames;
-two writers racing may each leave out the other's version, which the next reader puts back. So
-concurrent savers, ``rm`` and alias moves never make a listing wrong, only occasionally slower.
+It is a cache: the truth stays the name's ``versions/`` and ``aliases/`` folders
+(:meth:`Store.scan <modulelens.repo.store.Store.scan>`). A store that can tell cheaply whether
+those folders changed (:meth:`~modulelens.repo.store.Store.stamps`: a directory, by their mtime
+and link count) keeps the summary in ``names/<name>/summary.json`` with the stamps it was built
+from, so a reader checks it in two ``stat`` calls. A stamp is recorded only when the folder had not
+changed for a second before it was read: the kernel stamps mtimes from a coarse clock, so two
+changes within one tick can share an mtime, but a change made after the stamp was read always gets
+a later one. A summary that does not match (or has no stamp) is rebuilt from a scan: entries whose
+version is the same one (its identity: inode and ctime of its folder) are kept, and the others are
+read from their ``capture.json`` when someone needs them. Writes are atomic; two writers racing may
+each leave out the other's version, which the next reader puts back. So concurrent savers, ``rm``
+and alias moves never make a listing wrong, only occasionally slower.
+
+A store without stamps (object storage: its writes would need compare-and-swap for every save)
+keeps no summary object: each reader scans (one LIST) and reads the manifests it needs, which the
+store caches (versions are immutable). Issue 25's per-name index objects would plug in here, as a
+store's stamps (an ETag) and a summary written with a conditional write.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError
-from modulelens.repo.files import read_regular, require_dir
+from modulelens.errors import CorruptCaptureError
+from modulelens.repo.layout import SUMMARY_FILE
 from modulelens.repo.packs import referenced_blobs
+from modulelens.repo.store import Stamps, Store
 
-SUMMARY_FILE = "summary.json"
-_SETTLED_NS = 1_000_000_000  # a folder unchanged this long has an mtime no later change can repeat
+__all__ = ["SUMMARY_FILE", "Summaries", "damaged_entry", "version_entry"]
+
+Summary = dict[str, Any]
+#: Reads the entries of ``versions`` of a name: number -> entry, or ``None`` for one removed meanwhile.
+EntryReader = Callable[[str, Iterable[int]], dict[int, dict[str, Any] | None]]
 
 
 def version_entry(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -61,125 +67,102 @@ def damaged_entry(raw: bytes, problem: str) -> dict[str, Any]:
     return {"created": "", "tags": [], "nbytes": 0, "module_class": "", "calls": 0, "blobs": blobs, "problem": problem}
 
 
-def summarize(versions: list[int], aliases: dict[str, int],
-              read_metadata: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
-    """A summary built from scratch (repos without a local index: remote ones)."""
-    return {"summary": 1, "versions_key": None, "aliases_key": None,
-            "versions": {str(v): version_entry(read_metadata(v)) for v in versions}, "aliases": dict(aliases)}
+def _complete(entry: dict[str, Any]) -> bool:
+    return "blobs" in entry  # a pending entry holds only the version's identity
 
 
-def _folder_key(path: str, now_ns: int, *, nlink: bool) -> tuple[list[int] | None, bool]:
-    """``(key, settled)`` of a folder: its mtime (and link count), and whether it is old enough to
-    be trusted; ``([], True)`` for a folder that does not exist."""
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return [], True
-    key = [stat.st_mtime_ns, stat.st_nlink] if nlink else [stat.st_mtime_ns]
-    return key, stat.st_mtime_ns < now_ns - _SETTLED_NS
-
-
-def current_keys(name_dir: Path) -> tuple[list[int], list[int]]:
-    """The keys a summary of ``name_dir`` must record for readers to trust it as current."""
-    now = time.time_ns()
-    return (_folder_key(f"{name_dir}/versions", now, nlink=True)[0],
-            _folder_key(f"{name_dir}/aliases", now, nlink=False)[0])
-
-
-class NameIndex:
-    """The summary of one name in a local repo.
+class Summaries:
+    """The summaries of one repo's names, kept in memory while its folders do not change.
 
     Args:
-        name_dir: ``<root>/names/<quoted name>`` (a string: a listing builds one index per name,
-            and pathlib's joins cost more than the stats).
-        read_metadata: reads a version's capture metadata (only versions the summary lacks).
-        write_atomic: writes a file atomically (``Repo._atomic_write``).
+        store: the repo's store.
+        read_entries: reads the entries of versions a summary lacks (``Repo``: from their
+            ``capture.json``, a damaged one as :func:`damaged_entry`).
     """
 
-    def __init__(self, name_dir: str, read_metadata: Callable[[int], dict[str, Any]],
-                 write_atomic: Callable[[Path, bytes], None]) -> None:
-        self.name_dir = name_dir
-        self._versions = f"{name_dir}/versions"
-        self._aliases_dir = f"{name_dir}/aliases"
-        self._file = f"{name_dir}/{SUMMARY_FILE}"
-        self._read_metadata = read_metadata
-        self._write_atomic = write_atomic
+    def __init__(self, store: Store, read_entries: EntryReader) -> None:
+        self.store = store
+        self._read_entries = read_entries
+        self._kept: dict[str, Summary] = {}
 
-    def read(self, cached: dict[str, Any] | None = None,
-             fresh: dict[int, dict[str, Any]] | None = None, *, persist: bool = False,
-             rebuild: bool = False) -> dict[str, Any]:
-        """The current summary: ``cached`` (a summary read before) or the file when its keys match
-        the folders, else rebuilt. ``fresh`` gives entries of versions just written (so a save does
-        not re-read its own capture.json). A rebuilt summary is written back only with ``persist``
-        (by writers: save, rm, alias, gc, fsck --repair): reading a repo never modifies it, so a
-        read-only repo, or a fixture, lists as it is. ``rebuild`` ignores what is stored."""
-        now = time.time_ns()
-        vkey, vsettled = _folder_key(self._versions, now, nlink=True)
-        akey, asettled = _folder_key(self._aliases_dir, now, nlink=False)
-        if not fresh and not rebuild and cached is not None and cached["versions_key"] == vkey and cached["aliases_key"] == akey:
-            return cached
-        stored = None if rebuild else self._load()
-        if not fresh and stored is not None and stored.get("versions_key") == vkey and stored.get("aliases_key") == akey:
-            return stored
-        summary = self._rebuild(stored or {}, fresh or {})
-        summary["versions_key"] = vkey if vsettled else None
-        summary["aliases_key"] = akey if asettled else None
-        if summary == stored or not persist:
-            return summary
-        with contextlib.suppress(OSError):  # a read-only repo still lists, just without the cache
-            if os.path.isdir(self.name_dir):
-                self._write_atomic(Path(self._file), json.dumps(summary, separators=(",", ":")).encode())
+    def get(self, name: str, prefix: str, *, fresh: dict[int, dict[str, Any]] | None = None,
+            persist: bool = False, keep: bool = True, rebuild: bool = False, complete: bool = False) -> Summary:
+        """The current summary of ``name`` (its folder ``prefix``).
+
+        Args:
+            fresh: entries of versions just written (so a save never re-reads its own capture.json).
+            persist: store a rebuilt summary (writers only: reading a repo never modifies it, so a
+                read-only repo, or a fixture, lists as it is).
+            keep: keep it in memory (a walk over every name keeps nothing it will not ask for again:
+                2,000 versions' summaries kept alive made the garbage collector a sixth of a listing).
+            rebuild: ignore what is stored (fsck --repair).
+            complete: fill every entry (a listing, gc); otherwise entries are read when asked for.
+        """
+        cached = None if rebuild else self._kept.get(name)
+        stamps = self.store.stamps(prefix)
+        summary, stored = self._current(prefix, stamps, cached, fresh or {}, rebuild=rebuild)
+        if summary is not stored and (complete or (persist and stamps is not None)):
+            self.fill(name, summary)  # (a stored summary is complete: only complete ones are stored)
+        if persist and stamps is not None and summary is not stored and summary is not cached and summary != stored:
+            with contextlib.suppress(OSError, CorruptCaptureError):  # a read-only repo still lists, just without the cache
+                if self.store.is_folder(prefix):
+                    self.store.write(f"{prefix}/{SUMMARY_FILE}", json.dumps(summary, separators=(",", ":")).encode(),
+                                     durable=False)
+        if keep:
+            self._kept[name] = summary
         return summary
 
-    def _load(self) -> dict[str, Any] | None:
+    def forget(self, name: str) -> None:
+        self._kept.pop(name, None)
+
+    def fill(self, name: str, summary: Summary, versions: Iterable[int] | None = None) -> None:
+        """Read the entries ``summary`` lacks (of ``versions``, default all); a version removed
+        meanwhile leaves the summary."""
+        entries = summary["versions"]
+        wanted = [int(k) for k, e in entries.items() if not _complete(e)] if versions is None else \
+            [v for v in versions if str(v) in entries and not _complete(entries[str(v)])]
+        if not wanted:
+            return
+        for number, entry in self._read_entries(name, wanted).items():
+            if entry is None:
+                entries.pop(str(number), None)
+            else:
+                entries[str(number)] = {"id": entries[str(number)].get("id"), **entry}
+
+    def _current(self, prefix: str, stamps: Stamps | None, cached: Summary | None,
+                 fresh: dict[int, dict[str, Any]], *, rebuild: bool) -> tuple[Summary, Summary | None]:
+        """``(summary, the stored one)``: the kept or stored summary while the stamps match, else one
+        rebuilt from a scan (entries of unchanged versions kept, the others pending)."""
+        stored = None
+        if stamps is not None:
+            keys = (stamps.versions, stamps.aliases)
+            if not fresh and cached is not None and (cached["versions_key"], cached["aliases_key"]) == keys:
+                return cached, None
+            stored = None if rebuild else self._load(prefix)
+            if not fresh and stored is not None and (stored.get("versions_key"), stored.get("aliases_key")) == keys:
+                return stored, stored
+        scan = self.store.scan(prefix)
+        previous = (stored or cached or {}).get("versions", {})
+        versions: dict[str, dict[str, Any]] = {}
+        for number, identity in scan.versions.items():
+            key = str(number)
+            kept = previous.get(key)
+            if number in fresh:
+                versions[key] = {"id": identity, **fresh[number]}
+            elif kept is not None and kept.get("id") == identity and _complete(kept):
+                versions[key] = kept
+            else:
+                versions[key] = {"id": identity}
+        summary: Summary = {"summary": 1, "versions_key": None, "aliases_key": None, "versions": versions,
+                            "aliases": scan.aliases}
+        if stamps is not None:
+            summary["versions_key"] = stamps.versions if stamps.versions_settled else None
+            summary["aliases_key"] = stamps.aliases if stamps.aliases_settled else None
+        return summary, stored
+
+    def _load(self, prefix: str) -> Summary | None:
         try:
-            data = json.loads(read_regular(self._file))
-        except (OSError, ValueError, CorruptCaptureError):
+            data = json.loads(self.store.read(f"{prefix}/{SUMMARY_FILE}") or b"null")
+        except (OSError, ValueError, RecursionError, CorruptCaptureError):
             return None
         return data if isinstance(data, dict) and data.get("summary") == 1 else None
-
-    def _rebuild(self, old: dict[str, Any], fresh: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        previous = old.get("versions", {})
-        versions: dict[str, Any] = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self._versions) as found:
-            for entry in found:
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    stat = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # removed meanwhile
-                identity = [stat.st_ino, stat.st_ctime_ns]
-                kept = previous.get(entry.name)
-                if kept is not None and kept.get("id") == identity:
-                    versions[entry.name] = kept
-                    continue
-                number = int(entry.name)
-                data = fresh.get(number)
-                if data is None:
-                    try:
-                        data = version_entry(self._read_metadata(number))
-                    except CaptureNotFoundError:
-                        continue  # removed meanwhile
-                    except CorruptCaptureError as error:  # one damaged version never hides the others
-                        data = damaged_entry(self._raw_metadata(number), str(error))
-                versions[entry.name] = {"id": identity, **data}
-        ordered = dict(sorted(versions.items(), key=lambda item: int(item[0])))
-        return {"summary": 1, "versions_key": None, "aliases_key": None, "versions": ordered,
-                "aliases": self._aliases()}
-
-    def _raw_metadata(self, number: int) -> bytes:
-        try:
-            require_dir(Path(self._versions, str(number)))  # never read through a linked version folder
-            return read_regular(Path(self._versions, str(number), "capture.json"))
-        except (OSError, CorruptCaptureError):
-            return b""
-
-    def _aliases(self) -> dict[str, int]:
-        result = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self._aliases_dir) as found:
-            for entry in found:
-                if not entry.name.startswith("."):  # a linked or odd alias is skipped here, reported by fsck
-                    with contextlib.suppress(ValueError, OSError, CorruptCaptureError):
-                        result[entry.name] = int(read_regular(entry.path).decode().strip())
-        return dict(sorted(result.items()))

@@ -25,6 +25,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from modulelens.repo.files import open_regular, read_regular
 if TYPE_CHECKING:
     import torch
 
-    from modulelens.repo.local import Repo
+    from modulelens.repo.store import Store
 
 # Measured with benchmarks/bench_repo.py (threshold sweep, 64 payloads per size, median of 7
 # interleaved rounds, load average ~12 on 2 cores): per payload, its own blob vs a pack member costs
@@ -129,7 +130,7 @@ def build_pack(plan: PackPlan) -> tuple[bytearray, dict[str, int]]:
 # ------------------------------------------------------------------------------------ reading
 
 
-def read_header(data: memoryview | bytes, where: str) -> dict[str, tuple[int, int]]:
+def read_header(data: memoryview | bytes | mmap.mmap, where: str) -> dict[str, tuple[int, int]]:
     """``{payload hex: (offset, nbytes)}`` of a pack's bytes.
 
     Raises:
@@ -183,7 +184,8 @@ class Payloads:
     """The payloads of one capture in one repo: loose blobs and pack members alike.
 
     Args:
-        repo: the repo holding the capture (a remote one downloads into its cache first).
+        store: the store of the repo holding the capture (an object store downloads into its
+            cache first).
         metadata: the capture's metadata (its ``tensors`` and ``packs``).
 
     Example::
@@ -192,8 +194,8 @@ class Payloads:
         weight = payloads.open_tensor(entry)      # entry = metadata["tensors"]["t0"]
     """
 
-    def __init__(self, repo: Repo, metadata: dict[str, Any]) -> None:
-        self.repo = repo
+    def __init__(self, store: Store, metadata: dict[str, Any]) -> None:
+        self.store = store
         self._packs = list(metadata.get("packs", ()))
         self._open: dict[int, _Pack] = {}
 
@@ -204,7 +206,7 @@ class Payloads:
                 info = self._packs[index]
             except (IndexError, TypeError):
                 raise CorruptCaptureError(f"a tensor refers to pack {index!r}, which the capture does not list") from None
-            pack = _Pack(self.repo.check_blob(info["payload"], info["nbytes"]))
+            pack = _Pack(self.store.blob_file(info["payload"], info["nbytes"]))
             self._open[index] = pack
         return pack
 
@@ -227,7 +229,7 @@ class Payloads:
             return torch.empty(shape, dtype=dtype)
         if "pack" not in entry:
             # copy-on-write: nothing is read until used, and writing to the tensor never touches the blob
-            path = self.repo.check_blob(entry["payload"], entry["nbytes"])
+            path = self.store.blob_file(entry["payload"], entry["nbytes"])
             return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(shape)
         pack, hexdigest = self._member(entry)
         return pack.tensor(hexdigest, dtype, entry["nbytes"]).view(shape)
@@ -240,11 +242,11 @@ class Payloads:
             CorruptCaptureError: the payload is missing, truncated or does not match its hash.
         """
         if "pack" not in entry:
-            self.repo.check_blob(entry["payload"], entry["nbytes"], full=full)
+            self.store.blob_file(entry["payload"], entry["nbytes"], full=full)
             return
         if full:
             info = self._packs[entry["pack"]]
-            self.repo.check_blob(info["payload"], info["nbytes"], full=True)
+            self.store.blob_file(info["payload"], info["nbytes"], full=True)
         pack, hexdigest = self._member(entry)
         if full and hash_bytes(pack.member_bytes(hexdigest)) != entry["payload"]:
             raise CorruptCaptureError(f"pack member {entry['payload']} is corrupted")
@@ -252,7 +254,7 @@ class Payloads:
     def read_bytes(self, entry: dict[str, Any]) -> bytes:
         """A payload's raw bytes (row-major, little-endian, as stored)."""
         if "pack" not in entry:
-            return read_regular(self.repo.check_blob(entry["payload"], entry["nbytes"]))
+            return read_regular(self.store.blob_file(entry["payload"], entry["nbytes"]))
         pack, hexdigest = self._member(entry)
         return pack.member_bytes(hexdigest)
 
@@ -264,10 +266,10 @@ def _hex(digest: str) -> str:
     return hexdigest
 
 
-def store_packs(repo: Repo, metadata: dict[str, Any], small: dict[str, memoryview]) -> None:
-    """Hash ``small`` payloads (tensor id -> bytes), write them into packs through
-    ``repo.write_blob`` (so a pack already stored, e.g. by an identical save, is not written again),
-    and record the packs in ``metadata``."""
+def pack_payloads(metadata: dict[str, Any], small: dict[str, memoryview]) -> Iterator[tuple[str, bytearray]]:
+    """Hash ``small`` payloads (tensor id -> bytes), pack them and record the packs in
+    ``metadata``; yields each pack's ``(digest, bytes)`` for the caller to store, one at a time
+    (memory holds one pack). A pack already stored (an identical save) is then not written again."""
     entries = metadata["tensors"]
     # Inline hashing: for payloads under 1 MiB a worker thread's hand-off costs more than the hash.
     digests = {tid: hash_bytes(data, threads=False) for tid, data in small.items()}
@@ -275,8 +277,8 @@ def store_packs(repo: Repo, metadata: dict[str, Any], small: dict[str, memoryvie
     where: dict[str, int] = {}
     for plan in plan_packs([(digest, small[tid]) for tid, digest in digests.items()]):
         data, _ = build_pack(plan)
-        digest = hash_bytes(data)
-        repo.write_blob(digest, data)
+        digest = hash_bytes(memoryview(data))
+        yield digest, data
         where.update(dict.fromkeys(plan.members, len(packs)))
         packs.append({"payload": digest, "nbytes": len(data)})
     for tid, digest in digests.items():

@@ -1,20 +1,22 @@
-"""A repo at an fsspec URL (``s3://bucket/prefix``, ``memory://name``, ...) with a local cache.
+"""A repo at an fsspec URL (``s3://bucket/prefix``, ``memory://name``, ...), read through a local cache.
 
-The layout is the local repo's (docs/repo-layout.md); what differs is how a change becomes
+The keys are the local repo's (docs/repo-layout.md); what differs is how a change becomes
 visible, because object stores have no rename and no lock:
 
 * a version is its ``capture.json``: payloads are uploaded first, then ``versions/<N>/capture.json``
   is created with a conditional write (``If-None-Match: *``). Of two savers racing for ``N`` the
   server lets exactly one create it; the other takes ``N+1``.
+* a removed version leaves the tombstone object ``versions/<N>/removed``.
 * an alias moves with compare-and-swap (``If-Match`` on the ETag read).
-* saves hold a lease object under ``locks/`` and ``gc`` holds ``locks/gc``; each writes its own
-  object before looking for the other's, so at least one of two racing parties sees the other
-  (S3 is strongly consistent), and gc only deletes unreferenced blobs older than a grace period.
+* writers hold leases and gc holds ``locks/gc`` (:mod:`modulelens.repo.leases`), and gc only deletes
+  unreferenced blobs older than a grace period.
 
 Reads go through a content-addressed cache (``$MODULELENS_CACHE``, default
-``~/.cache/modulelens/cache``): payloads are downloaded once, hash-checked and memory-mapped from
-there; ``capture.json`` files (immutable) and the last listing of each name are kept too, so
-``MODULELENS_OFFLINE=1`` (or an unreachable server) works from the cache alone.
+``~/.cache/modulelens/cache``, itself a :class:`~modulelens.repo.local.LocalStore` holding blobs):
+payloads are downloaded once, hash-checked and memory-mapped from there. A mirror of the repo's
+small objects is kept beside it (``remotes/<quoted URL>/``): ``capture.json`` files (immutable),
+the last listing of each name, and the last value read of anything else, so ``MODULELENS_OFFLINE=1``
+(or an unreachable server) works from the cache alone.
 """
 
 from __future__ import annotations
@@ -23,151 +25,95 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
+import shutil
 import sys
-import threading
-import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote, unquote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-from modulelens.errors import (
-    CaptureNotFoundError,
-    CorruptCaptureError,
-    InvalidNameError,
-    ModulelensWarning,
-    RemoteRepoError,
-    RepoBusyError,
-)
-from modulelens.repo._store import ObjectStore, is_network_error
-from modulelens.repo.index import summarize, version_entry
-from modulelens.repo.local import _MARKER, CAPTURE_FILE, LAYOUT_VERSION, GcReport, Repo, VersionInfo, capture_json
-from modulelens.repo.markers import MARK_MIN_BYTES, ChunkDigests, write_marker
-from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
-from modulelens.repo.packs import referenced_blobs
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError, UsageError
+from modulelens.repo._objects import ObjectStore, is_network_error
+from modulelens.repo.layout import CAPTURE_FILE, MARKER, blob_key, marker_json
+from modulelens.repo.leases import Leases
+from modulelens.repo.local import LocalStore
+from modulelens.repo.location import cache_root, offline
+from modulelens.repo.store import Audit, BlobCheck, BlobStat, Hold, Quarantine, Scan, Staged, Stamps, Store
 
-_REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
-# A lease (or gc lock) is rewritten every TTL/4 s while its holder runs, so one not rewritten for
-# a TTL belongs to a process that died: gc waits at most this long for a crashed saver.
-_LEASE_TTL_S = 120.0
+if TYPE_CHECKING:
+    from modulelens.repo.markers import ChunkDigests
+
+REMOVED = "removed"  # tombstone key in versions/<N>/: the number stays used after `rm`
+INDEX = "index.json"  # a name's last listing, in the mirror
 _CHUNK = 16 << 20  # download granularity (resume point, progress step)
 _WORKERS = 8
 _SMALL_BLOB = 256 << 10
 
 
-def cache_root() -> Path:
-    """``$MODULELENS_CACHE``, else ``$XDG_CACHE_HOME/modulelens/cache`` (``~/.cache/...``)."""
-    env = os.environ.get("MODULELENS_CACHE")
-    if env:
-        return Path(env).expanduser().absolute()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "modulelens" / "cache"
-
-
-def lease_ttl() -> float:
-    """Seconds after its last renewal that a lease counts as left by a crashed process
-    (``MODULELENS_LEASE_TTL_S``, default 120; every party of one repo must use the same value)."""
-    try:
-        return max(1.0, float(os.environ.get("MODULELENS_LEASE_TTL_S", _LEASE_TTL_S)))
-    except ValueError:
-        return _LEASE_TTL_S
-
-
-def offline() -> bool:
-    """``MODULELENS_OFFLINE=1``: never contact a remote repo; read from the cache only."""
-    return os.environ.get("MODULELENS_OFFLINE", "") not in ("", "0", "false", "no")
-
-
-class RemoteRepo(Repo):
-    """A repo in object storage. ``Repo("s3://...")`` returns one; see the module docstring.
+class RemoteStore(Store):
+    """A repo's files in object storage, with a local cache. ``Repo("s3://...")`` opens one.
 
     Args:
-        path: the fsspec URL.
-        create: create the repo (its marker object) when there is none.
+        url: the fsspec URL.
         storage_options: fsspec options (endpoint, credentials) for URLs that need them.
         trust_source: run the source stored with its captures by default (docs/security.md). Off
             unless given: a shared store holds captures written by other people, and the setting
             is never persisted for a remote repo (it lives only in this object).
 
     Raises:
-        CaptureNotFoundError: ``create=False`` and there is no repo at the URL.
-        RemoteRepoError: the server cannot be reached and the cache has nothing for it.
-
-    Example::
-
-        repo = modulelens.Repo("s3://team-bucket/captures")
-        cap = modulelens.load("ranker/top_mlp:golden", repo=repo)   # downloads into the cache once
+        RemoteRepoError: ``MODULELENS_OFFLINE`` is set and the cache has nothing from ``url``.
     """
 
     is_remote = True
+    gc_grace_s = 3600.0  # a blob just uploaded by a writer whose lease were misjudged survives
+    can_repair = False
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
-                 storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
-        from modulelens.repo.local import default_repo_location
-
-        self.url = str(path) if path is not None else default_repo_location()
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
+        self.url = self.location = url
         self._trust_source = trust_source
-        self.store = ObjectStore(self.url, storage_options)
-        self.cache = Repo(cache_root())  # a local repo holding only blobs: same checks, same mmap
-        self.mirror = cache_root() / "remotes" / quote(self.url.rstrip("/"), safe="")
+        self.objects = ObjectStore(url, storage_options)
+        self.leases = Leases(self.objects, url)
+        self.cache = LocalStore(cache_root())  # a local store holding only blobs: same checks, same mmap
+        self.cache.open(MARKER, marker_json(), create=True)
+        self.mirror = cache_root() / "remotes" / quote(url.rstrip("/"), safe="")
         self.root = self.mirror  # local paths (version folders) of this repo live in its mirror
-        if offline():
-            if not self.mirror.exists():
-                raise RemoteRepoError(f"MODULELENS_OFFLINE is set and the cache has nothing from {self.url}")
-            return
-        self._open_marker(create)
-
-    def _open_marker(self, create: bool) -> None:
-        try:
-            data = self.store.read(self.store.key(_MARKER))
-        except Exception as error:  # any failure to reach the server: fall back to the cache
-            if not is_network_error(error) or not self.mirror.exists():
-                raise
-            warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
-                          stacklevel=3)
-            self._unreachable = True
-            return
-        if data is None:
-            if not create:
-                raise CaptureNotFoundError(f"no modulelens repo at {self.url}")
-            try:
-                self.store.fs.makedirs(self.store.base, exist_ok=True)  # an S3 bucket may need creating
-                self.store.create(self.store.key(_MARKER), json.dumps({"layout_version": LAYOUT_VERSION}).encode())
-            except OSError as error:
-                raise RemoteRepoError(f"cannot create a modulelens repo at {self.url}: {error}") from None
-        else:
-            try:
-                layout = json.loads(data)["layout_version"]
-            except (ValueError, KeyError) as error:
-                raise CorruptCaptureError(f"{self.url}/{_MARKER}: unreadable repo marker ({error})") from None
-            if layout > LAYOUT_VERSION:
-                raise RemoteRepoError(f"repo {self.url} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}")
-        self.mirror.mkdir(parents=True, exist_ok=True)
-
-    _unreachable = False
-
-    @property
-    def _held_leases(self) -> threading.local:
-        """The lease this thread holds, if any (see :meth:`_lease`)."""
-        local = self.__dict__.get("_lease_local")
-        if local is None:
-            local = self.__dict__.setdefault("_lease_local", threading.local())
-        return local
-
-    def __repr__(self) -> str:
-        return f"Repo({self.url!r})"
+        self._unreachable = False
+        if offline() and not self.mirror.exists():
+            raise RemoteRepoError(f"MODULELENS_OFFLINE is set and the cache has nothing from {url}")
 
     def __fspath__(self) -> str:
         raise TypeError(f"{self.url} is not a local path")
 
+    def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
+        if not self._online:
+            return self._mirrored(marker)
+        try:
+            data = self.objects.read(self.objects.key(marker))
+        except Exception as error:  # any failure to reach the server: fall back to the cache
+            if not is_network_error(error) or not self.mirror.exists():
+                raise
+            self._went_unreachable(error)
+            return self._mirrored(marker)
+        if data is None:
+            if not create:
+                raise CaptureNotFoundError(f"no modulelens repo at {self.url}")
+            try:
+                self.objects.fs.makedirs(self.objects.base, exist_ok=True)  # an S3 bucket may need creating
+                self.objects.create(self.objects.key(marker), initial)
+            except OSError as error:
+                raise RemoteRepoError(f"cannot create a modulelens repo at {self.url}: {error}") from None
+            data = initial
+        self.mirror.mkdir(parents=True, exist_ok=True)
+        self._keep(marker, data)
+        return data
+
     @property
     def trust_source(self) -> bool:
-        """Whether loads run stored source by default: only if this object was made with
-        ``trust_source=True`` (never from a file: the local cache is not where trust is decided)."""
+        """Only if this object was made with ``trust_source=True`` (never from a file: the local
+        cache is not where trust is decided)."""
         return self._trust_source
 
     @trust_source.setter
@@ -177,69 +123,266 @@ class RemoteRepo(Repo):
                                   "people's captures); pass trust_source=True (--trust-source) to one load instead")
         self._trust_source = False
 
-    @property
-    def location(self) -> str:
-        return self.url
+    # ------------------------------------------------------------------------------ the server, the mirror
 
     @property
     def _online(self) -> bool:
         return not (offline() or self._unreachable)
 
-    # ---------------------------------------------------------------------------------- blobs
+    def _went_unreachable(self, error: BaseException) -> None:
+        warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
+                      stacklevel=4)
+        self._unreachable = True
+
+    def _require_online(self, what: str) -> None:
+        if not self._online:
+            raise RemoteRepoError(f"cannot {what}: {self.url} is offline")
+
+    def _mirrored(self, key: str) -> bytes | None:
+        try:
+            return (self.mirror / key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _keep(self, key: str, data: bytes) -> None:
+        target = self.mirror / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex}")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+    def _forget(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            (self.mirror / key).unlink()
+
+    # ------------------------------------------------------------------------------ files by key
+
+    def read(self, key: str, *, immutable: bool = False) -> bytes | None:
+        if immutable and (kept := self._mirrored(key)) is not None:
+            return kept  # never stale: the key never changes
+        if self._online:
+            try:
+                data = self.objects.read(self.objects.key(key))
+            except Exception as error:
+                if not is_network_error(error):
+                    raise
+                self._went_unreachable(error)
+            else:
+                if data is None:
+                    self._forget(key)
+                else:
+                    self._keep(key, data)  # for offline use: the last value read
+                return data
+        kept = self._mirrored(key)
+        if kept is None:
+            raise CaptureNotFoundError(f"{self.where(key)} is not in the cache and {self.url} is offline")
+        return kept
+
+    def read_many(self, keys: Collection[str], *, immutable: bool = False) -> dict[str, bytes]:
+        found = {k: data for k in keys if (data := self._mirrored(k)) is not None} if immutable else {}
+        missing = [k for k in keys if k not in found]
+        if missing and self._online:
+            try:
+                fetched = self.objects.read_many([self.objects.key(k) for k in missing])
+            except Exception as error:
+                if not is_network_error(error):
+                    raise
+                self._went_unreachable(error)
+            else:
+                for full, data in fetched.items():
+                    key = self.objects.relative(full)
+                    found[key] = data
+                    if immutable:
+                        self._keep(key, data)
+        return found
+
+    def write(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        self._require_online(f"write {key}")
+        self.objects.put(self.objects.key(key), data)  # a finished PUT is durable
+        if (self.mirror / key).exists():
+            self._keep(key, data)
+
+    def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        self._require_online(f"read {key} for a change")
+        return self.objects.read_tagged(self.objects.key(key))
+
+    def swap(self, key: str, data: bytes, tag: str | None) -> bool:
+        self._require_online(f"write {key}")
+        if not self.objects.replace(self.objects.key(key), data, tag):
+            return False
+        self._keep(key, data)
+        return True
+
+    def remove(self, key: str) -> bool:
+        self._require_online(f"remove {key}")
+        full = self.objects.key(key)
+        if not self.objects.exists(full):
+            return False
+        self.objects.delete([full])
+        self._forget(key)
+        return True
+
+    def files(self, prefix: str) -> list[str]:
+        if self._online:
+            try:
+                return sorted(name for name, kind in self.objects.ls(prefix).items() if kind != "directory")
+            except Exception as error:
+                if not is_network_error(error):
+                    raise
+                self._went_unreachable(error)
+        return []  # offline: nothing beyond what is cached is listed
+
+    def is_folder(self, prefix: str) -> bool:
+        return False  # object stores have no folders: a version is its capture.json
+
+    def local_path(self, key: str) -> Path:
+        if self._mirrored(key) is None and self.read(key, immutable=True) is None:
+            raise FileNotFoundError(f"{self.where(key)} does not exist")
+        return self.mirror / key
+
+    def cached(self, key: str) -> bool:
+        return (self.mirror / key).is_file()
+
+    def where(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}"
+
+    # ------------------------------------------------------------------------------ names, versions
+
+    def names(self) -> list[str]:
+        if self._online:
+            try:
+                found = self.objects.ls("names")
+            except Exception as error:
+                if not is_network_error(error):
+                    raise
+                self._went_unreachable(error)
+            else:
+                return [name for name, kind in found.items() if kind == "directory"]
+        base = self.mirror / "names"
+        return [p.name for p in base.iterdir() if (p / INDEX).exists()] if base.is_dir() else []
+
+    def scan(self, prefix: str, *, aliases: bool = True) -> Scan:
+        """One LIST of the name's prefix (its aliases then read together); offline, the last
+        listing, kept in the mirror's ``index.json``."""
+        index = self.mirror / prefix / INDEX
+        listing = None
+        if self._online:
+            try:
+                listing = self._list(prefix)
+            except Exception as error:
+                if not is_network_error(error):
+                    raise
+                self._went_unreachable(error)
+            else:
+                index.parent.mkdir(parents=True, exist_ok=True)
+                tmp = index.with_name(f".index-{uuid.uuid4().hex}")
+                tmp.write_text(json.dumps(listing))
+                os.replace(tmp, index)
+        if listing is None:
+            try:
+                listing = json.loads(index.read_text())
+            except (OSError, ValueError):
+                listing = {"versions": [], "used": 0, "aliases": {}}
+        return Scan(dict.fromkeys(listing["versions"]), listing["used"], dict(listing["aliases"]) if aliases else {})
+
+    def _list(self, prefix: str) -> dict[str, Any]:
+        objects = self.objects.list(prefix)
+        visible, used, alias_keys = set(), 0, {}
+        for key in objects:
+            parts = key.split("/")
+            if len(parts) >= 5 and parts[2] == "versions" and parts[3].isdigit():
+                used = max(used, int(parts[3]))
+                if parts[4] == CAPTURE_FILE and len(parts) == 5:
+                    visible.add(int(parts[3]))
+            elif len(parts) == 4 and parts[2] == "aliases":
+                alias_keys[parts[3]] = self.objects.key(key)
+        removed = {int(k.split("/")[3]) for k in objects if k.endswith("/" + REMOVED)}
+        contents = self.objects.read_many(list(alias_keys.values()))
+        aliases = {}
+        for alias, key in sorted(alias_keys.items()):
+            with contextlib.suppress(KeyError, ValueError):
+                aliases[alias] = int(contents[key].decode().strip())
+        return {"versions": sorted(visible - removed), "used": used, "aliases": aliases}
+
+    def stamps(self, prefix: str) -> Stamps | None:
+        return None  # no cheap change token: every reader lists (issue 25: per-name index objects)
+
+    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
+        """The last file is written with a conditional create: the server lets one of several
+        racing writers have ``prefix``; the others move on. A removed folder's tombstone is looked
+        for first, so only a removal between that look and the create can let a number be reused."""
+        self._require_online(f"save {prefix}")
+        if self.objects.exists(self.objects.key(prefix, REMOVED)):
+            return False  # once used (a saver that listed before it was removed): the next number
+        items = list(files.items())
+        for filename, data in items[:-1]:
+            self.objects.put(self.objects.key(prefix, filename), data)
+        filename, data = items[-1]
+        if not self.objects.create(self.objects.key(prefix, filename), data):
+            return False
+        for filename, data in items:  # immutable from now on: cached
+            self._keep(f"{prefix}/{filename}", data)
+        return True
+
+    def retire(self, prefix: str) -> bool:
+        """A tombstone first (the number is never reused), then everything under ``prefix``."""
+        self._require_online(f"remove {prefix}")
+        tombstone = f"{prefix}/{REMOVED}"
+        self.objects.put(self.objects.key(tombstone), b"")
+        self.objects.delete([self.objects.key(k) for k in sorted(self.objects.list(prefix)) if k != tombstone])
+        shutil.rmtree(self.mirror / prefix, ignore_errors=True)
+        return True
+
+    # ------------------------------------------------------------------------------ blobs
 
     def _blob_key(self, digest: str) -> str:
-        hexdigest = self.cache.blob_path(digest).name  # validates the digest
-        return self.store.key("blobs", hexdigest[:2], hexdigest)
+        return self.objects.key(blob_key(digest))
 
     def blob_path(self, digest: str) -> Path:
         """Where the payload is (or will be) in the local cache."""
         return self.cache.blob_path(digest)
 
     def has_blob(self, digest: str) -> bool:
-        return self.store.exists(self._blob_key(digest))
+        return self.objects.exists(self._blob_key(digest))
 
-    def write_blob(self, digest: str, data: memoryview | bytes, *, chunks: ChunkDigests | None = None) -> bool:
+    def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
+        self._require_online("save")
         key = self._blob_key(digest)
         # A small payload is simply written again (same bytes): one request instead of a HEAD
         # and a PUT, which halves the round trips of a typical save.
-        if len(data) > _SMALL_BLOB and self.store.exists(key):
+        if len(data) > _SMALL_BLOB and self.objects.exists(key):
             return False
-        self.store.upload_bytes(memoryview(data).cast("B"), key)
+        self.objects.upload_bytes(memoryview(data).cast("B"), key)
         return True
 
-    # A save's pipeline (Repo._write_payloads): nothing to stage locally; "publishing" a payload is
-    # its upload, which then overlaps with hashing the next one. Object stores make a finished PUT
-    # durable themselves.
-    def _stage_blob(self, data: memoryview | bytes) -> tuple[Path | None, memoryview]:
-        return None, memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+    # A save's pipeline: nothing to stage locally; "publishing" a payload is its upload, which then
+    # overlaps with hashing the next one. Object stores make a finished PUT durable themselves.
+    def stage_blob(self, data: memoryview | bytes | bytearray) -> Staged:
+        return Staged(None, memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
 
-    def _publish_blob(self, staged: tuple[Path | None, memoryview], digest: str, chunks: ChunkDigests | None,
-                      *, flush_folder_now: bool = True) -> Path | None:
-        self.store.upload_bytes(staged[1], self._blob_key(digest))
-        return None
+    def publish_blob(self, staged: Staged, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> None:
+        self.objects.upload_bytes(staged.view, self._blob_key(digest))
+
+    def flush_blobs(self, digests: Collection[str]) -> None:
+        pass
 
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
         key = self._blob_key(digest)
-        if self.store.exists(key):
+        if self.objects.exists(key):
             return 0
-        self.store.upload_file(source, key)
+        self.objects.upload_file(source, key)
         return os.path.getsize(source)
 
-    def check_blob(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
-        """Local path of a payload, downloaded into the cache first if needed, then checked like a
-        local blob (size always, hash when new or changed)."""
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+        """The payload in the local cache, downloaded first if needed, then checked like a local
+        blob (size always, hash when new or changed)."""
         if not self.cache.blob_path(digest).exists():
             self._download(digest, nbytes)
-        return self.cache.check_blob(digest, nbytes, full=full)
+        return self.cache.blob_file(digest, nbytes, full=full)
 
-    def fetch_version(self, name: str, version: int) -> None:
-        """Download every payload of a version that the cache lacks, in parallel, with a progress
-        bar on a terminal."""
-        self.download(referenced_blobs(self.read_metadata(name, version)), label=f"{name}:v{version}")
-
-    def download(self, blobs: dict[str, int], *, label: str = "") -> int:
-        """Fetch ``{digest: nbytes}`` into the cache (only missing ones); returns bytes downloaded."""
-        missing = {d: n for d, n in blobs.items() if not self.cache.blob_path(d).exists()}
+    def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
+        """Download what the cache lacks, 8 at a time, with a progress bar on a terminal."""
+        missing = {d: n for d, n in wanted().items() if not self.cache.blob_path(d).exists()}
         if not missing:
             return 0
         if not self._online:
@@ -250,14 +393,13 @@ class RemoteRepo(Repo):
             futures = [pool.submit(self._download, d, n, advance) for d, n in missing.items()]
             return sum(f.result() for f in futures)
 
-    def _download(self, digest: str, nbytes: int, advance: Any = None) -> int:
+    def _download(self, digest: str, nbytes: int, advance: Callable[[int], None] | None = None) -> int:
         """One payload into the cache: appended to ``tmp/<hash>.part`` (so an interrupted download
         resumes where it stopped), hash-checked, then renamed into place."""
         target = self.cache.blob_path(digest)
         if not self._online:
             raise RemoteRepoError(f"payload {digest} is not in the cache ({cache_root()}) and {self.url} is offline")
-        part = self.cache.root / "tmp" / f"{target.name}.part"
-        part.parent.mkdir(exist_ok=True)
+        part = self.cache.partial_path(digest)
         with open(part, "ab") as handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # another process may be fetching it too
             if target.exists():
@@ -269,7 +411,7 @@ class RemoteRepo(Repo):
             resumed_at = offset
             key = self._blob_key(digest)
             while offset < nbytes:
-                chunk = self.store.read_range(key, offset, min(offset + _CHUNK, nbytes))
+                chunk = self.objects.read_range(key, offset, min(offset + _CHUNK, nbytes))
                 if not chunk:
                     raise CorruptCaptureError(f"{key} ended at {offset} bytes, expected {nbytes}")
                 handle.write(chunk)
@@ -277,491 +419,57 @@ class RemoteRepo(Repo):
                 offset += len(chunk)
                 if advance is not None:
                     advance(len(chunk))
-            actual = Repo._hash_file(part, nbytes)
-            if actual != digest:
-                part.unlink()
-                raise CorruptCaptureError(f"payload {key} is corrupted: its content hashes to {actual}")
-            os.chmod(part, 0o444)
-            target.parent.mkdir(exist_ok=True)
-            os.replace(part, target)
-        if nbytes >= MARK_MIN_BYTES:
-            write_marker(target)
+            self.cache.adopt_blob(digest, part, nbytes)
         return nbytes - resumed_at
 
-    # ---------------------------------------------------------------------------------- names
+    def blobs(self) -> dict[str, BlobStat]:
+        self._require_online("list blobs")
+        return {key.rsplit("/", 1)[1]: BlobStat(key, int(info.get("size", info.get("Size", 0))), self.objects.mtime(info))
+                for key, info in self.objects.list("blobs").items()}
 
-    def _name_key(self, name: str) -> str:
-        return "names/" + quote(validate_name(name), safe="")
+    def remove_blobs(self, keys: Collection[str]) -> None:
+        self._require_online("delete blobs")
+        self.objects.delete([self.objects.key(k) for k in keys])
 
-    def _mirror_dir(self, name: str) -> Path:
-        return self.mirror / self._name_key(name)
-
-    def _version_dir(self, name: str, version: int) -> Path:
-        return self._mirror_dir(name) / "versions" / str(version)
-
-    def _listing(self, name: str) -> dict[str, Any]:
-        """``{"versions": [visible], "used": max number ever used, "aliases": {alias: key}}`` from
-        one LIST of the name's prefix; offline, the last listing saved in the cache."""
-        index = self._mirror_dir(name) / "index.json"
-        if self._online:
-            try:
-                return self._list_remote(name, index)
-            except Exception as error:
-                if not is_network_error(error):
-                    raise
-                warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
-                          stacklevel=3)
-                self._unreachable = True
-        try:
-            return json.loads(index.read_text())
-        except (OSError, ValueError):
-            return {"versions": [], "used": 0, "aliases": {}}
-
-    def _list_remote(self, name: str, index: Path) -> dict[str, Any]:
-        objects = self.store.list(self._name_key(name))
-        visible, used, alias_keys = set(), 0, {}
-        for key in objects:
-            parts = key.split("/")
-            if len(parts) >= 5 and parts[2] == "versions" and parts[3].isdigit():
-                used = max(used, int(parts[3]))
-                if parts[4] == CAPTURE_FILE and len(parts) == 5:
-                    visible.add(int(parts[3]))
-            elif len(parts) == 4 and parts[2] == "aliases":
-                alias_keys[parts[3]] = self.store.key(key)
-        removed = {int(k.split("/")[3]) for k in objects if k.endswith("/" + _REMOVED)}
-        contents = self.store.read_many(list(alias_keys.values()))
-        aliases = {}
-        for alias, key in alias_keys.items():
-            with contextlib.suppress(KeyError, ValueError):
-                aliases[alias] = int(contents[key].decode().strip())
-        listing = {"versions": sorted(visible - removed), "used": used, "aliases": aliases}
-        self._write_index(index, listing)
-        return listing
-
-    def names(self) -> list[str]:
-        if self._online:
-            try:
-                keys = self.store.list("names")
-            except Exception as error:
-                if not is_network_error(error):
-                    raise
-                self._unreachable = True
+    def verify_blobs(self, blobs: Mapping[str, int], members: Mapping[str, Collection[tuple[str, int]]]) -> BlobCheck:
+        """Presence and size of each blob from one listing; not their hashes (that would download
+        everything: ``load(..., verify=True)`` hashes what it downloads), nor pack members."""
+        sizes = {name: stat.size for name, stat in self.blobs().items()}
+        check = BlobCheck(note="remote repo: payload sizes checked from the listing, not their hashes")
+        for digest, nbytes in sorted(blobs.items()):
+            found = sizes.get(digest.partition(":")[2])
+            if found is None:
+                check.damaged[digest] = "missing"
+            elif found != nbytes:
+                check.damaged[digest] = f"{found} bytes, expected {nbytes}"
             else:
-                found = {k.split("/")[1] for k in keys if k.endswith("/" + CAPTURE_FILE)}
-                return sorted(n for n in (unquote(q) for q in found) if self._is_valid_name(n)
-                              and self.version_numbers(n))
-        base = self.mirror / "names"
-        if not base.exists():
-            return []
-        return sorted(unquote(p.name) for p in base.iterdir() if (p / "index.json").exists()
-                      and self._is_valid_name(unquote(p.name)) and self.version_numbers(unquote(p.name)))
+                check.checked += 1
+                check.bytes += nbytes
+        return check
 
-    @staticmethod
-    def _is_valid_name(name: str) -> bool:
-        try:
-            validate_name(name)
-        except InvalidNameError:
-            return False
-        return True
+    # ------------------------------------------------------------------------------ locks, upkeep
 
-    def version_numbers(self, name: str) -> list[int]:
-        return list(self._listing(name)["versions"])
-
-    def aliases(self, name: str) -> dict[str, int]:
-        return dict(self._listing(name)["aliases"])
-
-    def _summary(self, name: str, fresh: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """No index is kept in object storage: built from one listing and the manifests (each
-        downloaded once into the local mirror; versions are immutable)."""
-        listing = self._listing(name)
-        return summarize(listing["versions"], listing["aliases"], lambda v: self.read_metadata(name, v))
-
-    def info(self, name: str, version: int) -> VersionInfo:
-        listing = self._listing(name)  # one LIST for both the aliases and the latest version
-        if version not in listing["versions"]:
-            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.url}")
-        summary = {"versions": {str(v): version_entry(self.read_metadata(name, v)) if v == version else None
-                                for v in listing["versions"]}, "aliases": listing["aliases"]}
-        return self._infos(name, summary, [version])[0]
-
-    def _name_summaries(self, *, persist: bool = False) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
-        """``(name, None, summary)`` of every name (``Repo.list`` walks these)."""
-        for name in self.names():
-            yield name, None, self._summary(name)
-
-    def resolve(self, ref: str | Ref) -> tuple[str, int]:
-        """As for a local repo; an explicit ``name:vN`` whose manifest is cached needs no request
-        (versions are immutable), an alias one GET, and ``latest`` one LIST (it may have changed)."""
-        parsed = parse_ref(ref) if isinstance(ref, str) else ref
-        if parsed.version is not None and (self._version_dir(parsed.name, parsed.version) / CAPTURE_FILE).exists():
-            return parsed.name, parsed.version
-        if parsed.version is None and parsed.selector not in (None, LATEST) and self._online:
-            found = self._read_alias(parsed.name, parsed.selector)
-            if found is not None:
-                return parsed.name, found
-        return super().resolve(parsed)
-
-    def _read_alias(self, name: str, alias: str) -> int | None:
-        """An alias with one GET of its object instead of a LIST of the name and a GET (what the
-        listing needs); ``None`` when it cannot say (no such alias, unreadable, server
-        unreachable), and the caller falls back to the listing, which also gives the error.
-        ``rm`` deletes the aliases of a version it removes, so an alias names a visible version
-        (except while such an ``rm`` runs). The cached listing learns it, for offline use."""
-        try:
-            data = self.store.read(self.store.key(self._name_key(name), "aliases", validate_alias(alias)))
-            version = int(data.decode().strip()) if data is not None else None
-        except (ValueError, InvalidNameError):
-            return None
-        except Exception as error:
-            if not is_network_error(error):
-                raise
-            return None
-        if version is None:
-            return None
-        index = self._mirror_dir(name) / "index.json"
-        try:
-            listing = json.loads(index.read_text())
-        except (OSError, ValueError):
-            listing = {"versions": [], "used": 0, "aliases": {}}
-        if listing["aliases"].get(alias) != version or version not in listing["versions"]:
-            listing["aliases"][alias] = version
-            listing["versions"] = sorted({*listing["versions"], version})
-            listing["used"] = max(listing["used"], version)
-            self._write_index(index, listing)
-        return version
-
-    @staticmethod
-    def _write_index(index: Path, listing: dict[str, Any]) -> None:
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f".index-{uuid.uuid4().hex}")
-        tmp.write_text(json.dumps(listing))
-        os.replace(tmp, index)
-
-    def version_path(self, name: str, version: int) -> Path:
-        """The version's folder in the local mirror (its ``capture.json``, once read)."""
-        self.read_metadata(name, version)
-        return self._version_dir(name, version)
-
-    def read_metadata(self, name: str, version: int) -> dict[str, Any]:
-        cached = self._version_dir(name, version) / CAPTURE_FILE
-        if cached.exists():  # versions are immutable, so a cached copy never goes stale
-            text = cached.read_text()
-        else:
-            if not self._online:
-                raise CaptureNotFoundError(f"{name}:v{version} is not in the cache and {self.url} is offline")
-            data = self.store.read(self.store.key(self._name_key(name), "versions", str(version), CAPTURE_FILE))
-            if data is None:
-                raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.url}")
-            text = data.decode()
-            self._cache_manifest(name, version, text)
-        try:
-            meta = json.loads(text)
-        except ValueError as error:
-            raise CorruptCaptureError(f"{self.url} {name}:v{version}: capture.json is not valid JSON: {error}") from None
-        if not isinstance(meta, dict) or "format_version" not in meta:
-            raise CorruptCaptureError(f"{self.url} {name}:v{version}: not a modulelens capture")
-        return meta
-
-    def _cache_manifest(self, name: str, version: int, text: str) -> None:
-        cached = self._version_dir(name, version) / CAPTURE_FILE
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{CAPTURE_FILE}-{uuid.uuid4().hex}")
-        tmp.write_text(text)
-        os.replace(tmp, cached)
-
-    # ---------------------------------------------------------------------------------- writes
-
-    def _require_online(self, what: str) -> None:
-        if not self._online:
-            raise RemoteRepoError(f"cannot {what}: {self.url} is offline")
-
-    def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
-        validate_name(name)
-        self._require_online(f"save {name}")
-        while True:
-            with self._lease() as lease:
-                self._store_payloads(metadata, payloads)
-                if not lease.lapsed:
-                    return self._commit(name, metadata)
-                _renewable(lease, self.url)
-            # The lease went unrenewed for half its TTL (a stalled process, a slow server): a gc
-            # may have run and removed a blob this save found present. Take a new lease and check
-            # again (blobs already there are skipped).
-
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        """A lease for the whole of a push's copy (blobs, then the commit), so that gc waits for it
-        instead of collecting its blobs before they are referenced (see :meth:`Repo.writing`)."""
+    def writing(self) -> contextlib.AbstractContextManager[Hold]:
         self._require_online("write")
-        with self._lease():
-            yield
+        return self.leases.writer()
 
-    def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
-        validate_name(name)
-        self._require_online(f"save {name}")
-        while True:
-            with self._lease() as lease:
-                for digest in referenced_blobs(metadata):
-                    if not self.has_blob(digest):
-                        raise CorruptCaptureError(f"payload {digest} is missing from {self.url}")
-                if not lease.lapsed:  # else a gc may have run meanwhile: check again (see save_version)
-                    return self._commit(name, metadata)
-                _renewable(lease, self.url)
-
-    def _commit(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
-        """Create ``versions/<N>/capture.json`` with a conditional write; the server lets one of
-        several racing savers have ``N``, the others move on to ``N+1``."""
-        version = self._listing(name)["used"] + 1
-        for _attempt in range(10_000):
-            metadata["version"] = version
-            metadata["name"] = name
-            key = self.store.key(self._name_key(name), "versions", str(version), CAPTURE_FILE)
-            data = capture_json(metadata)
-            if self.store.create(key, data):
-                self._cache_manifest(name, version, data.decode())
-                return self.info(name, version)
-            version += 1
-        raise RemoteRepoError(f"could not allocate a version for {name!r} in {self.url}")
-
-    def set_alias(self, ref: str, alias: str) -> VersionInfo:
-        """Point ``alias`` at the version ``ref`` resolves to, with compare-and-swap: if another
-        writer moved the alias between our read and our write, nothing is written and this raises.
-
-        Raises:
-            RepoBusyError: the alias changed concurrently (run again to move it anyway).
-        """
-        validate_alias(alias)
-        if alias == LATEST:
-            raise InvalidNameError("'latest' is maintained automatically and cannot be set")
-        self._require_online(f"set alias {alias}")
-        name, version = self.resolve(ref)
-        key = self.store.key(self._name_key(name), "aliases", alias)
-        _, tag = self.store.read_tagged(key)
-        if not self.store.replace(key, str(version).encode(), tag):
-            raise RepoBusyError(f"alias {name}:{alias} was moved by another writer meanwhile; nothing changed")
-        return self.info(name, version)
-
-    def remove_alias(self, name: str, alias: str) -> None:
-        self._require_online(f"remove alias {alias}")
-        key = self.store.key(self._name_key(name), "aliases", validate_alias(alias))
-        if not self.store.exists(key):
-            raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
-        self.store.delete([key])
-
-    def remove(self, ref: str) -> list[str]:
-        """Remove versions: a tombstone first (the number is never reused), then the manifest (the
-        version disappears), then its reports. Payloads stay until :meth:`gc`."""
-        self._require_online(f"remove {ref}")
-        parsed = parse_ref(ref)
-        targets = self.version_numbers(parsed.name) if parsed.selector is None else [self.resolve(parsed)[1]]
-        if not targets:
-            raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {self.url}")
-        prefix = self._name_key(parsed.name)
-        for version in targets:
-            folder = f"{prefix}/versions/{version}"
-            self.store.put(self.store.key(folder, _REMOVED), b"")
-            self.store.delete([self.store.key(folder, CAPTURE_FILE)])
-            self.store.delete([self.store.key(k) for k in self.store.list(f"{folder}/reports")])
-        for alias, version in self.aliases(parsed.name).items():
-            if version in targets:
-                self.remove_alias(parsed.name, alias)
-        return [f"{parsed.name}:v{v}" for v in targets]
-
-    # ---------------------------------------------------------------------------------- reports
-
-    def add_report(self, ref: str, kind: str, data: dict[str, Any]) -> str:  # type: ignore[override]
-        name, version = self.resolve(ref)
-        self._require_online("store a report")
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        key = self.store.key(self._name_key(name), "versions", str(version), "reports",
-                             f"{kind}-{stamp}-{uuid.uuid4().hex[:8]}.json")
-        self.store.put(key, json.dumps({"kind": kind, "created": stamp, **data}, indent=1, default=str).encode())
-        return f"{self.store.protocol}://{key}"
-
-    def put_report(self, name: str, version: int, filename: str, data: bytes) -> None:
-        """Store a report file under its original name (push/pull)."""
-        self.store.put(self.store.key(self._name_key(name), "versions", str(version), "reports",
-                                      validate_report_file(filename)), data)
-
-    def report_files(self, name: str, version: int) -> dict[str, bytes]:
-        if not self._online:
-            return {}
-        prefix = f"{self._name_key(name)}/versions/{version}/reports"
-        found = self.store.read_many([self.store.key(k) for k in self.store.list(prefix) if k.endswith(".json")])
-        return {key.rsplit("/", 1)[1]: data for key, data in found.items()}
-
-    def reports(self, ref: str, kind: str | None = None) -> list[dict[str, Any]]:
-        name, version = self.resolve(ref)
-        if not self._online:
-            return []
-        prefix = f"{self._name_key(name)}/versions/{version}/reports"
-        keys = [self.store.key(k) for k in sorted(self.store.list(prefix))
-                if k.endswith(".json") and (kind is None or k.rsplit("/", 1)[1].startswith(kind + "-"))]
-        found = []
-        for key, data in sorted(self.store.read_many(keys).items()):
-            with contextlib.suppress(ValueError):
-                found.append({"path": f"{self.store.protocol}://{key}", **json.loads(data)})
-        return found
-
-    # ---------------------------------------------------------------------------------- gc
-
-    def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0, grace_s: float = 3600.0,
-           wait_s: float = 600.0) -> GcReport:
-        """Delete blobs no version references and older than ``grace_s`` (server time).
-
-        gc holds ``locks/gc`` while it runs; saves hold leases and wait while gc runs, and gc waits
-        for leases taken before it to end. ``tmp_age_s`` is accepted for the local signature (an
-        object store has no staging area: nothing is visible before its single final write).
-
-        Raises:
-            RepoBusyError: another gc runs, or saves kept their leases longer than ``wait_s``.
-        """
+    def exclusive(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
         self._require_online("gc")
-        report = GcReport(dry_run=dry_run)
-        with self._gc_lock(wait_s) as now:
-            referenced = set()
-            objects = self.store.list("names")
-            manifests = [self.store.key(k) for k in objects if k.endswith("/" + CAPTURE_FILE)]
-            for key, data in self.store.read_many(manifests).items():
-                try:
-                    meta = json.loads(data)
-                except ValueError:
-                    raise CorruptCaptureError(f"{key} is not valid JSON; gc stopped without deleting anything") from None
-                referenced.update(digest.partition(":")[2] for digest in referenced_blobs(meta))
-            doomed = []
-            for key, info in self.store.list("blobs").items():
-                hexdigest = key.rsplit("/", 1)[1]
-                if hexdigest in referenced or self.store.mtime(info) > now - grace_s:
-                    report.kept_blobs += 1
-                    continue
-                doomed.append(self.store.key(key))
-                report.removed_blobs += 1
-                report.freed_bytes += int(info.get("size", 0))
-                report.removed.append(hexdigest)
-            if not dry_run:
-                self.store.delete(doomed)
-        return report
+        return self.leases.gc(wait_s)
 
-    def _lock_time(self, key: str) -> float:
-        """The server's clock, read as the modification time of an object we just wrote (so lock
-        ages never depend on this machine's clock)."""
-        info = self.store.info(key)
-        return self.store.mtime(info) if info else time.time()
+    def clean_staging(self, cutoff: float, *, dry_run: bool = False) -> int:
+        return 0  # nothing is visible before its single final write: there is no staging area
 
-    @contextlib.contextmanager
-    def _lease(self, wait_s: float = 600.0) -> Iterator[_Heartbeat]:
-        """A save's lease: write ``locks/save-<id>``, then make sure no gc runs (else step back and
-        wait). gc writes its lock before looking for leases, so one of the two always sees the other.
-        The lease is rewritten every TTL/4 s until the save ends (see :class:`_Heartbeat`).
-        Re-entrant per thread: a commit inside :meth:`writing` uses the lease already held (a
-        second one would wait for a gc that itself waits for the first: a deadlock)."""
-        held = getattr(self._held_leases, "current", None)
-        if held is not None:
-            held.outer = True
-            yield held
-            return
-        key = self.store.key("locks", f"save-{uuid.uuid4().hex}")
-        body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
-        deadline = time.monotonic() + wait_s
-        while True:
-            self.store.put(key, body)
-            gc_info = self.store.info(self.store.key("locks", "gc"))
-            if gc_info is None or self.store.mtime(gc_info) < self._lock_time(key) - lease_ttl():
-                break  # (the lease's own time is read only when there is a gc lock to compare)
-            self.store.delete([key])
-            if time.monotonic() > deadline:
-                raise RepoBusyError(f"{self.url}: gc has been running for over {wait_s:.0f} s; try again later")
-            time.sleep(0.2)
-        heartbeat = _Heartbeat(self.store, key, body)
-        self._held_leases.current = heartbeat
-        try:
-            yield heartbeat
-        finally:
-            self._held_leases.current = None
-            heartbeat.stop()  # before the delete: a late renewal must not bring the lease back
-            self.store.delete([key])
+    def audit(self) -> Audit:
+        return Audit()  # no links in object storage; objects the layout does not name are not looked for
 
-    @contextlib.contextmanager
-    def _gc_lock(self, wait_s: float) -> Iterator[float]:
-        """Hold ``locks/gc`` (renewed like a lease) and wait until no live lease is left; yields the
-        server's time when gc started. A lease not renewed for a TTL is a crashed saver's."""
-        key = self.store.key("locks", "gc")
-        body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
-        ttl = lease_ttl()
-        if not self.store.create(key, body):
-            info = self.store.info(key)
-            probe = self.store.key("locks", f"probe-{uuid.uuid4().hex}")
-            self.store.put(probe, b"")
-            now = self._lock_time(probe)
-            self.store.delete([probe])
-            if info is not None and self.store.mtime(info) >= now - ttl:
-                raise RepoBusyError(f"{self.url}: another gc is running (locks/gc); try again later")
-            self.store.put(key, body)  # a crashed gc's lock
-        heartbeat = _Heartbeat(self.store, key, body)
-        try:
-            start = self._lock_time(key)
-            offset = start - time.time()  # the server's clock, as seen from here
-            deadline = time.monotonic() + wait_s
-            while True:
-                now = time.time() + offset
-                leases = {k: i for k, i in self.store.list("locks").items() if k.startswith("locks/save-")}
-                if all(self.store.mtime(i) < now - ttl for i in leases.values()):
-                    break
-                if time.monotonic() > deadline:
-                    raise RepoBusyError(f"{self.url}: saves still running after {wait_s:.0f} s; gc did nothing")
-                time.sleep(0.2)
-            yield start
-        finally:
-            heartbeat.stop()
-            self.store.delete([key])
-
-
-def _renewable(lease: _Heartbeat, url: str) -> None:
-    """A lapsed lease is given up and taken anew, unless it is an outer one (:meth:`RemoteRepo.writing`)
-    that this thread cannot give up here: then the write stops, with nothing committed."""
-    if lease.outer:
-        raise RemoteRepoError(f"{url}: the write lease went unrenewed (stalled process or server); a gc may "
-                              "have run meanwhile, so nothing was committed; run the push again")
-
-
-class _Heartbeat:
-    """Rewrites a lock object every TTL/4 s from a thread, so that its age (by the server's clock)
-    tells a live holder from a crashed one within one TTL.
-
-    A holder that cannot renew (its process stalled, the server slow) finds out with
-    :attr:`lapsed` and must re-check what a gc could have changed meanwhile before it commits.
-    """
-
-    def __init__(self, store: ObjectStore, key: str, body: bytes) -> None:
-        self.store, self.key, self.body = store, key, body
-        self.ttl = lease_ttl()
-        self.renewed = time.monotonic()
-        self.outer = False  # reused by a nested write (see _renewable)
-        self._stop = threading.Event()
-        # A daemon: it only renews, and stop() joins it; at exit an unrenewed lease just expires.
-        self._thread = threading.Thread(target=self._run, name="modulelens-lease", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.ttl / 4):
-            try:
-                self.store.put(self.key, self.body)
-            except Exception:  # a missed renewal shows as `lapsed`; the holder re-checks
-                continue
-            self.renewed = time.monotonic()
-
-    @property
-    def lapsed(self) -> bool:
-        """Whether the lock went unrenewed for half its TTL (a gc may have taken it for dead)."""
-        return time.monotonic() - self.renewed > self.ttl / 2
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    def quarantine(self) -> Quarantine:
+        raise UsageError(f"fsck --repair works on local repos only ({self.url}); pull what you need into "
+                         "a local repo and repair that")
 
 
 @contextlib.contextmanager
-def _progress(total: int, label: str) -> Iterator[Any]:
+def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on a terminal for transfers over 64 MiB; otherwise nothing is printed."""
     if total < (64 << 20) or not sys.stderr.isatty():
         yield lambda n: None

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import CaptureNotFoundError
 from modulelens.format.hashing import hash_bytes
-from modulelens.repo.local import Repo, VersionInfo
 from modulelens.repo.names import parse_ref
 from modulelens.repo.packs import referenced_blobs
+
+if TYPE_CHECKING:
+    from modulelens.repo.repository import Repo, VersionInfo
 
 _WORKERS = 8
 # Fields a repo sets on its own copy; everything else is the capture and identifies it.

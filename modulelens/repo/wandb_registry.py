@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import CorruptCaptureError, MissingDependencyError, RemoteRepoError, UsageError
-from modulelens.repo.local import CAPTURE_FILE, Repo, VersionInfo
+from modulelens.repo.layout import CAPTURE_FILE
+from modulelens.repo.location import cache_root, offline
 from modulelens.repo.names import LATEST, parse_ref, validate_report_file
 from modulelens.repo.packs import referenced_blobs
+from modulelens.repo.repository import Repo, VersionInfo
 
 ARTIFACT_TYPE = "modulelens-capture"
 SCHEME = "wandb://"
@@ -52,7 +54,7 @@ class WandbTarget:
         parts = path.split("/")
         if len(parts) != 3 or not all(parts):
             raise UsageError(f"{url!r}: expected wandb://ENTITY/PROJECT/COLLECTION[:alias]")
-        return cls(*parts, alias or None)
+        return cls(parts[0], parts[1], parts[2], alias or None)
 
     @property
     def path(self) -> str:
@@ -193,8 +195,6 @@ def _wandb_call(url: str, call: Any) -> Any:
 
 def wandb_cache_repo() -> Repo:
     """The local repo that W&B artifacts are imported into when loaded by URL (part of the cache)."""
-    from modulelens.repo.remote import cache_root
-
     return Repo(cache_root() / "wandb" / "repo")
 
 
@@ -208,8 +208,6 @@ def resolve_wandb_ref(url: str) -> tuple[Repo, str]:
         MissingDependencyError: the wandb SDK is not installed (``pip install 'modulelens[wandb]'``).
         RemoteRepoError: W&B cannot be reached or refuses, or offline and never loaded here.
     """
-    from modulelens.repo.remote import cache_root, offline
-
     target = WandbTarget.parse(url)
     key = f"{target.path}:{target.alias or LATEST}"
     index = _WandbIndex(cache_root() / "wandb" / "refs.json")
@@ -235,8 +233,6 @@ def import_downloaded(directory: Path, key: str, digest: str, aliases: tuple[str
     """Import an artifact's downloaded ``directory`` into :func:`wandb_cache_repo` and remember that
     ``key`` (``ENTITY/PROJECT/COLLECTION:alias``) and the artifact's ``digest`` resolve to it;
     returns the cache repo and the ref there."""
-    from modulelens.repo.remote import cache_root
-
     repo = wandb_cache_repo()
     info = import_artifact_dir(directory, repo, aliases=aliases)
     _WandbIndex(cache_root() / "wandb" / "refs.json").record(key, info.ref, digest)

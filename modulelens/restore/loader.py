@@ -23,7 +23,7 @@ from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
 from modulelens.format.tree import decode_tree, tree_summary
 from modulelens.format.values import DecodeContext
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 from modulelens.repo.trust import own_capture
 from modulelens.restore.classes import ClassResolver
 from modulelens.restore.context import call_context
@@ -261,7 +261,7 @@ class Capture:
         self._synthetic: dict[str, torch.Tensor] = {}
         if trust_source is None:
             trust_source = bool(getattr(repo, "trust_source", False))
-        local = isinstance(repo, Repo) and not repo.is_remote  # your own captures: only where you saved them
+        local = isinstance(repo, Repo) and repo.signs_captures  # your own captures: only where you saved them
         self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
                                       forbidden=[repo.root] if isinstance(repo, Repo) else [],
                                       read_text=self._read_text, provenance=functools.partial(
@@ -641,8 +641,8 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    # trust_source=None: Capture asks repo.trust_source, which a RemoteRepo never takes from a file
-    # (off unless RemoteRepo(url, trust_source=True)), so a remote's stored source runs only when asked.
+    # trust_source=None: Capture asks repo.trust_source, which a remote repo never takes from a file
+    # (off unless Repo(url, trust_source=True)), so a remote's stored source runs only when asked.
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,

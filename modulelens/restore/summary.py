@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modulelens.format.spec import hooks_not_rebuilt
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 
 
 def _leaf_summaries(tree: dict[str, Any] | None, tensors: dict[str, Any], prefix: str) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from modulelens.tools.verify import error_means
 from modulelens.tools.working_copy import run_device, working_module
 
 if TYPE_CHECKING:
-    from modulelens.repo.local import Repo
+    from modulelens.repo import Repo
     from modulelens.restore.loader import Capture
     from modulelens.tools.recorded import RecordedTensors
 

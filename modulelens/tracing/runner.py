@@ -100,8 +100,8 @@ def closest_modules(pattern: str, modules: list[list[str]], limit: int = 5) -> l
 def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``command`` with capture on; returns exit code, what was saved and what was missed."""
     from modulelens.errors import StorageError
-    from modulelens.repo.local import Repo
-    from modulelens.repo.local import default_repo_path as repo_default
+    from modulelens.repo import Repo
+    from modulelens.repo import default_repo_path as repo_default
 
     requested = config.repo
     try:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
-from modulelens.repo.local import Repo, VersionInfo
+from modulelens.repo import Repo, VersionInfo
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import encode_record
 from modulelens.tracing.environment import distributed_info

@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from modulelens.errors import CaptureWarning, ModulelensError, StorageError
-from modulelens.repo.local import Repo, VersionInfo
+from modulelens.repo import Repo, VersionInfo
 
 _EXIT_WAIT_S = 600.0
 _pending: set[Upload] = set()
@@ -42,7 +42,7 @@ _pending_lock = threading.Lock()
 
 def staging_repo(url: str) -> Repo:
     """The local repo where captures for ``url`` wait for their upload."""
-    from modulelens.repo.remote import cache_root
+    from modulelens.repo.location import cache_root
 
     return Repo(cache_root() / "staging" / quote(url.rstrip("/"), safe=""))
 
@@ -190,7 +190,7 @@ def _wait_at_exit() -> None:
 def stage(repo: Any) -> tuple[Repo, Repo | str] | None:
     """For a remote ``repo`` (a URL or a remote :class:`Repo`), the staging repo and the target;
     ``None`` for a local repo (saved directly)."""
-    from modulelens.repo.local import default_repo_location, is_url
+    from modulelens.repo.location import default_repo_location, is_url
 
     if isinstance(repo, Repo):
         return (staging_repo(repo.location), repo) if repo.is_remote else None

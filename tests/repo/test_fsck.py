@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import modulelens
 from modulelens.interfaces.cli import app
-from modulelens.repo.index import current_keys
+from modulelens.repo.local import current_keys
 from modulelens.repo.packs import referenced_blobs
 
 runner = CliRunner()
@@ -178,7 +178,7 @@ def test_a_remote_repo_gets_a_read_only_check() -> None:
     body = json.loads(result.stdout)["result"]
     assert (body["names"], body["versions"], body["clean"]) == (2, 2, True)
     pack = remote.read_metadata(*remote.resolve(ref))["packs"][0]["payload"].partition(":")[2]
-    remote.store.delete([remote.store.key("blobs", pack[:2], pack)])
+    remote.store.objects.delete([remote.store.objects.key("blobs", pack[:2], pack)])
     result = runner.invoke(app, ["fsck", "--repo", remote.location, "--json"])
     assert result.exit_code == 3
     problems = {(p["kind"], p["path"]) for p in json.loads(result.stdout)["result"]["problems"]}

@@ -32,7 +32,7 @@ def test_gc_finishes_while_processes_save_back_to_back(tmp_path: Path) -> None:
         while not all(Path(r).exists() for r in ready) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)
-        reports: list[modulelens.repo.local.GcReport] = []
+        reports: list[modulelens.repo.GcReport] = []
         gc = threading.Thread(target=lambda: reports.append(modulelens.Repo(root).gc(tmp_age_s=0)))
         gc.start()
         gc.join(20)  # the bound; a starved gc finishes only once the savers stop

@@ -23,7 +23,8 @@ from torch import nn
 import modulelens
 from modulelens.errors import RestoreError
 from modulelens.format.hashing import hash_bytes
-from modulelens.repo._store import ObjectStore
+from modulelens.repo._objects import ObjectStore
+from modulelens.repo.layout import blob_key
 from modulelens.repo.packs import referenced_blobs
 
 
@@ -261,8 +262,9 @@ def test_cache_downloads_each_blob_once_and_resumes(env: dict[str, str], tmp_pat
     blobs = referenced_blobs(meta)  # the 1 MiB weight and the pack of the small payloads
     weight = max(blobs, key=blobs.get)
     # An interrupted download: the first 100 KiB are in the cache's partial file.
-    full = ObjectStore(url).read(repo._blob_key(weight))
-    part = repo.cache.root / "tmp" / f"{weight.partition(':')[2]}.part"
+    objects = ObjectStore(url)
+    full = objects.read(objects.key(blob_key(weight)))
+    part = repo.store.cache.root / "tmp" / f"{weight.partition(':')[2]}.part"
     part.parent.mkdir(parents=True, exist_ok=True)
     part.write_bytes(full[:100 << 10])
     assert repo.download(blobs) == sum(blobs.values()) - (100 << 10)  # resumed, not restarted
@@ -327,7 +329,7 @@ def test_a_killed_savers_lease_expires_while_a_live_one_is_renewed(env: dict[str
     holding = threading.Event()
 
     def live_save() -> None:
-        with repo._lease():
+        with repo.writing():
             holding.set()
             time.sleep(3 * ttl)
 

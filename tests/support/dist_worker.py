@@ -23,7 +23,7 @@ from shardnet import ShardNet
 from torch import nn
 
 import modulelens
-from modulelens.repo.local import Repo
+from modulelens.repo import Repo
 
 
 def _batch(step: int, rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

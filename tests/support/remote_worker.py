@@ -47,7 +47,7 @@ def push(source: str, ref: str, target: str) -> None:
 def hold_lease(repo: str) -> None:
     """Take a save's lease (as a save does before uploading) and hang until killed: what a saver
     that crashes mid-upload leaves behind."""
-    with modulelens.Repo(repo)._lease():
+    with modulelens.Repo(repo).writing():
         print("held", flush=True)
         time.sleep(600)
 

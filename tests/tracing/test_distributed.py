@@ -160,7 +160,7 @@ def test_all_ranks_record_one_capture_each(ddp_job: dict[str, Any]) -> None:
 
 @needs_gloo
 def test_two_ranks_saving_into_one_repo_at_once_both_land(ddp_job: dict[str, Any]) -> None:
-    from modulelens.repo.local import Repo
+    from modulelens.repo import Repo
 
     ranks = ddp_job["ranks"]
     versions = ranks[0]["race_versions"] + ranks[1]["race_versions"]

@@ -28,7 +28,7 @@ from modulelens.repo.files import open_regular
 if TYPE_CHECKING:
     import torch
 
-    from modulelens.repo.local import Repo, VersionInfo
+    from modulelens.repo import Repo, VersionInfo
 
 _OPEN_CAPTURES = 16
 _SUMMARIES = 4096

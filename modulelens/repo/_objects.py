@@ -1,4 +1,4 @@
-"""Object storage behind a remote repo: the few operations the repo protocol needs, over fsspec.
+"""Object storage under one fsspec URL: the few server operations a remote store rests on.
 
 Object stores have no rename and no lock, so the protocol (docs/repo-layout.md) rests on three
 primitives that must be atomic on the server: *create* (write an object only if no object has that
@@ -11,6 +11,7 @@ implements it; :attr:`ObjectStore.atomic` says which.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime
 import hashlib
@@ -133,7 +134,7 @@ class ObjectStore:
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self.fs.cat_file(key, start=start, end=end))
 
-    def read_many(self, keys: list[str]) -> dict[str, bytes]:
+    def read_many(self, keys: builtins.list[str]) -> dict[str, bytes]:
         """Several small objects at once (fsspec fetches them concurrently); missing ones are left out."""
         if not keys:
             return {}
@@ -159,6 +160,14 @@ class ObjectStore:
         except FileNotFoundError:
             return {}
         return {self.relative(k): dict(v) for k, v in found.items() if v.get("type", "file") != "directory"}
+
+    def ls(self, prefix: str) -> dict[str, str]:
+        """What is directly under ``prefix`` (one LIST with a delimiter): name -> ``"file"`` or ``"directory"``."""
+        try:
+            found = self.fs.ls(self.key(prefix), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {str(item["name"]).rstrip("/").rsplit("/", 1)[-1]: item.get("type", "file") for item in found}
 
     def exists(self, key: str) -> bool:
         return self.info(key) is not None
@@ -245,7 +254,7 @@ class ObjectStore:
             for start in range(0, len(data), _PART_BYTES):
                 handle.write(data[start:start + _PART_BYTES])
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         if keys:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(keys)

@@ -1,0 +1,104 @@
+"""Where each thing of a repo lives: its keys, the same on every store (docs/repo-layout.md).
+
+A key is a ``/``-separated path relative to the repo's root (``names/ranker%2Fmlp/versions/3/capture.json``);
+a :class:`~modulelens.repo.store.Store` maps it to a file in a directory or an object in a bucket.
+What differs between stores (how a tombstone is written, the files only a directory has: locks,
+staging, summaries, verification markers) is each store's own business.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, unquote
+
+from modulelens.errors import CorruptCaptureError, InvalidNameError
+from modulelens.format.hashing import HASH_ALGORITHM
+from modulelens.format.provenance import PROVENANCE_FIELD, field_line, field_lines
+from modulelens.repo.names import validate_alias, validate_name
+
+# 2: small payloads in packs, per-name summaries (docs/repo-layout.md). Layout-1 repos are read as
+# they are; the first save into one rewrites the marker, so older modulelens refuse it instead of
+# failing on a payload they cannot find.
+LAYOUT_VERSION = 2
+MARKER = "modulelens-repo.json"
+CAPTURE_FILE = "capture.json"
+SUMMARY_FILE = "summary.json"
+REPORTS = "reports"
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def marker_json(layout: int = LAYOUT_VERSION) -> bytes:
+    """The bytes of ``modulelens-repo.json``."""
+    return json.dumps({"layout_version": layout}).encode()
+
+
+def name_key(name: str) -> str:
+    """``names/<quoted name>`` (validates the name: no key can leave the repo)."""
+    return "names/" + quote(validate_name(name), safe="")
+
+
+def versions_key(name: str) -> str:
+    return name_key(name) + "/versions"
+
+
+def version_key(name: str, version: int) -> str:
+    return f"{name_key(name)}/versions/{int(version)}"
+
+
+def capture_key(name: str, version: int) -> str:
+    return f"{version_key(name, version)}/{CAPTURE_FILE}"
+
+
+def reports_key(name: str, version: int) -> str:
+    return f"{version_key(name, version)}/{REPORTS}"
+
+
+def aliases_key(name: str) -> str:
+    return name_key(name) + "/aliases"
+
+
+def alias_key(name: str, alias: str) -> str:
+    return f"{name_key(name)}/aliases/{validate_alias(alias)}"
+
+
+def blob_key(digest: str) -> str:
+    """``blobs/<2 hex>/<64 hex>`` of a payload hash ``blake3:<64 hex>``.
+
+    Raises:
+        CorruptCaptureError: ``digest`` is not a well-formed payload hash.
+    """
+    algorithm, _, hexdigest = digest.partition(":")
+    if algorithm != HASH_ALGORITHM or not HEX64.fullmatch(hexdigest):
+        raise CorruptCaptureError(f"malformed payload hash {digest!r}")
+    return f"blobs/{hexdigest[:2]}/{hexdigest}"  # one format, not three joins: a load asks per blob
+
+
+def unquote_name(quoted: str) -> str | None:
+    """The capture name a ``names/`` folder stands for, or ``None`` when it is not one.
+
+    A valid name quotes to letters, digits, ``._-`` and ``%2F`` (its slashes), so a plain replace
+    does; ``unquote`` only for anything else (a listing unquotes every name folder)."""
+    plain = quoted.replace("%2F", "/")
+    name = plain if "%" not in plain else unquote(quoted)
+    try:
+        validate_name(name)
+    except InvalidNameError:
+        return None
+    return name
+
+
+def capture_json(metadata: dict[str, Any], seal: Callable[[list[str]], dict[str, Any]] | None = None) -> bytes:
+    """A capture's ``capture.json``: one line per top-level field. Indented JSON goes through the
+    pure-Python encoder, a third of a 5,000-tensor save (benchmarks/bench_repo.py); compact values
+    use the C encoder and the file stays readable field by field. ``seal`` (a new capture saved
+    into a store that signs: :func:`modulelens.repo.trust.capture_sealer`) signs those very lines,
+    so signing costs no second encoding, and its ``provenance`` field is set in ``metadata`` and
+    written last."""
+    fields = field_lines(metadata) if seal is not None else [field_line(k, v) for k, v in metadata.items()]
+    if seal is not None:
+        metadata[PROVENANCE_FIELD] = seal(fields)
+        fields.append(field_line(PROVENANCE_FIELD, metadata[PROVENANCE_FIELD]))
+    return ("{\n" + ",\n".join(fields) + "\n}\n").encode()

@@ -1,0 +1,374 @@
+"""The one interface between :class:`~modulelens.repo.repository.Repo` and where its files live.
+
+``Repo`` holds what a repo *means* (names, versions, aliases, summaries, reports, save, gc, fsck,
+push/pull) once, in terms of keys (:mod:`modulelens.repo.layout`); a ``Store`` holds how those keys
+are kept, like httpx's ``BaseTransport`` under ``Client`` or fsspec's ``AbstractFileSystem``.
+Two implement it:
+
+* :class:`~modulelens.repo.local.LocalStore`: a directory. Files are published by rename, made
+  durable with fsync, never opened through a symbolic link; locks are ``flock``; large blobs carry
+  verification markers; summaries are trusted by two ``stat`` calls; fsck can quarantine.
+* :class:`~modulelens.repo.remote.RemoteStore`: an fsspec URL (``s3://``, ``memory://``...). No
+  rename and no lock: a version appears with a conditional create, an alias moves with
+  compare-and-swap, writers hold leases; reads go through a local cache and mirror, which also
+  answer offline.
+
+Every operation below is one the repo needs; where a store cannot do one (a compare-and-swap on a
+backend without conditional writes, quarantine in a bucket) it raises a :class:`ModulelensError`
+that says so. The repo never asks which store it has: a capability is a method or attribute here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from modulelens.repo.markers import ChunkDigests
+
+#: A version folder's identity, or ``None`` where a version can never be replaced under its number.
+Identity = list[int] | None
+
+
+class Scan(NamedTuple):
+    """One name's folder as it is now: visible versions (number -> identity), the highest number
+    ever used (removed versions included: numbers are never reused), and the aliases."""
+
+    versions: dict[int, Identity]
+    used: int
+    aliases: dict[str, int]
+
+
+class Stamps(NamedTuple):
+    """Cheap change tokens of a name's ``versions/`` and ``aliases/`` folders; a token is trusted
+    (``settled``) only when no later change can produce it again (repo/index.py)."""
+
+    versions: list[int]
+    aliases: list[int]
+    versions_settled: bool
+    aliases_settled: bool
+
+
+class BlobStat(NamedTuple):
+    """A stored blob as a listing sees it: its key, size in bytes and modification time (seconds
+    since the epoch, by the clock of whoever stamps the store's files)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+class Staged(NamedTuple):
+    """A payload on its way into a store (:meth:`Store.stage_blob`): its staging file, if any."""
+
+    path: Path | None
+    view: memoryview
+
+
+class Finding(NamedTuple):
+    """An entry that is not part of the repo's layout (``foreign``) or a link (``symlink``)."""
+
+    kind: str
+    key: str
+    detail: str
+
+
+@dataclass
+class Audit:
+    """What :meth:`Store.audit` found beside the repo's own entries."""
+
+    findings: list[Finding] = field(default_factory=list)
+    stale_staging: int = 0  # staging left by writers that are gone (garbage for gc, not damage)
+
+
+@dataclass
+class BlobCheck:
+    """What :meth:`Store.verify_blobs` found: ``damaged`` maps a digest to why ("missing" when
+    absent), and how many blobs and bytes passed its checks; ``note`` says how deep it looked."""
+
+    damaged: dict[str, str] = field(default_factory=dict)
+    checked: int = 0
+    bytes: int = 0
+    note: str | None = None
+
+
+class Hold(ABC):
+    """What :meth:`Store.writing` holds: a shared lock, or a lease that has to be renewed."""
+
+    @abstractmethod
+    def intact(self) -> bool:
+        """``True`` while nothing could have collected a blob checked under this hold; ``False``
+        when it lapsed (a stalled process), so the caller must redo its checks under a new hold.
+
+        Raises:
+            RemoteRepoError: it lapsed and is an outer hold this caller cannot retake.
+        """
+
+
+class Quarantine(ABC):
+    """Where ``fsck --repair`` moves what is broken (:meth:`Store.quarantine`)."""
+
+    moved: set[str]  # keys moved aside so far
+    location: str  # where they go (a folder of their own per run)
+
+    @abstractmethod
+    def move(self, key: str) -> str | None:
+        """Move the entry at ``key`` aside (with what belongs to it); returns where it went
+        (relative to the repo's root), ``None`` when it was gone or already moved with its folder."""
+
+    @abstractmethod
+    def retire(self, prefix: str) -> str | None:
+        """Move a version folder aside, leaving its number used (as :meth:`Store.retire`)."""
+
+    @abstractmethod
+    def finish(self, report: bytes) -> None:
+        """Store the repair's report beside what was moved (nothing when nothing was)."""
+
+
+class Store(ABC):
+    """Where one repo's files live. Keys are ``/``-separated paths relative to the repo's root.
+
+    Attributes:
+        location: what ``Repo()`` takes to open the repo again: a path or a URL.
+        root: the local folder of this repo's files on this machine (a directory's own root; an
+            object store's mirror in the cache, where cached ``capture.json`` files are).
+        is_remote: the store is reached over a network (captures for it are staged locally and
+            uploaded in the background: tracing/upload.py).
+        gc_grace_s: gc keeps unreferenced blobs younger than this by default.
+        can_repair: ``fsck --repair`` can move damaged entries aside here.
+        signs_captures: captures saved here are signed as this user's own (:meth:`sealer`).
+    """
+
+    location: str
+    root: Path
+    is_remote: bool = False
+    signs_captures: bool = False
+    gc_grace_s: float = 0.0
+    can_repair: bool = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location!r})"
+
+    @abstractmethod
+    def __fspath__(self) -> str:
+        """The repo's directory. Raises ``TypeError`` for a store that is not a local directory."""
+
+    # ------------------------------------------------------------------------------ opening, trust
+
+    @abstractmethod
+    def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
+        """The layout marker's bytes, writing ``initial`` there first for a new repo (``create``).
+        ``None`` when they cannot be read now and the repo is used from the cache (offline).
+
+        Raises:
+            CaptureNotFoundError: there is no repo here and ``create`` is false.
+        """
+
+    @property
+    @abstractmethod
+    def trust_source(self) -> bool:
+        """Whether loads run the source stored with captures by default (docs/security.md)."""
+
+    @trust_source.setter
+    @abstractmethod
+    def trust_source(self, value: bool) -> None: ...
+
+    def sealer(self) -> Callable[[list[str]], dict[str, Any]] | None:
+        """What signs a capture saved here as this user's own (``capture.json``'s ``provenance``,
+        repo/trust.py), or ``None`` where captures are not signed (:attr:`signs_captures` false)."""
+        return None
+
+    # ------------------------------------------------------------------------------ files by key
+
+    @abstractmethod
+    def read(self, key: str, *, immutable: bool = False) -> bytes | None:
+        """The bytes at ``key``, ``None`` when there is nothing. ``immutable``: the caller knows the
+        key never changes once written, so a store may answer from a cached copy.
+
+        Raises:
+            CorruptCaptureError: the entry is a link or not a regular file.
+            CaptureNotFoundError: the store is offline and has no copy of ``key``.
+        """
+
+    @abstractmethod
+    def read_many(self, keys: Collection[str], *, immutable: bool = False) -> dict[str, bytes]:
+        """Several small files at once (concurrently where that helps); missing and unreadable ones
+        are left out."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        """Replace ``key`` atomically (readers see the old or the new bytes), creating its folder;
+        ``durable=False`` for caches that are rebuilt when lost.
+
+        Raises:
+            FileNotFoundError: the folder above ``key``'s folder does not exist.
+        """
+
+    @abstractmethod
+    def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        """``key``'s bytes and the tag :meth:`swap` compares against (``None``: nothing there)."""
+
+    @abstractmethod
+    def swap(self, key: str, data: bytes, tag: str | None) -> bool:
+        """Write ``key`` only if it still has ``tag`` (``None``: only if nothing is there: a
+        create-if-absent); ``False`` when another writer changed it meanwhile.
+
+        Raises:
+            RemoteRepoError: the backend has no conditional write.
+        """
+
+    @abstractmethod
+    def remove(self, key: str) -> bool:
+        """Delete ``key`` (a link as a link); ``False`` when nothing was there."""
+
+    @abstractmethod
+    def files(self, prefix: str) -> list[str]:
+        """Names of the files directly in folder ``prefix``, sorted (links and folders left out)."""
+
+    @abstractmethod
+    def is_folder(self, prefix: str) -> bool:
+        """Whether ``prefix`` is a folder that exists on its own (an object store has none).
+
+        Raises:
+            CorruptCaptureError: it is a link or not a folder.
+        """
+
+    @abstractmethod
+    def local_path(self, key: str) -> Path:
+        """Where ``key``'s bytes are on this machine (an object store's mirror copy, which a read
+        with ``immutable=True`` keeps)."""
+
+    @abstractmethod
+    def cached(self, key: str) -> bool:
+        """Whether an ``immutable`` ``key`` can be read without asking a server."""
+
+    @abstractmethod
+    def where(self, key: str) -> Path | str:
+        """``key`` as users name it: a path, or a URL."""
+
+    # ------------------------------------------------------------------------------ names, versions
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """The quoted names of the folders under ``names/`` (offline: the ones cached)."""
+
+    @abstractmethod
+    def scan(self, prefix: str, *, aliases: bool = True) -> Scan:
+        """The versions and (with ``aliases``) aliases in the name folder ``prefix``."""
+
+    @abstractmethod
+    def stamps(self, prefix: str) -> Stamps | None:
+        """Change tokens of the name folder ``prefix``; ``None`` for a store that cannot tell
+        cheaply, which keeps no summaries."""
+
+    @abstractmethod
+    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
+        """Make the folder ``prefix`` appear with ``files`` (and the empty ``folders``) all at once,
+        durably, only if it is free; ``False`` when it is taken or was removed (its tombstone)."""
+
+    @abstractmethod
+    def retire(self, prefix: str) -> bool:
+        """Remove the folder ``prefix`` and leave a tombstone, so that its name is never used again;
+        ``False`` when it was gone already."""
+
+    # ------------------------------------------------------------------------------ blobs
+
+    @abstractmethod
+    def blob_path(self, digest: str) -> Path:
+        """Where the payload ``digest`` is (or will be) on this machine."""
+
+    @abstractmethod
+    def has_blob(self, digest: str) -> bool: ...
+
+    @abstractmethod
+    def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
+        """Store a payload under its hash, durably; ``False`` when it was already there (dedup).
+        ``chunks``: its marker's chunk hashes, when the caller computed them with the hash."""
+
+    @abstractmethod
+    def stage_blob(self, data: memoryview | bytes | bytearray) -> Staged:
+        """First half of a pipelined write (a save): the part that may run beside hashing."""
+
+    @abstractmethod
+    def publish_blob(self, staged: Staged, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> None:
+        """Second half: make a staged payload the blob ``digest``. ``flush=False`` leaves the
+        flush of its folder to :meth:`flush_blobs` (once for many blobs)."""
+
+    @abstractmethod
+    def flush_blobs(self, digests: Collection[str]) -> None:
+        """Make the blobs published with ``flush=False`` durable."""
+
+    @abstractmethod
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
+        """Store a payload from a local file (push/pull); bytes written (0 if it was there).
+
+        Raises:
+            CorruptCaptureError: ``source`` does not hash to ``digest`` (unless ``verified``).
+        """
+
+    @abstractmethod
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+        """A local file of the payload, checked (size; hash as :mod:`~modulelens.repo.markers`
+        decides, always with ``full``), downloaded first if the store keeps it elsewhere.
+
+        Raises:
+            CorruptCaptureError: missing, truncated, a link, or not matching its hash.
+        """
+
+    @abstractmethod
+    def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
+        """Make the blobs ``wanted()`` names (``{digest: nbytes}``) available on this machine;
+        returns bytes downloaded. A callable: a directory has them already and never computes it."""
+
+    @abstractmethod
+    def blobs(self) -> dict[str, BlobStat]:
+        """Every stored blob (payloads and packs, by file name); links are never listed."""
+
+    @abstractmethod
+    def remove_blobs(self, keys: Collection[str]) -> None:
+        """Delete blobs by key (what they carry with them, too); missing ones are skipped."""
+
+    @abstractmethod
+    def verify_blobs(self, blobs: Mapping[str, int], members: Mapping[str, Collection[tuple[str, int]]]) -> BlobCheck:
+        """Check ``blobs`` (``{digest: nbytes}``) and the pack ``members`` (pack digest ->
+        ``(member digest, nbytes)``) as deeply as this store can without downloading them."""
+
+    # ------------------------------------------------------------------------------ locks
+
+    @abstractmethod
+    def writing(self) -> contextlib.AbstractContextManager[Hold]:
+        """Held by every writer while it writes blobs and commits the version that references them,
+        so gc never collects a blob a writer found present. Re-entrant per thread."""
+
+    @abstractmethod
+    def exclusive(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
+        """Held by gc (and repairs) alone: waits for writers to finish and keeps new ones out;
+        yields when it started, by the store's clock.
+
+        Raises:
+            RepoBusyError: another gc holds it, or writers kept it longer than ``wait_s``.
+        """
+
+    # ------------------------------------------------------------------------------ upkeep
+
+    @abstractmethod
+    def clean_staging(self, cutoff: float, *, dry_run: bool = False) -> int:
+        """Remove staging older than ``cutoff`` left by writers that are gone; returns how many."""
+
+    @abstractmethod
+    def audit(self) -> Audit:
+        """Entries that are not part of the repo's layout, and links (fsck)."""
+
+    @abstractmethod
+    def quarantine(self) -> Quarantine:
+        """A new quarantine run for ``fsck --repair``.
+
+        Raises:
+            UsageError: this store cannot move things aside (an object store).
+            CorruptCaptureError: the quarantine folder is a link.
+        """
+

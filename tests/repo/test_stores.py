@@ -1,0 +1,145 @@
+"""The Store contract, run against both stores: what ``Repo`` relies on, whatever keeps its files.
+
+A new store (issue 25's per-name index objects, another backend) passes these before ``Repo`` can
+use it. The object store runs on fsspec's ``memory://``; tests/repo/test_remote.py runs the whole
+repo on a real S3 server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+import modulelens
+from modulelens.errors import CorruptCaptureError, RepoBusyError, UsageError
+from modulelens.format.hashing import hash_bytes
+from modulelens.repo.layout import MARKER, blob_key, marker_json
+from modulelens.repo.local import LocalStore
+from modulelens.repo.remote import RemoteStore
+from modulelens.repo.repository import open_store
+from modulelens.repo.store import Store
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    made = open_store(tmp_path / "repo" if request.param == "local" else f"memory://stores-{uuid.uuid4().hex[:8]}")
+    made.open(MARKER, marker_json(), create=True)
+    return made
+
+
+def test_open_store_picks_the_store_from_the_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    assert isinstance(open_store(tmp_path / "a"), LocalStore)
+    assert isinstance(open_store(f"file://{tmp_path}/b"), LocalStore)
+    assert open_store(f"file://{tmp_path}/b").location == f"{tmp_path}/b"
+    assert isinstance(open_store("memory://somewhere"), RemoteStore)
+    monkeypatch.setenv("MODULELENS_REPO", "memory://from-env")
+    assert isinstance(modulelens.Repo().store, RemoteStore)
+    with pytest.raises(UsageError, match="storage_options"):
+        modulelens.Repo(tmp_path / "c", storage_options={"anon": True})
+
+
+def test_files_by_key(store: Store) -> None:
+    assert store.publish("names/a/versions/1", {"capture.json": b"{}"})  # the name's folder
+    assert store.read("names/a/aliases/x") is None
+    store.write("names/a/aliases/x", b"1")  # its folder is made
+    store.write("names/a/aliases/y", b"2")
+    assert store.read("names/a/aliases/x") == b"1"
+    assert store.files("names/a/aliases") == ["x", "y"]
+    assert store.read_many(["names/a/aliases/x", "names/a/aliases/nothing"]) == {"names/a/aliases/x": b"1"}
+    assert store.remove("names/a/aliases/x") and not store.remove("names/a/aliases/x")
+    assert store.files("names/a/aliases") == ["y"] and store.files("names/none") == []
+
+
+def test_swap_is_compare_and_swap(store: Store) -> None:
+    assert store.publish("names/a/versions/1", {"capture.json": b"{}"})
+    key = "names/a/aliases/golden"
+    data, tag = store.read_tagged(key)
+    assert (data, tag) == (None, None)
+    assert store.swap(key, b"1", None)  # create-if-absent
+    assert not store.swap(key, b"2", None)  # taken
+    data, tag = store.read_tagged(key)
+    assert data == b"1"
+    assert store.swap(key, b"3", tag)
+    assert not store.swap(key, b"4", tag)  # another writer moved it since the read
+    assert store.read(key) == b"3"
+
+
+def test_a_folder_is_published_once_and_its_number_never_reused(store: Store) -> None:
+    prefix = "names/a"
+    assert store.publish(f"{prefix}/versions/1", {"capture.json": b"{}"}, folders=("reports",))
+    assert not store.publish(f"{prefix}/versions/1", {"capture.json": b"{}"})
+    assert store.publish(f"{prefix}/versions/2", {"capture.json": b"{}"})
+    store.write(f"{prefix}/aliases/golden", b"2")
+    scan = store.scan(prefix)
+    assert (list(scan.versions), scan.used, scan.aliases) == ([1, 2], 2, {"golden": 2})
+    assert store.retire(f"{prefix}/versions/2")
+    assert not store.publish(f"{prefix}/versions/2", {"capture.json": b"{}"})  # its tombstone holds the number
+    scan = store.scan(prefix)
+    assert (list(scan.versions), scan.used) == ([1], 2)
+    assert store.names() == ["a"]
+
+
+def test_blobs(store: Store) -> None:
+    data = b"x" * 1000
+    digest = hash_bytes(data)
+    assert not store.has_blob(digest)
+    assert store.write_blob(digest, data)
+    assert store.has_blob(digest)
+    assert store.blob_file(digest, len(data)).read_bytes() == data  # a local file, checked
+    listed = store.blobs()
+    assert listed[digest.partition(":")[2]].size == len(data)
+    assert listed[digest.partition(":")[2]].key == blob_key(digest)
+    missing = hash_bytes(b"never stored")
+    check = store.verify_blobs({digest: len(data), missing: 12}, {})
+    assert check.damaged == {missing: "missing"} and check.checked == 1
+    assert "expected 999" in store.verify_blobs({digest: 999}, {}).damaged[digest]
+    store.remove_blobs([blob_key(digest)])
+    assert not store.has_blob(digest) and store.blobs() == {}
+
+
+def test_writing_is_reentrant_and_exclusive_yields_a_time(store: Store) -> None:
+    with store.writing() as outer, store.writing() as inner:
+        assert outer.intact() and inner.intact()
+    with store.exclusive(wait_s=30) as started:
+        assert started > 0
+
+
+def test_a_local_alias_moved_meanwhile_is_not_overwritten(tmp_path: Path) -> None:
+    repo = modulelens.Repo(tmp_path / "repo")
+    store = repo.store
+    store.publish("names/a/versions/1", {"capture.json": b"{}"})
+    key = "names/a/aliases/golden"
+    _, tag = store.read_tagged(key)
+    assert store.swap(key, b"1", tag)
+    assert not store.swap(key, b"1", tag)  # the tag read before the first swap is stale
+    original = store.read_tagged
+
+    def stale(key: str) -> tuple[bytes | None, str | None]:
+        data, current = original(key)
+        store.swap(key, b"9", current)  # another writer, between this read and the write
+        return data, current
+
+    store.read_tagged = stale  # type: ignore[method-assign]
+    with pytest.raises(RepoBusyError, match="moved by another writer"):
+        repo.set_alias("a:v1", "golden")
+
+
+def test_a_local_read_never_goes_through_a_linked_folder(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "repo")
+    store.open(MARKER, marker_json(), create=True)
+    outside = tmp_path / "outside"
+    (outside / "aliases").mkdir(parents=True)
+    (outside / "aliases" / "golden").write_text("1")
+    (tmp_path / "repo" / "names" / "a").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(CorruptCaptureError, match="symbolic link"):
+        store.read("names/a/aliases/golden")
+    with pytest.raises(CorruptCaptureError, match="symbolic link"):
+        store.write("names/a/aliases/golden", b"2")
+    with pytest.raises(CorruptCaptureError, match="symbolic link"):
+        store.publish("names/a/versions/1", {"capture.json": b"{}"})
+    assert sorted(p.name for p in outside.iterdir()) == ["aliases"]  # no versions/ made through the link
+    assert (outside / "aliases" / "golden").read_text() == "1"
