@@ -31,10 +31,14 @@ from modulelens.restore.source_slice import slice_source
 PACKAGE_ROOT = Path(modulelens.__file__).resolve().parent.parent
 
 
-def run_python(code: str, *args: str, cwd: Path, extra_path: list[Path] | None = None) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter that imports modulelens from this checkout."""
+def run_python(code: str, *args: str, cwd: Path, extra_path: list[Path] | None = None,
+               config_home: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that imports modulelens from this checkout; with
+    ``config_home``, as another user would (another signing key: the captures are not its own)."""
     path = [str(PACKAGE_ROOT), *(str(p) for p in extra_path or [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
+    if config_home is not None:
+        env["XDG_CONFIG_HOME"] = str(config_home)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=180, check=False)
 
@@ -395,11 +399,17 @@ def test_class_defined_in_main_restores_from_stored_source(tmp_path: Path) -> No
 
     elsewhere = tmp_path / "elsewhere"  # another process, another folder: train.py is not importable
     elsewhere.mkdir()
-    untrusted = run_python(LOAD_AND_REPLAY, str(repo), "script/0", cwd=elsewhere)
+    # the user who made it: their own signed capture, its stored source runs with no extra step
+    own = run_python(LOAD_AND_REPLAY, str(repo), "script/0", cwd=elsewhere)
+    assert own.returncode == 0, own.stderr
+    assert json.loads(own.stdout.strip().splitlines()[-1])["script/0"]["status"] == "PASS"
+    # anyone else (another key): refused, with what to do
+    someone_else = tmp_path / "someone-else"
+    untrusted = run_python(LOAD_AND_REPLAY, str(repo), "script/0", cwd=elsewhere, config_home=someone_else)
     assert untrusted.returncode != 0 and "UntrustedCodeError" in untrusted.stderr
     assert "trust_source=True" in untrusted.stderr and "side effect" not in untrusted.stdout
-    modulelens.Repo(repo).trust_source = True  # the user's own repo: stored source may run
-    loaded = run_python(LOAD_AND_REPLAY, str(repo), "script/0", "script/1", cwd=elsewhere)
+    modulelens.Repo(repo).trust_source = True  # the repo trusted: stored source may run for anyone it trusts
+    loaded = run_python(LOAD_AND_REPLAY, str(repo), "script/0", "script/1", cwd=elsewhere, config_home=someone_else)
     assert loaded.returncode == 0, loaded.stderr
     out = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert "side effect" not in loaded.stdout and "training loop" not in loaded.stdout  # definitions only
@@ -465,18 +475,21 @@ def test_script_folder_module_warns_when_changed_and_falls_back_to_stored_source
     assert any(w.startswith("SourceChangedWarning") and "FolderBlock" in w for w in changed["warnings"])
     assert any("has changed since it was captured" in note for note in changed["folder/0"]["notes"])
 
-    # not importable any more (folder not on the path): without trust, refused with what to do
+    # not importable any more (folder not on the path): someone else's capture without trust is
+    # refused with what to do (the user's own signed capture would rebuild from its stored source)
+    someone_else = tmp_path / "someone-else"
     refused = run_python("""
         import sys, modulelens
         try:
             modulelens.load("folder/0", repo=sys.argv[1]).module
         except modulelens.UntrustedCodeError as error:
             print("REFUSED", error)
-    """, str(repo), cwd=tmp_path)
+    """, str(repo), cwd=tmp_path, config_home=someone_else)
     assert "REFUSED" in refused.stdout and "trust_source=True" in refused.stdout
     # with the user's trust: rebuilt from the stored, original source
     modulelens.Repo(repo).trust_source = True
-    gone = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    gone = json.loads(run_python(LOAD_AND_REPLAY, str(repo), "folder/0", cwd=tmp_path,
+                                 config_home=someone_else).stdout.strip().splitlines()[-1])
     assert gone["folder/0"]["status"] == "PASS" and gone["folder/0"]["module"].startswith("modulelens_source.")
 
 
