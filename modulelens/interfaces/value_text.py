@@ -1,0 +1,227 @@
+"""Recorded values as people read them: Python-like text from the typed JSON of docs/format.md.
+
+A capture stores constructor arguments and call values as typed JSON (``{"$type": "tuple",
+"items": [...]}``, ``{"$type": "codec", "codec": "transformers.PretrainedConfig", ...}``), which is
+exact but unreadable. :func:`python_like` writes them the way they were written in Python:
+``(1, 2)``, ``torch.float32``, ``LlamaConfig(hidden_size=64, ...)``, ``partial(gelu, approximate='tanh')``.
+It decodes nothing and imports nothing (a capture from someone else stays inert): classes are
+named, never loaded. ``show`` uses it for constructor arguments and call values; the notebook and
+the UI can use it the same way.
+
+Long values are shortened, never silently: a container shows its first ``max_items`` entries and
+``... +N more``, and ``limit`` cuts the text with ``…``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["call_text", "python_like"]
+
+_MAX_ITEMS = 8
+# What every transformers configuration has (``PretrainedConfig``'s own fields): written after the
+# model's own fields (hidden_size, num_heads...), which are what a reader looks for first.
+_GENERIC_CONFIG_KEYS = frozenset({
+    "transformers_version", "architectures", "output_hidden_states", "output_attentions", "return_dict", "dtype",
+    "torch_dtype", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id",
+    "problem_type", "_name_or_path", "model_type", "tokenizer_class", "prefix", "task_specific_params",
+    "finetuning_task", "pruned_heads", "tie_word_embeddings", "add_cross_attention", "cross_attention_hidden_size",
+    "tf_legacy_loss", "use_bfloat16", "torchscript", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "attn_implementation", "experts_implementation",
+})
+
+
+def python_like(
+    value: Any,
+    *,
+    constructions: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, Any] | None = None,
+    max_items: int = _MAX_ITEMS,
+    limit: int | None = None,
+) -> str:
+    """Python-like text for an encoded value (docs/format.md, "Encoded values").
+
+    Args:
+        value: the typed JSON of one value, as stored in a capture.
+        constructions: the capture's ``constructions`` (so a module argument shows as
+            ``Linear(4, 8)``, not as a reference).
+        tensors: the capture's ``tensors`` table (so a tensor shows its dtype and shape).
+        max_items: entries shown per container before ``... +N more``.
+        limit: cut the text to this many characters (``…`` at the end).
+
+    Returns:
+        One line of text.
+
+    Example::
+
+        >>> python_like({"$type": "tuple", "items": [1, {"$type": "dtype", "value": "float32"}]})
+        '(1, torch.float32)'
+    """
+    text = _Renderer(constructions or {}, tensors or {}, max_items).render(value)
+    if limit is not None and len(text) > limit:
+        return text[: max(limit - 1, 0)] + "…"
+    return text
+
+
+def call_text(class_path: str, args: list[Any], kwargs: Any, **options: Any) -> str:
+    """``Class(arg, key=value)`` for a construction record's class path, args and kwargs.
+
+    Example::
+
+        call_text("torch.nn.modules.linear:Linear", [4, 8], {"$type": "dict", "items": [["bias", False]]})
+        # 'Linear(4, 8, bias=False)'
+    """
+    renderer = _Renderer(options.get("constructions") or {}, options.get("tensors") or {},
+                         options.get("max_items", _MAX_ITEMS))
+    return renderer.call(class_path, args, kwargs)
+
+
+def _short_class(path: str) -> str:
+    """``package.module:Outer.Name`` -> ``Outer.Name`` (the name as the user's code writes it)."""
+    return str(path).rpartition(":")[2] or str(path)
+
+
+def _is_identifier(key: Any) -> bool:
+    return isinstance(key, str) and key.isidentifier()
+
+
+class _Renderer:
+    def __init__(self, constructions: Mapping[str, Any], tensors: Mapping[str, Any], max_items: int) -> None:
+        self.constructions = constructions
+        self.tensors = tensors
+        self.max_items = max(1, max_items)
+        self._depth = 0
+
+    def render(self, value: Any) -> str:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return repr(value)
+        if isinstance(value, list):
+            return "[" + self._join([self.render(v) for v in value]) + "]"
+        if not isinstance(value, dict):
+            return repr(value)
+        tag = value.get("$type")
+        handler = getattr(self, f"_{str(tag).replace('-', '_')}", None) if isinstance(tag, str) else None
+        if handler is None or not tag.isidentifier():
+            return self._codec_like(str(tag), value) if tag else "{...}"
+        try:
+            return handler(value)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return f"<{tag}>"  # damaged or unexpected encoding: name it, never fail a listing
+
+    # ------------------------------------------------------------------ containers
+
+    def _join(self, parts: list[str]) -> str:
+        if len(parts) > self.max_items:
+            parts = [*parts[: self.max_items], f"... +{len(parts) - self.max_items} more"]
+        return ", ".join(parts)
+
+    def _pairs(self, encoded_dict: Any) -> list[tuple[Any, Any]]:
+        """``[(key, value)]`` of an encoded dict (``{"$type": "dict", "items": [[k, v], ...]}``)."""
+        if isinstance(encoded_dict, dict) and encoded_dict.get("$type") == "dict":
+            return [(k, v) for k, v in encoded_dict.get("items", [])]
+        return []
+
+    def _tuple(self, value: dict[str, Any]) -> str:
+        items = [self.render(v) for v in value["items"]]
+        return "(" + self._join(items) + ("," if len(items) == 1 else "") + ")"
+
+    def _dict(self, value: dict[str, Any]) -> str:
+        return "{" + self._join([f"{self.render(k)}: {self.render(v)}" for k, v in self._pairs(value)]) + "}"
+
+    def _set(self, value: dict[str, Any]) -> str:
+        return "{" + self._join([self.render(v) for v in value["items"]]) + "}" if value["items"] else "set()"
+
+    def _frozenset(self, value: dict[str, Any]) -> str:
+        return "frozenset({" + self._join([self.render(v) for v in value["items"]]) + "})"
+
+    # ------------------------------------------------------------------ scalars
+
+    def _float(self, value: dict[str, Any]) -> str:
+        return f"float({value['value']!r})"
+
+    def _complex(self, value: dict[str, Any]) -> str:
+        return repr(complex(value["real"], value["imag"]))
+
+    def _bytes(self, value: dict[str, Any]) -> str:
+        data = bytes.fromhex(value["hex"])
+        return repr(data[:32]) + (f" (+{len(data) - 32} bytes)" if len(data) > 32 else "")
+
+    def _slice(self, value: dict[str, Any]) -> str:
+        return "slice(" + ", ".join(self.render(v) for v in value["items"]) + ")"
+
+    def _ellipsis(self, value: dict[str, Any]) -> str:
+        return "..."
+
+    # ------------------------------------------------------------------ torch
+
+    def _dtype(self, value: dict[str, Any]) -> str:
+        return f"torch.{value['value']}"
+
+    def _device(self, value: dict[str, Any]) -> str:
+        return f"torch.device({value['value']!r})"
+
+    def _size(self, value: dict[str, Any]) -> str:
+        return f"torch.Size({list(value['value'])!r})"
+
+    def _tensor(self, value: dict[str, Any]) -> str:
+        entry = self.tensors.get(value["id"])
+        if not isinstance(entry, dict):
+            return "tensor(...)"
+        shape = ", ".join(str(s) for s in entry.get("shape", []))
+        return f"tensor({entry.get('dtype', '?')}[{shape}])"
+
+    def _module(self, value: dict[str, Any]) -> str:
+        record = self.constructions.get(value["ref"])
+        if not isinstance(record, dict) or self._depth > 4:
+            return f"<module {value['ref']}>"
+        self._depth += 1
+        try:
+            return self.call(record.get("class", "?"), record.get("args", []), record.get("kwargs"))
+        finally:
+            self._depth -= 1
+
+    # ------------------------------------------------------------------ classes and objects
+
+    def _import(self, value: dict[str, Any]) -> str:
+        return _short_class(value["path"])
+
+    def _namedtuple(self, value: dict[str, Any]) -> str:
+        return f"{_short_class(value['class'])}({self._join([self.render(v) for v in value['items']])})"
+
+    def _dataclass(self, value: dict[str, Any]) -> str:
+        return self._keywords(_short_class(value["class"]), self._pairs(value["fields"]))
+
+    def _unrecorded(self, value: dict[str, Any]) -> str:
+        return f"<unrecorded {value.get('class', '?')}>"
+
+    def _codec(self, value: dict[str, Any]) -> str:
+        name = _short_class(value["class"])
+        data = value.get("value")
+        if value.get("codec") == "partial":
+            fields = dict(self._pairs(data))
+            parts = [self.render(fields.get("func")), *(self.render(a) for a in fields.get("args", {}).get("items", []))]
+            parts += [f"{k}={self.render(v)}" for k, v in self._pairs(fields.get("keywords"))]
+            return f"partial({self._join(parts)})"
+        pairs = self._pairs(data)
+        if value.get("codec") == "transformers.PretrainedConfig":  # {"config": to_dict(), runtime attributes}
+            fields = dict(pairs)
+            pairs = self._pairs(fields.pop("config", None)) + list(fields.items())
+            pairs.sort(key=lambda pair: pair[0] in _GENERIC_CONFIG_KEYS)  # stable: the model's own fields first
+        if pairs and all(_is_identifier(k) for k, _ in pairs):
+            return self._keywords(name, pairs)
+        return f"{name}({self.render(data)})"
+
+    def _codec_like(self, tag: str, value: dict[str, Any]) -> str:
+        """A tag this renderer does not know (a newer format): its name and fields, still readable."""
+        fields = [f"{k}={self.render(v)}" for k, v in value.items() if k != "$type" and _is_identifier(k)]
+        return f"<{tag}{' ' if fields else ''}{self._join(fields)}>"
+
+    def _keywords(self, name: str, pairs: list[tuple[Any, Any]]) -> str:
+        return f"{name}({self._join([f'{k}={self.render(v)}' for k, v in pairs])})"
+
+    def call(self, class_path: str, args: Any, kwargs: Any) -> str:
+        parts = [self.render(a) for a in (args or [])]
+        pairs = self._pairs(kwargs) if isinstance(kwargs, dict) and "$type" in kwargs else list((kwargs or {}).items())
+        parts += [f"{k}={self.render(v)}" for k, v in pairs]
+        return f"{_short_class(class_path)}({self._join(parts)})"
