@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 import modulelens
-from modulelens.tools.profile import synthetic_inputs
+from modulelens.tools.sweep import synthetic_inputs
 from modulelens.tools.timing import TimingConfig
 
 M, K, N = 64, 256, 192
