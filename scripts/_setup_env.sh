@@ -25,9 +25,26 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if ! python -c "import triton" 2>/dev/null; then
     python -m pip install -q --disable-pip-version-check "triton>=3.0" >&2
   fi
-  # timm for the third-party tests, without its torchvision requirement: every torchvision wheel on
-  # PyPI pins a newer (CUDA) torch than the pinned CPU build, which it would replace
-  # (tests/support/shims stands in for the few torchvision names timm imports).
+  # timm imports torchvision, and only a torchvision built for this very torch loads (PyPI's are
+  # CUDA builds: with a CPU torch their operators fail to register and `import torchvision` raises).
+  # Ask for the one matching torch from where torch came from (TORCH_SPEC's index; torch itself is
+  # pinned so it stays as it is), and keep it only if it imports.
+  if ! python -c "import torchvision" 2>/dev/null; then
+    torch_version=$(python -c "import torch; print(torch.__version__.split('+')[0])")
+    # shellcheck disable=SC2086
+    python -m pip install -q --disable-pip-version-check $TORCH_SPEC "torch==$torch_version" torchvision >&2 || true
+    if ! python -c "import torchvision" 2>/dev/null; then
+      python -m pip uninstall -q -y torchvision >&2 || true
+    fi
+  fi
+  # timm for the third-party tests; without a working torchvision it is installed without it
+  # (tests/support/shims stands in for the few torchvision names timm imports in the tests).
   python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
   echo "$want" > "$stamp"
+  if ! python -c "import torchvision" 2>/dev/null; then
+    echo "note: no torchvision build for torch $(python -c "import torch; print(torch.__version__)") is available from" \
+       "the configured package indexes, so \`import timm\` fails here (the tests use a stand-in); to capture timm" \
+       "models, choose a torch build whose index has torchvision: TORCH_SPEC=\"torch --index-url" \
+       "https://download.pytorch.org/whl/cpu\" (see the README)" >&2
+  fi
 fi

@@ -108,7 +108,7 @@ def test_show_writes_constructor_arguments_and_tags_as_python(repo: Path) -> Non
 
 def test_ls_filters_sorts_and_shows_tags_and_calls(repo: Path) -> None:
     code, out = run("ls", "--repo", str(repo))
-    assert code == 0 and out.splitlines()[1].split() == ["ref", "aliases", "tags", "module", "class", "calls", "payload",
+    assert code == 0 and out.splitlines()[1].split() == ["ref", "aliases", "module", "class", "calls", "tags", "payload",
                                                          "created"]
     assert "nightly, evil\\x1b" in out and not RAW.search(out)
     mlp_row = next(line for line in out.splitlines() if line.startswith("mlp:v1"))

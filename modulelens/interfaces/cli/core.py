@@ -41,7 +41,7 @@ def ls(
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List captures: name, version, aliases, tags, module class, calls, size, created."""
+    """List captures: name, version, aliases, module class, calls, tags, size, created."""
     from modulelens.interfaces.listing import SORT_KEYS, VersionFilter, sort_versions
 
     selection = VersionFilter.from_options(module_class=class_, tags=tag or [], since=since)
@@ -58,11 +58,12 @@ def ls(
         # Plain aligned text, not a rich table: rendering 2,000 rows through rich took longer than
         # the rest of `ls`. A ref is what people copy into the next command, so it is never cut;
         # on a narrow terminal the last columns go instead (text_table).
-        cells = [[row["ref"], ", ".join(row["aliases"]), ", ".join(row["tags"]),
+        cells = [[row["ref"], ", ".join(row["aliases"]),
                   "damaged (see show)" if row.get("problem") else row["module_class"].rsplit(":", 1)[-1],
-                  str(row["calls"]), human_bytes(row["payload_bytes"]), row["created"]] for row in result]
+                  str(row["calls"]), ", ".join(row["tags"]), human_bytes(row["payload_bytes"]), row["created"]]
+                 for row in result]
         echo(f"captures in {store.location}" + (" matching " + selection.describe() if selection.active else ""))
-        lines = text_table(["ref", "aliases", "tags", "module class", "calls", "payload", "created"], cells)
+        lines = text_table(["ref", "aliases", "module class", "calls", "tags", "payload", "created"], cells)
         echo(lines[0], bold=True)
         echo("\n".join(lines[1:]))
 
