@@ -161,3 +161,33 @@ def test_help_at_80_columns_keeps_names_and_sentences_whole() -> None:
     assert code == 0 and "╭" not in out and "…" not in out  # plain click help, no cut boxes
     assert "--exit-after-capture / --no-exit-after-capture" in out and "-t, --target TARGET" in out
     assert all(len(line) <= 80 for line in out.splitlines())
+
+
+def test_hostile_text_never_reaches_the_terminal_raw(tmp_path: Path) -> None:
+    """The stress row's repo (stress/hostile_terminal.py) through every command, in process."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from stress.hostile_terminal import COMMANDS, build_repo, raw_controls
+
+    repo = build_repo(tmp_path)
+    for command in COMMANDS:
+        result = CliRunner().invoke(app, [*command, "--repo", str(repo)], env={"COLUMNS": "200"})
+        assert result.exception is None or isinstance(result.exception, SystemExit), (command, result.exception)
+        assert not raw_controls(result.output.encode()), (command, result.output)
+
+
+def test_a_push_to_wandb_without_a_login_is_one_line(repo: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from child_process import PYTHON, subprocess_env
+
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), NETRC=os.devnull)
+    done = subprocess.run([PYTHON, "-m", "modulelens", "push", "mlp", "--repo", str(repo), "--to",
+                           "wandb://team/wandb-registry-model/ranker"], capture_output=True, text=True, env=env,
+                          timeout=300, stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert done.returncode == 7, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [errors[0]] and "W&B: No API key configured" in errors[0] and "Traceback" not in done.stderr
