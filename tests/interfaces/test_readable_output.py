@@ -191,3 +191,46 @@ def test_a_push_to_wandb_without_a_login_is_one_line(repo: Path, tmp_path: Path)
     assert done.returncode == 7, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [errors[0]] and "W&B: No API key configured" in errors[0] and "Traceback" not in done.stderr
+
+
+def test_a_transformers_capture_adds_no_is_hf_initialized_note(tmp_path: Path) -> None:
+    """transformers marks every module it initialised (`_is_hf_initialized = True`, after
+    construction): that bookkeeping flag is not recorded as state, so no command notes restoring it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tracking = modulelens.track_init()
+    try:
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1))
+    finally:
+        tracking.stop()
+    assert model.model.layers[0].mlp._is_hf_initialized
+    with modulelens.capture(model, targets=["model.layers.0.mlp"], repo=tmp_path, name="llama"):
+        model(torch.randint(0, 64, (1, 5)))
+    meta = modulelens.Repo(tmp_path).read_metadata("llama/model.layers.0.mlp", 1)
+    assert "_is_hf_initialized" not in json_text(meta)
+    code, out = run("replay", "llama/model.layers.0.mlp", "--repo", str(tmp_path))
+    assert code == 0 and "PASS" in out and "_is_hf_initialized" not in out and "note:" not in out, out
+    code, out = run("show", "llama/model.layers.0.mlp", "--repo", str(tmp_path))
+    assert "LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32" in out, out
+
+
+def json_text(value: object) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def test_list_modules_never_cuts_a_class_path(tmp_path: Path) -> None:
+    import subprocess
+
+    from child_process import PYTHON, subprocess_env
+
+    script = tmp_path / "job.py"
+    script.write_text("import torch\nnet = torch.nn.Sequential(torch.nn.Linear(2, 2))\nnet(torch.ones(1, 2))\n")
+    done = subprocess.run([PYTHON, "-m", "modulelens", "run", "--list-modules", "--repo", str(tmp_path / "repo"), "--",
+                           PYTHON, str(script)], capture_output=True, text=True, env=subprocess_env(COLUMNS="40"),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "0               torch.nn.modules.linear:Linear" in done.stdout, done.stdout
+    assert "<root>          torch.nn.modules.container:Sequential" in done.stdout
