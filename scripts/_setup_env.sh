@@ -4,7 +4,9 @@
 # a bare `torch` requirement to a multi-GB CUDA build on a CPU machine. The same script works
 # unchanged on CUDA and CPU machines: nothing here pins triton.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# the checkout this script is in, links resolved: a folder that links to scripts/ (a copy of the
+# examples for a docs test) still sets up and uses this checkout's .venv, never one pointing elsewhere
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
 PYTHON_BIN=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 if [ ! -x .venv/bin/python ]; then
