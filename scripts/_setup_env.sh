@@ -18,13 +18,18 @@ fi
 stamp=".venv/.modulelens-setup"
 want="$(cat pyproject.toml scripts/_setup_env.sh | sha256sum | cut -c1-16) $TORCH_SPEC"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # each step says what it does (pip -q is silent for minutes otherwise)
+  echo "setup: pip" >&2
   python -m pip install -q --disable-pip-version-check --upgrade pip >&2
+  echo "setup: $TORCH_SPEC (first, pinned)" >&2
   # shellcheck disable=SC2086
   python -m pip install -q --disable-pip-version-check $TORCH_SPEC >&2
+  echo "setup: modulelens and its test dependencies (pip install -e '.[test]')" >&2
   python -m pip install -q --disable-pip-version-check -e ".[test]" >&2
   # Triton: the one torch brings (CUDA wheels pin theirs; never pin another, see pyproject.toml);
   # only where torch brings none (CPU wheels) add one, for the CPU interpreter the kernel tests use.
   if ! python -c "import triton" 2>/dev/null; then
+    echo "setup: triton (torch brought none)" >&2
     python -m pip install -q --disable-pip-version-check "triton>=3.0" >&2
   fi
   # timm imports torchvision, and only a torchvision built for this very torch loads (PyPI's are
@@ -33,6 +38,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # pinned so it stays as it is), and keep it only if it imports.
   if ! python -c "import torchvision" 2>/dev/null; then
     torch_version=$(python -c "import torch; print(torch.__version__.split('+')[0])")
+    echo "setup: a torchvision built for torch $torch_version (for timm)" >&2
     # shellcheck disable=SC2086
     python -m pip install -q --disable-pip-version-check $TORCH_SPEC "torch==$torch_version" torchvision >&2 || true
     if ! python -c "import torchvision" 2>/dev/null; then
@@ -41,6 +47,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   # timm for the third-party tests; without a working torchvision it is installed without it
   # (tests/support/shims stands in for the few torchvision names timm imports in the tests).
+  echo "setup: timm" >&2
   python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
   echo "$want" > "$stamp"
   if ! python -c "import torchvision" 2>/dev/null; then
