@@ -338,7 +338,9 @@ def run_cmd(
     repo: RepoOpt = None,
     name: Annotated[str | None, typer.Option(help="Name prefix (default: the root model's class name).")] = None,
     ranks: Annotated[str, typer.Option(help="Ranks that record in distributed jobs: '0', '0,1' or 'all'.")] = "0",
-    strict: Annotated[bool, typer.Option(help="Raise on capture problems instead of warning.")] = False,
+    strict: Annotated[bool, typer.Option(
+        help="Raise on capture problems instead of warning; stop the job (exit 2) at a target that matches "
+             "no module of the first model called.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command (after `--`) with capture on, no code change: modulelens run -t mlp -- python train.py."""
