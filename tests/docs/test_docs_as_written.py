@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -183,7 +184,7 @@ def _shell_script(block: Block) -> str:
     script = []
     for line in "\n".join(lines).replace("\\\n", " ").splitlines():
         why = next((why for (doc, text), why in SKIPPED.items() if doc == block.doc and text in line), None)
-        script.append(f": 'not run in CI: {why}'" if why else line)
+        script.append(f": {shlex.quote('not run in CI: ' + why)}" if why else line)
     return "set -eo pipefail\n" + "\n".join(script) + "\n"
 
 
