@@ -169,9 +169,21 @@ def _session(block: Block, sessions: dict[str, Session], tmp_path_factory: pytes
         session = Session(root, _base_env(root))
         sessions[block.doc] = session
         if block.after:  # the page's examples use the captures another doc's blocks make
-            for setup in collect(block.after):
-                _run(setup, session, request)
+            shutil.copytree(_prepared(block.after, sessions, tmp_path_factory, request) / "repo", root / "repo")
     return sessions[block.doc]
+
+
+def _prepared(doc: str, sessions: dict[str, Session], tmp_path_factory: pytest.TempPathFactory,
+              request: pytest.FixtureRequest) -> Path:
+    """A checkout where ``doc``'s blocks ran (once per test session: each page gets a copy of its repo)."""
+    key = f"after:{doc}"
+    if key not in sessions:
+        root = tmp_path_factory.mktemp("docs-setup") / "checkout"
+        _checkout(root)
+        sessions[key] = Session(root, _base_env(root))
+        for setup in collect(doc):
+            _run(setup, sessions[key], request)
+    return sessions[key].root
 
 
 # ------------------------------------------------------------------------------------- running
