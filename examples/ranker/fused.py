@@ -5,9 +5,8 @@ from the original by ``from_original``."""
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from ranker.model import MLP
+from torch import nn
 
 
 class FusedMLP(nn.Module):

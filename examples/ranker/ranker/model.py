@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -12,7 +14,7 @@ class MLP(nn.Module):
     def __init__(self, dims: list[int]) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (d_in, d_out) in enumerate(zip(dims, dims[1:])):
+        for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
             layers.append(nn.Linear(d_in, d_out))
             if i < len(dims) - 2:
                 layers.append(nn.ReLU())
