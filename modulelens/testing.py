@@ -35,7 +35,7 @@ _MAX_LINES = 20
 
 
 def assert_matches(
-    module: torch.nn.Module,
+    module: torch.nn.Module | type[torch.nn.Module],
     capture: Capture | str,
     rtol: float | None = None,
     atol: float | None = None,
@@ -47,15 +47,34 @@ def assert_matches(
     every output leaf matches within tolerance and no input was modified.
 
     When all selected calls saw the same weights, ``module`` runs as it is (its own weights). When
-    the weights changed between them (training steps during capture), no single set of weights can
-    reproduce every call: each call then runs on a copy of ``module`` with that call's recorded
-    state loaded by parameter name (``module`` itself is left untouched), and the report says so.
+    the weights changed between them (a capture taken during training), no single set of weights
+    can reproduce every call, so each call gets a module with that call's recorded weights, the
+    way ``modulelens verify`` does it (``module`` itself is left untouched):
 
-    ``capture`` is a loaded :class:`~modulelens.Capture` or a ref (loaded from ``repo``, default the
-    user repo). ``rtol``/``atol`` default to per-dtype tolerances. The module must live on the
-    capture's device (``modulelens.load(..., device=...)``). Returns the report when it passes.
+    * a module whose parameters have the recorded names and shapes runs as a copy with each call's
+      recorded state loaded;
+    * otherwise, when its class has ``from_original(original)`` (a rewrite with its own parameter
+      layout, ``FusedMLP.from_original(cap.module)``), it is built again with ``from_original``
+      from the original module in each call's recorded state.
 
-    The failure message names the call, the output leaf and how far off it is::
+    Args:
+        module: the implementation to check: an instance, or a class (built like ``verify`` builds
+            it: ``from_original(module)``, else the recorded constructor arguments).
+        capture: a loaded :class:`~modulelens.Capture`, or a ref loaded from ``repo`` (default: the
+            user repo).
+        rtol, atol: override the per-dtype tolerances.
+        calls: positions in ``capture.calls`` to check (default: all).
+        repo: where to load a ref from.
+
+    Returns:
+        The :class:`~modulelens.tools.verify.VerifyReport` when it passes.
+
+    Raises:
+        MatchError: an output is off, an input was modified, or the module cannot be given the
+            recorded weights; the message counts the calls checked and names each failure.
+
+    The module must live on the capture's device (``modulelens.load(..., device=...)``). The failure
+    message names the call, the output leaf and how far off it is::
 
         MatchError: FusedMLP does not reproduce ranker/mlp:v3 (1 of 2 calls failed, per-dtype tolerances)
           call 7: output[1]: 12/64 elements differ (rtol=1.3e-06, atol=1e-05); max abs error 0.0031, ...
@@ -74,24 +93,50 @@ def assert_matches(
     selected = list(range(len(capture.calls))) if calls is None else list(calls)
     states = sorted({capture.calls[i].state_index for i in selected})
     per_state = len(states) > 1  # the weights changed between calls: the module's own can match one state only
-    candidate = copy.deepcopy(module) if per_state else module
-    report = verify(capture, candidate, rtol=rtol, atol=atol, calls=selected, load_state=per_state, timing=None,
-                    store=False)
-    if per_state:
+    candidate, how = (module, None) if not per_state else _per_state_candidate(module, capture, states[0])
+    # a class is built by verify (from_original, or the constructor and the recorded state); an
+    # instance keeps its own weights unless each call needs its recorded ones
+    report = verify(capture, candidate, rtol=rtol, atol=atol, calls=selected,
+                    load_state=None if isinstance(candidate, type) else per_state, timing=None, store=False)
+    if how is not None:
         report.notes.append(f"the weights changed between the recorded calls ({len(states)} states): each call ran "
-                            "on a copy of the module with that call's recorded weights loaded")
+                            f"on {how} with that call's recorded weights")
     if report.passed:
         return report
+    name = module.__name__ if isinstance(module, type) else type(module).__name__
     tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
     failed = sum(not c.passed for c in report.calls)
-    header = (f"{type(module).__name__} does not reproduce {capture.ref} "
-              f"({failed} of {len(report.calls)} calls failed, {tolerance})")
+    checked = len(report.calls)
+    counts = f"{failed} of {checked} calls failed" if checked == len(selected) else (
+        f"{failed} of {checked} checked calls failed, {len(selected) - checked} of {len(selected)} not checked")
+    header = f"{name} does not reproduce {capture.ref} ({counts}, {tolerance})"
     lines = report.failures or ["no recorded calls were compared"]
     if per_state and report.state_mismatch is not None:
         by_state = {s: [i for i in selected if capture.calls[i].state_index == s] for s in states}
         lines = [f"the weights changed between the recorded calls ({len(states)} states), so each call needs its "
-                 f"recorded weights, but they cannot be loaded into {type(module).__name__}: {report.error}; "
-                 f"compare one state at a time with calls=... (calls by state: {by_state})"]
+                 f"recorded weights, but they cannot be loaded into {name} ({report.error}) and it has no "
+                 f"from_original(original) to build it from each state; add one, or compare one state at a time "
+                 f"with calls=... (calls by state: {by_state})"]
     if len(lines) > _MAX_LINES:
         lines = [*lines[:_MAX_LINES], f"... and {len(lines) - _MAX_LINES} more"]
     raise MatchError("\n".join([header, *(f"  {line}" for line in lines)]))
+
+
+def _per_state_candidate(module: Any, capture: Capture, first_state: int) -> tuple[Any, str]:
+    """What ``verify`` gets when the weights changed between calls, and how each call's module is made.
+
+    A class goes as it is (``verify`` builds it per state). An instance whose state dict takes the
+    recorded one goes as a copy (the recorded state is loaded per call); one that does not, but
+    whose class has ``from_original``, is replaced by its class, so that ``verify`` builds it again
+    from the original in each recorded state (what ``modulelens verify --candidate`` does).
+    """
+    from modulelens.tools.verify import load_state_strict
+
+    if isinstance(module, type):
+        return module, f"{module.__name__} built for each state"
+    copy_ = copy.deepcopy(module)
+    if load_state_strict(copy_, capture.fresh_state_dict(first_state)) is None:
+        return copy_, "a copy of the module"
+    if callable(getattr(type(module), "from_original", None)):
+        return type(module), f"{type(module).__name__}.from_original(the original module)"
+    return copy_, "a copy of the module"

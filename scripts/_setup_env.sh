@@ -4,7 +4,9 @@
 # a bare `torch` requirement to a multi-GB CUDA build on a CPU machine. The same script works
 # unchanged on CUDA and CPU machines: nothing here pins triton.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# the checkout this script is in, links resolved: a folder that links to scripts/ (a copy of the
+# examples for a docs test) still sets up and uses this checkout's .venv, never one pointing elsewhere
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
 PYTHON_BIN=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 if [ ! -x .venv/bin/python ]; then
@@ -16,18 +18,36 @@ fi
 stamp=".venv/.modulelens-setup"
 want="$(cat pyproject.toml scripts/_setup_env.sh | sha256sum | cut -c1-16) $TORCH_SPEC"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # each step says what it does (pip -q is silent for minutes otherwise)
+  echo "setup: pip" >&2
   python -m pip install -q --disable-pip-version-check --upgrade pip >&2
+  echo "setup: $TORCH_SPEC (first, pinned)" >&2
   # shellcheck disable=SC2086
   python -m pip install -q --disable-pip-version-check $TORCH_SPEC >&2
+  echo "setup: modulelens and its test dependencies (pip install -e '.[test]')" >&2
   python -m pip install -q --disable-pip-version-check -e ".[test]" >&2
   # Triton: the one torch brings (CUDA wheels pin theirs; never pin another, see pyproject.toml);
   # only where torch brings none (CPU wheels) add one, for the CPU interpreter the kernel tests use.
   if ! python -c "import triton" 2>/dev/null; then
+    echo "setup: triton (torch brought none)" >&2
     python -m pip install -q --disable-pip-version-check "triton>=3.0" >&2
   fi
-  # timm for the third-party tests, without its torchvision requirement: every torchvision wheel on
-  # PyPI pins a newer (CUDA) torch than the pinned CPU build, which it would replace
-  # (tests/support/shims stands in for the few torchvision names timm imports).
+  # timm imports torchvision, and only a torchvision built for this very torch loads (PyPI's are
+  # CUDA builds: with a CPU torch their operators fail to register and `import torchvision` raises).
+  # Ask for the one matching torch from where torch came from (TORCH_SPEC's index; torch itself is
+  # pinned so it stays as it is), and keep it only if it imports.
+  if ! python -c "import torchvision" 2>/dev/null; then
+    torch_version=$(python -c "import torch; print(torch.__version__.split('+')[0])")
+    echo "setup: a torchvision built for torch $torch_version (for timm)" >&2
+    # shellcheck disable=SC2086
+    python -m pip install -q --disable-pip-version-check $TORCH_SPEC "torch==$torch_version" torchvision >&2 || true
+    if ! python -c "import torchvision" 2>/dev/null; then
+      python -m pip uninstall -q -y torchvision >&2 || true
+    fi
+  fi
+  # timm for the third-party tests; without a working torchvision it is installed without it
+  # (tests/support/shims stands in for the few torchvision names timm imports in the tests).
+  echo "setup: timm" >&2
   python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
   # torchtune for the fidelity tests, in a folder of its own that only the torchtune test's processes
   # put on their path (tests/restore/test_structure_rebuild.py): it imports torchao, and transformers
@@ -39,4 +59,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --disable-pip-version-check --no-deps --target .venv/torchtune-site \
     "torchtune==0.6.1" "torchao==0.17.0" omegaconf antlr4-python3-runtime sentencepiece tiktoken >&2
   echo "$want" > "$stamp"
+  if ! python -c "import torchvision" 2>/dev/null; then
+    echo "note: no torchvision build for torch $(python -c "import torch; print(torch.__version__)") is available from" \
+       "the configured package indexes, so \`import timm\` fails here (the tests use a stand-in); to capture timm" \
+       "models, choose a torch build whose index has torchvision: TORCH_SPEC=\"torch --index-url" \
+       "https://download.pytorch.org/whl/cpu\" (see the README)" >&2
+  fi
 fi

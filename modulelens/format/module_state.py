@@ -18,12 +18,17 @@ from typing import Any
 import torch
 
 _PLAIN = (bool, int, float, str, type(None))
+# Flags a library sets on every module as bookkeeping, not behaviour: transformers marks each module
+# whose weights its initialiser has run with ``_is_hf_initialized = True`` (after construction, so
+# every transformers capture recorded it and every load noted restoring it; issue 23). A restored
+# module gets its weights from the capture, never from that initialiser.
+_BOOKKEEPING = frozenset({"_is_hf_initialized"})
 
 
 @functools.lru_cache(maxsize=1)
 def _module_internals() -> frozenset[str]:
     """Attribute names every ``nn.Module`` has (hook dicts, flags): torch's, not the user's state."""
-    return frozenset(vars(torch.nn.Module())) | {"training"}
+    return frozenset(vars(torch.nn.Module())) | {"training"} | _BOOKKEEPING
 
 
 def _is_plain(value: Any) -> bool:

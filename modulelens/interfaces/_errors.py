@@ -12,9 +12,11 @@ Like ``huggingface_hub/cli/_errors.py``'s ``format_known_exception``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
 
-from modulelens.errors import ModulelensError, RepoError, StorageError, UsageError
+from modulelens.errors import ModulelensError, RemoteRepoError, RepoError, StorageError, UsageError
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (ModulelensError, OSError)
 #: ``OSError`` numbers that mean the filesystem refused: disk full, quota, read-only, no permission.
@@ -70,3 +72,32 @@ def error_message(error: BaseException) -> str:
 def exit_code(error: BaseException) -> int:
     """The process exit code for a known error (``ModulelensError.exit_code``; see the README)."""
     return as_modulelens_error(error).exit_code
+
+
+@contextlib.contextmanager
+def wandb_errors() -> Iterator[None]:
+    """Around a call into the W&B SDK (``push --to wandb://``, ``pull wandb://``, a ``wandb://``
+    ref): the SDK's own errors (no login, no network, no such artifact) become a one-line
+    :class:`~modulelens.errors.RemoteRepoError` (exit 7) instead of a 55-line traceback.
+
+    Only ``wandb.errors.Error``, the SDK's documented base class for what a user causes, is
+    converted; anything else keeps its traceback.
+    """
+    try:
+        yield
+    except Exception as error:
+        wandb_base = _wandb_error_class()
+        if wandb_base is None or not isinstance(error, wandb_base):
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        hint = ("; or set WANDB_API_KEY, or WANDB_MODE=offline to log into a local run directory"
+                if "api key" in message.lower() else "")
+        raise RemoteRepoError(f"W&B: {message}{hint}") from error
+
+
+def _wandb_error_class() -> type[BaseException] | None:
+    import sys
+
+    errors = sys.modules.get("wandb.errors")
+    base = getattr(errors, "Error", None)
+    return base if isinstance(base, type) else None

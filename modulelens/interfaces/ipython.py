@@ -35,6 +35,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from modulelens.errors import ModulelensError
 from modulelens.interfaces import session
 from modulelens.interfaces._errors import KNOWN_ERRORS, error_message
+from modulelens.interfaces.output import safe_text
 
 MAGICS = ("ml_ls", "ml_load", "ml_replay", "ml_profile", "ml_verify", "ml_diff", "ml_export")
 
@@ -83,7 +84,7 @@ def _one_line() -> Iterator[None]:
     try:
         yield
     except KNOWN_ERRORS as error:
-        raise UsageError(error_message(error)) from None
+        raise UsageError(safe_text(error_message(error))) from None
 
 
 def _split_as(line: str) -> tuple[str, str | None]:
@@ -169,13 +170,13 @@ class ModulelensMagics(Magics):
         else:
             problems.append("no recorded calls, so no inputs to bind")
         self.shell.push(bound)
-        print(f"loaded {capture.ref} ({capture.module_class}); bound:")
+        print(safe_text(f"loaded {capture.ref} ({capture.module_class}); bound:"))  # escapes a capture's controls
         for key, value in bound.items():
-            print(f"  {key:<16} {describe_value(value) if key != names['capture'] else repr(value)}")
+            print(safe_text(f"  {key:<16} {describe_value(value) if key != names['capture'] else repr(value)}"))
         if names["args"] in bound:
             print(f"try: {names['module']}(*{names['args']}, **{names['kwargs']})   or   %ml_replay {names['capture']}")
         for problem in problems:
-            print(f"note: {problem}")
+            print(safe_text(f"note: {problem}"))
 
     @magic_arguments()
     @argument("ref", help="NAME[:vN|:alias] or a variable holding a loaded capture.")

@@ -8,14 +8,23 @@ Every command run with ``--json`` prints exactly one JSON object on stdout (see 
 
 rich is imported on first use: ``--json`` output, ``ls`` and ``show`` (plain aligned text,
 :func:`text_table`) start without it (importing it is about a third of a bare ``typer`` start).
+
+Everything printed for people goes through :func:`safe_text` (issue 21): names, tags, metadata,
+messages and source come from captures that someone else may have made, and a raw escape sequence
+in them would reach the terminal: OSC 52 writes the clipboard, others set the title, clear the
+screen or hide text. :data:`console`, :data:`err_console`, :func:`rich_table`, :func:`text_table`,
+:func:`echo` and the human path of :func:`emit` all apply it, so a renderer cannot forget it.
+``--json`` needs none: ``json.dumps`` writes every control character as ``\\u00XX``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,9 +33,82 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = "modulelens.cli/1"
 
+# Characters a terminal may act on instead of showing: C0 controls, DEL, C1 controls (U+0080-U+009F:
+# 8-bit CSI, OSC...), and the Unicode format characters that reorder or hide text (bidi overrides
+# and isolates, "Trojan Source"), line and paragraph separators, zero-width joiners and the BOM.
+_UNSAFE = frozenset([*range(0x00, 0x20), *range(0x7F, 0xA0), 0x200B, 0x200C, 0x200D, 0x200E, 0x200F,
+                     *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029, 0xFEFF])
+_LINE_BREAKS = frozenset([0x0A, 0x09])  # kept in running text; escaped in one-line cells
+
+
+def safe_text(text: Any, *, one_line: bool = False) -> str:
+    """``text`` with every character a terminal could act on written out as an escape: ``\\x1b``, ``\\u202e``.
+
+    The one function every human output uses (the module docstring says where). A newline and a
+    tab stay in running text; ``one_line`` (table cells, a name on a line) escapes them too, so a
+    name cannot fake a row.
+
+    Example::
+
+        >>> safe_text("mlp\\x1b]52;c;aGk=\\x07")
+        'mlp\\\\x1b]52;c;aGk=\\\\x07'
+    """
+    text = text if isinstance(text, str) else str(text)
+    if text.isprintable():  # the common case (False for any control, format or separator character)
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if code in _UNSAFE and (one_line or code not in _LINE_BREAKS):
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def safe_tree(value: Any) -> Any:
+    """``value`` (a command's result: dicts, lists, strings) with :func:`safe_text` applied to every
+    string, keys included; other values are kept. What :func:`emit` gives a renderer."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_tree(k): safe_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [safe_tree(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(safe_tree(v) for v in value)
+    return value
+
+
+@cache
+def _safe_classes() -> tuple[type, type]:
+    """rich's ``Console`` and ``Table`` with :func:`safe_text` applied to the text they are given."""
+    from rich.console import Console
+    from rich.table import Table
+
+    class SafeConsole(Console):
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            super().print(*(safe_text(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+        def status(self, status: Any, **kwargs: Any) -> Any:
+            return super().status(safe_text(status, one_line=True) if isinstance(status, str) else status, **kwargs)
+
+    class SafeTable(Table):
+        def __init__(self, *headers: Any, **kwargs: Any) -> None:
+            for key in ("title", "caption"):
+                if isinstance(kwargs.get(key), str):
+                    kwargs[key] = safe_text(kwargs[key], one_line=True)
+            super().__init__(*headers, **kwargs)
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            super().add_row(*(safe_text(r, one_line=True) if isinstance(r, str) else r for r in renderables), **kwargs)
+
+    return SafeConsole, SafeTable
+
 
 class _DeferredConsole:
-    """A :class:`rich.console.Console` made (and rich imported) when first used."""
+    """A :class:`rich.console.Console` made (and rich imported) when first used; what it prints
+    goes through :func:`safe_text`."""
 
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
@@ -34,9 +116,7 @@ class _DeferredConsole:
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=self._stderr)
+            self._console = _safe_classes()[0](stderr=self._stderr)
         return getattr(self._console, name)
 
 
@@ -45,10 +125,51 @@ err_console: Console = _DeferredConsole(stderr=True)  # type: ignore[assignment]
 
 
 def rich_table(*args: Any, **kwargs: Any) -> Table:
-    """A :class:`rich.table.Table` (rich imported on first use, see the module docstring)."""
-    from rich.table import Table
+    """A :class:`rich.table.Table` whose title and cells go through :func:`safe_text` (rich
+    imported on first use, see the module docstring)."""
+    return _safe_classes()[1](*args, **kwargs)
 
-    return Table(*args, **kwargs)
+
+@contextlib.contextmanager
+def steps(enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """Show which step of a long command is running: a spinner, the step and its seconds on stderr.
+
+    Yields ``step(text)``, called as each step starts. Only on a terminal: with ``--json``
+    (``enabled=False``) or when stderr is a pipe or a file, nothing is shown and ``step`` does
+    nothing, so scripts and logs see exactly the command's output. The line goes away when the
+    block ends (the result is printed after it).
+
+    Example::
+
+        with steps(not as_json) as step:
+            step(f"loading {ref}")
+            capture = load(ref)
+            step(f"replaying {len(capture.calls)} recorded calls")
+            report = capture.replay()
+    """
+    if not enabled or not sys.stderr.isatty():
+        yield lambda text: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    live = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                    console=_safe_classes()[0](stderr=True), transient=True)
+    current: list[Any] = []
+
+    def step(text: str) -> None:
+        if current:
+            live.remove_task(current.pop())
+        current.append(live.add_task(safe_text(text, one_line=True), total=None))
+
+    with live:
+        yield step
+
+
+def echo(text: str = "", *, err: bool = False, bold: bool = False, fg: str | None = None) -> None:
+    """Print a line of plain text (no rich) through :func:`safe_text`, styled only on a terminal."""
+    import click
+
+    click.secho(safe_text(text), err=err, bold=bold or None, fg=fg)
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, fit: bool = True) -> list[str]:
@@ -70,6 +191,8 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, fit: boo
         width = shutil.get_terminal_size().columns
         while count > 1 and _line_width(header, rows, count) > width:
             count -= 1
+    header = [safe_text(cell, one_line=True) for cell in header]
+    rows = [[safe_text(cell, one_line=True) for cell in row] for row in rows]
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(count)]
     return [
         "  ".join(str(cell).ljust(w) for cell, w in zip(row[:count], widths, strict=True)).rstrip()
@@ -113,8 +236,9 @@ def emit_json(command: str, *, result: Any = None, error_type: str | None = None
 
 
 def emit(command: str, as_json: bool, result: Any, render: Callable[[Any], None]) -> None:
-    """``--json``: print ``result`` in the JSON envelope; otherwise ``render(result)`` for people."""
+    """``--json``: print ``result`` in the JSON envelope; otherwise ``render(result)`` for people,
+    every string of ``result`` through :func:`safe_text` (see the module docstring)."""
     if as_json:
         emit_json(command, result=result)
     else:
-        render(result)
+        render(safe_tree(result))

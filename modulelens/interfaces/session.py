@@ -62,9 +62,11 @@ def open_ref(ref: str, repo: str | Repo | None = None) -> tuple[Repo, str]:
     from modulelens.repo import Repo
 
     if ref.startswith("wandb://"):
+        from modulelens.interfaces._errors import wandb_errors
         from modulelens.repo.wandb_registry import resolve_wandb_ref
 
-        return resolve_wandb_ref(ref)
+        with wandb_errors():
+            return resolve_wandb_ref(ref)
     return (repo if isinstance(repo, Repo) else open_repo(repo)), ref
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from modulelens.errors import MissingDependencyError, ModulelensError, UsageError
 from modulelens.interfaces import session
+from modulelens.interfaces.output import safe_text
 from modulelens.interfaces.tensor_info import describe_value
 
 BOUND_NAMES = ("capture", "module", "calls", "args", "kwargs", "output")
@@ -61,7 +62,7 @@ def banner(capture: Any, namespace: dict[str, Any], notes: list[str], call: int)
     lines.append("  also     torch, modulelens; magics %ml_replay capture, %ml_profile, %ml_verify")
     lines.append("try: module(*args, **kwargs)   capture.replay()")
     lines += [f"note: {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+    return safe_text("\n".join(lines)) + "\n"  # a capture's names reach the terminal: escape their controls
 
 
 def start_shell(ref: str, *, repo: str | None = None, device: str | None = None, dtype: str | None = None,

@@ -1,48 +1,92 @@
-"""Encoded values (docs/format.md, "Encoded values") as Python-like text, without decoding them.
+"""Recorded values as people read them: Python-like text from the typed JSON of docs/format.md.
 
-Decoding a value imports the classes it names (``restore``, under the trust rules of
-docs/security.md); showing it must not: a page or a summary of a capture someone sent you imports
-nothing. So this reads the JSON encoding itself and writes what the value looked like in Python
-(``MLP(sizes=[64, 32], activation=torch.nn.modules.activation.ReLU)``), naming classes by their
-recorded import path and tensors by dtype, shape and payload hash. Used by the web UI's capture
-and diff pages; the output is plain text (callers escape it for HTML).
+A capture stores constructor arguments and call values as typed JSON (``{"$type": "tuple",
+"items": [...]}``, ``{"$type": "codec", "codec": "transformers.PretrainedConfig", ...}``), which is
+exact but unreadable. :func:`python_like` writes them the way they were written in Python:
+``(1, 2)``, ``torch.float32``, ``LlamaConfig(hidden_size=64, ...)``, ``partial(gelu, approximate='tanh')``.
+It decodes nothing and imports nothing (a capture from someone else stays inert): classes are
+named, never loaded. ``show``, the notebook and the web UI use it for constructor arguments and
+call values; :func:`spec_leaf_paths` names a stored tree's leaves the same way, from its JSON alone.
+
+Long values are shortened, never silently: a container shows its first ``max_items`` entries and
+``... +N more``, and ``limit`` cuts the text with ``…``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-# Past this many characters a value is cut (a constructor argument holding a 10,000-entry list).
-MAX_CHARS = 4000
-_MAX_DEPTH = 32
+__all__ = ["argument_texts", "call_text", "construction_text", "dotted", "python_like", "short_class", "spec_leaf_paths"]
+
+_MAX_ITEMS = 8
+_MAX_SPEC_DEPTH = 64  # nesting of a stored tree structure (format/validate.py: MAX_DEPTH)
+# What every transformers configuration has (``PretrainedConfig``'s own fields): written after the
+# model's own fields (hidden_size, num_heads...), which are what a reader looks for first.
+_GENERIC_CONFIG_KEYS = frozenset({
+    "transformers_version", "architectures", "output_hidden_states", "output_attentions", "return_dict", "dtype",
+    "torch_dtype", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id",
+    "problem_type", "_name_or_path", "model_type", "tokenizer_class", "prefix", "task_specific_params",
+    "finetuning_task", "pruned_heads", "tie_word_embeddings", "add_cross_attention", "cross_attention_hidden_size",
+    "tf_legacy_loss", "use_bfloat16", "torchscript", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "attn_implementation", "experts_implementation",
+})
 
 
-def python_like(value: Any, metadata: Mapping[str, Any] | None = None, *, limit: int = MAX_CHARS) -> str:
-    """``value`` (encoded) as Python-like text.
+def python_like(
+    value: Any,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    constructions: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, Any] | None = None,
+    max_items: int = _MAX_ITEMS,
+    limit: int | None = None,
+) -> str:
+    """Python-like text for an encoded value (docs/format.md, "Encoded values").
 
     Args:
-        value: an encoded value from a capture's metadata (a constructor argument, a call leaf).
-        metadata: the capture's metadata, to describe tensors (``tensors``) and nested modules
-            (``constructions``) by what they are; without it they are shown by id.
-        limit: cut the text at this many characters (``...`` marks the cut).
+        value: the typed JSON of one value, as stored in a capture.
+        metadata: the capture's metadata: its ``constructions`` and ``tensors`` (unless given).
+        constructions: the capture's ``constructions`` (so a module argument shows as
+            ``Linear(4, 8)``, not as a reference).
+        tensors: the capture's ``tensors`` table (so a tensor shows its dtype and shape).
+        max_items: entries shown per container before ``... +N more``.
+        limit: cut the text to this many characters (``…`` at the end).
 
     Returns:
-        One line of text such as ``(64, {'bias': True})`` or ``tensor(float32[4, 8], blake3:3f2a...)``.
+        One line of text.
 
     Example::
 
-        >>> python_like({"$type": "tuple", "items": [1, {"$type": "dtype", "value": "float16"}]})
-        '(1, torch.float16)'
+        >>> python_like({"$type": "tuple", "items": [1, {"$type": "dtype", "value": "float32"}]})
+        '(1, torch.float32)'
     """
-    text = _text(value, metadata or {}, 0)
-    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+    meta = metadata or {}
+    text = _Renderer(constructions or meta.get("constructions") or {}, tensors or meta.get("tensors") or {},
+                     max_items).render(value)
+    if limit is not None and len(text) > limit:
+        return text[: max(limit - 1, 0)] + "…"
+    return text
+
+
+def call_text(class_path: str, args: list[Any], kwargs: Any, **options: Any) -> str:
+    """``Class(arg, key=value)`` for a construction record's class path, args and kwargs.
+
+    Example::
+
+        call_text("torch.nn.modules.linear:Linear", [4, 8], {"$type": "dict", "items": [["bias", False]]})
+        # 'Linear(4, 8, bias=False)'
+    """
+    renderer = _Renderer(options.get("constructions") or {}, options.get("tensors") or {},
+                         options.get("max_items", _MAX_ITEMS))
+    return renderer.call(class_path, args, kwargs)
 
 
 def construction_text(construction: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> str:
     """A recorded construction (``{"class", "args", "kwargs"}``) as a call: ``Linear(4, 8, bias=True)``."""
-    return _call(construction, metadata or {}, 0)
+    meta = metadata or {}
+    return call_text(str(construction.get("class", "?")), construction.get("args") or [], construction.get("kwargs"),
+                     constructions=meta.get("constructions"), tensors=meta.get("tensors"))
 
 
 def argument_texts(construction: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> dict[str, str]:
@@ -52,17 +96,17 @@ def argument_texts(construction: Mapping[str, Any], metadata: Mapping[str, Any] 
 
         argument_texts({"class": "m:Lin", "args": [4], "kwargs": {"bias": True}})  # {'args[0]': '4', 'bias': 'True'}
     """
-    meta = metadata or {}
-    texts = {f"args[{i}]": python_like(v, meta) for i, v in enumerate(construction.get("args") or [])}
+    texts = {f"args[{i}]": python_like(v, metadata) for i, v in enumerate(construction.get("args") or [])}
     kwargs = construction.get("kwargs") or {}
     if isinstance(kwargs, Mapping):
-        texts.update({str(k): python_like(v, meta) for k, v in kwargs.items()})
+        pairs = _Renderer({}, {}, 1)._pairs(kwargs) if "$type" in kwargs else list(kwargs.items())
+        texts.update({str(k): python_like(v, metadata) for k, v in pairs})
     return texts
 
 
 def short_class(path: Any) -> str:
-    """``"torch.nn.modules.linear:Linear"`` -> ``"Linear"`` (any other value as text)."""
-    return str(path).rpartition(":")[2] if isinstance(path, str) else repr(path)
+    """``package.module:Outer.Name`` -> ``Outer.Name`` (the name as the user's code writes it)."""
+    return (str(path).rpartition(":")[2] or str(path)) if isinstance(path, str) else repr(path)
 
 
 def dotted(path: Any) -> str:
@@ -70,94 +114,152 @@ def dotted(path: Any) -> str:
     return str(path).replace(":", ".") if isinstance(path, str) else repr(path)
 
 
-def _call(construction: Mapping[str, Any], metadata: Mapping[str, Any], depth: int) -> str:
-    args = [_text(v, metadata, depth + 1) for v in construction.get("args") or []]
-    kwargs = construction.get("kwargs") or {}
-    if isinstance(kwargs, Mapping):
-        args += [f"{k}={_text(v, metadata, depth + 1)}" for k, v in kwargs.items()]
-    return f"{short_class(construction.get('class'))}({', '.join(args)})"
+def _is_identifier(key: Any) -> bool:
+    return isinstance(key, str) and key.isidentifier()
 
 
-def _items(value: Mapping[str, Any]) -> list[Any]:
-    items = value.get("items")
-    return items if isinstance(items, list) else []
+class _Renderer:
+    def __init__(self, constructions: Mapping[str, Any], tensors: Mapping[str, Any], max_items: int) -> None:
+        self.constructions = constructions
+        self.tensors = tensors
+        self.max_items = max(1, max_items)
+        self._depth = 0
 
-
-def _text(value: Any, metadata: Mapping[str, Any], depth: int) -> str:
-    if depth > _MAX_DEPTH:
-        return "..."
-    if value is None or isinstance(value, (bool, int, str)):
-        return repr(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
-    if isinstance(value, list):
-        return "[" + ", ".join(_text(v, metadata, depth + 1) for v in value) + "]"
-    if not isinstance(value, Mapping):
-        return repr(value)
-    tag = value.get("$type")
-    inner = [_text(v, metadata, depth + 1) for v in _items(value)]
-    if tag == "tuple":
-        return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
-    if tag == "dict":
-        pairs = [p for p in _items(value) if isinstance(p, list) and len(p) == 2]
-        return "{" + ", ".join(f"{_text(k, metadata, depth + 1)}: {_text(v, metadata, depth + 1)}" for k, v in pairs) + "}"
-    if tag in ("set", "frozenset"):
-        body = "{" + ", ".join(inner) + "}" if inner else "()"
-        return body if tag == "set" and inner else f"{tag}({body if inner else ''})"
-    if tag == "float":
-        return f"float({str(value.get('value'))!r})"
-    if tag == "tensor":
-        return _tensor(value.get("id"), metadata)
-    if tag == "module":
-        construction = (metadata.get("constructions") or {}).get(value.get("ref"))
-        return _call(construction, metadata, depth + 1) if isinstance(construction, Mapping) else "<module>"
-    if tag == "dtype":
-        return f"torch.{value.get('value')}"
-    if tag == "device":
-        return f"device({str(value.get('value'))!r})"
-    if tag == "size":
-        return f"torch.Size({_text(value.get('value'), metadata, depth + 1)})"
-    if tag == "complex":
-        return repr(complex(_number(value.get("real")), _number(value.get("imag"))))
-    if tag == "bytes":
+    def render(self, value: Any) -> str:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return repr(value)
+        if isinstance(value, list):
+            return "[" + self._join([self.render(v) for v in value]) + "]"
+        if not isinstance(value, dict):
+            return repr(value)
+        tag = value.get("$type")
+        handler = getattr(self, f"_{str(tag).replace('-', '_')}", None) if isinstance(tag, str) else None
+        if handler is None or not tag.isidentifier():
+            return self._codec_like(str(tag), value) if tag else "{...}"
         try:
-            return repr(bytes.fromhex(str(value.get("hex"))))
-        except ValueError:
-            return "b'?'"
-    if tag == "slice":
-        return "slice(" + ", ".join(inner) + ")"
-    if tag == "ellipsis":
+            return handler(value)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return f"<{tag}>"  # damaged or unexpected encoding: name it, never fail a listing
+
+    # ------------------------------------------------------------------ containers
+
+    def _join(self, parts: list[str]) -> str:
+        if len(parts) > self.max_items:
+            parts = [*parts[: self.max_items], f"... +{len(parts) - self.max_items} more"]
+        return ", ".join(parts)
+
+    def _pairs(self, encoded_dict: Any) -> list[tuple[Any, Any]]:
+        """``[(key, value)]`` of an encoded dict (``{"$type": "dict", "items": [[k, v], ...]}``)."""
+        if isinstance(encoded_dict, dict) and encoded_dict.get("$type") == "dict":
+            return [(k, v) for k, v in encoded_dict.get("items", [])]
+        return []
+
+    def _tuple(self, value: dict[str, Any]) -> str:
+        items = [self.render(v) for v in value["items"]]
+        return "(" + self._join(items) + ("," if len(items) == 1 else "") + ")"
+
+    def _dict(self, value: dict[str, Any]) -> str:
+        return "{" + self._join([f"{self.render(k)}: {self.render(v)}" for k, v in self._pairs(value)]) + "}"
+
+    def _set(self, value: dict[str, Any]) -> str:
+        return "{" + self._join([self.render(v) for v in value["items"]]) + "}" if value["items"] else "set()"
+
+    def _frozenset(self, value: dict[str, Any]) -> str:
+        return "frozenset({" + self._join([self.render(v) for v in value["items"]]) + "})" if value["items"] else "frozenset()"
+
+    # ------------------------------------------------------------------ scalars
+
+    def _float(self, value: dict[str, Any]) -> str:
+        return f"float({value['value']!r})"
+
+    def _complex(self, value: dict[str, Any]) -> str:
+        return repr(complex(value["real"], value["imag"]))
+
+    def _bytes(self, value: dict[str, Any]) -> str:
+        data = bytes.fromhex(value["hex"])
+        return repr(data[:32]) + (f" (+{len(data) - 32} bytes)" if len(data) > 32 else "")
+
+    def _slice(self, value: dict[str, Any]) -> str:
+        return "slice(" + ", ".join(self.render(v) for v in value["items"]) + ")"
+
+    def _ellipsis(self, value: dict[str, Any]) -> str:
         return "..."
-    if tag == "import":
-        return dotted(value.get("path"))
-    if tag == "namedtuple":
-        return f"{short_class(value.get('class'))}({', '.join(inner)})"
-    if tag == "dataclass":
-        fields = value.get("fields")
-        pairs = [p for p in _items(fields) if isinstance(p, list) and len(p) == 2] if isinstance(fields, Mapping) else []
-        body = ", ".join(f"{k if isinstance(k, str) else _text(k, metadata, depth + 1)}={_text(v, metadata, depth + 1)}"
-                         for k, v in pairs)
-        return f"{short_class(value.get('class'))}({body})"
-    if tag == "codec":
-        return f"{short_class(value.get('class'))}({_text(value.get('value'), metadata, depth + 1)})"
-    if tag == "unrecorded":
-        return f"<not recorded: {value.get('class')}: {value.get('reason')}>"
-    return f"<{tag}>" if isinstance(tag, str) else "{" + ", ".join(f"{k!r}: ..." for k in list(value)[:8]) + "}"
 
+    # ------------------------------------------------------------------ torch
 
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    def _dtype(self, value: dict[str, Any]) -> str:
+        return f"torch.{value['value']}"
 
+    def _device(self, value: dict[str, Any]) -> str:
+        return f"torch.device({value['value']!r})"
 
-def _tensor(tid: Any, metadata: Mapping[str, Any]) -> str:
-    entry = (metadata.get("tensors") or {}).get(tid) if isinstance(tid, str) else None
-    if not isinstance(entry, Mapping):
-        return f"tensor(<{tid}>)"
-    described = f"{entry.get('dtype')}{list(entry.get('shape') or [])}"
-    if entry.get("shape_only"):
-        return f"tensor({described}, shape-only)"
-    payload = entry.get("payload")
-    return f"tensor({described}, {str(payload)[:19]}...)" if payload else f"tensor({described})"
+    def _size(self, value: dict[str, Any]) -> str:
+        return f"torch.Size({list(value['value'])!r})"
+
+    def _tensor(self, value: dict[str, Any]) -> str:
+        entry = self.tensors.get(value["id"])
+        if not isinstance(entry, dict):
+            return "tensor(...)"
+        shape = ", ".join(str(s) for s in entry.get("shape", []))
+        described = f"{entry.get('dtype', '?')}[{shape}]"
+        if entry.get("shape_only"):
+            return f"tensor({described}, shape-only)"
+        return f"tensor({described})"
+
+    def _module(self, value: dict[str, Any]) -> str:
+        record = self.constructions.get(value["ref"])
+        if not isinstance(record, dict) or self._depth > 4:
+            return f"<module {value['ref']}>"
+        self._depth += 1
+        try:
+            return self.call(record.get("class", "?"), record.get("args", []), record.get("kwargs"))
+        finally:
+            self._depth -= 1
+
+    # ------------------------------------------------------------------ classes and objects
+
+    def _import(self, value: dict[str, Any]) -> str:
+        return short_class(value["path"])
+
+    def _namedtuple(self, value: dict[str, Any]) -> str:
+        return f"{short_class(value['class'])}({self._join([self.render(v) for v in value['items']])})"
+
+    def _dataclass(self, value: dict[str, Any]) -> str:
+        return self._keywords(short_class(value["class"]), self._pairs(value["fields"]))
+
+    def _unrecorded(self, value: dict[str, Any]) -> str:
+        return f"<unrecorded {value.get('class', '?')}>"
+
+    def _codec(self, value: dict[str, Any]) -> str:
+        name = short_class(value["class"])
+        data = value.get("value")
+        if value.get("codec") == "partial":
+            fields = dict(self._pairs(data))
+            parts = [self.render(fields.get("func")), *(self.render(a) for a in fields.get("args", {}).get("items", []))]
+            parts += [f"{k}={self.render(v)}" for k, v in self._pairs(fields.get("keywords"))]
+            return f"partial({self._join(parts)})"
+        pairs = self._pairs(data)
+        if value.get("codec") == "transformers.PretrainedConfig":  # {"config": to_dict(), runtime attributes}
+            fields = dict(pairs)
+            pairs = self._pairs(fields.pop("config", None)) + list(fields.items())
+            pairs.sort(key=lambda pair: pair[0] in _GENERIC_CONFIG_KEYS)  # stable: the model's own fields first
+        if pairs and all(_is_identifier(k) for k, _ in pairs):
+            return self._keywords(name, pairs)
+        return f"{name}({self.render(data)})"
+
+    def _codec_like(self, tag: str, value: dict[str, Any]) -> str:
+        """A tag this renderer does not know (a newer format): its name and fields, still readable."""
+        fields = [f"{k}={self.render(v)}" for k, v in value.items() if k != "$type" and _is_identifier(k)]
+        return f"<{tag}{' ' if fields else ''}{self._join(fields)}>"
+
+    def _keywords(self, name: str, pairs: list[tuple[Any, Any]]) -> str:
+        return f"{name}({self._join([f'{k}={self.render(v)}' for k, v in pairs])})"
+
+    def call(self, class_path: str, args: Any, kwargs: Any) -> str:
+        parts = [self.render(a) for a in (args or [])]
+        pairs = self._pairs(kwargs) if isinstance(kwargs, dict) and "$type" in kwargs else list((kwargs or {}).items())
+        parts += [f"{k}={self.render(v)}" for k, v in pairs]
+        return f"{short_class(class_path)}({self._join(parts)})"
 
 
 def spec_leaf_paths(tree: Mapping[str, Any], prefix: str) -> list[str]:
@@ -192,7 +294,7 @@ def _walk_spec(spec: Any, path: str, out: list[str], depth: int) -> None:
     if spec == "*":
         out.append(path)
         return
-    if not isinstance(spec, Mapping) or depth > _MAX_DEPTH * 2:
+    if not isinstance(spec, Mapping) or depth > _MAX_SPEC_DEPTH:
         raise ValueError("not a stored tree structure")
     children = spec.get("children")
     if not isinstance(children, list):

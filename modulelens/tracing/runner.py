@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 ENV_CONFIG = "MODULELENS_RUN_CONFIG"
 ENV_SUMMARY = "MODULELENS_RUN_SUMMARY_DIR"
+STRICT_EXIT = 2  # the job's exit code when --strict stops it at a target that matches nothing
 BOOTSTRAP_DIR = Path(__file__).with_name("_bootstrap")
 
 
@@ -52,6 +53,7 @@ class RunConfig:
     shape_only_over: int | None = None  # PayloadPolicy: bigger call tensors are stored shape-only
     max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
     list_modules: bool = False  # report the module tree of the first model called, then end the job
+    depth: int | None = None  # a glob target matches at most this many levels below its fixed prefix
 
     def recording(self) -> Recording:
         """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``."""
@@ -92,6 +94,38 @@ def closest_modules(pattern: str, modules: list[list[str]], limit: int = 5) -> l
         if keys[key] not in found:
             found.append(keys[key])
     return found[:limit]
+
+
+_GLOB_CHARS = "*?["
+
+
+def within_depth(pattern: str, qualified_name: str, depth: int | None) -> bool:
+    """Whether ``--depth`` keeps a module that ``pattern`` matched.
+
+    ``*`` in a target crosses dots (``layer1.*`` matches every module under ``layer1``, its
+    children's children too). With a depth, a glob target keeps only the modules at most ``depth``
+    levels below its fixed prefix, the dotted part before its first wildcard: ``layer1.*`` with
+    depth 1 is ``layer1.0`` and ``layer1.1``, not ``layer1.0.conv1``. A class name or an exact
+    name (no wildcard) is not limited.
+
+    Example::
+
+        within_depth("layer1.*", "layer1.0", 1)         # True
+        within_depth("layer1.*", "layer1.0.conv1", 1)   # False
+    """
+    if depth is None:
+        return True
+    first = min((i for i, ch in enumerate(pattern) if ch in _GLOB_CHARS), default=None)
+    if first is None:
+        return True
+    fixed = pattern[:first].rpartition(".")[0]
+    levels = qualified_name.count(".") + 1 - (fixed.count(".") + 1 if fixed else 0)
+    return levels <= depth
+
+
+def _exact(name: str) -> str:
+    """``name`` as a glob that matches only itself (fnmatch's wildcards bracketed)."""
+    return "".join(f"[{ch}]" if ch in _GLOB_CHARS else ch for ch in name)
 
 
 # ------------------------------------------------------------------------------------------ parent
@@ -147,6 +181,8 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         "suggestions": {t: closest_modules(t, modules) for t in missing},
         "roots": roots,
         "processes": summaries,
+        # why --strict stopped the job (a target that matches no module of the first model called)
+        "stopped": next((s["stopped"] for s in summaries if s.get("stopped")), None),
     }
 
 
@@ -180,6 +216,7 @@ class _Session:
         self._saved_targets: set[tuple[int, str]] = set()  # (tracer id, qualified name)
         self._lock = threading.RLock()
         self._done = False
+        self.stopped: str | None = None  # why --strict ended the job early
         track_init()
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call)
         from modulelens.tracing.upload import at_main_thread_exit
@@ -199,20 +236,26 @@ class _Session:
             warnings.warn(f"modulelens: could not attach capture: {error}", stacklevel=2)
 
     def _consider_root(self, module: Any) -> Any:
-        from modulelens.tracing.tracer import Tracer, find_targets, matches, unwrap_model
+        from modulelens.tracing.tracer import Tracer, find_targets, unwrap_model
 
         with self._lock:
             for sub in module.modules():
                 self._seen.add(id(sub))
+            first_root = not self.roots
             if len(self.roots) < MAX_ROOTS:
                 self._note_root(unwrap_model(module))
             pending = [p for p in self.config.targets if p not in self.resolved]
-            found = find_targets(module, pending)
+            found = {n: m for n, m in find_targets(module, pending).items()
+                     if any(self._selects(p, n, m) for p in pending)}
+            patterns = [p for p in pending if any(self._selects(p, n, m) for n, m in found.items())]
+            if first_root and self.roots:
+                self._check_first_root(pending, patterns)
             if not found:
                 return None
-            patterns = [p for p in pending if any(matches(p, n, m) for n, m in found.items())]
             self.resolved.update(patterns)
-            tracer = Tracer(module, patterns, record=self.config.recording(), on_complete=self._on_tracer_complete,
+            # With --depth the tracer is given the exact names kept (its globs know no depth).
+            targets = patterns if self.config.depth is None else [_exact(n) for n in found]
+            tracer = Tracer(module, targets, record=self.config.recording(), on_complete=self._on_tracer_complete,
                             on_target_complete=self._on_target_complete, strict=self.config.strict)
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
@@ -220,6 +263,37 @@ class _Session:
             if len(self.resolved) == len(self.config.targets):
                 self._hook.remove()
             return tracer
+
+    def _selects(self, pattern: str, qualified: str, module: Any, model: Any = None) -> bool:
+        """Whether target ``pattern`` (as the user wrote it) selects ``qualified`` (``--depth`` included)."""
+        from modulelens.tracing.tracer import matches, normalise_pattern
+
+        normalised = pattern if model is None else normalise_pattern(pattern, model)
+        return matches(normalised, qualified, module) and within_depth(normalised, qualified, self.config.depth)
+
+    def _check_first_root(self, pending: list[str], matched: list[str]) -> None:
+        """At the first model's first call, name the targets that match none of its modules (a typo
+        is known now, not after the whole job ran); ``--strict`` ends the job here."""
+        unmatched = [p for p in pending if p not in matched]
+        if not unmatched or self.rank != 0:
+            return
+        root = self.roots[0]
+        model = root["class"].rsplit(":", 1)[-1]
+        lines = []
+        for pattern in unmatched:
+            close = ", ".join(f"{n or '<root>'} ({c.rsplit(':', 1)[-1]})"
+                              for n, c in closest_modules(pattern, root["modules"]))
+            lines.append(f"target {pattern!r} matches no module of {model} (the first model called)"
+                         + (f"; closest: {close}" if close else "; see modulelens run --list-modules -- CMD"))
+        if self.config.strict:
+            self.stopped = "; ".join(lines) + "; the job was stopped (--strict)"
+            print(f"modulelens: {self.stopped}", file=sys.stderr, flush=True)
+            self._hook.remove()
+            self._write_summary()
+            self._done = True
+            raise SystemExit(STRICT_EXIT)
+        for line in lines:
+            print(f"modulelens: warning: {line}; the job goes on (--strict stops it)", file=sys.stderr, flush=True)
 
     def _on_target_complete(self, tracer: Any, qualified: str) -> None:
         with self._lock:
@@ -246,13 +320,14 @@ class _Session:
         if everything and self.config.exit_after_capture:
             print("modulelens: everything captured and saved; ending the job (--exit-after-capture)",
                   file=sys.stderr, flush=True)
-            self._done = True
+            # finish() before the exit: it waits (bounded) for the uploads to a remote repo and
+            # writes the summary with the uploaded versions; the exit hooks would find it done.
+            self.finish()
             raise SystemExit(0)
 
     def _save(self, tracer: Any, qualified_names: list[str]) -> None:
         """Save those targets of ``tracer`` not saved yet (each once), then update the summary."""
         from modulelens.tracing.save import save_captures
-        from modulelens.tracing.tracer import matches
 
         for qualified in qualified_names:
             if (id(tracer), qualified) in self._saved_targets:
@@ -271,7 +346,7 @@ class _Session:
             if infos:
                 module = tracer.records[qualified].module
                 raw = self._patterns[id(tracer)]  # as the user wrote them; tracer.patterns are normalised
-                self.captured.update(r for r, p in zip(raw, tracer.patterns, strict=True) if matches(p, qualified, module))
+                self.captured.update(r for r in raw if self._selects(r, qualified, module, tracer.model))
             if upload is not None:  # staged locally; the job goes on while it uploads
                 self.uploads.append(upload)
                 print(f"modulelens: saved {', '.join(upload.staged)} locally; uploading to {upload.url} in the "
@@ -315,7 +390,8 @@ class _Session:
         if not folder or not os.path.isdir(folder):
             return
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
-                   "captured": sorted(self.captured), "saved": self.saved, "failed": self.failed, "roots": self.roots}
+                   "captured": sorted(self.captured), "saved": self.saved, "failed": self.failed, "roots": self.roots,
+                   "stopped": self.stopped}
         target = Path(folder) / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))

@@ -205,7 +205,7 @@ def test_ls_on_a_narrow_terminal_drops_columns_not_the_ref(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     [row] = [line for line in lines if line.startswith(ref)]
     header = lines[lines.index(row) - 1]
-    assert header.split() == ["ref", "aliases", "module", "class"] and len(row) <= 80  # payload, created dropped
+    assert header.split() == ["ref", "aliases", "module", "class", "calls"] and len(row) <= 80  # tags... dropped
     assert row.split()[:2] == [ref, "latest"]
 
 

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 import modulelens
-from modulelens.tools.profile import synthetic_inputs
+from modulelens.tools.sweep import synthetic_inputs
 from modulelens.tools.timing import TimingConfig
 
 M, K, N = 64, 256, 192
@@ -133,3 +133,22 @@ def test_cli_profile_json(repo: Path, tmp_path: Path) -> None:
     assert human.exit_code == 0 and "latency" in human.stdout and "aten::addmm" in human.stdout
     bad = CliRunner().invoke(app, ["profile", "lin/inner", "--repo", str(repo), "--batch-sizes", "1,x"])
     assert bad.exit_code != 0
+
+
+def test_profile_names_each_step_and_keeps_the_profilers_chatter_off_stderr(repo: Path, tmp_path: Path) -> None:
+    """Issue 23: `profile` printed torch's `USDT: ... profiler_start` lines; a sweep ran ~40 s silently."""
+    import subprocess
+
+    from child_process import PYTHON, subprocess_env
+
+    steps: list[str] = []
+    modulelens.profile(modulelens.load("mlp/inner", repo=repo), timing=TimingConfig(iters=3), batch_sizes=[1, 4],
+                       store=False, progress=steps.append)
+    assert steps[0].startswith("timing call 0") and "counting FLOPs and bytes moved" in steps
+    assert steps[-2:] == ["batch sweep: batch size 1 (1 of 2)", "batch sweep: batch size 4 (2 of 2)"]
+    done = subprocess.run([PYTHON, "-m", "modulelens", "profile", "mlp/inner", "--repo", str(repo), "--iters", "3",
+                           "--batch-sizes", "1,4", "--no-store"], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "USDT:" not in done.stderr + done.stdout and "STAGE:" not in done.stderr
+    assert done.stderr == ""  # not a terminal: no status line either

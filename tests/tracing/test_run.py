@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+import uuid
 from pathlib import Path
 
 from child_process import PYTHON, subprocess_env
+from seaweed import SeaweedServer
 
 import modulelens
+from modulelens.tracing.runner import within_depth
 
 SCRIPT = textwrap.dedent('''
     import sys
@@ -118,3 +121,62 @@ def test_the_jobs_own_failure_code_is_passed_through(tmp_path: Path) -> None:
     script.write_text("import sys; sys.exit(7)")
     result, _ = _run(tmp_path, "-t", "head", command=[PYTHON, str(script)])
     assert result.returncode == 7
+
+
+def test_a_target_typo_is_named_at_the_first_forward_and_the_job_goes_on(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "blocks.0.dwn", "-t", "head")
+    assert result.returncode == 0 and out["ok"] is True and [s["name"] for s in out["result"]["saved"]] == ["Net/head"]
+    warning = "target 'blocks.0.dwn' matches no module of Net (the first model called); closest: blocks.0.down (Linear)"
+    assert warning in result.stderr
+    assert result.stderr.index(warning) < result.stderr.index("step 0")  # before the job's first step ended
+
+
+def test_strict_stops_the_job_at_a_target_typo(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "blocks.0.dwn", "-t", "head", "--strict")
+    assert result.returncode == 2 and out["ok"] is False
+    assert out["error"]["type"] == "UsageError" and out["error"]["exit_code"] == 2
+    assert "closest: blocks.0.down (Linear)" in out["error"]["message"]
+    assert "stopped (--strict)" in out["error"]["message"]
+    assert "step 0" not in result.stderr  # stopped inside the first forward
+
+
+def test_star_crosses_dots_and_depth_keeps_one_level(tmp_path: Path) -> None:
+    result, out = _run(tmp_path, "-t", "blocks.*", "--name", "all")
+    assert result.returncode == 0, result.stderr
+    assert sorted(s["name"] for s in out["result"]["saved"]) == [
+        "all/blocks.0", "all/blocks.0.down", "all/blocks.0.up", "all/blocks.1", "all/blocks.1.down", "all/blocks.1.up"]
+    result, out = _run(tmp_path, "-t", "blocks.*", "--depth", "1", "--name", "one")
+    assert result.returncode == 0, result.stderr
+    assert sorted(s["name"] for s in out["result"]["saved"]) == ["one/blocks.0", "one/blocks.1"]
+    assert out["result"]["missing_targets"] == []
+
+
+def test_within_depth() -> None:
+    assert within_depth("layer1.*", "layer1.0", 1) and not within_depth("layer1.*", "layer1.0.conv1", 1)
+    assert within_depth("layer1.*", "layer1.0.conv1", 2) and within_depth("layer1.*", "layer1.0.conv1", None)
+    assert within_depth("*", "encoder", 1) and not within_depth("*", "encoder.layers", 1)
+    assert within_depth("blocks.*.attn", "blocks.3.attn", 2) and not within_depth("blocks.*.attn", "blocks.3.x.attn", 2)
+    assert within_depth("LlamaMLP", "model.layers.0.mlp", 1)  # a class name is not limited
+
+
+def test_exit_after_capture_into_s3_reports_the_uploaded_versions(tmp_path: Path) -> None:
+    """Issue 23: `--exit-after-capture --repo s3://...` exited 6 ("no target was captured:") although
+    the upload happened; against a real S3 server (SeaweedFS on loopback)."""
+    server = SeaweedServer(tmp_path / "weed").start()
+    try:
+        url = f"s3://modulelens-test/{uuid.uuid4().hex[:12]}"
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT)
+        env = subprocess_env(**server.env, MODULELENS_CACHE=str(tmp_path / "cache"))
+        result = subprocess.run([PYTHON, "-m", "modulelens", "run", "--repo", url, "--json", "-t", "head",
+                                 "--exit-after-capture", "--", PYTHON, str(script)],
+                                capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+        out = json.loads(result.stdout)
+        assert result.returncode == 0, result.stderr
+        assert out["ok"] and [s["ref"] for s in out["result"]["saved"]] == ["Net/head:v1"]
+        assert out["result"]["repo"] == url and "step 0" not in result.stderr
+        listed = subprocess.run([PYTHON, "-m", "modulelens", "ls", "--repo", url, "--json"], capture_output=True,
+                                text=True, env=env, timeout=120)
+        assert [row["ref"] for row in json.loads(listed.stdout)["result"]] == ["Net/head:v1"]
+    finally:
+        server.stop()

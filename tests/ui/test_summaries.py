@@ -64,12 +64,12 @@ def test_values_read_as_python() -> None:
         ["dt", {"$type": "dtype", "value": "bfloat16"}], ["cfg", {"$type": "dataclass", "class": "m:Cfg",
                                                                    "fields": {"$type": "dict", "items": [["a", 1]]}}],
         ["s", {"$type": "frozenset", "items": []}], ["b", {"$type": "bytes", "hex": "6869"}], ["x", "<b>'q'</b>"]]}
-    assert python_like(value, meta) == (
-        "{'w': tensor(float32[4, 8], blake3:abababababab...), 'ids': tensor(int64[9], shape-only), "
-        "'layer': Linear(4, 8, bias=False), 'act': torch.nn.functional.gelu, 'pair': (1,), 'inf': float('inf'), "
+    assert python_like(value, meta, max_items=20) == (
+        "{'w': tensor(float32[4, 8]), 'ids': tensor(int64[9], shape-only), "
+        "'layer': Linear(4, 8, bias=False), 'act': gelu, 'pair': (1,), 'inf': float('inf'), "
         "'dt': torch.bfloat16, 'cfg': Cfg(a=1), 's': frozenset(), 'b': b'hi', 'x': \"<b>'q'</b>\"}")
     assert construction_text({"class": "pkg.mod:MLP", "args": [[1, 2]], "kwargs": {"p": None}}) == "MLP([1, 2], p=None)"
-    assert python_like(list(range(10_000)), limit=20) == "[0, 1, 2, 3, 4, 5..."
+    assert python_like(list(range(10_000)), limit=20) == "[0, 1, 2, 3, 4, 5, …"
     assert python_like({"$type": "no-such-tag"}) == "<no-such-tag>"
 
 

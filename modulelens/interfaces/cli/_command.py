@@ -16,7 +16,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def take_as_given(params: list[Any]) -> None:
-    """Let flags and plain ``str`` arguments and options of a command keep their value as given.
+    """Let flags and plain ``str`` arguments and options of a command keep their value as given
+    (a repeatable ``str`` option: the tuple of its values).
 
     typer converts every value that is not already a bool flag's bool through a pydantic
     ``TypeAdapter`` built on first use, ``--help``'s unset ``None`` included; for
@@ -33,16 +34,45 @@ def take_as_given(params: list[Any]) -> None:
         from typer._coercion import PassThroughRuntimeParam
     except ImportError:
         return
+    strings = _strings_param()
     for param in params:
         descriptor = getattr(param, "type_descriptor", None)
         if descriptor is None or getattr(param, "_runtime_param", True) is not None:
             continue  # not typer's, or already decided
-        plain = descriptor.annotation is str and not (
-            descriptor.parameter_info.parser is not None or descriptor.is_choice or descriptor.is_path)
+        custom = descriptor.parameter_info.parser is not None or descriptor.is_choice or descriptor.is_path
+        plain = descriptor.annotation is str and not custom
         flag = descriptor.annotation is bool and getattr(param, "is_flag", False)
-        if plain or flag:
-            param._runtime_param = PassThroughRuntimeParam(parameter_info=descriptor.parameter_info,
-                                                           annotation=descriptor.annotation)
+        # a repeatable str option (--tag, -t): click gives a tuple of str, which the command takes as it is
+        repeated = descriptor.annotation == list[str] and getattr(param, "multiple", False) and not custom
+        if plain or flag or repeated:
+            kind = strings if repeated else PassThroughRuntimeParam
+            param._runtime_param = kind(parameter_info=descriptor.parameter_info, annotation=descriptor.annotation)
+
+
+@functools.cache
+def _strings_param() -> type:
+    from typer._coercion import PassThroughRuntimeParam
+
+    class Strings(PassThroughRuntimeParam):
+        """A repeatable ``str`` option's values as the list of strings click gives (a list or a tuple)."""
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            return [str(item) for item in value]
+
+    return Strings
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail again
+    on the closed pipe (the recipe of Python's ``signal`` documentation, "Note on SIGPIPE")."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 class GivenValues:
@@ -52,6 +82,9 @@ class GivenValues:
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)  # type: ignore[misc]
         take_as_given(params)
+        for param in params:  # `--max-calls MAX_CALLS`, not typer's `--max-calls <int>` (`<list[str]>`...)
+            if getattr(param, "metavar", "") is None and not getattr(param, "is_flag", False):
+                param.metavar = param.name.upper().rstrip("_")
         return params
 
 
@@ -85,6 +118,9 @@ def command(group: typer.Typer, name: str, *, json_name: str | None = None, **se
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return func(*args, **kwargs)
+            except BrokenPipeError:  # `modulelens ls | head`: the reader left; end quietly, like other tools
+                _silence_stdout()
+                raise typer.Exit(1) from None
             except KNOWN_ERRORS as error:
                 if DebugState.enabled:
                     raise

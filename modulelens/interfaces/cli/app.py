@@ -44,7 +44,11 @@ _SOURCES = (
 
 
 def _typer_app(module: str, attribute: str) -> typer.Typer:
-    return getattr(importlib.import_module(f"modulelens.interfaces.cli.{module}"), attribute)
+    sub: typer.Typer = getattr(importlib.import_module(f"modulelens.interfaces.cli.{module}"), attribute)
+    # Plain click help for every command, like the root's: rich's boxed panels cut option names and
+    # help text to a third of an 80-column terminal (issue 23).
+    sub.rich_markup_mode = None
+    return sub
 
 
 def _entries(stop: str | None = None) -> Iterator[tuple[str, typer.Typer, str | None]]:
@@ -72,7 +76,7 @@ class _LazyCommands(GivenValues, TyperGroup):
             if name == cmd_name:  # build this command only, not its module's others
                 [info] = [i for i in sub.registered_commands if i.name == name]
                 return typer.main.get_command_from_info(
-                    info, pretty_exceptions_short=sub.pretty_exceptions_short, rich_markup_mode=sub.rich_markup_mode)
+                    info, pretty_exceptions_short=sub.pretty_exceptions_short, rich_markup_mode=None)
         return None
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
@@ -93,9 +97,17 @@ class _LazyCommands(GivenValues, TyperGroup):
             else:
                 [info] = [i for i in sub.registered_commands if i.name == name]
                 text = info.help or inspect.getdoc(info.callback) or ""
-            rows.append((name, text.strip().partition("\n")[0]))
+            rows.append((name, _summary(text)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _summary(text: str) -> str:
+    """A command's line in ``--help``: the first sentence of its help's first paragraph (joined
+    across the docstring's line breaks, so it never stops mid-sentence)."""
+    paragraph = " ".join(text.strip().split("\n\n")[0].split())
+    first, dot, _ = paragraph.partition(". ")
+    return first + "." if dot else paragraph
 
 
 app = typer.Typer(

@@ -6,7 +6,6 @@ with ``output.rich_table``, which imports it on first use; see ``app.py``).
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Annotated, Any
 
@@ -17,7 +16,8 @@ from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
-from modulelens.interfaces.output import console, emit, emit_json, err_console, rich_table, text_table
+from modulelens.interfaces.listing import parse_duration
+from modulelens.interfaces.output import console, echo, emit, emit_json, err_console, rich_table, steps, text_table
 
 app = typer.Typer()
 
@@ -28,27 +28,44 @@ app = typer.Typer()
 @command(app, "ls")
 def ls(
     name: Annotated[str | None, typer.Argument(help="Only this name (or names starting with this prefix/).")] = None,
+    class_: Annotated[str | None, typer.Option(
+        "--class", metavar="CLASS", help="Only captures of this module class: a name (LlamaMLP), a glob (Llama*) "
+                                         "or a full path (pkg.module:Class).")] = None,
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", help="Only versions carrying this tag; repeat for several (all must be there).")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN", help="Only versions created since: a duration back from now (90m, 12h, 2d) "
+                                        "or a date (2026-11-30, 2026-11-30T10:00).")] = None,
+    sort: Annotated[str, typer.Option(
+        "--sort", metavar="KEY", help="name (then version), created (newest first), size or calls (largest first).")] = "name",
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List captures: name, version, aliases, module class, size."""
+    """List captures: name, version, aliases, module class, calls, tags, size, created."""
+    from modulelens.interfaces.listing import SORT_KEYS, VersionFilter, sort_versions
+
+    selection = VersionFilter.from_options(module_class=class_, tags=tag or [], since=since)
+    if sort not in SORT_KEYS:
+        raise UsageError(f"--sort: {sort!r} is not one of {', '.join(SORT_KEYS)}")
     store = session.open_repo(repo, create=repo is None)  # a mistyped --repo is an error, not a new repo
-    rows = [info.to_dict() for info in session.list_versions(store, name)]
+    versions = sort_versions([v for v in session.list_versions(store, name) if selection.keeps(v)], sort)
+    rows = [info.to_dict() for info in versions]
 
     def render(result: list[dict[str, Any]]) -> None:
         if not result:
-            typer.echo(f"no captures in {store.location}")
+            echo(f"no captures in {store.location}" + (" match " + selection.describe() if selection.active else ""))
             return
         # Plain aligned text, not a rich table: rendering 2,000 rows through rich took longer than
         # the rest of `ls`. A ref is what people copy into the next command, so it is never cut;
         # on a narrow terminal the last columns go instead (text_table).
         cells = [[row["ref"], ", ".join(row["aliases"]),
                   "damaged (see show)" if row.get("problem") else row["module_class"].rsplit(":", 1)[-1],
-                  human_bytes(row["payload_bytes"]), row["created"]] for row in result]
-        typer.echo(f"captures in {store.location}")
-        lines = text_table(["ref", "aliases", "module class", "payload", "created"], cells)
-        typer.secho(lines[0], bold=True)
-        typer.echo("\n".join(lines[1:]))
+                  str(row["calls"]), ", ".join(row["tags"]), human_bytes(row["payload_bytes"]), row["created"]]
+                 for row in result]
+        echo(f"captures in {store.location}" + (" matching " + selection.describe() if selection.active else ""))
+        lines = text_table(["ref", "aliases", "module class", "calls", "tags", "payload", "created"], cells)
+        echo(lines[0], bold=True)
+        echo("\n".join(lines[1:]))
 
     emit("ls", as_json, rows, render)
 
@@ -65,43 +82,75 @@ def show(
     store, ref = session.open_ref(ref, repo)
     name, version = session.resolve(store, ref)
     result = describe(store, f"{name}:v{version}")
+    if as_json:
+        emit_json("show", result=result)
+        return
+    # the whole metadata only for people: constructor arguments that are modules or tensors are
+    # written out from its constructions and tensors tables
+    meta = store.read_metadata(name, version)
+    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {})))
+    from modulelens.interfaces.ui.discovery import capture_url  # a running `modulelens ui` of this repo
 
-    def render(d: dict[str, Any]) -> None:  # plain text, like ls: show starts without rich
-        typer.echo(typer.style(d["ref"], bold=True) + f"  aliases: {', '.join(d['aliases']) or '-'}  stored at {d['path']}")
-        typer.echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
-        if d["construction"]:
-            typer.echo("constructor: " + json.dumps({"args": d["construction"]["args"], "kwargs": d["construction"]["kwargs"]}))
-        else:
-            typer.echo("constructor: " + typer.style("not recorded", fg="yellow") + f" ({d['construction_missing']})")
-        if d.get("hooks_not_rebuilt"):  # issue 22: the loaded module runs without them
-            typer.echo(typer.style("hooks not rebuilt: ", fg="yellow") + "; ".join(d["hooks_not_rebuilt"]))
-        typer.echo(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
-                   f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
-        typer.secho("recorded calls", bold=True)
-        calls = [[str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
-                  _leaves_text(c["inputs"]), _leaves_text(c["outputs"])] for c in d["calls"]]
-        typer.echo("\n".join("  " + line for line in text_table(["call", "mode", "inputs", "outputs"], calls, fit=False)))
-        env = d["environment"]
-        typer.echo(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
-                   f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
-        for r in d["reports"]:
-            typer.echo(f"report: {r['kind']} {r['created']} passed={r['passed']}")
-        from modulelens.interfaces.ui.discovery import capture_url  # a running `modulelens ui` of this repo
-        if url := capture_url(store.location, d["ref"]):
-            typer.echo(f"in the browser: {url}")
-
-    emit("show", as_json, result, render)
+    if url := capture_url(store.location, result["ref"]):
+        echo(f"in the browser: {url}")
 
 
-def _leaves_text(leaves: list[dict[str, Any]]) -> str:
+def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """``show`` for people: plain text, like ls (show starts without rich). ``d`` is the result with
+    its text made safe for the terminal; recorded values are rendered from ``raw`` (Python-like
+    text quotes strings with ``repr``, which writes out every control character itself)."""
+    from modulelens.interfaces.value_text import call_text, python_like
+
+    def value(v: Any, limit: int | None = None) -> str:
+        return python_like(v, constructions=constructions, tensors=tensors, limit=limit)
+
+    echo(f"{d['ref']}", bold=True)
+    echo(f"aliases: {', '.join(d['aliases']) or '-'}   tags: {', '.join(d['tags']) or '-'}   created: {d['created']}")
+    echo(f"stored at: {d['path']}")
+    echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
+    construction = raw["construction"]
+    if construction:
+        one_line = call_text(construction["class"], construction["args"], construction["kwargs"],
+                             constructions=constructions, tensors=tensors)
+        if len(one_line) <= 100:
+            echo(f"constructor: {one_line}")
+        else:  # one argument a line, each cut to a readable length (show --json has them whole)
+            echo(f"constructor: {construction['class'].rpartition(':')[2]}(")
+            for arg in construction["args"]:
+                echo(f"    {value(arg, 400)},")
+            for key, arg in construction["kwargs"].items():
+                echo(f"    {key}={value(arg, 400)},")
+            echo(")")
+    else:
+        echo("constructor: " + typer.style("not recorded", fg="yellow") + f" ({d['construction_missing']})")
+    if d.get("hooks_not_rebuilt"):  # issue 22: the loaded module runs without them
+        echo(typer.style("hooks not rebuilt: ", fg="yellow") + "; ".join(d["hooks_not_rebuilt"]))
+    echo(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
+         f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
+    echo("recorded calls", bold=True)
+    calls = [[str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
+              _leaves_text(c["inputs"], value), _leaves_text(c["outputs"], value)] for c in raw["calls"]]
+    echo("\n".join("  " + line for line in text_table(["call", "mode", "inputs", "outputs"], calls, fit=False)))
+    env = d["environment"]
+    echo(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
+         f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
+    if raw["metadata"]:
+        echo("metadata: " + ", ".join(f"{k}={value(v, 80)}" for k, v in raw["metadata"].items()))
+    for r in d["reports"]:
+        echo(f"report: {r['kind']} {r['created']} passed={r['passed']}")
+
+
+def _leaves_text(leaves: list[dict[str, Any]], value: Any) -> str:
+    """A call's inputs or outputs in one cell: ``float32[3, 8], 4, <unrecorded mylib.Cache>``."""
     parts = []
     for leaf in leaves:
-        if leaf["kind"] == "tensor":
-            parts.append(f"{leaf['dtype']}{leaf['shape']}")
+        if leaf["kind"] in ("tensor", "shape-only"):
+            shape = ", ".join(str(s) for s in leaf["shape"])
+            parts.append(f"{leaf['dtype']}[{shape}]" + (" (shape only)" if leaf["kind"] == "shape-only" else ""))
         elif leaf["kind"] == "unrecorded":
             parts.append(f"<unrecorded {leaf['type']}>")
         else:
-            parts.append(repr(leaf["value"])[:20])
+            parts.append(value(leaf["value"], 40))
     return ", ".join(parts)
 
 
@@ -120,33 +169,41 @@ def replay_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
-    report = capture.replay(rtol=rtol, atol=atol)
+    with steps(not as_json) as step:
+        step(f"loading {ref}: importing torch and the module's code, rebuilding it")
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
+        step(f"replaying the {len(capture.calls)} recorded call(s) of {capture.ref}")
+        report = capture.replay(rtol=rtol, atol=atol)
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
-    def render(r: Any) -> None:
+    def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
 
-        style = styles[r.status]
-        console.print(f"[{style}]{r.status}[/{style}] replay of {r.ref} on {r.device} ({r.mode})")
+        style = styles[r["status"]]
+        console.print(f"[{style}]{r['status']}[/{style}] replay of {escape(r['ref'])} on {r['device']} ({r['mode']})")
         table = rich_table()
         for col in ("call", "result", "max abs err", "max rel err", "time", "detail"):
             table.add_column(col)
-        for c in r.calls:
-            abs_err = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
-            rel_err = max((leaf.max_rel_error for leaf in c.all_leaves), default=0.0)
-            if c.error or c.worst:
-                detail = c.error or f"{c.worst.path}: {c.worst.message}"
-            elif c.not_compared:
-                detail = f"not compared: {', '.join(leaf.path for leaf in c.not_compared)} ({c.not_compared[0].message})"
+        for c in r["calls"]:
+            leaves = [*c["leaves"], *c["grad_leaves"]]
+            abs_err = max((float(leaf["max_abs_error"]) for leaf in leaves), default=0.0)  # "nan" in a dict
+            rel_err = max((float(leaf["max_rel_error"]) for leaf in leaves), default=0.0)
+            worst = next((leaf for leaf in leaves if not leaf["passed"]), None)
+            not_compared = [leaf for leaf in leaves if not leaf["compared"]]
+            if c["error"] or worst:
+                detail = c["error"] or f"{worst['path']}: {worst['message']}"
+            elif not_compared:
+                detail = (f"not compared: {', '.join(leaf['path'] for leaf in not_compared)} "
+                          f"({not_compared[0]['message']})")
             else:
-                detail = f"{len(c.all_leaves)} leaves match"
-            table.add_row(str(c.index), f"[{styles[c.status]}]{c.status}[/{styles[c.status]}]", f"{abs_err:.3g}",
-                          f"{rel_err:.3g}", f"{c.seconds * 1e3:.2f} ms", detail)
+                detail = f"{len(leaves)} leaves match"
+            table.add_row(str(c["index"]), f"[{styles[c['status']]}]{c['status']}[/{styles[c['status']]}]",
+                          f"{abs_err:.3g}", f"{rel_err:.3g}", f"{c['seconds'] * 1e3:.2f} ms", escape(detail))
         console.print(table)
-        for note in r.notes:
-            console.print(f"note: {note}")
+        for note in r["notes"]:
+            console.print(f"note: {escape(note)}", highlight=False)
 
-    emit("replay", as_json, report.to_dict() if as_json else report, render)
+    emit("replay", as_json, report.to_dict(), render)
     if not report.passed:
         raise typer.Exit(1)
 
@@ -238,7 +295,9 @@ def fsck_cmd(
     """Check every version's metadata and payloads (full hashes), aliases, summaries and the repo's
     layout; exit 3 when something is broken (and not repaired). Remote repos: a read-only check of
     metadata, payload sizes and aliases."""
-    report = session.open_repo(repo).fsck(repair=repair)
+    with steps(not as_json) as step:
+        step("checking every version's metadata and payload hashes" + (", repairing" if repair else ""))
+        report = session.open_repo(repo).fsck(repair=repair)
 
     def render(r: dict[str, Any]) -> None:
         from rich.markup import escape
@@ -259,23 +318,6 @@ def fsck_cmd(
         raise typer.Exit(CorruptCaptureError.exit_code)
 
 
-def parse_duration(text: str, option: str) -> float:
-    """Seconds in ``"0"``, ``"90"``, ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``.
-
-    Raises:
-        UsageError: ``text`` is not such a duration (names ``option``).
-    """
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
-    try:
-        value = float(number) * units[unit]
-    except ValueError:
-        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 0, 90s, 10m, 1h, 2d)") from None
-    if not value >= 0:
-        raise UsageError(f"{option}: {text!r} must not be negative")
-    return value
-
-
 # ------------------------------------------------------------------------------------- capture
 
 
@@ -283,7 +325,11 @@ def parse_duration(text: str, option: str) -> float:
 def run_cmd(
     ctx: typer.Context,
     target: Annotated[list[str] | None, typer.Option(
-        "--target", "-t", help="Qualified-name glob or class name; repeatable.")] = None,
+        "--target", "-t", help="Qualified-name glob or class name; repeatable. '*' crosses dots: 'layer1.*' is "
+                               "every module under layer1 (see --depth).")] = None,
+    depth: Annotated[int | None, typer.Option(
+        "--depth", min=1, help="Keep glob matches at most this many levels below the pattern's fixed prefix: "
+                               "-t 'layer1.*' --depth 1 is layer1.0, layer1.1, not layer1.0.conv1.")] = None,
     list_modules: Annotated[bool, typer.Option(
         "--list-modules", help="Print the qualified names and classes of the first model called, then stop.")] = False,
     warmup: Annotated[int, typer.Option(help="Calls to skip per target before recording.")] = 0,
@@ -298,7 +344,9 @@ def run_cmd(
     repo: RepoOpt = None,
     name: Annotated[str | None, typer.Option(help="Name prefix (default: the root model's class name).")] = None,
     ranks: Annotated[str, typer.Option(help="Ranks that record in distributed jobs: '0', '0,1' or 'all'.")] = "0",
-    strict: Annotated[bool, typer.Option(help="Raise on capture problems instead of warning.")] = False,
+    strict: Annotated[bool, typer.Option(
+        help="Raise on capture problems instead of warning; stop the job (exit 2) at a target that matches "
+             "no module of the first model called.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command (after `--`) with capture on, no code change: modulelens run -t mlp -- python train.py."""
@@ -314,8 +362,10 @@ def run_cmd(
     config = RunConfig(targets=list(target or []), warmup=warmup, max_calls=max_calls,
                        exit_after_capture=exit_after_capture, repo=repo, name=name, ranks=ranks, strict=strict,
                        tags=list(tag or []), backward=backward, shape_only_over=shape_only_over, max_bytes=max_bytes,
-                       list_modules=list_modules)
+                       list_modules=list_modules, depth=depth)
     outcome = run_command(command_line, config, quiet=as_json)
+    if outcome.get("stopped"):
+        raise UsageError(outcome["stopped"])
     if list_modules:
         if not outcome["roots"]:
             raise NothingCapturedError(f"{shlex.join(command_line)} called no torch.nn.Module "
@@ -323,8 +373,12 @@ def run_cmd(
         emit("run", as_json, {"roots": outcome["roots"], "exit_code": 0}, _render_modules)
         return
     if outcome["exit_code"] == 0 and not outcome["saved"]:
+        reasons = [_missing_line(t, outcome) for t in outcome["missing_targets"]]
+        reasons += [failure for process in outcome["processes"] for failure in process.get("failed", [])]
+        if not outcome["processes"]:
+            reasons.append("no Python process of the command started with capture on")
         raise NothingCapturedError("the command finished but no target was captured: "
-                                   + "; ".join(_missing_line(t, outcome) for t in outcome["missing_targets"]))
+                                   + ("; ".join(reasons) or "no capture was saved or uploaded"))
     emit("run", as_json, outcome, _render_run)
     raise typer.Exit(outcome["exit_code"])
 
@@ -357,15 +411,13 @@ def _render_run(r: dict[str, Any]) -> None:
 
 
 def _render_modules(r: dict[str, Any]) -> None:
-
+    """The names ``-t`` accepts, as plain aligned text: never cut (a rich table cut long class paths
+    to the terminal's width), so each line can be copied whole."""
     root = r["roots"][0]
-    table = rich_table(title=f"modules of {root['class']} (the first model called)", title_justify="left")
-    table.add_column("qualified name", no_wrap=True)
-    table.add_column("class")
-    for qualified, cls in root["modules"]:
-        table.add_row(qualified or "<root>", cls)
-    console.print(table)
-    console.print("capture one: modulelens run -t NAME_OR_CLASS -- CMD", highlight=False)
+    echo(f"modules of {root['class']} (the first model called)", bold=True)
+    rows = [[qualified or "<root>", cls] for qualified, cls in root["modules"]]
+    echo("\n".join(text_table(["qualified name", "class"], rows, fit=False)))
+    echo("capture one: modulelens run -t NAME_OR_CLASS -- CMD ('*' crosses dots; --depth N limits it)")
 
 
 @command(app, "demo")

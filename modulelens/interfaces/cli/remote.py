@@ -8,9 +8,10 @@ import typer
 
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
+from modulelens.interfaces._errors import wandb_errors
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
-from modulelens.interfaces.output import console, emit
+from modulelens.interfaces.output import console, emit, steps
 
 app = typer.Typer()
 
@@ -42,11 +43,15 @@ def push_cmd(
     if to.startswith("wandb://"):
         from modulelens.repo.wandb_registry import push_to_wandb
 
-        result = push_to_wandb(session.open_repo(repo), ref, to)
+        with wandb_errors(), steps(not as_json) as step:
+            step(f"logging {ref} as a W&B artifact into {to}")
+            result = push_to_wandb(session.open_repo(repo), ref, to)
         emit("push", as_json, result, lambda r: console.print(
             f"logged {r['artifact']}" + (" and linked it" if r["linked"] else f" offline into {r['run_dir']}")))
         return
-    report = session.open_repo(repo).push(ref, session.open_repo(to, create=True), aliases=aliases)
+    with steps(not as_json) as step:
+        step(f"copying {ref} to {to} (only the payloads it lacks)")
+        report = session.open_repo(repo).push(ref, session.open_repo(to, create=True), aliases=aliases)
     emit("push", as_json, report.to_dict(), _render)
 
 
@@ -65,8 +70,12 @@ def pull_cmd(
     if source.startswith("wandb://"):
         from modulelens.repo.wandb_registry import pull_from_wandb
 
-        info = pull_from_wandb(f"{source}:{ref}", session.open_repo(repo, create=True))
+        with wandb_errors(), steps(not as_json) as step:
+            step(f"downloading {source}:{ref} from W&B")
+            info = pull_from_wandb(f"{source}:{ref}", session.open_repo(repo, create=True))
         emit("pull", as_json, info.to_dict(), lambda r: console.print(f"pulled {r['ref']}"))
         return
-    report = session.open_repo(repo, create=True).pull(session.open_repo(source), ref, aliases=aliases)
+    with steps(not as_json) as step:
+        step(f"copying {ref} from {source} (only the payloads this repo lacks)")
+        report = session.open_repo(repo, create=True).pull(session.open_repo(source), ref, aliases=aliases)
     emit("pull", as_json, report.to_dict(), _render)

@@ -11,7 +11,7 @@ from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt, TrustOpt
-from modulelens.interfaces.output import console, emit, rich_table
+from modulelens.interfaces.output import console, emit, rich_table, steps
 
 app = typer.Typer()
 
@@ -45,20 +45,24 @@ def profile_cmd(
     from modulelens.tools.profile import profile
     from modulelens.tools.timing import TimingConfig
 
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
     sizes = session.parse_int_list(batch_sizes, "--batch-sizes", positive=True)
-    report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
-                     timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
-                     top=top, store=store)
+    with steps(not as_json) as step:
+        step(f"loading {ref}: importing torch and the module's code, rebuilding it")
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
+        report = profile(capture, call=call, backward=backward, compile=compile_backend if compile_ else False,
+                         timing=TimingConfig(warmup=warmup, iters=iters), batch_sizes=sizes, plot=plot, trace=trace,
+                         top=top, store=store, progress=step)
 
     emit("profile", as_json, report.to_dict(), _render_profile)
 
 
 def _render_profile(r: dict[str, Any]) -> None:
     """The profile report as rich tables."""
+    from rich.markup import escape
+
     lat = r["latency"]
     compiled = f", torch.compile({r['compiled']})" if r["compiled"] else ""
-    console.print(f"[bold]profile {r['ref']}[/bold] call {r['call_index']} on {r['device']}"
+    console.print(f"[bold]profile {escape(r['ref'])}[/bold] call {r['call_index']} on {r['device']}"
                   f"{' ' + r['dtype'] if r['dtype'] else ''} — {r['mode']}{compiled}")
     table = rich_table(show_header=False)
     table.add_column("metric")
@@ -84,7 +88,7 @@ def _render_profile(r: dict[str, Any]) -> None:
     for col in ("operator", "calls/iter", "self ms", "total ms", "%"):
         ops.add_column(col)
     for op in r["top_ops"]:
-        ops.add_row(op["name"], f"{op['calls_per_iter']:g}", f"{op['self_ms_per_iter']:.4g}",
+        ops.add_row(escape(op["name"]), f"{op['calls_per_iter']:g}", f"{op['self_ms_per_iter']:.4g}",
                     f"{op['total_ms_per_iter']:.4g}", f"{op['percent']:.1f}")
     console.print(ops)
     if r["batch_sweep"]:
@@ -100,9 +104,9 @@ def _render_profile(r: dict[str, Any]) -> None:
         console.print(sweep)
     for label, key in (("plot", "plot"), ("trace", "trace"), ("report", "report_path")):
         if r.get(key):
-            console.print(f"{label}: {r[key]}")
+            console.print(f"{label}: {escape(r[key])}", highlight=False, soft_wrap=True)
     for note in r["notes"]:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}", highlight=False)
 
 
 # ------------------------------------------------------------------------------------- verify
@@ -130,18 +134,25 @@ def verify_cmd(
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
-    capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
-    report = verify(capture, candidate, rtol=rtol, atol=atol,
-                    timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
-                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+    with steps(not as_json) as step:
+        step(f"loading {ref}: importing torch and the module's code, rebuilding it")
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
+        step(f"running {candidate} on the {len(capture.calls)} recorded call(s)"
+             + (f" and timing it against the original ({iters} iterations each)" if timing else ""))
+        report = verify(capture, candidate, rtol=rtol, atol=atol,
+                        timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
+                        mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
 
     def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
+
         style = "green" if r["passed"] else "red"
         tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
-        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {r['candidate']} "
-                      f"(built with {r['built_with']}) against {r['ref']} on {r['device']} ({tolerance})")
+        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['candidate'])} "
+                      f"(built with {r['built_with']}) against {escape(r['ref'])} on {r['device']} ({tolerance})",
+                      highlight=False)
         if r["error"]:
-            console.print(f"[red]{r['error']}[/red]")
+            console.print(f"[red]{escape(r['error'])}[/red]")
         if r["calls"]:
             table = rich_table()
             for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
@@ -154,11 +165,11 @@ def verify_cmd(
             console.print(table)
         for line in r["failures"]:
             if line != r["error"]:
-                console.print(f"  [red]✗[/red] {line}", highlight=False)
+                console.print(f"  [red]✗[/red] {escape(line)}", highlight=False)
         if r["speedup"] is not None:
             console.print(f"speedup: {r['speedup']:.2f}x (reference median / candidate median)")
         for note in r["notes"]:
-            console.print(f"note: {note}")
+            console.print(f"note: {escape(note)}", highlight=False)
 
     emit("verify", as_json, report.to_dict(), render)
     if not report.passed:
@@ -184,21 +195,27 @@ def diff_cmd(
     """Differences between two captures: constructor, weights, input statistics, outputs of B on A's inputs."""
     from modulelens.tools.diff import diff
 
-    first = session.load_capture(a, repo, device=device, trust_source=trust_source)
-    second = session.load_capture(b, repo, device=device, trust_source=trust_source)
-    report = diff(first, second, device=device, outputs=outputs, rtol=rtol, atol=atol)
+    with steps(not as_json) as step:
+        step(f"loading {a}: importing torch and the module's code, rebuilding it")
+        first = session.load_capture(a, repo, device=device, trust_source=trust_source)
+        step(f"loading {b}")
+        second = session.load_capture(b, repo, device=device, trust_source=trust_source)
+        step("comparing constructor arguments, weights and inputs" + (f"; running {b} on {a}'s inputs" if outputs else ""))
+        report = diff(first, second, device=device, outputs=outputs, rtol=rtol, atol=atol)
 
     def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
+
         s = r["summary"]
-        console.print(f"[bold]diff {r['a']} -> {r['b']}[/bold]")
+        console.print(f"[bold]diff {escape(r['a'])} -> {escape(r['b'])}[/bold]", highlight=False)
         if s["class_changed"]:
-            console.print(f"class: {r['class_a']} -> {r['class_b']}")
+            console.print(f"class: {escape(r['class_a'])} -> {escape(r['class_b'])}", highlight=False)
         if r["constructor"]:
             table = rich_table(title="constructor arguments")
             for col in ("argument", "A", "B"):
                 table.add_column(col)
             for c in r["constructor"]:
-                table.add_row(c["argument"], c["a"], c["b"])
+                table.add_row(escape(c["argument"]), escape(c["a"]), escape(c["b"]))
             console.print(table)
         else:
             console.print("constructor arguments: identical")
@@ -213,7 +230,7 @@ def diff_cmd(
                 if t["shape_a"] and t["shape_b"] and t["shape_a"] != t["shape_b"]:
                     shape = f"{t['shape_a']} → {t['shape_b']}"
                 kind = "" if t["kind"] == "parameter" else f" ({t['kind']})"
-                table.add_row(t["name"] + kind, t["status"], shape, _num(t["max_abs_diff"]), _num(t["rel_norm"]))
+                table.add_row(escape(t["name"]) + kind, t["status"], shape, _num(t["max_abs_diff"]), _num(t["rel_norm"]))
             console.print(table)
         same = sum(t["status"] == "same" for t in r["tensors"])
         console.print(f"{same}/{s['tensors']} tensors identical")
@@ -224,22 +241,22 @@ def diff_cmd(
             for row in r["inputs"]:
                 da, db = row["a"] or {}, row["b"] or {}
                 if "mean" not in da and "mean" not in db:
-                    table.add_row(row["leaf"], f"{da.get('values')} → {db.get('values')}", "", "", "")
+                    table.add_row(escape(row["leaf"]), escape(f"{da.get('values')} → {db.get('values')}"), "", "", "")
                     continue
-                table.add_row(row["leaf"], *(f"{_num(da.get(k))} → {_num(db.get(k))}"
+                table.add_row(escape(row["leaf"]), *(f"{_num(da.get(k))} → {_num(db.get(k))}"
                                              for k in ("mean", "std", "min", "max")))
             console.print(table)
         if r["outputs"]:
-            table = rich_table(title=f"outputs: {r['b']} run on {r['a']}'s inputs vs {r['a']}'s recorded outputs")
+            table = rich_table(title=escape(f"outputs: {r['b']} run on {r['a']}'s inputs vs {r['a']}'s recorded outputs"))
             for col in ("call", "result", "max abs err", "max rel err", "mean abs err", "detail"):
                 table.add_column(col)
             for o in r["outputs"]:
                 worst = next((leaf for leaf in o["leaves"] if not leaf["passed"]), None)
                 table.add_row(str(o["index"]), "same" if o["same"] else "[yellow]differs[/yellow]",
                               _num(o["max_abs_error"]), _num(o["max_rel_error"]), _num(o["mean_abs_error"]),
-                              o["error"] or (f"{worst['path']}: {worst['message']}" if worst else ""))
+                              escape(o["error"] or (f"{worst['path']}: {worst['message']}" if worst else "")))
             console.print(table)
         for note in r["notes"]:
-            console.print(f"note: {note}")
+            console.print(f"note: {escape(note)}", highlight=False)
 
     emit("diff", as_json, report.to_dict(), render)
