@@ -1,6 +1,6 @@
 """Finding captures in a listing: filters by class, tag and age, and sort orders (``modulelens ls``).
 
-Everything here works on :class:`~modulelens.repo.local.VersionInfo`, which a listing builds from
+Everything here works on :class:`~modulelens.repo.VersionInfo`, which a listing builds from
 the per-name summaries: filtering and sorting read no capture file, so ``ls --class X`` on a repo
 of thousands of versions costs what ``ls`` costs.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from modulelens.errors import UsageError
 
 if TYPE_CHECKING:
-    from modulelens.repo.local import VersionInfo
+    from modulelens.repo import VersionInfo
 
 __all__ = ["SORT_KEYS", "VersionFilter", "parse_duration", "parse_since", "sort_versions"]
 
