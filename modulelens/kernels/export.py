@@ -21,6 +21,7 @@ data, render the two files (:mod:`.template`), write everything, and self-check.
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 import shlex
@@ -39,6 +40,7 @@ from safetensors.torch import save_file
 
 from modulelens.errors import KernelError, RestoreError, UnsupportedValueError, UsageError
 from modulelens.format.tensors import dtype_name, hash_bytes
+from modulelens.format.values import is_state_object, state_attributes
 from modulelens.kernels.exchange import load_tensors
 from modulelens.kernels.inline import ClassSource, inlined_class_source
 from modulelens.kernels.op_watch import OpCounter
@@ -58,6 +60,7 @@ from modulelens.restore.compare import compare, tolerance_table
 from modulelens.restore.loader import Capture, load
 from modulelens.restore.replay import call_context
 from modulelens.restore.source import built_from_stored_source
+from modulelens.tools.working_copy import working_module
 
 SCHEMA = "modulelens.kernelbench-problem/1"
 TEST_FILE = "test_modulelens.py"
@@ -151,7 +154,7 @@ def export_kernelbench(
     training = recorded_training if mode == "recorded" else mode == "train"
     tolerances = tolerance_table(data.output_dtypes or ["float32"], rtol, atol)
     reasons, precision = _compatibility(data.call_entries, data.weights)
-    notes = _notes(model, binding, mode, recorded_training, training)
+    notes = _notes(model, binding, data, mode, recorded_training, training)
     if training:
         rng_ops = _rng_ops(capture, positions[0], binding)
         if rng_ops:
@@ -263,8 +266,11 @@ def _collect_call(capture: Capture, position: int, binding: CallBinding, rendere
             leaves.append({"path": path, "kind": "tensor", "key": key, "shape": list(leaf.shape),
                            "dtype": dtype_name(leaf.dtype), "payload": capture.payload_of(leaf)})
         else:
-            leaves.append({"path": path, "kind": "value", "value": leaf if _plain(leaf) else repr(leaf)})
-    data.expected.append([{k: v for k, v in leaf.items() if k in ("path", "key", "value")} for leaf in leaves])
+            leaves.append({"path": path, "kind": "value", "value": leaf} if _plain(leaf) else
+                          {"path": path, "kind": "object", "type": type(leaf).__qualname__})
+    # None and objects (attention weights that were not computed, a cache) are not compared
+    data.expected.append([{k: v for k, v in leaf.items() if k in ("path", "key", "value")} for leaf in leaves
+                          if not _uncompared(leaf)])
     arguments = [_describe_arg(name, value, renderer.tensor_key, capture.payload_of)
                  for name, value in zip(binding.names, binding.positional[position], strict=True)]
     data.call_entries.append({"position": position, "index": call.index, "state": call.state_index,
@@ -273,28 +279,41 @@ def _collect_call(capture: Capture, position: int, binding: CallBinding, rendere
 
 
 def _rng_ops(capture: Capture, position: int, binding: CallBinding) -> list[str]:
-    """Random aten ops (dropout, bernoulli, ...) one training-mode forward of the module runs."""
+    """Random aten ops (dropout, bernoulli, ...) that make a training-mode forward of the module
+    differ from run to run: ops tagged random (``OpCounter``) whose output does change with the
+    seed (``scaled_dot_product_attention`` is tagged, but with ``dropout_p=0`` it is not random)."""
     call = capture.calls[position]
-    module = capture.use_state(call.state_index)
-    was_training = module.training
-    positional = list(binding.positional[position])
-    n = len(positional) - len(binding.kw_names)
+    module = working_module(capture, call.state_index, private=True)  # a training forward may change buffers
+
+    def run(seed: int) -> list[Any]:
+        # a cache argument is updated in place by forward: run on a copy, the capture keeps what it recorded
+        positional = [copy.deepcopy(v) if is_state_object(v) else v for v in binding.positional[position]]
+        n = len(positional) - len(binding.kw_names)
+        with torch.random.fork_rng(devices=[]), call_context(call, torch.device("cpu")), torch.no_grad():
+            torch.manual_seed(seed)
+            out = module(*positional[:n], **dict(zip(binding.kw_names, positional[n:], strict=True)))
+        return [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+
+    module.train(True)
     counter = OpCounter()
-    try:
-        module.train(True)
-        with call_context(call, torch.device("cpu")), torch.no_grad(), counter:
-            module(*positional[:n], **dict(zip(binding.kw_names, positional[n:], strict=True)))
-    finally:
-        module.train(was_training)
-    return counter.random_ops()
+    with counter:
+        first = run(0)
+    ops = counter.random_ops()
+    if ops and all(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) for a, b in zip(first, run(1), strict=True)):
+        return []
+    return ops
 
 
-def _notes(model: _ModelSource, binding: CallBinding, mode: str, recorded_training: bool, training: bool) -> list[str]:
+def _notes(model: _ModelSource, binding: CallBinding, data: _Data, mode: str, recorded_training: bool,
+           training: bool) -> list[str]:
     notes = list(model.source.notes)
     required = model.renderer.required_modules | model.source.imports
     if required:
         notes.append("problem.py imports " + ", ".join(sorted(required)) + ": they must be installed where the problem runs")
     notes.extend(binding.notes)
+    if _unwrapped_output(data.call_entries):
+        notes.append("the module returns one output tensor with None or objects (a cache) beside it; Model.forward "
+                     "returns only the tensor (KernelBench compares one tensor); None and objects are not compared")
     if mode != "recorded" and training != recorded_training:
         notes.append(f"the calls were recorded in {'training' if recorded_training else 'eval'} mode; Model is put in "
                      f"{'training' if training else 'eval'} mode as asked (--{mode}), so outputs may differ from the "
@@ -335,19 +354,46 @@ def _init_body(model: _ModelSource, binding: CallBinding, training: bool) -> tup
     return "\n".join(body), plain_init
 
 
-def _forward_text(binding: CallBinding, class_short: str) -> str:
-    """``Model.forward`` taking keyword arguments by position (KernelBench passes ``*get_inputs()``).
+def _forward_text(binding: CallBinding, class_short: str, copied: set[int], unwrap: bool) -> str:
+    """``Model.forward`` taking keyword arguments by position (KernelBench passes ``*get_inputs()``),
+    and working on copies of state arguments (``copied``: a transformers cache, which forward updates
+    in place; KernelBench passes the same inputs to ``Model`` and then ``ModelNew``).
+
+    With ``unwrap`` it returns the one tensor of an output whose other values are ``None`` (an
+    attention's ``(output, None)``): KernelBench compares exactly one output tensor.
 
     Parameter names are the recorded ones when they are plain identifiers, else ``arg<N>``: a
     ``**kwargs`` key comes from the capture, and reaches the module as ``**{'key': arg<N>}``."""
-    if not binding.kw_names:
+    if not binding.kw_names and not copied and not unwrap:
         return ""
     params = _parameter_names(binding.names)
+    passed = [f"copy.deepcopy({p})" if i in copied else p for i, p in enumerate(params)]
     n = len(binding.names) - len(binding.kw_names)
-    call_args = params[:n] + keyword_arguments(zip(binding.kw_names, params[n:], strict=True), "keyword argument")
+    call_args = passed[:n] + keyword_arguments(zip(binding.kw_names, passed[n:], strict=True), "keyword argument")
+    what = [*(["its keyword arguments taken by position"] if binding.kw_names else []),
+            *(["copies of its state arguments (updated in place)"] if copied else []),
+            *(["only the tensor of its output (the rest is None)"] if unwrap else [])]
+    call = f"super().forward({', '.join(call_args)})"
     return (f"\n    def forward(self, {', '.join(params)}):\n"
-            f'        """{comment_text(class_short)}.forward with its keyword arguments taken by position."""\n'
-            f"        return super().forward({', '.join(call_args)})\n")
+            f'        """{comment_text(class_short)}.forward with {", ".join(what)}."""\n'
+            f"        return {f'_ml_only_tensor({call})' if unwrap else call}\n")
+
+
+def _uncompared(leaf: dict[str, Any]) -> bool:
+    """An output value that is not compared: ``None``, or an object that is not plain data (a cache)."""
+    return leaf["kind"] == "object" or (leaf["kind"] == "value" and leaf.get("value") is None)
+
+
+def _unwrapped_output(call_entries: list[dict[str, Any]]) -> bool:
+    """Whether every exported call returned one tensor inside a container whose other values are None."""
+    return all(len([leaf for leaf in e["outputs"] if leaf["kind"] == "tensor"]) == 1
+               and all(leaf["kind"] == "tensor" or _uncompared(leaf) for leaf in e["outputs"])
+               and len(e["outputs"]) > 1 for e in call_entries)
+
+
+def _state_arguments(binding: CallBinding) -> set[int]:
+    """Positions of arguments that are state objects (a transformers cache) in any exported call."""
+    return {i for values in binding.positional.values() for i, v in enumerate(values) if is_state_object(v)}
 
 
 def _parameter_names(names: list[str]) -> list[str]:
@@ -371,6 +417,12 @@ def _render_files(capture: Capture, binding: CallBinding, model: _ModelSource, d
         header.append("import importlib")
     if model.renderer.uses_functools:
         header.append("import functools")
+    copied = _state_arguments(binding)
+    if copied:
+        header.append("import copy")
+    unwrap = _unwrapped_output(data.call_entries)
+    if unwrap:
+        model.renderer.helpers.add("_ml_only_tensor")
     header += [f"\n\n{HELPERS[name]}\n" for name in sorted(model.renderer.helpers)]
     data_dir_literal = literal(str(data_dir), "the data folder")
     problem_text = fill(PROBLEM, {
@@ -383,7 +435,7 @@ def _render_files(capture: Capture, binding: CallBinding, model: _ModelSource, d
         + (source.code if source.origin == "inlined"
            else f"# {comment_text(capture.module_class)} is imported, not inlined\n"),
         "CLASS_EXPR": source.class_expr, "CLASS_SHORT": comment_text(class_short), "INIT_BODY": init_body,
-        "FORWARD": _forward_text(binding, class_short),
+        "FORWARD": _forward_text(binding, class_short, copied, unwrap),
         "INIT_INPUTS": literal(binding.init_inputs, "constructor arguments") if model.plain_init else "[]",
         "CALLS": "\n".join(data.call_exprs),
     })
@@ -475,7 +527,7 @@ def _describe_arg(name: str, value: Any, key_of: Callable[[torch.Tensor], str | 
     if isinstance(value, torch.Tensor):
         return {"name": name, "kind": "tensor", "shape": list(value.shape), "dtype": dtype_name(value.dtype),
                 "key": key_of(value), "payload": payload_of(value)}
-    leaves = pytree.tree_leaves(value)
+    leaves = _leaves(value)
     if any(isinstance(v, torch.Tensor) for v in leaves):
         return {"name": name, "kind": type(value).__name__, "tensors": [
             {"shape": list(v.shape), "dtype": dtype_name(v.dtype), "key": key_of(v), "payload": payload_of(v)}
@@ -501,6 +553,14 @@ def _commands(capture: Capture, store: Repo, directory: Path) -> dict[str, str]:
     }
 
 
+def _leaves(value: Any) -> list[Any]:
+    """The leaves of a call argument, looking inside state objects (a cache's tensors)."""
+    leaves = []
+    for leaf in pytree.tree_leaves(value):
+        leaves.extend(_leaves(list(state_attributes(leaf).values())) if is_state_object(leaf) else [leaf])
+    return leaves
+
+
 def _default_root() -> Path:
     from modulelens.repo.local import default_repo_path
 
@@ -518,6 +578,7 @@ def _plain(value: Any) -> bool:
 
 def _describe_outputs(leaves: list[dict[str, Any]]) -> str:
     parts = [f"{leaf['path']} {leaf['dtype']}{leaf['shape']}" if leaf["kind"] == "tensor"
+             else f"{leaf['path']}: a {leaf['type']} (not compared)" if leaf["kind"] == "object"
              else f"{leaf['path']} = {leaf['value']!r}" for leaf in leaves]
     return "; ".join(parts) if parts else "nothing (None)"
 
@@ -538,9 +599,9 @@ def _compatibility(call_entries: list[dict[str, Any]], weights: dict[str, torch.
             elif "tensors" in argument:
                 reasons.append(f"argument {argument['name']!r} holds tensors inside a {argument['kind']}: KernelBench "
                                "moves and casts only top-level tensor arguments")
-        leaves = entry["outputs"]
+        leaves = [leaf for leaf in entry["outputs"] if not _uncompared(leaf)]  # Model drops them (_forward_text)
         tensor_leaves = [leaf for leaf in leaves if leaf["kind"] == "tensor"]
-        if len(leaves) != 1 or len(tensor_leaves) != 1 or leaves[0]["path"] != "output":
+        if len(leaves) != 1 or len(tensor_leaves) != 1:
             what = ("no tensor" if not tensor_leaves else f"{len(tensor_leaves)} tensors") + (
                 f" and {len(leaves) - len(tensor_leaves)} other value(s)" if len(leaves) > len(tensor_leaves) else "")
             reasons.append(f"call {entry['index']} returns {what}: KernelBench compares exactly one output tensor")
@@ -599,7 +660,8 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
         result["error"] = f"{ran['error'].splitlines()[0]} (during {ran.get('phase')})"
     ok = not ran.get("error") and len(ran["calls"]) == len(expected)
     for i, flat in enumerate(ran["calls"]):
-        got = [got_tensors[leaf["key"]] if "key" in leaf else leaf.get("value") for leaf in flat["leaves"]]
+        got = [got_tensors[leaf["key"]] if "key" in leaf else leaf.get("value") for leaf in flat["leaves"]
+               if "key" in leaf or not _uncompared_value(leaf.get("value"))]
         want = [outputs[leaf["key"]] if "key" in leaf else leaf.get("value") for leaf in expected[i]]
         worst = 0.0
         passed = len(got) == len(want)
@@ -613,6 +675,11 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
         ok = ok and passed
     result["reproduces_recorded_outputs"] = ok
     return result
+
+
+def _uncompared_value(value: Any) -> bool:
+    """None, or an object the worker could only describe (``{"repr": ...}``): not compared."""
+    return value is None or (isinstance(value, dict) and "repr" in value)
 
 
 def _json_or_none(path: Path) -> Any:

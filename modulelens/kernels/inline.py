@@ -21,9 +21,11 @@ from modulelens.errors import KernelError, UnsupportedValueError
 from modulelens.kernels.render import comment_text, dotted, literal
 from modulelens.restore.source_slice import bound_names, needed_statements
 
-RESERVED = {"Model", "get_inputs", "get_init_inputs", "get_benchmark_config", "DATA_DIR", "_Captured", "_ML_CALLS"}
+RESERVED = {"Model", "get_inputs", "get_init_inputs", "get_benchmark_config", "DATA_DIR", "_Captured", "_ML_CALLS",
+            "_MLModule", "_ml_module"}
 _SAFE_REBINDS = {  # names the template uses; the module may bind them only to the same thing
-    "json": ("json",), "os": ("os",), "Path": ("pathlib.Path",), "torch": ("torch",), "nn": ("torch.nn",),
+    "json": ("json",), "os": ("os",), "sys": ("sys",), "Path": ("pathlib.Path",), "torch": ("torch",),
+    "nn": ("torch.nn",),
 }
 
 
@@ -96,6 +98,10 @@ def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inli
     if not inline:
         fallback.notes.append("the class is imported (not inlined), so its module must be importable")
         return fallback
+    if text is None and _reads_its_own_module(cls):
+        fallback.notes.append(f"{qualname} is a transformers PreTrainedModel, which reads its own module file and type "
+                              "hints when it is defined, so it cannot be defined from inlined text; it is imported")
+        return fallback
     origin = f"<stored with the capture: {module_name}>"
     package = module_name.rpartition(".")[0] if module_name != "__main__" else None
     if text is None:
@@ -122,6 +128,13 @@ def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inli
         isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names)
         for s in statements)
     return source
+
+
+def _reads_its_own_module(cls: type) -> bool:
+    """A transformers ``PreTrainedModel`` subclass: defining one runs ``inspect.getsource`` and
+    ``typing.get_type_hints`` on it, which need the real module it lives in."""
+    return any(base.__name__ == "PreTrainedModel" and base.__module__ == "transformers.modeling_utils"
+               for base in cls.__mro__)
 
 
 def _join_statements(statements: list[ast.stmt], lines: list[str], package: str | None) -> ClassSource:

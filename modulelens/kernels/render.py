@@ -31,6 +31,7 @@ import importlib
 import keyword
 import math
 import string
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 from modulelens.errors import RestoreError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.imports import parse_import_path, resolve_import
 from modulelens.format.transformers_codecs import CODEC_NAME as CONFIG_CODEC
+from modulelens.format.values import import_path, is_state_object, state_attributes
 from modulelens.restore.loader import Capture
 
 _COMMENT_ALPHABET = frozenset(string.ascii_letters + string.digits + " _.,:;/-+*=<>()[]{}@#%&!?|~^$")
@@ -52,6 +54,19 @@ def _ml_dataclass(cls, init, later):
     value = cls(**init)
     for name, field_value in later.items():
         object.__setattr__(value, name, field_value)
+    return value
+'''.strip("\n"),
+    "_ml_only_tensor": '''
+def _ml_only_tensor(output):
+    """The one tensor of a forward's output whose other values are None or objects (KernelBench compares one tensor)."""
+    return next(v for v in torch.utils._pytree.tree_leaves(output) if isinstance(v, torch.Tensor))
+'''.strip("\n"),
+    "_ml_state": '''
+def _ml_state(cls, attributes):
+    """An object rebuilt from its recorded attributes without running __init__ (as modulelens restores
+    state objects such as transformers caches)."""
+    value = cls.__new__(cls)
+    value.__dict__.update(attributes)
     return value
 '''.strip("\n"),
 }
@@ -377,6 +392,13 @@ class SourceRenderer:
         if type(value) is dict:
             return "{" + ", ".join(f"{literal(k, key)}: {self.value(v, f'{key}.{k}', tensors)}"
                                    for k, v in value.items()) + "}"
+        if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            return self.import_expr(import_path(value))
+        if is_state_object(value):  # e.g. a transformers cache: rebuilt from its attributes, as load does
+            self.helpers.add("_ml_state")
+            attributes = ", ".join(f"{literal(k, key)}: {self.value(v, f'{key}.{k}', tensors)}"
+                                   for k, v in state_attributes(value).items())
+            return f"_ml_state({self.import_expr(import_path(type(value)), 'class')}, {{{attributes}}})"
         raise UnsupportedValueError(f"{key}: a {type(value).__module__}.{type(value).__qualname__} argument cannot be "
                                     "written into a KernelBench problem")
 
