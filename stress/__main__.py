@@ -22,6 +22,7 @@ import torch
 
 from stress.fuzz import fuzz_rows
 from stress.hostile import hostile_capture_row, hostile_repo_row
+from stress.hostile_export import hostile_export_row
 from stress.repo_ops import kill_row, race_row, rm_race_row
 from stress.storage import storage_row
 from stress.table import Row, render
@@ -42,6 +43,7 @@ def run(quick: bool, seed: int) -> list[Row]:
         *fuzz_rows(tmp, 500 if quick else 5000, 60 if quick else 500, seed),
         hostile_capture_row(tmp),
         hostile_repo_row(tmp),
+        hostile_export_row(tmp, payload_count=1 if quick else None),
         storage_row(tmp, ("disk full", "permission denied"), ("api",)) if quick else storage_row(tmp),
     ]
     return rows

@@ -300,8 +300,10 @@ def _export_api(repo: modulelens.Repo, ref: str, out: Path) -> dict[str, Any]:
     return export_kernelbench(ref, out, repo=repo).manifest
 
 
-def run_case(case: Case, text: str, repo: modulelens.Repo, work: Path, tally: Tally, label: str) -> None:
-    """Make the case's capture, export it through the API and the MCP tool, and tally what happened."""
+def run_case(case: Case, text: str, repo: modulelens.Repo, work: Path, tally: Tally, label: str,
+             ways: tuple[str, ...] = ("api", "mcp")) -> None:
+    """Make the case's capture, export it through the API and the MCP tool (``ways``), and tally
+    what happened."""
     outside = work / "outside"
     marker = outside / "marker"
     try:
@@ -312,6 +314,8 @@ def run_case(case: Case, text: str, repo: modulelens.Repo, work: Path, tally: Ta
         tally.notes.append(f"{label}: not captured ({type(error).__name__})")
         return
     for how, export in (("api", _export_api), ("mcp", _export_mcp)):
+        if how not in ways:
+            continue
         tally.tried += 1
         out = work / f"problem-{tally.tried}"
         before = set(os.listdir(os.getcwd()))
@@ -349,29 +353,31 @@ def run_case(case: Case, text: str, repo: modulelens.Repo, work: Path, tally: Ta
         shutil.rmtree(out, ignore_errors=True)
 
 
-def run_all(work: Path) -> Tally:
-    """Every case with every payload string."""
+def run_all(work: Path, payload_count: int | None = None) -> Tally:
+    """Every case with every payload string (the first ``payload_count`` of them)."""
     tally = Tally()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     repo = modulelens.Repo(work / "repo")
     for case in CASES:
-        for kind, text in payloads(work / "outside" / "marker"):
+        for kind, text in payloads(work / "outside" / "marker")[:payload_count]:
             run_case(case, text, repo, work, tally, f"{case.label} / {kind}")
     return tally
 
 
-def hostile_export_row(tmp: Path) -> Any:
-    """The stress row: hostile captures through export and the MCP export tool."""
+def hostile_export_row(tmp: Path, payload_count: int | None = None) -> Any:
+    """The stress row: hostile captures through export and the MCP export tool (``payload_count``
+    payload strings per field; all of them by default)."""
     from stress.table import Row
 
     start = time.perf_counter()
     work = tmp / "hostile-export"
     with contextlib.chdir(tmp):
-        tally = run_all(work)
+        tally = run_all(work, payload_count)
     row = Row("hostile captures through export / MCP export")
     row.tried, row.survived, row.executed = tally.tried, tally.survived, tally.executed
     row.wrong = tally.wrong + tally.outside + tally.tracebacks
-    row.notes = [f"{len(CASES)} string fields x {len(payloads(work))} payloads, export API + MCP tool: "
+    shown = len(payloads(work)[:payload_count])
+    row.notes = [f"{len(CASES)} string fields x {shown} payloads, export API + MCP tool: "
                  f"{tally.executed} executed, {tally.outside} written outside, {tally.wrong} wrong, "
                  f"{tally.tracebacks} unrelated tracebacks", *tally.notes]
     row.seconds = time.perf_counter() - start
