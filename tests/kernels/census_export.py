@@ -65,19 +65,27 @@ def shrunk_config(model_type: str) -> Any:
     return transformers.AutoConfig.for_model(model_type, **overrides)
 
 
+_MLP = ("mlp", "feed_forward", "feedforward", "ffn", "intermediate", "denserelu", "experts")
+_ATTENTION = ("attn", "attention")
+
+
 def targets(model: Any) -> list[str]:
-    """The first layer of the model's first layer list, and its MLP and attention children."""
+    """The first layer of the model's first layer list, then its first MLP-like and first
+    attention-like descendant (by name or class name, nearest first)."""
     import torch
 
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) and name.rpartition(".")[2] in LAYER_LISTS:
             layer = f"{name}.0"
             found = [layer]
-            for child, _ in module[0].named_children():
-                low = child.lower()
-                if any(k in low for k in ("mlp", "feed_forward", "ffn")) or any(k in low for k in ("attn", "attention")):
-                    found.append(f"{layer}.{child}")
-            return found[:4]
+            inside = sorted(module[0].named_modules(), key=lambda item: item[0].count("."))
+            for words in (_MLP, _ATTENTION):
+                for child, sub in inside:
+                    label = f"{child.rpartition('.')[2]} {type(sub).__name__}".lower()
+                    if child and any(w in label for w in words):
+                        found.append(f"{layer}.{child}")
+                        break
+            return found
     return []
 
 
@@ -100,6 +108,7 @@ def run_architecture(model_type: str, mode: str, work: Path) -> dict[str, Any]:
             model = transformers.AutoModel.from_config(config)
         model.train(mode == "train")
         names = targets(model)
+        row["targets"] = names
         if not names:
             row["skipped"] = "no layer list"
             return row
