@@ -109,6 +109,7 @@ def export_kernelbench(
     rtol: float | None = None,
     atol: float | None = None,
     mode: str = "recorded",
+    progress: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """Write a KernelBench/KernelAgent problem folder for capture ``ref`` into ``out_dir``.
 
@@ -127,6 +128,8 @@ def export_kernelbench(
         atol: overrides the per-dtype absolute tolerance.
         mode: ``"recorded"`` (the calls' own training flag), ``"eval"`` or ``"train"``: the mode
             ``Model`` is put in.
+        progress: called with a one-line description of each step as it starts (the CLI shows it
+            on a terminal).
 
     Returns:
         An :class:`ExportResult` (the folder and the manifest).
@@ -143,12 +146,14 @@ def export_kernelbench(
     """
     if mode not in MODES:
         raise UsageError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    say = progress or (lambda step: None)
     capture, store = _open(ref, repo)
     directory = _prepare_directory(Path(out_dir).expanduser().absolute(), overwrite)
+    say(f"reading the source of {capture.module_class.rpartition(':')[2]} and the recorded calls")
     left_out: list[dict[str, Any]] = []
     positions = select_calls(capture, calls, max_calls, same_state=True, left_out=left_out)
     binding = bind_calls(capture, positions)
-    model = _model_source(capture, inline)
+    model = _model_source(capture, inline, binding)
     data = _collect_data(capture, positions, binding, model.renderer)
     recorded_training = capture.calls[positions[0]].training
     training = recorded_training if mode == "recorded" else mode == "train"
@@ -162,6 +167,7 @@ def export_kernelbench(
                            "RNG changes its outputs from run to run, so KernelBench's correctness check fails even for the reference "
                            "(export with --eval to compare deterministic outputs)")
     data_dir = directory / "data"
+    say(f"writing {directory}")
     _write_data(data_dir, data, model.renderer, capture.ref)
     problem_text, test_text, signature = _render_files(capture, binding, model, data, tolerances, data_dir, training)
     (directory / "problem.py").write_text(problem_text)
@@ -169,6 +175,7 @@ def export_kernelbench(
     manifest = _manifest(capture, store, directory, binding, model, data, left_out, tolerances, reasons, precision,
                          notes, signature, training, mode)
     if check:
+        say("self-check: running problem.py in a separate process")
         manifest["self_check"] = check_problem(directory / "problem.py", data.outputs, data.expected, tolerances)
     for path in sorted([directory / "problem.py", directory / TEST_FILE, *data_dir.iterdir()]):
         manifest["files"][str(path.relative_to(directory))] = hash_bytes(path.read_bytes())
@@ -196,7 +203,7 @@ def _prepare_directory(directory: Path, overwrite: bool) -> Path:
     return directory
 
 
-def _model_source(capture: Capture, inline: bool) -> _ModelSource:
+def _model_source(capture: Capture, inline: bool, binding: CallBinding) -> _ModelSource:
     """The class source (resolved as ``load`` resolves it) and the constructor call as Python."""
     construction = construction_record(capture)
     if construction is None:
@@ -213,6 +220,9 @@ def _model_source(capture: Capture, inline: bool) -> _ModelSource:
         probe.encoded(a, f"constructor argument {i}")
     for k, v in construction["kwargs"].items():
         probe.encoded(v, f"constructor argument {k!a}")
+    for values in binding.positional.values():  # call inputs too: a cache class of the module's own
+        for value, name in zip(values, binding.names, strict=True):
+            probe.value(value, name, {})
     stored = capture.stored_source(module_name) if from_source else None
     source = inlined_class_source(cls, probe.needed_names, inline=inline, module_name=module_name, text=stored)
     renderer = SourceRenderer(capture, source.module if source.origin == "inlined" else None)

@@ -74,10 +74,13 @@ def export_cmd(
 
     if format != "kernelbench":
         raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
-    capture = session.load_capture(ref, repo, trust_source=trust_source)
-    result = export_kernelbench(capture, output, repo=capture.repo, calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
-                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
-                                mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+    with _status(as_json) as step:
+        step(f"loading {ref}")
+        capture = session.load_capture(ref, repo, trust_source=trust_source)
+        result = export_kernelbench(capture, output, repo=capture.repo, calls=session.parse_int_list(calls, "--calls"),
+                                    max_calls=max_calls, inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
+                                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"),
+                                    progress=step)
     emit("export", as_json, result.to_dict(), _render_export)
 
 
