@@ -322,8 +322,9 @@ def _notes(model: _ModelSource, binding: CallBinding, data: _Data, mode: str, re
         notes.append("problem.py imports " + ", ".join(sorted(required)) + ": they must be installed where the problem runs")
     notes.extend(binding.notes)
     if _unwrapped_output(data.call_entries):
-        notes.append("the module returns one output tensor with None or objects (a cache) beside it; Model.forward "
-                     "returns only the tensor (KernelBench compares one tensor); None and objects are not compared")
+        notes.append("the module returns one output tensor inside a container (a tuple, or with None or objects such as a "
+                     "cache beside it); Model.forward returns only the tensor (KernelBench compares one tensor); None and "
+                     "objects are not compared")
     if mode != "recorded" and training != recorded_training:
         notes.append(f"the calls were recorded in {'training' if recorded_training else 'eval'} mode; Model is put in "
                      f"{'training' if training else 'eval'} mode as asked (--{mode}), so outputs may differ from the "
@@ -395,10 +396,11 @@ def _uncompared(leaf: dict[str, Any]) -> bool:
 
 
 def _unwrapped_output(call_entries: list[dict[str, Any]]) -> bool:
-    """Whether every exported call returned one tensor inside a container whose other values are None."""
+    """Whether every exported call returned one tensor inside a container (a 1-tuple, or beside
+    values that are not compared: None, a cache)."""
     return all(len([leaf for leaf in e["outputs"] if leaf["kind"] == "tensor"]) == 1
                and all(leaf["kind"] == "tensor" or _uncompared(leaf) for leaf in e["outputs"])
-               and len(e["outputs"]) > 1 for e in call_entries)
+               and (len(e["outputs"]) > 1 or e["outputs"][0]["path"] != "output") for e in call_entries)
 
 
 def _state_arguments(binding: CallBinding) -> set[int]:
