@@ -276,7 +276,7 @@ def _collect_call(capture: Capture, position: int, binding: CallBinding, rendere
             leaves.append({"path": path, "kind": "tensor", "key": key, "shape": list(leaf.shape),
                            "dtype": dtype_name(leaf.dtype), "payload": capture.payload_of(leaf)})
         else:
-            leaves.append({"path": path, "kind": "value", "value": leaf} if _plain(leaf) else
+            leaves.append({"path": path, "kind": "value", "value": leaf} if _is_literal(leaf) else
                           {"path": path, "kind": "object", "type": type(leaf).__qualname__})
     # None and objects (attention weights that were not computed, a cache) are not compared
     data.expected.append([{k: v for k, v in leaf.items() if k in ("path", "key", "value")} for leaf in leaves
@@ -579,7 +579,7 @@ def _default_root() -> Path:
     return default_repo_path().expanduser().absolute()
 
 
-def _plain(value: Any) -> bool:
+def _is_literal(value: Any) -> bool:
     """Whether ``value`` can be written as a literal into the generated test."""
     try:
         literal(value, "")

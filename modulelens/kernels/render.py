@@ -169,6 +169,11 @@ def _dtype(name: Any, what: str) -> str:
     raise UnsupportedValueError(f"{what}: {_shown(name)} is not a torch dtype")
 
 
+def _dict_text(items: list[tuple[Any, str]], where: str) -> str:
+    """``{'key': expression, ...}`` with literal keys."""
+    return "{" + ", ".join(f"{literal(k, where)}: {e}" for k, e in items) + "}"
+
+
 def _items(data: Any, what: str) -> list[list[Any]]:
     """The ``[key, value]`` pairs of an encoded dict (``{"$type": "dict", "items": [...]}``)."""
     if isinstance(data, dict) and data.get("$type") == "dict" and isinstance(data.get("items"), list):
@@ -316,8 +321,7 @@ class SourceRenderer:
         if not later:
             return f"{cls_expr}({', '.join(keyword_arguments(first, where))})"
         self.helpers.add("_ml_dataclass")
-        as_dict = lambda items: "{" + ", ".join(f"{literal(k, where)}: {e}" for k, e in items) + "}"  # noqa: E731
-        return f"_ml_dataclass({cls_expr}, {as_dict(first)}, {as_dict(later)})"
+        return f"_ml_dataclass({cls_expr}, {_dict_text(first, where)}, {_dict_text(later, where)})"
 
     def _bare(self, path: str) -> bool:
         return self.inline_module is not None and path.partition(":")[0] == self.inline_module

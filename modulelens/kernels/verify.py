@@ -627,14 +627,15 @@ def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]
         rows.append(row)
     speedups = [s for s in speedups if math.isfinite(s) and s > 0]
     geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+    spread = timing_stats(speedups, 0) if speedups else {}
     noise = timing_noise(compared)
     report["timing"] = {
         "measured": True, "method": "cuda_event", "l2_flush_bytes": info.get("l2_flush_bytes"),
         "warmup": report["settings"]["warmup"], "trials": report["settings"]["trials"],
         "end_event_after_device_synchronize": True, "samples": rows,
         "speedup_geomean": geomean, "speedup_samples": len(speedups),
-        "speedup_p10": _quantile(speedups, 10), "speedup_median": _quantile(speedups, 50),
-        "speedup_p90": _quantile(speedups, 90),
+        "speedup_p10": spread.get("p10_ms"), "speedup_median": spread.get("median_ms"),
+        "speedup_p90": spread.get("p90_ms"),  # of the per-sample speedups (timing_stats names them _ms)
         "trusted": not noise, "noise": noise,
     }
     if noise:
@@ -646,6 +647,3 @@ def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]
             f"speedup above {SPEEDUP_REVIEW:g}x on {len(flagged)} sample(s) (geometric mean "
             f"{geomean if geomean is None else round(geomean, 2)}): check for skipped work before trusting it")
 
-
-def _quantile(values: list[float], q: float) -> float | None:
-    return timing_stats(values, 0)[{10: "p10_ms", 50: "median_ms", 90: "p90_ms"}[int(q)]] if values else None
