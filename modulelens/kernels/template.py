@@ -71,7 +71,11 @@ def _ml_load_weights(module, path=None):
     own.update(module.named_buffers(remove_duplicate=False))
     with torch.no_grad():
         for name, value in tensors.items():
-            own[name].copy_(value)
+            if name in own:
+                own[name].copy_(value)
+            else:  # a buffer its parent registered after construction (Falcon-H1's mamba.mup_vector)
+                owner, _, leaf = name.rpartition(".")
+                module.get_submodule(owner).register_buffer(leaf, value.clone(), persistent=False)
 
 
 # Classes look their module up in sys.modules (typing.get_type_hints in transformers' PreTrainedModel,
