@@ -22,6 +22,7 @@ import torch
 
 from stress.fuzz import fuzz_rows
 from stress.hostile import hostile_capture_row, hostile_repo_row
+from stress.hostile_export import hostile_export_row
 from stress.hostile_terminal import hostile_terminal_row
 from stress.hostile_trust import hostile_trust_row
 from stress.hostile_ui import hostile_ui_row
@@ -48,6 +49,7 @@ def run(quick: bool, seed: int) -> list[Row]:
         hostile_trust_row(tmp),
         hostile_ui_row(tmp, quick),
         hostile_terminal_row(tmp, colour=not quick),
+        hostile_export_row(tmp, payload_count=1 if quick else None),
         storage_row(tmp, ("disk full", "permission denied"), ("api",)) if quick else storage_row(tmp),
     ]
     return rows

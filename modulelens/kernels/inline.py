@@ -17,12 +17,15 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 
-from modulelens.errors import KernelError
+from modulelens.errors import KernelError, UnsupportedValueError
+from modulelens.kernels.render import comment_text, dotted, literal
 from modulelens.restore.source_slice import bound_names, needed_statements
 
-RESERVED = {"Model", "get_inputs", "get_init_inputs", "get_benchmark_config", "DATA_DIR", "_Captured", "_ML_CALLS"}
+RESERVED = {"Model", "get_inputs", "get_init_inputs", "get_benchmark_config", "DATA_DIR", "_Captured", "_ML_CALLS",
+            "_MLModule", "_ml_module"}
 _SAFE_REBINDS = {  # names the template uses; the module may bind them only to the same thing
-    "json": ("json",), "os": ("os",), "Path": ("pathlib.Path",), "torch": ("torch",), "nn": ("torch.nn",),
+    "json": ("json",), "os": ("os",), "sys": ("sys",), "Path": ("pathlib.Path",), "torch": ("torch",),
+    "nn": ("torch.nn",),
 }
 
 
@@ -40,6 +43,14 @@ class ClassSource:
     imports: set[str] = field(default_factory=set)  # top-level packages the inlined code imports
 
 
+def _checked_name(name: str, what: str) -> str:
+    """A dotted name that generated code may spell (a capture names it: docs/security.md)."""
+    try:
+        return dotted(name, what)
+    except UnsupportedValueError as error:
+        raise KernelError(f"cannot write the class into a problem file: {error}") from None
+
+
 def _segment(lines: list[str], node: ast.stmt) -> str:
     start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     return "".join(lines[start - 1:node.end_lineno])
@@ -48,7 +59,10 @@ def _segment(lines: list[str], node: ast.stmt) -> str:
 def _absolute_import(node: ast.ImportFrom, package: str | None) -> str:
     module = node.module or ""
     if node.level:
-        module = importlib.util.resolve_name("." * node.level + module, package)
+        try:
+            module = _checked_name(importlib.util.resolve_name("." * node.level + module, package), "a relative import")
+        except (ImportError, ValueError) as error:
+            raise KernelError(f"a relative import of the class's module cannot be made absolute ({error})") from None
     names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
     return f"from {module} import {names}\n"
 
@@ -72,16 +86,21 @@ def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inli
     Raises:
         ModulelensError: the inlined code binds a name the problem file reserves.
     """
-    module_name = module_name or cls.__module__
-    qualname = cls.__qualname__
+    module_name = _checked_name(module_name or cls.__module__, "the class's module")
+    qualname = _checked_name(cls.__qualname__, "the class's name")
     if module_name == "torch" or module_name.startswith("torch."):
         for public in ("torch.nn",):
             if getattr(importlib.import_module(public), cls.__name__, None) is cls:
                 return ClassSource("imported", f"{public}.{cls.__name__}", module=module_name)
         return ClassSource("imported", f"{module_name}.{qualname}", module=module_name)
-    fallback = ClassSource("imported", f"importlib.import_module({module_name!r}).{qualname}", module=module_name)
+    fallback = ClassSource("imported", f"importlib.import_module({literal(module_name, 'module')}).{qualname}",
+                           module=module_name)
     if not inline:
         fallback.notes.append("the class is imported (not inlined), so its module must be importable")
+        return fallback
+    if text is None and _reads_its_own_module(cls):
+        fallback.notes.append(f"{qualname} is a transformers PreTrainedModel, which reads its own module file and type "
+                              "hints when it is defined, so it cannot be defined from inlined text; it is imported")
         return fallback
     origin = f"<stored with the capture: {module_name}>"
     package = module_name.rpartition(".")[0] if module_name != "__main__" else None
@@ -102,13 +121,20 @@ def inlined_class_source(cls: type, extra_names: set[str] | None = None, *, inli
     include = set(needed_statements(text, f"<{module_name}>", {qualname, *(extra_names or ())}))
     _check_reserved(statements, include, module_name)
     source = _join_statements([statements[i] for i in sorted(include)], text.splitlines(keepends=True), package)
-    source.code = f"# from {module_name} ({origin})\n" + source.code
+    source.code = f"# from {comment_text(module_name)} ({comment_text(origin)})\n" + source.code
     source.class_expr = qualname
     source.module = module_name
     source.future_annotations = any(
         isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names)
         for s in statements)
     return source
+
+
+def _reads_its_own_module(cls: type) -> bool:
+    """A transformers ``PreTrainedModel`` subclass: defining one runs ``inspect.getsource`` and
+    ``typing.get_type_hints`` on it, which need the real module it lives in."""
+    return any(base.__name__ == "PreTrainedModel" and base.__module__ == "transformers.modeling_utils"
+               for base in cls.__mro__)
 
 
 def _join_statements(statements: list[ast.stmt], lines: list[str], package: str | None) -> ClassSource:

@@ -234,14 +234,24 @@ def init_inputs(capture: Capture) -> list[Any]:
     construction = construction_record(capture)
     if construction is None or not _plain(construction["args"]):
         return []
-    arguments = capture.init_arguments
-    return list(arguments[0]) if arguments is not None else []
+    # read from the record itself: decoding every constructor argument (Capture.init_arguments)
+    # would build the keyword arguments too, which a problem file writes out instead
+    return [_plain_value(a) for a in construction["args"]]
 
 
 def construction_record(capture: Capture) -> dict[str, Any] | None:
     """The recorded constructor entry (typed JSON: ``class``, ``args``, ``kwargs``) of the captured module."""
     mid = capture.metadata["module"].get("construction")
     return capture.metadata.get("constructions", {}).get(mid) if mid else None
+
+
+def _plain_value(data: Any) -> Any:
+    """A recorded plain value (see :func:`_plain`) as Python: tuples are ``{"$type": "tuple"}``."""
+    if isinstance(data, list):
+        return [_plain_value(v) for v in data]
+    if isinstance(data, dict):
+        return tuple(_plain_value(v) for v in data["items"])
+    return data
 
 
 def _plain(values: Any) -> bool:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +43,37 @@ def worker_env(device: str, *, candidate: bool) -> dict[str, str]:
     return env
 
 
-def run_isolated(command: list[str], *, env: dict[str, str], cwd: Path, timeout: float, logs: Path) -> dict[str, Any]:
+def run_isolated(command: list[str], *, env: dict[str, str], cwd: Path, timeout: float, logs: Path,
+                 poll: Callable[[], None] | None = None, poll_every: float = 0.5) -> dict[str, Any]:
     """Run one worker in its own process group; kill the whole group on timeout (and afterwards).
+
+    ``poll`` (e.g. a progress display reading the worker's progress file) is called every
+    ``poll_every`` seconds while the worker runs.
 
     Returns:
         ``returncode``, ``timed_out``, ``seconds``, and the tails of stdout/stderr (kept in ``logs``).
     """
     logs.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    deadline = start + timeout
     timed_out = False
     with open(logs / "stdout.txt", "wb") as out, open(logs / "stderr.txt", "wb") as err:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                    start_new_session=True)
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            code = process.wait()
+        while True:
+            left = deadline - time.perf_counter()
+            try:
+                code = process.wait(timeout=max(min(left, poll_every) if poll is not None else left, 0.0))
+                break
+            except subprocess.TimeoutExpired:
+                if time.perf_counter() < deadline and poll is not None:
+                    poll()
+                    continue
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                code = process.wait()
+                break
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)  # anything the candidate left behind
     return {"returncode": code, "timed_out": timed_out, "seconds": round(time.perf_counter() - start, 3),

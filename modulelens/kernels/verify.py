@@ -31,7 +31,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo import Repo
 from modulelens.restore.compare import compare, default_tolerance, tolerance_table
 from modulelens.restore.loader import Capture, load
-from modulelens.tools.timing import TimingConfig
+from modulelens.tools.timing import TimingConfig, compare_timings, timing_noise, timing_stats
 
 SCHEMA = "modulelens.kernel-verify/1"
 SPEEDUP_REVIEW = 10.0
@@ -130,6 +130,7 @@ def verify_kernel(
     timing: TimingConfig = KERNEL_TIMING,
     policy: CandidatePolicy = CandidatePolicy(),
     store: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> KernelReport:
     """Verify a kernel candidate file against capture ``ref`` and store the report.
 
@@ -144,6 +145,8 @@ def verify_kernel(
             required: reference and candidate are timed alike).
         policy: process timeouts and accepted static-check findings (:class:`CandidatePolicy`).
         store: store the report with the capture version.
+        progress: called with a one-line description of each step as it starts (the CLI shows it
+            as a status line on a terminal); the candidate's step names the sample it runs.
 
     Returns:
         A :class:`KernelReport` (``passed``, ``failures``, the JSON report in ``data``).
@@ -169,13 +172,16 @@ def verify_kernel(
     else:
         store_repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
         capture = load(ref, repo=store_repo)
+    say = progress or _silent
     source, origin = read_candidate(candidate)
     positions = select_calls(capture, checks.calls, checks.max_calls, same_state=False)
     output_dtypes = _output_dtypes(capture, positions)
+    say("static check of the candidate")
     static = check_source(source, ReferenceInfo(capture.module_class, set(output_dtypes)), allow=policy.allow)
     settings = _Settings(device=device or ("cuda" if torch.cuda.is_available() else "cpu"), entry=entry,
                          checks=checks, warmup=timing.warmup, trials=timing.iters, policy=policy,
-                         backend=static.backend, candidate_home=Path(candidate).expanduser().absolute().parent)
+                         backend=static.backend, candidate_home=Path(candidate).expanduser().absolute().parent,
+                         progress=say)
     report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings)
     for finding in static.errors:
         report["failures"].append(f"static check: {finding.rule} (line {finding.line}): {finding.message}")
@@ -189,6 +195,7 @@ def verify_kernel(
             report["notes"].append(f"work directory kept at {workdir}")
     report["passed"] = not report["failures"] and report["correctness"].get("passed", False)
     if store:
+        say("storing the report")
         path = store_repo.add_report(capture.ref, "kernel", report)
         report["report_path"] = str(path)
     return KernelReport(report)
@@ -206,6 +213,7 @@ class _Settings:
     policy: CandidatePolicy
     backend: str
     candidate_home: Path | None
+    progress: Callable[[str], None]
 
     @property
     def timing_on(self) -> bool:
@@ -245,6 +253,10 @@ def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str
     }
 
 
+def _silent(step: str) -> None:
+    """The default ``progress``: nothing shown."""
+
+
 def _triton_version() -> str | None:
     try:
         from importlib.metadata import version
@@ -261,6 +273,7 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
         return
     data_dir, problem_data = _candidate_data(workdir, info)
     result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
+    settings.progress("comparing the candidate's outputs with the recorded and reference outputs")
     _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
     _runtime_checks(report, result)
     _torch_ops_check(report, result, settings.policy.allow_torch_ops)
@@ -283,6 +296,10 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
         "calls": positions, "max_calls": len(positions),
         "random": settings.checks.random_samples, "seed": settings.checks.seed, "device": settings.device,
         "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
+    checks = settings.checks
+    settings.progress(f"reference process: rebuilding {capture.module_class.rpartition(':')[2]}, running "
+                      f"{len(positions)} recorded call(s) and {checks.random_samples} random input(s)"
+                      + (" and timing them" if settings.timing_on else ""))
     run = run_isolated([sys.executable, "-m", "modulelens.kernels.worker_reference", str(spec_path)],
                        env=worker_env(settings.device, candidate=False), cwd=Path.cwd(),
                        timeout=settings.policy.reference_seconds, logs=workdir / "reference-logs")
@@ -348,7 +365,9 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
         env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
     command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
                str(_CANDIDATE_WORKER), str(spec_path)]
-    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.policy.timeout, logs=workdir / "candidate-logs")
+    settings.progress("candidate process: starting")
+    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.policy.timeout, logs=workdir / "candidate-logs",
+                       poll=lambda: settings.progress(_candidate_step(cand_out)))
     report["runtime"]["candidate_process"] = dict(run)
     progress = _json_or_none(cand_out / "progress.json") or {}
     result = _json_or_none(cand_out / "candidate.json")
@@ -364,6 +383,13 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
     result = result or {"samples": [], "checks": {}}
     _note_load(report, result)
     return result, outputs
+
+
+def _candidate_step(cand_out: Path) -> str:
+    """What the candidate process is doing, from the progress file it writes."""
+    progress = _json_or_none(cand_out / "progress.json") or {}
+    phase = {"call": "running", "timing": "timing"}.get(progress.get("phase", ""), progress.get("phase", "starting"))
+    return f"candidate process: {phase}" + (f" {progress['sample']}" if progress.get("sample") else "")
 
 
 def _note_load(report: dict[str, Any], result: dict[str, Any]) -> None:
@@ -415,6 +441,10 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rto
     results = []
     all_ok = True
     loose_ok = True
+    # None and objects (attention weights not computed, a cache) are not compared: an exported Model
+    # returns only the tensor of an (output, None) pair (kernels/export.py)
+    want = [(path, w) for path, w in want if _compared(w)]
+    got = [(path, g) for path, g in got if _compared(g)]
     if len(want) != len(got):
         results.append({"path": "output", "passed": False, "kind": "structure",
                         "message": f"{len(got)} output value(s), expected {len(want)}"})
@@ -443,6 +473,13 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rto
         results.append(data)
         all_ok = all_ok and leaf.passed
     return results, all_ok, loose_ok
+
+
+def _compared(value: Any) -> bool:
+    """An output leaf that is compared: a tensor or plain data (not None, not an object or the
+    ``{"repr": ...}`` a worker writes for one)."""
+    return isinstance(value, (torch.Tensor, bool, int, float, str)) or (
+        isinstance(value, (list, dict)) and not (isinstance(value, dict) and "repr" in value))
 
 
 def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, Any], expected: dict[str, torch.Tensor],
@@ -569,30 +606,44 @@ def _runtime_checks(report: dict[str, Any], result: dict[str, Any]) -> None:
 
 
 def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]) -> None:
+    """Per sample: reference and candidate p10/median/p90, the speedup of the medians and its range;
+    overall: the geometric mean over passing samples, and whether the timings can be trusted (the
+    noise rule of tools/timing.py, docs/kernels.md "Timing and noise")."""
     rows = []
+    compared: list[tuple[str, Any, dict[str, Any]]] = []
     speedups = []
     ran = {s["id"]: s for s in result.get("samples", [])}
     for sample, entry in zip(info["samples"], report["samples"], strict=True):
         ref_t = sample.get("reference", {}).get("timing")
         cand_t = ran.get(sample["id"], {}).get("timing")
-        row = {"sample": sample["id"], "reference": ref_t, "candidate": cand_t, "speedup": None}
-        if ref_t and cand_t and cand_t["mean_ms"] > 0:
-            row["speedup"] = ref_t["mean_ms"] / cand_t["mean_ms"]
-            row["speedup_median"] = ref_t["median_ms"] / cand_t["median_ms"] if cand_t["median_ms"] > 0 else None
+        row: dict[str, Any] = {"sample": sample["id"], "shapes": sample.get("shapes"), "reference": ref_t,
+                               "candidate": cand_t, "speedup": None}
+        if ref_t and cand_t and "p10_ms" in ref_t and "p10_ms" in cand_t:
+            row.update(compare_timings(ref_t, cand_t))
             entry["timing"] = row
+            compared.append((sample["id"], sample.get("shapes"), row))
             if entry.get("passed"):
                 speedups.append(row["speedup"])
         rows.append(row)
+    speedups = [s for s in speedups if math.isfinite(s) and s > 0]
     geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+    spread = timing_stats(speedups, 0) if speedups else {}
+    noise = timing_noise(compared)
     report["timing"] = {
         "measured": True, "method": "cuda_event", "l2_flush_bytes": info.get("l2_flush_bytes"),
         "warmup": report["settings"]["warmup"], "trials": report["settings"]["trials"],
         "end_event_after_device_synchronize": True, "samples": rows,
         "speedup_geomean": geomean, "speedup_samples": len(speedups),
+        "speedup_p10": spread.get("p10_ms"), "speedup_median": spread.get("median_ms"),
+        "speedup_p90": spread.get("p90_ms"),  # of the per-sample speedups (timing_stats names them _ms)
+        "trusted": not noise, "noise": noise,
     }
+    if noise:
+        report["notes"].append("timings too noisy to trust: " + noise[0] + (f" (and {len(noise) - 1} more)" if len(noise) > 1 else ""))
     flagged = [r for r in rows if r["speedup"] is not None and r["speedup"] > SPEEDUP_REVIEW]
     if flagged or (geomean is not None and geomean > SPEEDUP_REVIEW):
         report["review_required"] = True
         report["review_reasons"].append(
             f"speedup above {SPEEDUP_REVIEW:g}x on {len(flagged)} sample(s) (geometric mean "
             f"{geomean if geomean is None else round(geomean, 2)}): check for skipped work before trusting it")
+

@@ -304,9 +304,12 @@ class _CandidateRun:
             if "output" not in record:
                 continue
             self.progress("timing", sample["id"])
+            if isinstance(self.model, torch.nn.Module):
+                self.model.train(sample["training"])
             _, run = self.prepare(sample)
             try:
-                record["timing"] = self.timer.time(run, self.spec["warmup"], self.spec["trials"])
+                with torch.no_grad():  # as the reference is timed (worker_reference.py)
+                    record["timing"] = self.timer.time(run, self.spec["warmup"], self.spec["trials"])
             except BaseException as error:
                 record["timing_error"] = error_text(error)
         self.check_environment("timing")

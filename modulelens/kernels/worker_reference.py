@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from modulelens.kernels.exchange import encode_arg, error_text, flatten_output, same_bits, save_tensors, to_device, write_json
 from modulelens.kernels.problems import CallBinding, bind_calls, select_calls
@@ -54,6 +55,7 @@ def run_reference(spec: dict[str, Any]) -> int:
         entry: dict[str, Any] = {"id": sample_id, "kind": kind, "position": position, "call_index": call.index,
                                  "state": call.state_index, "training": call.training,
                                  "args": [encode_arg(a, f"{prefix}.a{i}", inputs) for i, a in enumerate(args)],
+                                 "shapes": shape_key(args),
                                  "randomized": notes, "reference": {}}
         samples.append(entry)
         _run_sample(capture, binding, entry, args, prefix, expected, device, timer, spec)
@@ -134,6 +136,18 @@ def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], a
         entry["reference"]["error"] = error_text(error)
         if kind == "random":
             entry["skip"] = "the reference module raised on this input"
+
+
+def shape_key(args: list[Any]) -> str:
+    """The dtypes and shapes of a sample's tensors (and its other values): samples with equal keys do
+    the same work, so their timings must agree (the noise rule, tools/timing.py)."""
+    parts = []
+    for leaf in pytree.tree_leaves(args):
+        if isinstance(leaf, torch.Tensor):
+            parts.append(f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}")
+        else:
+            parts.append(repr(leaf)[:40])
+    return ", ".join(parts)
 
 
 def _state_tensors(capture: Capture, index: int) -> dict[str, torch.Tensor]:

@@ -56,6 +56,21 @@ def module_from_source(module_name: str, entry: dict[str, Any], text: str, wante
     return module
 
 
+def built_from_stored_source(cls: type) -> bool:
+    """Whether ``cls`` was defined by source stored with a capture (run by :func:`module_from_source`
+    after the user's trust was checked), rather than imported from installed code.
+
+    The kernel exporter inlines a class's stored source into ``problem.py`` only when this holds, so a
+    capture's text reaches generated code exactly when the user let it run on load.
+
+    Example::
+
+        built_from_stored_source(cap.module_type)   # True for a trusted __main__ class
+    """
+    home = sys.modules.get(getattr(cls, "__module__", None) or "")
+    return home is not None and any(home is module for module in _EXECUTED.values())
+
+
 def lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> Any:
     """``qualname`` in a module built from stored source; a class defined in a function is
     re-created from its own stored text (runs code: callers check trust first)."""

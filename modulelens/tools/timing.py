@@ -7,7 +7,12 @@ so the wall clock around the call is the kernel time plus Python overhead).
 
 :class:`CudaTimer` is the stricter loop of ``kernel verify``: an L2 flush before each trial and the
 end event recorded after a device-wide synchronize. The kernel candidate worker loads this file by
-path before it runs any candidate code, so it imports nothing from modulelens at module level.
+path before it runs any candidate code, so it imports nothing from modulelens at module level
+(``tests/kernels/test_worker_helpers.py`` keeps it so).
+
+:func:`compare_timings` turns a reference and a candidate series into a speedup with its spread, and
+:func:`timing_noise` says when a set of them is too noisy to trust (the rule is in docs/kernels.md,
+"Timing and noise").
 """
 
 from __future__ import annotations
@@ -140,6 +145,62 @@ def time_iterations(
     return timing
 
 
+def time_pair(
+    reference: Callable[[], Any],
+    candidate: Callable[[], Any],
+    device: torch.device,
+    config: TimingConfig = TimingConfig(),
+) -> tuple[Timing, Timing]:
+    """Time two steps that do the same work, interleaved: one iteration of each in turn (the order
+    alternating), so that a machine whose speed drifts -- other jobs on a shared CPU, clocks, a
+    warming GPU -- slows both alike. Timing all of one, then all of the other, reported speedups of
+    0.6x to 2.2x for identical code on a shared 2-core machine (and 112x in a notebook, issue 23).
+
+    Example::
+
+        ref, cand = time_pair(lambda: original(x), lambda: rewrite(x), torch.device("cpu"))
+        print(ref.median_ms / cand.median_ms)
+    """
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    warmup = max(config.warmup, 1)
+    start = time.perf_counter()
+    for _ in range(warmup):
+        reference()
+        candidate()
+    sync()
+    per_pair = (time.perf_counter() - start) / warmup
+    iters = config.iters
+    if iters is None:
+        iters = int(min(max(config.target_seconds / max(per_pair, 1e-7), config.min_iters), config.max_iters))
+    method = ("CUDA events around each iteration" if cuda
+              else f"time.perf_counter around each iteration ({device.type}, synchronous)") + ", interleaved"
+    timings = {"reference": Timing(warmup=warmup, method=method), "candidate": Timing(warmup=warmup, method=method)}
+    steps = {"reference": reference, "candidate": candidate}
+    events: list[tuple[str, Any, Any]] = []
+    for i in range(max(int(iters), 1)):
+        for name in (("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")):
+            if cuda:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                steps[name]()
+                end.record()
+                events.append((name, begin, end))
+            else:
+                t0 = time.perf_counter()
+                steps[name]()
+                timings[name].samples_ms.append((time.perf_counter() - t0) * 1e3)
+    sync()
+    for name, begin, end in events:
+        timings[name].samples_ms.append(begin.elapsed_time(end))
+    return timings["reference"], timings["candidate"]
+
+
+def timing_summary(timing: Timing) -> dict[str, Any]:
+    """:func:`timing_stats` of a :class:`Timing` (the form :func:`compare_timings` takes)."""
+    return timing_stats(timing.samples_ms, timing.warmup)
+
+
 class CudaTimer:
     """CUDA-event timing with an L2 flush before every trial (``kernel verify``).
 
@@ -179,8 +240,26 @@ class CudaTimer:
         return timing_stats(times, warmup)
 
 
+# The noise rule (docs/kernels.md, "Timing and noise"): a timed series whose middle 80% is wider
+# than a quarter of its median, or samples with the same shapes whose speedups differ by more than
+# 1.5x, make the speedups too noisy to trust (issue 23: 22.6x and 1.14x reported for one shape).
+NOISY_SPREAD = 0.25
+SAME_SHAPES_AGREEMENT = 1.5
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """The ``q``-th percentile of sorted values, interpolated linearly (numpy's default)."""
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
 def timing_stats(times_ms: list[float], warmup: int) -> dict[str, Any]:
-    """Mean, median, sample std, min, max (ms) of a list of trial times.
+    """Median, p10, p90, mean, sample std, min, max (ms) of a list of trial times, and the
+    ``spread``: ``(p90 - p10) / median``.
 
     Example::
 
@@ -189,7 +268,57 @@ def timing_stats(times_ms: list[float], warmup: int) -> dict[str, Any]:
     ordered = sorted(times_ms)
     n = len(ordered)
     mean = sum(ordered) / n
-    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    median = _percentile(ordered, 50)
+    p10, p90 = _percentile(ordered, 10), _percentile(ordered, 90)
     std = math.sqrt(sum((t - mean) ** 2 for t in ordered) / (n - 1)) if n > 1 else 0.0
-    return {"mean_ms": mean, "median_ms": median, "std_ms": std, "min_ms": ordered[0], "max_ms": ordered[-1],
-            "trials": n, "warmup": warmup}
+    return {"median_ms": median, "p10_ms": p10, "p90_ms": p90, "mean_ms": mean, "std_ms": std, "min_ms": ordered[0],
+            "max_ms": ordered[-1], "spread": (p90 - p10) / median if median > 0 else math.inf, "trials": n,
+            "warmup": warmup}
+
+
+def compare_timings(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+    """The speedup of ``candidate`` over ``reference`` (two :func:`timing_stats`) with its spread.
+
+    Returns:
+        ``speedup`` (reference median / candidate median), ``speedup_low`` (reference p10 /
+        candidate p90) and ``speedup_high`` (reference p90 / candidate p10): the range the middle 80%
+        of both series allow; ``noisy`` and ``noise`` (the reasons) by the :data:`NOISY_SPREAD` rule.
+
+    Example::
+
+        compare_timings(timing_stats([2.0] * 9, 1), timing_stats([1.0] * 9, 1))["speedup"]   # 2.0
+    """
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else math.inf
+
+    noise = [f"{side} times spread {stats['spread']:.0%} of their median (p10 {stats['p10_ms']:.4g} ms, "
+             f"p90 {stats['p90_ms']:.4g} ms; more than {NOISY_SPREAD:.0%} is too noisy)"
+             for side, stats in (("reference", reference), ("candidate", candidate)) if stats["spread"] > NOISY_SPREAD]
+    return {"speedup": ratio(reference["median_ms"], candidate["median_ms"]),
+            "speedup_low": ratio(reference["p10_ms"], candidate["p90_ms"]),
+            "speedup_high": ratio(reference["p90_ms"], candidate["p10_ms"]),
+            "noisy": bool(noise), "noise": noise}
+
+
+def timing_noise(rows: list[tuple[str, Any, dict[str, Any]]]) -> list[str]:
+    """Why a set of per-sample speedups is too noisy to trust (empty: it can be trusted).
+
+    Args:
+        rows: ``(sample label, shape key, compare_timings(...) result)``; samples with equal shape
+            keys do the same work, so their speedups must agree within :data:`SAME_SHAPES_AGREEMENT`.
+
+    Example::
+
+        timing_noise([("call 0", "f32[4,8]", a), ("random 0", "f32[4,8]", b)])   # [] or reasons
+    """
+    reasons = [f"{label}: {why}" for label, _, result in rows for why in result["noise"]]
+    groups: dict[Any, list[tuple[str, float]]] = {}
+    for label, shapes, result in rows:
+        if math.isfinite(result["speedup"]) and result["speedup"] > 0:
+            groups.setdefault(shapes, []).append((label, result["speedup"]))
+    for members in groups.values():
+        low, high = min(members, key=lambda m: m[1]), max(members, key=lambda m: m[1])
+        if high[1] / low[1] > SAME_SHAPES_AGREEMENT:
+            reasons.append(f"samples with the same shapes disagree: {high[0]} {high[1]:.3g}x, {low[0]} {low[1]:.3g}x "
+                           f"(more than {SAME_SHAPES_AGREEMENT:g}x apart)")
+    return reasons

@@ -24,7 +24,7 @@ from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import build_candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
-from modulelens.tools.timing import TimingConfig, time_iterations
+from modulelens.tools.timing import TimingConfig, compare_timings, time_pair, timing_noise, timing_summary
 from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
 
 if TYPE_CHECKING:
@@ -47,8 +47,9 @@ class CallVerification:
     mean_abs_error: float = 0.0
     max_rel_error: float = 0.0
     mean_rel_error: float = 0.0
-    reference_ms: float | None = None
+    reference_ms: float | None = None  # medians of the interleaved timed iterations
     candidate_ms: float | None = None
+    timing: dict[str, Any] | None = None  # compare_timings(): speedup range, p10/p90 of both, noise
 
     @property
     def speedup(self) -> float | None:
@@ -73,7 +74,7 @@ class CallVerification:
             "max_abs_error": self.max_abs_error, "mean_abs_error": self.mean_abs_error,
             "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error,
             "reference_ms": self.reference_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
-            "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
+            "timing": self.timing, "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
             "leaves": [leaf.to_dict() for leaf in self.leaves],
         })
 
@@ -94,6 +95,7 @@ class VerifyReport:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     report_path: str | None = None
+    timing_noise: list[str] = field(default_factory=list)  # why the timings cannot be trusted (tools/timing.py)
 
     @property
     def passed(self) -> bool:
@@ -118,7 +120,8 @@ class VerifyReport:
         return json_safe({
             "ref": self.ref, "candidate": self.candidate, "built_with": self.built_with, "passed": self.passed,
             "device": self.device, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
-            "speedup": self.speedup, "error": self.error, "state_mismatch": self.state_mismatch,
+            "speedup": self.speedup, "timing_trusted": not self.timing_noise, "timing_noise": self.timing_noise,
+            "error": self.error, "state_mismatch": self.state_mismatch,
             "failures": self.failures, "notes": self.notes, "calls": [c.to_dict() for c in self.calls],
         })
 
@@ -132,11 +135,14 @@ class VerifyReport:
             lines.append(f"  {self.error}")
         for c in self.calls:
             timing = f"  {c.speedup:.2f}x" if c.speedup else ""
+            if c.speedup and c.timing:
+                timing += f" ({c.timing['speedup_low']:.2f}-{c.timing['speedup_high']:.2f})"
             lines.append(f"  call {c.index}: {'pass' if c.passed else 'FAIL'}  max abs err {c.max_abs_error:.3g}"
                          f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{timing}")
             lines.extend(f"    {line.split(': ', 1)[1]}" for line in c.failures)
         if self.speedup:
-            lines.append(f"  speedup {self.speedup:.2f}x (reference time / candidate time)")
+            lines.append(f"  speedup {self.speedup:.2f}x (reference median / candidate median, timed interleaved)"
+                         + (" -- too noisy to trust (see the note)" if self.timing_noise else ""))
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -330,6 +336,10 @@ def verify(
     if cross_device:
         report.notes.append(f"recorded on {recorded_device_type(capture)}, run on {device.type}: "
                             "float32 tolerances widened for reordered reductions")
+    report.timing_noise = timing_noise([(f"call {c.index}", _shapes(capture.calls[c.call]), c.timing)
+                                        for c in report.calls if c.timing])
+    if report.timing_noise:
+        report.notes.append("timings too noisy to trust: " + "; ".join(report.timing_noise[:2]))
     if store:
         report.report_path = store_report(capture, "verify", report.to_dict())
     return report
@@ -385,12 +395,22 @@ def _run_call(
     ref_args, ref_kwargs = call.fresh_inputs(device, dtype)
     try:
         with call_context(call, device):
-            result.reference_ms = time_iterations(lambda: reference(*ref_args, **ref_kwargs), device, timing).median_ms
-            result.candidate_ms = time_iterations(lambda: module(*args, **kwargs), device, timing).median_ms
+            # interleaved, on inputs of their own: load on a shared machine hits both alike
+            ref_t, cand_t = time_pair(lambda: reference(*ref_args, **ref_kwargs), lambda: module(*args, **kwargs),
+                                      device, timing)
     except Exception as error:  # timing is a bonus; the verdict stands
         result.reference_ms = result.candidate_ms = None
         return f"timing call {call.index} failed: {type(error).__name__}: {error}"
+    result.reference_ms, result.candidate_ms = ref_t.median_ms, cand_t.median_ms
+    result.timing = json_safe({"reference": timing_summary(ref_t), "candidate": timing_summary(cand_t),
+                               **compare_timings(timing_summary(ref_t), timing_summary(cand_t))})
     return None
+
+
+def _shapes(call: Any) -> str:
+    """The dtypes and shapes of a call's tensor inputs: calls with equal ones do the same work."""
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+                     for t in pytree.tree_leaves(call.inputs) if isinstance(t, torch.Tensor))
 
 
 class _References:

@@ -54,8 +54,15 @@ def test_correct_triton_kernel_function_passes_and_is_stored(repo: str) -> None:
 
 @needs_triton
 def test_modelnew_with_keyword_only_argument_passes(repo: str) -> None:
-    report = verify_kernel("km/mlp", CANDIDATES / "linear_relu_modelnew.py", repo=repo, policy=CandidatePolicy(timeout=120))
+    steps: list[str] = []
+    report = verify_kernel("km/mlp", CANDIDATES / "linear_relu_modelnew.py", repo=repo, policy=CandidatePolicy(timeout=120),
+                           progress=steps.append)
     assert report.passed, report.failures
+    # the step that runs is told as it starts (the CLI shows it on a terminal, issue 23)
+    assert steps[0] == "static check of the candidate" and steps[-1] == "storing the report"
+    assert any(s.startswith("reference process: rebuilding LinearRelu, running 2 recorded call(s) and 5 random")
+               for s in steps)
+    assert "candidate process: starting" in steps and any("comparing" in s for s in steps)
     d = report.to_dict()
     assert d["candidate"]["entry"] == "ModelNew"
     assert sorted(d["checks"]["weights"]["loaded"]) == ["fc.bias", "fc.weight"]
@@ -295,20 +302,22 @@ def test_timing_summary_speedups_geomean_and_review_flag() -> None:
     stats = timing_stats([1.0, 2.0, 3.0, 4.0], warmup=2)
     assert stats["mean_ms"] == 2.5 and stats["median_ms"] == 2.5 and stats["trials"] == 4 and stats["warmup"] == 2
     assert abs(stats["std_ms"] - 1.2909944) < 1e-6
-    ref = {"mean_ms": 2.0, "median_ms": 2.0}
+    ref = timing_stats([2.0] * 5, 10)
     info = {"l2_flush_bytes": 1 << 27, "samples": [
-        {"id": "call 0", "reference": {"timing": ref}}, {"id": "random 0", "reference": {"timing": ref}},
-        {"id": "random 1", "reference": {"timing": ref}}]}
-    result = {"samples": [{"id": "call 0", "timing": {"mean_ms": 1.0, "median_ms": 1.0}},
-                          {"id": "random 0", "timing": {"mean_ms": 0.5, "median_ms": 0.5}},
-                          {"id": "random 1", "timing": {"mean_ms": 0.1, "median_ms": 0.1}}]}
-    report = {"settings": {"warmup": 10, "trials": 100}, "review_required": False, "review_reasons": [],
+        {"id": "call 0", "shapes": "float32[4]", "reference": {"timing": ref}},
+        {"id": "random 0", "shapes": "float32[8]", "reference": {"timing": ref}},
+        {"id": "random 1", "shapes": "float32[16]", "reference": {"timing": ref}}]}
+    result = {"samples": [{"id": "call 0", "timing": timing_stats([1.0] * 5, 10)},
+                          {"id": "random 0", "timing": timing_stats([0.5] * 5, 10)},
+                          {"id": "random 1", "timing": timing_stats([0.1] * 5, 10)}]}
+    report = {"settings": {"warmup": 10, "trials": 100}, "review_required": False, "review_reasons": [], "notes": [],
               "samples": [{"passed": True}, {"passed": True}, {"passed": False}]}
     _timing(report, info, result)
     timing = report["timing"]
     assert [row["speedup"] for row in timing["samples"]] == [2.0, 4.0, 20.0]
     assert timing["speedup_samples"] == 2 and abs(timing["speedup_geomean"] - 8 ** 0.5) < 1e-9  # passing samples only
     assert report["review_required"] and "above 10x on 1 sample" in report["review_reasons"][0]
+    assert timing["trusted"] is True  # steady series, each shape once (the noise rule: test_timing_noise.py)
 
 
 def test_random_inputs_keep_shapes_dtypes_and_index_structure() -> None:

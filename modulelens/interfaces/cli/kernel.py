@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -73,10 +74,13 @@ def export_cmd(
 
     if format != "kernelbench":
         raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
-    capture = session.load_capture(ref, repo, trust_source=trust_source)
-    result = export_kernelbench(capture, output, repo=capture.repo, calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls,
-                                inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
-                                mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+    with _status(as_json) as step:
+        step(f"loading {ref}")
+        capture = session.load_capture(ref, repo, trust_source=trust_source)
+        result = export_kernelbench(capture, output, repo=capture.repo, calls=session.parse_int_list(calls, "--calls"),
+                                    max_calls=max_calls, inline=inline, overwrite=force, check=check, rtol=rtol, atol=atol,
+                                    mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"),
+                                    progress=step)
     emit("export", as_json, result.to_dict(), _render_export)
 
 
@@ -146,12 +150,26 @@ def kernel_verify_cmd(
                           seed=seed, rtol=rtol, atol=atol)
     policy = CandidatePolicy(timeout=timeout, reference_timeout=reference_timeout, allow=allow or (),
                       allow_torch_ops=allow_torch_ops)
-    capture = session.load_capture(ref, repo, trust_source=trust_source)
-    report = verify_kernel(capture, candidate, repo=capture.repo, device=device, entry=entry, checks=checks,
-                           timing=TimingConfig(warmup=warmup, iters=trials), policy=policy, store=store)
+    with _status(as_json) as step:
+        step(f"loading {ref}")
+        capture = session.load_capture(ref, repo, trust_source=trust_source)
+        report = verify_kernel(capture, candidate, repo=capture.repo, device=device, entry=entry, checks=checks,
+                               timing=TimingConfig(warmup=warmup, iters=trials), policy=policy, store=store,
+                               progress=step)
     emit("kernel verify", as_json, report.to_dict(), render_kernel_report)
     if not report.passed:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _status(as_json: bool) -> Iterator[Callable[[str], None]]:
+    """A status line on stderr naming the step that runs (a terminal only: nothing with ``--json``
+    or when stderr is a file or a pipe)."""
+    if as_json or not err_console.is_terminal:
+        yield lambda step: None
+        return
+    with err_console.status("starting") as status:
+        yield lambda step: status.update(f"{step}…")
 
 
 def render_kernel_report(d: dict[str, Any]) -> None:
@@ -174,7 +192,7 @@ def render_kernel_report(d: dict[str, Any]) -> None:
     table = rich_table(title="samples")
     columns = ["sample", "kind", "result", "max abs err", "max rel err", "ok at 1e-3"]
     if by_sample:
-        columns += ["reference ms", "candidate ms", "speedup"]
+        columns += ["reference ms (p10-p90)", "candidate ms (p10-p90)", "speedup (range)"]
     columns.append("detail")
     for col in columns:
         table.add_column(col)
@@ -187,8 +205,9 @@ def render_kernel_report(d: dict[str, Any]) -> None:
                "-" if s.get("passes_at_1e-3") is None else ("yes" if s["passes_at_1e-3"] else "no")]
         if by_sample:
             t = by_sample.get(s["sample"], {})
-            row += [_num((t.get("reference") or {}).get("mean_ms")), _num((t.get("candidate") or {}).get("mean_ms")),
-                    _num(t.get("speedup"))]
+            row += [_spread(t.get("reference")), _spread(t.get("candidate")),
+                    f"{_num(t.get('speedup'))} ({_num(t.get('speedup_low'))}-{_num(t.get('speedup_high'))})"
+                    if t.get("speedup") is not None else "-"]
         row.append(detail if len(detail) <= 60 else detail[:57] + "...")
         table.add_row(*row)
     console.print(table)
@@ -196,7 +215,11 @@ def render_kernel_report(d: dict[str, Any]) -> None:
         console.print(f"[red]failure:[/red] {failure}", highlight=False, soft_wrap=True)
     if timing.get("measured"):
         console.print(f"speedup (geometric mean over {timing['speedup_samples']} passing samples): "
-                      f"{_num(timing['speedup_geomean'])}  [CUDA events, {timing['trials']} trials, L2 flushed]")
+                      f"{_num(timing['speedup_geomean'])}, per sample p10 {_num(timing.get('speedup_p10'))} / median "
+                      f"{_num(timing.get('speedup_median'))} / p90 {_num(timing.get('speedup_p90'))}  "
+                      f"[CUDA events, {timing['trials']} trials, L2 flushed]", highlight=False)
+        for reason in timing.get("noise", []):
+            console.print(f"[yellow]timings too noisy to trust:[/yellow] {reason}", highlight=False)
     else:
         console.print(f"timing: {timing.get('reason', 'not measured')}", highlight=False)
     if d.get("review_required"):
@@ -209,6 +232,13 @@ def render_kernel_report(d: dict[str, Any]) -> None:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if d.get("report_path"):
         console.print(f"report stored: {d['report_path']}", highlight=False)
+
+
+def _spread(stats: dict[str, Any] | None) -> str:
+    """``median (p10-p90)`` of one timed series, in ms."""
+    if not stats:
+        return "-"
+    return f"{_num(stats.get('median_ms'))} ({_num(stats.get('p10_ms'))}-{_num(stats.get('p90_ms'))})"
 
 
 # ------------------------------------------------------------------------------------- agent
