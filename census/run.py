@@ -1,0 +1,175 @@
+"""The census driver: per family one capturing process, then one fresh replaying process.
+
+Both run as subprocesses that append a JSON line per result (``census/worker.py``,
+``tests/support/fidelity_replay.py --jsonl``). When one dies (a crash in native code, a hang past
+the watchdog) the target or capture in flight is recorded as crashed and a new process goes on
+past it, so one bad target never hides the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from census import outcomes as oc
+from census.known import annotate
+from census.worker import SAVED
+
+ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = ROOT / "tests" / "support"
+REPLAY = SUPPORT / "fidelity_replay.py"
+WATCHDOG = 420  # seconds without a new result line before a worker is taken for hung (targets have 240 s)
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool = False
+    seed: int = 0
+    limits: tuple[tuple[str, int], ...] = ()  # family -> sample size in a full run
+    only: tuple[str, ...] = ()  # target names (all families)
+    nice: int = 0
+
+    def limit(self, family: str) -> int | None:
+        return dict(self.limits).get(family)
+
+
+def _env(extra_path: list[str]) -> dict[str, str]:
+    path = [str(ROOT), str(SUPPORT), *extra_path]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a process killed while writing it
+            pass
+    return records
+
+
+def _watch(command: list[str], env: dict[str, str], out: Path, log: Path, nice: int) -> int:
+    """Run ``command`` until it exits, or kill it when ``out`` stops growing for WATCHDOG seconds."""
+    prefix = ["nice", "-n", str(nice)] if nice else []
+    with log.open("ab") as errors:
+        process = subprocess.Popen(prefix + command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors)
+        last_size, last_change = -1, time.monotonic()
+        while process.poll() is None:
+            time.sleep(0.5)
+            size = out.stat().st_size if out.exists() else 0
+            if size != last_size:
+                last_size, last_change = size, time.monotonic()
+            elif time.monotonic() - last_change > WATCHDOG:
+                process.kill()
+                process.wait()
+                return -9
+    return process.returncode
+
+
+def _tail(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return "\n".join(text.strip().splitlines()[-6:])[-1500:]
+
+
+def capture_family(family: str, repo: Path, work: Path, options: Options) -> list[oc.Outcome]:
+    out, skip, log = work / f"{family}-capture.jsonl", work / f"{family}-skip.txt", work / f"{family}-capture.log"
+    command = [sys.executable, "-m", "census.worker", family, str(repo), str(out), "--seed", str(options.seed),
+               "--skip", str(skip)]
+    if options.quick:
+        command.append("--quick")
+    if options.limit(family) is not None:
+        command += ["--limit", str(options.limit(family))]
+    if options.only:
+        command += ["--only", ",".join(options.only)]
+    env = _env(_family_path(family, "capture"))
+    skip.write_text("")
+    results: list[oc.Outcome] = []
+    while True:
+        code = _watch([*command], env, out, log, options.nice)
+        records = _lines(out)
+        plan = next((r["plan"] for r in records if "plan" in r), None)
+        results = [oc.Outcome(**r["outcome"]) for r in records if "outcome" in r]
+        finished = {o.target for o in results}
+        started = [r["start"] for r in records if "start" in r]
+        crashed = [name for name in started if name not in finished]
+        if plan is None:  # the family itself failed to enumerate its targets
+            return [oc.Outcome(family, "(the family)", oc.BUILD, message=f"the worker exited {code}: {_tail(log)}")]
+        for name in crashed:
+            if not any(o.target == name and o.category == oc.CAPTURE_CRASH for o in results):
+                crash = oc.Outcome(family, name, oc.CAPTURE_CRASH, message=f"the worker exited {code}: {_tail(log)}")
+                with out.open("a") as handle:
+                    handle.write(json.dumps({"outcome": crash.to_json()}) + "\n")
+        done = finished | set(crashed)
+        if code == 0 or all(name in done for name in plan):
+            return [oc.Outcome(**r["outcome"]) for r in _lines(out) if "outcome" in r]
+        skip.write_text("\n".join(sorted(done)))
+
+
+def replay_family(family: str, repo: Path, work: Path, saved: list[oc.Outcome], options: Options) -> list[oc.Outcome]:
+    out, log = work / f"{family}-replay.jsonl", work / f"{family}-replay.log"
+    pending = {o.label: o for o in saved}
+    env = _env(_family_path(family, "replay"))
+    attempt = 0
+    while True:
+        done = {r["label"]: r for r in _lines(out)}
+        todo = {label: o.ref for label, o in pending.items() if label not in done}
+        if not todo:
+            break
+        manifest = work / f"{family}-manifest-{attempt}.json"
+        manifest.write_text(json.dumps(todo))
+        code = _watch([sys.executable, str(REPLAY), str(repo), str(manifest), "--jsonl", str(out)], env, out, log,
+                      options.nice)
+        attempt += 1
+        done = {r["label"]: r for r in _lines(out)}
+        in_flight = next((label for label in todo if label not in done), None)
+        if code != 0 and in_flight is not None:
+            crash = {"label": in_flight, "status": "CRASH", "error": f"the replay process exited {code}: {_tail(log)}"}
+            with out.open("a") as handle:
+                handle.write(json.dumps(crash) + "\n")
+        elif in_flight is not None:
+            raise RuntimeError(f"the replay process exited 0 without replaying {in_flight}")
+    results = []
+    for label, result in {r["label"]: r for r in _lines(out)}.items():
+        outcome = pending[label]
+        if result.get("status") == "CRASH":
+            outcome.category, outcome.message = oc.REPLAY_CRASH, result["error"]
+        else:
+            oc.from_replay(outcome, result)
+        results.append(outcome)
+    return results
+
+
+def _family_path(family: str, stage: str) -> list[str]:
+    module = importlib.import_module(f"census.families.{family}")
+    return [str(ROOT / p) for p in getattr(module, "EXTRA_PATH", {}).get(stage, [])]
+
+
+def run_family(family: str, options: Options, work: Path) -> list[oc.Outcome]:
+    repo = work / f"repo-{family}"
+    captured = capture_family(family, repo, work, options)
+    saved = [o for o in captured if o.category == SAVED]
+    others = [o for o in captured if o.category != SAVED]
+    return others + replay_family(family, repo, work, saved, options) if saved else others
+
+
+def run(families: list[str], options: Options, work: Path | None = None) -> tuple[list[oc.Outcome], dict[str, float]]:
+    work = work or Path(tempfile.mkdtemp(prefix="modulelens-census-"))
+    outcomes: list[oc.Outcome] = []
+    seconds: dict[str, float] = {}
+    for family in families:
+        start = time.perf_counter()
+        outcomes += annotate(run_family(family, options, work))
+        seconds[family] = round(time.perf_counter() - start, 1)
+        print(f"census: {family} done in {seconds[family]:.0f} s", file=sys.stderr, flush=True)
+    return outcomes, seconds
