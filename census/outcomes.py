@@ -151,11 +151,18 @@ def render(table: list[FamilyRow]) -> str:
     return "\n".join(lines)
 
 
+def summary(message: str) -> str:
+    """The first line of a message and, for a replay report, its first failing call."""
+    lines = message.strip().splitlines() or [""]
+    failing = next((line.strip() for line in lines[1:] if "FAIL" in line or "max abs" in line), "")
+    return f"{lines[0]} {failing}".strip()
+
+
 def render_failures(outcomes: list[Outcome]) -> str:
     """Every failure, one line each: family, label, category, the first line of its message."""
     lines = []
     for o in sorted((o for o in outcomes if not o.passed), key=lambda o: (o.family, o.category, o.target, o.label)):
-        message = (o.message.strip().splitlines() or [""])[0].replace("|", "/")[:240]
+        message = summary(o.message).replace("|", "/")[:300]
         known = f" (known: {o.known})" if o.known else ""
         lines.append(f"- `{o.family}` `{o.label or o.target}`: **{o.category}**{known}: {message}")
     return "\n".join(lines)

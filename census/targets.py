@@ -32,11 +32,11 @@ class Target:
     note: str = ""
 
 
-class BuildSkipped(Exception):
+class CannotBuildError(Exception):
     """A target the family could not make: raised from ``build`` with the reason."""
 
 
-class InputsSkipped(Exception):
+class CannotBuildInputsError(Exception):
     """A target whose inputs the family could not make: raised from ``job`` with the reason."""
 
 

@@ -34,20 +34,20 @@ from torch import nn
 import modulelens
 from census import outcomes as oc
 from census.rules import by_rule
-from census.targets import BuildSkipped, InputsSkipped, Job, Sample, Target
+from census.targets import CannotBuildError, CannotBuildInputsError, Job, Sample, Target
 
 SAVED = "saved"  # a capture waiting for its replay
 TARGET_SECONDS = 240  # one target's build, probe and two captures; past it the target is a failure
 
 
-class TargetTimeout(Exception):
+class TargetTimeoutError(Exception):
     pass
 
 
 @contextmanager
 def _deadline(seconds: int) -> Iterator[None]:
     def expire(_signum: int, _frame: Any) -> None:
-        raise TargetTimeout(f"took longer than {seconds} s")
+        raise TargetTimeoutError(f"took longer than {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
@@ -94,7 +94,7 @@ def _capture_mode(family: str, target: Target, model: nn.Module, job: Job, names
                                     record=modulelens.Recording(max_calls=target.calls)) as cap:
                 torch.manual_seed(1)
                 job(model)
-        except TargetTimeout:
+        except TargetTimeoutError:
             raise
         except Exception as error:  # the user's job raised while captured
             job_error = error
@@ -107,7 +107,8 @@ def _capture_mode(family: str, target: Target, model: nn.Module, job: Job, names
         except Exception as again:
             category, message = oc.RUN, f"in {mode} mode, without capture too: {_error(again)}"
         else:
-            category, message = oc.JOB_BROKE, f"in {mode} mode: {_error(job_error)}\n{''.join(traceback.format_exception(job_error, limit=-4))}"
+            trace = "".join(traceback.format_exception(job_error, limit=-4))
+            category, message = oc.JOB_BROKE, f"in {mode} mode: {_error(job_error)}\n{trace}"
         return [oc.Outcome(family, target.name, category, labels[label], names[label], mode, message,
                            warnings=capture_warnings) for label in names]
     saved = {info.name: info.ref for info in (cap.saved if cap is not None else [])}
@@ -129,7 +130,7 @@ def capture_target(family: str, target: Target, repo: str) -> list[oc.Outcome]:
     try:
         with _deadline(TARGET_SECONDS):
             results = _capture_target(family, target, repo)
-    except TargetTimeout as error:
+    except TargetTimeoutError as error:
         results = [oc.Outcome(family, target.name, oc.RUN, message=f"the target {error} (build, probe and captures)")]
     for outcome in results:
         outcome.seconds = round(time.perf_counter() - start, 2)
@@ -141,24 +142,24 @@ def _capture_target(family: str, target: Target, repo: str) -> list[oc.Outcome]:
     try:
         with modulelens.track_init():
             model = target.build()
-    except TargetTimeout:
+    except TargetTimeoutError:
         raise
     except Exception as error:
-        reason = str(error) if isinstance(error, BuildSkipped) else _error(error)
+        reason = str(error) if isinstance(error, CannotBuildError) else _error(error)
         return [oc.Outcome(family, target.name, oc.BUILD, message=reason)]
     try:
         model.eval()
         job = target.job(model)
-    except TargetTimeout:
+    except TargetTimeoutError:
         raise
     except Exception as error:
-        reason = str(error) if isinstance(error, InputsSkipped) else _error(error)
+        reason = str(error) if isinstance(error, CannotBuildInputsError) else _error(error)
         return [oc.Outcome(family, target.name, oc.INPUTS, message=reason)]
     names = (target.submodules or by_rule)(model)
     try:
         with torch.no_grad():
             called = _called(model, names, job)
-    except TargetTimeout:
+    except TargetTimeoutError:
         raise
     except Exception as error:
         return [oc.Outcome(family, target.name, oc.RUN, message=f"in eval mode, without capture: {_error(error)}")]

@@ -29,5 +29,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # PyPI pins a newer (CUDA) torch than the pinned CPU build, which it would replace
   # (tests/support/shims stands in for the few torchvision names timm imports).
   python -m pip install -q --disable-pip-version-check --no-deps "timm>=1.0.15" >&2
+  # torchrec for the census's jagged-tensor family, also --no-deps: it requires fbgemm-gpu (a CUDA build) and pins
+  # torchmetrics==1.0.3. No fbgemm-gpu(-cpu) build loads its operators with torch 2.13 (undefined symbol in
+  # fbgemm_gpu_py.so), so the census imports only torchrec.sparse.jagged_tensor through census/shims/torchrec, which
+  # loads the one fbgemm library file that does load (the cumsum behind jagged offsets). Nothing else is needed:
+  # jagged_tensor imports only torch and torchrec's own modules.
+  python -m pip install -q --disable-pip-version-check --no-deps "torchrec==1.9.2" "fbgemm-gpu-cpu==1.9.0" >&2
   echo "$want" > "$stamp"
 fi

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from census.targets import BuildSkipped, InputsSkipped, Job, Sample, Target
+from census.targets import CannotBuildError, CannotBuildInputsError, Job, Sample, Target
 
 SHIMS = "tests/support/shims"
 EXTRA_PATH = {"capture": [], "replay": [SHIMS]}  # replayed captures import timm, which needs the shim
@@ -82,7 +82,7 @@ def _build(name: str) -> Callable[[], nn.Module]:
         timm = _timm()
         count = _parameters(name)
         if count > MAX_PARAMETERS:
-            raise BuildSkipped(f"{count / 1e6:.0f}M parameters (over the census's {MAX_PARAMETERS / 1e6:.0f}M)")
+            raise CannotBuildError(f"{count / 1e6:.0f}M parameters (over the census's {MAX_PARAMETERS / 1e6:.0f}M)")
         try:
             return timm.create_model(name, pretrained=False, img_size=64)
         except TypeError:  # the model takes no img_size
@@ -103,7 +103,7 @@ def _job(model: nn.Module) -> Job:
             errors.append(f"{side} px: {type(error).__name__}: {str(error)[:200]}")
             continue
         return lambda m, x=x: m(x)
-    raise InputsSkipped("no input size was accepted: " + " | ".join(errors[-2:]))
+    raise CannotBuildInputsError("no input size was accepted: " + " | ".join(errors[-2:]))
 
 
 def targets(sample: Sample) -> list[Target]:

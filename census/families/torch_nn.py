@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from census.targets import BuildSkipped, InputsSkipped, Job, Sample, Target
+from census.construct import Inputs, arguments, first_accepted
+from census.targets import CannotBuildError, Job, Sample, Target
 
 F = 4  # every feature / channel / embedding size
 
@@ -44,9 +45,6 @@ MODULE_ARGUMENTS: dict[str, Callable[[], nn.Module]] = {
     "encoder_layer": lambda: nn.TransformerEncoderLayer(F, 2, 8),
     "decoder_layer": lambda: nn.TransformerDecoderLayer(F, 2, 8),
 }
-Inputs = Callable[[], tuple[torch.Tensor, ...]]
-
-
 def _unpool_inputs(dims: int) -> Inputs:
     """MaxUnpool takes what MaxPool(kernel_size=2, return_indices=True) returned."""
     def make() -> tuple[torch.Tensor, ...]:
@@ -86,26 +84,17 @@ def _classes() -> list[type[nn.Module]]:
 
 
 def _arguments(cls: type[nn.Module]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = dict(CLASS_ARGUMENTS.get(cls.__name__, {}))
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if name == "self" or name in kwargs or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if parameter.default is inspect.Parameter.empty:
-            if name in MODULE_ARGUMENTS:
-                kwargs[name] = MODULE_ARGUMENTS[name]()
-            elif name in TYPICAL:
-                kwargs[name] = TYPICAL[name]
-            else:
-                raise BuildSkipped(f"no typical value for required argument {name!r} (census/families/torch_nn.py TYPICAL)")
-        elif parameter.default is None and name == "scale_factor":  # Upsample*: size or scale_factor must be given
-            kwargs[name] = TYPICAL[name]
-    return kwargs
+    given = dict(CLASS_ARGUMENTS.get(cls.__name__, {}))
+    parameters = inspect.signature(cls.__init__).parameters
+    if parameters.get("scale_factor") is not None and parameters["scale_factor"].default is None:
+        given.setdefault("scale_factor", TYPICAL["scale_factor"])  # Upsample*: size or scale_factor must be given
+    return arguments(cls, TYPICAL, MODULE_ARGUMENTS, given, "census/families/torch_nn.py TYPICAL")
 
 
 def _build(cls: type[nn.Module]) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         if cls.__name__ in NOT_TARGETS:
-            raise BuildSkipped(f"not a target: {NOT_TARGETS[cls.__name__]}")
+            raise CannotBuildError(f"not a target: {NOT_TARGETS[cls.__name__]}")
         return cls(**_arguments(cls))
     return build
 
@@ -133,22 +122,7 @@ def _candidates(name: str) -> list[Inputs]:
 
 
 def _job(name: str) -> Callable[[nn.Module], Job]:
-    def job(model: nn.Module) -> Job:
-        errors = []
-        for candidate in _candidates(name):
-            inputs = candidate()
-            try:
-                with torch.no_grad():
-                    model(*(x.clone() for x in inputs))
-            except Exception as error:
-                errors.append(f"{[tuple(x.shape) for x in inputs]}: {type(error).__name__}: {str(error)[:80]}")
-                continue
-
-            def run(module: nn.Module, inputs: tuple[torch.Tensor, ...] = inputs) -> None:
-                module(*(x.clone() for x in inputs))
-            return run
-        raise InputsSkipped("no candidate input was accepted: " + "; ".join(errors[-3:]))
-    return job
+    return lambda model: first_accepted(model, _candidates(name))
 
 
 def targets(sample: Sample) -> list[Target]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from census.targets import BuildSkipped, InputsSkipped, Job, Sample, Target
+from census.targets import CannotBuildError, CannotBuildInputsError, Job, Sample, Target
 
 MAX_PARAMETERS = 4_000_000
 HIDDEN, HEADS_N, KV_HEADS, LAYERS, FFN, VOCAB, POSITIONS, IMAGE, PATCH = 32, 4, 2, 2, 64, 99, 128, 32, 8
@@ -142,22 +142,22 @@ def _build(model_type: str, class_name: str) -> Callable[[], nn.Module]:
         try:
             default = config_class()
         except Exception as error:
-            raise BuildSkipped(f"the default {config_class.__name__}() fails: {type(error).__name__}: {error}"[:600]) from error
+            raise CannotBuildError(f"the default {config_class.__name__}() fails: {type(error).__name__}: {error}"[:600]) from error
         overrides = shrink(default)
         try:
             config = config_class(**{**overrides})
         except Exception as error:
-            raise BuildSkipped(f"{config_class.__name__} rejects the shrunk sizes {sorted(overrides)}: "
+            raise CannotBuildError(f"{config_class.__name__} rejects the shrunk sizes {sorted(overrides)}: "
                                f"{type(error).__name__}: {error}"[:600]) from error
         model_class = getattr(transformers, class_name, None)
         if model_class is None:
-            raise BuildSkipped(f"transformers has no {class_name}")
+            raise CannotBuildError(f"transformers has no {class_name}")
         with torch.device("meta"):
             meta = model_class(config)
         count = sum(p.numel() for p in meta.parameters())
         if count > MAX_PARAMETERS:
             large = {k: v for k, v in config.to_dict().items() if isinstance(v, int) and not isinstance(v, bool) and v > 256}
-            raise BuildSkipped(f"{count / 1e6:.1f}M parameters after shrinking (over {MAX_PARAMETERS / 1e6:.0f}M); "
+            raise CannotBuildError(f"{count / 1e6:.1f}M parameters after shrinking (over {MAX_PARAMETERS / 1e6:.0f}M); "
                                f"large fields left: {large}"[:600])
         del meta
         return model_class(config)
@@ -210,7 +210,7 @@ def _inputs(model: nn.Module) -> list[dict[str, Any]]:
             candidates.append({"input_features": torch.randn(2, bins, length, generator=g)})
             candidates.append({"input_features": torch.randn(2, length, bins, generator=g)})
     else:
-        raise InputsSkipped(f"main input {main!r} is none the census builds (input_ids, pixel_values, input_values, "
+        raise CannotBuildInputsError(f"main input {main!r} is none the census builds (input_ids, pixel_values, input_values, "
                             "input_features)")
     return candidates
 
@@ -229,7 +229,7 @@ def _job(model: nn.Module) -> Job:
             errors.append(f"{sorted(inputs)}: {type(error).__name__}: {str(error)[:200]}")
             continue
         return _with_decode_step(model, inputs, out)
-    raise InputsSkipped("no candidate input was accepted: " + " | ".join(errors[-2:]))
+    raise CannotBuildInputsError("no candidate input was accepted: " + " | ".join(errors[-2:]))
 
 
 def _with_decode_step(model: nn.Module, inputs: dict[str, Any], out: Any) -> Job:
