@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="families run at a time (default: cores)")
     parser.add_argument("--nice", type=int, default=0, help="run the workers under nice -n N")
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
+    parser.add_argument("--work", type=Path, default=None, help="keep the repos and worker logs in this folder")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="no run: the table of an earlier run's JSON, failures matched against census/known.py as it is now")
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default census/results/<quick|full>.json)")
     args = parser.parse_args()
     families = [f for f in args.family.split(",") if f]
@@ -77,8 +81,17 @@ def main() -> None:
     options = Options(quick=args.quick, seed=args.seed, limits=limits, nice=args.nice,
                       only=tuple(filter(None, args.only.split(","))))
     start = time.perf_counter()
-    outcomes, seconds = run(families, options, jobs=args.jobs)
-    wall = time.perf_counter() - start
+    if args.from_json:
+        earlier = json.loads(args.from_json.read_text())
+        outcomes = known.annotate([oc.Outcome(**o) for o in earlier["outcomes"]])
+        seconds, wall, families = earlier["family_seconds"], earlier["wall_seconds"], earlier["families"]
+        args.quick, limits = earlier["kind"] == "quick", tuple(earlier["sampled"].items())
+        args.out = args.out or args.from_json
+    else:
+        with tempfile.TemporaryDirectory(prefix="modulelens-census-") as scratch:
+            work = args.work or Path(scratch)  # the repos and the workers' logs; kept only with --work
+            outcomes, seconds = run(families, options, work, jobs=args.jobs)
+        wall = time.perf_counter() - start
     table = oc.render(oc.rows(outcomes, seconds))
     failures = oc.render_failures(outcomes)
     kind = "quick" if args.quick else "full"

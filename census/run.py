@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -164,11 +163,11 @@ def run_family(family: str, options: Options, work: Path) -> list[oc.Outcome]:
     return others + replay_family(family, repo, work, saved, options) if saved else others
 
 
-def run(families: list[str], options: Options, work: Path | None = None,
-        jobs: int = 1) -> tuple[list[oc.Outcome], dict[str, float]]:
+def run(families: list[str], options: Options, work: Path, jobs: int = 1) -> tuple[list[oc.Outcome], dict[str, float]]:
     """Every family's outcomes (in the order of ``families``) and its wall seconds; ``jobs``
-    families at a time (each family is its own processes, so they share nothing)."""
-    work = work or Path(tempfile.mkdtemp(prefix="modulelens-census-"))
+    families at a time (each family is its own processes, so they share nothing). ``work`` holds
+    the repos, manifests and the workers' logs."""
+    work.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
 
     def one(family: str) -> list[oc.Outcome]:
