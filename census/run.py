@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "support"
 REPLAY = SUPPORT / "fidelity_replay.py"
 WATCHDOG = 420  # seconds without a new result line before a worker is taken for hung (targets have 240 s)
+FIRST_LINE = 1800  # before its first line a worker enumerates its family (timm: hundreds of meta-device builds)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _watch(command: list[str], env: dict[str, str], out: Path, log: Path, nice: 
             size = out.stat().st_size if out.exists() else 0
             if size != last_size:
                 last_size, last_change = size, time.monotonic()
-            elif time.monotonic() - last_change > WATCHDOG:
+            elif time.monotonic() - last_change > (WATCHDOG if size else FIRST_LINE):
                 process.kill()
                 process.wait()
                 return -9
@@ -103,8 +104,9 @@ def capture_family(family: str, repo: Path, work: Path, options: Options) -> lis
         finished = {o.target for o in results}
         started = [r["start"] for r in records if "start" in r]
         crashed = [name for name in started if name not in finished]
-        if plan is None:  # the family itself failed to enumerate its targets
-            return [oc.Outcome(family, "(the family)", oc.BUILD, message=f"the worker exited {code}: {_tail(log)}")]
+        if plan is None:  # the family itself failed to enumerate its targets: never a documented limitation
+            return [oc.Outcome(family, "(the family)", oc.CAPTURE_CRASH, message=f"the worker exited {code} before "
+                               f"listing the family's targets: {_tail(log)}")]
         for name in crashed:
             if not any(o.target == name and o.category == oc.CAPTURE_CRASH for o in results):
                 crash = oc.Outcome(family, name, oc.CAPTURE_CRASH, message=f"the worker exited {code}: {_tail(log)}")
