@@ -69,8 +69,9 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=0, help="run the workers under nice -n N")
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
     parser.add_argument("--work", type=Path, default=None, help="keep the repos and worker logs in this folder")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="no run: the table of an earlier run's JSON, failures matched against census/known.py as it is now")
+    parser.add_argument("--from-json", type=Path, action="append", default=[],
+                        help="no run: the table of earlier runs' JSON (several: merged, e.g. a family rerun alone), "
+                             "failures matched against census/known.py as it is now")
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default census/results/<quick|full>.json)")
     args = parser.parse_args()
     families = [f for f in args.family.split(",") if f]
@@ -82,11 +83,16 @@ def main() -> None:
                       only=tuple(filter(None, args.only.split(","))))
     start = time.perf_counter()
     if args.from_json:
-        earlier = json.loads(args.from_json.read_text())
-        outcomes = known.annotate([oc.Outcome(**o) for o in earlier["outcomes"]])
-        seconds, wall, families = earlier["family_seconds"], earlier["wall_seconds"], earlier["families"]
-        args.quick, limits = earlier["kind"] == "quick", tuple(earlier["sampled"].items())
-        args.out = args.out or args.from_json
+        runs = [json.loads(path.read_text()) for path in args.from_json]
+        ran = [f for r in runs for f in r["families"] if r["family_seconds"].get(f)]  # a later run of a family wins
+        last = {f: i for i, r in enumerate(runs) for f in r["families"] if f in ran}
+        outcomes = known.annotate([oc.Outcome(**o) for i, r in enumerate(runs) for o in r["outcomes"]
+                                   if last.get(o["family"]) == i])
+        seconds = {f: runs[i]["family_seconds"][f] for f, i in last.items()}
+        wall, families = sum(r["wall_seconds"] for r in runs), list(dict.fromkeys(ran))
+        args.quick = runs[0]["kind"] == "quick"
+        limits = tuple({k: v for r in runs for k, v in r["sampled"].items()}.items())
+        args.out = args.out or args.from_json[0]
     else:
         with tempfile.TemporaryDirectory(prefix="modulelens-census-") as scratch:
             work = args.work or Path(scratch)  # the repos and the workers' logs; kept only with --work
