@@ -65,6 +65,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated target names")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--all", action="store_true", help="no sampling of the large registries in a full run")
+    parser.add_argument("--probe-only", action="store_true",
+                        help="build and run every target without modulelens, capture nothing (the build rate)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="families run at a time (default: cores)")
     parser.add_argument("--nice", type=int, default=0, help="run the workers under nice -n N")
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
@@ -80,7 +82,7 @@ def main() -> None:
         parser.error(f"unknown families {unknown}; known: {FAMILIES}")
     limits = () if args.quick or args.all or args.only else tuple((f, n) for f, n in FULL_LIMITS.items() if n)
     options = Options(quick=args.quick, seed=args.seed, limits=limits, nice=args.nice,
-                      only=tuple(filter(None, args.only.split(","))))
+                      only=tuple(filter(None, args.only.split(","))), probe_only=args.probe_only)
     start = time.perf_counter()
     if args.from_json:
         runs = [json.loads(path.read_text()) for path in args.from_json]
@@ -90,7 +92,7 @@ def main() -> None:
                                    if last.get(o["family"]) == i])
         seconds = {f: runs[i]["family_seconds"][f] for f, i in last.items()}
         wall, families = sum(r["wall_seconds"] for r in runs), list(dict.fromkeys(ran))
-        args.quick = runs[0]["kind"] == "quick"
+        args.quick = runs[0]["kind"].endswith("quick")
         limits = tuple({k: v for r in runs for k, v in r["sampled"].items()}.items())
         args.out = args.out or args.from_json[0]
     else:
@@ -100,7 +102,7 @@ def main() -> None:
         wall = time.perf_counter() - start
     table = oc.render(oc.rows(outcomes, seconds))
     failures = oc.render_failures(outcomes)
-    kind = "quick" if args.quick else "full"
+    kind = ("probe-" if args.probe_only else "") + ("quick" if args.quick else "full")
     sampled = ", ".join(f"{f}: a seeded sample of {n}" for f, n in limits) or "no sampling"
     header = (f"{'Quick sample (`--quick`)' if args.quick else 'Whole census'} ({sampled}; seed {args.seed}), "
               f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall on {os.cpu_count()} cores, "

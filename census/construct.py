@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from census.targets import CannotBuildError, CannotBuildInputsError, Job
 
-Inputs = Callable[[], tuple[Any, ...]]
+Inputs = Callable[[], "tuple[Any, ...] | dict[str, Any]"]  # positional arguments, or keyword arguments
 
 
 def arguments(cls: type[nn.Module], typical: Mapping[str, Any], factories: Mapping[str, Callable[[], Any]],
@@ -44,20 +45,23 @@ def first_accepted(model: nn.Module, candidates: list[Inputs]) -> Job:
         inputs = candidate()
         try:
             with torch.no_grad():
-                model(*_copies(inputs))
+                _call(model, inputs)
         except Exception as error:
             errors.append(f"{_shapes(inputs)}: {type(error).__name__}: {str(error)[:120]}")
             continue
 
-        def run(module: nn.Module, inputs: tuple[Any, ...] = inputs) -> None:
-            module(*_copies(inputs))
+        def run(module: nn.Module, inputs: tuple[Any, ...] | dict[str, Any] = inputs) -> None:
+            _call(module, inputs)
         return run
-    raise CannotBuildInputsError("no candidate input was accepted: " + "; ".join(errors[-3:]))
+    raise CannotBuildInputsError("no candidate input was accepted: " + "; ".join(errors[:2] + errors[-1:]))
 
 
-def _copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+def _call(model: nn.Module, inputs: tuple[Any, ...] | dict[str, Any]) -> Any:
+    copies = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, inputs)
+    return model(**copies) if isinstance(copies, dict) else model(*copies)
 
 
-def _shapes(inputs: tuple[Any, ...]) -> list[Any]:
-    return [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
+def _shapes(inputs: tuple[Any, ...] | dict[str, Any]) -> Any:
+    def shape(x: Any) -> Any:
+        return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+    return {k: shape(v) for k, v in inputs.items()} if isinstance(inputs, dict) else [shape(x) for x in inputs]

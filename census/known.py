@@ -80,16 +80,23 @@ def annotate(outcomes: list[oc.Outcome]) -> list[oc.Outcome]:
 
 
 def wrong_value(outcome: oc.Outcome) -> bool:
-    """A replay that compared values and found a difference (not a replay that raised)."""
+    """A replay that compared values and found a difference, as opposed to a replay call that raised.
+
+    Decided on the replay worker's count of compared leaves that did not match (``differing``:
+    tensors, plain values, output structure, gradients), and on the report's text as a second
+    witness (any nonzero ``max abs err``). A replay FAIL without the count (an old result) counts as
+    a wrong value; so does a PASS only within tolerance (the values differ)."""
+    if outcome.category == oc.TOLERANCE:
+        return True
     if outcome.category != oc.REPLAY_FAIL:
         return False
     errors = [float(x) for x in re.findall(r"max abs err ([0-9.eE+-]+|inf|nan)", outcome.message)]
-    return any(e != 0 for e in errors) or not errors
+    return outcome.differing is None or outcome.differing > 0 or any(e != 0 for e in errors)
 
 
 def accepted(outcome: oc.Outcome) -> bool:
     """A failure the tests let through: documented here, and never a wrong value."""
-    if outcome.passed:
+    if outcome.passed or outcome.category == oc.PROBED:
         return True
     entry = match(outcome)
     if entry is None or wrong_value(outcome):

@@ -2,8 +2,9 @@
 
 Every capture of every target ends in exactly one category. ``BIT_EXACT`` is the only pass; every
 other category is a failure with its message. Categories before capture (``BUILD``, ``INPUTS``,
-``RUN``) say that the census could not make the target run at all (not counted in the bit-exact
-share, but listed); every later one is a failure of capture, storage or restore.
+``RUN``) are decided in the probe process, where modulelens is never imported (``census/worker.py``):
+the census could not make the target run (not counted in the bit-exact share, but listed). Every
+later one is a failure of capture, storage or restore.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 BIT_EXACT = "bit-exact"
 BUILD = "could not build the model"
 INPUTS = "could not build inputs"
-RUN = "could not run the model"  # it fails without capture too: the census's inputs, not modulelens
-JOB_BROKE = "job broke under capture"  # runs without capture, raises with it: the fail-open promise broken
+RUN = "could not run the model"  # in a mode, without modulelens: the census's inputs, not modulelens
+JOB_BROKE = "job broke under capture"  # ran without modulelens, raises with it: the fail-open promise broken
+CAPTURE_TIMEOUT = "capture timed out"  # ran without modulelens within the time limit, not under capture
+PROBED = "runs (not captured: --probe-only)"  # a probe-only census: built and ran, nothing captured
 DROPPED = "capture dropped"
 CAPTURE_CRASH = "capture process crashed"
 LOAD = "load"
@@ -59,6 +62,7 @@ class Outcome:
     ref: str | None = None
     warnings: list[str] = field(default_factory=list)
     known: str | None = None  # the documented reason (census/known.py) when this failure is expected
+    differing: int | None = None  # replayed: output leaves compared and not matching (None: not replayed)
     seconds: float = 0.0
 
     @property
@@ -72,6 +76,7 @@ class Outcome:
 def from_replay(base: Outcome, result: dict[str, Any]) -> Outcome:
     """The outcome of a capture from ``tests/support/fidelity_replay.py``'s result for it."""
     base.seconds += float(result.get("seconds", 0.0))
+    base.differing = result.get("differing")
     status = result.get("status")
     if status == "ERROR":
         error = result.get("error", "")
@@ -110,16 +115,18 @@ def rows(outcomes: list[Outcome], seconds: dict[str, float]) -> list[FamilyRow]:
         row = table.setdefault(family, FamilyRow(family, seconds=seconds.get(family, 0.0)))
         row.tried += 1
         for outcome in group:
-            if not outcome.passed:
+            if not outcome.passed and outcome.category != PROBED:
                 row.failures[_short(outcome.category)] += 1
-        if any(o.category in NOT_RUN for o in group):
+        if any(o.category in (BUILD, INPUTS) for o in group) or all(o.category == RUN for o in group):
             continue
-        row.built += 1
-        captures = [o for o in group if o.label]
+        row.built += 1  # built and ran in at least one mode (a mode that did not run is listed as RUN)
+        if any(o.category == PROBED for o in group):
+            continue
+        captures = [o for o in group if o.label and o.category != RUN]
         row.captures += len(captures)
         row.captures_exact += sum(o.passed for o in captures)
-        row.captured += all(o.category not in (DROPPED, CAPTURE_CRASH, JOB_BROKE) for o in group)
-        row.exact += all(o.passed for o in group)
+        row.captured += all(o.category not in (DROPPED, CAPTURE_CRASH, JOB_BROKE, CAPTURE_TIMEOUT) for o in group)
+        row.exact += bool(captures) and all(o.passed for o in group if o.category != RUN)
     return sorted(table.values(), key=lambda r: r.family)
 
 
@@ -161,7 +168,8 @@ def summary(message: str) -> str:
 def render_failures(outcomes: list[Outcome]) -> str:
     """Every failure, one line each: family, label, category, the first line of its message."""
     lines = []
-    for o in sorted((o for o in outcomes if not o.passed), key=lambda o: (o.family, o.category, o.target, o.label)):
+    failed = (o for o in outcomes if not o.passed and o.category != PROBED)
+    for o in sorted(failed, key=lambda o: (o.family, o.category, o.target, o.label)):
         message = summary(o.message).replace("|", "/")[:300]
         known = f" (known: {o.known})" if o.known else ""
         lines.append(f"- `{o.family}` `{o.label or o.target}`: **{o.category}**{known}: {message}")

@@ -37,6 +37,7 @@ class Options:
     limits: tuple[tuple[str, int], ...] = ()  # family -> sample size in a full run
     only: tuple[str, ...] = ()  # target names (all families)
     nice: int = 0
+    probe_only: bool = False  # build and run every target without modulelens, capture nothing
 
     def limit(self, family: str) -> int | None:
         return dict(self.limits).get(family)
@@ -83,38 +84,39 @@ def _tail(log: Path) -> str:
     return "\n".join(text.strip().splitlines()[-6:])[-1500:]
 
 
-def capture_family(family: str, repo: Path, work: Path, options: Options) -> list[oc.Outcome]:
-    out, skip, log = work / f"{family}-capture.jsonl", work / f"{family}-skip.txt", work / f"{family}-capture.log"
-    command = [sys.executable, "-m", "census.worker", family, str(repo), str(out), "--seed", str(options.seed),
-               "--skip", str(skip)]
+def worker_stage(stage: str, family: str, work: Path, options: Options, extra: list[str]) -> list[dict[str, Any]]:
+    """Run ``census.worker STAGE FAMILY`` until every planned target has its results; a target
+    in flight when the process died is recorded as a crash and a new process goes on past it.
+    Returns the result records (``{"outcome": ...}`` or ``{"ran": ...}``)."""
+    out, skip, log = work / f"{family}-{stage}.jsonl", work / f"{family}-{stage}-skip.txt", work / f"{family}-{stage}.log"
+    command = [sys.executable, "-m", "census.worker", stage, family, str(out), "--seed", str(options.seed),
+               "--skip", str(skip), *extra]
     if options.quick:
         command.append("--quick")
     if options.limit(family) is not None:
         command += ["--limit", str(options.limit(family))]
     if options.only:
         command += ["--only", ",".join(options.only)]
-    env = _env(_family_path(family, "capture"))
+    env = _env(_family_path(family, stage))
     skip.write_text("")
-    results: list[oc.Outcome] = []
     while True:
         code = _watch([*command], env, out, log, options.nice)
         records = _lines(out)
         plan = next((r["plan"] for r in records if "plan" in r), None)
-        results = [oc.Outcome(**r["outcome"]) for r in records if "outcome" in r]
-        finished = {o.target for o in results}
+        if plan is None:  # the family itself failed to enumerate its targets: never a documented limitation
+            return [{"outcome": oc.Outcome(family, "(the family)", oc.CAPTURE_CRASH, message=f"the {stage} worker "
+                                           f"exited {code} before listing the family's targets: {_tail(log)}").to_json()}]
+        finished = {r.get("outcome", r.get("ran", {})).get("target") for r in records if "outcome" in r or "ran" in r}
         started = [r["start"] for r in records if "start" in r]
         crashed = [name for name in started if name not in finished]
-        if plan is None:  # the family itself failed to enumerate its targets: never a documented limitation
-            return [oc.Outcome(family, "(the family)", oc.CAPTURE_CRASH, message=f"the worker exited {code} before "
-                               f"listing the family's targets: {_tail(log)}")]
         for name in crashed:
-            if not any(o.target == name and o.category == oc.CAPTURE_CRASH for o in results):
-                crash = oc.Outcome(family, name, oc.CAPTURE_CRASH, message=f"the worker exited {code}: {_tail(log)}")
-                with out.open("a") as handle:
-                    handle.write(json.dumps({"outcome": crash.to_json()}) + "\n")
+            category = oc.CAPTURE_CRASH if stage == "capture" else oc.RUN
+            crash = oc.Outcome(family, name, category, message=f"the {stage} process exited {code}: {_tail(log)}")
+            with out.open("a") as handle:
+                handle.write(json.dumps({"outcome": crash.to_json()}) + "\n")
         done = finished | set(crashed)
         if code == 0 or all(name in done for name in plan):
-            return [oc.Outcome(**r["outcome"]) for r in _lines(out) if "outcome" in r]
+            return [r for r in _lines(out) if "outcome" in r or "ran" in r]
         skip.write_text("\n".join(sorted(done)))
 
 
@@ -154,15 +156,28 @@ def replay_family(family: str, repo: Path, work: Path, saved: list[oc.Outcome], 
 
 def _family_path(family: str, stage: str) -> list[str]:
     module = importlib.import_module(f"census.families.{family}")
+    stage = "capture" if stage == "probe" else stage  # the probe imports what the capture imports
     return [str(ROOT / p) for p in getattr(module, "EXTRA_PATH", {}).get(stage, [])]
 
 
 def run_family(family: str, options: Options, work: Path) -> list[oc.Outcome]:
+    """Probe (no modulelens), capture what ran, replay what was saved in a fresh process."""
+    probed = worker_stage("probe", family, work, options, [])
+    failed = [oc.Outcome(**r["outcome"]) for r in probed if "outcome" in r]
+    ran = {r["ran"]["target"]: r["ran"] for r in probed if "ran" in r}
+    if options.probe_only:
+        return failed + [oc.Outcome(family, name, oc.PROBED, message="; ".join(plan["failed"].values()),
+                                    seconds=plan["seconds"]) for name, plan in ran.items()]
+    if not ran:
+        return failed
+    plans = work / f"{family}-plans.json"
+    plans.write_text(json.dumps(ran))
     repo = work / f"repo-{family}"
-    captured = capture_family(family, repo, work, options)
+    captured = [oc.Outcome(**r["outcome"]) for r in worker_stage("capture", family, work, options,
+                                                                  ["--repo", str(repo), "--plan", str(plans)])]
     saved = [o for o in captured if o.category == SAVED]
     others = [o for o in captured if o.category != SAVED]
-    return others + replay_family(family, repo, work, saved, options) if saved else others
+    return failed + others + (replay_family(family, repo, work, saved, options) if saved else [])
 
 
 def run(families: list[str], options: Options, work: Path, jobs: int = 1) -> tuple[list[oc.Outcome], dict[str, float]]:

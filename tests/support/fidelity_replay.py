@@ -30,8 +30,12 @@ def replay_one(ref: str, repo: str, trust_source: bool = False) -> dict[str, Any
         return {"ref": ref, "status": "ERROR", "stage": stage, "error": f"{type(error).__name__}: {error}",
                 "trace": traceback.format_exc(limit=3)}
     leaves = [leaf for call in report.calls for leaf in call.leaves]
+    # a wrong value, as opposed to a call that raised: a compared leaf (tensor, value, structure,
+    # gradient) that does not match (the census never accepts one, census/known.py)
+    differing = sum(not leaf.passed for call in report.calls for leaf in call.all_leaves)
     return {
-        "ref": ref, "status": report.status, "mode": report.mode, "calls": len(report.calls),
+        "ref": ref, "status": report.status, "mode": report.mode, "calls": len(report.calls), "differing": differing,
+        "raised": sum(call.error is not None for call in report.calls),
         "tensor_leaves": sum(leaf.kind == "tensor" and leaf.compared for leaf in leaves),
         "leaves": len(leaves), "class": capture.module_class,
         "mutated_leaves": sum(leaf.kind == "tensor" and leaf.compared and "(after the call)" in leaf.path
