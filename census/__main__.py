@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from census import known
 from census import outcomes as oc
-from census.run import Options, run
+from census.run import CPU, Options, run
 
 # the slowest first, so that with --jobs 2 the short ones fill the other core
 FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec"]
@@ -70,7 +70,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="families run at a time (default: cores)")
     parser.add_argument("--nice", type=int, default=0, help="run the workers under nice -n N")
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
-    parser.add_argument("--work", type=Path, default=None, help="keep the repos and worker logs in this folder")
+    parser.add_argument("--work", type=Path, default=None, help="keep the worker logs in this folder")
+    parser.add_argument("--keep-repos", action="store_true", help="keep the captures (in --work) after their replay")
     parser.add_argument("--from-json", type=Path, action="append", default=[],
                         help="no run: the table of earlier runs' JSON (several: merged, e.g. a family rerun alone), "
                              "failures matched against census/known.py as it is now")
@@ -82,7 +83,8 @@ def main() -> None:
         parser.error(f"unknown families {unknown}; known: {FAMILIES}")
     limits = () if args.quick or args.all or args.only else tuple((f, n) for f, n in FULL_LIMITS.items() if n)
     options = Options(quick=args.quick, seed=args.seed, limits=limits, nice=args.nice,
-                      only=tuple(filter(None, args.only.split(","))), probe_only=args.probe_only)
+                      only=tuple(filter(None, args.only.split(","))), probe_only=args.probe_only,
+                      keep_repos=args.keep_repos)
     start = time.perf_counter()
     if args.from_json:
         runs = [json.loads(path.read_text()) for path in args.from_json]
@@ -91,27 +93,32 @@ def main() -> None:
         outcomes = known.annotate([oc.Outcome(**o) for i, r in enumerate(runs) for o in r["outcomes"]
                                    if last.get(o["family"]) == i])
         seconds = {f: runs[i]["family_seconds"][f] for f, i in last.items()}
+        cpu = {f: runs[i].get("family_cpu_seconds", {}).get(f, 0.0) for f, i in last.items()}
+        load = runs[0].get("load_average", [])
         wall, families = sum(r["wall_seconds"] for r in runs), list(dict.fromkeys(ran))
         args.quick = runs[0]["kind"].endswith("quick")
         limits = tuple({k: v for r in runs for k, v in r["sampled"].items()}.items())
         args.out = args.out or args.from_json[0]
     else:
+        load = [round(x, 1) for x in os.getloadavg()]  # how shared the cores were when it started
         with tempfile.TemporaryDirectory(prefix="modulelens-census-") as scratch:
             work = args.work or Path(scratch)  # the repos and the workers' logs; kept only with --work
             outcomes, seconds = run(families, options, work, jobs=args.jobs)
-        wall = time.perf_counter() - start
-    table = oc.render(oc.rows(outcomes, seconds))
+        wall, cpu = time.perf_counter() - start, {f: round(c, 1) for f, c in CPU.items()}
+    table = oc.render(oc.rows(outcomes, seconds, cpu), wall)
     failures = oc.render_failures(outcomes)
     kind = ("probe-" if args.probe_only else "") + ("quick" if args.quick else "full")
     sampled = ", ".join(f"{f}: a seeded sample of {n}" for f, n in limits) or "no sampling"
     header = (f"{'Quick sample (`--quick`)' if args.quick else 'Whole census'} ({sampled}; seed {args.seed}), "
-              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall on {os.cpu_count()} cores, "
+              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall on {os.cpu_count()} cores "
+              f"(load average {load[0] if load else '?'} at the start), {sum(cpu.values()) / 60:.1f} min of CPU, "
               + ", ".join(f"{k} {v}" for k, v in _versions().items()))
     print(header + "\n\n" + table + "\n\n" + (failures or "no failures"))
     out = args.out or RESULTS / f"{kind}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"kind": kind, "seed": args.seed, "families": families, "sampled": dict(limits),
-                               "wall_seconds": round(wall, 1), "family_seconds": seconds, "versions": _versions(),
+                               "wall_seconds": round(wall, 1), "family_seconds": seconds,
+                               "family_cpu_seconds": cpu, "load_average": load, "versions": _versions(),
                                "python": platform.python_version(),
                                "outcomes": [o.to_json() for o in outcomes]}, indent=1) + "\n")
     print(f"\n{len(outcomes)} outcomes in {out}; {wall:.0f} s", file=sys.stderr)

@@ -102,17 +102,19 @@ class FamilyRow:
     exact: int = 0  # targets whose every capture replays bit-exact in a fresh process
     captures: int = 0
     captures_exact: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall
+    cpu: float = 0.0  # CPU seconds of the family's processes (user + system)
     failures: Counter[str] = field(default_factory=Counter)  # category -> captures (or targets, before capture)
 
 
-def rows(outcomes: list[Outcome], seconds: dict[str, float]) -> list[FamilyRow]:
+def rows(outcomes: list[Outcome], seconds: dict[str, float], cpu: dict[str, float] | None = None) -> list[FamilyRow]:
     table: dict[str, FamilyRow] = {}
     by_target: dict[tuple[str, str], list[Outcome]] = {}
     for outcome in outcomes:
         by_target.setdefault((outcome.family, outcome.target), []).append(outcome)
     for (family, _), group in by_target.items():
-        row = table.setdefault(family, FamilyRow(family, seconds=seconds.get(family, 0.0)))
+        row = table.setdefault(family, FamilyRow(family, seconds=seconds.get(family, 0.0),
+                                                 cpu=(cpu or {}).get(family, 0.0)))
         row.tried += 1
         for outcome in group:
             if not outcome.passed and outcome.category != PROBED:
@@ -138,23 +140,25 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def render(table: list[FamilyRow]) -> str:
-    lines = ["| family | tried | built | captured | bit-exact (targets) | bit-exact (captures) | seconds | failures by reason |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+def render(table: list[FamilyRow], wall: float | None = None) -> str:
+    """The census table; the **all** row's wall is the whole run's (``wall``: families run side by side)."""
+    lines = ["| family | tried | built | captured | bit-exact (targets) | bit-exact (captures) | wall s | CPU s "
+             "| failures by reason |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     total = FamilyRow("**all**")
     for row in table:
         failures = "; ".join(f"{reason}: {count}" for reason, count in row.failures.most_common())
         lines.append(f"| {row.family} | {row.tried} | {row.built} | {row.captured} | {row.exact}/{row.built} "
                      f"({_pct(row.exact, row.built)}) | {row.captures_exact}/{row.captures} "
-                     f"({_pct(row.captures_exact, row.captures)}) | {row.seconds:.0f} | {failures or '-'} |")
+                     f"({_pct(row.captures_exact, row.captures)}) | {row.seconds:.0f} | {row.cpu:.0f} | {failures or '-'} |")
         for name in ("tried", "built", "captured", "exact", "captures", "captures_exact"):
             setattr(total, name, getattr(total, name) + getattr(row, name))
-        total.seconds += row.seconds
+        total.seconds = wall if wall is not None else total.seconds + row.seconds
+        total.cpu += row.cpu
         total.failures.update(row.failures)
     failures = "; ".join(f"{reason}: {count}" for reason, count in total.failures.most_common())
     lines.append(f"| {total.family} | {total.tried} | {total.built} | {total.captured} | {total.exact}/{total.built} "
                  f"({_pct(total.exact, total.built)}) | {total.captures_exact}/{total.captures} "
-                 f"({_pct(total.captures_exact, total.captures)}) | {total.seconds:.0f} | {failures or '-'} |")
+                 f"({_pct(total.captures_exact, total.captures)}) | {total.seconds:.0f} | {total.cpu:.0f} | {failures or '-'} |")
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ def _first_block(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
         if not name or not isinstance(module, (nn.ModuleList, nn.Sequential)):
             continue
-        children = list(module.children())
-        if len(children) >= 2 and len({type(c) for c in children[:2]}) == 1 and list(children[0].children()):
-            return f"{name}.0"
+        children = list(module.named_children())
+        if len(children) >= 2 and len({type(c) for _, c in children[:2]}) == 1 and list(children[0][1].children()):
+            return f"{name}.{children[0][0]}"  # a Sequential subclass may name its children
     return None

@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "support"
 REPLAY = SUPPORT / "fidelity_replay.py"
 WATCHDOG = 420  # seconds without a new result line before a worker is taken for hung (targets have 240 s)
-FIRST_LINE = 1800  # before its first line a worker enumerates its family (timm: hundreds of meta-device builds)
+PART = 40  # targets captured, then replayed, then their repo deleted (timm: about 60 MB a target)
+FIRST_LINE = 600  # before its first line a worker imports its library and lists its targets
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Options:
     only: tuple[str, ...] = ()  # target names (all families)
     nice: int = 0
     probe_only: bool = False  # build and run every target without modulelens, capture nothing
+    keep_repos: bool = False  # keep each part's repo after its replay (in the work folder)
 
     def limit(self, family: str) -> int | None:
         return dict(self.limits).get(family)
@@ -62,21 +66,34 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _watch(command: list[str], env: dict[str, str], out: Path, log: Path, nice: int) -> int:
-    """Run ``command`` until it exits, or kill it when ``out`` stops growing for WATCHDOG seconds."""
+    """Run ``command`` until it exits, or kill it when ``out`` stops growing for WATCHDOG seconds.
+    Its CPU seconds (user + system, from ``wait4``) are added to ``CPU`` under ``out``'s family."""
     prefix = ["nice", "-n", str(nice)] if nice else []
     with log.open("ab") as errors:
         process = subprocess.Popen(prefix + command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors)
         last_size, last_change = -1, time.monotonic()
-        while process.poll() is None:
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
             time.sleep(0.5)
             size = out.stat().st_size if out.exists() else 0
             if size != last_size:
                 last_size, last_change = size, time.monotonic()
             elif time.monotonic() - last_change > (WATCHDOG if size else FIRST_LINE):
                 process.kill()
-                process.wait()
-                return -9
+                _, status, usage = os.wait4(process.pid, 0)
+                break
+    family = out.name.split("-", 1)[0]
+    with _cpu_lock:
+        CPU[family] = CPU.get(family, 0.0) + usage.ru_utime + usage.ru_stime
+    process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode
+
+
+# CPU seconds per family, all its processes (the budget in CI is CPU: wall on shared cores is not)
+CPU: dict[str, float] = {}
+_cpu_lock = threading.Lock()
 
 
 def _tail(log: Path) -> str:
@@ -84,11 +101,14 @@ def _tail(log: Path) -> str:
     return "\n".join(text.strip().splitlines()[-6:])[-1500:]
 
 
-def worker_stage(stage: str, family: str, work: Path, options: Options, extra: list[str]) -> list[dict[str, Any]]:
+def worker_stage(stage: str, family: str, work: Path, options: Options, extra: list[str],
+                 part: str = "") -> list[dict[str, Any]]:
     """Run ``census.worker STAGE FAMILY`` until every planned target has its results; a target
     in flight when the process died is recorded as a crash and a new process goes on past it.
-    Returns the result records (``{"outcome": ...}`` or ``{"ran": ...}``)."""
-    out, skip, log = work / f"{family}-{stage}.jsonl", work / f"{family}-{stage}-skip.txt", work / f"{family}-{stage}.log"
+    Returns the result records (``{"outcome": ...}`` or ``{"ran": ...}``). ``part`` names this
+    run's files in ``work`` (a family is captured in parts)."""
+    name = f"{family}-{part or stage}"
+    out, skip, log = work / f"{name}.jsonl", work / f"{name}-skip.txt", work / f"{name}.log"
     command = [sys.executable, "-m", "census.worker", stage, family, str(out), "--seed", str(options.seed),
                "--skip", str(skip), *extra]
     if options.quick:
@@ -120,8 +140,9 @@ def worker_stage(stage: str, family: str, work: Path, options: Options, extra: l
         skip.write_text("\n".join(sorted(done)))
 
 
-def replay_family(family: str, repo: Path, work: Path, saved: list[oc.Outcome], options: Options) -> list[oc.Outcome]:
-    out, log = work / f"{family}-replay.jsonl", work / f"{family}-replay.log"
+def replay_family(family: str, repo: Path, work: Path, saved: list[oc.Outcome], options: Options,
+                  part: str = "replay") -> list[oc.Outcome]:
+    out, log = work / f"{family}-{part}.jsonl", work / f"{family}-{part}.log"
     pending = {o.label: o for o in saved}
     env = _env(_family_path(family, "replay"))
     attempt = 0
@@ -130,7 +151,7 @@ def replay_family(family: str, repo: Path, work: Path, saved: list[oc.Outcome], 
         todo = {label: o.ref for label, o in pending.items() if label not in done}
         if not todo:
             break
-        manifest = work / f"{family}-manifest-{attempt}.json"
+        manifest = work / f"{family}-{part}-manifest-{attempt}.json"
         manifest.write_text(json.dumps(todo))
         code = _watch([sys.executable, str(REPLAY), str(repo), str(manifest), "--jsonl", str(out)], env, out, log,
                       options.nice)
@@ -161,29 +182,34 @@ def _family_path(family: str, stage: str) -> list[str]:
 
 
 def run_family(family: str, options: Options, work: Path) -> list[oc.Outcome]:
-    """Probe (no modulelens), capture what ran, replay what was saved in a fresh process."""
+    """Probe (no modulelens), then per part of ``PART`` targets: capture what ran, replay what was
+    saved in a fresh process, delete the part's repo (a family's captures never pile up on disk)."""
     probed = worker_stage("probe", family, work, options, [])
-    failed = [oc.Outcome(**r["outcome"]) for r in probed if "outcome" in r]
+    results = [oc.Outcome(**r["outcome"]) for r in probed if "outcome" in r]
     ran = {r["ran"]["target"]: r["ran"] for r in probed if "ran" in r}
     if options.probe_only:
-        return failed + [oc.Outcome(family, name, oc.PROBED, message="; ".join(plan["failed"].values()),
-                                    seconds=plan["seconds"]) for name, plan in ran.items()]
-    if not ran:
-        return failed
-    plans = work / f"{family}-plans.json"
-    plans.write_text(json.dumps(ran))
-    repo = work / f"repo-{family}"
-    captured = [oc.Outcome(**r["outcome"]) for r in worker_stage("capture", family, work, options,
-                                                                  ["--repo", str(repo), "--plan", str(plans)])]
-    saved = [o for o in captured if o.category == SAVED]
-    others = [o for o in captured if o.category != SAVED]
-    return failed + others + (replay_family(family, repo, work, saved, options) if saved else [])
+        return results + [oc.Outcome(family, name, oc.PROBED, message="; ".join(plan["failed"].values()),
+                                     seconds=plan["seconds"]) for name, plan in ran.items()]
+    names = list(ran)
+    for index in range(0, len(names), PART):
+        part = index // PART
+        plans, repo = work / f"{family}-plans-{part}.json", work / f"repo-{family}-{part}"
+        plans.write_text(json.dumps({name: ran[name] for name in names[index:index + PART]}))
+        captured = [oc.Outcome(**r["outcome"]) for r in worker_stage(
+            "capture", family, work, options, ["--repo", str(repo), "--plan", str(plans)], part=f"capture{part}")]
+        saved = [o for o in captured if o.category == SAVED]
+        results += [o for o in captured if o.category != SAVED]
+        if saved:
+            results += replay_family(family, repo, work, saved, options, part=f"replay{part}")
+        if not options.keep_repos:
+            shutil.rmtree(repo, ignore_errors=True)
+    return results
 
 
 def run(families: list[str], options: Options, work: Path, jobs: int = 1) -> tuple[list[oc.Outcome], dict[str, float]]:
-    """Every family's outcomes (in the order of ``families``) and its wall seconds; ``jobs``
-    families at a time (each family is its own processes, so they share nothing). ``work`` holds
-    the repos, manifests and the workers' logs."""
+    """Every family's outcomes (in the order of ``families``) and its wall seconds (its CPU seconds
+    are in ``CPU``); ``jobs`` families at a time (each family is its own processes, so they share
+    nothing). ``work`` holds the repos, manifests and the workers' logs."""
     work.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
 

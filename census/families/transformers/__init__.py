@@ -17,6 +17,7 @@ caches on: a prefill and a decode step on the returned cache (both calls recorde
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,10 +28,10 @@ from census.families.transformers.inputs import candidates
 from census.families.transformers.shrink import shrink
 from census.targets import CannotBuildError, CannotBuildInputsError, Job, Sample, Target
 
-MAX_PARAMETERS = 4_000_000
+MAX_PARAMETERS = 10_000_000
 # the head per model type: the first of these mappings that lists it (MODEL_MAPPING_NAMES last)
-HEADS = ["CAUSAL_LM", "SEQ_TO_SEQ_CAUSAL_LM", "MASKED_LM", "SPEECH_SEQ_2_SEQ", "CTC", "IMAGE_CLASSIFICATION",
-         "AUDIO_CLASSIFICATION", "SEQUENCE_CLASSIFICATION", "IMAGE_TEXT_TO_TEXT", "SEMANTIC_SEGMENTATION",
+HEADS = ["CAUSAL_LM", "IMAGE_TEXT_TO_TEXT", "SEQ_TO_SEQ_CAUSAL_LM", "MASKED_LM", "SPEECH_SEQ_2_SEQ", "CTC",
+         "IMAGE_CLASSIFICATION", "AUDIO_CLASSIFICATION", "SEQUENCE_CLASSIFICATION", "SEMANTIC_SEGMENTATION",
          "DEPTH_ESTIMATION", "TIME_SERIES_PREDICTION", ""]
 
 
@@ -44,15 +45,13 @@ def _class_name(entry: Any) -> str:
     return entry[0] if isinstance(entry, (tuple, list)) else entry
 
 
-def architectures() -> list[tuple[str, str]]:
-    """(model type, model class name) per architecture, in model-type order."""
+def architectures() -> list[tuple[str, list[str]]]:
+    """(model type, its model class names: the heads in ``HEADS`` order, the base model last) per
+    architecture, in model-type order. The first class that builds is the target's."""
     found = []
     for model_type in sorted(_mapping("")):
-        for head in HEADS:
-            entry = _mapping(head).get(model_type)
-            if entry:
-                found.append((model_type, _class_name(entry)))
-                break
+        classes = [_class_name(entry) for head in HEADS if (entry := _mapping(head).get(model_type))]
+        found.append((model_type, list(dict.fromkeys(classes))))
     return found
 
 
@@ -60,8 +59,15 @@ def _error(error: BaseException) -> str:
     return " ".join(f"{type(error).__name__}: {error}".split())[:500]
 
 
+# how a config is shrunk, in order: the next is tried when a config is rejected, does not construct
+# or is over MAX_PARAMETERS (shrink.py: layers kept per kind or all; every other width narrowed)
+STRATEGIES = [("shrunk", {"layers": True}), ("shrunk, every layer kept", {"layers": False}),
+              ("shrunk and narrowed", {"layers": True, "narrow": True}),
+              ("shrunk and narrowed, every layer kept", {"layers": False, "narrow": True})]
+
+
 def _shrunk_config(model_type: str) -> list[tuple[str, Any]]:
-    """(how, config) candidates: the shrunk default config, then the same keeping every layer."""
+    """(how, config) candidates, one per strategy whose config the config class accepts."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
@@ -70,9 +76,9 @@ def _shrunk_config(model_type: str) -> list[tuple[str, Any]]:
     except Exception as error:
         raise CannotBuildError(f"the default {config_class.__name__}() fails: {_error(error)}") from error
     found, errors = [], []
-    for how, layers in (("shrunk", True), ("shrunk, every layer kept", False)):
+    for how, options in STRATEGIES:
         try:
-            found.append((how, config_class.from_dict(shrink(default, layers=layers))))
+            found.append((how, config_class.from_dict(shrink(default, **options))))
         except Exception as error:
             errors.append(f"{how}: {_error(error)}")
     if not found:
@@ -93,32 +99,52 @@ def _default_constructs(model_type: str, model_class: type[nn.Module]) -> str:
     return " (the default config constructs it)"
 
 
-def _build(model_type: str, class_name: str) -> Callable[[], nn.Module]:
+def _build(model_type: str, class_names: list[str]) -> Callable[[], nn.Module]:
+    """The first of the type's classes (heads first) that constructs from the first strategy's
+    config that fits, on the meta device first (nothing allocated for a model over the limit)."""
     def build() -> nn.Module:
         import transformers
 
-        model_class = getattr(transformers, class_name, None)
-        if model_class is None:
-            raise CannotBuildError(f"transformers has no {class_name}")
-        errors = []
-        for how, config in _shrunk_config(model_type):
-            try:
-                with torch.device("meta"):
-                    meta = model_class(config)
-            except Exception as error:
-                errors.append(f"{how}: {_error(error)}")
+        errors: list[str] = []
+        configs = _shrunk_config(model_type)
+        for class_name in class_names:
+            model_class = getattr(transformers, class_name, None)
+            if model_class is None:
+                errors.append(f"transformers has no {class_name}")
                 continue
-            count = sum(p.numel() for p in meta.parameters())
-            del meta
-            if count > MAX_PARAMETERS:
-                large = {k: v for k, v in config.to_dict().items() if isinstance(v, int) and not isinstance(v, bool)
-                         and v > 256}
-                errors.append(f"{how}: {count / 1e6:.1f}M parameters (over {MAX_PARAMETERS / 1e6:.0f}M); large fields "
-                              f"left: {large}"[:400])
-                continue
-            return model_class(config)
-        raise CannotBuildError(" | ".join(errors) + _default_constructs(model_type, model_class))
+            for how, config in configs:
+                try:
+                    with torch.device("meta"):
+                        meta = model_class(config)
+                except Exception as error:
+                    errors.append(f"{class_name}, {how}: {_error(error)}")
+                    continue
+                count = sum(p.numel() for p in meta.parameters())
+                del meta
+                if count > MAX_PARAMETERS:
+                    errors.append(f"{class_name}, {how}: {count / 1e6:.1f}M parameters (over "
+                                  f"{MAX_PARAMETERS / 1e6:.0f}M): {_largest(config)}")
+                    continue
+                return model_class(config)
+        first = getattr(transformers, class_names[0], None)
+        reason = _default_constructs(model_type, first) if first is not None else ""
+        raise CannotBuildError(" | ".join(dict.fromkeys(errors))[:1200] + reason)
     return build
+
+
+def _largest(config: Any) -> str:
+    """The largest integer fields of a config tree, the likely reason it is still big."""
+    fields: list[tuple[int, str]] = []
+
+    def walk(tree: dict[str, Any], prefix: str) -> None:
+        for key, value in tree.items():
+            if isinstance(value, dict) and "model_type" in value:
+                walk(value, f"{prefix}{key}.")
+            elif isinstance(value, int) and not isinstance(value, bool) and value > 64 and not re.search(
+                    r"token|rate|temperature|theta|period|base", key):
+                fields.append((value, f"{prefix}{key}"))
+    walk(config.to_dict(), "")
+    return "largest fields " + ", ".join(f"{name}={value}" for value, name in sorted(fields, reverse=True)[:4])
 
 
 def _job(model: nn.Module) -> Job:
@@ -172,5 +198,5 @@ def _with_decode_step(model: nn.Module, inputs: dict[str, Any], out: Any) -> Job
 
 def targets(sample: Sample) -> list[Target]:
     chosen = sample.pick(architectures(), lambda a: a[0], quick_count=4)
-    return [Target(model_type, _build(model_type, class_name), _job, calls=2, note=class_name)
-            for model_type, class_name in chosen]
+    return [Target(model_type, _build(model_type, class_names), _job, calls=2, note=", ".join(class_names))
+            for model_type, class_names in chosen]

@@ -57,12 +57,19 @@ class Context:
                 yield sub
 
     def vision(self, *names: str, default: Any = None) -> Any:
-        for holder in (getattr(self.config, "vision_config", None), self.config):
+        return self._first(("vision_config", "backbone_config"), names, default)
+
+    def audio(self, *names: str, default: Any = None) -> Any:
+        return self._first(("audio_config", "encoder_config", "encoder"), names, default)
+
+    def _first(self, subs: tuple[str, ...], names: tuple[str, ...], default: Any) -> Any:
+        """The first of ``names`` set in the named sub-configs, else anywhere in the tree."""
+        for holder in (*(getattr(self.config, s, None) for s in subs), self.config):
             for name in names:
                 value = getattr(holder, name, None) if holder is not None else None
                 if value is not None and not isinstance(value, bool):
                     return value
-        return default
+        return self.value(*names, default=default)
 
     def special_ids(self) -> set[int]:
         found: set[int] = set()
@@ -105,17 +112,57 @@ def _grid(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
     return ctx.randn(BATCH * side * side, channels * temporal * patch * patch), grid
 
 
-def _audio_features(ctx: Context) -> torch.Tensor:
-    bins = int(ctx.value("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", default=80))
-    return ctx.randn(BATCH, bins, 64)
+def _patches(ctx: Context, parameters: dict[str, inspect.Parameter]) -> dict[str, Any]:
+    """Vision towers fed patch sequences: Qwen-style flattened patches with a (t, h, w) grid, or
+    (batch, patches, values) with a mask and the (h, w) shape (SigLIP2) or per-patch positions."""
+    if "grid_thw" in parameters:
+        return _vision(ctx, parameters)
+    channels = int(ctx.vision("num_channels", "in_channels", default=3))
+    patch = int(ctx.vision("patch_size", default=8))
+    side = 4
+    inputs: dict[str, Any] = {"pixel_values": ctx.randn(BATCH, side * side, channels * patch * patch)}
+    if "pixel_attention_mask" in parameters:
+        inputs["pixel_attention_mask"] = torch.ones(BATCH, side * side, dtype=torch.long)
+    if "spatial_shapes" in parameters:
+        inputs["spatial_shapes"] = torch.tensor([[side, side]] * BATCH)
+    if "pixel_position_ids" in parameters:
+        grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij"), -1).reshape(-1, 2)
+        inputs["pixel_position_ids"] = grid.expand(BATCH, -1, -1).contiguous()
+    return inputs
 
 
-def _time_series(ctx: Context, future: bool) -> torch.Tensor:
+def _audio_features(ctx: Context, frames: int = 64) -> torch.Tensor:
+    bins = int(ctx.audio("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", default=80))
+    return ctx.randn(BATCH, bins, frames)
+
+
+def _frame_counts(ctx: Context) -> list[int]:
+    """Feature lengths to try: a short clip, what Whisper-style encoders require (twice their
+    source positions) and multiples of a windowed encoder's window."""
+    counts = [64, 2 * int(ctx.audio("max_source_positions", default=32))]
+    window = ctx.audio("n_window")
+    if isinstance(window, int) and window > 0:
+        counts.append(2 * window)
+    return list(dict.fromkeys(counts))
+
+
+def _spectrogram(ctx: Context) -> torch.Tensor:
+    """Audio Spectrogram Transformer: ``input_values`` are (batch, frames, mel bins)."""
+    return ctx.randn(BATCH, int(ctx.audio("max_length", default=128)), int(ctx.audio("num_mel_bins", default=16)))
+
+
+def _video(ctx: Context, frames: int | None = None) -> torch.Tensor:
+    """Video models and per-sample image stacks: (batch, frames, channels, height, width)."""
+    frames = frames or int(ctx.vision("num_frames", default=2))
+    return _image(ctx).unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()
+
+
+def _time_series(ctx: Context, future: bool, channels_last: bool = False) -> torch.Tensor:
     length = int(ctx.value("context_length", default=16)) + max(ctx.value("lags_sequence", default=[0]) or [0])
     if future:
         length = int(ctx.value("prediction_length", default=4))
     channels = int(ctx.value("num_input_channels", "input_size", default=1))
-    return ctx.randn(BATCH, length, channels) if channels > 1 else ctx.randn(BATCH, length)
+    return ctx.randn(BATCH, length, channels) if channels > 1 or channels_last else ctx.randn(BATCH, length)
 
 
 def _time_features(ctx: Context, future: bool) -> torch.Tensor:
@@ -145,6 +192,8 @@ MAKERS: dict[str, Callable[[Context], Any]] = {
     "past_observed_mask": lambda c: torch.ones_like(_time_series(c, future=False)),
     "future_values": lambda c: _time_series(c, future=True),
     "future_time_features": lambda c: _time_features(c, future=True),
+    "encoder_hidden_states": lambda c: c.randn(BATCH, 4, int(c.value("encoder_hidden_size", "hidden_size", default=32))),
+    "pixel_values_videos": _video,
     "prompt_pixel_values": _image,
     "prompt_masks": _image,
 }
@@ -174,6 +223,8 @@ def _text(ctx: Context, parameters: dict[str, inspect.Parameter]) -> dict[str, A
     inputs: dict[str, Any] = {"input_ids": MAKERS["input_ids"](ctx)}
     if "attention_mask" in parameters:
         inputs["attention_mask"] = MAKERS["attention_mask"](ctx)
+    if "bbox" in parameters:  # layout models: a box per token
+        inputs["bbox"] = MAKERS["bbox"](ctx)
     if "decoder_input_ids" in parameters and (getattr(ctx.config, "is_encoder_decoder", False)
                                               or "decoder_input_ids" in _required(parameters)):
         inputs["decoder_input_ids"] = MAKERS["decoder_input_ids"](ctx)
@@ -224,37 +275,61 @@ def _with_image_tokens(ctx: Context, parameters: dict[str, inspect.Parameter]) -
     return inputs
 
 
+def _decoder(ctx: Context, parameters: dict[str, inspect.Parameter]) -> dict[str, Any]:
+    """Decoder ids for a model that generates text from another modality (speech, vision seq2seq)."""
+    return {"decoder_input_ids": MAKERS["decoder_input_ids"](ctx)} if "decoder_input_ids" in parameters else {}
+
+
 def candidates(model: nn.Module) -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
     """(description, inputs maker) pairs, fullest first."""
     ctx = Context(model, model.config)
     parameters = _parameters(model)
     main = getattr(model, "main_input_name", "input_ids")
     takes_text, takes_images = "input_ids" in parameters, "pixel_values" in parameters
+    if takes_text and "input_features" in parameters and main != "input_features":  # CLAP-like text and audio
+        yield "text and audio", lambda: _fill(ctx, {**_text(ctx, parameters), "input_features": _audio_features(
+            ctx).unsqueeze(1)}, parameters)
     if takes_text and takes_images and ctx.value("image_token_id", "image_token_index") is not None:
         yield "text with image tokens and images", lambda: _fill(ctx, _with_image_tokens(ctx, parameters), parameters)
     if takes_text and takes_images:
         yield "text and images", lambda: _fill(ctx, {**_text(ctx, parameters), **_vision(ctx, parameters)}, parameters)
+    if "grid_thw" in parameters or "spatial_shapes" in parameters or "pixel_position_ids" in parameters:
+        yield "image patches", lambda: _fill(ctx, _patches(ctx, parameters), parameters)
+    if takes_images and ctx.vision("num_frames") is not None:
+        yield "video", lambda: _fill(ctx, {**(_text(ctx, parameters) if takes_text else {}), "pixel_values": _video(ctx),
+                                           **_decoder(ctx, parameters)}, parameters)
     if main in ("pixel_values", "hidden_states") or (main not in parameters and takes_images):
-        yield "images", lambda: _fill(ctx, _vision(ctx, parameters), parameters)
+        yield "images", lambda: _fill(ctx, {**_vision(ctx, parameters), **_decoder(ctx, parameters)}, parameters)
+        if takes_text:
+            yield "images (a stack per sample) and text", lambda: _fill(
+                ctx, {**_text(ctx, parameters), "pixel_values": _video(ctx)}, parameters)
         side = _first_int(ctx.vision("image_size", "img_size", default=32))
         for other in (64, 224):
             if other != side:
                 yield f"images of {other} px", lambda other=other: _fill(
                     ctx, {"pixel_values": torch.nn.functional.interpolate(_image(ctx), size=(other, other))}, parameters)
     if main == "input_values":
-        yield "raw audio", lambda: _fill(ctx, {"input_values": MAKERS["input_values"](ctx)}, parameters)
+        yield "raw audio", lambda: _fill(ctx, {"input_values": MAKERS["input_values"](ctx), **_decoder(ctx, parameters)},
+                                         parameters)
+        yield "spectrogram", lambda: _fill(ctx, {"input_values": _spectrogram(ctx)}, parameters)
         yield "raw audio (batch, 1, samples)", lambda: _fill(ctx, {"input_values": ctx.randn(BATCH, 1, 1600)}, parameters)
         yield "raw audio, 16000 samples", lambda: _fill(ctx, {"input_values": ctx.randn(BATCH, 16000)}, parameters)
     if main == "input_features":
-        features = _audio_features(ctx)
-        yield "audio features", lambda: _fill(ctx, {"input_features": features, **(
-            {"decoder_input_ids": MAKERS["decoder_input_ids"](ctx)} if getattr(ctx.config, "is_encoder_decoder", False)
-            and "decoder_input_ids" in parameters else {})}, parameters)
-        yield "audio features (batch, frames, bins)", lambda: _fill(
-            ctx, {"input_features": features.transpose(1, 2).contiguous()}, parameters)
+        for frames in _frame_counts(ctx):
+            features = _audio_features(ctx, frames)
+            yield f"audio features of {frames} frames", lambda features=features: _fill(
+                ctx, {"input_features": features, **_decoder(ctx, parameters)}, parameters)
+            yield f"audio features of {frames} frames (batch, frames, bins)", lambda features=features: _fill(
+                ctx, {"input_features": features.transpose(1, 2).contiguous(), **_decoder(ctx, parameters)}, parameters)
+    if main == "pixel_values":  # image pairs (LightGlue, EfficientLoFTR: batch, 2, channels, height, width)
+        yield "images (a stack per sample)", lambda: _fill(ctx, {"pixel_values": _video(ctx, 2)}, parameters)
     if takes_text and main not in ("pixel_values", "input_values", "input_features"):
         yield "text", lambda: _fill(ctx, _text(ctx, parameters), parameters)
     if main == "past_values":
         yield "time series", lambda: _fill(ctx, {"past_values": MAKERS["past_values"](ctx)}, parameters)
-    if main not in MAKERS and main not in ("hidden_states",):
-        yield f"main input {main!r}", lambda: _fill(ctx, {}, parameters)
+        yield "time series (batch, length, channels)", lambda: _fill(
+            ctx, {"past_values": _time_series(ctx, future=False, channels_last=True)}, parameters)
+    yield "the required arguments", lambda: _fill(ctx, {}, parameters)
+    if "encoder_hidden_states" in parameters:  # a cross-attending module alone (Q-Former)
+        yield "the required arguments and encoder states", lambda: _fill(
+            ctx, {"encoder_hidden_states": MAKERS["encoder_hidden_states"](ctx)}, parameters)

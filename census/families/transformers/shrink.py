@@ -62,12 +62,20 @@ SIZES: dict[str, int | float] = {
     "mamba_n_heads": HEADS_N, "mamba_d_state": 16, "state_size": 16, "d_state": 16, "mamba_d_head": 2 * HEAD,
     "ssm_state_size": 16, "mamba_n_groups": 1,
     # vocabularies and positions
-    "vocab_size": VOCAB, "max_position_embeddings": POSITIONS, "n_positions": POSITIONS, "n_ctx": POSITIONS,
+    "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB, "entity_vocab_size": VOCAB, "input_vocab_size": VOCAB,
+    "output_vocab_size": VOCAB, "encoder_hash_byte_group_vocab": VOCAB, "num_embeddings": 64,
+    "hidden_size_per_layer_input": HEAD, "entity_emb_size": HIDDEN, "d_latents": HIDDEN, "num_latents": 8,
+    "zero_expert_num": 2, "expert_ffn_hidden_size": FFN // 2,
+    "max_position_embeddings": POSITIONS, "n_positions": POSITIONS, "n_ctx": POSITIONS,
     "max_seq_len": POSITIONS, "max_sequence_length": POSITIONS, "seq_length": POSITIONS, "max_length": POSITIONS,
     "max_source_positions": POSITIONS, "max_target_positions": POSITIONS, "num_buckets": 8,
     "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "text_vocab_size": VOCAB, "codebook_size": 64,
     # images
-    "image_size": IMAGE, "patch_size": PATCH, "img_size": IMAGE, "window_size": 2,
+    "image_size": IMAGE, "patch_size": PATCH, "img_size": IMAGE, "window_size": 2, "num_windows": 4,
+    # per-head sizes named otherwise; Mamba2 groups
+    "d_head": HEAD, "n_groups": 1,
+    # SpecAugment masks in train mode must fit the few frames of the census's audio
+    "mask_time_length": 2, "mask_feature_length": 2,
 }
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
                 "num_decoder_layers", "num_encoder_layers", "depth", "num_blocks", "n_blocks", "text_layers",
@@ -83,13 +91,17 @@ LIST_SIZES = {"depths": lambda i: 1, "hidden_sizes": lambda i: _STAGE[min(i, 7)]
               "stage_numb_of_layers": lambda i: 1}
 # fields a default config leaves unset that the model needs: a time series' prediction length; a
 # hybrid's attention layers (Bamba's default has none, and transformers' cached forward then fails)
-WHEN_NONE: dict[str, Any] = {"prediction_length": 4, "attn_layer_indices": [1]}
+# and a padding token (a sequence classifier finds the last token of each row of a batch by it)
+WHEN_NONE: dict[str, Any] = {"prediction_length": 4, "attn_layer_indices": [1], "pad_token_id": 0}
 COEFFICIENTS = {"width_coefficient": 0.25, "depth_coefficient": 0.5}  # EfficientNet-style scaling
 # width-like names (rule 3) and names that are never widths even when their value matches one
-_WIDTH = re.compile(r"hidden|_dim$|_dims?_|_size$|channels|width|embed")
+_WIDTH = re.compile(r"hidden|_dim$|_dims?_|_size$|_sizes$|channels|width|embed|units|_dims$|features$")
 _NOT_WIDTH = re.compile(r"vocab|position|length|window|image|patch|sample|rate|bucket|token|seq|chunk|kernel|stride|"
-                        r"batch|frame|mel|bin|codebook|grid|label|pad|cache|num_|^n_|max|min|group|expert|block|cond|"
-                        r"lora|rank|stage|level|query|queries|feature_size")
+                        r"batch|frame|mel|bin|codebook_size|grid|label|pad|cache|num_|^n_|max|min|group|expert|block|"
+                        r"lora|rank|stage|level|query|queries|feature_size|theta|scale|factor|ratio|eps|prob|dropout")
+# what narrowing (``narrow=True``) leaves alone: counts, lengths and rates, not widths
+_NOT_NARROW = re.compile(r"vocab|position|length|window|sample|rate|bucket|token|seq|chunk|kernel|stride|num_|^n_|"
+                         r"max|min|eps|theta|scale|factor|ratio|prob|dropout|label|pad|image_size|patch|frame|bins")
 _SKIP = {"id2label", "label2id", "transformers_version", "architectures", "model_type", "_name_or_path", "dtype"}
 
 
@@ -110,20 +122,24 @@ def hidden_sizes(tree: dict[str, Any]) -> set[int]:
     return found
 
 
-def shrink(tree: dict[str, Any], widths: set[int] | None = None, layers: bool = True) -> dict[str, Any]:
-    """The shrunk copy of a config dict (``config.to_dict()``); ``layers=False`` keeps every layer
-    (for configs whose layer structure the rules cannot cut consistently)."""
+def shrink(tree: dict[str, Any], widths: set[int] | None = None, layers: bool = True,
+           narrow: bool = False) -> dict[str, Any]:
+    """The shrunk copy of a config dict (``config.to_dict()``). ``layers=False`` keeps every layer
+    (for configs whose layer structure the rules cannot cut consistently); ``narrow=True`` also
+    divides every other width-like field by ``NARROW`` (for models still over the parameter limit:
+    necks, vocoders and codecs with widths of their own)."""
     widths = hidden_sizes(tree) if widths is None else widths
     out = copy.deepcopy(tree)
     for key, value in tree.items():
         if key.endswith("backbone_config") and _is_config(value) and value.get("model_type") == "timm_backbone":
             out[key] = _resnet_backbone(value)
         elif _is_config(value):
-            out[key] = shrink(value, widths, layers)
+            out[key] = shrink(value, widths, layers, narrow)
         elif isinstance(value, list) and value and all(_is_config(v) for v in value):
-            out[key] = [shrink(v, widths, layers) for v in value]
+            out[key] = [shrink(v, widths, layers, narrow) for v in value]
     if layers:
         _shrink_layers(out)
+    renamed = _renamed_widths(tree, out)
     for key, value in tree.items():
         if key in _SKIP or key not in out or _is_config(value):
             continue
@@ -140,14 +156,48 @@ def shrink(tree: dict[str, Any], widths: set[int] | None = None, layers: bool = 
         elif key in COEFFICIENTS and isinstance(current, (int, float)):
             out[key] = COEFFICIENTS[key]
 
-        elif _int(current) and current in widths and current > HIDDEN and _WIDTH.search(key) and not _NOT_WIDTH.search(key):
-            out[key] = HIDDEN
-        elif isinstance(current, dict) and not _is_config(current):
-            out[key] = _sections(current, out)
+        elif _int(current) and current in widths and current > 64 and not _NOT_WIDTH.search(key):
+            out[key] = HIDDEN  # equal to a hidden size by default: kept equal (out_hidden_size, condition_dim, ...)
+        elif "groups" in key and _int(current) and current > 1:
+            out[key] = HIDDEN if current in widths else min(current, 2)  # depthwise (= width) or a few groups
+        elif _int_list(current) and renamed and all(v in renamed for v in current) and _WIDTH.search(key):
+            out[key] = [renamed[v] for v in current]  # a sub-config's stage widths, named again here
+        elif _int_list(current) and any(v in widths and v > 64 for v in current) and _WIDTH.search(key):
+            out[key] = [HIDDEN if v in widths else v for v in current]
+        elif narrow and _WIDTH.search(key) and not _NOT_NARROW.search(key) and (_int(current) or _int_list(current)):
+            out[key] = [_narrow(v) for v in current] if isinstance(current, list) else _narrow(current)
         elif current is None and key in WHEN_NONE:
             out[key] = WHEN_NONE[key]
+    for key, value in out.items():  # after the sizes: the sections follow the new head size
+        if isinstance(value, dict) and not _is_config(value) and key not in _SKIP:
+            out[key] = _sections(value, out)
     _consistent(out, tree)
     return out
+
+
+NARROW = 16
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_int(v) for v in value)
+
+
+def _narrow(value: int) -> int:
+    return max(8, value // NARROW) if value > 64 else value
+
+
+def _renamed_widths(tree: dict[str, Any], out: dict[str, Any]) -> dict[int, int]:
+    """Old -> new stage widths of the shrunk sub-configs (a backbone's ``hidden_sizes``), so a parent
+    list naming them (a detector's ``encoder_in_channels``) follows."""
+    found: dict[int, int] = {}
+    for key, value in tree.items():
+        if _is_config(value) and _is_config(out.get(key)):
+            for name in LIST_SIZES:
+                old, new = value.get(name), out[key].get(name)
+                if _int_list(old) and _int_list(new) and len(old) == len(new) and name not in ("depths", "num_heads"):
+                    found.update({o: n for o, n in zip(old, new, strict=True) if o > 64})
+            found.update({o: n for o, n in _renamed_widths(value, out[key]).items() if o not in found})
+    return found
 
 
 def _resnet_backbone(timm: dict[str, Any]) -> dict[str, Any]:
@@ -175,8 +225,18 @@ def _per_layer_overrides(tree: dict[str, Any], count: int) -> dict[int, Any]:
     return {int(k): v for k, v in overrides.items() if str(k).isdigit() and int(k) < count}
 
 
+def _patterns(tree: dict[str, Any], count: int) -> list[str]:
+    """Repeating layer patterns shorter than the layer count (RecurrentGemma's ``block_types``)."""
+    return [k for k, v in tree.items() if k.endswith("types") and isinstance(v, (list, tuple)) and 1 < len(v) < count
+            and len(set(map(repr, v))) > 1]
+
+
 def _kept_layers(tree: dict[str, Any], count: int) -> list[int]:
-    """The first layer of each kind (per-layer lists with few distinct values, overrides, index lists)."""
+    """The first layer of each kind (per-layer lists with few distinct values, overrides, index lists);
+    a config with a repeating pattern keeps its first full period (layer i is pattern[i % period])."""
+    periods = [len(tree[k]) for k in _patterns(tree, count)]
+    if periods:
+        return list(range(min(count, max(LAYERS, *periods), MAX_LAYERS)))
     per_layer = _per_layer(tree, count)
     kinds = [k for k in per_layer if len({repr(v) for v in tree[k]}) <= 4 and k not in LIST_SIZES]
     indexed = _index_lists(tree, count, per_layer)
@@ -239,6 +299,8 @@ def _sections(rope: dict[str, Any], tree: dict[str, Any]) -> dict[str, Any]:
     for key, value in rope.items():
         if isinstance(value, dict):
             out[key] = _sections(value, tree)
+        elif key == "partial_rotary_factor" and isinstance(value, float) and value * HEAD < 4:
+            out[key] = 4 / HEAD  # at least two rotated pairs (M-RoPE rotates pairs on alternating axes)
         elif "section" in key and isinstance(value, list) and value and all(_int(v) and v > 0 for v in value):
             half = int(tree.get("qk_rope_head_dim") or tree.get("head_dim") or HEAD) // 2
             rotary = rope.get("partial_rotary_factor")
@@ -276,9 +338,11 @@ def _consistent(tree: dict[str, Any], default: dict[str, Any]) -> None:
             if _int(tree.get(offset)):
                 tree[offset] = min(tree[offset], count - 1)
     rope = tree.get("rope_parameters")
-    if isinstance(rope, dict) and "mrope_section" not in rope and _uses_mrope(tree.get("model_type")):
+    if isinstance(rope, dict) and _uses_mrope(tree.get("model_type")):
         # the modeling code's default sections ([16, 24, 24]) sum to half of a 128 head
-        rope["mrope_section"] = _split(int(tree.get("head_dim") or HEAD) // 2, [16, 24, 24])
+        for entry in [rope, *(v for v in rope.values() if isinstance(v, dict))]:
+            if "rope_type" in entry and "mrope_section" not in entry:
+                entry["mrope_section"] = _split(int(tree.get("head_dim") or HEAD) // 2, [16, 24, 24])
     if _int(tree.get("mamba_expand")) and _int(tree.get("mamba_n_heads")) and _int(tree.get("hidden_size")):
         tree["mamba_d_head"] = tree["mamba_expand"] * tree["hidden_size"] // tree["mamba_n_heads"]
     expand = tree.get("expand")
