@@ -28,9 +28,12 @@ from census.worker import SAVED
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "support"
 REPLAY = SUPPORT / "fidelity_replay.py"
-WATCHDOG = 420  # seconds without a new result line before a worker is taken for hung (targets have 240 s)
+# a worker is taken for hung after WATCHDOG seconds without a new result line in which it used no CPU
+# (a busy worker on loaded shared cores is slow, not hung; targets have 240 CPU seconds), or after
+# HARD_LIMIT seconds without a new line whatever it did
+WATCHDOG, HARD_LIMIT = 300, 3600
 PART = 40  # targets captured, then replayed, then their repo deleted (timm: about 60 MB a target)
-FIRST_LINE = 600  # before its first line a worker imports its library and lists its targets
+FIRST_LINE = 600  # idle seconds before its first line (a worker imports its library and lists its targets)
 
 
 @dataclass(frozen=True)
@@ -66,21 +69,26 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _watch(command: list[str], env: dict[str, str], out: Path, log: Path, nice: int) -> int:
-    """Run ``command`` until it exits, or kill it when ``out`` stops growing for WATCHDOG seconds.
+    """Run ``command`` until it exits, or kill it as hung (see WATCHDOG: no new line in ``out``
+    and no CPU used).
     Its CPU seconds (user + system, from ``wait4``) are added to ``CPU`` under ``out``'s family."""
     prefix = ["nice", "-n", str(nice)] if nice else []
     with log.open("ab") as errors:
         process = subprocess.Popen(prefix + command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors)
-        last_size, last_change = -1, time.monotonic()
+        last_size, last_line = -1, time.monotonic()
+        last_cpu, last_busy = -1.0, time.monotonic()
         while True:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             if pid:
                 break
             time.sleep(0.5)
-            size = out.stat().st_size if out.exists() else 0
+            now, size, cpu = time.monotonic(), out.stat().st_size if out.exists() else 0, _cpu_of(process.pid)
             if size != last_size:
-                last_size, last_change = size, time.monotonic()
-            elif time.monotonic() - last_change > (WATCHDOG if size else FIRST_LINE):
+                last_size, last_line = size, now
+            if cpu != last_cpu:
+                last_cpu, last_busy = cpu, now
+            idle = now - max(last_line, last_busy)
+            if idle > (WATCHDOG if size else FIRST_LINE) or now - last_line > HARD_LIMIT:
                 process.kill()
                 _, status, usage = os.wait4(process.pid, 0)
                 break
@@ -89,6 +97,16 @@ def _watch(command: list[str], env: dict[str, str], out: Path, log: Path, nice: 
         CPU[family] = CPU.get(family, 0.0) + usage.ru_utime + usage.ru_stime
     process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds a running process has used so far (Linux /proc; -1 elsewhere: the watchdog then
+    goes by new lines only)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # CPU seconds per family, all its processes (the budget in CI is CPU: wall on shared cores is not)
