@@ -139,7 +139,6 @@ def shrink(tree: dict[str, Any], widths: set[int] | None = None, layers: bool = 
             out[key] = [shrink(v, widths, layers, narrow) for v in value]
     if layers:
         _shrink_layers(out)
-    renamed = _renamed_widths(tree, out)
     for key, value in tree.items():
         if key in _SKIP or key not in out or _is_config(value):
             continue
@@ -160,8 +159,6 @@ def shrink(tree: dict[str, Any], widths: set[int] | None = None, layers: bool = 
             out[key] = HIDDEN  # equal to a hidden size by default: kept equal (out_hidden_size, condition_dim, ...)
         elif "groups" in key and _int(current) and current > 1:
             out[key] = HIDDEN if current in widths else min(current, 2)  # depthwise (= width) or a few groups
-        elif _int_list(current) and renamed and all(v in renamed for v in current) and _WIDTH.search(key):
-            out[key] = [renamed[v] for v in current]  # a sub-config's stage widths, named again here
         elif _int_list(current) and any(v in widths and v > 64 for v in current) and _WIDTH.search(key):
             out[key] = [HIDDEN if v in widths else v for v in current]
         elif narrow and _WIDTH.search(key) and not _NOT_NARROW.search(key) and (_int(current) or _int_list(current)):
@@ -184,20 +181,6 @@ def _int_list(value: Any) -> bool:
 
 def _narrow(value: int) -> int:
     return max(8, value // NARROW) if value > 64 else value
-
-
-def _renamed_widths(tree: dict[str, Any], out: dict[str, Any]) -> dict[int, int]:
-    """Old -> new stage widths of the shrunk sub-configs (a backbone's ``hidden_sizes``), so a parent
-    list naming them (a detector's ``encoder_in_channels``) follows."""
-    found: dict[int, int] = {}
-    for key, value in tree.items():
-        if _is_config(value) and _is_config(out.get(key)):
-            for name in LIST_SIZES:
-                old, new = value.get(name), out[key].get(name)
-                if _int_list(old) and _int_list(new) and len(old) == len(new) and name not in ("depths", "num_heads"):
-                    found.update({o: n for o, n in zip(old, new, strict=True) if o > 64})
-            found.update({o: n for o, n in _renamed_widths(value, out[key]).items() if o not in found})
-    return found
 
 
 def _resnet_backbone(timm: dict[str, Any]) -> dict[str, Any]:
