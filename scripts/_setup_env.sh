@@ -58,6 +58,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -rf .venv/torchtune-site
   python -m pip install -q --disable-pip-version-check --no-deps --target .venv/torchtune-site \
     "torchtune==0.6.1" "torchao==0.17.0" omegaconf antlr4-python3-runtime sentencepiece tiktoken >&2
+  # torchrec for the census's jagged-tensor family, also --no-deps: it requires fbgemm-gpu (a CUDA build) and pins
+  # torchmetrics==1.0.3. No fbgemm-gpu(-cpu) build loads its operators with torch 2.13 (undefined symbol in
+  # fbgemm_gpu_py.so), so the census imports only torchrec.sparse.jagged_tensor through census/shims/torchrec, which
+  # loads the one fbgemm library file that does load (the cumsum behind jagged offsets). Nothing else is needed:
+  # jagged_tensor imports only torch and torchrec's own modules.
+  python -m pip install -q --disable-pip-version-check --no-deps "torchrec==1.9.2" "fbgemm-gpu-cpu==1.9.0" >&2
   echo "$want" > "$stamp"
   if ! python -c "import torchvision" 2>/dev/null; then
     echo "note: no torchvision build for torch $(python -c "import torch; print(torch.__version__)") is available from" \
