@@ -19,6 +19,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import CorruptCaptureError, UnsupportedValueError, UntrustedCodeError
+from modulelens.format import layouts
+from modulelens.format.layouts import is_plain, layout_name
 from modulelens.format.values import (
     JSON,
     DecodeContext,
@@ -208,6 +210,8 @@ def tree_summary(data: JSON | None, tensors: dict[str, Any], limit: int = 4) -> 
             parts.append(f"{entry['dtype']}{entry['shape']}")
         elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
             parts.append(f"<unrecorded {leaf.get('class')}>")
+        elif isinstance(leaf, dict) and leaf.get("$type") in ("sparse", "nested"):
+            parts.append(f"<{leaf['$type']} {leaf.get('layout')}>")
         else:
             parts.append(repr(leaf)[:20])
     if len(data["leaves"]) > limit:
@@ -449,9 +453,14 @@ def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
 
 def expand_dataclasses(tree: Any) -> Any:
     """``tree`` with dataclass leaves and state objects turned into dicts (class name included)
-    for comparison."""
+    for comparison, and sparse and nested tensors into their parts (a COO tensor coalesced first:
+    one value per index, whatever order the kernel left them in)."""
 
     def expand(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and not is_plain(leaf):
+            found = layouts.parts(leaf.coalesce() if leaf.layout == torch.sparse_coo else leaf)
+            del found["$type"], found["layout"]
+            return {f"<{layout_name(leaf)}>": found.pop("size", None), **found}
         fields = _fields(leaf)
         if fields is None:
             return leaf

@@ -27,7 +27,9 @@ from typing import Any, ClassVar
 import torch
 
 from modulelens.errors import UnsupportedValueError, UntrustedCodeError
+from modulelens.format import layouts
 from modulelens.format.imports import Kind, resolve_import
+from modulelens.format.layouts import is_plain
 
 JSON = Any
 
@@ -295,7 +297,12 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
             return value
         return {"$type": "float", "value": repr(value)}
     if isinstance(value, torch.Tensor):
-        return {"$type": "tensor", "id": ctx.add_tensor(value, path)}
+        if is_plain(value):
+            return {"$type": "tensor", "id": ctx.add_tensor(value, path)}
+        try:  # sparse and nested tensors: their strided parts (format/layouts.py)
+            return layouts.encode(value, lambda part, where: _encode(part, ctx, where), path)
+        except ValueError as error:
+            raise UnsupportedValueError(f"{path}: {error}") from None
     if isinstance(value, torch.nn.Module):
         if ctx.add_module is None:
             raise UnsupportedValueError(f"{path}: an nn.Module cannot be stored here")
@@ -404,6 +411,8 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
         if not dataclasses.is_dataclass(cls):
             raise UntrustedCodeError(f"{data['class']} is not a dataclass; refused")
         return _decode_dataclass(cls, decode_value(data["fields"], ctx))
+    if tag in ("sparse", "nested"):
+        return layouts.decode(data, lambda part: decode_value(part, ctx))
     if tag == "unrecorded":
         return Unrecorded(data["class"], data.get("reason", ""))
     if tag == "codec":

@@ -470,7 +470,19 @@ def _has_meta_tensors(module: torch.nn.Module) -> bool:
         if tensor.device.type == "meta":
             return True
     for sub in module.modules():
-        for value in vars(sub).values():
-            if isinstance(value, torch.Tensor) and value.device.type == "meta":
-                return True
+        if any(_holds_meta_tensor(value) for value in vars(sub).values()):
+            return True
+    return False
+
+
+def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
+    """A meta tensor in ``value`` or in the lists, tuples and dicts it holds: peft's prompt and
+    prefix tuning keep ``prompt_tokens = {adapter: arange(...)}``, which a meta-device construction
+    leaves without data (replay then failed with "Cannot copy out of meta tensor", found by the census)."""
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "meta"
+    if depth < 4 and type(value) in (list, tuple):
+        return any(_holds_meta_tensor(item, depth + 1) for item in value)
+    if depth < 4 and type(value) is dict:
+        return any(_holds_meta_tensor(item, depth + 1) for item in value.values())
     return False

@@ -14,6 +14,7 @@ import torch
 import xxhash
 
 from modulelens.tracing.distributed import dtensor_type
+from modulelens.tracing.snapshot import outside_functorch, unwrap_functorch
 
 LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
 
@@ -40,8 +41,15 @@ def live_state(module: torch.nn.Module) -> LiveState:
                 buffers[dot + name] = buffer
     tensors = [*params.values(), *buffers.values()]
     dtensor = dtensor_type()
-    key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
-                for t in tensors)
+    try:
+        key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
+                    for t in tensors)
+    except RuntimeError:  # weights wrapped by torch.func (functional_call under grad/jacrev): no storage
+        tensors = [unwrap_functorch(t) for t in tensors]
+        key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
+                    for t in tensors)
+        with outside_functorch():
+            return params, buffers, (key, fingerprints(tensors))
     return params, buffers, (key, fingerprints(tensors))
 
 
