@@ -54,6 +54,10 @@ def import_path(obj: Any) -> str:
     name = getattr(obj, "__name__", None)
     if name and name != qualname:
         candidates.append(f"{module}:{name}")
+    if name and any(part.startswith("_") for part in module.split(".")):
+        # A class of a private module that its package exports (torch._C:Generator is torch:Generator):
+        # the public path, which a capture's reader may resolve (docs/security.md denies torch._C).
+        candidates.insert(0, f"{module.partition('.')[0]}:{name}")
     for path in candidates:
         try:
             if import_object(path) is obj:
@@ -87,10 +91,12 @@ class Codec:
     decode: Callable[[type, Any], Any]
     subclasses: bool
     state: bool = False  # a mutable container stored attribute by attribute (see register_state_codec)
+    stored_class: Callable[[Any], type] | None = None  # the class recorded for a value (default: its own)
+    accepts: Callable[[type], bool] | None = None  # a family of classes without a common base (else: type)
 
 
 _CODECS: dict[str, Codec] = {}
-_STATE_TYPES: dict[type, bool] = {}  # memo of is_state_object per exact type; reset on registration
+_STATE_CODECS: dict[type, Codec | None] = {}  # memo of the state codec per exact type; reset on registration
 
 
 def register_codec(
@@ -119,10 +125,30 @@ def register_codec(
     """
     codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
     _CODECS[codec_name] = Codec(codec_name, type_, encode, decode, subclasses)
-    _STATE_TYPES.clear()
+    _STATE_CODECS.clear()
 
 
-def register_state_codec(type_: type, *, name: str | None = None, subclasses: bool = True) -> None:
+class _Family:
+    """The ``type`` of a family codec: no value is of it, so only ``accepts`` selects the codec."""
+
+
+def register_family_codec(name: str, accepts: Callable[[type], bool], encode: Callable[[Any], Any],
+                          decode: Callable[[type, Any], Any]) -> None:
+    """A codec for the classes ``accepts(cls)`` is true for, when they share no base class of their
+    own (diffusers' attention processors are plain classes). Decoding refuses any other class."""
+    _CODECS[name] = Codec(name, _Family, encode, decode, subclasses=False, accepts=accepts)
+    _STATE_CODECS.clear()
+
+
+def register_state_codec(
+    type_: type,
+    *,
+    name: str | None = None,
+    subclasses: bool = True,
+    attributes: Callable[[Any], dict[str, Any]] | None = None,
+    rebuild: Callable[[type, dict[str, Any]], Any] | None = None,
+    stored_class: Callable[[Any], type] | None = None,
+) -> None:
     """Store instances of ``type_`` as their attributes, for mutable containers of tensors (caches).
 
     A value is recorded as its ``vars()`` (each attribute through the typed value encoding, so
@@ -131,6 +157,18 @@ def register_state_codec(type_: type, *, name: str | None = None, subclasses: bo
     recorded class only if it is ``type_`` (or, with ``subclasses``, a subclass). Because a module
     may change such a value in place, the tracer snapshots it attribute by attribute on entry,
     records it again after the call (``mutated_inputs``) and replay compares both (docs/fidelity.md).
+
+    Args:
+        type_: the type (and, with ``subclasses``, its subclasses).
+        name: the codec's name in captures (default ``"module.QualName"`` of ``type_``).
+        subclasses: serve subclasses of ``type_`` too.
+        attributes: ``value -> {name: part}``, the parts a value is stored, copied and compared as,
+            instead of ``vars(value)``.
+        rebuild: ``(cls, parts) -> value``, a new value of class ``cls`` from its parts, instead of
+            ``cls.__new__(cls)`` with the parts as attributes. Snapshots and replay copies call it
+            with the value's own class, loading with the recorded one.
+        stored_class: ``value -> class`` recorded for a value, when its own class cannot be imported
+            elsewhere (one generated at run time); ``rebuild`` then receives that class.
 
     Example::
 
@@ -142,8 +180,9 @@ def register_state_codec(type_: type, *, name: str | None = None, subclasses: bo
         modulelens.register_state_codec(RunningStats)
     """
     codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
-    _CODECS[codec_name] = Codec(codec_name, type_, _encode_state, _decode_state, subclasses, state=True)
-    _STATE_TYPES.clear()
+    _CODECS[codec_name] = Codec(codec_name, type_, attributes or _encode_state, rebuild or _decode_state, subclasses,
+                                state=True, stored_class=stored_class)
+    _STATE_CODECS.clear()
 
 
 def _encode_state(value: Any) -> dict[str, Any]:
@@ -159,26 +198,36 @@ def _decode_state(cls: type, attributes: dict[str, Any]) -> Any:
 def is_state_object(value: Any) -> bool:
     """Whether ``value`` is stored by a state codec (:func:`register_state_codec`): a container
     that the call-data walkers (snapshot, copy, compare) look inside, attribute by attribute."""
+    return _state_codec(value) is not None
+
+
+def _state_codec(value: Any) -> Codec | None:
     cls = type(value)
-    known = _STATE_TYPES.get(cls)
-    if known is None:
-        if isinstance(value, (torch.Tensor, str, bytes, int, float, type)) or value is None:
-            known = False
-        else:
-            codec = _find_codec(value)
-            known = codec is not None and codec.state
-        _STATE_TYPES[cls] = known
-    return known
+    try:
+        return _STATE_CODECS[cls]
+    except KeyError:
+        pass
+    codec = None
+    if not (isinstance(value, (torch.Tensor, str, bytes, int, float, type)) or value is None):
+        found = _find_codec(value)
+        codec = found if found is not None and found.state else None
+    _STATE_CODECS[cls] = codec
+    return codec
 
 
 def state_attributes(value: Any) -> dict[str, Any]:
-    """The attributes a state object is stored as (see :func:`register_state_codec`)."""
-    return _encode_state(value)
+    """The parts a state object is stored as (see :func:`register_state_codec`)."""
+    codec = _state_codec(value)
+    assert codec is not None, f"{type(value)} has no state codec"
+    return dict(codec.encode(value))
 
 
 def with_state_attributes(value: Any, attributes: dict[str, Any]) -> Any:
-    """A new instance of ``value``'s class holding ``attributes`` (``__init__`` is not run)."""
-    return _decode_state(type(value), attributes)
+    """A new instance of ``value``'s class holding ``attributes`` (``__init__`` is not run, unless
+    the codec's own ``rebuild`` does)."""
+    codec = _state_codec(value)
+    assert codec is not None, f"{type(value)} has no state codec"
+    return codec.decode(type(value), attributes)
 
 
 # Codecs for optional libraries, installed the first time they can matter: at encode time once
@@ -226,7 +275,10 @@ def _find_codec(value: Any) -> Codec | None:
         if cls is codec.type:
             return codec
     for codec in reversed(list(_CODECS.values())):
-        if codec.subclasses and isinstance(value, codec.type):
+        if codec.accepts is not None:
+            if codec.accepts(cls):
+                return codec
+        elif codec.subclasses and isinstance(value, codec.type):
             return codec
     return None
 
@@ -345,13 +397,21 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
         return {"$type": "dataclass", "class": _class_path(value, path),
                 "fields": encode_value(_encode_dataclass(value), ctx, path)}
     if codec is not None:
-        cls_path = _class_path(value, path)
+        cls_path = _class_path(value, path) if codec.stored_class is None else _stored_path(codec, value, path)
         data = codec.encode(value)
         return {"$type": "codec", "codec": codec.name, "class": cls_path, "value": encode_value(data, ctx, path)}
     raise UnsupportedValueError(
         f"{path}: cannot store a value of type {_type_label(value)} "
         f"(register one with modulelens.register_codec)"
     )
+
+
+def _stored_path(codec: Codec, value: Any, path: str) -> str:
+    assert codec.stored_class is not None
+    try:
+        return import_path(codec.stored_class(value))
+    except UnsupportedValueError as error:
+        raise UnsupportedValueError(f"{path}: {error}") from None
 
 
 def _class_path(value: Any, path: str) -> str:
@@ -429,7 +489,9 @@ def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> Any:
             f"no codec {data['codec']!r} is registered (import the package that registers it)"
         )
     cls = ctx.resolve(data["class"], "class")
-    if not (cls is codec.type or (codec.subclasses and issubclass(cls, codec.type))):
+    accepted = codec.accepts(cls) if codec.accepts is not None else (
+        cls is codec.type or (codec.subclasses and issubclass(cls, codec.type)))
+    if not accepted:
         raise UntrustedCodeError(f"{data['class']} is not a {codec.name} type; refused by that codec")
     value = decode_value(data["value"], ctx)
     if codec.type is functools.partial and not (isinstance(value, dict) and _allowed_partial_target(value.get("func"))):
@@ -475,7 +537,17 @@ def _decode_dataclass(cls: type, fields: dict[str, Any]) -> Any:
     return value
 
 
+def _generator(cls: type, parts: dict[str, Any]) -> torch.Generator:
+    generator = torch.Generator(device=parts["device"])
+    generator.set_state(parts["state"])
+    return generator
+
+
 register_codec(enum.Enum, lambda e: e.value, lambda cls, v: cls(v), name="enum")
+# A random generator passed to a module (diffusers' VAE samples its posterior with one): its device and
+# state, recorded before and after the call, so replay draws the same numbers and checks it drew as many.
+register_state_codec(torch.Generator, name="torch.Generator", subclasses=False, rebuild=_generator,
+                     attributes=lambda g: {"device": g.device, "state": g.get_state()})
 register_codec(
     functools.partial,
     lambda p: {"func": p.func, "args": tuple(p.args), "keywords": dict(p.keywords)},
@@ -484,6 +556,11 @@ register_codec(
 )
 
 
-# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects and caches.
+# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects and caches,
+# torch_geometric's graphs and batches, diffusers' attention processors and latent distributions.
 for _name in ("transformers.PretrainedConfig", "transformers.Cache"):
     register_lazy_codec(_name, "transformers", "modulelens.format.transformers_codecs:install")
+for _name in ("torch_geometric.Data", "torch_geometric.Batch"):
+    register_lazy_codec(_name, "torch_geometric", "modulelens.format.pyg_codecs:install")
+for _name in ("diffusers.AttentionProcessor", "diffusers.DiagonalGaussianDistribution"):
+    register_lazy_codec(_name, "diffusers", "modulelens.format.diffusers_codecs:install")

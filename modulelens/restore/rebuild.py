@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 from modulelens.errors import RestoreError, UsageError
 from modulelens.format.module_state import structure, structure_difference
@@ -438,7 +439,10 @@ def _same_direct_state(module: torch.nn.Module, recorded: dict[str, str], metada
     if set(own) != set(recorded) - {n for n, b in module._buffers.items() if b is None}:
         return False
     tensors = metadata["tensors"]
-    return all(list(tensor.shape) == tensors[recorded[name]]["shape"] for name, tensor in own.items())
+    # an uninitialised (lazy) parameter takes the recorded one's shape when the state is assigned
+    # (torch_geometric's Linear(-1, n) infers its input size at its first call, which the job made)
+    return all(isinstance(tensor, UninitializedTensorMixin) or list(tensor.shape) == tensors[recorded[name]]["shape"]
+               for name, tensor in own.items())
 
 
 def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:

@@ -144,6 +144,20 @@ def construction_arguments(module: torch.nn.Module, cls: type, record: InitRecor
         raise UnsupportedValueError(f"{path}{error}") from None
 
 
+def construction_fails(record: ModuleRecord) -> bool:
+    """Whether the target's own construction record has an argument without an encoding (then a
+    capture is saved without it; any other value that cannot be stored is not helped by that)."""
+    if record.construction is None:
+        return False
+    tensors = TensorTable()
+    try:
+        args, kwargs = construction_arguments(record.module, record.module_class, record.construction, "")
+        ConstructionTable(tensors).add_record(record.module_class, args, kwargs, "", key=id(record.module))
+    except UnsupportedValueError:
+        return True
+    return False
+
+
 def encode_record(
     record: ModuleRecord,
     *,
