@@ -75,13 +75,21 @@ def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
     return {"spec": encoded_spec, "leaves": leaves}
 
 
-def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
+def decode_tree(data: JSON, ctx: DecodeContext, spec: pytree.TreeSpec | None = None) -> Any:
+    """The tree stored as ``data``; ``spec``: its structure decoded already (:func:`decode_spec`),
+    for a caller that decodes the same tree many times."""
     leaves = [decode_value(leaf, ctx) for leaf in data["leaves"]]
-    spec = _decode_spec(data["spec"], ctx)
+    if spec is None:
+        spec = _decode_spec(data["spec"], ctx)
     try:
         return pytree.tree_unflatten(leaves, spec)
     except (TypeError, ValueError, KeyError) as error:  # a context that does not fit its container type
         raise CorruptCaptureError(f"a stored call structure does not rebuild: {type(error).__name__}: {error}") from None
+
+
+def decode_spec(data: JSON, ctx: DecodeContext) -> pytree.TreeSpec:
+    """The structure of a stored tree (its node types resolved under ``ctx``'s import rules)."""
+    return _decode_spec(data["spec"], ctx)
 
 
 def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],

@@ -96,6 +96,8 @@ class ConstructionTable:
         self._tensors = tensors
         self._ids: dict[int, str] = {}
         self._numbers = itertools.count()
+        # one context for every record: a config shared by many submodules is encoded once
+        self._context = EncodeContext(add_tensor=tensors.add, add_module=self.add, memo={})
 
     def add(self, module: torch.nn.Module, path: str) -> str:
         existing = self._ids.get(id(module))
@@ -112,7 +114,7 @@ class ConstructionTable:
         return self.add_record(cls, args, kwargs, path, key=id(module))
 
     def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
-        ctx = EncodeContext(add_tensor=self._tensors.add, add_module=self.add)
+        ctx = self._context
         mid = f"m{next(self._numbers)}"  # not len(entries): a failed record is removed, its nested ones stay
         self._ids[key] = mid
         self.entries[mid] = {}  # reserve the id (a module cannot contain itself, but stay safe)
