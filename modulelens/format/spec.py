@@ -14,6 +14,17 @@ from typing_extensions import NotRequired, TypedDict
 FORMAT_NAME = "modulelens.capture"
 FORMAT_VERSION = 2  # what this modulelens writes; it reads 1 and 2 (docs/format.md, "Versions")
 
+# Sparse tensor values (``$type`` ``sparse``): layout name -> the parts it is stored as, in
+# constructor order (format/layouts.py). Nested tensor values (``$type`` ``nested``) have these layouts.
+SPARSE_PARTS: dict[str, tuple[str, ...]] = {
+    "sparse_coo": ("indices", "values"),
+    "sparse_csr": ("crow_indices", "col_indices", "values"),
+    "sparse_bsr": ("crow_indices", "col_indices", "values"),
+    "sparse_csc": ("ccol_indices", "row_indices", "values"),
+    "sparse_bsc": ("ccol_indices", "row_indices", "values"),
+}
+NESTED_LAYOUTS = ("strided", "jagged")
+
 EncodedValue = Any
 """A value in the JSON encoding of docs/format.md ("Encoded values"): JSON scalars and lists as
 themselves, everything else an object tagged with ``"$type"``. Its shape is data-dependent."""

@@ -17,6 +17,7 @@ import torch
 from modulelens.errors import UnsupportedValueError
 from modulelens.format.dtypes import DTYPE_SIZES
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
+from modulelens.format.layouts import layout_name
 
 __all__ = ["HASH_ALGORITHM", "check_storable", "contiguous_strides", "dtype_from_name", "dtype_name", "dtype_names",
            "hash_bytes", "quantization", "quantized", "tensor_bytes"]
@@ -56,8 +57,9 @@ _QSCHEMES = (torch.per_tensor_affine, torch.per_channel_affine)
 def check_storable(tensor: torch.Tensor, what: str) -> None:
     """Fail loudly for tensors whose bytes are not plain strided memory (quantized tensors with an
     affine scheme are stored as their integer representation)."""
-    if tensor.layout != torch.strided:
-        raise UnsupportedValueError(f"{what}: {tensor.layout} tensors are not supported yet")
+    if tensor.layout != torch.strided or tensor.is_nested:  # as call data, stored by format/layouts.py
+        raise UnsupportedValueError(f"{what}: a {layout_name(tensor)} tensor is stored as a value (call data, a "
+                                    "constructor argument), not as a parameter or buffer")
     if tensor.is_quantized and tensor.qscheme() not in _QSCHEMES:
         raise UnsupportedValueError(f"{what}: quantized tensors with scheme {tensor.qscheme()} are not supported yet")
     if tensor.device.type == "meta":

@@ -19,6 +19,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import CorruptCaptureError, UnsupportedValueError, UntrustedCodeError
+from modulelens.format import layouts
+from modulelens.format.layouts import is_plain, layout_name
 from modulelens.format.values import (
     JSON,
     DecodeContext,
@@ -73,13 +75,21 @@ def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
     return {"spec": encoded_spec, "leaves": leaves}
 
 
-def decode_tree(data: JSON, ctx: DecodeContext) -> Any:
+def decode_tree(data: JSON, ctx: DecodeContext, spec: pytree.TreeSpec | None = None) -> Any:
+    """The tree stored as ``data``; ``spec``: its structure decoded already (:func:`decode_spec`),
+    for a caller that decodes the same tree many times."""
     leaves = [decode_value(leaf, ctx) for leaf in data["leaves"]]
-    spec = _decode_spec(data["spec"], ctx)
+    if spec is None:
+        spec = _decode_spec(data["spec"], ctx)
     try:
         return pytree.tree_unflatten(leaves, spec)
     except (TypeError, ValueError, KeyError) as error:  # a context that does not fit its container type
         raise CorruptCaptureError(f"a stored call structure does not rebuild: {type(error).__name__}: {error}") from None
+
+
+def decode_spec(data: JSON, ctx: DecodeContext) -> pytree.TreeSpec:
+    """The structure of a stored tree (its node types resolved under ``ctx``'s import rules)."""
+    return _decode_spec(data["spec"], ctx)
 
 
 def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
@@ -208,6 +218,8 @@ def tree_summary(data: JSON | None, tensors: dict[str, Any], limit: int = 4) -> 
             parts.append(f"{entry['dtype']}{entry['shape']}")
         elif isinstance(leaf, dict) and leaf.get("$type") == "unrecorded":
             parts.append(f"<unrecorded {leaf.get('class')}>")
+        elif isinstance(leaf, dict) and leaf.get("$type") in ("sparse", "nested"):
+            parts.append(f"<{leaf['$type']} {leaf.get('layout')}>")
         else:
             parts.append(repr(leaf)[:20])
     if len(data["leaves"]) > limit:
@@ -449,9 +461,14 @@ def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
 
 def expand_dataclasses(tree: Any) -> Any:
     """``tree`` with dataclass leaves and state objects turned into dicts (class name included)
-    for comparison."""
+    for comparison, and sparse and nested tensors into their parts (a COO tensor coalesced first:
+    one value per index, whatever order the kernel left them in)."""
 
     def expand(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and not is_plain(leaf):
+            found = layouts.parts(leaf.coalesce() if leaf.layout == torch.sparse_coo else leaf)
+            del found["$type"], found["layout"]
+            return {f"<{layout_name(leaf)}>": found.pop("size", None), **found}
         fields = _fields(leaf)
         if fields is None:
             return leaf

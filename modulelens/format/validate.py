@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
-from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
+from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, NESTED_LAYOUTS, SPARSE_PARTS, CaptureMetadata
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
 MAX_NDIM = 64
@@ -30,7 +30,7 @@ _TAGS_WITH = {  # "$type" -> required fields and their JSON types
     "frozenset": {"items": list}, "dict": {"items": list}, "complex": {"real": (int, float), "imag": (int, float)},
     "bytes": {"hex": str}, "slice": {"items": list}, "ellipsis": {}, "import": {"path": str},
     "namedtuple": {"class": str, "items": list}, "dataclass": {"class": str}, "unrecorded": {"class": str},
-    "codec": {"codec": str, "class": str},
+    "codec": {"codec": str, "class": str}, "sparse": {"layout": str, "size": list}, "nested": {"layout": str},
 }
 _DTYPE_VALUE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _FLOATS = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
@@ -215,6 +215,40 @@ class _Checker:
             self.value(data.get("fields"), where, depth + 1)
         elif tag == "codec":
             self.value(data.get("value"), where, depth + 1)
+        elif tag in ("sparse", "nested"):
+            self.layout(tag, data, where)
+
+    def layout(self, tag: str, data: dict[str, Any], where: str) -> None:
+        """A sparse or nested tensor: a known layout whose parts are stored tensors (format/layouts.py)."""
+        layout = data["layout"]
+        if tag == "sparse":
+            if layout not in SPARSE_PARTS:
+                raise self.fail(where, f"unknown sparse layout {layout!r}")
+            self.dims(data["size"], f"{where}.size")
+            names: list[str] = list(SPARSE_PARTS[layout])
+            self.field(data, "coalesced", bool, where, optional=True)
+        elif layout not in NESTED_LAYOUTS:
+            raise self.fail(where, f"unknown nested layout {layout!r}")
+        elif layout == "jagged":
+            names = ["values", "offsets"] + (["lengths"] if data.get("lengths") is not None else [])
+            self.field(data, "ragged_idx", int, where)
+            for key in ("min_seqlen", "max_seqlen"):
+                if data.get(key) is not None:
+                    self.field(data, key, int, where)
+        else:
+            components = self.field(data, "components", list, where)
+            names = []
+            for i, component in enumerate(components):
+                self.tensor_ref(component, f"{where}.components[{i}]")
+        for name in names:
+            if name not in data:
+                raise self.fail(where, f"missing {name!r}")
+            self.tensor_ref(data[name], f"{where}.{name}")
+
+    def tensor_ref(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict) or data.get("$type") != "tensor":
+            raise self.fail(where, "not a stored tensor")
+        self.value(data, where)
 
     def tree(self, data: Any, where: str) -> None:
         self.expect(data, dict, where)

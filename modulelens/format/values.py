@@ -27,7 +27,9 @@ from typing import Any, ClassVar
 import torch
 
 from modulelens.errors import UnsupportedValueError, UntrustedCodeError
+from modulelens.format import layouts
 from modulelens.format.imports import Kind, resolve_import
+from modulelens.format.layouts import is_plain
 
 JSON = Any
 
@@ -52,6 +54,10 @@ def import_path(obj: Any) -> str:
     name = getattr(obj, "__name__", None)
     if name and name != qualname:
         candidates.append(f"{module}:{name}")
+    if name and any(part.startswith("_") for part in module.split(".")):
+        # A class of a private module that its package exports (torch._C:Generator is torch:Generator):
+        # the public path, which a capture's reader may resolve (docs/security.md denies torch._C).
+        candidates.insert(0, f"{module.partition('.')[0]}:{name}")
     for path in candidates:
         try:
             if import_object(path) is obj:
@@ -85,10 +91,12 @@ class Codec:
     decode: Callable[[type, Any], Any]
     subclasses: bool
     state: bool = False  # a mutable container stored attribute by attribute (see register_state_codec)
+    stored_class: Callable[[Any], type] | None = None  # the class recorded for a value (default: its own)
+    accepts: Callable[[type], bool] | None = None  # a family of classes without a common base (else: type)
 
 
 _CODECS: dict[str, Codec] = {}
-_STATE_TYPES: dict[type, bool] = {}  # memo of is_state_object per exact type; reset on registration
+_STATE_CODECS: dict[type, Codec | None] = {}  # memo of the state codec per exact type; reset on registration
 
 
 def register_codec(
@@ -117,10 +125,30 @@ def register_codec(
     """
     codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
     _CODECS[codec_name] = Codec(codec_name, type_, encode, decode, subclasses)
-    _STATE_TYPES.clear()
+    _STATE_CODECS.clear()
 
 
-def register_state_codec(type_: type, *, name: str | None = None, subclasses: bool = True) -> None:
+class _Family:
+    """The ``type`` of a family codec: no value is of it, so only ``accepts`` selects the codec."""
+
+
+def register_family_codec(name: str, accepts: Callable[[type], bool], encode: Callable[[Any], Any],
+                          decode: Callable[[type, Any], Any]) -> None:
+    """A codec for the classes ``accepts(cls)`` is true for, when they share no base class of their
+    own (diffusers' attention processors are plain classes). Decoding refuses any other class."""
+    _CODECS[name] = Codec(name, _Family, encode, decode, subclasses=False, accepts=accepts)
+    _STATE_CODECS.clear()
+
+
+def register_state_codec(
+    type_: type,
+    *,
+    name: str | None = None,
+    subclasses: bool = True,
+    attributes: Callable[[Any], dict[str, Any]] | None = None,
+    rebuild: Callable[[type, dict[str, Any]], Any] | None = None,
+    stored_class: Callable[[Any], type] | None = None,
+) -> None:
     """Store instances of ``type_`` as their attributes, for mutable containers of tensors (caches).
 
     A value is recorded as its ``vars()`` (each attribute through the typed value encoding, so
@@ -129,6 +157,18 @@ def register_state_codec(type_: type, *, name: str | None = None, subclasses: bo
     recorded class only if it is ``type_`` (or, with ``subclasses``, a subclass). Because a module
     may change such a value in place, the tracer snapshots it attribute by attribute on entry,
     records it again after the call (``mutated_inputs``) and replay compares both (docs/fidelity.md).
+
+    Args:
+        type_: the type (and, with ``subclasses``, its subclasses).
+        name: the codec's name in captures (default ``"module.QualName"`` of ``type_``).
+        subclasses: serve subclasses of ``type_`` too.
+        attributes: ``value -> {name: part}``, the parts a value is stored, copied and compared as,
+            instead of ``vars(value)``.
+        rebuild: ``(cls, parts) -> value``, a new value of class ``cls`` from its parts, instead of
+            ``cls.__new__(cls)`` with the parts as attributes. Snapshots and replay copies call it
+            with the value's own class, loading with the recorded one.
+        stored_class: ``value -> class`` recorded for a value, when its own class cannot be imported
+            elsewhere (one generated at run time); ``rebuild`` then receives that class.
 
     Example::
 
@@ -140,8 +180,9 @@ def register_state_codec(type_: type, *, name: str | None = None, subclasses: bo
         modulelens.register_state_codec(RunningStats)
     """
     codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
-    _CODECS[codec_name] = Codec(codec_name, type_, _encode_state, _decode_state, subclasses, state=True)
-    _STATE_TYPES.clear()
+    _CODECS[codec_name] = Codec(codec_name, type_, attributes or _encode_state, rebuild or _decode_state, subclasses,
+                                state=True, stored_class=stored_class)
+    _STATE_CODECS.clear()
 
 
 def _encode_state(value: Any) -> dict[str, Any]:
@@ -157,26 +198,40 @@ def _decode_state(cls: type, attributes: dict[str, Any]) -> Any:
 def is_state_object(value: Any) -> bool:
     """Whether ``value`` is stored by a state codec (:func:`register_state_codec`): a container
     that the call-data walkers (snapshot, copy, compare) look inside, attribute by attribute."""
+    codec = _STATE_CODECS.get(type(value), _UNKNOWN)  # on every recorded call's leaves: the memo inline
+    return (codec if codec is not _UNKNOWN else _state_codec(value)) is not None
+
+
+_UNKNOWN: Any = object()
+
+
+def _state_codec(value: Any) -> Codec | None:
     cls = type(value)
-    known = _STATE_TYPES.get(cls)
-    if known is None:
-        if isinstance(value, (torch.Tensor, str, bytes, int, float, type)) or value is None:
-            known = False
-        else:
-            codec = _find_codec(value)
-            known = codec is not None and codec.state
-        _STATE_TYPES[cls] = known
-    return known
+    try:
+        return _STATE_CODECS[cls]
+    except KeyError:
+        pass
+    codec = None
+    if not (isinstance(value, (torch.Tensor, str, bytes, int, float, type)) or value is None):
+        found = _find_codec(value)
+        codec = found if found is not None and found.state else None
+    _STATE_CODECS[cls] = codec
+    return codec
 
 
 def state_attributes(value: Any) -> dict[str, Any]:
-    """The attributes a state object is stored as (see :func:`register_state_codec`)."""
-    return _encode_state(value)
+    """The parts a state object is stored as (see :func:`register_state_codec`)."""
+    codec = _state_codec(value)
+    assert codec is not None, f"{type(value)} has no state codec"
+    return dict(codec.encode(value))
 
 
 def with_state_attributes(value: Any, attributes: dict[str, Any]) -> Any:
-    """A new instance of ``value``'s class holding ``attributes`` (``__init__`` is not run)."""
-    return _decode_state(type(value), attributes)
+    """A new instance of ``value``'s class holding ``attributes`` (``__init__`` is not run, unless
+    the codec's own ``rebuild`` does)."""
+    codec = _state_codec(value)
+    assert codec is not None, f"{type(value)} has no state codec"
+    return codec.decode(type(value), attributes)
 
 
 # Codecs for optional libraries, installed the first time they can matter: at encode time once
@@ -224,7 +279,10 @@ def _find_codec(value: Any) -> Codec | None:
         if cls is codec.type:
             return codec
     for codec in reversed(list(_CODECS.values())):
-        if codec.subclasses and isinstance(value, codec.type):
+        if codec.accepts is not None:
+            if codec.accepts(cls):
+                return codec
+        elif codec.subclasses and isinstance(value, codec.type):
             return codec
     return None
 
@@ -248,6 +306,11 @@ class EncodeContext:
     add_module: Callable[[torch.nn.Module, str], str] | None = None
     lenient: bool = False
     unrecorded: list[dict[str, str]] = field(default_factory=list)
+    # id(value) -> (value, its encoding), for objects a codec or the dataclass encoding stores, with
+    # ``memo={}``: constructor arguments of one capture, where every submodule of a transformers
+    # model holds the same config (15 encodings of it per capture of a 59-module Llama before).
+    # Their encodings are then one shared JSON object: never change them in place.
+    memo: dict[int, tuple[Any, JSON]] | None = None
 
 
 @dataclass
@@ -295,7 +358,12 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
             return value
         return {"$type": "float", "value": repr(value)}
     if isinstance(value, torch.Tensor):
-        return {"$type": "tensor", "id": ctx.add_tensor(value, path)}
+        if is_plain(value):
+            return {"$type": "tensor", "id": ctx.add_tensor(value, path)}
+        try:  # sparse and nested tensors: their strided parts (format/layouts.py)
+            return layouts.encode(value, lambda part, where: _encode(part, ctx, where), path)
+        except ValueError as error:
+            raise UnsupportedValueError(f"{path}: {error}") from None
     if isinstance(value, torch.nn.Module):
         if ctx.add_module is None:
             raise UnsupportedValueError(f"{path}: an nn.Module cannot be stored here")
@@ -333,18 +401,41 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # namedtuple
         return {"$type": "namedtuple", "class": _class_path(value, path),
                 "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(type(value)._fields, value, strict=False)]}
+    memo = ctx.memo
+    if memo is not None:
+        hit = memo.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
     codec = _find_codec(value)
     if codec is None and dataclasses.is_dataclass(value):
-        return {"$type": "dataclass", "class": _class_path(value, path),
-                "fields": encode_value(_encode_dataclass(value), ctx, path)}
-    if codec is not None:
-        cls_path = _class_path(value, path)
+        encoded = {"$type": "dataclass", "class": _class_path(value, path),
+                   "fields": encode_value(_encode_dataclass(value), ctx, path)}
+    elif codec is not None:
+        cls_path = _class_path(value, path) if codec.stored_class is None else _stored_path(codec, value, path)
         data = codec.encode(value)
-        return {"$type": "codec", "codec": codec.name, "class": cls_path, "value": encode_value(data, ctx, path)}
+        encoded = {"$type": "codec", "codec": codec.name, "class": cls_path, "value": encode_value(data, ctx, path)}
+    else:
+        encoded = None
+    if encoded is not None:
+        if memo is not None and not codec_is_state(codec):
+            memo[id(value)] = (value, encoded)
+        return encoded
     raise UnsupportedValueError(
         f"{path}: cannot store a value of type {_type_label(value)} "
         f"(register one with modulelens.register_codec)"
     )
+
+
+def codec_is_state(codec: Codec | None) -> bool:
+    return codec is not None and codec.state
+
+
+def _stored_path(codec: Codec, value: Any, path: str) -> str:
+    assert codec.stored_class is not None
+    try:
+        return import_path(codec.stored_class(value))
+    except UnsupportedValueError as error:
+        raise UnsupportedValueError(f"{path}: {error}") from None
 
 
 def _class_path(value: Any, path: str) -> str:
@@ -404,6 +495,8 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
         if not dataclasses.is_dataclass(cls):
             raise UntrustedCodeError(f"{data['class']} is not a dataclass; refused")
         return _decode_dataclass(cls, decode_value(data["fields"], ctx))
+    if tag in ("sparse", "nested"):
+        return layouts.decode(data, lambda part: decode_value(part, ctx))
     if tag == "unrecorded":
         return Unrecorded(data["class"], data.get("reason", ""))
     if tag == "codec":
@@ -420,7 +513,9 @@ def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> Any:
             f"no codec {data['codec']!r} is registered (import the package that registers it)"
         )
     cls = ctx.resolve(data["class"], "class")
-    if not (cls is codec.type or (codec.subclasses and issubclass(cls, codec.type))):
+    accepted = codec.accepts(cls) if codec.accepts is not None else (
+        cls is codec.type or (codec.subclasses and issubclass(cls, codec.type)))
+    if not accepted:
         raise UntrustedCodeError(f"{data['class']} is not a {codec.name} type; refused by that codec")
     value = decode_value(data["value"], ctx)
     if codec.type is functools.partial and not (isinstance(value, dict) and _allowed_partial_target(value.get("func"))):
@@ -466,7 +561,17 @@ def _decode_dataclass(cls: type, fields: dict[str, Any]) -> Any:
     return value
 
 
+def _generator(cls: type, parts: dict[str, Any]) -> torch.Generator:
+    generator = torch.Generator(device=parts["device"])
+    generator.set_state(parts["state"])
+    return generator
+
+
 register_codec(enum.Enum, lambda e: e.value, lambda cls, v: cls(v), name="enum")
+# A random generator passed to a module (diffusers' VAE samples its posterior with one): its device and
+# state, recorded before and after the call, so replay draws the same numbers and checks it drew as many.
+register_state_codec(torch.Generator, name="torch.Generator", subclasses=False, rebuild=_generator,
+                     attributes=lambda g: {"device": g.device, "state": g.get_state()})
 register_codec(
     functools.partial,
     lambda p: {"func": p.func, "args": tuple(p.args), "keywords": dict(p.keywords)},
@@ -475,6 +580,11 @@ register_codec(
 )
 
 
-# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects and caches.
+# Optional libraries (see docs/codecs.md): ``transformers`` configuration objects and caches,
+# torch_geometric's graphs and batches, diffusers' attention processors and latent distributions.
 for _name in ("transformers.PretrainedConfig", "transformers.Cache"):
     register_lazy_codec(_name, "transformers", "modulelens.format.transformers_codecs:install")
+for _name in ("torch_geometric.Data", "torch_geometric.Batch"):
+    register_lazy_codec(_name, "torch_geometric", "modulelens.format.pyg_codecs:install")
+for _name in ("diffusers.AttentionProcessor", "diffusers.DiagonalGaussianDistribution"):
+    register_lazy_codec(_name, "diffusers", "modulelens.format.diffusers_codecs:install")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from modulelens.errors import RestoreError
+from modulelens.format.layouts import clone, is_plain
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.tree import deep_leaves, map_leaves
 from modulelens.format.values import Unrecorded
@@ -69,12 +70,14 @@ def copy_inputs(inputs: Any, device: torch.device | str | None, dtype: torch.dty
         out = value.to(target) if target is not None else value
         if dtype is not None and out.dtype.is_floating_point:
             out = out.to(dtype)
-        return out.clone(memory_format=torch.preserve_format) if out is value else out
+        return clone(out) if out is value else out
 
     return map_leaves(copy, inputs)
 
 
 def _storage_ptr(tensor: torch.Tensor) -> int | None:
+    if not is_plain(tensor):  # sparse and nested tensors are copied whole
+        return None
     try:
         return tensor.untyped_storage().data_ptr() if tensor.numel() else None
     except (RuntimeError, NotImplementedError):

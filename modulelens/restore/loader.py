@@ -21,7 +21,7 @@ from modulelens.format.dtypes import QUANTIZED_STORAGE
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
-from modulelens.format.tree import decode_tree, tree_summary
+from modulelens.format.tree import decode_spec, decode_tree, tree_summary
 from modulelens.format.values import DecodeContext
 from modulelens.repo import Repo
 from modulelens.repo.trust import own_capture
@@ -49,6 +49,7 @@ class Call:
     _capture: Capture = field(repr=False)
     _data: CallEntry = field(repr=False)
     _pending_kwargs: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _input_spec: Any = field(default=None, repr=False, compare=False)
 
     @property
     def args(self) -> tuple[Any, ...]:
@@ -82,7 +83,10 @@ class Call:
 
     def _fresh_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         capture = self._capture
-        args, kwargs = decode_tree(self._data["inputs"], capture._decode_context(synthesize=True, fresh=True))
+        ctx = capture._decode_context(synthesize=True, fresh=True)
+        if self._input_spec is None:  # resolving the node types is most of a small tree's decoding
+            self._input_spec = decode_spec(self._data["inputs"], ctx)
+        args, kwargs = decode_tree(self._data["inputs"], ctx, self._input_spec)
         inputs = (tuple(args), dict(kwargs))
         if capture.device is not None or capture.dtype is not None:
             inputs = copy_inputs(inputs, capture.device, capture.dtype)
@@ -253,6 +257,7 @@ class Capture:
         self.device = torch.device(device) if device is not None else None
         self.dtype = dtype
         self._tensors: dict[str, torch.Tensor] = {}
+        self._templates: dict[str, torch.Tensor] = {}  # opened once, copied for call.args (see _fresh_copy)
         # id -> (weak reference, tensor id) of the copies handed out by call.args/kwargs (payload_of)
         self._handed_out: dict[int, tuple[weakref.ref[torch.Tensor], str]] = _PrunedById()
         self._module: torch.nn.Module | None = None
@@ -415,6 +420,23 @@ class Capture:
                 pass  # an overlapping layout cannot be rebuilt; the contiguous tensor is equal in value
         return flat
 
+    def _fresh_copy(self, tid: str) -> torch.Tensor:
+        """A new copy of recorded tensor ``tid`` that nothing else holds, for ``call.args``.
+
+        Opening a payload through the repo checks it (a sampled hash of a blob over 1 MiB, a full
+        one below) and maps it; doing that on every access made reading ``call.args`` cost more
+        than most modules' forward (benchmarks/bench_call_inputs.py). So a payload up to
+        ``_COPY_MAX_BYTES`` is opened once, as a template nothing else sees, and each access copies
+        it; a larger one is opened anew, a copy-on-write mapping that reads nothing until used
+        (copying it would read it all)."""
+        entry = self.metadata["tensors"][tid]
+        if "quantized" in entry or entry.get("shape_only") or entry.get("nbytes", 0) > _COPY_MAX_BYTES:
+            return self._open_tensor(tid)
+        template = self._templates.get(tid)
+        if template is None:
+            template = self._templates[tid] = self._open_tensor(tid)
+        return template.clone(memory_format=torch.preserve_format)
+
     def _shape_only_tensor(self, tid: str, *, synthesize: bool, strict: bool = False) -> Any:
         entry = self.metadata["tensors"][tid]
         if synthesize and self.synthesize:
@@ -443,7 +465,7 @@ class Capture:
                 entry = tensors[tid]
                 opened[tid] = (get_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                       entry["storage_offset"])
-                               if "view_of" in entry else self._open_tensor(tid))
+                               if "view_of" in entry else self._fresh_copy(tid))
                 self._handed_out[id(opened[tid])] = (weakref.ref(opened[tid]), tid)
             return opened[tid]
 
@@ -543,6 +565,11 @@ class Capture:
 
         return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
                       backward=backward)
+
+
+# call.args copies a payload up to this size from one mapping opened once; a larger one gets a new
+# copy-on-write mapping (see Capture._fresh_copy; the crossover measured in bench_call_inputs.py).
+_COPY_MAX_BYTES = 1 << 20
 
 
 class _PrunedById(dict):  # type: ignore[type-arg]

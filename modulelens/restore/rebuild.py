@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 from modulelens.errors import RestoreError, UsageError
 from modulelens.format.module_state import structure, structure_difference
@@ -438,7 +439,10 @@ def _same_direct_state(module: torch.nn.Module, recorded: dict[str, str], metada
     if set(own) != set(recorded) - {n for n, b in module._buffers.items() if b is None}:
         return False
     tensors = metadata["tensors"]
-    return all(list(tensor.shape) == tensors[recorded[name]]["shape"] for name, tensor in own.items())
+    # an uninitialised (lazy) parameter takes the recorded one's shape when the state is assigned
+    # (torch_geometric's Linear(-1, n) infers its input size at its first call, which the job made)
+    return all(isinstance(tensor, UninitializedTensorMixin) or list(tensor.shape) == tensors[recorded[name]]["shape"]
+               for name, tensor in own.items())
 
 
 def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:
@@ -470,7 +474,19 @@ def _has_meta_tensors(module: torch.nn.Module) -> bool:
         if tensor.device.type == "meta":
             return True
     for sub in module.modules():
-        for value in vars(sub).values():
-            if isinstance(value, torch.Tensor) and value.device.type == "meta":
-                return True
+        if any(_holds_meta_tensor(value) for value in vars(sub).values()):
+            return True
+    return False
+
+
+def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
+    """A meta tensor in ``value`` or in the lists, tuples and dicts it holds: peft's prompt and
+    prefix tuning keep ``prompt_tokens = {adapter: arange(...)}``, which a meta-device construction
+    leaves without data (replay then failed with "Cannot copy out of meta tensor", found by the census)."""
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "meta"
+    if depth < 4 and type(value) in (list, tuple):
+        return any(_holds_meta_tensor(item, depth + 1) for item in value)
+    if depth < 4 and type(value) is dict:
+        return any(_holds_meta_tensor(item, depth + 1) for item in value.values())
     return False

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from modulelens.format.layouts import is_plain
 from modulelens.format.tree import deep_leaves
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
@@ -40,7 +41,8 @@ def call_tensors(record: ModuleRecord) -> list[torch.Tensor]:
         if call.backward is not None:
             trees.extend([call.backward.output_grads, call.backward.input_grads, call.backward.param_grads])
         for tree in trees:
-            found.extend(leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor))
+            # sparse and nested tensors are stored whole, as their parts (format/layouts.py)
+            found.extend(leaf for _, leaf in deep_leaves(tree) if isinstance(leaf, torch.Tensor) and is_plain(leaf))
     return found
 
 

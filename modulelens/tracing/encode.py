@@ -15,7 +15,8 @@ from modulelens.format.tensors import check_storable, dtype_name, quantization, 
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
 from modulelens.tracing.budget import plan_shape_only
-from modulelens.tracing.init_tracking import get_init_record
+from modulelens.tracing.init_tracking import InitRecord, constructed_as, get_init_record
+from modulelens.tracing.lazy_modules import is_lazy_class, materialised_arguments
 from modulelens.tracing.module_tree import constructed_class
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -95,6 +96,8 @@ class ConstructionTable:
         self._tensors = tensors
         self._ids: dict[int, str] = {}
         self._numbers = itertools.count()
+        # one context for every record: a config shared by many submodules is encoded once
+        self._context = EncodeContext(add_tensor=tensors.add, add_module=self.add, memo={})
 
     def add(self, module: torch.nn.Module, path: str) -> str:
         existing = self._ids.get(id(module))
@@ -107,10 +110,11 @@ class ConstructionTable:
                 "was on, so its constructor arguments are unknown"
             )
         cls = constructed_class(module)  # the user's class, not FSDP2's FSDP<Cls> or a Parametrized<Cls>
-        return self.add_record(cls, record.args, record.kwargs, path, key=id(module))
+        args, kwargs = construction_arguments(module, cls, record, path)
+        return self.add_record(cls, args, kwargs, path, key=id(module))
 
     def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
-        ctx = EncodeContext(add_tensor=self._tensors.add, add_module=self.add)
+        ctx = self._context
         mid = f"m{next(self._numbers)}"  # not len(entries): a failed record is removed, its nested ones stay
         self._ids[key] = mid
         self.entries[mid] = {}  # reserve the id (a module cannot contain itself, but stay safe)
@@ -127,6 +131,33 @@ class ConstructionTable:
         self.entries[mid] = entry
         self.classes.append(cls)
         return mid
+
+
+def construction_arguments(module: torch.nn.Module, cls: type, record: InitRecord,
+                           path: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments that build ``module`` as ``cls``: its recorded ones, or for a lazy module that
+    became ``cls`` at its first call, the non-lazy class's (``tracing/lazy_modules.py``)."""
+    built = constructed_as(module)
+    if built is None or built is cls or not is_lazy_class(built):
+        return record.args, record.kwargs
+    try:
+        return materialised_arguments(built, cls, module, record.args, record.kwargs)
+    except UnsupportedValueError as error:
+        raise UnsupportedValueError(f"{path}{error}") from None
+
+
+def construction_fails(record: ModuleRecord) -> bool:
+    """Whether the target's own construction record has an argument without an encoding (then a
+    capture is saved without it; any other value that cannot be stored is not helped by that)."""
+    if record.construction is None:
+        return False
+    tensors = TensorTable()
+    try:
+        args, kwargs = construction_arguments(record.module, record.module_class, record.construction, "")
+        ConstructionTable(tensors).add_record(record.module_class, args, kwargs, "", key=id(record.module))
+    except UnsupportedValueError:
+        return True
+    return False
 
 
 def encode_record(
@@ -152,9 +183,9 @@ def encode_record(
     else:
         # An unsupported constructor argument is an error naming it; the caller decides whether
         # to fail (strict) or to save without a constructor record and warn.
-        module_info["construction"] = constructions.add_record(
-            record.module_class, record.construction.args, record.construction.kwargs, "", key=id(record.module)
-        )
+        args, kwargs = construction_arguments(record.module, record.module_class, record.construction, "")
+        module_info["construction"] = constructions.add_record(record.module_class, args, kwargs, "",
+                                                               key=id(record.module))
     if record.tree:
         module_info["tree"] = _encode_module_tree(record, constructions)
     if record.structure:

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 import xxhash
 
+from modulelens.format.layouts import is_plain
 from modulelens.tracing.distributed import dtensor_type
+from modulelens.tracing.snapshot import outside_functorch, unwrap_functorch
 
 LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
 
@@ -40,9 +42,19 @@ def live_state(module: torch.nn.Module) -> LiveState:
                 buffers[dot + name] = buffer
     tensors = [*params.values(), *buffers.values()]
     dtensor = dtensor_type()
-    key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
-                for t in tensors)
+    try:
+        key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
+                    for t in tensors)
+    except RuntimeError:  # no storage: weights wrapped by torch.func (functional_call under grad), sparse weights
+        tensors = [unwrap_functorch(t) for t in tensors]
+        key = tuple((id(t), t._version, t.data_ptr() if is_plain(t) and not (dtensor and isinstance(t, dtensor)) else 0)
+                    for t in tensors)
+        with outside_functorch():  # a sparse or nested weight is not fingerprinted (and is refused when saved)
+            return params, buffers, (key, fingerprints([t if is_plain(t) else _NOTHING for t in tensors]))
     return params, buffers, (key, fingerprints(tensors))
+
+
+_NOTHING = torch.empty(0)
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

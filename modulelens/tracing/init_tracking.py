@@ -72,12 +72,13 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
     span were added after construction and are not rebuilt with it (``tracing/module_tree.py``).
     """
 
-    __slots__ = ("hooks_from", "hooks_to", "key", "record")
+    __slots__ = ("built", "hooks_from", "hooks_to", "key", "record")
 
     def __new__(cls, module: Any, record: InitRecord, key: int) -> _Entry:
         self = super().__new__(cls, module, _forget)
         self.key, self.record = key, record
         self.hooks_from, self.hooks_to = RemovableHandle.next_id, None
+        self.built = type(module)  # the class the arguments are for (a lazy module changes its class later)
         return self
 
     def __init__(self, module: Any, record: InitRecord, key: int) -> None:
@@ -112,32 +113,74 @@ def _on_registered(parent: Any, name: str, child: Any) -> None:
 
 def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     instance = _object_new(cls)
-    if not _enabled:
-        return instance
     # A class with its own __new__ may call us with different arguments than __init__ gets:
     # record nothing rather than something wrong.
-    if cls.__new__ is _recording_new:
-        if not args and not kwargs:
-            original = _copied_from(cls, sys._getframe(1))
-            if original is not None:  # a copy is not constructed: it gets its original's record
-                entry = _entry(original)
-                if entry is not None:  # its hooks are copies too, with the original's ids
-                    copied = _remember(instance, entry.record)
-                    if copied is not None:
-                        copied.hooks_from, copied.hooks_to = entry.hooks_from, entry.hooks_to
-                return instance
-        # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
-        for value in args:
-            if type(value) in _CONTAINERS:
-                args, kwargs = _copy_containers(args), _copy_containers(kwargs)
-                break
-        else:
-            for value in kwargs.values():
-                if type(value) in _CONTAINERS:
-                    kwargs = _copy_containers(kwargs)
-                    break
-        _remember(instance, InitRecord(args, kwargs))
+    if _enabled:
+        new = cls.__new__
+        if new is _recording_new:
+            _record(instance, cls, args, kwargs, sys._getframe(1))
+        elif getattr(new, "__wrapped__", None) is _recording_new:  # @deprecated (it passes the arguments on)
+            _record(instance, cls, args, kwargs, sys._getframe(2))
     return instance
+
+
+def _record(instance: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> None:
+    """Note ``instance``'s constructor arguments (``caller``: the frame that asked for it)."""
+    if not args and not kwargs:
+        original = _copied_from(cls, caller)
+        if original is not None:  # a copy is not constructed: it gets its original's record
+            entry = _entry(original)
+            if entry is not None:  # its hooks are copies too, with the original's ids
+                copied = _remember(instance, entry.record)
+                if copied is not None:
+                    copied.hooks_from, copied.hooks_to, copied.built = entry.hooks_from, entry.hooks_to, entry.built
+            return
+    # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
+    for value in args:
+        if type(value) in _CONTAINERS:
+            args, kwargs = _copy_containers(args), _copy_containers(kwargs)
+            break
+    else:
+        for value in kwargs.values():
+            if type(value) in _CONTAINERS:
+                kwargs = _copy_containers(kwargs)
+                break
+    _remember(instance, InitRecord(args, kwargs))
+
+
+def _track_deprecated_classes() -> None:
+    """Record the construction of module classes marked ``@deprecated`` before tracking began.
+
+    ``typing_extensions.deprecated`` (``warnings.deprecated``) replaces a class's ``__new__`` by a
+    wrapper that warns and then calls the ``__new__`` the class had when it was decorated; for a
+    class decorated when torch was imported (``nn.NLLLoss2d``) that is ``object.__new__``, so the
+    tracked ``__new__`` never ran and its construction was not recorded (found by the census). Such
+    a wrapper is wrapped once more: it warns as before, and the arguments are recorded.
+    """
+    pending = list(torch.nn.Module.__subclasses__())
+    seen: set[type] = set()
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        pending.extend(cls.__subclasses__())
+        new = cls.__dict__.get("__new__")
+        function = getattr(new, "__func__", new)
+        code = getattr(function, "__code__", None)  # functools.wraps gave it object.__new__'s names
+        if getattr(function, "__wrapped__", None) is object.__new__ and code is not None and \
+                "original_new" in code.co_freevars:
+            cls.__new__ = staticmethod(_tracked(function))  # type: ignore[method-assign]
+
+
+def _tracked(deprecated_new: Any) -> Any:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces a __new__
+        instance = deprecated_new(cls)  # its deprecation warning, then object.__new__
+        if _enabled:
+            _record(instance, cls, args, kwargs, sys._getframe(1))
+        return instance
+
+    return __new__
 
 
 _NEWOBJ_CODE = copyreg.__newobj__.__code__
@@ -221,6 +264,7 @@ def _set_enabled(on: bool) -> None:
         # A staticmethod, as a __new__ written in a class body is: looked up on an instance
         # (``self.__new__(cls)``, torch parametrize's deepcopy) a plain function would bind ``self``.
         torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign,assignment]
+        _track_deprecated_classes()
     _enabled = on
 
 
@@ -279,6 +323,13 @@ def get_init_record(module: torch.nn.Module) -> InitRecord | None:
 def _entry(module: Any) -> _Entry | None:
     entry = _RECORDS.get(id(module))
     return entry if entry is not None and entry() is module else None
+
+
+def constructed_as(module: torch.nn.Module) -> type | None:
+    """The class ``module`` was constructed as, which its recorded arguments are for (``None`` for a
+    module built untracked). A lazy module (``nn.LazyLinear``) becomes another class at its first call."""
+    entry = _entry(module)
+    return None if entry is None else entry.built
 
 
 def construction_hooks(module: torch.nn.Module) -> tuple[int, int | None] | None:

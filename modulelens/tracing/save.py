@@ -23,7 +23,7 @@ from typing import Any
 from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
 from modulelens.repo import Repo, VersionInfo
 from modulelens.tracing.distributed import capture_metadata, several_recorders
-from modulelens.tracing.encode import encode_record
+from modulelens.tracing.encode import construction_fails, encode_record
 from modulelens.tracing.environment import distributed_info
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
@@ -245,7 +245,7 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
         _warn_unrecorded(capture_name, meta)
         return meta, payloads
     except UnsupportedValueError as error:
-        if tracer.strict:
+        if tracer.strict or not construction_fails(record):  # a state or value no constructor record can fix
             raise
         warnings.warn(f"modulelens: {capture_name}: constructor not recorded: {error}", CaptureWarning, stacklevel=3)
         construction, record.construction = record.construction, None

@@ -11,13 +11,16 @@ copied as one span of that storage and come back as views of the copy: each carr
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch._C import _functorch
 
 from modulelens.errors import CaptureError
+from modulelens.format.layouts import clone, is_plain
 from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leaves
 from modulelens.format.values import Unrecorded
 
@@ -50,16 +53,23 @@ class Snapshotter:
         return copy
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        source = self.gathered.get(id(tensor), tensor).detach()
+        source = self.gathered.get(id(tensor), tensor)
         if _functorch.is_functorch_wrapped_tensor(source):
-            source = _unwrap_functorch(source)
+            with outside_functorch():  # a copy made inside the transform would be wrapped again
+                return self._copy_plain(unwrap_functorch(source).detach())
+        return self._copy_plain(source.detach())
+
+    def _copy_plain(self, source: torch.Tensor) -> torch.Tensor:
         if type(source) is not torch.Tensor and hasattr(source, "full_tensor"):
             raise CaptureError("a sharded tensor (DTensor) was not gathered on every rank of its mesh; "
                                   "not recorded")
-        if source.device.type == "cpu":
-            return source.clone(memory_format=torch.preserve_format)
+        if source.device.type == "cpu":  # clone() inlined for plain tensors: this runs for every recorded tensor
+            return source.clone(memory_format=torch.preserve_format) if source.layout == torch.strided and \
+                not source.is_nested else clone(source)
         if source.device.type == "meta":
             return source.clone()
+        if not is_plain(source):  # sparse, nested: torch's own copy, part by part
+            return source.to("cpu", copy=True)
         pinned = torch.cuda.is_available() and source.device.type == "cuda"
         target = torch.empty_strided(source.size(), source.stride(), dtype=source.dtype, device="cpu", pin_memory=pinned) \
             if _is_dense(source) else torch.empty(source.size(), dtype=source.dtype, device="cpu", pin_memory=pinned)
@@ -140,14 +150,28 @@ class Snapshotter:
             self._memo.pop((id(tensor), tensor._version), None)
 
 
-def _unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:
-    """The value under ``torch.func.grad``/``jvp`` wrappers (the same values: they only track
-    gradients); a ``vmap`` batch holds one value per batch entry, which no single tensor is."""
+def unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:
+    """The value under ``torch.func.grad``/``jvp``/``jacrev`` wrappers (the same values: they only
+    track gradients); a ``vmap`` batch holds one value per batch entry, which no single tensor is (a
+    ``RuntimeError`` saying so). A tensor no transform wraps comes back as it is. Run torch
+    operations on the result :func:`outside_functorch`: inside the transform they wrap it again."""
     while _functorch.is_functorch_wrapped_tensor(tensor):
         if _functorch.is_batchedtensor(tensor):
             raise RuntimeError("a tensor inside torch.func.vmap holds one value per batch entry")
         tensor = _functorch.get_unwrapped(tensor)
-    return tensor.detach()
+    return tensor
+
+
+@contextlib.contextmanager
+def outside_functorch() -> Iterator[None]:
+    """torch operations as outside any ``torch.func`` transform (its interpreters set aside)."""
+    if _functorch.peek_interpreter_stack() is None:
+        yield
+        return
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    with temporarily_clear_interpreter_stack():
+        yield
 
 
 def _is_dense(tensor: torch.Tensor) -> bool:
@@ -156,7 +180,7 @@ def _is_dense(tensor: torch.Tensor) -> bool:
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     """Identity of a plain dense tensor's storage (``None`` for anything else)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided or tensor.is_quantized:
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or not is_plain(tensor) or tensor.is_quantized:
         return None
     if tensor.device.type == "meta" or tensor.numel() == 0:
         return None

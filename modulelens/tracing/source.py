@@ -41,10 +41,17 @@ def is_user_module(module_name: str) -> bool:
     file = getattr(module, "__file__", None)
     if not file:
         return False
+    return not _library_file(file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _library_file(file: str) -> bool:
+    """Whether a module file is the standard library's or an installed package's (asked for every
+    class a capture names, on every save: ``realpath`` was a fifth of a whole-model save's encoding)."""
     real = os.path.realpath(file)
     if any(part in ("site-packages", "dist-packages") for part in real.split(os.sep)):
-        return False
-    return not any(real.startswith(root + os.sep) for root in _library_roots())
+        return True
+    return any(real.startswith(root + os.sep) for root in _library_roots())
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,9 +89,14 @@ def _module_text(module_name: str) -> tuple[str | None, str | None]:
 def referenced_paths(meta: Any) -> set[str]:
     """Every ``module:Qual.Name`` import path in capture metadata."""
     found: set[str] = set()
+    seen: set[int] = set()
 
     def walk(node: dict[str, Any] | list[Any]) -> None:
         # Containers only are visited: a capture of many calls holds tens of thousands of scalars.
+        # Each once: constructor arguments share the encoding of an object many records hold (a config).
+        if id(node) in seen:
+            return
+        seen.add(id(node))
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in _CLASS_KEYS and isinstance(value, str) and ":" in value:

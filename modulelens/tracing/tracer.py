@@ -43,6 +43,7 @@ from modulelens.tracing.distributed import (
 from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
+from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -184,6 +185,9 @@ class Tracer:
         # threads call one target at once (one shared stack mispaired 27 of 30 such calls).
         self._stacks: dict[str, dict[int, list[_Pending | None]]] = {}
         self._state_keys: dict[str, tuple[Any, ...]] = {}
+        # lazy targets not materialised yet: the pre-hook that records their first call, and that call
+        self._lazy_hooks: dict[str, Any] = {}
+        self._deferred: dict[str, tuple[int, tuple[Any, ...], dict[str, Any]]] = {}
         self._lock = threading.RLock()
         self.finished = False
         # Distributed jobs (docs/distributed.md): which ranks record, and bounded gathers of DTensors.
@@ -233,6 +237,8 @@ class Tracer:
             pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True, prepend=True)
             post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True)
         self._handles[name] = [pre, post]
+        if is_unmaterialised_lazy(module):  # recorded after its own pre-hook infers its parameters
+            self._lazy_hooks[name] = module.register_forward_pre_hook(self._make_lazy_hook(name), with_kwargs=True)
 
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
         def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -268,48 +274,92 @@ class Tracer:
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stack(name).append(None)
                 return None
-            weights = live_state(module)  # once per call: fingerprinting reads every weight
-            inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
-            gathered = self._gather(name, index, "inputs", inputs, weights)
-            if isinstance(gathered, str):
-                self._abort(name, index, "inputs", gathered)
-                return None
-            if not self.recording:
-                self._participated[name] = self._participated.get(name, 0) + 1
-                self._stack(name).append(_Pending(None, index))
-                return None
-            if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
-                self._note_structure(name, record, module)
-            self._snap.gathered = gathered
             try:
-                copied_args, copied_kwargs = self._snap.tree(inputs)
-                call = CallRecord(
-                    index=index,
-                    args=copied_args,
-                    kwargs=copied_kwargs,
-                    state_index=self._state_index(name, module, weights),
-                    training=module.training,
-                    grad_enabled=torch.is_grad_enabled(),
-                    autocast=_autocast_state(),
-                )
-            finally:
-                self._snap.gathered = {}
-            call.rng = _rng_state(inputs.leaves)
-            record.calls.append(call)
-            live = replacement = None
-            start = 0
-            if self.backward and call.grad_enabled:
-                replacement = separate_inputs(tuple(args), dict(kwargs))
-                live = replacement if replacement is not None else inputs.tree
-                start = sequence_marker()  # after the input views: the call's own nodes come later
-            values, paths = mutable_values(inputs)
-            watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
-            self._stack(name).append(_Pending(call, index, live, start, watch))
-            return replacement
+                weights = live_state(module)  # once per call: fingerprinting reads every weight
+            except ValueError:  # torch's error for a lazy module's parameters before its first call
+                pending = uninitialised(module)
+                if pending is None:
+                    raise
+                self._stack(name).append(None)
+                self._defer_lazy(name, index, pending, args, kwargs)
+                return None
+            return self._take(name, record, module, index, args, kwargs, weights)
+
+    def _take(self, name: str, record: ModuleRecord, module: torch.nn.Module, index: int, args: tuple[Any, ...],
+              kwargs: dict[str, Any], weights: LiveState) -> Any:
+        """Record call ``index`` of target ``name`` on entry (callers hold ``self._lock``)."""
+        inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
+        gathered = self._gather(name, index, "inputs", inputs, weights)
+        if isinstance(gathered, str):
+            self._abort(name, index, "inputs", gathered)
+            return None
+        if not self.recording:
+            self._participated[name] = self._participated.get(name, 0) + 1
+            self._stack(name).append(_Pending(None, index))
+            return None
+        if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
+            self._note_structure(name, record, module)
+        self._snap.gathered = gathered
+        try:
+            copied_args, copied_kwargs = self._snap.tree(inputs)
+            call = CallRecord(
+                index=index,
+                args=copied_args,
+                kwargs=copied_kwargs,
+                state_index=self._state_index(name, module, weights),
+                training=module.training,
+                grad_enabled=torch.is_grad_enabled(),
+                autocast=_autocast_state(),
+            )
+        finally:
+            self._snap.gathered = {}
+        call.rng = _rng_state(inputs.leaves)
+        record.calls.append(call)
+        live = replacement = None
+        start = 0
+        if self.backward and call.grad_enabled:
+            replacement = separate_inputs(tuple(args), dict(kwargs))
+            live = replacement if replacement is not None else inputs.tree
+            start = sequence_marker()  # after the input views: the call's own nodes come later
+        values, paths = mutable_values(inputs)
+        watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
+        self._stack(name).append(_Pending(call, index, live, start, watch))
+        return replacement
+
+    def _defer_lazy(self, name: str, index: int, pending: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A call that found parameters (``pending``) a lazy module has not materialised yet: they
+        have no values until its own pre-hook infers their sizes. A lazy target is recorded by the
+        pre-hook that runs right after its own (``_lazy_hooks``); a target with lazy submodules, which
+        materialise inside forward, from its next call (a warning says so). See tracing/lazy_modules.py."""
+        if name in self._lazy_hooks:
+            self._deferred[name] = (index, args, kwargs)  # the inputs as the parent passed them
+            return
+        warnings.warn(f"modulelens: {name or '<root>'}: call {index} not recorded: lazy parameter {pending!r} is "
+                      "materialised during this call; later calls are recorded", CaptureWarning, stacklevel=5)
+
+    def _make_lazy_hook(self, name: str) -> Callable[..., Any]:
+        def after_lazy_init(module: torch.nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> Any:
+            with self._lock:
+                handle = self._lazy_hooks.pop(name, None)
+                if handle is not None:
+                    handle.remove()  # once: the module is materialised now
+                deferred = self._deferred.pop(name, None)
+                stack = self._stack(name)
+                if deferred is None or not stack or stack[-1] is not None:
+                    return None
+                stack.pop()  # the placeholder of the call this records
+                index, args, kwargs = deferred
+                try:
+                    return self._take(name, self.records[name], module, index, args, kwargs, live_state(module))
+                except Exception as error:  # fail open
+                    self._fail(name, error)
+                    return None
+        return _eager(after_lazy_init)
 
     def _note_structure(self, name: str, record: ModuleRecord, module: torch.nn.Module) -> None:
         """At the first recorded call: plain attributes, the module tree (with the hooks a rebuild
         will not register, named in a warning), and the constructor's plain objects as they are now."""
+        record.module_class = constructed_class(module)  # a lazy module's class changed at its first call
         record.tree = module_tree(module, ignore_hooks=self._hook_ids())
         own = [node for node in record.tree if node.same_as is None]  # compile wrappers are transparent here
         record.attributes = plain_attributes(module, [(node.path, node.module) for node in own])
@@ -496,6 +546,9 @@ class Tracer:
     def _detach(self, name: str) -> None:
         for handle in self._handles.pop(name, []):
             handle.remove()
+        lazy = self._lazy_hooks.pop(name, None)
+        if lazy is not None:
+            lazy.remove()
 
     def _fail(self, name: str, error: Exception) -> None:
         if self.world_size > 1:  # the other ranks stop waiting for this one at this target's gathers

@@ -114,10 +114,19 @@ def _every_kind() -> dict[str, object]:
         "size": torch.Size([2, 3]), "tensor": torch.arange(3.0), "module": nn.ReLU(),
         "import": torch.nn.functional.gelu, "class": nn.Linear, "namedtuple": Pair(1, 2),
         "dataclass": Settings(4), "enum": Color.RED, "partial": functools.partial(torch.nn.functional.softmax, dim=-1),
+        "sparse_coo": torch.eye(3).to_sparse(), "sparse_csr": torch.eye(3).to_sparse_csr(),
+        "sparse_bsc": torch.eye(4).to_sparse_bsc((2, 2)),
+        "nested_jagged": torch.nested.nested_tensor([torch.ones(2, 3), torch.zeros(1, 3)], layout=torch.jagged),
+        "nested_strided": torch.nested.nested_tensor([torch.ones(2, 3), torch.zeros(1, 3)], layout=torch.strided),
     }
 
 
 def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) and a.is_nested:
+        return isinstance(b, torch.Tensor) and b.is_nested and a.layout == b.layout and all(
+            torch.equal(x, y) for x, y in zip(a.unbind(), b.unbind(), strict=True))
+    if isinstance(a, torch.Tensor) and a.layout != torch.strided:
+        return isinstance(b, torch.Tensor) and a.layout == b.layout and torch.equal(a.to_dense(), b.to_dense())
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, float) and math.isnan(a):
