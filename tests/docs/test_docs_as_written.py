@@ -54,6 +54,9 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/distributed.md", 'modulelens.load("run7/blocks.2.ff")'):
         "loads the capture the outline above would make; examples/distributed's replay.py does it for real",
 }
+# Commands that serve until Ctrl+C: each runs as written until it prints its address, which must
+# answer, and is then stopped (tests/docs/serve_once.py).
+SERVERS = ("modulelens ui",)
 # (doc, text of a block) -> why it fails today; strict: the test fails once it passes (flip it then)
 XFAIL: dict[tuple[str, str], str] = {}
 
@@ -193,7 +196,12 @@ def _shell_script(block: Block) -> str:
     script = []
     for line in "\n".join(lines).replace("\\\n", " ").splitlines():
         why = next((why for (doc, text), why in SKIPPED.items() if doc == block.doc and text in line), None)
-        script.append(f": {shlex.quote('not run in CI: ' + why)}" if why else line)
+        if why:
+            line = f": {shlex.quote('not run in CI: ' + why)}"
+        elif line.lstrip().startswith(SERVERS):  # serves until Ctrl+C: started, its page opened once, stopped
+            line = shlex.join([sys.executable, str(Path(__file__).with_name("serve_once.py")),
+                               *shlex.split(line, comments=True)])
+        script.append(line)
     return "set -eo pipefail\n" + "\n".join(script) + "\n"
 
 

@@ -285,11 +285,14 @@ def test_class_defined_in_a_script_exports_from_its_stored_source(tmp_path: Path
     repo = str(tmp_path / "repo")
     script = tmp_path / "train_script.py"
     script.write_text(MAIN_SCRIPT.format(repo=repo))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    # captured by someone else (another signing key): a capture sent to us, not one of our own
+    someone_else = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "someone-else")}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=someone_else)
     assert run.returncode == 0, run.stderr
     script.unlink()  # the class now exists only in the source stored with the capture
     with pytest.raises(modulelens.UntrustedCodeError, match="trust_source=True"):
-        export_kernelbench("script", tmp_path / "p", repo=repo)  # its own code runs only when trusted
+        export_kernelbench("script", tmp_path / "p", repo=repo)  # its code runs only when trusted
     result = export_kernelbench(modulelens.load("script", repo=repo, trust_source=True), tmp_path / "p")
     m = result.manifest
     assert m["capture"]["module_class"] == "__main__:ScriptBlock"

@@ -57,7 +57,7 @@ def test_click_through_repo_capture_histogram_diff_reports(demo: dict[str, Any],
         _wait(driver).until(ready.presence_of_element_located((By.ID, "capture-ref")))
         assert driver.find_element(By.ID, "capture-ref").text == "demo/top_mlp:v1"
         assert driver.find_element(By.ID, "constructor").text == (
-            "MLP([26, 64, 32, 1], activation=torch.nn.modules.activation.GELU, dropout=0.1)")
+            "MLP([26, 64, 32, 1], activation=GELU, dropout=0.1)")
         params = driver.find_elements(By.CSS_SELECTOR, "table[data-part=state] tbody tr")
         assert [r.get_attribute("data-path") for r in params] == [
             "net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias", "net.6.weight", "net.6.bias"]

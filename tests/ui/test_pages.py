@@ -47,7 +47,7 @@ def test_repo_page_searches_filters_and_sorts(demo: dict[str, Any]) -> None:
 def test_capture_page_shows_arguments_tensors_calls_environment_and_source(demo: dict[str, Any]) -> None:
     web = client(demo["repo"])
     page = web.get(f"/capture/{demo['top_v1']}").text
-    assert "MLP([26, 64, 32, 1], activation=torch.nn.modules.activation.GELU, dropout=0.1)" in page
+    assert "MLP([26, 64, 32, 1], activation=GELU, dropout=0.1)" in page
     assert page.count('<svg class="hist"') == 6  # one histogram per parameter
     assert 'hx-get="/capture/demo/top_mlp:v1/histogram/' in page  # call tensors: on click
     assert re.search(r"<th>torch</th><td class=\"mono\">2\.", page)

@@ -122,9 +122,10 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
                 echo(f"    {key}={value(arg, 400)},")
             echo(")")
     else:
-        echo("constructor: " + typer.style("not recorded", fg="yellow") + f" ({d['construction_missing']})")
+        # styled whole (echo styles on a terminal only; a style code inside the text would be escaped)
+        echo(f"constructor: not recorded ({d['construction_missing']})", fg="yellow")
     if d.get("hooks_not_rebuilt"):  # issue 22: the loaded module runs without them
-        echo(typer.style("hooks not rebuilt: ", fg="yellow") + "; ".join(d["hooks_not_rebuilt"]))
+        echo("hooks not rebuilt: " + "; ".join(d["hooks_not_rebuilt"]), fg="yellow")
     echo(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
          f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
     echo("recorded calls", bold=True)
