@@ -34,6 +34,8 @@ RUNS: list[tuple[str, list[str], list[str]]] = [
     ("bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
     ("bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
     ("bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
+    ("bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
+    ("bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
 ]
 
 
@@ -167,6 +169,19 @@ def detail_tables() -> str:
                      + "\n\nratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ui["ratios"].items())
                      + f"\n\npeak memory added by the cold capture page: {ui.get('capture_page_peak_added_mib', 0):.0f} MiB; "
                        f"load average {ui.get('load_average')}")
+    call_inputs = _load("call_inputs")
+    if call_inputs:
+        parts.append("call inputs\n" + _table(
+            ["tensors", "call.args", "+ read", "reopen", "+ read", "clone", "shared", "call.args / reopen"],
+            [[r["tensors"], f"{r['args_ms']:.2f} ms", f"{r['args_read_ms']:.2f} ms", f"{r['reopen_ms']:.2f} ms",
+              f"{r['reopen_read_ms']:.2f} ms", f"{r['clone_ms']:.2f} ms", f"{r['shared_ms']:.3f} ms",
+              f"{r['args_vs_reopen']:.2f}"] for r in call_inputs["rows"]]))
+    metadata = _load("metadata")
+    if metadata:
+        parts.append("whole-model metadata\n" + _table(
+            ["layers", "modules", "capture.json", "constructions", "tree", "save"],
+            [[str(r["layers"]), str(r["modules"]), f"{r['metadata_kb']:.0f} KiB", f"{r['constructions_kb']:.0f} KiB",
+              f"{r['tree_kb']:.0f} KiB", f"{r['save_ms']:.0f} ms"] for r in metadata["rows"]]))
     return "\n\n".join(parts)
 
 
