@@ -13,6 +13,7 @@ allows (a namedtuple, a dataclass, a codec's own type), checked before the call.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import functools
@@ -86,13 +87,14 @@ def import_object(path: str) -> Any:
 @dataclass(frozen=True)
 class Codec:
     name: str
-    type: type
+    # builtins.type below: in this class body `type` is the field
+    type: builtins.type
     encode: Callable[[Any], Any]
-    decode: Callable[[type, Any], Any]
+    decode: Callable[[builtins.type, Any], Any]
     subclasses: bool
     state: bool = False  # a mutable container stored attribute by attribute (see register_state_codec)
-    stored_class: Callable[[Any], type] | None = None  # the class recorded for a value (default: its own)
-    accepts: Callable[[type], bool] | None = None  # a family of classes without a common base (else: type)
+    stored_class: Callable[[Any], builtins.type] | None = None  # the class recorded for a value (default: its own)
+    accepts: Callable[[builtins.type], bool] | None = None  # a family of classes without a common base (else: type)
 
 
 _CODECS: dict[str, Codec] = {}
@@ -190,7 +192,7 @@ def _encode_state(value: Any) -> dict[str, Any]:
 
 
 def _decode_state(cls: type, attributes: dict[str, Any]) -> Any:
-    value = cls.__new__(cls)
+    value = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     value.__dict__.update(attributes)
     return value
 
@@ -398,9 +400,9 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
             return {"$type": "import", "path": import_path(value)}
         except UnsupportedValueError as error:
             raise UnsupportedValueError(f"{path}: {error}") from None
-    if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # namedtuple
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple (a class attribute)
         return {"$type": "namedtuple", "class": _class_path(value, path),
-                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(type(value)._fields, value, strict=False)]}
+                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(value._fields, value, strict=False)]}
     memo = ctx.memo
     if memo is not None:
         hit = memo.get(id(value))
@@ -492,7 +494,7 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
         return cls(*(decode_value(v, ctx) for v in data["items"]))
     if tag == "dataclass":
         cls = ctx.resolve(data["class"], "class")
-        if not dataclasses.is_dataclass(cls):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise UntrustedCodeError(f"{data['class']} is not a dataclass; refused")
         return _decode_dataclass(cls, decode_value(data["fields"], ctx))
     if tag in ("sparse", "nested"):

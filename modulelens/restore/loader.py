@@ -19,7 +19,7 @@ import torch
 from modulelens.errors import RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
 from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
+from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
 from modulelens.format.tree import decode_spec, decode_tree, tree_summary
 from modulelens.format.values import DecodeContext
@@ -200,12 +200,12 @@ class Call:
         return self._capture
 
     @property
-    def input_tree(self) -> dict[str, Any]:
+    def input_tree(self) -> EncodedTree:
         """The encoded ``(args, kwargs)`` tree as stored (for summaries that must not decode values)."""
         return self._data["inputs"]
 
     @property
-    def output_tree(self) -> dict[str, Any] | None:
+    def output_tree(self) -> EncodedTree | None:
         """The encoded output tree as stored, or ``None`` when the call raised in the original job."""
         return self._data.get("output")
 
@@ -572,7 +572,7 @@ class Capture:
 _COPY_MAX_BYTES = 1 << 20
 
 
-class _PrunedById(dict):  # type: ignore[type-arg]
+class _PrunedById(dict):
     """A dict of ``id -> (weak reference, value)`` that drops dead entries as it grows."""
 
     _limit = 1024

@@ -108,10 +108,12 @@ def _canonical(value: Any, capture: Capture, depth: int = 0) -> Any:
         entry = capture.metadata["tensors"][value["id"]]
         return {"$type": "tensor", "dtype": entry["dtype"], "shape": entry["shape"], "payload": entry["payload"]}
     if tag == "module" and depth < 32:
-        entry = capture.metadata["constructions"].get(value["ref"], {})
-        return {"$type": "module", "class": entry.get("class"),
-                "args": _canonical(entry.get("args", []), capture, depth + 1),
-                "kwargs": _canonical(entry.get("kwargs", {}), capture, depth + 1)}
+        construction = capture.metadata["constructions"].get(value["ref"])
+        if construction is None:
+            return {"$type": "module", "class": None, "args": [], "kwargs": {}}
+        return {"$type": "module", "class": construction.get("class"),
+                "args": _canonical(construction.get("args", []), capture, depth + 1),
+                "kwargs": _canonical(construction.get("kwargs", {}), capture, depth + 1)}
     return {k: _canonical(v, capture, depth) for k, v in value.items()}
 
 
