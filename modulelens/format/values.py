@@ -31,6 +31,7 @@ from modulelens.errors import UnsupportedValueError, UntrustedCodeError
 from modulelens.format import layouts
 from modulelens.format.imports import Kind, resolve_import
 from modulelens.format.layouts import is_plain
+from modulelens.format.spec import UnrecordedEntry
 
 JSON = Any
 
@@ -307,7 +308,7 @@ class EncodeContext:
     add_tensor: Callable[[torch.Tensor, str], str]
     add_module: Callable[[torch.nn.Module, str], str] | None = None
     lenient: bool = False
-    unrecorded: list[dict[str, str]] = field(default_factory=list)
+    unrecorded: list[UnrecordedEntry] = field(default_factory=list)
     # id(value) -> (value, its encoding), for objects a codec or the dataclass encoding stores, with
     # ``memo={}``: constructor arguments of one capture, where every submodule of a transformers
     # model holds the same config (15 encodings of it per capture of a 59-module Llama before).
