@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -599,7 +600,7 @@ def _tensor_ids(data: Any) -> list[str]:
 def load(
     ref: str,
     *,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     init_args: Sequence[Any] | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -394,7 +395,7 @@ def diff(
     a: Capture | str,
     b: Capture | str,
     *,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     device: str | torch.device | None = None,
     outputs: bool = True,
     rtol: float | None = None,

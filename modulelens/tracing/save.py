@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import os
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
@@ -34,7 +35,7 @@ from modulelens.tracing.upload import Upload, stage
 
 def save_records(
     tracer: Tracer,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
@@ -55,7 +56,7 @@ def save_records(
 
 def save_captures(
     tracer: Tracer,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
@@ -166,7 +167,7 @@ class SaveTarget:
         strict: raise storage errors instead of falling back.
     """
 
-    def __init__(self, repo: Repo | str | None, *, strict: bool = False) -> None:
+    def __init__(self, repo: Repo | str | os.PathLike[str] | None, *, strict: bool = False) -> None:
         self.requested = repo.location if isinstance(repo, Repo) else repo
         self.strict = strict
         self.repo: Repo | None = None
