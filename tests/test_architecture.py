@@ -4,11 +4,16 @@ Layers, lowest first (docs/architecture.md): errors ← format ← repo ← trac
 kernels ← demo / testing ← interfaces ← the top-level package. A module may import its own layer
 or a lower one, never a higher one; tracing and restore, side by side, do not import each other.
 Imports under ``if TYPE_CHECKING:`` are for annotations only and are not counted.
+
+Also: no import cycle between files (through a package's ``__init__`` included), and the module map of
+docs/architecture.md names every module, with its layer and whether it is public API (issue 24).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import modulelens
@@ -115,3 +120,185 @@ def test_public_api_is_exactly_all() -> None:
     assert set(modulelens.__all__) == (public - submodules) | {"__version__"}
     for name in modulelens.__all__:
         assert hasattr(modulelens, name), name
+
+
+# ------------------------------------------------------------------------------ no file cycles
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package its imports run, for every file under ``root``.
+
+    Imports inside functions count as much as module-level ones (only ``TYPE_CHECKING`` blocks are
+    left out). ``from package import name`` runs the submodule when ``name`` is one, else the
+    package's ``__init__.py``: so re-exported names lead to the ``__init__`` that re-exports them.
+    """
+    package = root.name
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        if "agent_skill/files" in path.as_posix() or "_bootstrap" in path.parts:
+            continue
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                for stmt in node.body for sub in ast.walk(stmt)}
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names if alias.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = module.split(".")
+                    anchor = anchor[: len(anchor) - node.level + (1 if path.name == "__init__.py" else 0)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                if base != package and not base.startswith(package + "."):
+                    continue
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    targets.add(submodule if submodule in files else base)
+        graph[module] = {t for t in targets if t in files and t != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for succ in successors:
+                if succ not in index:
+                    index[succ] = low[succ] = len(index)
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(sorted(graph[succ]))))
+                    break
+                if succ in on_stack:
+                    low[node] = min(low[node], index[succ])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycle_between_files() -> None:
+    cycles = import_cycles(import_graph(PACKAGE))
+    assert not cycles, "import cycles between files:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_check_sees_a_cycle_through_a_package_init(tmp_path: Path) -> None:
+    """The check is not vacuous: a module importing what its own package's ``__init__`` re-exports
+    is a cycle (the shape ``kernels/export.py`` had), and so is a plain two-file circle."""
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "sub" / "__init__.py").write_text("from pkg.sub.a import thing\n")
+    (root / "sub" / "a.py").write_text("thing = 1\n")
+    (root / "sub" / "b.py").write_text("from pkg.sub import thing\n")
+    (root / "c.py").write_text("def later():\n    from . import d\n")
+    (root / "d.py").write_text("from pkg import c\n")
+    (root / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import f\n")
+    (root / "f.py").write_text("import pkg.e\n")
+    assert import_cycles(import_graph(root)) == [["pkg.c", "pkg.d"]]
+    (root / "sub" / "a.py").write_text("from pkg.sub import b\nthing = 1\n")
+    assert sorted(import_cycles(import_graph(root))) == [["pkg.c", "pkg.d"], ["pkg.sub", "pkg.sub.a", "pkg.sub.b"]]
+
+
+# ------------------------------------------------------------------------------ the map
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _map_rows() -> list[list[str]]:
+    """The cells of the module table of docs/architecture.md (the table whose header names ``module``)."""
+    lines = ARCHITECTURE.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| layer | module |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def _package_files() -> set[str]:
+    return {path.relative_to(PACKAGE.parent).as_posix() for path in PACKAGE.rglob("*.py")}
+
+
+def _covered(row: list[str]) -> set[str]:
+    """The files a row names: its module, or for a folder row each file named in it by its path in the folder."""
+    named = row[1].strip("`")
+    if not named.endswith("/"):
+        return {named}
+    text = " | ".join(row[2:])
+    return {f"{named}{path}" for path in re.findall(r"`([^`]+\.py)`", text)}
+
+
+def test_architecture_map_names_every_module() -> None:
+    """One row per module: a new file must get its row, a removed one lose it."""
+    rows = _map_rows()
+    assert len(rows) > 100, "the module table of docs/architecture.md was not found whole (a blank line splits it?)"
+    named = [name for row in rows for name in _covered(row)]
+    files = _package_files()
+    missing = sorted(files - set(named))
+    stale = sorted(set(named) - files)
+    doubled = sorted({name for name in named if named.count(name) > 1})
+    assert not missing, f"modules without a row in docs/architecture.md: {missing}"
+    assert not stale, f"rows of docs/architecture.md for files that do not exist: {stale}"
+    assert not doubled, f"modules with more than one row: {doubled}"
+
+
+def test_architecture_map_layers_match_the_import_check() -> None:
+    for row in _map_rows():
+        module = row[1].strip("`").removesuffix("/").removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        if "agent_skill.files" in module or "_bootstrap" in module or module == "modulelens.__main__":
+            continue
+        assert int(row[0]) == LAYERS[_layer_of(module)], row[:2]
+
+
+API_PACKAGES = ["modulelens", "modulelens.format", "modulelens.repo", "modulelens.restore", "modulelens.tracing",
+                "modulelens.kernels"]
+
+
+def test_architecture_map_marks_exactly_the_public_modules() -> None:
+    """``public`` in the API column: a module that defines a name of an API package's ``__all__`` (or
+    is such a package, or ``modulelens.testing``); every other module is ``internal``."""
+    public = {"modulelens/testing.py"}
+    for package_name in API_PACKAGES:
+        package = importlib.import_module(package_name)
+        public.add(package_name.replace(".", "/") + "/__init__.py")
+        for name in package.__all__:
+            defined_in = getattr(getattr(package, name), "__module__", None)
+            if defined_in and defined_in.startswith("modulelens") and defined_in != package_name:
+                public.add(importlib.import_module(defined_in).__file__.removeprefix(str(PACKAGE.parent) + "/"))
+    marked = {row[1].strip("`") for row in _map_rows() if row[2].startswith("public")}
+    assert {row[2].split(":")[0] for row in _map_rows()} == {"public", "internal"}
+    assert marked == public, {"marked but not public": sorted(marked - public), "public but not marked": sorted(public - marked)}

@@ -40,6 +40,9 @@ class FeatureAttention(nn.Module):
 class DotInteraction(nn.Module):
     """Pairwise dot products between all feature vectors (upper triangle), DLRM-style."""
 
+    rows: torch.Tensor  # buffers, declared for the type checker (register_buffer sets them)
+    cols: torch.Tensor
+
     def __init__(self, num_features: int, self_interaction: bool = False) -> None:
         super().__init__()
         offset = 0 if self_interaction else 1

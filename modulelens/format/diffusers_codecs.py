@@ -35,7 +35,7 @@ def _processor_attributes(processor: Any) -> dict[str, Any]:
 
 
 def _new_processor(cls: type, attributes: dict[str, Any]) -> Any:
-    processor = cls.__new__(cls)
+    processor = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     processor.__dict__.update(attributes)
     return processor
 

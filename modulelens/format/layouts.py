@@ -59,7 +59,9 @@ def parts(tensor: torch.Tensor) -> dict[str, Any]:
 def _nested_parts(tensor: torch.Tensor) -> dict[str, Any]:
     if tensor.layout == torch.jagged:
         cache = getattr(tensor, "_metadata_cache", None) or {}
-        return {"$type": "nested", "layout": "jagged", "values": tensor.values(), "offsets": tensor.offsets(),
+        # offsets() and _ragged_idx are NestedTensor's: torch's stubs know only Tensor's methods
+        return {"$type": "nested", "layout": "jagged", "values": tensor.values(),
+                "offsets": tensor.offsets(),  # type: ignore[attr-defined]
                 "lengths": tensor.lengths(), "ragged_idx": int(tensor._ragged_idx),  # type: ignore[attr-defined]
                 # torch keeps these as the sizes of empty tensors (so that compile can trace them)
                 "min_seqlen": _cached_int(cache.get("min_seqlen")), "max_seqlen": _cached_int(cache.get("max_seqlen"))}

@@ -48,7 +48,7 @@ def _base_class(batch_class: type) -> type:
 def _new_graph(cls: type, parts: dict[str, Any]) -> Any:
     from torch_geometric.data import Data, HeteroData
 
-    graph = cls.__new__(cls)
+    graph = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     (HeteroData if issubclass(cls, HeteroData) else Data).__init__(graph)
     _fill(graph, parts["store"])
     return graph

@@ -78,6 +78,8 @@ class StateEntry(TypedDict):
     parameters: dict[str, ParameterEntry]
     buffers: dict[str, BufferEntry]
     extra_state: NotRequired[dict[str, EncodedValue]]
+    # format 2: per submodule path, what its own _save_to_state_dict adds (docs/format.md)
+    module_state: NotRequired[dict[str, dict[str, EncodedValue]]]
 
 
 class BackwardEntry(TypedDict):
@@ -119,6 +121,7 @@ class TensorEntry(TypedDict):
     storage_offset: NotRequired[int]
     shape_only: NotRequired[bool]
     stats: NotRequired[dict[str, Any]]
+    quantized: NotRequired[dict[str, Any]]  # format 2: scheme, scale(s), zero point(s) (docs/format.md)
 
 
 class UnrecordedEntry(TypedDict):

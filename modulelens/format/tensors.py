@@ -98,7 +98,8 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
         flat = flat.contiguous()
     # One view as bytes, whatever the dtype (numpy has no bfloat16): a save of many small tensors
     # makes one of these per tensor, so every intermediate tensor saved shows (bench_repo.py).
-    return memoryview(flat.view(-1).view(torch.uint8).numpy()).toreadonly()
+    # numpy's stubs declare the buffer protocol (__buffer__) for Python 3.12+ only; ndarray has it on every version
+    return memoryview(flat.view(-1).view(torch.uint8).numpy()).toreadonly()  # type: ignore[arg-type]
 
 
 def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:

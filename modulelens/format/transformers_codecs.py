@@ -15,7 +15,7 @@ capture names this codec (decode).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 from modulelens.format.values import register_codec, register_state_codec
 
@@ -51,9 +51,15 @@ def encode_config(config: Any) -> dict[str, Any]:
     return data
 
 
+class _ConfigClass(Protocol):
+    """A ``PretrainedConfig`` subclass, as far as decoding uses it (the codec is registered for their base)."""
+
+    def from_dict(self, config_dict: dict[str, Any], **kwargs: Any) -> Any: ...
+
+
 def decode_config(cls: type, data: dict[str, Any]) -> Any:
     kwargs = {name: data[name] for name in _RUNTIME_ATTRIBUTES if data.get(name) is not None}
-    return cls.from_dict(dict(data["config"]), **kwargs)
+    return cast(_ConfigClass, cls).from_dict(dict(data["config"]), **kwargs)
 
 
 def _cache_bases() -> list[type]:

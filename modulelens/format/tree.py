@@ -55,8 +55,9 @@ def spec_paths(spec: pytree.TreeSpec, prefix: str = "") -> list[str]:
         return [prefix]
     children = spec.children()
     try:
-        keys = pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn is not None and [
-            pytree.keystr((key,)) for key, _ in pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn(
+        flatten_with_keys = pytree.SUPPORTED_NODES[spec.type].flatten_with_keys_fn
+        keys = flatten_with_keys is not None and [
+            pytree.keystr((key,)) for key, _ in flatten_with_keys(
                 pytree.tree_unflatten([0] * spec.num_leaves, spec))[0]]
     except Exception:  # a node that cannot be rebuilt from placeholders
         keys = None

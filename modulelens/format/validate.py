@@ -24,7 +24,7 @@ MAX_DEPTH = 64  # nesting of encoded values and tree specs
 MAX_NDIM = 64
 MAX_NUMEL = 1 << 50
 MAX_ITEMS = 1 << 22  # entries in any one table or list
-_TAGS_WITH = {  # "$type" -> required fields and their JSON types
+_TAGS_WITH: dict[str, dict[str, type | tuple[type, ...]]] = {  # "$type" -> required fields and their JSON types
     "tensor": {"id": str}, "module": {"ref": str}, "float": {"value": str}, "dtype": {"value": str},
     "device": {"value": str}, "size": {"value": list}, "tuple": {"items": list}, "set": {"items": list},
     "frozenset": {"items": list}, "dict": {"items": list}, "complex": {"real": (int, float), "imag": (int, float)},
@@ -61,7 +61,8 @@ class _Checker:
             raise self.fail(where, f"missing {key!r}")
         value = obj[key]
         # the common case without building the field's name: validation is on every load's path
-        if type(value) is kind and ((kind is not list and kind is not dict) or len(value) <= MAX_ITEMS):
+        # (len of obj[key]: `type(value) is kind` narrows `value` to object for the type checker)
+        if type(value) is kind and ((kind is not list and kind is not dict) or len(obj[key]) <= MAX_ITEMS):
             return value
         return self.expect(value, kind, f"{where}.{key}")
 

@@ -13,6 +13,7 @@ allows (a namedtuple, a dataclass, a codec's own type), checked before the call.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import functools
@@ -30,6 +31,7 @@ from modulelens.errors import UnsupportedValueError, UntrustedCodeError
 from modulelens.format import layouts
 from modulelens.format.imports import Kind, resolve_import
 from modulelens.format.layouts import is_plain
+from modulelens.format.spec import UnrecordedEntry
 
 JSON = Any
 
@@ -86,13 +88,14 @@ def import_object(path: str) -> Any:
 @dataclass(frozen=True)
 class Codec:
     name: str
-    type: type
+    # builtins.type below: in this class body `type` is the field
+    type: builtins.type
     encode: Callable[[Any], Any]
-    decode: Callable[[type, Any], Any]
+    decode: Callable[[builtins.type, Any], Any]
     subclasses: bool
     state: bool = False  # a mutable container stored attribute by attribute (see register_state_codec)
-    stored_class: Callable[[Any], type] | None = None  # the class recorded for a value (default: its own)
-    accepts: Callable[[type], bool] | None = None  # a family of classes without a common base (else: type)
+    stored_class: Callable[[Any], builtins.type] | None = None  # the class recorded for a value (default: its own)
+    accepts: Callable[[builtins.type], bool] | None = None  # a family of classes without a common base (else: type)
 
 
 _CODECS: dict[str, Codec] = {}
@@ -190,7 +193,7 @@ def _encode_state(value: Any) -> dict[str, Any]:
 
 
 def _decode_state(cls: type, attributes: dict[str, Any]) -> Any:
-    value = cls.__new__(cls)
+    value = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     value.__dict__.update(attributes)
     return value
 
@@ -305,7 +308,7 @@ class EncodeContext:
     add_tensor: Callable[[torch.Tensor, str], str]
     add_module: Callable[[torch.nn.Module, str], str] | None = None
     lenient: bool = False
-    unrecorded: list[dict[str, str]] = field(default_factory=list)
+    unrecorded: list[UnrecordedEntry] = field(default_factory=list)
     # id(value) -> (value, its encoding), for objects a codec or the dataclass encoding stores, with
     # ``memo={}``: constructor arguments of one capture, where every submodule of a transformers
     # model holds the same config (15 encodings of it per capture of a 59-module Llama before).
@@ -398,9 +401,9 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
             return {"$type": "import", "path": import_path(value)}
         except UnsupportedValueError as error:
             raise UnsupportedValueError(f"{path}: {error}") from None
-    if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # namedtuple
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple (a class attribute)
         return {"$type": "namedtuple", "class": _class_path(value, path),
-                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(type(value)._fields, value, strict=False)]}
+                "items": [encode_value(v, ctx, f"{path}.{n}") for n, v in zip(value._fields, value, strict=False)]}
     memo = ctx.memo
     if memo is not None:
         hit = memo.get(id(value))
@@ -492,7 +495,7 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
         return cls(*(decode_value(v, ctx) for v in data["items"]))
     if tag == "dataclass":
         cls = ctx.resolve(data["class"], "class")
-        if not dataclasses.is_dataclass(cls):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise UntrustedCodeError(f"{data['class']} is not a dataclass; refused")
         return _decode_dataclass(cls, decode_value(data["fields"], ctx))
     if tag in ("sparse", "nested"):

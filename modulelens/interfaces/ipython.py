@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -111,11 +112,18 @@ def _int_list(text: str | None, option: str) -> list[int] | None:
 class ModulelensMagics(Magics):
     """The ``%ml_*`` line magics (see the module docstring)."""
 
+    @property
+    def _shell(self) -> InteractiveShell:
+        """The shell the magics were registered with (``Magics.shell`` is optional only before that)."""
+        if self.shell is None:
+            raise RuntimeError("the %ml_* magics are used before being registered with a shell")
+        return self.shell
+
     def _capture(self, ref: str, repo: str | None = None, device: str | None = None, dtype: str | None = None) -> Any:
         """The capture a variable holds (used as is, edits included), else ``ref`` loaded from the repo."""
         from modulelens.restore.loader import Capture
 
-        value = self.shell.user_ns.get(ref) if ref.isidentifier() else None
+        value = self._shell.user_ns.get(ref) if ref.isidentifier() else None
         if isinstance(value, Capture) and repo is None and device is None and dtype is None:
             return value
         with _one_line():
@@ -169,7 +177,7 @@ class ModulelensMagics(Magics):
             bound[names["kwargs"]] = call_kwargs
         else:
             problems.append("no recorded calls, so no inputs to bind")
-        self.shell.push(bound)
+        self._shell.push(bound)
         print(safe_text(f"loaded {capture.ref} ({capture.module_class}); bound:"))  # escapes a capture's controls
         for key, value in bound.items():
             print(safe_text(f"  {key:<16} {describe_value(value) if key != names['capture'] else repr(value)}"))
@@ -247,8 +255,8 @@ class ModulelensMagics(Magics):
         args = parse_argstring(self.ml_verify, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
         candidate: Any = args.candidate
-        if candidate.isidentifier() and candidate in self.shell.user_ns:
-            candidate = self.shell.user_ns[candidate]
+        if candidate.isidentifier() and candidate in self._shell.user_ns:
+            candidate = self._shell.user_ns[candidate]
         with _one_line():
             report = verify(capture, candidate, rtol=args.rtol, atol=args.atol,
                             timing=None if args.no_timing else TimingConfig(warmup=3, iters=20),

@@ -134,7 +134,7 @@ class _Renderer:
             return repr(value)
         tag = value.get("$type")
         handler = getattr(self, f"_{str(tag).replace('-', '_')}", None) if isinstance(tag, str) else None
-        if handler is None or not tag.isidentifier():
+        if handler is None or not str(tag).isidentifier():
             return self._codec_like(str(tag), value) if tag else "{...}"
         try:
             return handler(value)

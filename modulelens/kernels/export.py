@@ -101,7 +101,7 @@ def export_kernelbench(
     ref: str | Capture,
     out_dir: str | os.PathLike[str],
     *,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     calls: Sequence[int] | None = None,
     max_calls: int = MAX_CALLS,
     inline: bool = True,
@@ -184,7 +184,7 @@ def export_kernelbench(
     return ExportResult(directory, manifest)
 
 
-def _open(ref: str | Capture, repo: Repo | str | None) -> tuple[Capture, Repo]:
+def _open(ref: str | Capture, repo: Repo | str | os.PathLike[str] | None) -> tuple[Capture, Repo]:
     if isinstance(ref, Capture):
         return ref, ref.repo
     store = repo if isinstance(repo, Repo) else Repo(repo, create=False)

@@ -160,7 +160,7 @@ def _join_statements(statements: list[ast.stmt], lines: list[str], package: str 
         code += chunk.rstrip("\n")
         previous = statement
         included.append(", ".join(sorted(bound_names(statement))) or type(statement).__name__)
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
     third_party = {name for name in imported if name not in stdlib and name not in ("torch", "__future__")}
     return ClassSource("inlined", "", code=code + "\n", included=included, imports=third_party)
 

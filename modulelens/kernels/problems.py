@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import KernelError
+from modulelens.format.spec import Construction
 from modulelens.format.values import Unrecorded
 from modulelens.restore.loader import Capture
 
@@ -96,7 +98,7 @@ def _skip_reason(capture: Capture, chosen: list[int], position: int, max_calls: 
     return None
 
 
-def forward_parameters(cls: type) -> list[inspect.Parameter]:
+def forward_parameters(cls: type[torch.nn.Module]) -> list[inspect.Parameter]:
     """The parameters of ``cls.forward`` without ``self``."""
     try:
         signature = inspect.signature(cls.forward)
@@ -239,7 +241,7 @@ def init_inputs(capture: Capture) -> list[Any]:
     return [_plain_value(a) for a in construction["args"]]
 
 
-def construction_record(capture: Capture) -> dict[str, Any] | None:
+def construction_record(capture: Capture) -> Construction | None:
     """The recorded constructor entry (typed JSON: ``class``, ``args``, ``kwargs``) of the captured module."""
     mid = capture.metadata["module"].get("construction")
     return capture.metadata.get("constructions", {}).get(mid) if mid else None

@@ -39,6 +39,7 @@ import torch
 
 from modulelens.errors import RestoreError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.imports import parse_import_path, resolve_import
+from modulelens.format.spec import Construction
 from modulelens.format.transformers_codecs import CODEC_NAME as CONFIG_CODEC
 from modulelens.format.values import import_path, is_state_object, state_attributes
 from modulelens.restore.loader import Capture
@@ -357,7 +358,7 @@ class SourceRenderer:
         text += keyword_arguments(((k, self.encoded(v, where)) for k, v in keywords), where)
         return f"functools.partial({', '.join(text)})"
 
-    def construction(self, entry: dict[str, Any], where: str) -> str:
+    def construction(self, entry: Construction, where: str) -> str:
         """A nested module's recorded construction as ``Class(args, kwargs)``."""
         args = [self.encoded(a, where) for a in entry["args"]]
         args += keyword_arguments(((k, self.encoded(v, where)) for k, v in entry["kwargs"].items()), where)

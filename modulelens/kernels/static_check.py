@@ -447,7 +447,7 @@ class _Checker:
         if attr == "to" or attr == "type":
             for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]:
                 self._low_dtype(arg, line)
-        if attr == "forward" and not (isinstance(node.func.value, ast.Call)
+        if attr == "forward" and not (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
                                       and self.resolve(node.func.value.func) == "builtins.super"):
             self.warn("forward_call", line, f"calls {ast.unparse(node.func)}(): is this the reference's forward?")
         if attr in _PATH_READS:

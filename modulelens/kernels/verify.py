@@ -123,7 +123,7 @@ def verify_kernel(
     ref: str | Capture,
     candidate: str | os.PathLike[str],
     *,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     device: str | None = None,
     entry: str = "auto",
     checks: KernelChecks = KernelChecks(),

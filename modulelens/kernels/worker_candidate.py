@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -41,9 +41,14 @@ def _load_helper(name: str, path: Path) -> ModuleType:
     return module
 
 
-_exchange = _load_helper("_modulelens_kernel_exchange", _HERE / "exchange.py")
-_op_watch = _load_helper("_modulelens_kernel_op_watch", _HERE / "op_watch.py")
-_timing = _load_helper("_modulelens_timing", _HERE.parent / "tools" / "timing.py")
+if TYPE_CHECKING:  # the same three files, as the type checker sees them (it cannot follow a by-path load)
+    from modulelens.kernels import exchange as _exchange
+    from modulelens.kernels import op_watch as _op_watch
+    from modulelens.tools import timing as _timing
+else:
+    _exchange = _load_helper("_modulelens_kernel_exchange", _HERE / "exchange.py")
+    _op_watch = _load_helper("_modulelens_kernel_op_watch", _HERE / "op_watch.py")
+    _timing = _load_helper("_modulelens_timing", _HERE.parent / "tools" / "timing.py")
 decode_arg, flatten_output, same_bits = _exchange.decode_arg, _exchange.flatten_output, _exchange.same_bits
 to_device, write_json, error_text = _exchange.to_device, _exchange.write_json, _exchange.error_text
 load_tensors, save_tensors = _exchange.load_tensors, _exchange.save_tensors
@@ -88,14 +93,14 @@ class _LaunchCounter:
             import triton.runtime.jit as jit
         except Exception:  # triton missing or broken: the candidate's own import will say so
             return
-        classes: list[type] = [jit.JITFunction]
+        classes: list[Any] = [jit.JITFunction]  # Any: triton ships no type information
         try:
             from triton.runtime.interpreter import InterpretedFunction
             classes.append(InterpretedFunction)
         except Exception:
             pass
         for cls in classes:
-            cls.run = self._counting(cls.run)  # type: ignore[method-assign]
+            cls.run = self._counting(cls.run)
         self.installed = True
 
 
@@ -298,7 +303,7 @@ class _CandidateRun:
             self.result["checks"]["determinism"] = {"sample": sample["id"], "error": error_text(error)}
         self.check_environment("determinism")
 
-    def time_samples(self) -> None:
+    def time_samples(self, timer: _timing.CudaTimer) -> None:
         for j, sample in enumerate(self.info["samples"]):
             record = self.result["samples"][j]
             if "output" not in record:
@@ -309,7 +314,7 @@ class _CandidateRun:
             _, run = self.prepare(sample)
             try:
                 with torch.no_grad():  # as the reference is timed (worker_reference.py)
-                    record["timing"] = self.timer.time(run, self.spec["warmup"], self.spec["trials"])
+                    record["timing"] = timer.time(run, self.spec["warmup"], self.spec["trials"])
             except BaseException as error:
                 record["timing_error"] = error_text(error)
         self.check_environment("timing")
@@ -324,7 +329,7 @@ def run_candidate(spec: dict[str, Any]) -> int:
     if first_ok is not None:
         run.determinism(first_ok)
     if run.timer is not None:
-        run.time_samples()
+        run.time_samples(run.timer)
     run.progress("done")
     return run.finish()
 

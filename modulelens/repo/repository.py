@@ -467,7 +467,7 @@ class Repo:
                     return self._commit(name, metadata)
 
     def _commit(self, name: str, metadata: dict[str, Any],
-                seal: Callable[[list[str]], dict[str, Any]] | None = None) -> VersionInfo:
+                seal: Callable[[builtins.list[str]], dict[str, Any]] | None = None) -> VersionInfo:
         """Publish ``versions/<N>`` with ``N`` one past the highest number ever used; of writers
         racing for ``N`` one gets it, the others try the next free number."""
         prefix = name_key(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -19,7 +20,7 @@ import torch
 from modulelens.errors import RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
 from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata
+from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
 from modulelens.format.tree import decode_spec, decode_tree, tree_summary
 from modulelens.format.values import DecodeContext
@@ -200,12 +201,12 @@ class Call:
         return self._capture
 
     @property
-    def input_tree(self) -> dict[str, Any]:
+    def input_tree(self) -> EncodedTree:
         """The encoded ``(args, kwargs)`` tree as stored (for summaries that must not decode values)."""
         return self._data["inputs"]
 
     @property
-    def output_tree(self) -> dict[str, Any] | None:
+    def output_tree(self) -> EncodedTree | None:
         """The encoded output tree as stored, or ``None`` when the call raised in the original job."""
         return self._data.get("output")
 
@@ -572,7 +573,7 @@ class Capture:
 _COPY_MAX_BYTES = 1 << 20
 
 
-class _PrunedById(dict):  # type: ignore[type-arg]
+class _PrunedById(dict):
     """A dict of ``id -> (weak reference, value)`` that drops dead entries as it grows."""
 
     _limit = 1024
@@ -599,7 +600,7 @@ def _tensor_ids(data: Any) -> list[str]:
 def load(
     ref: str,
     *,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     init_args: Sequence[Any] | None = None,

@@ -13,14 +13,14 @@ import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # torch's parameter.pyi omits it
 
 from modulelens.errors import RestoreError, UsageError
 from modulelens.format.module_state import structure, structure_difference
-from modulelens.format.spec import CaptureMetadata, hooks_not_rebuilt
+from modulelens.format.spec import CaptureMetadata, StateEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.restore.classes import ClassResolver, decode_construction, module_class
 
@@ -146,7 +146,8 @@ class Rebuilder:
         options = self.options
         if options.given_arguments:
             return self.module_type()(*(options.init_args or ()), **options.init_kwargs)
-        if module_info.get("construction") is None:
+        construction = module_info.get("construction")
+        if construction is None:
             reason = module_info.get("construction_missing", "no constructor record")
             raise RestoreError(
                 f"{self.ref}: cannot rebuild {module_info['class']}: {reason}; "
@@ -156,7 +157,7 @@ class Rebuilder:
             arguments = self.init_arguments()
             assert arguments is not None
             return self.module_type()(*arguments[0], **arguments[1])
-        return self.construct(module_info["construction"])
+        return self.construct(construction)
 
     def _construct_on_cpu(self) -> torch.nn.Module:
         try:
@@ -204,11 +205,13 @@ class Rebuilder:
                     built[path] = shared
                 continue
             current = parent._modules.get(name)
-            fits = current is not None and _class_path(current) == entry["class"]
-            if fits:
+            if current is not None and _class_path(current) == entry["class"]:
                 self._put_back(current, entry, path, changed)
-                fits = direct is None or _same_direct_state(current, direct.get(path, {}), self.metadata)
-            if not fits:
+                if direct is not None and not _same_direct_state(current, direct.get(path, {}), self.metadata):
+                    current = None  # the same class, other parameters: built afresh
+            else:
+                current = None
+            if current is None:
                 current = self._piece(entry, path)
                 self._put_back(current, entry, path, changed)
                 _put(parent, name, current)
@@ -241,7 +244,7 @@ class Rebuilder:
         from torch.nn.utils import parametrize
 
         for tensor_name, chain in entry.get("parametrizations", {}).items():
-            have = len(module.parametrizations[tensor_name]) if parametrize.is_parametrized(module, tensor_name) else 0
+            have = len(_parametrization_list(module, tensor_name)) if parametrize.is_parametrized(module, tensor_name) else 0
             for position, piece in enumerate(chain["modules"]):
                 if position < have:
                     continue
@@ -269,9 +272,10 @@ class Rebuilder:
         if not recorded:
             return
         baseline = module
-        if self.options.init_overrides and self.metadata["module"].get("construction") is not None:
+        construction = self.metadata["module"].get("construction")
+        if self.options.init_overrides and construction is not None:
             with torch.device("meta"):
-                baseline = self.construct(self.metadata["module"]["construction"])
+                baseline = self.construct(construction)
         ctx = self.decode_context()
         changed = []
         for path, values in recorded.items():
@@ -314,20 +318,20 @@ class Rebuilder:
             owner, leaf = _owner(module, name)
             if live:
                 with torch.no_grad():
-                    owner._parameters[leaf].copy_(self.open_tensor(entry["tensor"]))
+                    owner.get_parameter(leaf).copy_(self.open_tensor(entry["tensor"]))
                 continue
             param = parameters.get(entry["tensor"])
             if param is None:  # tied parameters share one recorded tensor -> one Parameter
                 param = torch.nn.Parameter(self.open_tensor(entry["tensor"]), requires_grad=entry["requires_grad"])
                 parameters[entry["tensor"]] = param
             owner._parameters[leaf] = param
-        for name, entry in state["buffers"].items():
+        for name, buffer in state["buffers"].items():
             owner, leaf = _owner(module, name)
             if live:
-                owner._buffers[leaf].copy_(self.open_tensor(entry["tensor"]))
+                owner.get_buffer(leaf).copy_(self.open_tensor(buffer["tensor"]))
                 continue
-            owner._buffers[leaf] = self.open_tensor(entry["tensor"])
-            if not entry["persistent"]:
+            owner._buffers[leaf] = self.open_tensor(buffer["tensor"])
+            if not buffer["persistent"]:
                 owner._non_persistent_buffers_set.add(leaf)
         ctx = self.decode_context()
         for name, value in state.get("extra_state", {}).items():
@@ -421,11 +425,16 @@ def _class_path(module: torch.nn.Module) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _direct_state(state: dict[str, Any]) -> dict[str, dict[str, str]]:
+def _parametrization_list(module: torch.nn.Module, tensor_name: str) -> torch.nn.ModuleList:
+    """The chain torch.nn.utils.parametrize keeps for ``tensor_name`` (a ModuleList in a ModuleDict)."""
+    return cast(torch.nn.ModuleList, cast(torch.nn.ModuleDict, module.parametrizations)[tensor_name])
+
+
+def _direct_state(state: StateEntry) -> dict[str, dict[str, str]]:
     """Recorded parameters and buffers by the path of the module that holds them: ``{path: {name: tensor id}}``."""
     found: dict[str, dict[str, str]] = {}
-    for part in ("parameters", "buffers"):
-        for dotted, entry in state[part].items():
+    for entries in (state["parameters"], state["buffers"]):
+        for dotted, entry in entries.items():
             path, _, name = dotted.rpartition(".")
             found.setdefault(path, {})[name] = entry["tensor"]
     return found

@@ -94,7 +94,7 @@ def _parse(text: str, filename: str) -> tuple[tuple[frozenset[str], frozenset[st
     """Per top-level statement: the names it binds and the module-level names it reads (cached:
     one captured file serves many captures and classes)."""
     scopes = symtable.symtable(text, filename, "exec").get_children()
-    result = []
+    result: list[tuple[frozenset[str], frozenset[str]]] = []
     for node in ast.parse(text, filename=filename).body:
         if _is_main_guard(node):
             result.append((frozenset(), frozenset()))
@@ -131,7 +131,7 @@ def bound_names(node: ast.stmt) -> set[str]:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.stmt):
             names |= bound_names(child)
-        elif isinstance(child, ast.excepthandler):
+        elif isinstance(child, ast.ExceptHandler):
             names |= {n for s in child.body for n in bound_names(s)} | ({child.name} if child.name else set())
         else:
             names |= {n.id for n in _module_scope_nodes(child) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}

@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
+from modulelens.format.spec import TensorEntry
 from modulelens.format.tensors import dtype_from_name
 
 
-def synthesize(entry: dict[str, Any], seed_text: str) -> torch.Tensor:
+def synthesize(entry: TensorEntry, seed_text: str) -> torch.Tensor:
     """A stand-in for a shape-only tensor record ``entry`` (dtype, shape, stats), seeded by ``seed_text``."""
     generator = torch.Generator().manual_seed(zlib.crc32(seed_text.encode()))
     return _draw(dtype_from_name(entry["dtype"]), list(entry["shape"]), entry.get("stats", {}), generator)

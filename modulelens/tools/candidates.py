@@ -12,8 +12,9 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
@@ -22,6 +23,10 @@ from modulelens.tools.working_copy import working_module
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Capture
+
+
+# What verify() takes as a candidate: an instance, a class or factory that builds one, or a spec naming either.
+Candidate: TypeAlias = "torch.nn.Module | Callable[..., torch.nn.Module] | str"
 
 
 def load_candidate(spec: str) -> Any:
@@ -93,7 +98,7 @@ def _import_file(path: Path, spec: str) -> Any:
     return module
 
 
-def describe_candidate(candidate: Any) -> str:
+def describe_candidate(candidate: Candidate) -> str:
     """How a candidate is named in reports: its spec, or its class as ``module:Qualname``."""
     if isinstance(candidate, str):
         return candidate
@@ -117,7 +122,7 @@ def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str
     return arguments
 
 
-def build_candidate(candidate: Any, capture: Capture, state_index: int = 0) -> tuple[torch.nn.Module, str]:
+def build_candidate(candidate: Candidate, capture: Capture, state_index: int = 0) -> tuple[torch.nn.Module, str]:
     """An ``nn.Module`` from a spec, class or instance, and how it was built:
     ``"instance"``, ``"from_original"`` or ``"constructor"``.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,10 +109,12 @@ def _canonical(value: Any, capture: Capture, depth: int = 0) -> Any:
         entry = capture.metadata["tensors"][value["id"]]
         return {"$type": "tensor", "dtype": entry["dtype"], "shape": entry["shape"], "payload": entry["payload"]}
     if tag == "module" and depth < 32:
-        entry = capture.metadata["constructions"].get(value["ref"], {})
-        return {"$type": "module", "class": entry.get("class"),
-                "args": _canonical(entry.get("args", []), capture, depth + 1),
-                "kwargs": _canonical(entry.get("kwargs", {}), capture, depth + 1)}
+        construction = capture.metadata["constructions"].get(value["ref"])
+        if construction is None:
+            return {"$type": "module", "class": None, "args": [], "kwargs": {}}
+        return {"$type": "module", "class": construction.get("class"),
+                "args": _canonical(construction.get("args", []), capture, depth + 1),
+                "kwargs": _canonical(construction.get("kwargs", {}), capture, depth + 1)}
     return {k: _canonical(v, capture, depth) for k, v in value.items()}
 
 
@@ -392,7 +395,7 @@ def diff(
     a: Capture | str,
     b: Capture | str,
     *,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     device: str | torch.device | None = None,
     outputs: bool = True,
     rtol: float | None = None,

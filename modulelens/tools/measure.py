@@ -85,8 +85,8 @@ def build_workload(
     del probe, output
 
     def before_each() -> None:
-        for tensor in params:
-            tensor.grad = None
+        for param in params:
+            param.grad = None
         for tensor in inputs:
             tensor.grad = None
 
@@ -140,14 +140,16 @@ def count_flops(workload: Workload) -> tuple[dict[str, Any], dict[str, Any]]:
     census = _OpCensus()
     registry = getattr(counter, "flop_registry", None)
     if registry is None:  # pragma: no cover - older torch
-        from torch.utils.flop_counter import flop_registry as registry
+        from torch.utils.flop_counter import flop_registry
+
+        registry = flop_registry
     with workload.context():
         if workload.before_each is not None:
             workload.before_each()
         with counter, census:
             workload.step()
     per_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    uncounted = [
+    uncounted: list[dict[str, Any]] = [
         {"op": str(func), "count": n, "category": _op_category(func)}
         for func, n in sorted(census.ops.items(), key=lambda item: str(item[0]))
         if func._overloadpacket not in registry

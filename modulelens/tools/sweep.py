@@ -125,7 +125,7 @@ def sweep_batch_sizes(
     """One row per batch size: median/p10/p90 latency, throughput, FLOPs and achieved FLOP/s of
     ``fn`` on synthetic inputs (or the size's error); ``progress`` is told each size as it starts."""
     generator = torch.Generator().manual_seed(0)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in batch_sizes:
         if int(size) < 1:
             raise ToolError(f"batch sizes must be positive, got {size}")

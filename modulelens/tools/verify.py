@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from modulelens.errors import ToolError
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
-from modulelens.tools.candidates import build_candidate, describe_candidate
+from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
 from modulelens.tools.timing import TimingConfig, compare_timings, time_pair, timing_noise, timing_summary
 from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
@@ -246,7 +246,7 @@ def _mutations(before: tuple[Any, Any], after: tuple[Any, Any]) -> list[LeafResu
 # hands off to private helpers, one job each.
 def verify(
     capture: Capture,
-    candidate: Any,
+    candidate: Candidate,
     *,
     rtol: float | None = None,
     atol: float | None = None,

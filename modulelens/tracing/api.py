@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -9,8 +10,10 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureWarning
+from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.names import validate_name
 from modulelens.tracing.options import PayloadPolicy, Recording
+from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.save import save_captures
 from modulelens.tracing.tracer import Tracer
 from modulelens.tracing.upload import Upload
@@ -72,14 +75,14 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         model: torch.nn.Module,
         targets: Sequence[str] | str,
         *,
-        repo: Any = None,
+        repo: Repo | str | os.PathLike[str] | None = None,
         name: str | None = None,
         record: Recording = Recording(),
         payload: PayloadPolicy = PayloadPolicy(),
         tags: Iterable[str] = (),
         metadata: dict[str, Any] | None = None,
         strict: bool = False,
-        on_complete: Callable[[Tracer], Any] | None = None,
+        on_complete: Callable[[Tracer], object] | None = None,
     ) -> None:
         if name is not None:
             validate_name(name)  # now, not when the job is over and the capture is saved
@@ -89,7 +92,7 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         self.name = name
         self.tags = list(tags)
         self.metadata = metadata
-        self.saved: list[Any] = []
+        self.saved: list[VersionInfo] = []
         self.upload: Upload | None = None  # the background upload to a remote repo, once saved
         self._saved_once = False
 
@@ -113,13 +116,13 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         return self.tracer.complete
 
     @property
-    def records(self) -> dict[str, Any]:
+    def records(self) -> dict[str, ModuleRecord]:
         return self.tracer.records
 
     def stop(self) -> None:
         self.tracer.stop()
 
-    def save(self, repo: Any = None) -> list[Any]:
+    def save(self, repo: Repo | str | os.PathLike[str] | None = None) -> list[VersionInfo]:
         """Save what was captured so far (each call makes new versions).
 
         Args:
@@ -137,7 +140,7 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
                                                 tags=self.tags, metadata=self.metadata, policy=self.policy)
         return self.saved
 
-    def wait(self, timeout: float | None = None) -> list[Any]:
+    def wait(self, timeout: float | None = None) -> list[VersionInfo]:
         """Block until the background upload to a remote repo ended; for a local repo, return at once.
 
         Args:

@@ -35,7 +35,7 @@ def _units(tensors: Iterable[torch.Tensor]) -> dict[int, torch.Tensor]:
 
 
 def call_tensors(record: ModuleRecord) -> list[torch.Tensor]:
-    found = []
+    found: list[torch.Tensor] = []
     for call in record.calls:
         trees: list[Any] = [call.args, call.kwargs, call.output, call.mutated_inputs]
         if call.backward is not None:

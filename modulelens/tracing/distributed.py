@@ -22,13 +22,16 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import UsageError
 from modulelens.format.tree import Flattened
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 RanksSpec = Sequence[int] | int | str
 
@@ -57,7 +60,9 @@ def normalise_ranks(spec: RanksSpec) -> str | list[int]:
         if not text or not all(p.isdigit() for p in parts):
             raise UsageError(f"ranks={spec!r}: use a list of ranks or 'all'")
         spec = [int(p) for p in parts]
-    if isinstance(spec, int) and not isinstance(spec, bool):
+    if isinstance(spec, bool):
+        raise UsageError(f"ranks={spec!r}: use a list of ranks or 'all'")
+    if isinstance(spec, int):
         spec = [spec]
     try:
         ranks = sorted({int(r) for r in spec if not isinstance(r, bool)})
@@ -69,7 +74,7 @@ def normalise_ranks(spec: RanksSpec) -> str | list[int]:
 
 
 def recording_ranks(spec: str | list[int], world_size: int) -> frozenset[int]:
-    if spec == "all":
+    if isinstance(spec, str):  # "all" (normalise_ranks returns no other string)
         return frozenset(range(world_size))
     return frozenset(r for r in spec if r < world_size)
 
@@ -113,10 +118,10 @@ def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
     moved = False
     pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
     if pre.id in pre_hooks and next(reversed(pre_hooks)) != pre.id:
-        pre_hooks.move_to_end(pre.id)
+        pre_hooks.move_to_end(pre.id)  # type: ignore[attr-defined]  # torch's stubs say dict; they are OrderedDicts
         moved = True
     if post.id in post_hooks and next(iter(post_hooks)) != post.id:
-        post_hooks.move_to_end(post.id, last=False)
+        post_hooks.move_to_end(post.id, last=False)  # type: ignore[attr-defined]  # as above
         moved = True
     return moved
 
@@ -124,7 +129,7 @@ def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
 # ---------------------------------------------------------------------------------------- DTensors
 
 
-def dtensor_type() -> type | None:
+def dtensor_type() -> type[DTensor] | None:
     """The DTensor class, or ``None`` when no DTensor can exist: importing
     ``torch.distributed.tensor`` (sympy, symbolic shapes) took ~4 s of a first capture (issue 11),
     and a job that has DTensors has imported it already."""
@@ -136,18 +141,18 @@ def dtensor_type() -> type | None:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.5
         try:
-            from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
+            from torch.distributed._tensor import DTensor
         except ImportError:
             return None
     return DTensor
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     cls = dtensor_type()
     return cls is not None and isinstance(value, cls)
 
 
-def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, torch.Tensor]]:
+def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, DTensor]]:
     """``(path, dtensor)`` for each distinct DTensor leaf of ``tree``, in pytree order."""
     cls = dtensor_type()
     if cls is None:
@@ -155,7 +160,7 @@ def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, torch.Tensor]]:
     flat = Flattened.of(tree)
     if not any(isinstance(leaf, cls) for leaf in flat.leaves):
         return []  # the common case, without the key paths (every recorded call asks, twice)
-    found: list[tuple[str, torch.Tensor]] = []
+    found: list[tuple[str, DTensor]] = []
     seen: set[int] = set()
     for key_path, leaf in pytree.tree_flatten_with_path(flat.tree)[0]:
         if isinstance(leaf, cls) and id(leaf) not in seen:
@@ -187,7 +192,7 @@ def describe_dtensor(dtensor: Any) -> dict[str, Any]:
     }
 
 
-def signature(dtensors: Iterable[torch.Tensor]) -> str:
+def signature(dtensors: Iterable[DTensor]) -> str:
     """What a rank is about to gather: every rank of the mesh must be about to gather the same."""
     text = ";".join(
         f"{tuple(t.shape)}|{t.dtype}|{','.join(repr(p) for p in t.placements)}|{mesh_ranks(t)}" for t in dtensors

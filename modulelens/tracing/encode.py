@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from modulelens.errors import UnsupportedValueError
 from modulelens.format.shape_only import tensor_stats
-from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, CaptureMetadata
+from modulelens.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    CallEntry,
+    CaptureMetadata,
+    Construction,
+    ModuleInfo,
+    StateEntry,
+    TensorEntry,
+)
 from modulelens.format.tensors import check_storable, dtype_name, quantization, tensor_bytes
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
@@ -39,6 +48,7 @@ class TensorTable:
     """
 
     def __init__(self, shape_only: set[int] | None = None) -> None:
+        # plain dicts: an entry gains its keys step by step (format/validate.py checks the document on load)
         self.entries: dict[str, dict[str, Any]] = {}
         self.payloads: dict[str, memoryview] = {}  # tensor id -> bytes
         self.shape_only_paths: list[str] = []
@@ -153,7 +163,7 @@ def construction_fails(record: ModuleRecord) -> bool:
         return False
     tensors = TensorTable()
     try:
-        args, kwargs = construction_arguments(record.module, record.module_class, record.construction, "")
+        args, kwargs = construction_arguments(record.live_module, record.module_class, record.construction, "")
         ConstructionTable(tensors).add_record(record.module_class, args, kwargs, "", key=id(record.module))
     except UnsupportedValueError:
         return True
@@ -173,7 +183,7 @@ def encode_record(
     policy = policy or PayloadPolicy()
     tensors = TensorTable(plan_shape_only(record, policy))
     constructions = ConstructionTable(tensors)
-    module_info: dict[str, Any] = {
+    module_info: ModuleInfo = {
         "class": class_path(record.module_class),
         "qualified_name": record.qualified_name,
         "construction": None,
@@ -183,7 +193,7 @@ def encode_record(
     else:
         # An unsupported constructor argument is an error naming it; the caller decides whether
         # to fail (strict) or to save without a constructor record and warn.
-        args, kwargs = construction_arguments(record.module, record.module_class, record.construction, "")
+        args, kwargs = construction_arguments(record.live_module, record.module_class, record.construction, "")
         module_info["construction"] = constructions.add_record(record.module_class, args, kwargs, "",
                                                                key=id(record.module))
     if record.tree:
@@ -207,14 +217,14 @@ def encode_record(
         "tags": list(tags or []),
         "metadata": dict(metadata or {}),
         "module": module_info,
-        "constructions": constructions.entries,
-        "states": states,
-        "calls": calls,
+        "constructions": cast(dict[str, Construction], constructions.entries),  # see TensorTable.entries
+        "states": cast(list[StateEntry], states),  # optional keys spliced in: plain dicts
+        "calls": cast(list[CallEntry], calls),  # as states
         "unrecorded": call_ctx.unrecorded,
         "shape_only": tensors.shape_only_paths,
         "capture": {**settings, **policy.settings(), "complete": record.complete, "calls_seen": record.seen_calls},
         "environment": environment,
-        "tensors": tensors.entries,
+        "tensors": cast(dict[str, TensorEntry], tensors.entries),  # see TensorTable.entries
     }
     meta["sources"] = collect_sources(meta, [record.module_class, *constructions.classes])
     for entry in meta["sources"].values():

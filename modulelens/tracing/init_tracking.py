@@ -63,7 +63,7 @@ _SCALARS = frozenset({int, float, str, bool, type(None), bytes, complex, torch.d
 _CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
 
 
-class _Entry(weakref.ref):  # type: ignore[type-arg]
+class _Entry(weakref.ref[Any]):
     """A module's record, held by a weak reference to the module (its callback drops the entry).
 
     ``hooks_from``/``hooks_to`` bound the ids of the hooks its construction registered (torch numbers
@@ -73,6 +73,11 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
     """
 
     __slots__ = ("built", "hooks_from", "hooks_to", "key", "record")
+    key: int
+    record: InitRecord
+    hooks_from: int
+    hooks_to: int | None
+    built: type
 
     def __new__(cls, module: Any, record: InitRecord, key: int) -> _Entry:
         self = super().__new__(cls, module, _forget)
@@ -82,7 +87,7 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
         return self
 
     def __init__(self, module: Any, record: InitRecord, key: int) -> None:
-        super().__init__(module, _forget)
+        super().__init__(module, _forget)  # type: ignore[call-arg]  # typeshed omits weakref.ref.__init__
 
 
 # id(module) -> its entry. A lookup checks the reference, so a reused id never finds another's record.
@@ -112,7 +117,7 @@ def _on_registered(parent: Any, name: str, child: Any) -> None:
 
 
 def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
-    instance = _object_new(cls)
+    instance: Any = _object_new(cls)
     # A class with its own __new__ may call us with different arguments than __init__ gets:
     # record nothing rather than something wrong.
     if _enabled:
@@ -183,8 +188,8 @@ def _tracked(deprecated_new: Any) -> Any:
     return __new__
 
 
-_NEWOBJ_CODE = copyreg.__newobj__.__code__
-_RECONSTRUCT_CODE = copy._reconstruct.__code__  # type: ignore[attr-defined]
+_NEWOBJ_CODE = copyreg.__newobj__.__code__  # type: ignore[attr-defined]  # typeshed omits copyreg.__newobj__
+_RECONSTRUCT_CODE = copy._reconstruct.__code__  # type: ignore[attr-defined]  # private: typeshed omits it
 _COPY_METHODS = frozenset({"__deepcopy__", "__copy__", "default_deepcopy"})  # default_deepcopy: torch parametrize
 
 
@@ -263,7 +268,7 @@ def _set_enabled(on: bool) -> None:
     if on and getattr(installed, "__func__", installed) is not _recording_new:
         # A staticmethod, as a __new__ written in a class body is: looked up on an instance
         # (``self.__new__(cls)``, torch parametrize's deepcopy) a plain function would bind ``self``.
-        torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign,assignment]
+        torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign]
         _track_deprecated_classes()
     _enabled = on
 

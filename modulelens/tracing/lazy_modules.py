@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # torch's parameter.pyi omits it
 
 from modulelens.errors import UnsupportedValueError
 

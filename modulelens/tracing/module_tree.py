@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -79,8 +79,11 @@ def module_tree(root: torch.nn.Module, ignore_hooks: Iterable[int] = ()) -> list
 
     def visit(path: str, module: torch.nn.Module, spans: list[tuple[int, int | None]]) -> None:
         compiled = False
-        while type(module).__name__ == _COMPILED and isinstance(module._modules.get("_orig_mod"), torch.nn.Module):
-            module, compiled = module._modules["_orig_mod"], True
+        while type(module).__name__ == _COMPILED:
+            inner = module._modules.get("_orig_mod")
+            if not isinstance(inner, torch.nn.Module):
+                break
+            module, compiled = inner, True
         if id(module) in seen:
             nodes.append(TreeNode(path, module, constructed_class(module), same_as=seen[id(module)]))
             return
@@ -96,9 +99,9 @@ def module_tree(root: torch.nn.Module, ignore_hooks: Iterable[int] = ()) -> list
             if child is None or child is parametrizations:
                 continue
             visit(f"{path}.{name}" if path else name, child, spans)
-        if parametrizations is not None:
+        if isinstance(parametrizations, torch.nn.ModuleDict):  # torch.nn.utils.parametrize's container
             for tensor_name, chain in parametrizations.items():
-                node.parametrizations[tensor_name] = (list(chain), bool(getattr(chain, "unsafe", False)))
+                node.parametrizations[tensor_name] = (list(cast(torch.nn.ModuleList, chain)), bool(getattr(chain, "unsafe", False)))
 
     visit("", root, [])
     return nodes

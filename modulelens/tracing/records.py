@@ -73,3 +73,10 @@ class ModuleRecord:
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
     structure: dict[str, str] = field(default_factory=dict)
     tree: list[TreeNode] = field(default_factory=list)  # every submodule and how to put it back
+
+    @property
+    def live_module(self) -> torch.nn.Module:
+        """The live module, while the record has it (encoding needs it; a saved record has let it go)."""
+        if self.module is None:
+            raise RuntimeError(f"{self.qualified_name}: the record no longer holds its module (already saved)")
+        return self.module

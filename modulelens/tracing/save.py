@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import os
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
+from modulelens.format.spec import CaptureMetadata
 from modulelens.repo import Repo, VersionInfo
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
@@ -33,7 +35,7 @@ from modulelens.tracing.upload import Upload, stage
 
 def save_records(
     tracer: Tracer,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
@@ -54,7 +56,7 @@ def save_records(
 
 def save_captures(
     tracer: Tracer,
-    repo: Repo | str | None = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
@@ -165,7 +167,7 @@ class SaveTarget:
         strict: raise storage errors instead of falling back.
     """
 
-    def __init__(self, repo: Repo | str | None, *, strict: bool = False) -> None:
+    def __init__(self, repo: Repo | str | os.PathLike[str] | None, *, strict: bool = False) -> None:
         self.requested = repo.location if isinstance(repo, Repo) else repo
         self.strict = strict
         self.repo: Repo | None = None
@@ -175,11 +177,12 @@ class SaveTarget:
         except (OSError, StorageError) as error:
             self._fall_back(error)
 
-    def save(self, name: str, meta: dict[str, Any], payloads: dict[str, Any]) -> VersionInfo | None:
+    def save(self, name: str, meta: CaptureMetadata, payloads: dict[str, memoryview]) -> VersionInfo | None:
         """Save one capture; ``None`` when neither the repo nor a fallback can take it."""
         while self.repo is not None:
             try:
-                return self.repo.save_version(name, meta, payloads)
+                # cast: Repo.save_version still takes the document as a plain dict (repo/ is typed on its own)
+                return self.repo.save_version(name, cast(dict[str, Any], meta), payloads)
             except (OSError, StorageError) as error:
                 if self.fell_back:
                     self._give_up(error)
@@ -236,7 +239,7 @@ def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:
 
 
 def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_name: str, settings: dict[str, Any], tags: list[str],
-            metadata: dict[str, Any] | None, policy: PayloadPolicy | None) -> tuple[dict[str, Any], dict[str, Any]]:
+            metadata: dict[str, Any] | None, policy: PayloadPolicy | None) -> tuple[CaptureMetadata, dict[str, memoryview]]:
     """Encode ``record``; a constructor argument without an encoding drops the constructor record
     (with a warning, unless strict) rather than the whole capture."""
     try:
@@ -258,7 +261,7 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
         return meta, payloads
 
 
-def _warn_unrecorded(capture_name: str, meta: dict[str, Any]) -> None:
+def _warn_unrecorded(capture_name: str, meta: CaptureMetadata) -> None:
     """Call values stored as explicit "unrecorded" markers are named, never dropped in silence."""
     missing = meta.get("unrecorded") or []
     if missing:

@@ -193,4 +193,4 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
 def _extent(tensor: torch.Tensor) -> int:
     """One past the last storage element ``tensor`` reaches."""
     reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
-    return tensor.storage_offset() + reach + 1
+    return int(tensor.storage_offset()) + reach + 1  # int(): typed int | SymInt; a live tensor has an int

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from modulelens.format.sources import class_source, source_hash
+from modulelens.format.spec import CaptureMetadata
 from modulelens.format.values import import_object
 
 MAX_SOURCE_BYTES = 2_000_000  # a bigger file keeps only its hash
@@ -112,7 +113,7 @@ def referenced_paths(meta: Any) -> set[str]:
     return found
 
 
-def collect_sources(meta: dict[str, Any], classes: Iterable[type] = ()) -> dict[str, dict[str, Any]]:
+def collect_sources(meta: CaptureMetadata, classes: Iterable[type] = ()) -> dict[str, dict[str, Any]]:
     """``{module name: {file, hash, text, classes: {qualname: {hash[, text]}}}}`` for user code."""
     objects: dict[str, Any] = {f"{c.__module__}:{c.__qualname__}": c for c in classes}
     for path in referenced_paths(meta):

@@ -60,10 +60,10 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     while seen < 8:
         seen += 1
         cls_name = type(model).__name__
-        if cls_name in _WRAPPER_CLASSES and isinstance(getattr(model, "module", None), torch.nn.Module):
-            model = model.module
-        elif cls_name == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
+        if cls_name in _WRAPPER_CLASSES and isinstance(inner := getattr(model, "module", None), torch.nn.Module):
+            model = inner
+        elif cls_name == "OptimizedModule" and isinstance(inner := getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = inner
         else:
             break
     return model
@@ -637,9 +637,9 @@ def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:
     pre, post = handles
     pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
     if pre.id in pre_hooks and next(iter(pre_hooks)) != pre.id:
-        pre_hooks.move_to_end(pre.id, last=False)
+        pre_hooks.move_to_end(pre.id, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
     if post.id in post_hooks and next(reversed(post_hooks)) != post.id:
-        post_hooks.move_to_end(post.id)
+        post_hooks.move_to_end(post.id)  # type: ignore[attr-defined]  # as above
 
 
 def _reset_compiled_code(model: torch.nn.Module) -> bool:

@@ -187,7 +187,7 @@ def _wait_at_exit() -> None:
                   f"{upload.staging.location}; complete it with: {upload.retry_command}", file=sys.stderr, flush=True)
 
 
-def stage(repo: Any) -> tuple[Repo, Repo | str] | None:
+def stage(repo: Repo | str | os.PathLike[str] | None) -> tuple[Repo, Repo | str] | None:
     """For a remote ``repo`` (a URL or a remote :class:`Repo`), the staging repo and the target;
     ``None`` for a local repo (saved directly)."""
     from modulelens.repo.location import default_repo_location, is_url

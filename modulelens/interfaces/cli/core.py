@@ -191,8 +191,10 @@ def replay_cmd(
             rel_err = max((float(leaf["max_rel_error"]) for leaf in leaves), default=0.0)
             worst = next((leaf for leaf in leaves if not leaf["passed"]), None)
             not_compared = [leaf for leaf in leaves if not leaf["compared"]]
-            if c["error"] or worst:
-                detail = c["error"] or f"{worst['path']}: {worst['message']}"
+            if c["error"]:
+                detail = c["error"]
+            elif worst is not None:
+                detail = f"{worst['path']}: {worst['message']}"
             elif not_compared:
                 detail = (f"not compared: {', '.join(leaf['path'] for leaf in not_compared)} "
                           f"({not_compared[0]['message']})")

@@ -100,7 +100,7 @@ def create_app(view: RepoView, settings: UiSettings, runner: JobRunner | None = 
         Route("/jobs/{job_id:int}/status", ui.job_status),
     ]
     app = Starlette(routes=routes, exception_handlers={ModulelensError: ui.error, 404: ui.not_found, 405: ui.not_allowed})
-    app.add_middleware(_Guard, settings=settings)  # type: ignore[arg-type]
+    app.add_middleware(_Guard, settings=settings)
     app.state.ui = ui
     return app
 
