@@ -785,7 +785,9 @@ def hostile_repo2_rows(tmp: Path) -> list[Row]:
         cases["full disk"] = 1
         for defect, row in rows.items():
             counts = kinds[defect]
-            row.notes.insert(0, f"{cases[defect]} cases x every consumer; outside {counts.get('outside', 0)}, wrong data "
-                                f"{counts.get('wrong data', 0)}, tracebacks {counts.get('traceback', 0)}, unclear "
-                                f"{counts.get('unclear', 0)}, broken {counts.get('broken', 0)}, hangs {counts.get('hang', 0)}")
+            plural = "" if cases[defect] == 1 else "s"
+            row.notes.insert(0, f"{cases[defect]} case{plural} x every consumer; outside {counts.get('outside', 0)}, "
+                                f"wrong data {counts.get('wrong data', 0)}, tracebacks {counts.get('traceback', 0)}, "
+                                f"unclear {counts.get('unclear', 0)}, broken {counts.get('broken', 0)}, "
+                                f"hangs {counts.get('hang', 0)}")
     return list(rows.values())
