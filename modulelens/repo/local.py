@@ -200,13 +200,17 @@ class LocalStore(Store):
         ``lstat``: a link there would be read through, or written through by a save."""
         return self._folder(blob_key(digest).rpartition("/")[0], create_all=create)
 
-    def _markers(self) -> MarkerKey | None:
+    def _markers(self, *, create: bool = False) -> MarkerKey | None:
         """What binds this repo's verification markers to it and to the user (markers.py); ``None``
         without a usable signing key (then no marker is trusted or written, and every load hashes
-        large blobs in full). Looked up until found: a save creates the key."""
+        large blobs in full). Looked up until found. ``create``: make the key if there is none, when
+        a marker is about to be written (a large blob was just hashed in full): a user who only ever
+        loads (a teammate's captures, a remote repo's cache) would otherwise hash every large blob
+        in full on every load (a 64 MiB blob: 92 ms instead of 0.21 ms, benchmarks/bench_markers.py).
+        Creating it grants nothing: no capture is signed with a key made after it was saved."""
         if self._marker_key is None:
             try:
-                self._marker_key = MarkerKey.derive(user_key(), repo_identity(self.root))
+                self._marker_key = MarkerKey.derive(user_key(create=create), repo_identity(self.root))
             except (SigningKeyError, OSError):
                 return None
         return self._marker_key
@@ -420,7 +424,7 @@ class LocalStore(Store):
         except (FileNotFoundError, CorruptCaptureError):  # replaced or removed meanwhile
             return False
         if matches and info.st_size >= MARK_MIN_BYTES:
-            write_marker(path, self._markers())
+            write_marker(path, self._markers(create=True))
         return matches
 
     def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
@@ -455,7 +459,7 @@ class LocalStore(Store):
                 raise CorruptCaptureError(f"{path} is not a regular file; `modulelens fsck --repair` moves it aside") from None
             raise
         if size >= MARK_MIN_BYTES:
-            write_marker(path, self._markers(), chunks())
+            write_marker(path, self._markers(create=True), chunks())
 
     def flush_blobs(self, digests: Collection[str]) -> None:
         for folder in {self.blob_path(digest).parent for digest in digests}:
@@ -501,7 +505,7 @@ class LocalStore(Store):
         self._shard(digest, create=True)
         os.replace(part, target)
         if nbytes >= MARK_MIN_BYTES:
-            write_marker(target, self._markers())
+            write_marker(target, self._markers(create=True))
 
     def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """Size always; the full hash for small payloads, for large ones without this repo's
@@ -531,7 +535,7 @@ class LocalStore(Store):
             if pack:
                 check_members(path)
             if large:
-                write_marker(path, self._markers(), pack=pack)
+                write_marker(path, self._markers(create=True), pack=pack)
         return path
 
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:

@@ -22,7 +22,7 @@ import modulelens
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.provenance import user_key
 from modulelens.interfaces.cli import app
-from modulelens.repo.markers import MarkerKey, marker_path, write_marker
+from modulelens.repo.markers import MarkerKey, marker_path, sampled_check, write_marker
 from modulelens.repo.trust import repo_identity
 from stress.hostile_repo2 import CASES, Setup, Template, _as_user, _flip, full_disk_outcome, make_template, run_case
 
@@ -219,3 +219,17 @@ def test_top_level_links_are_never_written_through(setup: Setup) -> None:
         module(torch.randn(1, 2))
     assert [info.name for info in modulelens.Repo(setup.root).list()] == ["fresh/0"]
 
+
+
+def test_a_user_without_a_key_gets_one_at_the_first_marker_and_fast_loads_after(setup: Setup, tmp_path: Path) -> None:
+    """A user who never saved (a teammate's captures, a remote repo's cache) has no signing key; the
+    first full check of a large blob makes it, so later loads trust this user's marker."""
+    config = tmp_path / "consumer-config"
+    with _as_user(config):
+        repo = modulelens.Repo(setup.root)
+        _, blob = _weight(repo)
+        assert modulelens.load("big", repo=repo).replay().passed  # hashed in full, then marked
+        key = MarkerKey.derive(user_key(), repo_identity(setup.root))  # made by that load
+        record, mac = marker_path(blob).read_bytes().rstrip(b"\n").rsplit(b"\n", 1)
+        assert key.mac(blob.name, record) == mac
+        assert sampled_check(blob, os.stat(blob), key) is True  # the next load samples instead of hashing
