@@ -9,13 +9,12 @@ staging, summaries, verification markers) is each store's own business.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
 from modulelens.errors import CorruptCaptureError, InvalidNameError
-from modulelens.format.hashing import HASH_ALGORITHM
+from modulelens.format.hashing import HASH_ALGORITHM, HEX64
 from modulelens.format.provenance import PROVENANCE_FIELD, field_line, field_lines
 from modulelens.repo.names import validate_alias, validate_name
 
@@ -27,7 +26,6 @@ MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 SUMMARY_FILE = "summary.json"
 REPORTS = "reports"
-HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def marker_json(layout: int = LAYOUT_VERSION) -> bytes:

@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError, UsageError
 from modulelens.repo._objects import ObjectStore, is_network_error
+from modulelens.repo.files import hash_file
 from modulelens.repo.layout import CAPTURE_FILE, MARKER, blob_key, marker_json
 from modulelens.repo.leases import Leases
 from modulelens.repo.local import LocalStore
@@ -366,19 +367,23 @@ class RemoteStore(Store):
     def flush_blobs(self, digests: Collection[str]) -> None:
         pass
 
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
+    def put_blob_file(self, digest: str, source: Path) -> int:
         key = self._blob_key(digest)
         if self.objects.exists(key):
             return 0
+        actual = hash_file(source)  # every byte uploaded is hashed first (the source is a local file)
+        if actual != digest:
+            raise CorruptCaptureError(f"{source} does not hash to {digest} (its content hashes to {actual}); "
+                                      "nothing was uploaded")
         self.objects.upload_file(source, key)
         return os.path.getsize(source)
 
-    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """The payload in the local cache, downloaded first if needed, then checked like a local
         blob (size always, hash when new or changed)."""
         if not self.cache.blob_path(digest).exists():
             self._download(digest, nbytes)
-        return self.cache.blob_file(digest, nbytes, full=full)
+        return self.cache.blob_file(digest, nbytes, full=full, pack=pack)
 
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
         """Download what the cache lacks, 8 at a time, with a progress bar on a terminal."""

@@ -163,16 +163,21 @@ class Repo:
                  storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
         self.store = open_store(path, storage_options=storage_options, trust_source=trust_source)
         self._summaries = Summaries(self.store, self._read_entries)
-        marker = self.store.open(MARKER, marker_json(), create=create)
-        self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
+        self._layout_problem: str | None = None
+        try:
+            marker = self.store.open(MARKER, marker_json(), create=create)
+            self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
+        except CorruptCaptureError as error:  # one damaged file: the repo is still read (see layout_problem)
+            self._layout, self._layout_problem = LAYOUT_VERSION, str(error)
 
     def _layout_of(self, marker: bytes) -> int:
         try:
-            layout = json.loads(marker)["layout_version"]
-            if not isinstance(layout, int):
-                raise TypeError(f"layout_version is {layout!r}")
-        except (ValueError, KeyError, TypeError) as error:
-            raise CorruptCaptureError(f"{self.store.where(MARKER)}: unreadable repo marker ({error})") from None
+            data = json.loads(marker)
+            layout = data["layout_version"] if isinstance(data, dict) else None
+            if not isinstance(layout, int) or isinstance(layout, bool):
+                raise TypeError(f"layout_version is {str(layout)[:40]!r}")
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
+            raise CorruptCaptureError(f"{self.store.where(MARKER)}: unreadable repo marker ({str(error)[:200]})") from None
         if layout > LAYOUT_VERSION:
             raise RepoError(f"repo {self.location} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}")
         return layout
@@ -187,6 +192,24 @@ class Repo:
     def location(self) -> str:
         """What to pass to ``Repo()`` (or ``--repo``) to open this repo again: a path or a URL."""
         return self.store.location
+
+    @property
+    def layout_problem(self) -> str | None:
+        """Why the repo's layout marker (``modulelens-repo.json``) cannot be read, or ``None``. Such
+        a repo is still read, as the newest layout this modulelens knows; writing to it is refused
+        (its layout is unknown) until ``modulelens fsck --repair`` writes the marker again."""
+        return self._layout_problem
+
+    def rewrite_layout_marker(self) -> None:
+        """Write the layout marker afresh (``fsck --repair``, after moving the damaged one aside)."""
+        self.store.write(MARKER, marker_json())
+        self._layout, self._layout_problem = LAYOUT_VERSION, None
+
+    def _require_layout(self) -> None:
+        """Refuse to write into a repo whose layout marker is damaged (see :attr:`layout_problem`)."""
+        if self._layout_problem is not None:
+            raise CorruptCaptureError(f"{self._layout_problem}; nothing is written to this repo until "
+                                      "`modulelens fsck --repair` writes it again")
 
     @property
     def root(self) -> Path:
@@ -226,21 +249,29 @@ class Repo:
         return self.store.blob_path(digest)
 
     def has_blob(self, digest: str) -> bool:
+        """Whether the payload is stored (in a local repo: stored and verified, see :meth:`Store.has_blob
+        <modulelens.repo.store.Store.has_blob>`)."""
         return self.store.has_blob(digest)
 
     def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
         """Store a payload under its hash, durably; returns False when it was already there (dedup)."""
         return self.store.write_blob(digest, data, chunks=chunks)
 
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
-        """Store a payload from a local file (push/pull); returns the bytes written (0 if present)."""
-        return self.store.put_blob_file(digest, source, verified=verified)
+    def put_blob_file(self, digest: str, source: Path) -> int:
+        """Store a payload from a local file (push/pull), hashing every byte copied; returns the
+        bytes written (0 if present).
 
-    def check_blob(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+        Raises:
+            CorruptCaptureError: ``source`` does not hash to ``digest`` (nothing is stored).
+        """
+        return self.store.put_blob_file(digest, source)
+
+    def check_blob(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """Local path of a payload after checking it (downloaded into the cache first for a remote
         repo): size always; the full hash for small payloads, for large ones changed since their
-        last check, or always with ``full``; otherwise a sampled hash (:mod:`modulelens.repo.markers`)."""
-        return self.store.blob_file(digest, nbytes, full=full)
+        last check, or always with ``full``; otherwise a sampled hash (:mod:`modulelens.repo.markers`).
+        ``pack``: the blob is a pack, whose members are checked against their hashes too."""
+        return self.store.blob_file(digest, nbytes, full=full, pack=pack)
 
     def download(self, blobs: dict[str, int], *, label: str = "") -> int:
         """Make ``{digest: nbytes}`` available locally; returns bytes downloaded (0 for a local repo)."""
@@ -276,7 +307,13 @@ class Repo:
         found = ((unquote_name(quoted), quoted) for quoted in self.store.names())
         for name, quoted in sorted((name, quoted) for name, quoted in found if name is not None):
             prefix = f"names/{quoted}"
-            yield name, prefix, self._summaries.get(name, prefix, persist=persist, keep=False, complete=complete)
+            try:
+                summary = self._summaries.get(name, prefix, persist=persist, keep=False, complete=complete)
+            except CorruptCaptureError:
+                if persist:
+                    raise  # gc: a name it cannot read might reference any blob
+                continue  # a listing goes on without it; its own commands name the damage, fsck reports it
+            yield name, prefix, summary
 
     def _read_entries(self, name: str, versions: Iterable[int]) -> dict[int, dict[str, Any] | None]:
         """Summary entries of ``versions`` from their ``capture.json`` (read together; a damaged one
@@ -433,6 +470,7 @@ class Repo:
         present are skipped), fill the hashes into ``metadata["tensors"]``, then make the version
         visible in one step (a rename, or a conditional create)."""
         validate_name(name)
+        self._require_layout()
         while True:
             with self.store.writing() as hold:
                 self._store_payloads(metadata, payloads)
@@ -456,6 +494,7 @@ class Repo:
             CorruptCaptureError: a payload the metadata names is not in this repo.
         """
         validate_name(name)
+        self._require_layout()
         while True:
             with self.store.writing() as hold:
                 for digest in referenced_blobs(metadata):
@@ -551,6 +590,7 @@ class Repo:
             RemoteRepoError: a remote backend without conditional writes (move aliases locally and push).
         """
         validate_alias(alias)
+        self._require_layout()
         if alias == LATEST:
             raise InvalidNameError("'latest' is maintained automatically and cannot be set")
         name, version = self.resolve(ref)
@@ -562,6 +602,7 @@ class Repo:
         return self.info(name, version)
 
     def remove_alias(self, name: str, alias: str) -> None:
+        self._require_layout()
         if not self.store.remove(alias_key(name, alias)):  # never there, or removed meanwhile by a concurrent rm
             raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
         self._summary(name, persist=True)
@@ -573,6 +614,7 @@ class Repo:
         Each leaves a tombstone first, so its number is never reused (a ref someone noted down
         never silently means a different capture); then its aliases go. Payloads stay until :meth:`gc`."""
         parsed = parse_ref(ref)
+        self._require_layout()
         if parsed.selector is None:
             targets = self.version_numbers(parsed.name)
             if not targets:
@@ -604,6 +646,8 @@ class Repo:
             RepoBusyError: (remote) another gc runs, or saves kept their leases longer than ``wait_s``.
         """
         grace = self.store.gc_grace_s if grace_s is None else grace_s
+        if not dry_run:
+            self._require_layout()  # (an unknown layout might reference blobs in ways this one cannot see)
         report = GcReport(dry_run=dry_run)
         with self.store.exclusive(wait_s) as started:
             referenced: set[str] = set()
@@ -693,6 +737,7 @@ class Repo:
         self._write_report(name, version, f"{reports_key(name, version)}/{validate_report_file(filename)}", data)
 
     def _write_report(self, name: str, version: int, key: str, data: bytes) -> None:
+        self._require_layout()
         try:
             self.store.write(key, data)
         except FileNotFoundError:  # the version's folder is gone (removed meanwhile)
@@ -702,19 +747,26 @@ class Repo:
         """A version's report files by file name (for copying them to another repo); a report that
         cannot be read safely (a link) is left out, never copied from outside the repo."""
         folder = reports_key(name, version)
-        found = self.store.read_many([f"{folder}/{f}" for f in self.store.files(folder) if f.endswith(".json")])
+        try:
+            files = self.store.files(folder)
+        except CorruptCaptureError:
+            return {}  # reports/ is a link or not a folder: never copied from outside the repo (fsck reports it)
+        found = self.store.read_many([f"{folder}/{f}" for f in files if f.endswith(".json")])
         return {key.rsplit("/", 1)[1]: data for key, data in sorted(found.items())}
 
     def reports(self, ref: str, kind: str | None = None) -> builtins.list[dict[str, Any]]:
         name, version = self.resolve(ref)
         folder = reports_key(name, version)
-        keys = [f"{folder}/{f}" for f in self.store.files(folder)
-                if f.endswith(".json") and (kind is None or f.startswith(kind + "-"))]
+        try:
+            files = self.store.files(folder)
+        except CorruptCaptureError:
+            return []  # reports/ is a link or not a folder: skipped like an unreadable report (fsck reports it)
+        keys = [f"{folder}/{f}" for f in files if f.endswith(".json") and (kind is None or f.startswith(kind + "-"))]
         found = self.store.read_many(keys)
         reports = []
         for key in keys:
             if key in found:
-                with contextlib.suppress(ValueError, TypeError):  # an unreadable report is skipped
+                with contextlib.suppress(ValueError, TypeError, RecursionError):  # an unreadable report is skipped
                     reports.append({"path": str(self.store.where(key)), **json.loads(found[key])})
         return reports
 

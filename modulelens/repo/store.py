@@ -115,6 +115,12 @@ class Quarantine(ABC):
     moved: set[str]  # keys moved aside so far
     location: str  # where they go (a folder of their own per run)
 
+    def prepare(self) -> list[Finding]:
+        """Move aside, before the repair locks the repo, what would keep it from locking or from
+        quarantining (a lock file or quarantine folder that is a link or of the wrong kind);
+        returns what was moved (nothing, where a store has no such entries)."""
+        return []
+
     @abstractmethod
     def move(self, key: str) -> str | None:
         """Move the entry at ``key`` aside (with what belongs to it); returns where it went
@@ -282,7 +288,11 @@ class Store(ABC):
         """Where the payload ``digest`` is (or will be) on this machine."""
 
     @abstractmethod
-    def has_blob(self, digest: str) -> bool: ...
+    def has_blob(self, digest: str) -> bool:
+        """Whether the payload is stored as far as this store can tell cheaply: what a save may
+        dedup against and a copy need not bring. A directory answers for verified blobs only (one
+        that does not hash to its name counts as absent, so the next write replaces it); an object
+        store for present ones (their hash is checked on download)."""
 
     @abstractmethod
     def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
@@ -303,20 +313,24 @@ class Store(ABC):
         """Make the blobs published with ``flush=False`` durable."""
 
     @abstractmethod
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
-        """Store a payload from a local file (push/pull); bytes written (0 if it was there).
+    def put_blob_file(self, digest: str, source: Path) -> int:
+        """Store a payload from a local file (push/pull), hashing every byte it copies (never a
+        link to ``source``); bytes written (0 if it was there).
 
         Raises:
-            CorruptCaptureError: ``source`` does not hash to ``digest`` (unless ``verified``).
+            CorruptCaptureError: ``source`` does not hash to ``digest`` (nothing is stored).
         """
 
     @abstractmethod
-    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """A local file of the payload, checked (size; hash as :mod:`~modulelens.repo.markers`
-        decides, always with ``full``), downloaded first if the store keeps it elsewhere.
+        decides, always with ``full``), downloaded first if the store keeps it elsewhere. ``pack``:
+        the blob is a pack, whose members are checked against their hashes whenever its own hash is
+        (:func:`~modulelens.repo.packs.check_members`).
 
         Raises:
-            CorruptCaptureError: missing, truncated, a link, or not matching its hash.
+            CorruptCaptureError: missing, truncated, a link, not matching its hash, or a pack member
+                not matching its own.
         """
 
     @abstractmethod
@@ -369,6 +383,5 @@ class Store(ABC):
 
         Raises:
             UsageError: this store cannot move things aside (an object store).
-            CorruptCaptureError: the quarantine folder is a link.
         """
 
