@@ -142,6 +142,15 @@ class ObjectStore:
         return {k: bytes(v) for k, v in found.items() if not isinstance(v, BaseException)}
 
     def info(self, key: str) -> dict[str, Any] | None:
+        """An object's metadata (size, ETag, modification time), ``None`` when there is none. On
+        S3 one HEAD: s3fs's ``info`` follows a 404 with a LIST (is it a folder?), which a key of
+        ours never is."""
+        if self.s3:
+            bucket, path, _ = self.fs.split_path(key)
+            try:
+                return dict(self.fs.call_s3("head_object", Bucket=bucket, Key=path))
+            except FileNotFoundError:
+                return None
         try:
             return dict(self.fs.info(key))
         except FileNotFoundError:
@@ -179,6 +188,8 @@ class ObjectStore:
 
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if no object has that key; False when one does (someone else won)."""
+        if self.s3:
+            return self._s3_put(key, data, IfNoneMatch="*") is not None
         with self._exclusive():
             try:
                 if self.memory:
@@ -195,47 +206,78 @@ class ObjectStore:
                 raise
         return True
 
-    def replace(self, key: str, data: bytes, tag: str | None) -> bool:
+    def replace(self, key: str, data: bytes, tag: str | None) -> str | None:
         """Write ``key`` only if it still has ETag ``tag`` (``None``: only if it does not exist);
-        False when it changed meanwhile.
+        returns the new tag, ``None`` when it changed meanwhile.
 
         Raises:
             RemoteRepoError: the backend has no conditional overwrite.
         """
-        if tag is None:
-            return self.create(key, data)
+        if self.s3:
+            return self._s3_put(key, data, **({"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}))
         with self._exclusive():
             if self.memory:
                 current = self.read(key)
-                if current is None or self._memory_tag(current) != tag:
-                    return False
+                if (current is None) != (tag is None) or (current is not None and self._memory_tag(current) != tag):
+                    return None
                 self.fs.pipe_file(key, data)
-                return True
-            if not self.s3:
-                raise RemoteRepoError(
-                    f"{self.protocol}:// has no compare-and-swap write here, so an alias cannot be moved "
-                    "safely while others write it; use an S3 repo or move aliases in a local repo and push"
-                )
-            bucket, path, _ = self.fs.split_path(key)
-            try:
-                self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, IfMatch=tag)
-            except OSError as error:
-                if _is_precondition_failure(error):
-                    return False
-                raise
-            self.fs.invalidate_cache(key)
-        return True
+                return self._memory_tag(data)
+            if tag is None:
+                if not self.create(key, data):
+                    return None
+                info = self.info(key)
+                return self.tag(info) if info else None
+            raise RemoteRepoError(
+                f"{self.protocol}:// has no compare-and-swap write here, so an alias cannot be moved "
+                "safely while others write it; use an S3 repo or move aliases in a local repo and push"
+            )
+
+    def _s3_put(self, key: str, data: bytes, **condition: str) -> str | None:
+        """One conditional PUT; its new ETag, or ``None`` when the condition failed."""
+        bucket, path, _ = self.fs.split_path(key)
+        try:
+            response = self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, **condition)
+        except FileExistsError:
+            return None
+        except OSError as error:
+            if _is_precondition_failure(error):
+                return None
+            raise
+        self.fs.invalidate_cache(key)
+        return str(response.get("ETag") or "") or None
 
     def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
-        """An object's bytes and the tag :meth:`replace` compares against."""
+        """An object's bytes and the tag :meth:`replace` compares against (on S3 one GET, which
+        returns both)."""
         if self.memory:
             with self._exclusive():
                 data = self.read(key)
                 return data, None if data is None else self._memory_tag(data)
+        if self.s3:
+            return self._s3_get_tagged(key)
         info = self.info(key)
         if info is None:
             return None, None
         return self.read(key), self.tag(info)
+
+    def _s3_get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        from fsspec.asyn import sync
+
+        bucket, path, _ = self.fs.split_path(key)
+
+        async def get() -> tuple[bytes | None, str | None]:
+            try:
+                response = await self.fs._call_s3("get_object", Bucket=bucket, Key=path)
+            except FileNotFoundError:
+                return None, None
+            body = response["Body"]
+            try:
+                data = await body.read()
+            finally:
+                body.close()
+            return bytes(data), response.get("ETag")
+
+        return sync(self.fs.loop, get)
 
     @staticmethod
     def _memory_tag(data: bytes) -> str:

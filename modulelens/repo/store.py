@@ -43,16 +43,6 @@ class Scan(NamedTuple):
     aliases: dict[str, int]
 
 
-class Stamps(NamedTuple):
-    """Cheap change tokens of a name's ``versions/`` and ``aliases/`` folders; a token is trusted
-    (``settled``) only when no later change can produce it again (repo/index.py)."""
-
-    versions: list[int]
-    aliases: list[int]
-    versions_settled: bool
-    aliases_settled: bool
-
-
 class BlobStat(NamedTuple):
     """A stored blob as a listing sees it: its key, size in bytes and modification time (seconds
     since the epoch, by the clock of whoever stamps the store's files)."""
@@ -141,6 +131,8 @@ class Store(ABC):
         gc_grace_s: gc keeps unreferenced blobs younger than this by default.
         can_repair: ``fsck --repair`` can move damaged entries aside here.
         signs_captures: captures saved here are signed as this user's own (:meth:`sealer`).
+        appends: :meth:`append` works (a directory): a name's index keeps its entries in a log
+            that each save appends to, instead of in its head (repo/index.py).
     """
 
     location: str
@@ -149,6 +141,7 @@ class Store(ABC):
     signs_captures: bool = False
     gc_grace_s: float = 0.0
     can_repair: bool = False
+    appends: bool = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location!r})"
@@ -213,13 +206,31 @@ class Store(ABC):
         """``key``'s bytes and the tag :meth:`swap` compares against (``None``: nothing there)."""
 
     @abstractmethod
-    def swap(self, key: str, data: bytes, tag: str | None) -> bool:
+    def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
         """Write ``key`` only if it still has ``tag`` (``None``: only if nothing is there: a
-        create-if-absent); ``False`` when another writer changed it meanwhile.
+        create-if-absent); returns the new tag (what a next swap compares against), ``None`` when
+        another writer changed it meanwhile. ``durable=False`` for caches (a name's index head).
 
         Raises:
             RemoteRepoError: the backend has no conditional write.
         """
+
+    def append(self, key: str, data: bytes) -> int:
+        """Append ``data`` to the file ``key`` (created if missing; concurrent appends never
+        interleave within one call's data); returns the offset just after it. Only where
+        :attr:`appends` is true.
+
+        Raises:
+            UsageError: this store cannot append (object storage).
+        """
+        from modulelens.errors import UsageError
+
+        raise UsageError(f"{self.location} cannot append to {key}")
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a file is at ``key`` (one ``lstat``, or one request, or the cached copy of an
+        immutable key)."""
 
     @abstractmethod
     def remove(self, key: str) -> bool:
@@ -261,14 +272,12 @@ class Store(ABC):
         """The versions and (with ``aliases``) aliases in the name folder ``prefix``."""
 
     @abstractmethod
-    def stamps(self, prefix: str) -> Stamps | None:
-        """Change tokens of the name folder ``prefix``; ``None`` for a store that cannot tell
-        cheaply, which keeps no summaries."""
-
-    @abstractmethod
-    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
+    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = (),
+                unused: bool = False) -> bool:
         """Make the folder ``prefix`` appear with ``files`` (and the empty ``folders``) all at once,
-        durably, only if it is free; ``False`` when it is taken or was removed (its tombstone)."""
+        durably, only if it is free; ``False`` when it is taken or was removed (its tombstone).
+        ``unused``: the caller knows the folder was never used (a number reserved in a name's
+        index above every number used), so a store may skip looking for its tombstone."""
 
     @abstractmethod
     def retire(self, prefix: str) -> bool:
@@ -303,8 +312,9 @@ class Store(ABC):
         """Make the blobs published with ``flush=False`` durable."""
 
     @abstractmethod
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
         """Store a payload from a local file (push/pull); bytes written (0 if it was there).
+        ``missing``: the caller just found it absent (a store may skip looking again).
 
         Raises:
             CorruptCaptureError: ``source`` does not hash to ``digest`` (unless ``verified``).

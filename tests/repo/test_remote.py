@@ -119,7 +119,8 @@ def test_capture_into_s3_then_load_cold_warm_and_with_the_server_stopped(tmp_pat
         # job/2 is a class from the job's __main__: the trust rules refuse it (tested below).
         refs = [ref for ref in json.loads(job.stdout) if not ref.startswith("job/2:")]
         laptop = {**server.env, "MODULELENS_CACHE": str(tmp_path / "laptop-cache")}
-        cold = _child("load", url, *refs, env=laptop)
+        latest = refs[0].partition(":")[0]  # by name: resolved from the name's index head
+        cold = _child("load", url, *refs, latest, env=laptop)
         assert cold.returncode == 0, cold.stderr
         assert all(r["passed"] for r in json.loads(cold.stdout))
         downloaded = _cached_blobs(tmp_path / "laptop-cache")
@@ -130,8 +131,13 @@ def test_capture_into_s3_then_load_cold_warm_and_with_the_server_stopped(tmp_pat
         warm = _child("load", url, refs[0], env={**laptop, **extra})
         assert warm.returncode == 0, warm.stderr
         assert all(r["passed"] for r in json.loads(warm.stdout))
-        if not extra:
-            assert "unreachable" in warm.stderr
+        # An explicit version of a cached repo, opened by its URL, needs no request at all (the
+        # marker is the newest layout's, which never changes): the stopped server goes unnoticed.
+        assert "unreachable" not in warm.stderr
+        by_name = _child("load", url, latest, env={**laptop, **extra})  # the head: asked, then the mirror's
+        assert by_name.returncode == 0, by_name.stderr
+        assert json.loads(by_name.stdout)[0]["passed"]
+        assert ("unreachable" in by_name.stderr) == (not extra)
     assert _cached_blobs(tmp_path / "laptop-cache") == downloaded  # served from the cache alone
 
 
