@@ -104,7 +104,7 @@ def complete(entry: Entry | None) -> bool:
 class NameIndex:
     """One name's index as it is now: the head, and (:attr:`versions`) the entries when loaded.
 
-    ``versions`` maps each visible version number (a string) to its entry, ``{}`` while it is
+    ``versions`` maps each visible version number to its entry, ``{}`` while it is
     pending (known to be visible, its entry not read yet). ``stored`` says whether the head came
     from the store (else it was rebuilt from a scan); ``tag`` is what the next swap compares against.
     """
@@ -119,14 +119,14 @@ class NameIndex:
     log: int = 0
     log_bytes: int = 0
     dead: int = 0
-    versions: dict[str, Entry] | None = None
+    versions: dict[int, Entry] | None = None
     tag: str | None = None
     stored: bool = False
 
     def numbers(self) -> list[int]:
         """The visible version numbers (:attr:`versions` must be loaded)."""
         assert self.versions is not None
-        return sorted(int(k) for k in self.versions)
+        return sorted(self.versions)
 
     def head_json(self, *, appends: bool) -> bytes:
         """The head's bytes: JSON whose first field is a checksum of the rest (a directory rewrites
@@ -137,13 +137,13 @@ class NameIndex:
         if appends:
             head.update(log=self.log, log_bytes=self.log_bytes, dead=self.dead)
         else:
-            head["versions"] = {k: _plain(e) for k, e in sorted((self.versions or {}).items(), key=lambda kv: int(kv[0]))}
+            head["versions"] = {str(k): _plain(e) for k, e in sorted((self.versions or {}).items())}
         body = json.dumps(head, separators=(",", ":")).encode()[1:]  # from the first key on
         return b'{"check":"' + xxhash.xxh3_64_hexdigest(body).encode() + b'",' + body
 
 
 def _plain(entry: Entry) -> Entry:
-    return {k: v for k, v in entry.items() if k != "id"}
+    return {k: v for k, v in entry.items() if k not in ("id", "v")}
 
 
 def _line(number: int, entry: Entry) -> bytes:
@@ -172,33 +172,30 @@ def _parse_head(raw: bytes | None, *, appends: bool) -> NameIndex | None:
             versions = data["versions"]
             if not isinstance(versions, dict):
                 return None
-            index.versions = {str(int(k)): dict(v) for k, v in versions.items()}
+            index.versions = {int(k): dict(v) for k, v in versions.items()}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return index
 
 
-def _parse_log(data: bytes) -> dict[str, Entry] | None:
+def _parse_log(data: bytes) -> dict[int, Entry] | None:
     """The entries a log's valid bytes leave (later lines win; ``rm`` lines remove); ``None`` when a
-    line is damaged (a power cut tore it: the index is rebuilt)."""
+    line is damaged (a power cut tore it: the index is rebuilt). An entry keeps its ``"v"``."""
     if not data:
         return {}
     try:
         lines = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
-    except (ValueError, RecursionError):
+        if b'{"rm":' not in data:  # the usual log: only entries (a listing's hot path: one comprehension)
+            return {line["v"]: line for line in lines}
+        entries: dict[int, Entry] = {}
+        for line in lines:
+            if "rm" in line:
+                entries.pop(line["rm"], None)
+            else:
+                entries[line["v"]] = line
+        return entries
+    except (ValueError, RecursionError, TypeError, KeyError):
         return None
-    entries: dict[str, Entry] = {}
-    for line in lines:
-        if not isinstance(line, dict):
-            return None
-        if "rm" in line:
-            entries.pop(str(line["rm"]), None)
-        elif "v" in line:
-            number = line.pop("v")
-            entries[str(number)] = line
-        else:
-            return None
-    return entries
 
 
 def _stale(reservation: dict[str, Any], now: float) -> bool:
@@ -299,15 +296,15 @@ class Summaries:
         meanwhile leaves it."""
         entries = index.versions
         assert entries is not None
-        wanted = [int(k) for k, e in entries.items() if not complete(e)] if versions is None else \
-            [v for v in versions if str(v) in entries and not complete(entries[str(v)])]
+        wanted = [k for k, e in entries.items() if "blobs" not in e] if versions is None else \
+            [v for v in versions if v in entries and not complete(entries[v])]
         if not wanted:
             return
         for number, entry in self._read_entries(name, wanted).items():
             if entry is None:
-                entries.pop(str(number), None)
+                entries.pop(number, None)
             else:
-                entries[str(number)] = entry
+                entries[number] = entry
 
     def stored_entries(self, name: str, prefix: str) -> tuple[dict[str, Entry], bool] | None:
         """The entries readers take from the stored index without reading capture files (fsck
@@ -325,9 +322,9 @@ class Summaries:
         entries = index.versions if index.versions is not None else self._log_entries(prefix, index)
         if entries is None:
             return None
-        pending = {k for k in index.reserved if k not in entries  # visible: readers read their capture files
+        pending = {k for k in index.reserved if int(k) not in entries  # visible: readers read their capture files
                    and self.store.exists(f"{prefix}/versions/{k}/{CAPTURE_FILE}")}
-        return {k: e for k, e in entries.items() if int(k) not in index.removing} | {k: {} for k in pending}, True
+        return {str(k): e for k, e in entries.items() if k not in index.removing} | {k: {} for k in pending}, True
 
     def _stored(self, prefix: str, *, tagged: bool = False, raw: bytes | None = None) -> NameIndex | None:
         """The stored head, or ``None``; ``tagged`` (a writer about to swap it): with its tag (a
@@ -365,17 +362,17 @@ class Summaries:
         """What a stored head says once writes in progress are looked at (never written back)."""
         for number in index.removing:
             if index.versions is not None:
-                index.versions.pop(str(number), None)
+                index.versions.pop(number, None)
         for key in list(index.reserved):
             number = int(key)
             if number not in index.removing and self.store.exists(f"{prefix}/versions/{number}/{CAPTURE_FILE}"):
                 index.latest = max(index.latest, number)
                 if index.versions is not None:
-                    index.versions.setdefault(key, {})
+                    index.versions.setdefault(number, {})
         for alias in index.changing:
             self._alias_from_file(prefix, index, alias)
-        if index.versions is not None and str(index.latest) not in index.versions:
-            index.latest = max((int(k) for k in index.versions), default=0)
+        if index.versions is not None and index.latest not in index.versions:
+            index.latest = max(index.versions, default=0)
 
     def _alias_file(self, prefix: str, alias: str) -> int | None:
         try:
@@ -402,13 +399,13 @@ class Summaries:
         are never reused) or of a layout-2 summary (by folder identity) kept, the others pending."""
         scan = self.store.scan(prefix)
         legacy = self._legacy(prefix) if previous is None else {}
-        versions: dict[str, Entry] = {}
+        versions: dict[int, Entry] = {}
         for number, identity in scan.versions.items():
+            kept = (previous or {}).get(number)
             key = str(number)
-            kept = (previous or {}).get(key)
             if kept is None and key in legacy and legacy[key].get("id") == identity and identity is not None:
                 kept = _plain(legacy[key])
-            versions[key] = dict(kept) if complete(kept) else {}
+            versions[number] = dict(kept) if complete(kept) else {}
         return NameIndex(used=scan.used, latest=max(scan.versions, default=0), count=len(versions),
                          aliases=dict(scan.aliases), versions=versions)
 
@@ -445,7 +442,7 @@ class Summaries:
                 index.log_bytes = max(index.log_bytes, appended.get(index.log, 0))
             else:
                 assert index.versions is not None
-                index.versions.update({str(n): _plain(e) for n, e in entries.items()})
+                index.versions.update({n: _plain(e) for n, e in entries.items()})
             for number in (*entries, *released):
                 index.reserved.pop(str(number), None)
             index.count += len(entries)
@@ -480,7 +477,7 @@ class Summaries:
                 index.dead += len(gone)
             else:
                 for number in gone:
-                    (index.versions or {}).pop(str(number), None)
+                    (index.versions or {}).pop(number, None)
             index.removing = [n for n in index.removing if n not in gone and n not in back]
             index.count = max(0, index.count - len(gone))
             if index.latest in gone:
@@ -537,10 +534,10 @@ class Summaries:
         first, then the head; the old log goes once the head names the new one."""
         old = index.log if index.stored else 0
         index.count = len(index.versions or {})
-        index.latest = max((int(k) for k in index.versions or {}), default=0)
+        index.latest = max(index.versions or {}, default=0)
         if self._appends:
             generation = max(old, self._highest_log(prefix)) + 1
-            data = b"".join(_line(int(k), e) for k, e in sorted((index.versions or {}).items(), key=lambda kv: int(kv[0])))
+            data = b"".join(_line(k, e) for k, e in sorted((index.versions or {}).items()))
             self.store.write(f"{prefix}/{summary_log(generation)}", data, durable=False)
             index.log, index.log_bytes, index.dead = generation, len(data), 0
         new_tag = self.store.swap(f"{prefix}/{SUMMARY_FILE}", index.head_json(appends=self._appends), tag, durable=False)
@@ -622,7 +619,7 @@ class Summaries:
             index.log_bytes = max(index.log_bytes, end)
         else:
             assert index.versions is not None
-            index.versions.update({str(n): _plain(e) for n, e in adopted.items()})
+            index.versions.update({n: _plain(e) for n, e in adopted.items()})
         index.count += len(adopted)
         index.latest = max(index.latest, *adopted)
 
@@ -630,7 +627,7 @@ class Summaries:
         """The highest visible version under ``below`` that is not being removed."""
         removing = set(index.removing)
         if index.versions is not None:
-            return max((int(k) for k in index.versions if int(k) < below and int(k) not in removing), default=0)
+            return max((k for k in index.versions if k < below and k not in removing), default=0)
         for number in range(below - 1, 0, -1):  # usually one step: the one before was not removed
             if number not in removing and self.store.exists(f"{prefix}/versions/{number}/{CAPTURE_FILE}"):
                 return number

@@ -422,6 +422,21 @@ class LocalStore(Store):
         for folder in {self.blob_path(digest).parent for digest in digests}:
             flush_folder(folder)
 
+    def staging_file(self) -> Path:
+        return self._tmp_path(".weight")  # tmp/<pid>-...: gc never frees it while this process runs
+
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+        if path.parent != self.root / "tmp" or not _is_regular(path):
+            return False
+        target = self.blob_path(digest)
+        target.parent.mkdir(exist_ok=True)
+        require_dir(target.parent)  # a shard folder planted as a link is refused, never written through
+        os.replace(path, target)  # (its writer flushed it: the rename is what makes it a blob)
+        flush_folder(target.parent)
+        if os.path.getsize(target) >= MARK_MIN_BYTES:
+            write_marker(target, chunks)
+        return True
+
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
         """Hard-linked when the caller already verified ``source`` (a pull from a local cache: no
         copy), otherwise hash-checked and copied."""

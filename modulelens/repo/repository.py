@@ -32,6 +32,7 @@ from modulelens.errors import (
     UsageError,
 )
 from modulelens.format.hashing import hash_bytes
+from modulelens.repo.collector import collector_paused
 from modulelens.repo.index import NameIndex, Summaries, damaged_entry, version_entry
 from modulelens.repo.layout import (
     CAPTURE_FILE,
@@ -51,7 +52,7 @@ from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import PACK_BELOW, Payloads, pack_payloads, referenced_blobs
-from modulelens.repo.store import Hold, Store
+from modulelens.repo.store import Hold, Store, WrittenPayload
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -242,6 +243,13 @@ class Repo:
         last check, or always with ``full``; otherwise a sampled hash (:mod:`modulelens.repo.markers`)."""
         return self.store.blob_file(digest, nbytes, full=full)
 
+    def staging_file(self) -> Path | None:
+        """A new file name in this repo's staging area, for a payload written before its save
+        (tracing/weights.py) and then handed to :meth:`save_version` as a
+        :class:`~modulelens.repo.store.WrittenPayload`; ``None`` for a repo that stages no files
+        (a remote one: captures for it are staged in a local repo)."""
+        return self.store.staging_file()
+
     def download(self, blobs: dict[str, int], *, label: str = "") -> int:
         """Make ``{digest: nbytes}`` available locally; returns bytes downloaded (0 for a local repo)."""
         return self.store.fetch_blobs(lambda: blobs, label=label)
@@ -323,7 +331,7 @@ class Repo:
         """What the name's index keeps of each version (created, tags, payload bytes, module class,
         calls, blobs, and for a version committed by a push its ``content`` id), by number."""
         index = self._listing(name)
-        return {int(k): dict(e) for k, e in sorted((index.versions or {}).items(), key=lambda kv: int(kv[0]))}
+        return {number: {k: v for k, v in entry.items() if k != "v"} for number, entry in sorted((index.versions or {}).items())}
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
         """``"name"``, ``"name:v3"``, ``"name:alias"`` -> ``(name, 3)``, at a cost that does not grow
@@ -414,7 +422,7 @@ class Repo:
         if entry is None:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
         head = self._head(name)
-        index = NameIndex(latest=head.latest, aliases=head.aliases, versions={str(version): entry})
+        index = NameIndex(latest=head.latest, aliases=head.aliases, versions={version: entry})
         return self._infos(name, index)[0]
 
     def _infos(self, name: str, index: NameIndex, *, prefix: str | None = None) -> list[VersionInfo]:
@@ -432,23 +440,26 @@ class Repo:
         aliases_of = by_version.get
         # The hot loop of a listing, one VersionInfo per version: a comprehension with the lookups
         # bound once, and no tuple built for the usual empty tags (a third of this function's time).
-        return [VersionInfo(name, number, folder + key, entry["created"], tuple(tags) if (tags := entry["tags"]) else (),
+        return [VersionInfo(name, number, f"{folder}{number}", entry["created"], tuple(tags) if (tags := entry["tags"]) else (),
                             aliases_of(number, ()), entry["nbytes"], entry["module_class"], entry["calls"],
                             entry.get("problem"))
-                for number in sorted(map(int, entries)) for key in (str(number),) for entry in (entries[key],)]
+                for number, entry in sorted(entries.items())]
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
-        if name:
-            return self._infos(name, self._listing(name))
-        return [info for name, prefix, index in self._name_summaries()
-                for info in self._infos(name, index, prefix=prefix)]
+        with collector_paused():  # a few objects per version, no cycle (repo/collector.py)
+            if name:
+                return self._infos(name, self._listing(name))
+            return [info for name, prefix, index in self._name_summaries()
+                    for info in self._infos(name, index, prefix=prefix)]
 
     # ---------------------------------------------------------------------------------- saving
 
-    def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
-        """Store a capture: hash and write its payloads (``tensor id -> bytes``; blobs already
-        present are skipped), fill the hashes into ``metadata["tensors"]``, then make the version
-        visible in one step (a rename, or a conditional create)."""
+    def save_version(self, name: str, metadata: dict[str, Any],
+                     payloads: dict[str, memoryview | WrittenPayload]) -> VersionInfo:
+        """Store a capture: hash and write its payloads (``tensor id -> bytes``, or a
+        :class:`~modulelens.repo.store.WrittenPayload` already in a file; blobs already present are
+        skipped), fill the hashes into ``metadata["tensors"]``, then make the version visible in
+        one step (a rename, or a conditional create)."""
         validate_name(name)
         while True:
             with self.store.writing() as hold:
@@ -526,7 +537,7 @@ class Repo:
         released = [numbers[i] for i in retry]
         head = self._summaries.finish(name, prefix, entries, released=released)
         infos = {number: self._infos(name, NameIndex(latest=head.latest, aliases=head.aliases,
-                                                      versions={str(number): entry}))[0]
+                                                      versions={number: entry}))[0]
                  for number, entry in entries.items()}
         if retry:
             if depth >= 10:
@@ -545,10 +556,18 @@ class Repo:
             self.store.write(MARKER, marker_json())
             self._layout = LAYOUT_VERSION
 
-    def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> None:
-        """Hash and store every payload: small ones into packs, large ones as their own blobs."""
+    def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview | WrittenPayload]) -> None:
+        """Hash and store every payload: small ones into packs, large ones as their own blobs, and
+        those already written and hashed (:class:`WrittenPayload`) moved (or copied) in as they are."""
+        written = {tid: p for tid, p in payloads.items() if isinstance(p, WrittenPayload)}
+        for tid, payload in written.items():
+            metadata["tensors"][tid]["payload"] = payload.digest
+            if not self.store.has_blob(payload.digest) and \
+                    not self.store.adopt_file(payload.path, payload.digest, payload.chunks):
+                self.store.put_blob_file(payload.digest, payload.path, verified=True, missing=True)
+            payload.path = self.store.blob_path(payload.digest)  # where the bytes are now (a second save)
         views = {tid: memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
-                 for tid, data in payloads.items()}
+                 for tid, data in payloads.items() if not isinstance(data, WrittenPayload)}
         small = {tid: data for tid, data in views.items() if len(data) < PACK_BELOW}
         self._write_payloads(metadata["tensors"], {t: d for t, d in views.items() if t not in small})
         if small:
@@ -683,7 +702,7 @@ class Repo:
         """
         grace = self.store.gc_grace_s if grace_s is None else grace_s
         report = GcReport(dry_run=dry_run)
-        with self.store.exclusive(wait_s) as started:
+        with self.store.exclusive(wait_s) as started, collector_paused():
             referenced: set[str] = set()
             unfinished: builtins.list[tuple[str, builtins.list[int]]] = []
             for name, _prefix, index in self._name_summaries(persist=True):

@@ -59,6 +59,25 @@ class Staged(NamedTuple):
     view: memoryview
 
 
+@dataclass
+class WrittenPayload:
+    """A payload its writer already put in a file and hashed (a captured weight streamed from the
+    live tensor: tracing/weights.py), so a save moves the file in instead of writing and hashing
+    the bytes again (``Repo.save_version`` takes it in place of the bytes).
+
+    Attributes:
+        path: where the bytes are now (a staging file; after a save, the blob it became).
+        digest: their content hash (``blake3:<hex>``).
+        nbytes: their size.
+        chunks: the verification marker's chunk hashes, computed with the hash.
+    """
+
+    path: Path
+    digest: str
+    nbytes: int
+    chunks: ChunkDigests | None = None
+
+
 class Finding(NamedTuple):
     """An entry that is not part of the repo's layout (``foreign``) or a link (``symlink``)."""
 
@@ -310,6 +329,18 @@ class Store(ABC):
     @abstractmethod
     def flush_blobs(self, digests: Collection[str]) -> None:
         """Make the blobs published with ``flush=False`` durable."""
+
+    def staging_file(self) -> Path | None:
+        """A new, not yet created, file name in this store's staging area (on the filesystem of its
+        blobs, so :meth:`adopt_file` moves it in with a rename); ``None`` where nothing is staged
+        in files (object storage)."""
+        return None
+
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+        """Make the staging file ``path`` (from :meth:`staging_file`, written, flushed and hashed to
+        ``digest`` by the caller) the blob ``digest``, durably; ``False`` when ``path`` is not this
+        store's own staging file (then :meth:`put_blob_file` copies it)."""
+        return False
 
     @abstractmethod
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
