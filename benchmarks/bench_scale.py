@@ -295,7 +295,7 @@ def remote_section(work: Path, sizes: list[int], rounds: int, names: int = 10) -
                  "s3fs ls of the safetensors folders": s3fs_ls,
                  "s3fs find + get of every capture.json": s3fs_get_manifests}
         times: dict[str, dict[int, list[float]]] = {case: {n: [] for n in sizes} for case in cases}
-        requests: dict[str, dict[int, int]] = {}
+        requests: dict[str, dict[int, int | None]] = {}
         for r in range(rounds):
             for size in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
                 for case, make in cases.items():
@@ -305,7 +305,9 @@ def remote_section(work: Path, sizes: list[int], rounds: int, names: int = 10) -
                         started = time.perf_counter()
                         func()
                         times[case][size].append(time.perf_counter() - started)
-                    requests.setdefault(case, {})[size] = sent.total
+                    # a fresh process's requests are not seen here: None, not 0
+                    requests.setdefault(case, {})[size] = None if case == "cold ls (modulelens ls, fresh process)" \
+                        else sent.total
             print(f"remote: round {r + 1}/{rounds} done", flush=True)
         # warm ls and loads by URL string from a warm cache, with their request counts
         for size in sizes:
