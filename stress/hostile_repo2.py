@@ -319,6 +319,13 @@ def _regular_file_at(s: Setup, relative: str) -> None:
     path.write_text("not a folder")
 
 
+_INDEX_LOG = "names/small/summary-1.log"  # the template's index log of "small" (layout 3: repo/index.py)
+
+
+def _reports_folder(s: Setup) -> None:
+    (s.meta_path("small").parent / "reports").mkdir(exist_ok=True)
+
+
 def _nested(path: Path) -> None:
     if path.exists():
         _writable(path)
@@ -421,8 +428,12 @@ CASES: list[Case] = [
           ("lock-gate", False, ()), ("modulelens-repo.json", True, ()),
           ("names/small", False, ("small",)), ("names/small/versions", False, ("small",)),
           ("names/small/versions/1", False, ("small",)), ("names/small/versions/1/capture.json", False, ("small",)),
-          ("names/small/versions/1/reports", False, ()), ("names/small/summary.json", False, ()),
+          ("names/small/summary.json", False, ()), (_INDEX_LOG, False, ()),
       )],
+    # (layout 3 makes a version's reports/ folder with its first report: one is made here first)
+    Case("links", "names/small/versions/1/reports is a link to a copy outside",
+         lambda s: (_reports_folder(s), s.link("names/small/versions/1/reports")),
+         _path("names/small/versions/1/reports")),
     Case("links", "quarantine is a link to a folder outside",
          lambda s: (s.outside.mkdir(exist_ok=True), (s.outside / "q").mkdir(), (s.root / "quarantine").symlink_to(s.outside / "q")),
          _path("quarantine")),
@@ -469,8 +480,15 @@ CASES: list[Case] = [
     Case("entries", "trust.json of 200,000 nested brackets", lambda s: _nested(s.root / "trust.json"),
          _path("trust.json"), fsck_finds=False),
     Case("entries", "a report of 200,000 nested brackets",
-         lambda s: _nested(s.meta_path("small").parent / "reports" / "profile-x.json"),
+         lambda s: (_reports_folder(s), _nested(s.meta_path("small").parent / "reports" / "profile-x.json")),
          _path("names/small/versions/1/reports"), fsck_finds=False),
+    # the per-name index of layout 3 (repo/index.py): damaged, it is rebuilt from the folders
+    Case("entries", "a name's index head of 200,000 nested brackets",
+         lambda s: _nested(s.root / "names/small/summary.json"), _path("names/small/summary.json"), fsck_finds=False),
+    Case("entries", "a name's index log of 200,000 nested brackets",
+         lambda s: _nested(s.root / _INDEX_LOG), _path(_INDEX_LOG), fsck_finds=False),
+    Case("entries", "a name's index log is a FIFO",
+         lambda s: ((s.root / _INDEX_LOG).unlink(), os.mkfifo(s.root / _INDEX_LOG)), _path(_INDEX_LOG)),
 ]
 
 

@@ -157,7 +157,8 @@ class LocalStore(Store):
     def _file(self, key: str, *, create_folder: bool = False) -> str:
         """The path of ``key`` after checking that each folder on the way is a real folder (a link
         planted anywhere in a repo is never followed). ``create_folder``: the folder holding the
-        file is made when missing (the one above it must exist)."""
+        file is made when missing (the one above it must exist, unless it is a top-level folder:
+        see :meth:`_folder`)."""
         folder, _, _ = key.rpartition("/")
         if folder:
             self._folder(folder, create=create_folder)
@@ -165,8 +166,10 @@ class LocalStore(Store):
 
     def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False) -> str:
         """The path of the folder ``prefix`` after checking each folder on the way with ``lstat``.
-        ``create``: make it when missing (the one above must exist); ``create_all``: make every
-        missing one, each inside a folder just checked (a name's first save), durably."""
+        ``create``: make it when missing (the one above must exist), and a missing top-level
+        folder too (``names/`` that ``fsck --repair`` moved aside: a name's index is written before
+        its first version); ``create_all``: make every missing one, each inside a folder just
+        checked (a name's first save), durably."""
         parts = prefix.split("/")
         path = self.location
         for index, part in enumerate(parts):
@@ -177,7 +180,7 @@ class LocalStore(Store):
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
                     require_dir(path)  # raises, naming a link or another entry
             except FileNotFoundError:
-                if not (create_all or (create and index == len(parts) - 1)):
+                if not (create_all or (create and index in (0, len(parts) - 1))):
                     raise
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)

@@ -22,6 +22,7 @@ import modulelens
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.provenance import user_key
 from modulelens.interfaces.cli import app
+from modulelens.repo.layout import LAYOUT_VERSION
 from modulelens.repo.markers import MarkerKey, marker_path, sampled_check, write_marker
 from modulelens.repo.trust import repo_identity
 from stress.hostile_repo2 import CASES, Setup, Template, _as_user, _flip, full_disk_outcome, make_template, run_case
@@ -196,7 +197,7 @@ def test_a_damaged_layout_marker_leaves_the_repo_readable_and_the_repair_rewrite
         repo.set_alias("small", "golden")
     report = repo.fsck(repair=True)
     assert report.clean and any(p.path == "modulelens-repo.json" for p in report.problems)
-    assert json.loads((setup.root / "modulelens-repo.json").read_text()) == {"layout_version": 2}
+    assert json.loads((setup.root / "modulelens-repo.json").read_text()) == {"layout_version": LAYOUT_VERSION}
     assert modulelens.Repo(setup.root).set_alias("small", "golden").version == 1
 
 
