@@ -28,6 +28,7 @@ RESULTS = HERE / "results"
 RUNS: list[tuple[str, list[str], list[str]]] = [
     ("bench_save_load.py", ["--gib", "1", "--repeat", "7"], ["--gib", "0.1", "--repeat", "2"]),
     ("bench_repo.py", ["--rounds", "7"], ["--quick"]),
+    ("bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
     ("bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
     ("bench_capture.py", [], ["--steps", "10", "--rounds", "3"]),
     ("bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),

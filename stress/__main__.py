@@ -23,6 +23,7 @@ import torch
 from stress.fuzz import fuzz_rows
 from stress.hostile import hostile_capture_row, hostile_repo_row
 from stress.hostile_export import hostile_export_row
+from stress.hostile_repo2 import hostile_repo2_rows
 from stress.hostile_terminal import hostile_terminal_row
 from stress.hostile_trust import hostile_trust_row
 from stress.hostile_ui import hostile_ui_row
@@ -46,6 +47,7 @@ def run(quick: bool, seed: int) -> list[Row]:
         *fuzz_rows(tmp, 500 if quick else 5000, 60 if quick else 500, seed),
         hostile_capture_row(tmp),
         hostile_repo_row(tmp),
+        *hostile_repo2_rows(tmp),
         hostile_trust_row(tmp),
         hostile_ui_row(tmp, quick),
         hostile_terminal_row(tmp, colour=not quick),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bit_rot import rot
 from child_process import PYTHON, subprocess_env
 from modules_for_tests import Opaque, TakesOpaque
 from torch import nn
@@ -60,19 +61,6 @@ def test_corrupted_large_payload_is_detected_through_its_changed_mtime(repo: mod
         modulelens.load("big", repo=repo).module  # noqa: B018
 
 
-def _bit_rot(path: Path, offsets: list[int]) -> None:
-    """Flip one bit at each offset and put the mtime back, as bit rot (not a write) leaves a file."""
-    info = path.stat()
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as handle:
-        for offset in offsets:
-            handle.seek(offset)
-            byte = handle.read(1)[0]
-            handle.seek(offset)
-            handle.write(bytes([byte ^ 0x10]))
-    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
-
-
 def _weight_blob(repo: modulelens.Repo, name: str, module: nn.Module, x: torch.Tensor) -> Path:
     with modulelens.capture(module, targets=type(module).__name__, repo=repo, name=name):
         module(x)
@@ -84,7 +72,7 @@ def _weight_blob(repo: modulelens.Repo, name: str, module: nn.Module, x: torch.T
 def test_bit_rot_in_a_payload_of_up_to_4_mib_is_caught_on_every_load(repo: modulelens.Repo) -> None:
     path = _weight_blob(repo, "rot", nn.Linear(1024, 768), torch.randn(2, 1024))  # 3 MiB: every chunk checked
     assert modulelens.load("rot", repo=repo).replay().passed
-    _bit_rot(path, [path.stat().st_size - 7])  # in the last chunk, size and mtime unchanged
+    rot(repo, path, [path.stat().st_size - 7])  # in the last chunk; size, mtime and ctime as the marker has them
     for _ in range(3):
         with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
             modulelens.load("rot", repo=repo).module  # noqa: B018
@@ -92,9 +80,9 @@ def test_bit_rot_in_a_payload_of_up_to_4_mib_is_caught_on_every_load(repo: modul
 
 def test_bit_rot_in_a_large_payload_is_caught_by_the_sampled_chunks(repo: modulelens.Repo) -> None:
     path = _weight_blob(repo, "rot", nn.Linear(2048, 2048), torch.randn(2, 2048))  # 16 MiB: 256 chunks of 64 KiB
-    marker = json.loads(path.with_name(path.name + ".ok").read_text())
+    marker = json.loads(path.with_name(path.name + ".ok").read_text().splitlines()[0])  # the record; its MAC follows
     assert (marker["chunk"], len(marker["chunks"])) == (64 << 10, 256 * 16)
-    _bit_rot(path, list(range(1000, path.stat().st_size, 64 << 10)))  # damage in every chunk: any sample sees it
+    rot(repo, path, list(range(1000, path.stat().st_size, 64 << 10)))  # damage in every chunk: any sample sees it
     with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
         modulelens.load("rot", repo=repo).module  # noqa: B018
     with pytest.raises(modulelens.CorruptCaptureError, match="hashes to"):
@@ -104,11 +92,12 @@ def test_bit_rot_in_a_large_payload_is_caught_by_the_sampled_chunks(repo: module
 def test_a_marker_of_the_older_layout_is_replaced_after_a_full_check(repo: modulelens.Repo) -> None:
     path = _weight_blob(repo, "old", nn.Linear(1024, 512), torch.randn(2, 1024))
     marker_path = path.with_name(path.name + ".ok")
-    marker = json.loads(marker_path.read_text())
-    marker.update(chunk=1 << 20, chunks=["0" * 16, "0" * 16])  # 1 MiB chunks as a list: what earlier versions wrote
+    marker = json.loads(marker_path.read_text().splitlines()[0])
+    marker.update(chunk=1 << 20, chunks=["0" * 16, "0" * 16])  # 1 MiB chunks as a list, no MAC: what earlier versions wrote
+    os.unlink(marker_path)
     marker_path.write_text(json.dumps(marker))
-    assert modulelens.load("old", repo=repo).replay().passed  # stale marker: full hash, then a new marker
-    assert json.loads(marker_path.read_text())["chunk"] == 64 << 10
+    assert modulelens.load("old", repo=repo).replay().passed  # not this repo's marker: full hash, then a new marker
+    assert json.loads(marker_path.read_text().splitlines()[0])["chunk"] == 64 << 10
 
 
 def test_truncated_payload_is_detected(repo: modulelens.Repo) -> None:

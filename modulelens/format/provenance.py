@@ -17,7 +17,8 @@ the capture's name and version, every payload hash and the hash of every stored 
 are not trusted for anything.
 
 The key is 32 random bytes, hex, in ``$XDG_CONFIG_HOME/modulelens/key`` (default
-``~/.config/modulelens/key``), created on the first save, mode 0600 in a 0700 folder, never inside
+``~/.config/modulelens/key``), created on the first save (or the first verification marker
+a repo records: :mod:`modulelens.repo.markers`), mode 0600 in a 0700 folder, never inside
 a repo. A key file that is not a regular file of this user, that others may read or write, or whose
 folder others may write, is not used. Without a usable key nothing is signed (one warning per
 process) and nothing verifies: captures are treated as everyone else's, as before provenance.

@@ -91,6 +91,28 @@ class _Checker:
                 raise self.fail(f"packs[{i}].nbytes", "negative")
         return len(packs)
 
+    def stored(self) -> None:
+        """What a repo reads of a capture of any format version, a newer one included (it lists,
+        copies and collects them all): the payloads and sizes of the tensor table, the packs, the
+        module's class, the calls, when it was made and its tags."""
+        meta = self.meta
+        table = self.field(meta, "tensors", dict, "capture")
+        packs = self.packs()
+        for tid, entry in table.items():
+            where = f"tensors[{tid}]"
+            self.expect(entry, dict, where)
+            if "payload" in entry:
+                self.field(entry, "payload", str, where)
+                if self.field(entry, "nbytes", int, where) < 0:
+                    raise self.fail(f"{where}.nbytes", "negative")
+            if "pack" in entry and not 0 <= self.expect(entry["pack"], int, f"{where}.pack") < packs:
+                raise self.fail(f"{where}.pack", f"pack {entry['pack']} of {packs}")
+        self.field(self.field(meta, "module", dict, "capture"), "class", str, "module")
+        self.field(meta, "calls", list, "capture")
+        self.field(meta, "created", str, "capture", optional=True)
+        for i, tag in enumerate(self.field(meta, "tags", list, "capture", optional=True) or []):
+            self.expect(tag, str, f"tags[{i}]")
+
     def tensor(self, tid: str, entry: dict[str, Any]) -> None:
         where = f"tensors[{tid}]"
         dtype = self.field(entry, "dtype", str, where)
@@ -433,10 +455,13 @@ class _Checker:
             raise self.fail(where, "call inputs must be the tree (args tuple, kwargs dict)")
 
     def acyclic(self, constructions: dict[str, Any]) -> None:
-        """Constructions refer to nested modules' constructions; a cycle would never end."""
-        refs = {cid: _module_refs(entry) for cid, entry in constructions.items()}
-        done: set[str] = set()
+        """Constructions refer to nested modules' constructions; a cycle would never end, and
+        rebuilding recurses once per level, so a chain is at most ``MAX_DEPTH`` deep."""
+        refs = {cid: [c for c in _module_refs(entry) if c in constructions] for cid, entry in constructions.items()}
+        height: dict[str, int] = {}  # levels of nested constructions below and including each one
         for start in refs:
+            if start in height:
+                continue
             stack = [(start, iter(refs[start]))]
             on_path = {start}
             while stack:
@@ -445,11 +470,13 @@ class _Checker:
                 if child is None:
                     stack.pop()
                     on_path.discard(node)
-                    done.add(node)
+                    height[node] = 1 + max((height[c] for c in refs[node]), default=0)
+                    if height[node] > MAX_DEPTH:
+                        raise self.fail(f"constructions[{node}]", f"nests modules more than {MAX_DEPTH} levels deep")
                     continue
                 if child in on_path:
                     raise self.fail(f"constructions[{child}]", "refers to itself through nested modules")
-                if child not in done and child in refs:
+                if child not in height:
                     on_path.add(child)
                     stack.append((child, iter(refs[child])))
 
@@ -494,8 +521,9 @@ def validate_capture(data: Any, where: str) -> CaptureMetadata:
         where: names the document in errors (its path or ref).
 
     Returns:
-        The same object, typed (a document of a newer format version is returned unchecked:
-        readers refuse it with an "upgrade modulelens" error of their own).
+        The same object, typed (of a document of a newer format version, only what a repo reads of
+        every capture is checked (:meth:`_Checker.stored`): it still lists, copies and is collected,
+        and readers refuse it with an "upgrade modulelens" error of their own).
 
     Raises:
         CorruptCaptureError: the first problem found, naming its field.
@@ -507,7 +535,8 @@ def validate_capture(data: Any, where: str) -> CaptureMetadata:
     if not isinstance(data, dict) or "format_version" not in data:
         raise CorruptCaptureError(f"{where}: not a modulelens capture")
     if isinstance(data["format_version"], int) and data["format_version"] > FORMAT_VERSION:
-        return cast(CaptureMetadata, data)  # a newer format: the loader refuses it by name
+        _Checker(data, where).stored()  # a newer format: the loader refuses it by name
+        return cast(CaptureMetadata, data)
     try:
         _Checker(data, where).document()
     except RecursionError:

@@ -11,6 +11,7 @@ implements it; :attr:`ObjectStore.atomic` says which.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import datetime
@@ -125,7 +126,10 @@ class ObjectStore:
     # ------------------------------------------------------------------------------ reads
 
     def read(self, key: str) -> bytes | None:
-        """The object's bytes, or ``None`` when there is none."""
+        """The object's bytes, or ``None`` when there is none (on S3 one GET: s3fs's ``cat_file``
+        sent a HEAD first, which doubled the requests of a listing: one head read per name)."""
+        if self.s3:
+            return self._s3_get_tagged(key)[0]
         try:
             return bytes(self.fs.cat_file(key))
         except FileNotFoundError:
@@ -138,10 +142,27 @@ class ObjectStore:
         """Several small objects at once (fsspec fetches them concurrently); missing ones are left out."""
         if not keys:
             return {}
+        if self.s3:  # one GET each, concurrently (s3fs's ``cat`` sends a HEAD before each GET)
+            from fsspec.asyn import sync
+
+            async def get_all() -> list[tuple[bytes | None, str | None]]:
+                return await asyncio.gather(*(self._s3_get(key) for key in keys))
+
+            return {key: data for key, (data, _) in zip(keys, sync(self.fs.loop, get_all), strict=True)
+                    if data is not None}
         found = self.fs.cat(keys, on_error="omit")
         return {k: bytes(v) for k, v in found.items() if not isinstance(v, BaseException)}
 
     def info(self, key: str) -> dict[str, Any] | None:
+        """An object's metadata (size, ETag, modification time), ``None`` when there is none. On
+        S3 one HEAD: s3fs's ``info`` follows a 404 with a LIST (is it a folder?), which a key of
+        ours never is."""
+        if self.s3:
+            bucket, path, _ = self.fs.split_path(key)
+            try:
+                return dict(self.fs.call_s3("head_object", Bucket=bucket, Key=path))
+            except FileNotFoundError:
+                return None
         try:
             return dict(self.fs.info(key))
         except FileNotFoundError:
@@ -179,6 +200,8 @@ class ObjectStore:
 
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if no object has that key; False when one does (someone else won)."""
+        if self.s3:
+            return self._s3_put(key, data, IfNoneMatch="*") is not None
         with self._exclusive():
             try:
                 if self.memory:
@@ -195,47 +218,78 @@ class ObjectStore:
                 raise
         return True
 
-    def replace(self, key: str, data: bytes, tag: str | None) -> bool:
+    def replace(self, key: str, data: bytes, tag: str | None) -> str | None:
         """Write ``key`` only if it still has ETag ``tag`` (``None``: only if it does not exist);
-        False when it changed meanwhile.
+        returns the new tag, ``None`` when it changed meanwhile.
 
         Raises:
             RemoteRepoError: the backend has no conditional overwrite.
         """
-        if tag is None:
-            return self.create(key, data)
+        if self.s3:
+            return self._s3_put(key, data, **({"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}))
         with self._exclusive():
             if self.memory:
                 current = self.read(key)
-                if current is None or self._memory_tag(current) != tag:
-                    return False
+                if (current is None) != (tag is None) or (current is not None and self._memory_tag(current) != tag):
+                    return None
                 self.fs.pipe_file(key, data)
-                return True
-            if not self.s3:
-                raise RemoteRepoError(
-                    f"{self.protocol}:// has no compare-and-swap write here, so an alias cannot be moved "
-                    "safely while others write it; use an S3 repo or move aliases in a local repo and push"
-                )
-            bucket, path, _ = self.fs.split_path(key)
-            try:
-                self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, IfMatch=tag)
-            except OSError as error:
-                if _is_precondition_failure(error):
-                    return False
-                raise
-            self.fs.invalidate_cache(key)
-        return True
+                return self._memory_tag(data)
+            if tag is None:
+                if not self.create(key, data):
+                    return None
+                info = self.info(key)
+                return self.tag(info) if info else None
+            raise RemoteRepoError(
+                f"{self.protocol}:// has no compare-and-swap write here, so an alias cannot be moved "
+                "safely while others write it; use an S3 repo or move aliases in a local repo and push"
+            )
+
+    def _s3_put(self, key: str, data: bytes, **condition: str) -> str | None:
+        """One conditional PUT; its new ETag, or ``None`` when the condition failed."""
+        bucket, path, _ = self.fs.split_path(key)
+        try:
+            response = self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, **condition)
+        except FileExistsError:
+            return None
+        except OSError as error:
+            if _is_precondition_failure(error):
+                return None
+            raise
+        self.fs.invalidate_cache(key)
+        return str(response.get("ETag") or "") or None
 
     def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
-        """An object's bytes and the tag :meth:`replace` compares against."""
+        """An object's bytes and the tag :meth:`replace` compares against (on S3 one GET, which
+        returns both)."""
         if self.memory:
             with self._exclusive():
                 data = self.read(key)
                 return data, None if data is None else self._memory_tag(data)
+        if self.s3:
+            return self._s3_get_tagged(key)
         info = self.info(key)
         if info is None:
             return None, None
         return self.read(key), self.tag(info)
+
+    def _s3_get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, self._s3_get, key)
+
+    async def _s3_get(self, key: str) -> tuple[bytes | None, str | None]:
+        """One GET: the object's bytes and ETag, ``(None, None)`` when there is none."""
+        bucket, path, _ = self.fs.split_path(key)
+        try:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=path)
+        except FileNotFoundError:
+            return None, None
+        body = response["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data), response.get("ETag")
 
     @staticmethod
     def _memory_tag(data: bytes) -> str:

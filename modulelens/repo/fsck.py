@@ -13,7 +13,9 @@ everything and writes nothing (it works on a read-only repo and takes no lock):
   ``summary.json`` when readers would trust it as current (a wrong one could make gc free payloads
   a version needs);
 * what the store finds beside the layout (:meth:`~modulelens.repo.store.Store.audit`: in a
-  directory, entries the layout does not have and symbolic links anywhere).
+  directory, entries the layout does not have, entries of the wrong kind and symbolic links
+  anywhere, the top-level folders and lock files included), and the layout marker
+  (``modulelens-repo.json``): a repo whose marker cannot be read is still read, but not written.
 
 Orphan payloads (left by ``rm``) and staging left by dead writers are not damage: they are counted
 and left to ``gc`` (``gc --tmp-older-than 0``).
@@ -21,10 +23,11 @@ and left to ``gc`` (``gc --tmp-older-than 0``).
 ``repair=True`` needs a store that can move things aside (a directory; :attr:`Store.can_repair
 <modulelens.repo.store.Store.can_repair>`). It takes the repo's exclusive lock (as gc does) and
 moves what is broken into ``quarantine/<UTC time>-<id>/`` at the same relative path, never
-deleting anything: a version with damaged metadata or payloads (its number stays used: a
+deleting anything (a lock file or ``quarantine`` folder that is a link, or of the wrong kind, is
+moved aside first: the repair needs them): a version with damaged metadata or payloads (its number stays used: a
 tombstone is left), a damaged payload (so a later save of the same content writes it again instead
 of skipping it as present), foreign entries and links, dangling aliases (their content is kept in
-the quarantined file). It then rebuilds every name's summary and records the report in
+the quarantined file), a damaged layout marker (then written afresh). It then rebuilds every name's summary and records the report in
 ``quarantine/<run>/fsck.json``. Where a store can repair, a version that needs a damaged payload is
 reported itself (it is what the repair moves); elsewhere the payload is.
 """
@@ -38,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from modulelens.errors import CorruptCaptureError, InvalidNameError, RemoteRepoError
+from modulelens.format.spec import FORMAT_VERSION
 from modulelens.format.validate import validate_capture
 from modulelens.repo.index import damaged_entry
-from modulelens.repo.layout import HEX64, SUMMARY_FILE, blob_key, capture_key, unquote_name, version_key
+from modulelens.repo.layout import HEX64, MARKER, SUMMARY_FILE, blob_key, capture_key, unquote_name, version_key
 from modulelens.repo.names import validate_alias
 from modulelens.repo.packs import referenced_blobs
 from modulelens.repo.store import Quarantine
@@ -122,7 +126,7 @@ def fsck(repo: Repo, *, repair: bool = False) -> FsckReport:
     Raises:
         UsageError: ``repair`` on a store that cannot move things aside (a remote repo: pull into a
             local repo and repair that).
-        CorruptCaptureError: ``repair`` while the repo's ``quarantine`` is a link (remove it first).
+        CorruptCaptureError: ``repair`` cannot move an entry aside (a folder on its way is not a real one).
 
     Example::
 
@@ -135,8 +139,12 @@ def fsck(repo: Repo, *, repair: bool = False) -> FsckReport:
         _Checker(repo, report).run()
         return report
     quarantine = repo.store.quarantine()
+    cleared = quarantine.prepare()  # (a lock that is a link would keep the repair from locking the repo)
     with repo.exclusive_lock():
         checker = _Checker(repo, report)
+        for finding in cleared:
+            checker.problem(finding.kind, finding.key, finding.detail)
+            report.actions.append(f"moved {finding.key} to {quarantine.location}/{finding.key}")
         checker.run()
         _repair(repo, checker, quarantine, report)
     return report
@@ -152,6 +160,7 @@ class _Checker:
         self.move: list[str] = []  # foreign entries, links and damaged blobs to quarantine
         self.names: dict[str, str] = {}  # name -> its folder's key
         self.mentioned: set[str] = set()  # blob hex digests any version (even a damaged one) names
+        self.marker_damaged = False
 
     def problem(self, kind: str, key: str, detail: str) -> None:
         self.report.problems.append(Problem(kind, key, detail))
@@ -162,7 +171,16 @@ class _Checker:
             self.problem(finding.kind, finding.key, finding.detail)
             self.move.append(finding.key)
         self.report.stale_staging = audit.stale_staging
-        for quoted in sorted(self.store.names()):
+        if self.repo.layout_problem is not None:
+            self.problem("metadata", MARKER, self.repo.layout_problem.replace(f"{self.store.where(MARKER)}: ", ""))
+            self.marker_damaged = True
+            if MARKER not in self.move:
+                self.move.append(MARKER)
+        try:
+            quoted_names = sorted(self.store.names())
+        except CorruptCaptureError:
+            quoted_names = []  # names/ is a link or not a folder: the audit reports it
+        for quoted in quoted_names:
             name = unquote_name(quoted)
             if name is not None and quote(name, safe="") == quoted:  # other folders: the audit's
                 self._name(name, f"names/{quoted}")
@@ -176,7 +194,11 @@ class _Checker:
     def _name(self, name: str, prefix: str) -> None:
         self.report.names += 1
         self.names[name] = prefix
-        for number in self.store.scan(prefix, aliases=False).versions:
+        try:
+            numbers = self.store.scan(prefix, aliases=False).versions
+        except CorruptCaptureError:
+            return  # its versions/ is a link or not a folder: the audit reports it
+        for number in numbers:
             self._version(name, number)
 
     def _version(self, name: str, number: int) -> None:
@@ -200,6 +222,9 @@ class _Checker:
             self.mentioned.update(d.partition(":")[2] for d in damaged_entry(raw, "")["blobs"])
             version.broken = True
             return
+        if data["format_version"] > FORMAT_VERSION:
+            self.report.actions.append(f"{name}:v{number} is in capture format {data['format_version']}, newer than "
+                                       f"this modulelens reads ({FORMAT_VERSION}): only what the repo uses of it was checked")
         version.blobs = referenced_blobs(data)
         packs = data.get("packs", [])
         version.members = [(packs[e["pack"]]["payload"], e["payload"], e["nbytes"])
@@ -244,7 +269,11 @@ class _Checker:
 
     def _aliases(self, name: str, prefix: str, good: set[int]) -> None:
         folder = f"{prefix}/aliases"
-        for filename in self.store.files(folder):
+        try:
+            filenames = self.store.files(folder)
+        except CorruptCaptureError:
+            return  # aliases/ is a link or not a folder: the audit reports it
+        for filename in filenames:
             try:
                 validate_alias(filename)
             except InvalidNameError:
@@ -264,35 +293,31 @@ class _Checker:
         self.aliases.append((key, why))
 
     def _summary(self, name: str, prefix: str) -> None:
-        stamps = self.store.stamps(prefix)
-        if stamps is None:
-            return  # a store without summaries
+        """The entries readers take from the name's stored index without reading capture files
+        (repo/index.py) must agree with the versions on blobs: gc frees what they do not list."""
         key = f"{prefix}/{SUMMARY_FILE}"
-        try:
-            raw = self.store.read(key)
-            if raw is None:
-                return  # none yet: readers compute it
-            stored = json.loads(raw)
-        except (ValueError, OSError, CorruptCaptureError) as error:
-            self.problem("summary", key, f"unreadable ({error})")
-            return
-        if not isinstance(stored, dict) or stored.get("summary") != 1:
-            self.problem("summary", key, "not a summary this modulelens writes")
-            return
-        if (stored.get("versions_key"), stored.get("aliases_key")) != (stamps.versions, stamps.aliases):
-            return  # not trusted by readers: they rebuild it
+        stored = self.repo.stored_summary(name)
+        if stored is None:
+            return  # nothing stored is trusted: readers rebuild it from the folders
+        listed, lists_all = stored
         truth = {v.number: sorted(v.blobs) for v in self.versions if v.name == name and not v.broken}
-        listed: dict[str, Any] = stored["versions"] if isinstance(stored.get("versions"), dict) else {}
         for number, blobs in truth.items():
             entry = listed.get(str(number))
-            if not isinstance(entry, dict) or sorted(entry.get("blobs", ())) != blobs:
-                self.problem("summary", key, f"marked current but wrong about v{number}")
+            if entry is None and lists_all:
+                self.problem("summary", key, f"does not list v{number}")
+                return
+            if entry and sorted(entry.get("blobs", ())) != blobs:
+                self.problem("summary", key, f"wrong about v{number}")
                 return
         if {int(k) for k in listed if k.isdigit()} - set(truth) - self._numbers(name):
-            self.problem("summary", key, "marked current but lists versions that do not exist")
+            self.problem("summary", key, "lists versions that do not exist")
 
     def _orphans(self) -> None:
-        for hexdigest, blob in self.store.blobs().items():
+        try:
+            blobs = self.store.blobs()
+        except CorruptCaptureError:
+            return  # blobs/ is a link or not a folder: the audit reports it
+        for hexdigest, blob in blobs.items():
             if HEX64.fullmatch(hexdigest) and blob.key == f"blobs/{hexdigest[:2]}/{hexdigest}" \
                     and hexdigest not in self.mentioned:
                 self.report.orphan_blobs += 1
@@ -314,6 +339,9 @@ def _repair(repo: Repo, checker: _Checker, quarantine: Quarantine, report: FsckR
         moved(key, quarantine.move(key))
     for key in checker.move:
         moved(key, quarantine.move(key))
+    if checker.marker_damaged:
+        repo.rewrite_layout_marker()
+        report.actions.append(f"wrote {MARKER} afresh")
     for name, prefix in checker.names.items():
         with contextlib.suppress(CorruptCaptureError):
             if repo.store.is_folder(prefix):

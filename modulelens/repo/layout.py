@@ -15,19 +15,29 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from modulelens.errors import CorruptCaptureError, InvalidNameError
-from modulelens.format.hashing import HASH_ALGORITHM
+from modulelens.format.hashing import HASH_ALGORITHM, HEX64
 from modulelens.format.provenance import PROVENANCE_FIELD, field_line, field_lines
 from modulelens.repo.names import validate_alias, validate_name
 
-# 2: small payloads in packs, per-name summaries (docs/repo-layout.md). Layout-1 repos are read as
-# they are; the first save into one rewrites the marker, so older modulelens refuse it instead of
-# failing on a payload they cannot find.
-LAYOUT_VERSION = 2
+# 3: per-name indexes kept by every writer (a head and, in a directory, a log of entries), no empty
+# reports/ folder per version. 2: small payloads in packs, per-name summaries kept as caches.
+# Older layouts are read as they are; the first write into one rewrites the marker, so an older
+# modulelens refuses the repo instead of misreading it (docs/repo-layout.md, "Layout versions").
+LAYOUT_VERSION = 3
 MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
-SUMMARY_FILE = "summary.json"
+SUMMARY_FILE = "summary.json"  # a name's index head (layout 3) or its summary (layout 2)
 REPORTS = "reports"
-HEX64 = re.compile(r"[0-9a-f]{64}")
+_SUMMARY_LOG = re.compile(r"summary-[0-9]+\.log")
+
+
+def summary_log(generation: int) -> str:
+    """The file name of a name's index log (layout 3, stores that append: repo/index.py)."""
+    return f"summary-{int(generation)}.log"
+
+
+def is_summary_log(filename: str) -> bool:
+    return _SUMMARY_LOG.fullmatch(filename) is not None
 
 
 def marker_json(layout: int = LAYOUT_VERSION) -> bytes:

@@ -3,9 +3,9 @@
 Layout (docs/repo-layout.md): the keys of :mod:`modulelens.repo.layout`, plus what only a
 directory has::
 
-    <root>/blobs/<2 hex>/<hash hex>.ok   "size mtime" of the blob when its hash was last checked
+    <root>/blobs/<2 hex>/<hash hex>.ok   the blob as it was when its hash was last checked, bound to this repo and user (markers.py)
     <root>/names/<quoted name>/versions/<N>.removed   tombstone: N was used by a version since removed
-    <root>/names/<quoted name>/summary.json        listing cache (repo/index.py)
+    <root>/names/<quoted name>/summary-<N>.log     the entries of the name's index (repo/index.py)
     <root>/tmp/                          staging area; everything becomes visible by rename
     <root>/lock, <root>/lock-gate        flock: shared by writers, exclusive for gc (behind a turnstile)
     <root>/trust.json                    the trust setting (repo/trust.py)
@@ -14,7 +14,10 @@ directory has::
 A version directory appears in one ``rename`` of a fully written staging directory, so a crash
 never leaves a half-visible version, and two writers racing for ``N`` both succeed: the loser of
 the rename takes ``N+1``. A repo may come from someone else, so nothing inside it is followed if it
-is a symbolic link (files.py); folders on the way to a key are checked with ``lstat``.
+is a symbolic link (files.py); every folder on the way to a key, the top-level ones (``names``,
+``blobs``, ``tmp``, ``quarantine``) included, is checked with ``lstat``, and the lock files are
+opened without following a link. An entry of the wrong kind (a link, a file where a folder belongs)
+is a one-line ``CorruptCaptureError`` naming it, which ``fsck --repair`` moves aside.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError
-from modulelens.format.hashing import hash_bytes
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, SigningKeyError
+from modulelens.format.hashing import ContentHasher, hash_bytes
+from modulelens.format.provenance import user_key
 from modulelens.repo.files import (
     flush_and_rename,
     flush_file,
@@ -48,10 +52,18 @@ from modulelens.repo.files import (
     require_dir,
     write_new_file,
 )
-from modulelens.repo.layout import CAPTURE_FILE, HEX64, MARKER, REPORTS, SUMMARY_FILE, blob_key
-from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests, marker_path, sampled_check, write_marker
+from modulelens.repo.layout import CAPTURE_FILE, HEX64, MARKER, REPORTS, SUMMARY_FILE, blob_key, is_summary_log
+from modulelens.repo.markers import (
+    MARK_MIN_BYTES,
+    ChunkHasher,
+    MarkerKey,
+    chunk_digests,
+    marker_path,
+    sampled_check,
+    write_marker,
+)
 from modulelens.repo.names import validate_alias, validate_name
-from modulelens.repo.packs import read_header
+from modulelens.repo.packs import check_members, read_header
 from modulelens.repo.store import (
     Audit,
     BlobCheck,
@@ -61,10 +73,9 @@ from modulelens.repo.store import (
     Quarantine,
     Scan,
     Staged,
-    Stamps,
     Store,
 )
-from modulelens.repo.trust import TRUST_FILE, capture_sealer, set_trust_source, trusts_source
+from modulelens.repo.trust import TRUST_FILE, capture_sealer, repo_identity, set_trust_source, trusts_source
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -76,7 +87,8 @@ ROOT_ENTRIES = frozenset({MARKER, "blobs", "names", "tmp", "lock", "lock-gate", 
 _ROOT_FOLDERS = frozenset({"blobs", "names", "tmp", QUARANTINE})
 _TOMBSTONE_RE = re.compile(r"[0-9]+\.removed")
 _SHARD_RE = re.compile(r"[0-9a-f]{2}")
-_SETTLED_NS = 1_000_000_000  # a folder unchanged this long has an mtime no later change can repeat
+_LOCK_FILES = ("lock", "lock-gate")
+_COPY_STEP = 8 << 20  # bytes read, hashed and written at a time by a copy from another repo
 
 
 class _Locked(Hold):
@@ -99,6 +111,7 @@ class LocalStore(Store):
     """
 
     is_remote = False
+    appends = True  # a name's index appends each version's entry to its log (repo/index.py)
     gc_grace_s = 0.0  # gc holds the lock exclusively: no save is in flight, every unreferenced blob is garbage
     can_repair = True
     signs_captures = True  # your own captures, saved here (docs/security.md)
@@ -109,6 +122,7 @@ class LocalStore(Store):
         self._trusted = trust_source
         self._held = threading.local()  # how deep this thread is in writing()
         self._checked: set[str] = set()  # top-level folders found to be real folders
+        self._marker_key: MarkerKey | None = None  # found once, then kept (markers.py)
 
     def __fspath__(self) -> str:
         return self.location
@@ -122,8 +136,9 @@ class LocalStore(Store):
         except FileNotFoundError:
             if not create:
                 raise CaptureNotFoundError(f"no modulelens repo at {self.root}") from None
+        self.root.mkdir(parents=True, exist_ok=True)
         for sub in ("blobs", "names", "tmp"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            self._folder(sub, create=True)  # a link or a file already there is refused, never written through
         self._atomic_write(self.root / marker, initial)
         return initial
 
@@ -142,7 +157,8 @@ class LocalStore(Store):
     def _file(self, key: str, *, create_folder: bool = False) -> str:
         """The path of ``key`` after checking that each folder on the way is a real folder (a link
         planted anywhere in a repo is never followed). ``create_folder``: the folder holding the
-        file is made when missing (the one above it must exist)."""
+        file is made when missing (the one above it must exist, unless it is a top-level folder:
+        see :meth:`_folder`)."""
         folder, _, _ = key.rpartition("/")
         if folder:
             self._folder(folder, create=create_folder)
@@ -150,8 +166,10 @@ class LocalStore(Store):
 
     def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False) -> str:
         """The path of the folder ``prefix`` after checking each folder on the way with ``lstat``.
-        ``create``: make it when missing (the one above must exist); ``create_all``: make every
-        missing one, each inside a folder just checked (a name's first save), durably."""
+        ``create``: make it when missing (the one above must exist), and a missing top-level
+        folder too (``names/`` that ``fsck --repair`` moved aside: a name's index is written before
+        its first version); ``create_all``: make every missing one, each inside a folder just
+        checked (a name's first save), durably."""
         parts = prefix.split("/")
         path = self.location
         for index, part in enumerate(parts):
@@ -162,7 +180,7 @@ class LocalStore(Store):
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
                     require_dir(path)  # raises, naming a link or another entry
             except FileNotFoundError:
-                if not (create_all or (create and index == len(parts) - 1)):
+                if not (create_all or (create and index in (0, len(parts) - 1))):
                     raise
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)
@@ -176,9 +194,28 @@ class LocalStore(Store):
         return path
 
     def _tmp_path(self, suffix: str = "") -> Path:
-        tmp = self.root / "tmp"
-        tmp.mkdir(exist_ok=True)
-        return tmp / f"{os.getpid()}-{uuid.uuid4().hex}{suffix}"
+        tmp = self._folder("tmp", create=True)  # staging through a linked tmp/ would write outside
+        return Path(f"{tmp}/{os.getpid()}-{uuid.uuid4().hex}{suffix}")
+
+    def _shard(self, digest: str, *, create: bool = False) -> str:
+        """The folder of blob ``digest`` (``blobs/<2 hex>``), after checking it and ``blobs/`` with
+        ``lstat``: a link there would be read through, or written through by a save."""
+        return self._folder(blob_key(digest).rpartition("/")[0], create_all=create)
+
+    def _markers(self, *, create: bool = False) -> MarkerKey | None:
+        """What binds this repo's verification markers to it and to the user (markers.py); ``None``
+        without a usable signing key (then no marker is trusted or written, and every load hashes
+        large blobs in full). Looked up until found. ``create``: make the key if there is none, when
+        a marker is about to be written (a large blob was just hashed in full): a user who only ever
+        loads (a teammate's captures, a remote repo's cache) would otherwise hash every large blob
+        in full on every load (a 64 MiB blob: 92 ms instead of 0.21 ms, benchmarks/bench_markers.py).
+        Creating it grants nothing: no capture is signed with a key made after it was saved."""
+        if self._marker_key is None:
+            try:
+                self._marker_key = MarkerKey.derive(user_key(create=create), repo_identity(self.root))
+            except (SigningKeyError, OSError):
+                return None
+        return self._marker_key
 
     def _atomic_write(self, target: str | Path, data: bytes | memoryview, *, flush: bool = True) -> None:
         """Replace ``target`` in one rename; ``flush=False`` for caches, which are rebuilt when lost."""
@@ -226,19 +263,59 @@ class LocalStore(Store):
         data = read_regular(path)
         return data, _content_tag(data)
 
-    def swap(self, key: str, data: bytes, tag: str | None) -> bool:
+    def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
         """Compare and write under an ``flock`` of the key's folder, so of two writers that read
-        the same tag only the first writes."""
+        the same tag only the first writes.
+
+        ``durable=False`` (a name's index head, rewritten by every save) overwrites an existing
+        file in place, padded with spaces to its length: renaming a new file over an existing one
+        makes ext4 flush the new file first (``auto_da_alloc``), 2-3.5 ms per rename on this
+        machine against 8 us for the write. A reader may then see a torn write, which the caller's
+        format must let it tell (the index head carries a checksum: repo/index.py)."""
         path = self._file(key, create_folder=True)
         fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if self._tagged(path)[1] != tag:
-                return False
-            self._atomic_write(path, data)
-            return True
+            current, current_tag = self._tagged(path)
+            if current_tag != tag:
+                return None
+            if durable or current is None:  # (a new file: its rename overwrites nothing)
+                self._atomic_write(path, data, flush=durable)
+                return _content_tag(data)
+            data = data.ljust(len(current))
+            target = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                written = 0
+                while written < len(data):
+                    written += os.pwrite(target, data[written:], written)
+            finally:
+                os.close(target)
+            return _content_tag(data)
         finally:
             os.close(fd)
+
+    def append(self, key: str, data: bytes) -> int:
+        """One ``write`` to a file opened with ``O_APPEND``: the kernel places each call's data at
+        the end as a whole, so appenders in several processes never interleave."""
+        # O_NOFOLLOW: a link planted there is an error (the index then starts a new log), never
+        # written through; O_NONBLOCK: a FIFO planted there fails instead of blocking the save
+        fd = os.open(self._file(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o644)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CorruptCaptureError(f"{self.root}/{key} is not a regular file")
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            return os.lseek(fd, 0, os.SEEK_CUR)
+        finally:
+            os.close(fd)
+
+    def exists(self, key: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self._file(key)).st_mode)
+        except FileNotFoundError:
+            return False
 
     def remove(self, key: str) -> bool:
         try:
@@ -274,8 +351,9 @@ class LocalStore(Store):
     # ------------------------------------------------------------------------------ names, versions
 
     def names(self) -> list[str]:
+        """Raises ``CorruptCaptureError`` when ``names/`` is a link or not a folder."""
         try:
-            with os.scandir(self.root / "names") as found:
+            with os.scandir(self._folder("names")) as found:
                 return [entry.name for entry in found if entry.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             return []
@@ -285,7 +363,7 @@ class LocalStore(Store):
         same number (fsck --repair, a restore from backup) is never mistaken for the old one."""
         versions: dict[int, list[int] | None] = {}
         used = 0
-        with contextlib.suppress(FileNotFoundError), os.scandir(f"{self.root}/{prefix}/versions") as found:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._folder(f"{prefix}/versions")) as found:
             for entry in found:
                 number = entry.name.removesuffix(TOMBSTONE)
                 if not number.isdigit():
@@ -301,22 +379,17 @@ class LocalStore(Store):
 
     def _aliases(self, prefix: str) -> dict[str, int]:
         result = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(f"{self.root}/{prefix}/aliases") as found:
+        # an aliases/ folder that is a link or a file lists no alias (fsck reports it; moving one fails naming it)
+        with contextlib.suppress(FileNotFoundError, CorruptCaptureError), \
+                os.scandir(self._folder(f"{prefix}/aliases")) as found:
             for entry in found:
                 if not entry.name.startswith("."):  # a linked or odd alias is skipped here, reported by fsck
                     with contextlib.suppress(ValueError, OSError, CorruptCaptureError):
                         result[entry.name] = int(read_regular(entry.path).decode().strip())
         return dict(sorted(result.items()))
 
-    def stamps(self, prefix: str) -> Stamps:
-        """``versions/``' mtime and link count and ``aliases/``' mtime: adding or removing a version
-        and moving an alias rename an entry in or out of these folders (repo/index.py)."""
-        now = time.time_ns()
-        versions, versions_settled = _folder_key(f"{self.root}/{prefix}/versions", now, nlink=True)
-        aliases, aliases_settled = _folder_key(f"{self.root}/{prefix}/aliases", now, nlink=False)
-        return Stamps(versions, aliases, versions_settled, aliases_settled)
-
-    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
+    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = (),
+                unused: bool = False) -> bool:
         parent, _, leaf = prefix.rpartition("/")
         target = self._folder(parent, create_all=True)  # names/<name>/versions, on a name's first save
         if os.path.lexists(f"{target}/{leaf}{TOMBSTONE}"):
@@ -365,7 +438,29 @@ class LocalStore(Store):
         return Path(f"{self.root}/{blob_key(digest)}")
 
     def has_blob(self, digest: str) -> bool:
-        return _is_regular(self.blob_path(digest))
+        """Whether a *verified* copy of ``digest`` is stored: what a save may skip writing (dedup) and
+        a copy need not bring. A blob that does not hash to its name (it came with a received repo,
+        or was damaged since) counts as absent, so the next write of those bytes replaces it: a save
+        that skipped it would return success and leave a capture that cannot load (issue 21). Large
+        blobs are vouched for by their marker (this repo's and user's, the file unchanged since its
+        check) and its sampled chunks, the others hashed in full."""
+        path = self.blob_path(digest)
+        try:
+            self._shard(digest)
+            info = os.lstat(path)
+        except (FileNotFoundError, CorruptCaptureError):  # (a shard that is a link or a file: the write names it)
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        if info.st_size >= MARK_MIN_BYTES and sampled_check(path, info, self._markers()):
+            return True
+        try:
+            matches = hash_file(path) == digest
+        except (FileNotFoundError, CorruptCaptureError):  # replaced or removed meanwhile
+            return False
+        if matches and info.st_size >= MARK_MIN_BYTES:
+            write_marker(path, self._markers(create=True))
+        return matches
 
     def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
         if self.has_blob(digest):
@@ -380,57 +475,74 @@ class LocalStore(Store):
         return Staged(tmp, view)
 
     def publish_blob(self, staged: Staged, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> None:
-        """Flush a staged payload and rename it into ``blobs/``; then write its marker."""
+        """Flush a staged payload and rename it into ``blobs/`` (over a blob of that name that did
+        not verify); then write its marker."""
         assert staged.path is not None
+        self._publish_file(staged.path, digest, lambda: chunks or chunk_digests(staged.view), len(staged.view),
+                           flush=flush)
+
+    def _publish_file(self, staged: Path, digest: str, chunks: Callable[[], ChunkDigests | None], size: int, *,
+                      flush: bool = True) -> None:
         path = self.blob_path(digest)
-        path.parent.mkdir(exist_ok=True)
-        require_dir(path.parent)  # a shard folder planted as a link is refused, never written through
-        flush_and_rename(staged.path, path, flush_target_folder=flush)
-        if len(staged.view) >= MARK_MIN_BYTES:
-            write_marker(path, chunks or chunk_digests(staged.view))
+        try:
+            self._shard(digest, create=True)  # a shard folder planted as a link or a file is refused
+            flush_and_rename(staged, path, flush_target_folder=flush)
+        except BaseException as error:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staged)
+            if isinstance(error, (IsADirectoryError, NotADirectoryError)) or getattr(error, "errno", None) == errno.ENOTEMPTY:
+                raise CorruptCaptureError(f"{path} is not a regular file; `modulelens fsck --repair` moves it aside") from None
+            raise
+        if size >= MARK_MIN_BYTES:
+            write_marker(path, self._markers(create=True), chunks())
 
     def flush_blobs(self, digests: Collection[str]) -> None:
         for folder in {self.blob_path(digest).parent for digest in digests}:
             flush_folder(folder)
 
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
-        """Hard-linked when the caller already verified ``source`` (a pull from a local cache: no
-        copy), otherwise hash-checked and copied."""
-        path = self.blob_path(digest)
-        if _is_regular(path):
-            return 0
-        size = os.path.getsize(source)
-        if verified and self._link_blob(source, path):
-            return size
-        if not verified and hash_file(source) != digest:
-            raise CorruptCaptureError(f"{source} does not hash to {digest}")
-        if size == 0:
-            self.write_blob(digest, b"")
-            return 0
-        with os.fdopen(open_regular(source), "rb") as handle, \
-                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                self.write_blob(digest, view)
-            finally:
-                view.release()
-        return size
+    def staging_file(self) -> Path:
+        return self._tmp_path(".weight")  # tmp/<pid>-...: gc never frees it while this process runs
 
-    def _link_blob(self, source: Path, path: Path) -> bool:
-        path.parent.mkdir(exist_ok=True)
-        tmp = self._tmp_path()
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+        """Rename this process's own staging file (written, flushed and hashed as it was written:
+        tracing/weights.py) into place as blob ``digest``, over a blob of that name that did not
+        verify. Only a regular file directly in this repo's real ``tmp/`` is adopted; anything else
+        (another repo's file) is copied, every byte hashed, by :meth:`put_blob_file`."""
         try:
-            os.link(source, tmp)
-        except OSError:  # another filesystem, or links not supported: copy instead
+            tmp = self._folder("tmp")  # a linked tmp/ is refused: its files are outside the repo
+        except (FileNotFoundError, CorruptCaptureError):
             return False
-        os.replace(tmp, path)
+        if str(path.parent) != tmp or not _is_regular(path):
+            return False
+        self._publish_file(path, digest, lambda: chunks, os.path.getsize(path))
         return True
+
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
+        """Copy a payload from a file of another repo (push, pull, an import), hashing every byte as
+        it is copied: what is renamed into place is exactly what was hashed, and never a hard link to
+        the other repo's file (a push to another folder is a backup; a damaged byte in one repo must
+        not show up in both). ``verified`` changes nothing here: a copy hashes what it writes, even
+        for a file whose writer hashed it (the copy is the cheap half). ``missing``: the caller just
+        found no verified copy (:meth:`has_blob`), so it is not looked for again.
+
+        Raises:
+            CorruptCaptureError: ``source`` does not hash to ``digest`` (nothing is stored).
+        """
+        if not missing and self.has_blob(digest):
+            return 0
+        staged = self._tmp_path()
+        try:
+            size, chunks = _copy_hashed(source, staged, digest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staged)
+            raise
+        self._publish_file(staged, digest, lambda: chunks, size)
+        return size
 
     def partial_path(self, digest: str) -> Path:
         """Where a download of ``digest`` into this store accumulates (repo/remote.py)."""
-        tmp = self.root / "tmp"
-        tmp.mkdir(exist_ok=True)
-        return tmp / f"{self.blob_path(digest).name}.part"
+        return Path(f"{self._folder('tmp', create=True)}/{self.blob_path(digest).name}.part")
 
     def adopt_blob(self, digest: str, part: Path, nbytes: int) -> None:
         """Make the finished download ``part`` the blob ``digest`` after checking its hash.
@@ -444,17 +556,19 @@ class LocalStore(Store):
             raise CorruptCaptureError(f"payload {digest} is corrupted: its content hashes to {actual}")
         os.chmod(part, 0o444)
         target = self.blob_path(digest)
-        target.parent.mkdir(exist_ok=True)
+        self._shard(digest, create=True)
         os.replace(part, target)
         if nbytes >= MARK_MIN_BYTES:
-            write_marker(target)
+            write_marker(target, self._markers(create=True))
 
-    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
-        """Size always; the full hash for small payloads, for large ones changed since their last
-        check, or always with ``full``; otherwise a sampled hash of a few chunks (coverage:
-        :mod:`modulelens.repo.markers`)."""
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
+        """Size always; the full hash for small payloads, for large ones without this repo's
+        marker or changed since their last check, or always with ``full``; otherwise a sampled hash
+        of a few chunks (coverage: :mod:`modulelens.repo.markers`). ``pack``: the blob is a pack, and
+        every member is checked against its hash whenever the pack's own hash is."""
         path = self.blob_path(digest)
         try:
+            self._shard(digest)
             info = os.lstat(path)
         except FileNotFoundError:
             raise CorruptCaptureError(f"payload {digest} is missing from {self.root}") from None
@@ -464,15 +578,18 @@ class LocalStore(Store):
             raise CorruptCaptureError(
                 f"payload {digest} has {info.st_size} bytes, expected {nbytes} (truncated or damaged)"
             )
-        sampled = None if full or info.st_size < MARK_MIN_BYTES else sampled_check(path, info)
+        large = info.st_size >= MARK_MIN_BYTES
+        sampled = sampled_check(path, info, self._markers(), pack=pack) if large and not full else None
         if sampled is False:
             raise CorruptCaptureError(f"payload {path} is corrupted: a sampled chunk does not hash as recorded")
         if sampled is None:
             actual = hash_file(path)
             if actual != digest:
                 raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
-            if info.st_size >= MARK_MIN_BYTES:
-                write_marker(path)
+            if pack:
+                check_members(path)
+            if large:
+                write_marker(path, self._markers(create=True), pack=pack)
         return path
 
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
@@ -483,7 +600,7 @@ class LocalStore(Store):
         and regular files count: gc never follows a symlink placed in ``blobs/``, so it can never
         delete a file outside the repo."""
         found = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "blobs") as shards:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._folder("blobs")) as shards:
             for shard in shards:
                 if not shard.is_dir(follow_symlinks=False):
                     continue
@@ -520,10 +637,10 @@ class LocalStore(Store):
     def _verify_blob(self, digest: str, nbytes: int, check: BlobCheck) -> str | None:
         try:
             path = self.blob_path(digest)
+            self._shard(digest)
+            info = os.lstat(path)
         except CorruptCaptureError as error:
             return str(error)
-        try:
-            info = os.lstat(path)
         except FileNotFoundError:
             return "missing"
         if not stat.S_ISREG(info.st_mode):
@@ -544,6 +661,8 @@ class LocalStore(Store):
             fd = open_regular(path)
         except FileNotFoundError:
             return "missing"
+        except CorruptCaptureError as error:
+            return str(error)
         try:
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
                 try:
@@ -605,8 +724,20 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def _flock(self, filename: str, *, exclusive: bool) -> Iterator[None]:
-        fd = os.open(self.root / filename, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+        path = self.root / filename
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            fd = -1
+        if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+            if fd >= 0:
+                os.close(fd)
+            # A lock planted as a link (or a folder, a FIFO) locks nothing; replacing it here could
+            # let two writers lock two different files. Refuse until the repair moves it aside.
+            raise CorruptCaptureError(f"{path} is not a regular file (a link or other entry is never followed); "
+                                      "`modulelens fsck --repair` moves it aside")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
@@ -621,7 +752,7 @@ class LocalStore(Store):
         the staging of a writer still running on this machine (``tmp/<pid>-...``) is left alone
         however old, so even ``tmp_age_s=0`` breaks no save."""
         removed = 0
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.root / "tmp") as entries:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._folder("tmp")) as entries:
             for entry in list(entries):
                 with contextlib.suppress(FileNotFoundError):
                     if entry.stat(follow_symlinks=False).st_mtime >= cutoff or writer_alive(entry.name):
@@ -649,30 +780,58 @@ def _content_tag(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _folder_key(path: str, now_ns: int, *, nlink: bool) -> tuple[list[int], bool]:
-    """``(key, settled)`` of a folder: its mtime (and link count), and whether it is old enough to
-    be trusted; ``([], True)`` for a folder that does not exist."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return [], True
-    key = [info.st_mtime_ns, info.st_nlink] if nlink else [info.st_mtime_ns]
-    return key, info.st_mtime_ns < now_ns - _SETTLED_NS
-
-
-def current_keys(name_dir: Path) -> tuple[list[int], list[int]]:
-    """The keys a summary of the name folder ``name_dir`` must record for readers to trust it."""
-    now = time.time_ns()
-    return (_folder_key(f"{name_dir}/versions", now, nlink=True)[0],
-            _folder_key(f"{name_dir}/aliases", now, nlink=False)[0])
-
-
 def _is_regular(path: Path) -> bool:
     """Whether ``path`` is a regular file (``lstat``: a link is not)."""
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a real folder (``lstat``: a link is not)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _copy_hashed(source: Path, staged: Path, digest: str) -> tuple[int, ChunkDigests]:
+    """Copy ``source`` to the new file ``staged`` (read-only), hashing the very bytes written, and
+    computing the marker's chunk hashes on the way; returns the size and those chunk hashes.
+    Reads and writes :data:`_COPY_STEP` bytes at a time (no memory map: a full disk is then an
+    ``OSError``, not a ``BufferError`` from a map still exported while it closes).
+
+    Raises:
+        CorruptCaptureError: the bytes do not hash to ``digest``.
+    """
+    hasher = ContentHasher()
+    with os.fdopen(open_regular(source), "rb", buffering=0) as reader:
+        size = os.fstat(reader.fileno()).st_size
+        chunker = ChunkHasher(size)
+        step = max(_COPY_STEP // chunker.chunk, 1) * chunker.chunk  # whole chunks: no carry-over
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        with os.fdopen(fd, "wb", buffering=0) as writer:
+            if size > MARK_MIN_BYTES and hasattr(os, "posix_fallocate"):
+                try:
+                    os.posix_fallocate(fd, 0, size)  # a full disk fails here, before anything is copied
+                except OSError as error:
+                    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    # (not every filesystem supports it)
+            while data := reader.read(step):
+                hasher.update(data)
+                if size >= MARK_MIN_BYTES:
+                    chunker.update(data)
+                view = memoryview(data)
+                written = 0
+                while written < len(view):
+                    written += writer.write(view[written:])
+    actual = hasher.digest()
+    if actual != digest:
+        raise CorruptCaptureError(f"{source} does not hash to {digest} (its content hashes to {actual}); "
+                                  "nothing was copied")
+    return size, chunker.digests()
 
 
 def writer_alive(staging_name: str) -> bool:
@@ -752,9 +911,10 @@ class _Auditor:
             return
         for entry in _scan(folder):
             path = folder / entry.name
-            if entry.name not in ("versions", "aliases", SUMMARY_FILE):
+            index_file = entry.name == SUMMARY_FILE or is_summary_log(entry.name)
+            if entry.name not in ("versions", "aliases") and not index_file:
                 self._foreign(path, "not part of a name's layout")
-            elif self._entry_ok(path, want_dir=entry.name != SUMMARY_FILE):
+            elif self._entry_ok(path, want_dir=not index_file):
                 if entry.name == "versions":
                     self._versions(path)
                 elif entry.name == "aliases":
@@ -807,6 +967,8 @@ class _Auditor:
                     self._entry_ok(path, want_dir=False)
 
     def _staging(self) -> None:
+        if not _is_dir(self.root / "tmp"):
+            return  # a link or a file: reported with the root's entries
         for entry in _scan(self.root / "tmp"):
             if entry.is_symlink():
                 self._entry_ok(self.root / "tmp" / entry.name, want_dir=False)
@@ -818,21 +980,55 @@ class _LocalQuarantine(Quarantine):
     """``quarantine/<UTC time>-<id>/``: everything moved keeps its relative path, never deleted."""
 
     def __init__(self, root: Path) -> None:
-        if os.path.lexists(root / QUARANTINE):
-            require_dir(root / QUARANTINE)  # never move anything through a link planted there
         self.root = root
         self.run = root / QUARANTINE / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         self.location = str(self.run)
         self.moved: set[str] = set()
 
+    def prepare(self) -> list[Finding]:
+        found = []
+        for key, want_dir in ((QUARANTINE, True), *((lock, False) for lock in _LOCK_FILES)):
+            try:
+                info = os.lstat(self.root / key)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                found.append(Finding("symlink", key, "a symbolic link; never followed"))
+            elif (stat.S_ISDIR(info.st_mode) if want_dir else stat.S_ISREG(info.st_mode)) is False:
+                found.append(Finding("foreign", key, f"not a {'folder' if want_dir else 'regular file'}"))
+        for finding in found:
+            if finding.key == QUARANTINE:  # moved into a new, real quarantine folder, by way of a name beside it
+                aside = self.root / f".{QUARANTINE}-{uuid.uuid4().hex[:8]}"
+                os.rename(self.root / QUARANTINE, aside)
+                self.run.mkdir(parents=True)
+                os.rename(aside, self.run / QUARANTINE)
+                self.moved.add(QUARANTINE)
+            else:
+                self.move(finding.key)
+        return found
+
+    def _ready(self) -> None:
+        """The run's folder, in a quarantine folder that is a real one (never moved through a link)."""
+        if not self.run.exists():
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.root / QUARANTINE)
+            require_dir(self.root / QUARANTINE)
+            self.run.mkdir(exist_ok=True)
+
     def move(self, key: str) -> str | None:
         if key in self.moved or any(key.startswith(m + "/") for m in self.moved):
             return None  # already moved with its folder
         path, target = self.root / key, self.run / key
+        folder = self.root
+        for part in key.split("/")[:-1]:  # the entry itself may be a link; the folders on the way may not
+            folder = folder / part
+            if not _is_dir(folder):
+                return None
+        self._ready()
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.rename(path, target)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         self.moved.add(key)
         if path.parent.parent == self.root / "blobs" and HEX64.fullmatch(path.name):
@@ -848,4 +1044,5 @@ class _LocalQuarantine(Quarantine):
 
     def finish(self, report: bytes) -> None:
         if self.moved:
+            self._ready()
             (self.run / "fsck.json").write_bytes(report)

@@ -2,41 +2,63 @@
 
 Hashing a multi-GB payload on every load would dominate load time, so a blob of at least
 ``MARK_MIN_BYTES`` gets a marker ``<blob>.ok`` when its full hash is checked (on write, on a full
-check). The marker records the blob's size and mtime, when it was fully checked, and a short hash
-of each of its chunks (64 KiB, or more so that a blob has at most ``MAX_CHUNKS``). On load
-(docs/security.md, "Bit rot"):
+check). The marker records the blob's size, mtime, ctime and inode, when it was fully checked,
+whether it was checked as a pack (every member against its hash), and a short hash of each of its
+chunks (64 KiB, or more so that a blob has at most ``MAX_CHUNKS``). On load (docs/security.md,
+"Bit rot"):
 
-* size or mtime differ from the marker, or the marker is unreadable: the whole blob is re-hashed;
+* the marker is not one this user made for this repo, size, mtime, ctime or inode differ from
+  it, or it is unreadable: the whole blob is re-hashed;
 * the last full check is older than ``FULL_CHECK_EVERY_S``: the whole blob is re-hashed;
 * otherwise the chunks are re-hashed and compared: all of them for a blob of up to
   ``WHOLE_CHECK_MAX_BYTES``, ``SAMPLED_CHUNKS`` consecutive ones from a random start for a larger one.
 
-So damage that keeps size and mtime (bit rot, a write that restored the mtime) is caught on every
-load of a blob of up to 4 MiB, on each load with probability ``SAMPLED_CHUNKS / chunks`` for a
-larger one, within a month at the latest, and always by ``load(..., verify=True)`` / ``fsck``.
+**Markers are bound to one repo and one user** (issue 21): a repo arrives with the markers of
+whoever sent it (a tarball, ``cp -a``, rsync keep the times they match), so a marker is trusted
+only when it carries a MAC (HMAC-SHA256) under a key derived from the user's signing key
+(:mod:`modulelens.format.provenance`: the one per-user secret, never in a repo) over this repo's
+identity (real path, device, inode, user: :func:`modulelens.repo.trust.repo_identity`), the blob's
+name and the marker's record. Anything else (a marker of another repo or user, of an older
+modulelens, one made up) only means "hash it in full". The ctime in the record means any change to
+the file after its check (a write, even one that puts the mtime back, a ``chmod``, a new hard
+link) makes the next load hash it in full; only damage no system call made (bit rot) is left to
+the sampled chunks. Without a usable key (no home directory, a key others could read) no marker
+is trusted or written: every load hashes in full.
+
+So damage that keeps size, mtime and ctime (bit rot) is caught on every load of a blob of up to
+4 MiB, on each load with probability ``SAMPLED_CHUNKS / chunks`` for a larger one, within a month
+at the latest, and always by ``load(..., verify=True)`` / ``fsck``; a change made through the file
+system, on the next load.
 
 Why these sizes: the sampled check is on the path to a runnable module, which issue 15 wants
 within 1.1x of building it on the meta device and memory-mapping ``torch.load``. Sampling four 1 MiB
 chunks per blob made a 1 GiB load of 16 blobs 2.1x that recipe (64 MiB hashed, ~15 ms);
 8 chunks of 64 KiB hash 512 KiB per large blob (benchmarks/bench_save_load.py).
 
-Chunk hashes are xxh3-64, not blake3: they detect accidental damage, not tampering (whoever can
-rewrite a blob can rewrite its marker; the blake3 content hash is what names the payload). On a
-save they are computed from the bytes in memory, beside the content hash, in the hashing thread:
-an earlier version re-read each new blob and blake3-hashed its chunks on the saving thread, which
-made a 1 GiB save ~2.4x safetensors instead of ~1.2x. xxh3 costs 0.12 s of CPU per GiB here,
-blake3 0.48 s. The marker stores the chunk hashes as one string of 16 hex digits each, which
-parses ~20x faster than a JSON list of a thousand strings.
+Chunk hashes are xxh3-64, not blake3: they detect accidental damage, not tampering (the MAC keeps
+anyone without the key from writing a marker; the blake3 content hash is what names the payload).
+On a save they are computed from the bytes in memory, beside the content hash, in the hashing
+thread: an earlier version re-read each new blob and blake3-hashed its chunks on the saving
+thread, which made a 1 GiB save ~2.4x safetensors instead of ~1.2x. xxh3 costs 0.12 s of CPU per
+GiB here, blake3 0.48 s. The marker is the record's JSON on one line and its MAC on the next, so
+the MAC is checked over the bytes as read (no second encoding) before anything is parsed; the
+chunk hashes are one string of 16 hex digits each, which parses ~20x faster than a JSON list of a
+thousand strings.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import mmap
 import os
 import random
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -50,12 +72,39 @@ WHOLE_CHECK_MAX_BYTES = 4 << 20
 SAMPLED_CHUNKS = 8
 FULL_CHECK_EVERY_S = 30 * 24 * 3600
 CHUNK_HASH = "xxh3_64"
+MARKER_VERSION = 2  # 2: bound to the repo and user by a MAC; 1 (no MAC) is never trusted
+_MAX_MARKER_BYTES = 64 << 10  # 1,024 chunk hashes and the record: a larger file is not a marker
 _DIGITS = 16  # hex digits of one xxh3-64 chunk hash
 ChunkDigests = tuple[int, str]  # (chunk size, the chunks' hashes as one hex string)
 
 
+@dataclass(frozen=True)
+class MarkerKey:
+    """What makes a marker this user's, for this repo: a secret derived from the user's signing key
+    (domain-separated from the provenance MACs made with the same key) and the repo's identity.
+
+    Example::
+
+        key = MarkerKey.derive(user_key(), repo_identity(root))
+        write_marker(blob, key)
+    """
+
+    secret: bytes
+    binding: bytes
+
+    @classmethod
+    def derive(cls, user_key: bytes, identity: Mapping[str, Any]) -> MarkerKey:
+        secret = hmac.new(user_key, b"modulelens verification markers v2", hashlib.sha256).digest()
+        return cls(secret, json.dumps(dict(identity), sort_keys=True, separators=(",", ":")).encode())
+
+    def mac(self, blob_name: str, record: bytes) -> bytes:
+        """The MAC of a marker's ``record`` (its first line, as written) for the blob ``blob_name``."""
+        message = b"\n".join((self.binding, blob_name.encode(), record))
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest().encode()
+
+
 def chunk_size(size: int) -> int:
-    """Bytes per chunk: 1 MiB, or more so that a blob has at most ``MAX_CHUNKS`` chunks."""
+    """Bytes per chunk: 64 KiB, or more so that a blob has at most ``MAX_CHUNKS`` chunks."""
     return max(MIN_CHUNK, -(-size // MAX_CHUNKS))
 
 
@@ -69,16 +118,41 @@ def chunk_digests(data: memoryview) -> ChunkDigests:
     return chunk, b"".join([_chunk_digest(data[i:i + chunk]) for i in range(0, len(data), chunk)]).hex()
 
 
+class ChunkHasher:
+    """:func:`chunk_digests` of bytes that arrive in pieces (a copy streamed from another repo)."""
+
+    def __init__(self, size: int) -> None:
+        self.chunk = chunk_size(size)
+        self._digests: list[bytes] = []
+        self._pending = bytearray()
+
+    def update(self, data: memoryview | bytes) -> None:
+        self._pending += data
+        whole = len(self._pending) // self.chunk * self.chunk
+        if whole:
+            view = memoryview(self._pending)
+            self._digests.extend(_chunk_digest(view[i:i + self.chunk]) for i in range(0, whole, self.chunk))
+            view.release()
+            del self._pending[:whole]
+
+    def digests(self) -> ChunkDigests:
+        tail = [_chunk_digest(self._pending)] if self._pending else []
+        return self.chunk, b"".join([*self._digests, *tail]).hex()
+
+
 def marker_path(blob: Path) -> Path:
     return Path(f"{blob}.ok")
 
 
-def write_marker(blob: Path, chunks: ChunkDigests | None = None) -> None:
-    """Record ``blob`` (just fully verified) with its chunk hashes: ``chunks`` when the caller
-    computed them from the bytes it wrote, otherwise read from the file. Backdates the blob's mtime
-    first: any later write stamps the current time, which can then never equal the recorded one,
-    even on filesystems with coarse timestamps. A plain write, not write-and-rename: a torn or
-    stale marker only fails to match, and the blob is then re-hashed."""
+def write_marker(blob: Path, key: MarkerKey | None, chunks: ChunkDigests | None = None, *, pack: bool = False) -> None:
+    """Record ``blob`` (just fully verified; ``pack``: and every member of the pack it is) with its
+    chunk hashes: ``chunks`` when the caller computed them from the bytes it wrote, otherwise read
+    from the file. Nothing without a ``key``. Backdates the blob's mtime first: any later write stamps
+    the current time, which can then never equal the recorded one, even on filesystems with coarse
+    timestamps. A plain write, not write-and-rename: a torn or stale marker only fails its MAC or
+    no longer matches, and the blob is then re-hashed."""
+    if key is None:
+        return
     backdated = time.time_ns() - 2_000_000_000
     try:
         with os.fdopen(open_regular(blob), "rb") as handle:  # never through a link planted in the repo
@@ -86,11 +160,13 @@ def write_marker(blob: Path, chunks: ChunkDigests | None = None) -> None:
             info = os.fstat(handle.fileno())
             if chunks is None:
                 chunks = _chunks(handle.fileno(), info.st_size)
-        record = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "checked": time.time(),
-                  "chunk_hash": CHUNK_HASH, "chunk": chunks[0], "chunks": chunks[1]}
+        record = json.dumps({"marker": MARKER_VERSION, "size": info.st_size, "mtime_ns": info.st_mtime_ns,
+                             "ctime_ns": info.st_ctime_ns, "ino": info.st_ino, "checked": time.time(),
+                             "pack": pack, "chunk_hash": CHUNK_HASH, "chunk": chunks[0],
+                             "chunks": chunks[1]}).encode()
         fd = os.open(marker_path(blob), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "w") as marker:
-            marker.write(json.dumps(record))
+        with os.fdopen(fd, "wb") as marker:
+            marker.write(record + b"\n" + key.mac(blob.name, record) + b"\n")
     except (OSError, CorruptCaptureError):
         pass  # no marker: the blob is fully hashed on its next load
 
@@ -106,19 +182,37 @@ def _chunks(fd: int, size: int) -> ChunkDigests:
             view.release()
 
 
-def sampled_check(blob: Path, info: os.stat_result) -> bool | None:
-    """``True``: the marker matches and the checked chunks hash as recorded; ``False``: a chunk
-    differs (the blob is damaged); ``None``: no usable marker, or a full check is due."""
+def _trusted_record(blob: Path, info: os.stat_result, key: MarkerKey) -> dict[str, Any] | None:
+    """The marker's record when this user made it for this repo and blob, and the blob is the very
+    file (same inode, size, mtime and ctime) that was checked, less than a month ago."""
     try:
-        record = json.loads(read_regular(marker_path(blob)))
-        if (record["size"], record["mtime_ns"]) != (info.st_size, info.st_mtime_ns):
+        data = read_regular(marker_path(blob))
+        if len(data) > _MAX_MARKER_BYTES:
             return None
-        if time.time() - float(record["checked"]) > FULL_CHECK_EVERY_S:
+        record, _, mac = data.rstrip(b"\n").rpartition(b"\n")
+        if not hmac.compare_digest(key.mac(blob.name, record), mac):
+            return None  # another repo's, user's or modulelens's marker, or one made up: hash in full
+        found = json.loads(record)
+        if (found["size"], found["mtime_ns"], found["ctime_ns"], found["ino"]) != \
+                (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino):
             return None
-        chunk, chunks = int(record["chunk"]), record["chunks"]
-        if record.get("chunk_hash") != CHUNK_HASH or not isinstance(chunks, str):
-            return None  # a marker of an older layout (other chunk hashes, a list): the full check rewrites it
+        if time.time() - float(found["checked"]) > FULL_CHECK_EVERY_S:
+            return None
     except (OSError, ValueError, KeyError, TypeError, CorruptCaptureError):
+        return None
+    return found
+
+
+def sampled_check(blob: Path, info: os.stat_result, key: MarkerKey | None, *, pack: bool = False) -> bool | None:
+    """``True``: this user's marker for this repo matches ``info`` (and was made checking ``blob``
+    as a pack, with ``pack``) and the checked chunks hash as recorded; ``False``: a chunk differs
+    (the blob is damaged); ``None``: no usable marker (none, not bound to this repo and user, stale),
+    or a full check is due."""
+    record = _trusted_record(blob, info, key) if key is not None else None
+    if record is None or (pack and record.get("pack") is not True):
+        return None
+    chunk, chunks = record.get("chunk"), record.get("chunks")
+    if record.get("chunk_hash") != CHUNK_HASH or not isinstance(chunks, str) or not isinstance(chunk, int):
         return None
     count = -(-info.st_size // chunk)
     if chunk != chunk_size(info.st_size) or len(chunks) != count * _DIGITS:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import CorruptCaptureError
-from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
+from modulelens.format.hashing import HASH_ALGORITHM, HEX64, hash_bytes
 from modulelens.repo.files import open_regular, read_regular
 
 if TYPE_CHECKING:
@@ -131,23 +131,65 @@ def build_pack(plan: PackPlan) -> tuple[bytearray, dict[str, int]]:
 
 
 def read_header(data: memoryview | bytes | mmap.mmap, where: str) -> dict[str, tuple[int, int]]:
-    """``{payload hex: (offset, nbytes)}`` of a pack's bytes.
+    """``{payload hex: (offset, nbytes)}`` of a pack's bytes, checked to be what this module writes
+    (a pack named by its hash may still come from anyone: its header is checked like any input).
 
     Raises:
         CorruptCaptureError: the bytes are not a modulelens pack.
     """
     try:
         (length,) = _LENGTH.unpack_from(data, 0)
+        if length > len(data) - _LENGTH.size:
+            raise ValueError(f"a header of {length} bytes in a pack of {len(data)}")
         header = json.loads(bytes(data[_LENGTH.size:_LENGTH.size + length]))
-        if header.get("format") != _FORMAT:
+        if not isinstance(header, dict) or header.get("format") != _FORMAT:
             raise ValueError("not a modulelens pack")
-        members = {h: (int(v[0]), int(v[1])) for h, v in header["members"].items()}
-    except (ValueError, KeyError, TypeError, struct.error) as error:
-        raise CorruptCaptureError(f"{where} is not a valid payload pack: {error}") from None
+        if not isinstance(header.get("members"), dict):
+            raise ValueError("its members are not a table")
+        members = {_member_name(name): _span(place) for name, place in header["members"].items()}
+    except (ValueError, KeyError, TypeError, struct.error, RecursionError) as error:
+        raise CorruptCaptureError(f"{where} is not a valid payload pack: {str(error)[:200]}") from None
     for hexdigest, (offset, nbytes) in members.items():
         if offset < _LENGTH.size + length or offset + nbytes > len(data):
             raise CorruptCaptureError(f"{where}: member {hexdigest} lies outside the pack")
     return members
+
+
+def _span(value: Any) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and v >= 0 for v in value)):
+        raise ValueError(f"a member's place is not [offset, length]: {str(value)[:80]}")
+    return value[0], value[1]
+
+
+def _member_name(name: str) -> str:
+    if not HEX64.fullmatch(name):
+        raise ValueError(f"a member is not named by a payload hash: {name[:80]!r}")
+    return name
+
+
+def check_members(path: Path) -> None:
+    """Check that every member of the pack at ``path`` hashes to the name its header gives it.
+
+    A pack is named by the hash of its whole file, which says nothing about whether its header
+    points each payload hash at those very bytes: a received pack whose header pointed the bias's
+    hash at the weight's bytes loaded the wrong bias, silently (issue 21). Loads therefore check
+    every member whenever they check the pack's own hash (:meth:`Store.blob_file
+    <modulelens.repo.store.Store.blob_file>` with ``pack=True``).
+
+    Raises:
+        CorruptCaptureError: a member does not match its hash, or the header is not a pack's.
+    """
+    with os.fdopen(open_regular(path), "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            raise CorruptCaptureError(f"{path} is not a valid payload pack: it is empty")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for hexdigest, (offset, nbytes) in read_header(mapped, str(path)).items():
+                    if hash_bytes(view[offset:offset + nbytes], threads=False).partition(":")[2] != hexdigest:
+                        raise CorruptCaptureError(f"pack {path}: member {hexdigest} does not match its hash")
+            finally:
+                view.release()
 
 
 class _Pack:
@@ -206,7 +248,7 @@ class Payloads:
                 info = self._packs[index]
             except (IndexError, TypeError):
                 raise CorruptCaptureError(f"a tensor refers to pack {index!r}, which the capture does not list") from None
-            pack = _Pack(self.store.blob_file(info["payload"], info["nbytes"]))
+            pack = _Pack(self.store.blob_file(info["payload"], info["nbytes"], pack=True))
             self._open[index] = pack
         return pack
 
@@ -246,7 +288,7 @@ class Payloads:
             return
         if full:
             info = self._packs[entry["pack"]]
-            self.store.blob_file(info["payload"], info["nbytes"], full=True)
+            self.store.blob_file(info["payload"], info["nbytes"], full=True, pack=True)
         pack, hexdigest = self._member(entry)
         if full and hash_bytes(pack.member_bytes(hexdigest)) != entry["payload"]:
             raise CorruptCaptureError(f"pack member {entry['payload']} is corrupted")

@@ -37,11 +37,12 @@ from urllib.parse import quote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError, UsageError
 from modulelens.repo._objects import ObjectStore, is_network_error
-from modulelens.repo.layout import CAPTURE_FILE, MARKER, blob_key, marker_json
+from modulelens.repo.files import hash_file
+from modulelens.repo.layout import CAPTURE_FILE, MARKER, SUMMARY_FILE, blob_key, marker_json
 from modulelens.repo.leases import Leases
 from modulelens.repo.local import LocalStore
 from modulelens.repo.location import cache_root, offline
-from modulelens.repo.store import Audit, BlobCheck, BlobStat, Hold, Quarantine, Scan, Staged, Stamps, Store
+from modulelens.repo.store import Audit, BlobCheck, BlobStat, Hold, Quarantine, Scan, Staged, Store
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -88,7 +89,10 @@ class RemoteStore(Store):
         raise TypeError(f"{self.url} is not a local path")
 
     def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
-        if not self._online:
+        """The marker as the mirror last read it when that is ``initial`` (this modulelens's newest
+        layout: a marker only ever changes to a newer layout, so this one cannot have changed and
+        opening a cached repo by its URL costs no request); otherwise read from the server."""
+        if not self._online or self._mirrored(marker) == initial:
             return self._mirrored(marker)
         try:
             data = self.objects.read(self.objects.key(marker))
@@ -206,12 +210,19 @@ class RemoteStore(Store):
         self._require_online(f"read {key} for a change")
         return self.objects.read_tagged(self.objects.key(key))
 
-    def swap(self, key: str, data: bytes, tag: str | None) -> bool:
+    def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
         self._require_online(f"write {key}")
-        if not self.objects.replace(self.objects.key(key), data, tag):
-            return False
-        self._keep(key, data)
-        return True
+        new_tag = self.objects.replace(self.objects.key(key), data, tag)
+        if new_tag is not None:
+            self._keep(key, data)
+        return new_tag
+
+    def exists(self, key: str) -> bool:
+        """From the mirror for a cached immutable key (a capture.json), else one HEAD."""
+        if (self.mirror / key).is_file() and key.endswith("/" + CAPTURE_FILE):
+            return True
+        self._require_online(f"look for {key}")
+        return self.objects.exists(self.objects.key(key))
 
     def remove(self, key: str) -> bool:
         self._require_online(f"remove {key}")
@@ -259,7 +270,8 @@ class RemoteStore(Store):
             else:
                 return [name for name, kind in found.items() if kind == "directory"]
         base = self.mirror / "names"
-        return [p.name for p in base.iterdir() if (p / INDEX).exists()] if base.is_dir() else []
+        return [p.name for p in base.iterdir() if (p / INDEX).exists() or (p / SUMMARY_FILE).exists()] \
+            if base.is_dir() else []
 
     def scan(self, prefix: str, *, aliases: bool = True) -> Scan:
         """One LIST of the name's prefix (its aliases then read together); offline, the last
@@ -304,15 +316,14 @@ class RemoteStore(Store):
                 aliases[alias] = int(contents[key].decode().strip())
         return {"versions": sorted(visible - removed), "used": used, "aliases": aliases}
 
-    def stamps(self, prefix: str) -> Stamps | None:
-        return None  # no cheap change token: every reader lists (issue 25: per-name index objects)
-
-    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
+    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = (),
+                unused: bool = False) -> bool:
         """The last file is written with a conditional create: the server lets one of several
         racing writers have ``prefix``; the others move on. A removed folder's tombstone is looked
-        for first, so only a removal between that look and the create can let a number be reused."""
+        for first (unless the caller knows the number was never ``used``), so only a removal between
+        that look and the create can let a number be reused."""
         self._require_online(f"save {prefix}")
-        if self.objects.exists(self.objects.key(prefix, REMOVED)):
+        if not unused and self.objects.exists(self.objects.key(prefix, REMOVED)):
             return False  # once used (a saver that listed before it was removed): the next number
         items = list(files.items())
         for filename, data in items[:-1]:
@@ -366,19 +377,25 @@ class RemoteStore(Store):
     def flush_blobs(self, digests: Collection[str]) -> None:
         pass
 
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
         key = self._blob_key(digest)
-        if self.objects.exists(key):
+        if not missing and self.objects.exists(key):
             return 0
+        # every byte uploaded is hashed first (the source is a local file), unless it is this
+        # process's own staging file, hashed as it was written (``verified``: Store.put_blob_file)
+        actual = digest if verified else hash_file(source)
+        if actual != digest:
+            raise CorruptCaptureError(f"{source} does not hash to {digest} (its content hashes to {actual}); "
+                                      "nothing was uploaded")
         self.objects.upload_file(source, key)
         return os.path.getsize(source)
 
-    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """The payload in the local cache, downloaded first if needed, then checked like a local
         blob (size always, hash when new or changed)."""
         if not self.cache.blob_path(digest).exists():
             self._download(digest, nbytes)
-        return self.cache.blob_file(digest, nbytes, full=full)
+        return self.cache.blob_file(digest, nbytes, full=full, pack=pack)
 
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
         """Download what the cache lacks, 8 at a time, with a progress bar on a terminal."""

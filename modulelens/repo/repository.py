@@ -32,12 +32,12 @@ from modulelens.errors import (
     UsageError,
 )
 from modulelens.format.hashing import hash_bytes
-from modulelens.repo.index import Summaries, damaged_entry, version_entry
+from modulelens.repo.collector import collector_paused
+from modulelens.repo.index import NameIndex, Summaries, damaged_entry, version_entry
 from modulelens.repo.layout import (
     CAPTURE_FILE,
     LAYOUT_VERSION,
     MARKER,
-    REPORTS,
     alias_key,
     capture_json,
     capture_key,
@@ -52,7 +52,7 @@ from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.packs import PACK_BELOW, Payloads, pack_payloads, referenced_blobs
-from modulelens.repo.store import Store
+from modulelens.repo.store import Hold, Store, WrittenPayload
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -162,17 +162,22 @@ class Repo:
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
                  storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
         self.store = open_store(path, storage_options=storage_options, trust_source=trust_source)
-        self._summaries = Summaries(self.store, self._read_entries)
-        marker = self.store.open(MARKER, marker_json(), create=create)
-        self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
+        self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
+        self._layout_problem: str | None = None
+        try:
+            marker = self.store.open(MARKER, marker_json(), create=create)
+            self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
+        except CorruptCaptureError as error:  # one damaged file: the repo is still read (see layout_problem)
+            self._layout, self._layout_problem = LAYOUT_VERSION, str(error)
 
     def _layout_of(self, marker: bytes) -> int:
         try:
-            layout = json.loads(marker)["layout_version"]
-            if not isinstance(layout, int):
-                raise TypeError(f"layout_version is {layout!r}")
-        except (ValueError, KeyError, TypeError) as error:
-            raise CorruptCaptureError(f"{self.store.where(MARKER)}: unreadable repo marker ({error})") from None
+            data = json.loads(marker)
+            layout = data["layout_version"] if isinstance(data, dict) else None
+            if not isinstance(layout, int) or isinstance(layout, bool):
+                raise TypeError(f"layout_version is {str(layout)[:40]!r}")
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
+            raise CorruptCaptureError(f"{self.store.where(MARKER)}: unreadable repo marker ({str(error)[:200]})") from None
         if layout > LAYOUT_VERSION:
             raise RepoError(f"repo {self.location} has layout {layout}; this modulelens reads up to {LAYOUT_VERSION}")
         return layout
@@ -187,6 +192,24 @@ class Repo:
     def location(self) -> str:
         """What to pass to ``Repo()`` (or ``--repo``) to open this repo again: a path or a URL."""
         return self.store.location
+
+    @property
+    def layout_problem(self) -> str | None:
+        """Why the repo's layout marker (``modulelens-repo.json``) cannot be read, or ``None``. Such
+        a repo is still read, as the newest layout this modulelens knows; writing to it is refused
+        (its layout is unknown) until ``modulelens fsck --repair`` writes the marker again."""
+        return self._layout_problem
+
+    def rewrite_layout_marker(self) -> None:
+        """Write the layout marker afresh (``fsck --repair``, after moving the damaged one aside)."""
+        self.store.write(MARKER, marker_json())
+        self._layout, self._layout_problem = LAYOUT_VERSION, None
+
+    def _require_layout(self) -> None:
+        """Refuse to write into a repo whose layout marker is damaged (see :attr:`layout_problem`)."""
+        if self._layout_problem is not None:
+            raise CorruptCaptureError(f"{self._layout_problem}; nothing is written to this repo until "
+                                      "`modulelens fsck --repair` writes it again")
 
     @property
     def root(self) -> Path:
@@ -226,21 +249,38 @@ class Repo:
         return self.store.blob_path(digest)
 
     def has_blob(self, digest: str) -> bool:
+        """Whether the payload is stored (in a local repo: stored and verified, see :meth:`Store.has_blob
+        <modulelens.repo.store.Store.has_blob>`)."""
         return self.store.has_blob(digest)
 
     def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
         """Store a payload under its hash, durably; returns False when it was already there (dedup)."""
         return self.store.write_blob(digest, data, chunks=chunks)
 
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
-        """Store a payload from a local file (push/pull); returns the bytes written (0 if present)."""
-        return self.store.put_blob_file(digest, source, verified=verified)
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
+        """Store a payload from a local file (push, pull, an import), hashing every byte copied
+        (never a link to another repo's file); returns the bytes written (0 if present). ``missing``:
+        the caller just found it absent, so it is not looked for again; ``verified``: only for this
+        process's own staging file (:meth:`Store.put_blob_file <modulelens.repo.store.Store.put_blob_file>`).
 
-    def check_blob(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+        Raises:
+            CorruptCaptureError: ``source`` does not hash to ``digest`` (nothing is stored).
+        """
+        return self.store.put_blob_file(digest, source, verified=verified, missing=missing)
+
+    def check_blob(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """Local path of a payload after checking it (downloaded into the cache first for a remote
         repo): size always; the full hash for small payloads, for large ones changed since their
-        last check, or always with ``full``; otherwise a sampled hash (:mod:`modulelens.repo.markers`)."""
-        return self.store.blob_file(digest, nbytes, full=full)
+        last check, or always with ``full``; otherwise a sampled hash (:mod:`modulelens.repo.markers`).
+        ``pack``: the blob is a pack, whose members are checked against their hashes too."""
+        return self.store.blob_file(digest, nbytes, full=full, pack=pack)
+
+    def staging_file(self) -> Path | None:
+        """A new file name in this repo's staging area, for a payload written before its save
+        (tracing/weights.py) and then handed to :meth:`save_version` as a
+        :class:`~modulelens.repo.store.WrittenPayload`; ``None`` for a repo that stages no files
+        (a remote one: captures for it are staged in a local repo)."""
+        return self.store.staging_file()
 
     def download(self, blobs: dict[str, int], *, label: str = "") -> int:
         """Make ``{digest: nbytes}`` available locally; returns bytes downloaded (0 for a local repo)."""
@@ -261,25 +301,30 @@ class Repo:
         """
         return Payloads(self.store, metadata)
 
-    # ---------------------------------------------------------------------------------- summaries
+    # ---------------------------------------------------------------------------------- indexes
 
-    def _summary(self, name: str, *, fresh: dict[int, dict[str, Any]] | None = None, persist: bool = False,
-                 complete: bool = False) -> dict[str, Any]:
-        """The name's summary (repo/index.py), kept in memory while its folders do not change;
-        stored only with ``persist`` (by operations that write)."""
-        return self._summaries.get(name, name_key(name), fresh=fresh, persist=persist, complete=complete)
+    def _head(self, name: str) -> NameIndex:
+        """The name's index head (repo/index.py): latest, aliases; entries not loaded."""
+        return self._summaries.head(name, name_key(name))
 
-    def _name_summaries(self, *, persist: bool = False,
-                        complete: bool = False) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """``(name, its folder key, summary)`` of every name folder, in name order (what list, names
-        and gc walk; ``persist``: gc, a writer, stores summaries it had to rebuild)."""
+    def _listing(self, name: str, *, fill: bool = True, persist: bool = False) -> NameIndex:
+        """The name's index with every entry (``fill``: read where missing; ``persist``: a writer
+        stores an index it had to rebuild)."""
+        return self._summaries.listing(name, name_key(name), fill=fill, persist=persist)
+
+    def _name_summaries(self, *, persist: bool = False, fill: bool = True,
+                        strict: bool = False) -> Iterator[tuple[str, str, NameIndex]]:
+        """``(name, its folder key, index)`` of every name folder, in name order (what list and gc
+        walk; ``persist``: gc, a writer, stores indexes it had to rebuild; ``strict``: a damaged
+        name raises instead of being left out)."""
         found = ((unquote_name(quoted), quoted) for quoted in self.store.names())
-        for name, quoted in sorted((name, quoted) for name, quoted in found if name is not None):
-            prefix = f"names/{quoted}"
-            yield name, prefix, self._summaries.get(name, prefix, persist=persist, keep=False, complete=complete)
+        named = sorted((name, f"names/{quoted}") for name, quoted in found if name is not None)
+        # A name whose folders are damaged is left out of a listing (its own commands name the
+        # damage, fsck reports it); gc (``strict``) stops instead: that name might reference any blob.
+        yield from self._summaries.listings(named, fill=fill, persist=persist, skip_damaged=not strict)
 
     def _read_entries(self, name: str, versions: Iterable[int]) -> dict[int, dict[str, Any] | None]:
-        """Summary entries of ``versions`` from their ``capture.json`` (read together; a damaged one
+        """Index entries of ``versions`` from their ``capture.json`` (read together; a damaged one
         still lists, with its problem; ``None`` for one removed meanwhile)."""
         keys = {version: capture_key(name, version) for version in versions}
         found = self.store.read_many(list(keys.values()), immutable=True)
@@ -295,48 +340,64 @@ class Repo:
         return entries
 
     def rebuild_summary(self, name: str) -> None:
-        """Rebuild ``name``'s summary from its folders, ignoring the stored one (fsck --repair)."""
-        self._summaries.forget(name)
-        self._summaries.get(name, name_key(name), rebuild=True, persist=True)
+        """Rebuild ``name``'s index from its folders, ignoring the stored one (fsck --repair)."""
+        self._summaries.rebuild(name, name_key(name))
+
+    def stored_summary(self, name: str) -> tuple[dict[str, dict[str, Any]], bool] | None:
+        """The entries of ``name`` that readers take from the stored index without reading capture
+        files (what gc trusts) and whether they must list every version, for fsck to check;
+        ``None`` when nothing stored is trusted."""
+        return self._summaries.stored_entries(name, name_key(name))
 
     # ---------------------------------------------------------------------------------- reading
 
     def names(self) -> list[str]:
-        return [name for name, _, summary in self._name_summaries() if summary["versions"]]
+        """Names with at least one version (one index head read per name)."""
+        found = ((unquote_name(quoted), quoted) for quoted in self.store.names())
+        named = sorted((name, f"names/{quoted}") for name, quoted in found if name is not None)
+        return [name for name, _, head in self._summaries.heads(named, skip_damaged=True) if head.latest]
 
     def version_numbers(self, name: str) -> list[int]:
-        return [int(v) for v in self._summary(name)["versions"]]
+        return self._listing(name, fill=False).numbers()
 
     def aliases(self, name: str) -> dict[str, int]:
-        return dict(self._summary(name)["aliases"])
+        return dict(self._head(name).aliases)
+
+    def index_entries(self, name: str) -> dict[int, dict[str, Any]]:
+        """What the name's index keeps of each version (created, tags, payload bytes, module class,
+        calls, blobs, and for a version committed by a push its ``content`` id), by number."""
+        index = self._listing(name)
+        return {number: {k: v for k, v in entry.items() if k != "v"} for number, entry in sorted((index.versions or {}).items())}
 
     def resolve(self, ref: str | Ref) -> tuple[str, int]:
-        """``"name"``, ``"name:v3"``, ``"name:alias"`` -> ``(name, 3)``. An explicit version whose
-        ``capture.json`` the store has cached needs no request (versions are immutable), an alias
-        one read, and ``latest`` a listing (it may have changed)."""
+        """``"name"``, ``"name:v3"``, ``"name:alias"`` -> ``(name, 3)``, at a cost that does not grow
+        with the versions of the name: an explicit version is one look for its ``capture.json``
+        (none when the store has it cached: versions are immutable), an alias one read of its
+        file, ``latest`` one read of the name's index head."""
         parsed = parse_ref(ref) if isinstance(ref, str) else ref
-        if parsed.version is not None and self.store.cached(capture_key(parsed.name, parsed.version)):
-            return parsed.name, parsed.version
-        if parsed.version is None and parsed.selector not in (None, LATEST):
-            found = self._read_alias(parsed.name, parsed.selector)
-            if found is not None:
-                return parsed.name, found
-        versions = self.version_numbers(parsed.name)
-        if not versions:
-            raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {self.location}")
-        if parsed.selector in (None, LATEST):
-            return parsed.name, versions[-1]
+        name = parsed.name
         if parsed.version is not None:
-            if parsed.version not in versions:
-                raise CaptureNotFoundError(
-                    f"{parsed.name} has no version v{parsed.version} (versions: "
-                    + ", ".join(f"v{v}" for v in versions) + ")"
-                )
-            return parsed.name, parsed.version
-        aliases = self.aliases(parsed.name)
-        if parsed.selector not in aliases:
-            raise CaptureNotFoundError(f"{parsed.name} has no alias {parsed.selector!r}")
-        return parsed.name, aliases[parsed.selector]
+            if self.store.exists(capture_key(name, parsed.version)) or self.store.is_folder(version_key(name, parsed.version)):
+                return name, parsed.version  # (a folder without its capture file: loading says it is damaged)
+            versions = self.version_numbers(name)
+            if not versions:
+                raise CaptureNotFoundError(f"no capture named {name!r} in {self.location}")
+            raise CaptureNotFoundError(f"{name} has no version v{parsed.version} (versions: "
+                                       + ", ".join(f"v{v}" for v in versions) + ")")
+        if parsed.selector not in (None, LATEST):
+            found = self._read_alias(name, parsed.selector)
+            if found is not None:
+                return name, found
+        head = self._head(name)
+        if parsed.selector in (None, LATEST):
+            if not head.latest:
+                raise CaptureNotFoundError(f"no capture named {name!r} in {self.location}")
+            return name, head.latest
+        if parsed.selector in head.aliases:
+            return name, head.aliases[parsed.selector]
+        if not head.latest:
+            raise CaptureNotFoundError(f"no capture named {name!r} in {self.location}")
+        raise CaptureNotFoundError(f"{name} has no alias {parsed.selector!r}")
 
     def _read_alias(self, name: str, alias: str) -> int | None:
         """An alias from its own file, without listing the name; ``None`` when that cannot say (no
@@ -391,48 +452,52 @@ class Repo:
         return self.store.local_path(capture_key(name, version)).parent
 
     def info(self, name: str, version: int) -> VersionInfo:
-        summary = self._summary(name)
-        self._summaries.fill(name, summary, [version])
-        if str(version) not in summary["versions"]:
+        """One version as a listing describes it (its capture file and the name's index head: no
+        listing of the name)."""
+        entry = self._read_entries(name, [version]).get(version)
+        if entry is None:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
-        return self._infos(name, summary, [version])[0]
+        head = self._head(name)
+        index = NameIndex(latest=head.latest, aliases=head.aliases, versions={version: entry})
+        return self._infos(name, index)[0]
 
-    def _infos(self, name: str, summary: dict[str, Any], versions: list[int] | None = None, *,
-               prefix: str | None = None) -> list[VersionInfo]:
-        """VersionInfos of ``versions`` (default: all) of ``name``, from its (filled) summary
-        (``prefix``: its folder key, when the caller knows it)."""
-        entries = summary["versions"]
+    def _infos(self, name: str, index: NameIndex, *, prefix: str | None = None) -> list[VersionInfo]:
+        """VersionInfos of every version in ``index`` (entries filled), in version order
+        (``prefix``: the name's folder key, when the caller knows it)."""
+        entries = index.versions or {}
         by_version: dict[int, tuple[str, ...]] = {}
-        for alias, number in sorted(summary["aliases"].items()):
+        for alias, number in sorted(index.aliases.items()):
             by_version[number] = (*by_version.get(number, ()), alias)
-        latest = next(reversed(entries), None)
-        if latest is not None:
-            by_version[int(latest)] = (LATEST, *by_version.get(int(latest), ()))
+        if index.latest:
+            by_version[index.latest] = (LATEST, *by_version.get(index.latest, ()))
         # Where the version lives, as its repo is named: a path, or for a remote repo its URL
         # (never the local mirror that caches its capture.json).
         folder = f"{self.location.rstrip('/')}/{prefix or name_key(name)}/versions/"
-        chosen = entries.items() if versions is None else [(str(v), entries[str(v)]) for v in versions]
         aliases_of = by_version.get
         # The hot loop of a listing, one VersionInfo per version: a comprehension with the lookups
         # bound once, and no tuple built for the usual empty tags (a third of this function's time).
-        return [VersionInfo(name, number, folder + key, entry["created"], tuple(tags) if (tags := entry["tags"]) else (),
+        return [VersionInfo(name, number, f"{folder}{number}", entry["created"], tuple(tags) if (tags := entry["tags"]) else (),
                             aliases_of(number, ()), entry["nbytes"], entry["module_class"], entry["calls"],
                             entry.get("problem"))
-                for key, entry in chosen for number in (int(key),)]
+                for number, entry in sorted(entries.items())]
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
-        if name:
-            return self._infos(name, self._summary(name, complete=True))
-        return [info for name, prefix, summary in self._name_summaries(complete=True)
-                for info in self._infos(name, summary, prefix=prefix)]
+        with collector_paused():  # a few objects per version, no cycle (repo/collector.py)
+            if name:
+                return self._infos(name, self._listing(name))
+            return [info for name, prefix, index in self._name_summaries()
+                    for info in self._infos(name, index, prefix=prefix)]
 
     # ---------------------------------------------------------------------------------- saving
 
-    def save_version(self, name: str, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> VersionInfo:
-        """Store a capture: hash and write its payloads (``tensor id -> bytes``; blobs already
-        present are skipped), fill the hashes into ``metadata["tensors"]``, then make the version
-        visible in one step (a rename, or a conditional create)."""
+    def save_version(self, name: str, metadata: dict[str, Any],
+                     payloads: dict[str, memoryview | WrittenPayload]) -> VersionInfo:
+        """Store a capture: hash and write its payloads (``tensor id -> bytes``, or a
+        :class:`~modulelens.repo.store.WrittenPayload` already in a file; blobs already present are
+        skipped), fill the hashes into ``metadata["tensors"]``, then make the version visible in
+        one step (a rename, or a conditional create)."""
         validate_name(name)
+        self._require_layout()
         while True:
             with self.store.writing() as hold:
                 self._store_payloads(metadata, payloads)
@@ -443,11 +508,12 @@ class Repo:
             # again (blobs already there are skipped).
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
+    def writing(self) -> Iterator[Hold]:
         """Hold off gc while blobs are copied in and then committed (push/pull): gc must not take
-        a blob written here for garbage before the version that references it exists."""
-        with self.store.writing():
-            yield
+        a blob written here for garbage before the version that references it exists. Yields the
+        hold: ``hold.intact()`` says whether blobs checked under it are still safe to commit."""
+        with self.store.writing() as hold:
+            yield hold
 
     def commit_version(self, name: str, metadata: dict[str, Any]) -> VersionInfo:
         """Make a new version of ``name`` whose payloads are all already stored (push/pull).
@@ -456,47 +522,94 @@ class Repo:
             CorruptCaptureError: a payload the metadata names is not in this repo.
         """
         validate_name(name)
+        self._require_layout()
         while True:
             with self.store.writing() as hold:
                 for digest in referenced_blobs(metadata):
                     if not self.store.has_blob(digest):
                         raise CorruptCaptureError(f"payload {digest} is missing from {self.location}")
-                if metadata.get("packs"):
-                    self._upgrade_layout()
                 if hold.intact():  # else a gc may have run meanwhile: check again (see save_version)
                     return self._commit(name, metadata)
 
+    def commit_versions(self, name: str, metadatas: builtins.list[dict[str, Any]],
+                        contents: builtins.list[str | None] | None = None) -> builtins.list[VersionInfo]:
+        """Make new versions of ``name`` at once (a push of many versions: one reservation and one
+        index update for all of them, then one conditional create each). The caller holds
+        :meth:`writing` and has checked, under it, that every payload they name is stored.
+
+        Args:
+            metadatas: the versions' metadata, in the order they get their numbers.
+            contents: each one's content id (``transfer.content_id``), kept in the index so that a
+                later push finds it there without reading manifests.
+        """
+        validate_name(name)
+        self._require_layout()
+        if not metadatas:
+            return []
+        return self._publish(name, metadatas, None, contents or [None] * len(metadatas))
+
     def _commit(self, name: str, metadata: dict[str, Any],
                 seal: Callable[[builtins.list[str]], dict[str, Any]] | None = None) -> VersionInfo:
-        """Publish ``versions/<N>`` with ``N`` one past the highest number ever used; of writers
-        racing for ``N`` one gets it, the others try the next free number."""
+        """Publish one new version of ``name`` (see :meth:`_publish`)."""
+        return self._publish(name, [metadata], seal, [None])[0]
+
+    def _publish(self, name: str, metadatas: builtins.list[dict[str, Any]],
+                 seal: Callable[[builtins.list[str]], dict[str, Any]] | None,
+                 contents: builtins.list[str | None], depth: int = 0) -> builtins.list[VersionInfo]:
+        """Reserve numbers in the name's index (above every number ever used), publish each
+        version in one step (a rename, or a conditional create), then record them in the index
+        (repo/index.py). A number the index did not know was taken (a writer it never saw) makes
+        the index be rebuilt from the folders, and that version tries again."""
         prefix = name_key(name)
-        version = self.store.scan(prefix, aliases=False).used + 1
-        for _attempt in range(10_000):
-            metadata["version"] = version
+        numbers, unused = self._summaries.reserve(name, prefix, len(metadatas))
+        entries: dict[int, dict[str, Any]] = {}
+        retry: builtins.list[int] = []
+        for index, (metadata, number) in enumerate(zip(metadatas, numbers, strict=True)):
+            metadata["version"] = number
             metadata["name"] = name
-            if self.store.publish(version_key(name, version), {CAPTURE_FILE: capture_json(metadata, seal)},
-                                  folders=(REPORTS,)):
-                break
-            version = max(version + 1, self.store.scan(prefix, aliases=False).used + 1)
-        else:
-            raise RepoError(f"could not allocate a version for {name!r} in {self.location} after 10000 attempts")
-        entry = version_entry(metadata)
-        summary = self._summary(name, fresh={version: entry}, persist=True)
-        if str(version) not in summary["versions"]:  # removed by a concurrent rm meanwhile: still saved
-            summary = {"versions": {str(version): entry}, "aliases": {}}
-        return self._infos(name, summary, [version])[0]
+            if self.store.publish(version_key(name, number), {CAPTURE_FILE: capture_json(metadata, seal)}, unused=unused):
+                entries[number] = version_entry(metadata)
+                if contents[index] is not None:
+                    entries[number]["content"] = contents[index]
+            else:
+                retry.append(index)
+        released = [numbers[i] for i in retry]
+        head = self._summaries.finish(name, prefix, entries, released=released)
+        infos = {number: self._infos(name, NameIndex(latest=head.latest, aliases=head.aliases,
+                                                      versions={number: entry}))[0]
+                 for number, entry in entries.items()}
+        if retry:
+            if depth >= 10:
+                raise RepoError(f"could not allocate a version for {name!r} in {self.location}: every number "
+                                "the index reserved was taken")
+            self._summaries.rebuild(name, prefix)
+            for index in retry:
+                [info] = self._publish(name, [metadatas[index]], seal, [contents[index]], depth + 1)
+                infos[info.version] = info
+        return [infos[metadata["version"]] for metadata in metadatas]
 
     def _upgrade_layout(self) -> None:
-        """Mark a layout-1 repo as layout 2 before writing anything only layout 2 can read."""
+        """Mark an older repo with this layout before writing anything only it reads (packs, the
+        index of layout 3: docs/repo-layout.md, "Layout versions"); refused while the marker is
+        damaged (:attr:`layout_problem`)."""
+        self._require_layout()
         if self._layout < LAYOUT_VERSION:
             self.store.write(MARKER, marker_json())
             self._layout = LAYOUT_VERSION
 
-    def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview]) -> None:
-        """Hash and store every payload: small ones into packs, large ones as their own blobs."""
+    def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview | WrittenPayload]) -> None:
+        """Hash and store every payload: small ones into packs, large ones as their own blobs, and
+        those already written and hashed (:class:`WrittenPayload`) moved (or copied) in as they are."""
+        written = {tid: p for tid, p in payloads.items() if isinstance(p, WrittenPayload)}
+        for tid, payload in written.items():
+            metadata["tensors"][tid]["payload"] = payload.digest
+            if not self.store.has_blob(payload.digest) and \
+                    not (payload.staged and self.store.adopt_file(payload.path, payload.digest, payload.chunks)):
+                # copied: re-hashing skipped only for this process's own staging file (issue 21)
+                self.store.put_blob_file(payload.digest, payload.path, verified=payload.staged, missing=True)
+            payload.path, payload.staged = self.store.blob_path(payload.digest), False  # (a second save)
         views = {tid: memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
-                 for tid, data in payloads.items()}
+                 for tid, data in payloads.items() if not isinstance(data, WrittenPayload)}
         small = {tid: data for tid, data in views.items() if len(data) < PACK_BELOW}
         self._write_payloads(metadata["tensors"], {t: d for t, d in views.items() if t not in small})
         if small:
@@ -551,20 +664,32 @@ class Repo:
             RemoteRepoError: a remote backend without conditional writes (move aliases locally and push).
         """
         validate_alias(alias)
+        self._require_layout()
         if alias == LATEST:
             raise InvalidNameError("'latest' is maintained automatically and cannot be set")
         name, version = self.resolve(ref)
         key = alias_key(name, alias)
-        _, tag = self.store.read_tagged(key)
-        if not self.store.swap(key, str(version).encode(), tag):
-            raise RepoBusyError(f"alias {name}:{alias} was moved by another writer meanwhile; nothing changed")
-        self._summary(name, persist=True)  # the folder changed, so the summary is brought up to date
+        prefix = name_key(name)
+        # The index says the alias is moving first (readers read its file until it says where it
+        # went), so a writer that stops between the two writes leaves no listing wrong.
+        self._summaries.begin_alias(name, prefix, alias)
+        try:
+            _, tag = self.store.read_tagged(key)
+            if not self.store.swap(key, str(version).encode(), tag):
+                raise RepoBusyError(f"alias {name}:{alias} was moved by another writer meanwhile; nothing changed")
+        finally:
+            self._summaries.end_alias(name, prefix, alias)
         return self.info(name, version)
 
     def remove_alias(self, name: str, alias: str) -> None:
-        if not self.store.remove(alias_key(name, alias)):  # never there, or removed meanwhile by a concurrent rm
-            raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
-        self._summary(name, persist=True)
+        self._require_layout()
+        prefix = name_key(name)
+        self._summaries.begin_alias(name, prefix, alias)
+        try:
+            if not self.store.remove(alias_key(name, alias)):  # never there, or removed meanwhile by a concurrent rm
+                raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
+        finally:
+            self._summaries.end_alias(name, prefix, alias)
 
     # ---------------------------------------------------------------------------------- removal
 
@@ -573,21 +698,38 @@ class Repo:
         Each leaves a tombstone first, so its number is never reused (a ref someone noted down
         never silently means a different capture); then its aliases go. Payloads stay until :meth:`gc`."""
         parsed = parse_ref(ref)
+        self._require_layout()
         if parsed.selector is None:
             targets = self.version_numbers(parsed.name)
             if not targets:
                 raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {self.location}")
         else:
             targets = [self.resolve(parsed)[1]]
-        removed = [f"{parsed.name}:v{version}" for version in targets
-                   if self.store.retire(version_key(parsed.name, version))]
-        for alias, version in self._summary(parsed.name, persist=True)["aliases"].items():
+        removed = self._retire(parsed.name, targets)
+        for alias, version in self._head(parsed.name).aliases.items():
             if version in targets:
                 with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
                     self.remove_alias(parsed.name, alias)
         if not removed:
             raise CaptureNotFoundError(f"{ref} was removed meanwhile by another process")
-        return removed
+        return [f"{parsed.name}:v{version}" for version in removed]
+
+    def _retire(self, name: str, versions: builtins.list[int]) -> builtins.list[int]:
+        """Remove ``versions`` (the index marks them first, so readers stop showing them at once and
+        a remover that stops midway leaves them hidden, finished by the next gc); returns those this
+        call removed (others were gone already)."""
+        prefix = name_key(name)
+        self._summaries.begin_removal(name, prefix, versions)
+        done: builtins.list[int] = []
+        gone: builtins.list[int] = []
+        try:
+            for version in versions:
+                if self.store.retire(version_key(name, version)):
+                    done.append(version)
+                gone.append(version)
+        finally:  # a version that could not be removed (an error) is shown again
+            self._summaries.end_removal(name, prefix, gone, cancelled=[v for v in versions if v not in gone])
+        return done
 
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0, grace_s: float | None = None,
            wait_s: float = 600.0) -> GcReport:
@@ -604,12 +746,21 @@ class Repo:
             RepoBusyError: (remote) another gc runs, or saves kept their leases longer than ``wait_s``.
         """
         grace = self.store.gc_grace_s if grace_s is None else grace_s
+        if not dry_run:
+            self._require_layout()  # (an unknown layout might reference blobs in ways this one cannot see)
         report = GcReport(dry_run=dry_run)
-        with self.store.exclusive(wait_s) as started:
+        with self.store.exclusive(wait_s) as started, collector_paused():
             referenced: set[str] = set()
-            for _name, _prefix, summary in self._name_summaries(persist=True, complete=True):
-                for entry in summary["versions"].values():
+            unfinished: builtins.list[tuple[str, builtins.list[int]]] = []
+            # (a dry run stores no rebuilt index: it writes nothing, even to a repo it may not write to)
+            for name, _prefix, index in self._name_summaries(persist=not dry_run, strict=True):
+                for entry in (index.versions or {}).values():
                     referenced.update(digest.partition(":")[2] for digest in entry["blobs"])
+                if index.removing:
+                    unfinished.append((name, index.removing))
+            if not dry_run:
+                for name, versions in unfinished:  # left by an rm that stopped midway (nothing saves now)
+                    self._retire(name, versions)
             doomed = []
             for hexdigest, blob in self.store.blobs().items():
                 if hexdigest in referenced or (grace > 0 and blob.mtime > started - grace):
@@ -693,6 +844,7 @@ class Repo:
         self._write_report(name, version, f"{reports_key(name, version)}/{validate_report_file(filename)}", data)
 
     def _write_report(self, name: str, version: int, key: str, data: bytes) -> None:
+        self._require_layout()
         try:
             self.store.write(key, data)
         except FileNotFoundError:  # the version's folder is gone (removed meanwhile)
@@ -702,19 +854,26 @@ class Repo:
         """A version's report files by file name (for copying them to another repo); a report that
         cannot be read safely (a link) is left out, never copied from outside the repo."""
         folder = reports_key(name, version)
-        found = self.store.read_many([f"{folder}/{f}" for f in self.store.files(folder) if f.endswith(".json")])
+        try:
+            files = self.store.files(folder)
+        except CorruptCaptureError:
+            return {}  # reports/ is a link or not a folder: never copied from outside the repo (fsck reports it)
+        found = self.store.read_many([f"{folder}/{f}" for f in files if f.endswith(".json")])
         return {key.rsplit("/", 1)[1]: data for key, data in sorted(found.items())}
 
     def reports(self, ref: str, kind: str | None = None) -> builtins.list[dict[str, Any]]:
         name, version = self.resolve(ref)
         folder = reports_key(name, version)
-        keys = [f"{folder}/{f}" for f in self.store.files(folder)
-                if f.endswith(".json") and (kind is None or f.startswith(kind + "-"))]
+        try:
+            files = self.store.files(folder)
+        except CorruptCaptureError:
+            return []  # reports/ is a link or not a folder: skipped like an unreadable report (fsck reports it)
+        keys = [f"{folder}/{f}" for f in files if f.endswith(".json") and (kind is None or f.startswith(kind + "-"))]
         found = self.store.read_many(keys)
         reports = []
         for key in keys:
             if key in found:
-                with contextlib.suppress(ValueError, TypeError):  # an unreadable report is skipped
+                with contextlib.suppress(ValueError, TypeError, RecursionError):  # an unreadable report is skipped
                     reports.append({"path": str(self.store.where(key)), **json.loads(found[key])})
         return reports
 

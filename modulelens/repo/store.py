@@ -43,16 +43,6 @@ class Scan(NamedTuple):
     aliases: dict[str, int]
 
 
-class Stamps(NamedTuple):
-    """Cheap change tokens of a name's ``versions/`` and ``aliases/`` folders; a token is trusted
-    (``settled``) only when no later change can produce it again (repo/index.py)."""
-
-    versions: list[int]
-    aliases: list[int]
-    versions_settled: bool
-    aliases_settled: bool
-
-
 class BlobStat(NamedTuple):
     """A stored blob as a listing sees it: its key, size in bytes and modification time (seconds
     since the epoch, by the clock of whoever stamps the store's files)."""
@@ -67,6 +57,29 @@ class Staged(NamedTuple):
 
     path: Path | None
     view: memoryview
+
+
+@dataclass
+class WrittenPayload:
+    """A payload its writer already put in a file and hashed (a captured weight streamed from the
+    live tensor: tracing/weights.py), so a save moves the file in instead of writing and hashing
+    the bytes again (``Repo.save_version`` takes it in place of the bytes).
+
+    Attributes:
+        path: where the bytes are now (a staging file; after a save, the blob it became).
+        digest: their content hash (``blake3:<hex>``).
+        nbytes: their size.
+        chunks: the verification marker's chunk hashes, computed with the hash.
+        staged: ``path`` is still the writer's own staging file, hashed as this process wrote it
+            (only then may a store that copies it skip hashing it again); once saved it is a
+            repo's blob, and a save into another repo hashes every byte it copies.
+    """
+
+    path: Path
+    digest: str
+    nbytes: int
+    chunks: ChunkDigests | None = None
+    staged: bool = True
 
 
 class Finding(NamedTuple):
@@ -115,6 +128,12 @@ class Quarantine(ABC):
     moved: set[str]  # keys moved aside so far
     location: str  # where they go (a folder of their own per run)
 
+    def prepare(self) -> list[Finding]:
+        """Move aside, before the repair locks the repo, what would keep it from locking or from
+        quarantining (a lock file or quarantine folder that is a link or of the wrong kind);
+        returns what was moved (nothing, where a store has no such entries)."""
+        return []
+
     @abstractmethod
     def move(self, key: str) -> str | None:
         """Move the entry at ``key`` aside (with what belongs to it); returns where it went
@@ -141,6 +160,8 @@ class Store(ABC):
         gc_grace_s: gc keeps unreferenced blobs younger than this by default.
         can_repair: ``fsck --repair`` can move damaged entries aside here.
         signs_captures: captures saved here are signed as this user's own (:meth:`sealer`).
+        appends: :meth:`append` works (a directory): a name's index keeps its entries in a log
+            that each save appends to, instead of in its head (repo/index.py).
     """
 
     location: str
@@ -149,6 +170,7 @@ class Store(ABC):
     signs_captures: bool = False
     gc_grace_s: float = 0.0
     can_repair: bool = False
+    appends: bool = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location!r})"
@@ -213,13 +235,31 @@ class Store(ABC):
         """``key``'s bytes and the tag :meth:`swap` compares against (``None``: nothing there)."""
 
     @abstractmethod
-    def swap(self, key: str, data: bytes, tag: str | None) -> bool:
+    def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
         """Write ``key`` only if it still has ``tag`` (``None``: only if nothing is there: a
-        create-if-absent); ``False`` when another writer changed it meanwhile.
+        create-if-absent); returns the new tag (what a next swap compares against), ``None`` when
+        another writer changed it meanwhile. ``durable=False`` for caches (a name's index head).
 
         Raises:
             RemoteRepoError: the backend has no conditional write.
         """
+
+    def append(self, key: str, data: bytes) -> int:
+        """Append ``data`` to the file ``key`` (created if missing; concurrent appends never
+        interleave within one call's data); returns the offset just after it. Only where
+        :attr:`appends` is true.
+
+        Raises:
+            UsageError: this store cannot append (object storage).
+        """
+        from modulelens.errors import UsageError
+
+        raise UsageError(f"{self.location} cannot append to {key}")
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a file is at ``key`` (one ``lstat``, or one request, or the cached copy of an
+        immutable key)."""
 
     @abstractmethod
     def remove(self, key: str) -> bool:
@@ -261,14 +301,12 @@ class Store(ABC):
         """The versions and (with ``aliases``) aliases in the name folder ``prefix``."""
 
     @abstractmethod
-    def stamps(self, prefix: str) -> Stamps | None:
-        """Change tokens of the name folder ``prefix``; ``None`` for a store that cannot tell
-        cheaply, which keeps no summaries."""
-
-    @abstractmethod
-    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = ()) -> bool:
+    def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = (),
+                unused: bool = False) -> bool:
         """Make the folder ``prefix`` appear with ``files`` (and the empty ``folders``) all at once,
-        durably, only if it is free; ``False`` when it is taken or was removed (its tombstone)."""
+        durably, only if it is free; ``False`` when it is taken or was removed (its tombstone).
+        ``unused``: the caller knows the folder was never used (a number reserved in a name's
+        index above every number used), so a store may skip looking for its tombstone."""
 
     @abstractmethod
     def retire(self, prefix: str) -> bool:
@@ -282,7 +320,11 @@ class Store(ABC):
         """Where the payload ``digest`` is (or will be) on this machine."""
 
     @abstractmethod
-    def has_blob(self, digest: str) -> bool: ...
+    def has_blob(self, digest: str) -> bool:
+        """Whether the payload is stored as far as this store can tell cheaply: what a save may
+        dedup against and a copy need not bring. A directory answers for verified blobs only (one
+        that does not hash to its name counts as absent, so the next write replaces it); an object
+        store for present ones (their hash is checked on download)."""
 
     @abstractmethod
     def write_blob(self, digest: str, data: memoryview | bytes | bytearray, *, chunks: ChunkDigests | None = None) -> bool:
@@ -302,21 +344,40 @@ class Store(ABC):
     def flush_blobs(self, digests: Collection[str]) -> None:
         """Make the blobs published with ``flush=False`` durable."""
 
+    def staging_file(self) -> Path | None:
+        """A new, not yet created, file name in this store's staging area (on the filesystem of its
+        blobs, so :meth:`adopt_file` moves it in with a rename); ``None`` where nothing is staged
+        in files (object storage)."""
+        return None
+
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+        """Make the staging file ``path`` (from :meth:`staging_file`, written, flushed and hashed to
+        ``digest`` by the caller) the blob ``digest``, durably; ``False`` when ``path`` is not this
+        store's own staging file (then :meth:`put_blob_file` copies it)."""
+        return False
+
     @abstractmethod
-    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False) -> int:
-        """Store a payload from a local file (push/pull); bytes written (0 if it was there).
+    def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
+        """Store a payload from a local file (push, pull, an import), hashing every byte it copies
+        (never a link to ``source``); bytes written (0 if it was there). ``verified``: ``source`` is
+        this process's own staging file, hashed as it was written (:meth:`adopt_file` could not
+        take it), so a store may skip hashing it again; never for a file of another repo.
+        ``missing``: the caller just found it absent (a store may skip looking again).
 
         Raises:
-            CorruptCaptureError: ``source`` does not hash to ``digest`` (unless ``verified``).
+            CorruptCaptureError: ``source`` does not hash to ``digest`` (nothing is stored).
         """
 
     @abstractmethod
-    def blob_file(self, digest: str, nbytes: int, *, full: bool = False) -> Path:
+    def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
         """A local file of the payload, checked (size; hash as :mod:`~modulelens.repo.markers`
-        decides, always with ``full``), downloaded first if the store keeps it elsewhere.
+        decides, always with ``full``), downloaded first if the store keeps it elsewhere. ``pack``:
+        the blob is a pack, whose members are checked against their hashes whenever its own hash is
+        (:func:`~modulelens.repo.packs.check_members`).
 
         Raises:
-            CorruptCaptureError: missing, truncated, a link, or not matching its hash.
+            CorruptCaptureError: missing, truncated, a link, not matching its hash, or a pack member
+                not matching its own.
         """
 
     @abstractmethod
@@ -369,6 +430,5 @@ class Store(ABC):
 
         Raises:
             UsageError: this store cannot move things aside (an object store).
-            CorruptCaptureError: the quarantine folder is a link.
         """
 

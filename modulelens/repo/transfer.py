@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from modulelens.repo.repository import Repo, VersionInfo
 
 _WORKERS = 8
+# Versions committed together (one reservation, one index update): a push stopped midway redoes at
+# most this many versions' index work (their blobs stay, and are not uploaded again).
+_BATCH = 256
 # Fields a repo sets on its own copy; everything else is the capture and identifies it.
 _LOCAL_FIELDS = ("name", "version", "origin")
 
@@ -55,6 +58,11 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
     version, a bare ``name`` every version. Tags, metadata and reports come along; with
     ``aliases`` the source's aliases of the copied versions are set in the target too.
 
+    Many versions go in batches: one hold of the target (one lease on object storage) for the whole
+    copy, each blob looked for once, and per batch one reservation and one index update for all of
+    its versions (``Repo.commit_versions``), so a push costs about one request per version beside
+    its payloads (tests/repo/test_scale_remote.py counts them).
+
     Args:
         source: the repo to read (a remote one downloads through its cache).
         target: the repo to write.
@@ -62,9 +70,9 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         aliases: also move the target's aliases of the same names to the copied versions.
         record_origin: note the source repo and ref in each copy's ``origin`` (off for a capture
             staged locally on its way to the repo it was made for: the staging folder is no origin).
-        find_existing: look for each version in the target first (reads every manifest of the
-            name there). Off only for a capture being uploaded for the first time: it was just
-            made, so the target cannot have it (a retry with ``push`` looks again).
+        find_existing: look for each version in the target first (the content ids its index keeps;
+            a version without one is read). Off only for a capture being uploaded for the first
+            time: it was just made, so the target cannot have it (a retry with ``push`` looks again).
 
     Returns:
         A :class:`TransferReport` (``bytes_copied`` counts payload bytes written to the target).
@@ -82,44 +90,79 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {source.location}")
     name = parsed.name
     report = TransferReport()
-    existing = ({content_id(target.read_metadata(name, v)): v for v in target.version_numbers(name)}
-                if find_existing else {})
+    existing = _contents(target, name) if find_existing else {}
     source_aliases = source.aliases(name) if aliases else {}
+    target_of: dict[int, int] = {}  # source version -> its version in the target
+    todo: list[tuple[int, dict[str, Any], str]] = []
+    same_as: dict[int, str] = {}  # source versions whose content is already on its way in this copy
     for version in versions:
         meta = source.read_metadata(name, version)
         key = content_id(meta)
         if key in existing:
             report.present.append(f"{name}:v{existing[key]}")
-            target_version = existing[key]
+            target_of[version] = existing[key]
+        elif any(key == k for _, _, k in todo):
+            same_as[version] = key
         else:
             if record_origin:
                 meta["origin"] = {"repo": source.location, "ref": f"{name}:v{version}"}
-            with target.writing():  # gc waits: the blobs are unreferenced until the commit
-                _copy_blobs(source, target, name, version, meta, report)
-                committed = target.commit_version(name, meta)
-            report.versions.append(committed)
-            target_version = committed.version
-            existing[key] = target_version
-            report.copied.append(f"{name}:v{target_version}")
-        _copy_reports(source, target, name, version, target_version)
+            todo.append((version, meta, key))
+    if todo:
+        with target.writing() as hold, \
+                ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="modulelens-copy") as pool:
+            present: set[str] = set()  # blobs found in (or copied to) the target under this hold
+            for start in range(0, len(todo), _BATCH):
+                batch = todo[start:start + _BATCH]
+                while True:
+                    for version, meta, _ in batch:
+                        _copy_blobs(source, target, name, version, meta, report, present, pool)
+                    if hold.intact():  # else a gc may have run meanwhile: look again
+                        break
+                    present.clear()
+                infos = target.commit_versions(name, [meta for _, meta, _ in batch], [key for _, _, key in batch])
+                for (version, _, key), info in zip(batch, infos, strict=True):
+                    report.versions.append(info)
+                    report.copied.append(info.ref)
+                    target_of[version] = existing[key] = info.version
+    for version, key in same_as.items():
+        target_of[version] = existing[key]
+        report.present.append(f"{name}:v{existing[key]}")
+    target_aliases = target.aliases(name) if source_aliases else {}
+    for version in versions:
+        _copy_reports(source, target, name, version, target_of[version])
         for alias, aliased in source_aliases.items():
-            if aliased == version and target.aliases(name).get(alias) != target_version:
-                target.set_alias(f"{name}:v{target_version}", alias)
+            if aliased == version and target_aliases.get(alias) != target_of[version]:
+                target.set_alias(f"{name}:v{target_of[version]}", alias)
                 report.aliases.append(f"{name}:{alias}")
     return report
 
 
+def _contents(target: Repo, name: str) -> dict[str, int]:
+    """Content id -> version of every version of ``name`` in ``target``: from its index (one read
+    per name), reading the manifest only of versions committed without one (saved directly)."""
+    found = {}
+    for version, entry in target.index_entries(name).items():
+        key = entry.get("content")
+        found[key if isinstance(key, str) else content_id(target.read_metadata(name, version))] = version
+    return found
+
+
 def _copy_blobs(source: Repo, target: Repo, name: str, version: int, meta: dict[str, Any],
-                report: TransferReport) -> None:
+                report: TransferReport, present: set[str], pool: ThreadPoolExecutor) -> None:
     blobs = referenced_blobs(meta)
-    with ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="modulelens-copy") as pool:
-        missing = [d for d, present in zip(blobs, pool.map(target.has_blob, blobs), strict=True) if not present]
-        source.download({d: blobs[d] for d in missing}, label=f"{name}:v{version}")
+    packs = {pack["payload"] for pack in meta.get("packs", ())}
+    unknown = [d for d in blobs if d not in present]
+    missing = [d for d, there in zip(unknown, pool.map(target.has_blob, unknown), strict=True) if not there]
+    source.download({d: blobs[d] for d in missing}, label=f"{name}:v{version}")
 
-        def copy(digest: str) -> int:
-            return target.put_blob_file(digest, source.check_blob(digest, blobs[digest]), verified=True)
+    def copy(digest: str) -> int:
+        # checked in the source as a load checks it (a pack's members too), then every byte hashed
+        # as it is copied (never linked, never taken as verified: it is another repo's file)
+        return target.put_blob_file(digest, source.check_blob(digest, blobs[digest], pack=digest in packs),
+                                    missing=True)
 
-        sizes = list(pool.map(copy, missing))
+    sizes = list(pool.map(copy, missing))
+    present.update(blobs)
     report.blobs_copied += len(missing)
     report.bytes_copied += sum(sizes)
 

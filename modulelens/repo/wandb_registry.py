@@ -81,8 +81,9 @@ def stage_version(repo: Repo, ref: str, directory: Path) -> tuple[VersionInfo, d
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CAPTURE_FILE).write_text(json.dumps(meta, indent=1))
     repo.download(referenced_blobs(meta), label=f"{name}:v{version}")
-    for digest, nbytes in referenced_blobs(meta).items():  # loose payloads and packs
-        source = repo.check_blob(digest, nbytes)
+    packs = {pack["payload"] for pack in meta.get("packs", ())}
+    for digest, nbytes in referenced_blobs(meta).items():  # loose payloads and packs (their members checked too)
+        source = repo.check_blob(digest, nbytes, pack=digest in packs)
         target = directory / "blobs" / source.name
         target.parent.mkdir(exist_ok=True)
         if not target.exists():

@@ -14,7 +14,7 @@ from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.names import validate_name
 from modulelens.tracing.options import PayloadPolicy, Recording
 from modulelens.tracing.records import ModuleRecord
-from modulelens.tracing.save import save_captures
+from modulelens.tracing.save import save_captures, weights_sink
 from modulelens.tracing.tracer import Tracer
 from modulelens.tracing.upload import Upload
 
@@ -87,7 +87,10 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         if name is not None:
             validate_name(name)  # now, not when the job is over and the capture is saved
         self.policy = payload
-        self.tracer = Tracer(model, targets, record=record, on_complete=on_complete, strict=strict)
+        # Large weights are written to the repo while the job runs (tracing/weights.py), unless they
+        # may go shape-only (then they are copied, and dropped if the budget says so).
+        self.tracer = Tracer(model, targets, record=record, on_complete=on_complete, strict=strict,
+                             staging_file=None if payload.shape_only_params else weights_sink(repo))
         self.repo = repo
         self.name = name
         self.tags = list(tags)

@@ -23,6 +23,7 @@ from modulelens.format.spec import (
 from modulelens.format.tensors import check_storable, dtype_name, quantization, tensor_bytes
 from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
+from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.budget import plan_shape_only
 from modulelens.tracing.init_tracking import InitRecord, constructed_as, get_init_record
 from modulelens.tracing.lazy_modules import is_lazy_class, materialised_arguments
@@ -31,6 +32,7 @@ from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import BASE_ATTR
 from modulelens.tracing.source import collect_sources
+from modulelens.tracing.weights import written_payload
 
 
 def class_path(cls: type) -> str:
@@ -50,7 +52,7 @@ class TensorTable:
     def __init__(self, shape_only: set[int] | None = None) -> None:
         # plain dicts: an entry gains its keys step by step (format/validate.py checks the document on load)
         self.entries: dict[str, dict[str, Any]] = {}
-        self.payloads: dict[str, memoryview] = {}  # tensor id -> bytes
+        self.payloads: dict[str, memoryview | WrittenPayload] = {}  # tensor id -> bytes (or their file)
         self.shape_only_paths: list[str] = []
         self._shape_only = shape_only or set()
         self._ids: dict[int, str] = {}
@@ -77,7 +79,11 @@ class TensorTable:
             entry.update(view_of=self.add(base, f"{path}<storage>"),
                          storage_offset=tensor.storage_offset() - base.storage_offset(), nbytes=0)
         tid = f"t{len(self.entries)}"
-        if "nbytes" not in entry:
+        written = written_payload(tensor) if "nbytes" not in entry else None
+        if written is not None:  # a streamed weight: its file is moved in, not read again (tracing/weights.py)
+            self.payloads[tid] = written
+            entry.update(payload=None, nbytes=written.nbytes)
+        elif "nbytes" not in entry:
             data = tensor_bytes(tensor)
             self.payloads[tid] = data
             entry.update(payload=None, nbytes=len(data))  # payload: content hash, set by Repo.save_version
@@ -178,8 +184,9 @@ def encode_record(
     tags: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
     policy: PayloadPolicy | None = None,
-) -> tuple[CaptureMetadata, dict[str, memoryview]]:
-    """Capture metadata and the payloads it references (tensor id -> bytes)."""
+) -> tuple[CaptureMetadata, dict[str, memoryview | WrittenPayload]]:
+    """Capture metadata and the payloads it references (tensor id -> bytes, or the file a streamed
+    weight was written to)."""
     policy = policy or PayloadPolicy()
     tensors = TensorTable(plan_shape_only(record, policy))
     constructions = ConstructionTable(tensors)

@@ -94,6 +94,25 @@ def fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
     return tuple(values[device][i] if device is not None else i for device, i in order)
 
 
+def sums_bits(tensor: torch.Tensor) -> bool:
+    """Whether :func:`fingerprints` sums ``tensor``'s bits (then :func:`bit_sum_width` says as
+    what) rather than hashing them in place: a streamed weight is checked against it
+    (tracing/weights.py)."""
+    return not (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.is_cpu and tensor.is_contiguous()
+                and 0 < tensor.nbytes <= _HASH_IN_PLACE_MAX_BYTES and tensor.data_ptr())
+
+
+def bit_sum_width(tensor: torch.Tensor) -> torch.dtype:
+    """The integer type :func:`_bit_sum` reads ``tensor``'s bits as."""
+    if tensor.is_contiguous() and (tensor.numel() * tensor.element_size()) % 8 == 0:
+        try:
+            tensor.reshape(-1).view(torch.int64)
+            return torch.int64
+        except RuntimeError:
+            pass
+    return _SAME_SIZE_INT[tensor.element_size()]
+
+
 def _hash_in_place(tensor: torch.Tensor) -> int | None:
     """xxh3 of a small, contiguous, plain CPU tensor's bytes, read where they are; ``None`` for
     anything else (a subclass, a view with gaps, another device, a large tensor)."""

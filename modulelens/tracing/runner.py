@@ -236,6 +236,7 @@ class _Session:
             warnings.warn(f"modulelens: could not attach capture: {error}", stacklevel=2)
 
     def _consider_root(self, module: Any) -> Any:
+        from modulelens.tracing.save import weights_sink
         from modulelens.tracing.tracer import Tracer, find_targets, unwrap_model
 
         with self._lock:
@@ -256,7 +257,8 @@ class _Session:
             # With --depth the tracer is given the exact names kept (its globs know no depth).
             targets = patterns if self.config.depth is None else [_exact(n) for n in found]
             tracer = Tracer(module, targets, record=self.config.recording(), on_complete=self._on_tracer_complete,
-                            on_target_complete=self._on_target_complete, strict=self.config.strict)
+                            on_target_complete=self._on_target_complete, strict=self.config.strict,
+                            staging_file=weights_sink(self.config.repo))  # tracing/weights.py
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             self._patterns[id(tracer)] = patterns

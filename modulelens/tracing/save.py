@@ -12,18 +12,18 @@ that fails, the records stay in memory (``cap.save(repo=...)`` retries).
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import gc
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, cast
 
 from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
 from modulelens.format.spec import CaptureMetadata
 from modulelens.repo import Repo, VersionInfo
+from modulelens.repo.collector import collector_paused
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
 from modulelens.tracing.environment import distributed_info
@@ -110,7 +110,7 @@ def _save_into(
         if (wanted is not None and qualified not in wanted) or not _has_calls(tracer, qualified, record):
             continue
         capture_name = f"{prefix}/{qualified}" if qualified else prefix
-        with _collector_paused():
+        with collector_paused():  # encoding makes a few objects per tensor (repo/collector.py)
             meta, payloads = _encode_or_drop_construction(tracer, record, capture_name, settings, list(tags),
                                                           metadata, policy)
             distributed = capture_metadata(tracer, record, tracer.sharding(qualified),
@@ -127,25 +127,25 @@ def _save_into(
     return saved
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while one capture is encoded and written.
+def weights_sink(repo: Repo | str | os.PathLike[str] | None) -> Callable[[], Path | None]:
+    """New staging file names of the local repo a capture for ``repo`` will be saved into (a remote
+    repo's staging repo), where recorded weights are written while the job runs
+    (tracing/weights.py). The repo is opened when the first large weight is recorded, not before;
+    ``None`` (each call) when it cannot be: the weights are then copied, and the save falls back as
+    usual (the tracer fails open)."""
+    opened: list[Repo | None] = []
 
-    Encoding makes a few container objects per tensor (its entry, shape and stride lists, a byte
-    view), all alive until the write ends. For a capture of 5,000 small tensors that was ~100 young
-    collections and, in a job that imported torch, usually one full collection of every object the
-    job holds: 60-100 ms, a quarter of the save (benchmarks/bench_repo.py). Nothing here makes
-    reference cycles, so pausing collects nothing later that it would have collected now, and
-    what dies here is freed by reference counting as usual. A collector the job disabled stays so.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+    def next_file() -> Path | None:
+        if not opened:
+            try:
+                staged = stage(repo)
+                opened.append(staged[0] if staged is not None else repo if isinstance(repo, Repo) else Repo(repo))
+            except Exception:  # any failure here means "copy the weights", never a crash
+                opened.append(None)
+        sink = opened[0]
+        return sink.staging_file() if sink is not None else None
+
+    return next_file
 
 
 def fallback_repo() -> Repo:

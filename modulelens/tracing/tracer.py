@@ -18,6 +18,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ from modulelens.tracing.module_tree import constructed_class, module_tree, not_r
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter
+from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
 _WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
 _WRAPPER_CLASSES = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
@@ -162,6 +164,7 @@ class Tracer:
         on_complete: Callable[[Tracer], Any] | None = None,
         strict: bool = False,
         on_target_complete: Callable[[Tracer, str], Any] | None = None,
+        staging_file: Callable[[], Path | None] | None = None,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -179,6 +182,10 @@ class Tracer:
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
         self._snap = Snapshotter()
+        # Large parameters of recorded calls go straight from the live tensors to staging files of
+        # the repo the capture is saved into (tracing/weights.py); without one they are copied.
+        self._weights = WeightWriter(staging_file) if staging_file is not None else None
+        self._streamed: dict[int, StreamedWeight] = {}  # id of the placeholder in a state -> its write
         self._handles: dict[str, list[Any]] = {}
         # Pending calls per target *and thread*: a forward entered on one thread is exited on that
         # thread, so pairing inputs with outputs by a per-thread stack stays right when several
@@ -408,6 +415,7 @@ class Tracer:
                 finally:
                     self._snap.gathered = {}
                 pending.call.finished = True
+                self._settle_weights()  # from here on the job may change its weights
                 if pending.live_inputs is not None:
                     output, handles = watch_backward(pending.call, module, pending.live_inputs, output, pending.start,
                                                      self._snap, functools.partial(self._on_backward, name))
@@ -463,7 +471,8 @@ class Tracer:
     def _state_index(self, name: str, module: torch.nn.Module, weights: LiveState) -> int:
         """Snapshot parameters and buffers (``weights``, :func:`~modulelens.tracing.fingerprint.live_state`) when they changed
         since the last recorded call (optimizer steps bump version counters), else reuse the last
-        snapshot."""
+        snapshot. Large parameters are streamed to the repo from the live tensors (tracing/weights.py);
+        the rest is copied."""
         params, buffers, key = weights
         record = self.records[name]
         if record.states and self._state_keys.get(name) == key:
@@ -480,7 +489,7 @@ class Tracer:
                 if custom:
                     own_state[sub_name] = self._snap.tree(custom)
         record.states.append(StateSnapshot(
-            parameters={n: self._snap.tensor(p) for n, p in params.items()},
+            parameters=self._parameters(params, key[1] if len(key) > 1 else ()),
             requires_grad={n: p.requires_grad for n, p in params.items()},
             buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None},
             persistent={n: n not in non_persistent for n in buffers},
@@ -489,6 +498,51 @@ class Tracer:
         ))
         self._state_keys[name] = key
         return len(record.states) - 1
+
+    def _parameters(self, params: dict[str, torch.Tensor], fingerprints: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """A state's parameters: large ones streamed (a placeholder each: the live tensor's alias,
+        swapped for a map of its written file by :meth:`synchronize`), the others copied. A
+        parameter shared under several names stays one tensor."""
+        prints = dict(zip(params, fingerprints, strict=False))
+        by_id: dict[int, str] = {}
+        wanted: dict[str, tuple[torch.Tensor, int | None]] = {}
+        if self._weights is not None:
+            for param_name, param in params.items():
+                if id(param) not in by_id and id(param) not in self._snap.gathered and can_stream(param):
+                    by_id[id(param)] = param_name
+                    wanted[param_name] = (param, prints.get(param_name))
+        streamed = self._weights.start(wanted) if wanted and self._weights is not None else {}
+        for job in streamed.values():
+            self._streamed[id(job.alias)] = job
+        return {n: streamed[by_id[id(p)]].alias if by_id.get(id(p)) in streamed else self._snap.tensor(p)
+                for n, p in params.items()}
+
+    def _settle_weights(self) -> None:
+        """The end of a recorded call: bound what is left to read from the live weights
+        (tracing/weights.py); a weight whose write failed is copied now, while it is unchanged."""
+        if self._weights is None or not self._streamed:
+            return
+        for job in self._weights.settle():
+            self._replace_streamed(job, self._snap.tensor(job.alias) if job.alias is not None else None)
+            warnings.warn(f"modulelens: writing parameter {job.name} failed ({job.error}); copied instead",
+                          CaptureWarning, stacklevel=3)
+
+    def _replace_streamed(self, job: StreamedWeight, tensor: torch.Tensor | None) -> None:
+        """Put ``tensor`` in every state where ``job``'s placeholder is."""
+        placeholder = job.alias
+        self._streamed.pop(id(placeholder), None)
+        for qualified, record in self.records.items():
+            for state in record.states:
+                for param_name, value in list(state.parameters.items()):
+                    if value is placeholder:
+                        if tensor is None:
+                            del state.parameters[param_name]
+                            record.failed = record.failed or f"parameter {param_name} could not be recorded: {job.error}"
+                        else:
+                            state.parameters[param_name] = tensor
+                        if job.changed and tensor is not None:
+                            warn_changed(qualified, job)
+        job.alias = None  # type: ignore[assignment]  # the live storage is not held any longer
 
     def _taken(self, name: str) -> int:
         """Calls recorded (or, on a rank that does not record, taken part in) so far."""
@@ -618,8 +672,21 @@ class Tracer:
             self._compiled = not _reset_compiled_code(self.model)
 
     def synchronize(self) -> None:
-        """Wait for pending device-to-host copies of recorded tensors."""
+        """Wait for pending device-to-host copies and weight writes of recorded tensors (each
+        streamed weight becomes a read-only map of its written file)."""
         self._snap.synchronize()
+        if self._weights is None:
+            return
+        with self._lock:
+            for job in self._weights.finish():
+                if job.alias is None:
+                    continue  # replaced already
+                if job.payload is not None:
+                    self._replace_streamed(job, mark_written(job.alias, job.payload))
+                else:
+                    warnings.warn(f"modulelens: parameter {job.name} could not be written ({job.error}); "
+                                  "not recorded", CaptureWarning, stacklevel=2)
+                    self._replace_streamed(job, None)
 
     def incidents(self, qualified: str) -> list[str]:
         """Problems met while recording ``qualified`` (gather timeouts, failed copies...)."""

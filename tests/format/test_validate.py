@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from bit_rot import rot
 
 import modulelens
 from modulelens.format.validate import validate_capture
@@ -115,15 +116,28 @@ def test_bit_rot_with_kept_mtime_is_caught_by_the_sampled_check(repo: modulelens
     digest = next(e["payload"] for e in meta["tensors"].values() if e.get("nbytes", 0) >= 1 << 21)
     blob = repo.blob_path(digest)
     assert blob.with_name(blob.name + ".ok").exists()
+    rot(repo, blob, [1_500_000])  # one flipped bit; size, mtime and ctime as the marker has them
+    with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
+        _ = modulelens.load(ref, repo=repo).module
+
+
+def test_a_change_that_restores_the_mtime_is_found_by_the_ctime(repo: modulelens.Repo) -> None:
+    with modulelens.track_init():
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024))
+    with modulelens.capture(model, targets=["0"], repo=repo, name="big") as cap:
+        model(torch.randn(1, 512))
+    ref = cap.saved[0].ref
+    meta = repo.read_metadata(*repo.resolve(ref))
+    blob = repo.blob_path(next(e["payload"] for e in meta["tensors"].values() if e.get("nbytes", 0) >= 1 << 21))
     info = blob.stat()
     blob.chmod(0o644)
-    with open(blob, "r+b") as handle:  # one flipped bit, mtime restored: size and mtime match the marker
+    with open(blob, "r+b") as handle:  # a write that puts the mtime back: the marker's ctime no longer matches
         handle.seek(1_500_000)
         byte = handle.read(1)
         handle.seek(1_500_000)
         handle.write(bytes([byte[0] ^ 0x01]))
     os.utime(blob, ns=(info.st_atime_ns, info.st_mtime_ns))
-    with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
+    with pytest.raises(modulelens.CorruptCaptureError, match="hashes to"):
         _ = modulelens.load(ref, repo=repo).module
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from torch import nn
 from typer.testing import CliRunner
 
 import modulelens
 from modulelens.interfaces.cli import app
-from modulelens.repo.local import current_keys
 from modulelens.repo.packs import referenced_blobs
 
 runner = CliRunner()
@@ -140,13 +140,20 @@ def test_metadata_aliases_foreign_entries_and_links(repo: modulelens.Repo, tmp_p
 def test_a_summary_marked_current_but_wrong_is_found_and_rebuilt(repo: modulelens.Repo) -> None:
     _save(repo)
     folder = repo.root / "names/lin"
-    summary = json.loads((folder / "summary.json").read_text())
-    summary["versions"]["1"]["blobs"] = []  # gc trusting this would free v1's payloads
-    summary["versions_key"], summary["aliases_key"] = current_keys(folder)
-    (folder / "summary.json").write_text(json.dumps(summary))
+    head = json.loads((folder / "summary.json").read_text())
+    log = folder / f"summary-{head['log']}.log"
+    entry = json.loads(log.read_text().splitlines()[0])
+    entry["blobs"] = []  # gc trusting this would free v1's payloads
+    line = (json.dumps(entry) + "\n").encode()
+    with open(log, "ab") as handle:  # a later line of the index's log wins
+        handle.write(line)
+    head["log_bytes"] += len(line)
+    del head["check"]
+    body = json.dumps(head, separators=(",", ":")).encode()[1:]  # the head's own framing (repo/index.py)
+    (folder / "summary.json").write_bytes(b'{"check":"' + xxhash.xxh3_64_hexdigest(body).encode() + b'",' + body)
     assert [(p.kind, p.path) for p in repo.fsck().problems] == [("summary", "names/lin/summary.json")]
     assert repo.fsck(repair=True).clean
-    assert json.loads((folder / "summary.json").read_text())["versions"]["1"]["blobs"]
+    assert repo.stored_summary("lin")[0]["1"]["blobs"]
     assert repo.gc().removed_blobs == 0
     modulelens.load("lin", repo=repo, verify=True)
 
@@ -232,6 +239,9 @@ def test_repair_never_moves_anything_through_a_linked_quarantine(repo: modulelen
     outside.mkdir()
     (repo.root / "quarantine").symlink_to(outside, target_is_directory=True)
     assert {p.kind for p in repo.fsck().problems} == {"symlink", "foreign"}
-    with pytest.raises(modulelens.CorruptCaptureError, match="symbolic link"):
-        repo.fsck(repair=True)
-    assert not any(outside.iterdir()) and (repo.root / "names/lin/notes.txt").exists()
+    report = repo.fsck(repair=True)  # the link is moved aside first (into a real quarantine folder), never through
+    assert report.clean and {p.path for p in report.problems} == {"quarantine", "names/lin/notes.txt"}
+    assert not any(outside.iterdir()) and not (repo.root / "quarantine").is_symlink()
+    run = Path(report.quarantine)
+    assert (run / "quarantine").is_symlink() and (run / "names/lin/notes.txt").read_text() == "mine"
+    assert repo.fsck().clean

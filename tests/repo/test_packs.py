@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import modulelens
+from modulelens.repo.layout import LAYOUT_VERSION
 from modulelens.repo.packs import PACK_BELOW, referenced_blobs
 
 GOLDEN = Path(__file__).resolve().parents[1] / "format" / "golden_v1" / "repo"
@@ -129,7 +130,7 @@ def test_layout_1_repo_loads_unchanged_and_upgrades_on_first_save(tmp_path: Path
     assert [i.ref for i in repo.list()] == ["golden:v1"]
     assert json.loads((root / "modulelens-repo.json").read_text())["layout_version"] == 1  # reading wrote nothing
     _save(repo, Mixed(), "new")
-    assert json.loads((root / "modulelens-repo.json").read_text())["layout_version"] == 2
+    assert json.loads((root / "modulelens-repo.json").read_text())["layout_version"] == LAYOUT_VERSION
     assert modulelens.load("golden:stable", repo=repo).replay().passed
     assert modulelens.load("new", repo=repo).replay().passed
     assert repo.gc().removed_blobs == 0

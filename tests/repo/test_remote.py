@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -119,7 +120,8 @@ def test_capture_into_s3_then_load_cold_warm_and_with_the_server_stopped(tmp_pat
         # job/2 is a class from the job's __main__: the trust rules refuse it (tested below).
         refs = [ref for ref in json.loads(job.stdout) if not ref.startswith("job/2:")]
         laptop = {**server.env, "MODULELENS_CACHE": str(tmp_path / "laptop-cache")}
-        cold = _child("load", url, *refs, env=laptop)
+        latest = refs[0].partition(":")[0]  # by name: resolved from the name's index head
+        cold = _child("load", url, *refs, latest, env=laptop)
         assert cold.returncode == 0, cold.stderr
         assert all(r["passed"] for r in json.loads(cold.stdout))
         downloaded = _cached_blobs(tmp_path / "laptop-cache")
@@ -130,8 +132,13 @@ def test_capture_into_s3_then_load_cold_warm_and_with_the_server_stopped(tmp_pat
         warm = _child("load", url, refs[0], env={**laptop, **extra})
         assert warm.returncode == 0, warm.stderr
         assert all(r["passed"] for r in json.loads(warm.stdout))
-        if not extra:
-            assert "unreachable" in warm.stderr
+        # An explicit version of a cached repo, opened by its URL, needs no request at all (the
+        # marker is the newest layout's, which never changes): the stopped server goes unnoticed.
+        assert "unreachable" not in warm.stderr
+        by_name = _child("load", url, latest, env={**laptop, **extra})  # the head: asked, then the mirror's
+        assert by_name.returncode == 0, by_name.stderr
+        assert json.loads(by_name.stdout)[0]["passed"]
+        assert ("unreachable" in by_name.stderr) == (not extra)
     assert _cached_blobs(tmp_path / "laptop-cache") == downloaded  # served from the cache alone
 
 
@@ -455,3 +462,63 @@ def test_an_alias_resolves_from_its_object_and_then_offline(env: dict[str, str],
     monkeypatch.setenv("MODULELENS_OFFLINE", "1")
     assert modulelens.Repo(url).resolve("al/lin:golden") == ("al/lin", 1)
     assert modulelens.load("al/lin:golden", repo=url).replay().passed
+
+
+# ------------------------------------------------------------------------------ requests (issue 25)
+
+
+def _requests_by_size(local_versions: int, tmp: Path) -> dict[str, int]:
+    """S3 requests of each operation on a bucket of ``local_versions`` versions under 3 names."""
+    from s3_requests import counting_s3_requests
+
+    names = ["team/a", "team/b", "team/c"]
+    local = modulelens.Repo(tmp / f"src-{local_versions}")
+    module = nn.Linear(4, 4)
+    for i in range(local_versions):
+        _save(local, module, names[i % len(names)])
+    url = _url()
+    modulelens.Repo(url)
+    counts: dict[str, int] = {}
+    with counting_s3_requests() as sent:
+        for name in names:
+            local.push(name, url)
+    counts["push_other_than_payloads"] = sent.others()
+    shutil.rmtree(os.environ["MODULELENS_CACHE"], ignore_errors=True)
+    with counting_s3_requests() as sent:
+        assert len(modulelens.Repo(url, create=False).list()) == local_versions
+    counts["cold_ls"] = sent.total
+    with counting_s3_requests() as sent:
+        modulelens.Repo(url, create=False).list()
+    counts["warm_ls"] = sent.total
+    modulelens.Repo(url).set_alias(f"{names[0]}:v1", "golden")
+    modulelens.load(names[0], repo=url).state_dict()
+    with counting_s3_requests() as sent:
+        modulelens.load(names[0], repo=url)  # by URL string, from a warm cache
+    counts["cached_load_latest"] = sent.total
+    with counting_s3_requests() as sent:
+        assert modulelens.Repo(url).resolve(f"{names[0]}:golden") == (names[0], 1)
+    counts["resolve_alias"] = sent.total
+    with counting_s3_requests() as sent:
+        modulelens.Repo(url).gc(dry_run=True)
+    counts["gc_dry_run"] = sent.total
+    return counts
+
+
+def test_request_counts_are_per_name_not_per_version(env: dict[str, str], tmp_path: Path) -> None:
+    """Counted against the real server: listing, resolving and gc read one object per name, a push
+    adds at most 4 requests per version beside its payloads (issue 25; today: 1). The bounds are today's
+    counts: fewer is fine, more fails."""
+    small, large = _requests_by_size(6, tmp_path), _requests_by_size(24, tmp_path)
+    names = 3
+    for counts, versions in ((small, 6), (large, 24)):
+        # a push of one name: a fixed 15 (its lease, the index read and swapped, the blobs looked
+        # for in one listing...) and one PUT per version's capture file
+        assert counts["push_other_than_payloads"] <= 15 * names + versions, counts
+        assert counts["cold_ls"] <= 2 + names, counts  # the marker, one LIST, one GET per name's index
+        assert counts["warm_ls"] <= 1 + names, counts
+        assert counts["cached_load_latest"] <= 1, counts  # the name's index head; the marker from the cache
+        assert counts["resolve_alias"] <= 1, counts
+    for operation in ("cold_ls", "warm_ls", "cached_load_latest", "resolve_alias", "gc_dry_run"):
+        assert large[operation] == small[operation], (operation, small, large)
+    # what one more version adds to a push (the issue's target: at most 4)
+    assert (large["push_other_than_payloads"] - small["push_other_than_payloads"]) / (24 - 6) <= 4, (small, large)

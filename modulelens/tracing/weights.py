@@ -1,0 +1,378 @@
+"""A recorded call's weights written straight from the live tensors, in the background (issue 25).
+
+Copying a module's weights when a call is recorded doubled the job's memory for as long as the
+capture was kept (+1 GiB for a 1 GiB module) and made that call 3-4x slower (the copy). Instead,
+each large parameter of a recorded call's state is written to a staging file of the repo the
+capture goes to (:meth:`~modulelens.repo.repository.Repo.staging_file`) by a background thread,
+straight from the tensor's own memory, hashed as it goes (the content hash that names the blob and
+the verification marker's chunk hashes), then flushed; the save moves the file in as the blob
+without reading it again (:class:`~modulelens.repo.store.WrittenPayload`).
+
+What is written must be what the call started with. The module's own forward runs while the
+writer reads (it does not change its parameters; buffers, which a forward may update in place,
+such as batch-norm statistics, are copied as before). Once the recorded call returns, anything may
+change the weights at any moment: an optimizer step, ``p.data.add_``, ``load_state_dict``, another
+thread. Optimizer step pre-hooks would catch only the first, and an update through ``.data`` leaves
+no trace until it has happened. So the end of the recorded call is the bound: it waits until at
+most :data:`SETTLE_BUDGET_FRACTION` of the weights (at most :data:`SETTLE_BUDGET_MAX` bytes) is
+left to write, copies what is left, and returns; the rest is written from that copy. The memory
+added is that copy, and the wait is the part of the write the forward did not cover.
+
+A tensor's version counter is checked when the call ends, and the content written is checked
+against the weight's fingerprint (tracing/fingerprint.py) when it is done: a forward that changed
+its own parameter in place while it was being read is named in a warning, never stored silently.
+
+On CUDA the writer copies each piece to a bounded pinned buffer on a side stream that first waits
+for the work queued before the call, and the copy at the end of the call is queued on the job's
+stream, ahead of anything the job queues later. (This path is exercised on CPU tensors in the
+tests, with the same buffer logic; it has not run on a GPU.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import torch
+import xxhash
+
+from modulelens.errors import CaptureWarning
+from modulelens.format.hashing import HASH_ALGORITHM
+from modulelens.repo.files import durable
+from modulelens.repo.markers import chunk_size
+from modulelens.repo.store import WrittenPayload
+from modulelens.tracing.fingerprint import bit_sum_width, sums_bits
+
+#: Parameters of this size or smaller are copied (one file each would cost more than the copy; the
+#: same bound as the fingerprints hashed in place, so every streamed weight's is a sum of its bits).
+STREAM_MIN_BYTES = 1 << 20
+#: At the end of a recorded call at most this fraction of its streamed weights is left unwritten
+#: (and copied), and at most :data:`SETTLE_BUDGET_MAX` bytes.
+SETTLE_BUDGET_FRACTION = 1 / 16
+SETTLE_BUDGET_MAX = 64 << 20
+_PIECE = 16 << 20  # bytes written (and, on a device, copied to the pinned buffer) at a time
+_HASH_THREADS_FROM = 1 << 22  # as format/hashing.py: blake3 on every core for large payloads
+_STORED_ATTR = "_modulelens_written"  # the WrittenPayload of a streamed weight, once written
+_INT64 = 1 << 64
+
+
+def written_payload(tensor: torch.Tensor) -> WrittenPayload | None:
+    """The file a streamed weight was written to (what encoding stores instead of its bytes)."""
+    return getattr(tensor, _STORED_ATTR, None)
+
+
+def can_stream(tensor: torch.Tensor) -> bool:
+    """A plain, contiguous tensor of more than :data:`STREAM_MIN_BYTES` on the CPU or a CUDA device."""
+    return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided
+            and not tensor.is_quantized and tensor.device.type in ("cpu", "cuda") and tensor.is_contiguous()
+            and tensor.numel() * tensor.element_size() > STREAM_MIN_BYTES)
+
+
+class _HostReader:
+    """Pieces of a CPU tensor's bytes, read where they are."""
+
+    def __init__(self, flat: torch.Tensor) -> None:
+        self._bytes = memoryview(flat.numpy()).toreadonly()
+
+    def read(self, start: int, end: int) -> memoryview:
+        return self._bytes[start:end]
+
+    def copy_rest(self, start: int) -> memoryview:
+        return memoryview(bytes(self._bytes[start:]))
+
+    def close(self) -> None:
+        self._bytes.release()
+
+
+class _BufferedReader:
+    """Pieces of a device tensor's bytes, through one pinned host buffer of :data:`_PIECE` bytes
+    (allocated when the writer gets to this tensor, freed when it is done with it).
+
+    Reads run on a side stream that first waits for an event recorded when the call started: the
+    weights as the call sees them, whatever the job queues later. The copy of the rest at the end
+    of the call is queued on the job's own stream, so the kernels it queues afterwards (an
+    optimizer step) run after it. Without CUDA (the tests) the same logic runs on host memory."""
+
+    def __init__(self, flat: torch.Tensor) -> None:
+        self._flat = flat
+        self._cuda = flat.device.type == "cuda"
+        self._started: Any = None
+        if self._cuda:
+            self._started = torch.cuda.Event()
+            self._started.record(torch.cuda.current_stream(flat.device))
+        self._stream: Any = None
+        self._buffer: torch.Tensor | None = None
+        self._rest: torch.Tensor | None = None
+        self._rest_at = 0
+        self._rest_ready: Any = None
+
+    def read(self, start: int, end: int) -> memoryview:
+        if self._rest is not None and start >= self._rest_at:
+            if self._rest_ready is not None:
+                self._rest_ready.synchronize()
+            return memoryview(self._rest.numpy())[start - self._rest_at:end - self._rest_at]
+        if self._buffer is None:
+            self._buffer = torch.empty(min(_PIECE, self._flat.numel()), dtype=torch.uint8, pin_memory=self._cuda)
+            if self._cuda:
+                self._stream = torch.cuda.Stream(self._flat.device)
+                self._stream.wait_event(self._started)
+        piece = self._buffer[:end - start]
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                piece.copy_(self._flat[start:end], non_blocking=True)
+            self._stream.synchronize()
+        else:
+            piece.copy_(self._flat[start:end])
+        return memoryview(piece.numpy())
+
+    def copy_rest(self, start: int) -> None:
+        rest = self._flat[start:]
+        self._rest = torch.empty(rest.numel(), dtype=torch.uint8, pin_memory=self._cuda)
+        self._rest_at = start
+        if self._cuda:
+            self._rest.copy_(rest, non_blocking=True)  # on the job's stream: before its later kernels
+            self._rest_ready = torch.cuda.Event()
+            self._rest_ready.record()
+        else:
+            self._rest.copy_(rest)
+        self._flat = self._flat[:start]  # the live tensor's rest is never read again
+
+    @property
+    def buffer_bytes(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    def close(self) -> None:
+        self._flat = self._buffer = self._rest = self._stream = None  # type: ignore[assignment]
+
+
+class StreamedWeight:
+    """One weight on its way to a staging file.
+
+    Args:
+        tensor: the live parameter (its bytes are read, never copied, until the call ends).
+        path: the staging file (:meth:`Repo.staging_file`).
+        fingerprint: the weight's fingerprint when the call started (tracing/fingerprint.py), to
+            check what was written against.
+        name: the parameter's name, for messages.
+        buffered: read through a bounded buffer (default: for a tensor on a device; the tests force
+            it on CPU tensors, where no GPU is available).
+    """
+
+    def __init__(self, tensor: torch.Tensor, path: Path, fingerprint: int | None, name: str, *,
+                 buffered: bool | None = None) -> None:
+        self.name = name
+        self.path = path
+        self.alias = tensor.detach()  # the storage as the call started (a later `p.data = x` leaves it)
+        flat = self.alias.reshape(-1).view(torch.uint8)
+        self.nbytes = flat.numel()
+        self.version = tensor._version
+        self.fingerprint = fingerprint if sums_bits(tensor) else None
+        self._width = np.dtype(str(bit_sum_width(tensor)).removeprefix("torch."))
+        use_buffer = tensor.device.type != "cpu" if buffered is None else buffered
+        self._reader: Any = _BufferedReader(flat) if use_buffer else _HostReader(flat)
+        self.written = 0
+        self._copied_from: int | None = None  # where the copy of the rest starts, once taken
+        self._copy: memoryview | None = None
+        self.lock = threading.Lock()
+        self.progress = threading.Condition(self.lock)
+        self.read_all = False  # every byte is read (from the live tensor or the copy of its rest)
+        self.done = threading.Event()  # written, hashed and flushed (or failed)
+        self.error: BaseException | None = None
+        self.payload: WrittenPayload | None = None
+        self.changed: str | None = None  # why what was written is not what the call started with
+
+    @property
+    def left(self) -> int:
+        """Bytes still to be read from the live tensor (0 once its rest is copied)."""
+        return 0 if self._copied_from is not None or self.read_all else self.nbytes - self.written
+
+    def _read(self, start: int, end: int) -> memoryview:
+        if self._copy is not None and start >= self._copied_from:  # type: ignore[operator]
+            return self._copy[start - self._copied_from:end - self._copied_from]  # type: ignore[operator]
+        return self._reader.read(start, end)
+
+    def copy_rest(self) -> None:
+        """Copy what is not written yet (the end of the call: the live tensor may change from now on)."""
+        with self.lock:
+            if self.read_all or self._copied_from is not None:
+                return
+            if self.alias._version != self.version:
+                self.changed = "its version counter moved during the call (changed in place by the forward)"
+            self._copied_from = self.written
+            copy = self._reader.copy_rest(self.written)
+            if copy is not None:
+                self._copy = copy
+
+    def write(self) -> int:
+        """Write and hash the whole weight (the background thread's work); returns the open file,
+        for :meth:`flush` (by a second thread, so the disk flushes this file while the next is
+        written), or -1 after an error."""
+        fd = -1
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(fd, 0, self.nbytes)
+            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if self.nbytes > _HASH_THREADS_FROM \
+                else blake3.blake3()
+            chunk = chunk_size(self.nbytes)
+            piece = chunk * max(1, _PIECE // chunk)
+            chunks: list[bytes] = []
+            bit_sum = 0
+            while self.written < self.nbytes:
+                with self.lock:
+                    start, end = self.written, min(self.written + piece, self.nbytes)
+                    view = self._read(start, end)
+                    done = 0
+                    while done < len(view):
+                        done += os.write(fd, view[done:])
+                    hasher.update(view)
+                    chunks.extend(xxhash.xxh3_64_digest(view[i:i + chunk]) for i in range(0, len(view), chunk))
+                    if self.fingerprint is not None:
+                        bit_sum += int(np.frombuffer(view, dtype=self._width).sum(dtype=np.int64))
+                    self.written = end
+                    self.progress.notify_all()
+            if self.fingerprint is not None and not self.changed and _wrapped(bit_sum) != self.fingerprint:
+                self.changed = "what was written does not match its fingerprint at the start of the call " \
+                               "(changed in place during the call)"
+            self.payload = WrittenPayload(self.path, f"{HASH_ALGORITHM}:{hasher.hexdigest()}", self.nbytes,
+                                          (chunk, b"".join(chunks).hex()))
+        except BaseException as error:  # reported by settle() or at the save: the job goes on
+            self.error = error
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+        finally:
+            with self.lock:
+                self._reader.close()
+                self._copy = None
+                self.read_all = True
+                self.progress.notify_all()
+        return fd
+
+    def flush(self, fd: int) -> None:
+        """Make the written file durable (as a save is), then mark the weight done."""
+        try:
+            if fd >= 0 and durable():
+                os.fsync(fd)
+        except OSError as error:
+            self.error, self.payload = error, None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            self.done.set()
+
+
+class WeightWriter:
+    """Writes the large parameters of recorded calls to staging files, one thread per call's state.
+
+    Args:
+        staging_file: gives a new staging file name (``Repo.staging_file``), or ``None`` when
+            nothing can be staged (then weights are copied, as before).
+    """
+
+    def __init__(self, staging_file: Callable[[], Path | None]) -> None:
+        self._staging_file = staging_file
+        self._pending: list[StreamedWeight] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self, weights: dict[str, tuple[torch.Tensor, int | None]]) -> dict[str, StreamedWeight]:
+        """Start writing ``{name: (live tensor, fingerprint)}``; returns the streamed ones by name
+        (the others, and all when no staging file can be had, are for the caller to copy)."""
+        streamed: dict[str, StreamedWeight] = {}
+        for name, (tensor, fingerprint) in weights.items():
+            try:
+                path = self._staging_file()
+                if path is None:
+                    break
+                streamed[name] = StreamedWeight(tensor, path, fingerprint, name)
+            except Exception:  # fail open: this weight and the rest are copied instead
+                break
+        if streamed:
+            jobs = list(streamed.values())
+            thread = threading.Thread(target=_write_all, args=(jobs,), name="modulelens-weights", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # no new threads (interpreter shutdown): copied instead
+                return {}
+            with self._lock:
+                self._pending.extend(jobs)
+                self._threads.append(thread)
+        return streamed
+
+    def settle(self) -> list[StreamedWeight]:
+        """The end of a recorded call: wait until little is left to read from the live weights,
+        copy that, and return; what failed to write is returned for the caller to copy instead."""
+        with self._lock:
+            pending = [job for job in self._pending if not job.read_all and job._copied_from is None]
+        total = sum(job.nbytes for job in pending)
+        budget = min(SETTLE_BUDGET_MAX, int(total * SETTLE_BUDGET_FRACTION))
+        for job in pending:  # in writing order: the thread writes them one after the other
+            with job.lock:
+                while not job.read_all and sum(j.left for j in pending) > budget:
+                    job.progress.wait(0.05)
+        for job in pending:
+            job.copy_rest()
+        with self._lock:
+            failed = [job for job in self._pending if job.error is not None and job.payload is None]
+            self._pending = [job for job in self._pending if job not in failed]
+        return failed
+
+    def finish(self) -> list[StreamedWeight]:
+        """Wait for every write; returns the weights written (each with its payload or error)."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+            jobs, self._pending = self._pending, []
+        for thread in threads:
+            thread.join()
+        return jobs
+
+
+def _write_all(jobs: list[StreamedWeight]) -> None:
+    """Write the jobs one after the other; a second thread flushes each written file meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-weights-flush")
+    except RuntimeError:  # interpreter shutdown: flush in this thread
+        flusher = None
+    try:
+        for job in jobs:
+            fd = job.write()
+            if flusher is None:
+                job.flush(fd)
+            else:
+                try:
+                    flusher.submit(job.flush, fd)
+                except RuntimeError:  # shutting down meanwhile
+                    job.flush(fd)
+    finally:
+        if flusher is not None:
+            flusher.shutdown(wait=True)
+
+
+def _wrapped(total: int) -> int:
+    """``total`` as a wrapping int64 sum, as torch computes it."""
+    total %= _INT64
+    return total - _INT64 if total >= _INT64 // 2 else total
+
+
+def mark_written(tensor: torch.Tensor, payload: WrittenPayload) -> torch.Tensor:
+    """A read-only memory map of ``payload``'s file, shaped as ``tensor``, that encoding stores as
+    that file (no copy in memory: the recorded weights stay on disk)."""
+    mapped = torch.from_file(str(payload.path), shared=False, size=tensor.numel(), dtype=tensor.dtype)
+    mapped = mapped.view(tensor.shape) if tensor.dim() else mapped.reshape(())
+    setattr(mapped, _STORED_ATTR, payload)
+    return mapped
+
+
+def warn_changed(target: str, job: StreamedWeight) -> None:
+    warnings.warn(f"modulelens: {target or '<root>'}: parameter {job.name}: {job.changed}; the stored value is "
+                  "not exactly the one the recorded call started with", CaptureWarning, stacklevel=3)

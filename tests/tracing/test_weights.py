@@ -1,0 +1,161 @@
+"""Large weights of recorded calls written straight from the live tensors (tracing/weights.py).
+
+Real training steps change the weights right after each recorded call (an optimizer step, an
+update through ``.data``); what is stored must be, bit for bit, what each call started with, and
+no copy of the whole module is kept in memory. Failures of the writer never break the job.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import modulelens
+from modulelens.errors import CaptureWarning
+from modulelens.repo import Repo
+from modulelens.tracing.weights import STREAM_MIN_BYTES, written_payload
+
+WIDTH = 1024  # a 1024x1024 fp32 weight is 4 MiB: streamed (over STREAM_MIN_BYTES)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 8))
+
+
+def _train(model: nn.Module, steps: int, cap: modulelens.capture | None = None) -> list[dict[str, torch.Tensor]]:
+    """Training steps that change every weight after each call; the weights each call started with."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    seen = []
+    for _ in range(steps):
+        seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        model(torch.randn(4, WIDTH)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model[0].weight.data.mul_(0.5)  # through .data: no version counter moves
+    return seen
+
+
+def _assert_states(capture: modulelens.Capture, seen: list[dict[str, torch.Tensor]]) -> None:
+    for index, expected in enumerate(seen):
+        stored = capture.state_dict(index)
+        assert stored.keys() == expected.keys()
+        for key, value in expected.items():
+            assert torch.equal(stored[key], value), (index, key)
+
+
+def test_weights_are_streamed_and_stored_as_each_call_started_despite_training(tmp_path: Path) -> None:
+    assert WIDTH * WIDTH * 4 > STREAM_MIN_BYTES
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                            record=modulelens.Recording(max_calls=3)) as cap:
+        seen = _train(model, 3)
+        cap.tracer.synchronize()
+        states = cap.tracer.records[""].states
+        assert len(states) == 3
+        # the recorded weight is its written file, mapped, not a copy in memory
+        assert all(written_payload(state.parameters["0.weight"]) is not None for state in states)
+        assert all(written_payload(state.parameters["0.bias"]) is None for state in states)  # small: copied
+    _assert_states(modulelens.load("m", repo=repo), seen)
+    assert not any((repo.root / "tmp").iterdir())  # every staging file became a blob
+    report = modulelens.Repo(repo.root).fsck()
+    assert not report.problems, report.to_dict()
+
+
+def test_a_streamed_weight_saved_twice_is_one_blob(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m") as cap:
+        model(torch.randn(2, WIDTH))
+    cap.save(repo=repo)  # a second save of the same records: m:v2
+    first, second = repo.read_metadata("m", 1), repo.read_metadata("m", 2)
+    payloads = {e["payload"] for e in first["tensors"].values() if e.get("nbytes", 0) > STREAM_MIN_BYTES}
+    assert payloads and payloads == {e["payload"] for e in second["tensors"].values()
+                                     if e.get("nbytes", 0) > STREAM_MIN_BYTES}
+    assert torch.equal(modulelens.load("m:v2", repo=repo).state_dict()["0.weight"], model[0].weight)
+
+
+def test_weights_for_a_remote_repo_are_streamed_into_its_staging_repo(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    url = f"memory://modulelens-{uuid.uuid4().hex[:8]}"
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=url, name="m",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        seen = _train(model, 2)
+    cap.wait()
+    _assert_states(modulelens.load("m", repo=url), seen)
+
+
+def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staging files that cannot be created (a folder that is not there): each weight is copied
+    at the end of its call, with a warning, and the capture is still exact."""
+    missing = tmp_path / "not-there"
+    monkeypatch.setattr(Repo, "staging_file", lambda self: missing / f"{uuid.uuid4().hex}.weight")
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with pytest.warns(CaptureWarning, match="copied instead"), \
+            modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                               record=modulelens.Recording(max_calls=2)) as cap:
+        seen = _train(model, 2)
+    assert cap.wait()
+    _assert_states(modulelens.load("m", repo=repo), seen)
+
+
+def test_a_staging_area_that_raises_means_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Repo) -> Path:
+        raise RuntimeError("no staging here")
+
+    monkeypatch.setattr(Repo, "staging_file", broken)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m") as cap:
+        seen = _train(model, 1)
+    assert cap.wait()
+    _assert_states(modulelens.load("m", repo=repo), seen)
+
+
+class SelfUpdating(nn.Module):
+    """A forward that changes its own large parameter in place while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(WIDTH, WIDTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.weight.add_(1.0)
+        return x @ self.weight
+
+
+def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo")
+    module = SelfUpdating()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with modulelens.capture(module, targets="SelfUpdating", repo=repo, name="m") as cap:
+            module(torch.randn(2, WIDTH))
+        cap.wait()
+    assert any(issubclass(w.category, CaptureWarning) and "weight" in str(w.message)
+               and "changed in place" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="posix only")
+def test_shape_only_parameters_are_not_streamed(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                            payload=modulelens.PayloadPolicy(shape_only_params=True, max_bytes=1 << 20)) as cap:
+        model(torch.randn(2, WIDTH))
+        cap.tracer.synchronize()
+        assert written_payload(cap.tracer.records[""].states[0].parameters["0.weight"]) is None
+    assert cap.wait()
+    assert not (repo.root / "tmp").exists() or not any((repo.root / "tmp").iterdir())
