@@ -286,7 +286,7 @@ class Summaries:
             if entries is None:  # rewritten meanwhile (compacted): read the head again
                 index = self._stored(prefix, tagged=persist)
                 entries = None if index is None else self._log_entries(prefix, index)
-            if entries is None:
+            if entries is None or index is None:
                 index = None
             else:
                 index.versions = entries
@@ -360,7 +360,7 @@ class Summaries:
         except (OSError, CorruptCaptureError):
             return None
 
-    def _log_entries(self, prefix: str, index: NameIndex) -> dict[str, Entry] | None:
+    def _log_entries(self, prefix: str, index: NameIndex) -> dict[int, Entry] | None:
         if index.log == 0:
             return {}
         try:
@@ -407,7 +407,7 @@ class Summaries:
             return {str(k): v for k, v in data["versions"].items() if isinstance(v, dict)}
         return {}
 
-    def _rebuilt(self, name: str, prefix: str, previous: dict[str, Entry] | None) -> NameIndex:
+    def _rebuilt(self, name: str, prefix: str, previous: dict[int, Entry] | None) -> NameIndex:
         """An index from a scan of the name's folders: entries of ``previous`` (by number: numbers
         are never reused) or of a layout-2 summary (by folder identity) kept, the others pending."""
         scan = self.store.scan(prefix)
@@ -418,7 +418,7 @@ class Summaries:
             key = str(number)
             if kept is None and key in legacy and legacy[key].get("id") == identity and identity is not None:
                 kept = _plain(legacy[key])
-            versions[number] = dict(kept) if complete(kept) else {}
+            versions[number] = dict(kept) if kept is not None and complete(kept) else {}
         return NameIndex(used=scan.used, latest=max(scan.versions, default=0), count=len(versions),
                          aliases=dict(scan.aliases), versions=versions)
 

@@ -108,7 +108,7 @@ def chunk_size(size: int) -> int:
     return max(MIN_CHUNK, -(-size // MAX_CHUNKS))
 
 
-def _chunk_digest(data: memoryview | bytes) -> bytes:
+def _chunk_digest(data: memoryview | bytes | bytearray) -> bytes:
     return xxhash.xxh3_64_digest(data)
 
 

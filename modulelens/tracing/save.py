@@ -24,6 +24,7 @@ from modulelens.errors import CaptureWarning, RepoError, StorageError, Unsupport
 from modulelens.format.spec import CaptureMetadata
 from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.collector import collector_paused
+from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
 from modulelens.tracing.environment import distributed_info
@@ -177,7 +178,8 @@ class SaveTarget:
         except (OSError, StorageError) as error:
             self._fall_back(error)
 
-    def save(self, name: str, meta: CaptureMetadata, payloads: dict[str, memoryview]) -> VersionInfo | None:
+    def save(self, name: str, meta: CaptureMetadata,
+             payloads: dict[str, memoryview | WrittenPayload]) -> VersionInfo | None:
         """Save one capture; ``None`` when neither the repo nor a fallback can take it."""
         while self.repo is not None:
             try:
@@ -239,7 +241,8 @@ def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:
 
 
 def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_name: str, settings: dict[str, Any], tags: list[str],
-            metadata: dict[str, Any] | None, policy: PayloadPolicy | None) -> tuple[CaptureMetadata, dict[str, memoryview]]:
+            metadata: dict[str, Any] | None,
+            policy: PayloadPolicy | None) -> tuple[CaptureMetadata, dict[str, memoryview | WrittenPayload]]:
     """Encode ``record``; a constructor argument without an encoding drops the constructor record
     (with a warning, unless strict) rather than the whole capture."""
     try:

@@ -79,7 +79,7 @@ class _HostReader:
     """Pieces of a CPU tensor's bytes, read where they are."""
 
     def __init__(self, flat: torch.Tensor) -> None:
-        self._bytes = memoryview(flat.numpy()).toreadonly()
+        self._bytes = memoryview(flat.numpy()).toreadonly()  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ for Python 3.12+ only
 
     def read(self, start: int, end: int) -> memoryview:
         return self._bytes[start:end]
@@ -117,7 +117,7 @@ class _BufferedReader:
         if self._rest is not None and start >= self._rest_at:
             if self._rest_ready is not None:
                 self._rest_ready.synchronize()
-            return memoryview(self._rest.numpy())[start - self._rest_at:end - self._rest_at]
+            return memoryview(self._rest.numpy())[start - self._rest_at:end - self._rest_at]  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ for Python 3.12+ only
         if self._buffer is None:
             self._buffer = torch.empty(min(_PIECE, self._flat.numel()), dtype=torch.uint8, pin_memory=self._cuda)
             if self._cuda:
@@ -130,7 +130,7 @@ class _BufferedReader:
             self._stream.synchronize()
         else:
             piece.copy_(self._flat[start:end])
-        return memoryview(piece.numpy())
+        return memoryview(piece.numpy())  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ for Python 3.12+ only
 
     def copy_rest(self, start: int) -> None:
         rest = self._flat[start:]
