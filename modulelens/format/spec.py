@@ -122,6 +122,7 @@ class TensorEntry(TypedDict):
     shape_only: NotRequired[bool]
     stats: NotRequired[dict[str, Any]]
     quantized: NotRequired[dict[str, Any]]  # format 2: scheme, scale(s), zero point(s) (docs/format.md)
+    requires_grad: NotRequired[bool]  # a call value that required grad in the job (kernels choose by it)
 
 
 class UnrecordedEntry(TypedDict):

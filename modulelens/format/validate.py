@@ -131,6 +131,9 @@ class _Checker:
         kinds = [k for k in ("payload", "view_of") if k in entry] + (["shape_only"] if entry.get("shape_only") else [])
         if len(kinds) != 1:
             raise self.fail(where, f"must have exactly one of payload, view_of, shape_only (has {kinds or 'none'})")
+        if self.field(entry, "requires_grad", bool, where, optional=True) and not can_require_grad(dtype):
+            raise self.fail(f"{where}.requires_grad", f"requires_grad with dtype {dtype} (only floating point "
+                                                      "and complex tensors can require gradients)")
         quantized = self.field(entry, "quantized", dict, where, optional=True)
         if quantized is not None:
             self.quantized(quantized, dtype, f"{where}.quantized")

@@ -22,13 +22,13 @@ from modulelens.format.dtypes import QUANTIZED_STORAGE
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
-from modulelens.format.tree import decode_spec, decode_tree, tree_summary
+from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
 from modulelens.format.values import DecodeContext
 from modulelens.repo import Repo
 from modulelens.repo.trust import own_capture
 from modulelens.restore.classes import ClassResolver
 from modulelens.restore.context import call_context
-from modulelens.restore.inputs import check_inputs_usable, copy_inputs
+from modulelens.restore.inputs import check_inputs_usable, copy_inputs, with_recorded_grad
 from modulelens.restore.rebuild import Rebuilder, RebuildOptions, state_versions
 from modulelens.restore.synthesize import synthesize as synthesize_tensor
 
@@ -88,7 +88,11 @@ class Call:
         if self._input_spec is None:  # resolving the node types is most of a small tree's decoding
             self._input_spec = decode_spec(self._data["inputs"], ctx)
         args, kwargs = decode_tree(self._data["inputs"], ctx, self._input_spec)
-        inputs = (tuple(args), dict(kwargs))
+        inputs: tuple[tuple[Any, ...], dict[str, Any]] = (tuple(args), dict(kwargs))
+        if capture._grad_tids:  # inputs that required grad in the job (a copy handed out knows its id)
+            handed = capture._handed_out
+            inputs = with_recorded_grad(inputs, lambda _path, t: id(t) in handed and handed[id(t)][0]() is t
+                                        and handed[id(t)][1] in capture._grad_tids)
         if capture.device is not None or capture.dtype is not None:
             inputs = copy_inputs(inputs, capture.device, capture.dtype)
         return inputs
@@ -193,7 +197,13 @@ class Call:
         one copy, and views of one storage stay views of one (copied) storage."""
         args, kwargs = self._stored_inputs
         check_inputs_usable(self, (args, kwargs))
-        return copy_inputs((args, kwargs), device, dtype)
+        copies = copy_inputs((args, kwargs), device, dtype)
+        grad_tids = self._capture._grad_tids
+        if grad_tids:  # inputs that required grad in the job: the copies at their paths do too
+            ids = {id(t): tid for tid, t in self._capture._tensors.items()}
+            paths = {path for path, leaf in deep_leaves((args, kwargs)) if ids.get(id(leaf)) in grad_tids}
+            copies = with_recorded_grad(copies, lambda path, _t: path in paths)
+        return copies
 
     @property
     def capture(self) -> Capture:
@@ -449,6 +459,11 @@ class Capture:
             raise RestoreError(f"{self.ref}: tensor {tid} ({marker.describe()}) was stored shape-only, without "
                                "values; load(..., synthesize=True) builds a synthetic one from its statistics")
         return marker
+
+    @functools.cached_property
+    def _grad_tids(self) -> frozenset[str]:
+        """Tensors recorded as call values that required grad in the job (docs/format.md)."""
+        return frozenset(tid for tid, entry in self.metadata["tensors"].items() if entry.get("requires_grad"))
 
     def _decode_context(self, synthesize: bool = False, fresh: bool = False) -> DecodeContext:
         """Decoding with the capture's cached tensors, or (``fresh``) with new copy-on-write

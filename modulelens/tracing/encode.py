@@ -30,7 +30,7 @@ from modulelens.tracing.lazy_modules import is_lazy_class, materialised_argument
 from modulelens.tracing.module_tree import constructed_class
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
-from modulelens.tracing.snapshot import BASE_ATTR
+from modulelens.tracing.snapshot import BASE_ATTR, GRAD_ATTR
 from modulelens.tracing.source import collect_sources
 from modulelens.tracing.weights import written_payload
 
@@ -72,6 +72,8 @@ class TensorTable:
         }
         if tensor.is_quantized:
             entry["quantized"] = quantization(tensor, self.add, path)
+        if getattr(tensor, GRAD_ATTR, False):
+            entry["requires_grad"] = True
         if id(base if base is not None else tensor) in self._shape_only:
             entry.update(shape_only=True, stats=tensor_stats(tensor), nbytes=0)
             self.shape_only_paths.append(path)

@@ -25,6 +25,10 @@ from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leave
 from modulelens.format.values import Unrecorded
 
 BASE_ATTR = "_modulelens_base"
+# A copy of a tensor that required grad in the job (the copy is detached): recorded with the call,
+# because some kernels choose their path by it (CPU attention with a position bias that requires
+# grad computes other roundings: a census wrong value, transformers' udop) and replay sets it again.
+GRAD_ATTR = "_modulelens_requires_grad"
 # Share a storage span only when it is at most this many times the bytes of the views in it, so a
 # small slice of a huge activation is never copied with the whole activation.
 _MAX_SPAN_RATIO = 2
@@ -46,6 +50,8 @@ class Snapshotter:
         copy = self._copy(tensor)
         if tensor.device.type != "cpu":
             copy._modulelens_device = str(tensor.device)  # type: ignore[attr-defined]
+        if tensor.requires_grad:
+            setattr(copy, GRAD_ATTR, True)
         try:
             self._memo[key] = (weakref.ref(tensor), copy)
         except TypeError:  # some tensor subclasses refuse weak references: just don't memoise
@@ -127,6 +133,8 @@ class Snapshotter:
             for view in views:
                 copy = span.as_strided(view.shape, view.stride(), view.storage_offset() - start)
                 setattr(copy, BASE_ATTR, span)
+                if view.requires_grad:
+                    setattr(copy, GRAD_ATTR, True)
                 if view.device.type != "cpu":
                     copy._modulelens_device = str(view.device)  # type: ignore[attr-defined]
                 try:
