@@ -215,6 +215,8 @@ class Rebuilder:
                 changed.append(path)
             built[path] = current
         for path, owner in list(built.items()):
+            if "same_as" in tree.get(path, {}):  # a shared module: the tree lists its children at its first path only
+                continue
             for name in [n for n in owner._modules if n not in ("parametrizations",)]:
                 child_path = f"{path}.{name}" if path else name
                 if child_path not in tree:  # the job's module no longer had it

@@ -107,3 +107,42 @@ def test_a_capture_whose_tree_names_a_missing_construction_is_corrupt(repo: modu
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CorruptCaptureError, match=r"module.tree\['lin'\].construction: 'm99' does not exist"):
         modulelens.load("holder:v1", repo=repo)
+
+
+class SharedTrunk(nn.Module):
+    """One submodule with children of its own, reachable at two paths (a model and its sub-model
+    built around the same encoder)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.view = nn.Module()
+        self.view.trunk = self.trunk
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.view.trunk(self.trunk(x))
+
+
+def test_a_submodule_shared_at_two_paths_keeps_its_children(repo: modulelens.Repo) -> None:
+    # The recorded tree lists a shared module's children at its first path only; the rebuild took
+    # them, at the second path, for children the job no longer had and removed them (found by the
+    # census: torch_geometric's ARGVA).
+    model = SharedTrunk()
+    with modulelens.capture(model, targets=[""], repo=repo, name="shared", strict=True) as cap:
+        model(torch.randn(2, 4))
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert loaded.module.view.trunk is loaded.module.trunk and len(loaded.module.trunk) == 2
+    assert loaded.replay().passed
+
+
+def test_torch_geometric_argva_shares_its_encoder_with_its_vgae(repo: modulelens.Repo) -> None:
+    pyg = pytest.importorskip("torch_geometric.nn")
+    model = pyg.ARGVA(pyg.GCNConv(4, 4), nn.Linear(4, 1))  # ARGVA keeps VGAE(encoder): one GCNConv, two paths
+    x, edge_index = torch.randn(6, 4), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]])
+    with modulelens.capture(model, targets=[""], repo=repo, name="argva", strict=True) as cap:
+        model(x, edge_index)
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    result = loaded.replay()
+    assert result.passed and result.mode == "bit-exact", str(result)
+    assert loaded.module.VGAE.encoder is loaded.module.encoder
+    assert sorted(loaded.module.state_dict()) == sorted(model.state_dict())
