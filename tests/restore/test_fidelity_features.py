@@ -164,6 +164,36 @@ def test_transformers_config_codec_is_lazy_and_exact(tmp_path: Path) -> None:
     assert out == {"class": "T5Config", "same": True, "attn": "eager", "codec": "transformers.PretrainedConfig"}
 
 
+def test_a_sub_config_that_resolved_another_attention_rebuilds_with_it(tmp_path: Path) -> None:
+    """DETR's transformers ResNet backbone resolves to eager attention while DETR itself runs sdpa;
+    recording only the top value asked the rebuilt backbone for sdpa, which it refuses (found by the
+    census). Captured at the defaults, replayed in a fresh process."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=4,
+        backbone_config=transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 8, 16], depths=[1, 1, 1, 1],
+                                                  out_features=["stage4"]).to_dict())
+    with modulelens.track_init():
+        model = transformers.DetrModel(config)
+    assert (config._attn_implementation, config.backbone_config._attn_implementation) == ("sdpa", "eager")
+    repo = modulelens.Repo(tmp_path / "repo")
+    with modulelens.capture(model, targets=[""], repo=repo, name="detr", strict=True) as cap:
+        model(torch.randn(1, 3, 64, 64))
+    result = run_python("""
+        import json, sys
+        import modulelens
+        cap = modulelens.load(sys.argv[2], repo=sys.argv[1])
+        report = cap.replay()
+        config = cap.module.config
+        print(json.dumps({"status": report.status, "mode": report.mode, "report": str(report),
+                          "attn": [config._attn_implementation, config.backbone_config._attn_implementation]}))
+    """, str(repo.root), cap.saved[0].ref, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (out["status"], out["mode"], out["attn"]) == ("PASS", "bit-exact", ["sdpa", "eager"]), out["report"]
+
+
 # ============================================================================================
 # 2. Any input/output structure
 # ============================================================================================
