@@ -26,8 +26,8 @@ from census.run import CPU, Options, run
 
 # the slowest first, so that with --jobs 2 the short ones fill the other core
 FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec"]
-# The whole census (CI) runs every target of every family: about 35 CPU minutes measured (docs/fidelity.md), so
-# about 18 minutes on CI's 2 cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
+# The whole census (CI) runs every target of every family: 28 CPU minutes measured (docs/fidelity.md), so
+# about 15 minutes on CI's 2 free cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
 FULL_LIMITS: dict[str, int] = {}
 DOC = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -130,8 +130,9 @@ def main() -> None:
     failures = oc.render_failures(outcomes)
     kind = ("probe-" if args.probe_only else "") + ("quick" if args.quick else "full")
     sampled = ", ".join(f"{f}: a seeded sample of {n}" for f, n in limits) or "no sampling"
+    summed = f" summed over {len(args.from_json)} runs" if len(args.from_json) > 1 else ""
     header = (f"{'Quick sample (`--quick`)' if args.quick else 'Whole census'} ({sampled}; seed {args.seed}), "
-              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall on {os.cpu_count()} cores "
+              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall{summed} on {os.cpu_count()} cores "
               f"(load average {load[0] if load else '?'} at the start), {sum(cpu.values()) / 60:.1f} min of CPU, "
               + ", ".join(f"{k} {v}" for k, v in _versions().items()))
     print(header + "\n\n" + table + "\n\n" + (failures or "no failures"))
