@@ -26,8 +26,8 @@ from census.run import CPU, Options, run
 
 # the slowest first, so that with --jobs 2 the short ones fill the other core
 FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec"]
-# The whole census (CI) runs every target of every family: about 35 CPU minutes measured (docs/fidelity.md), so
-# about 18 minutes on CI's 2 cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
+# The whole census (CI) runs every target of every family: 28 CPU minutes measured (docs/fidelity.md), so
+# about 15 minutes on CI's 2 free cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
 FULL_LIMITS: dict[str, int] = {}
 DOC = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,6 +56,32 @@ def write_docs(table: str, failures: str, header: str) -> None:
         raise SystemExit(f"{DOC} has no {BEGIN} marker")
     _, _, tail = rest.partition(END)
     DOC.write_text(head + block + tail)
+
+
+def _merge(runs: list[dict]) -> tuple[list[oc.Outcome], dict[str, float], dict[str, float], list[str]]:
+    """Earlier runs' JSON as one census, in order: a later run of a whole family replaces that
+    family; a later run of named targets (``--only``) replaces those targets' outcomes, and its wall
+    and CPU seconds add to the family's (the work the census took)."""
+    kept: dict[tuple[str, str], list[dict]] = {}
+    seconds: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for r in runs:
+        ran = [f for f in r["families"] if r["family_seconds"].get(f)]
+        for family in ran:
+            wall_s, cpu_s = r["family_seconds"][family], r.get("family_cpu_seconds", {}).get(family, 0.0)
+            if r.get("only"):
+                seconds[family], cpu[family] = seconds.get(family, 0.0) + wall_s, cpu.get(family, 0.0) + cpu_s
+            else:
+                kept = {key: found for key, found in kept.items() if key[0] != family}
+                seconds[family], cpu[family] = wall_s, cpu_s
+        fresh: dict[tuple[str, str], list[dict]] = {}
+        for o in r["outcomes"]:
+            if o["family"] in ran:
+                fresh.setdefault((o["family"], o["target"]), []).append(o)
+        kept.update(fresh)
+    outcomes = known.annotate([oc.Outcome(**o) for found in kept.values() for o in found])
+    return outcomes, {f: round(v, 1) for f, v in seconds.items()}, {f: round(v, 1) for f, v in cpu.items()}, \
+        list(seconds)
 
 
 def main() -> None:
@@ -88,14 +114,9 @@ def main() -> None:
     start = time.perf_counter()
     if args.from_json:
         runs = [json.loads(path.read_text()) for path in args.from_json]
-        ran = [f for r in runs for f in r["families"] if r["family_seconds"].get(f)]  # a later run of a family wins
-        last = {f: i for i, r in enumerate(runs) for f in r["families"] if f in ran}
-        outcomes = known.annotate([oc.Outcome(**o) for i, r in enumerate(runs) for o in r["outcomes"]
-                                   if last.get(o["family"]) == i])
-        seconds = {f: runs[i]["family_seconds"][f] for f, i in last.items()}
-        cpu = {f: runs[i].get("family_cpu_seconds", {}).get(f, 0.0) for f, i in last.items()}
+        outcomes, seconds, cpu, families = _merge(runs)
         load = runs[0].get("load_average", [])
-        wall, families = sum(r["wall_seconds"] for r in runs), list(dict.fromkeys(ran))
+        wall = sum(r["wall_seconds"] for r in runs)
         args.quick = runs[0]["kind"].endswith("quick")
         limits = tuple({k: v for r in runs for k, v in r["sampled"].items()}.items())
         args.out = args.out or args.from_json[0]
@@ -109,14 +130,16 @@ def main() -> None:
     failures = oc.render_failures(outcomes)
     kind = ("probe-" if args.probe_only else "") + ("quick" if args.quick else "full")
     sampled = ", ".join(f"{f}: a seeded sample of {n}" for f, n in limits) or "no sampling"
+    summed = f" summed over {len(args.from_json)} runs" if len(args.from_json) > 1 else ""
     header = (f"{'Quick sample (`--quick`)' if args.quick else 'Whole census'} ({sampled}; seed {args.seed}), "
-              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall on {os.cpu_count()} cores "
+              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {wall / 60:.1f} min wall{summed} on {os.cpu_count()} cores "
               f"(load average {load[0] if load else '?'} at the start), {sum(cpu.values()) / 60:.1f} min of CPU, "
               + ", ".join(f"{k} {v}" for k, v in _versions().items()))
     print(header + "\n\n" + table + "\n\n" + (failures or "no failures"))
     out = args.out or RESULTS / f"{kind}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"kind": kind, "seed": args.seed, "families": families, "sampled": dict(limits),
+                               "only": [] if args.from_json else list(options.only),
                                "wall_seconds": round(wall, 1), "family_seconds": seconds,
                                "family_cpu_seconds": cpu, "load_average": load, "versions": _versions(),
                                "python": platform.python_version(),

@@ -35,25 +35,20 @@ class Known:
     expect: str = ""  # text the failure's message must contain (DEFECT entries)
 
 
-_ISSUE22_2 = "issue 22 item 2: structure changed after construction is not rebuilt"
-_ISSUE22_3 = "issue 22 item 3: a pytree output without flatten_with_keys_fn drops the capture"
 _NEW = "found by the census, not filed yet"
 
 KNOWN: list[Known] = [
-    # modulelens defects. Open under issue 22 (branch `fidelity`), or found by the census.
-    Known("diffusers", "*", oc.DROPPED, f"{_ISSUE22_3} (diffusers BaseOutput)", DEFECT,
-          "Did not find a flatten_with_keys_fn"),
-    Known("torchrec", "KJTKeyedOutput", oc.DROPPED, f"{_ISSUE22_3} (torchrec KeyedTensor)", DEFECT,
-          "Did not find a flatten_with_keys_fn"),
-    Known("peft", "*", "load: structure changed", f"{_ISSUE22_2} (peft injects adapter layers)", DEFECT,
-          "does not match the captured state"),
-    Known("peft", "P*Tuning", oc.REPLAY_FAIL, f"{_NEW}: the rebuilt PeftModel of prompt/prefix tuning holds meta "
-          "tensors at replay (close to issue 22 item 2: module-valued constructor arguments)", DEFECT,
-          "Cannot copy out of meta tensor"),
-    Known("torch_nn", "Lazy*", oc.LOAD, f"{_ISSUE22_2} (a Lazy* module becomes its non-lazy class at its first call, "
-          "rebuilt from the lazy class's arguments)", DEFECT, "from its recorded arguments failed"),
-    Known("torch_nn", "NLLLoss2d", oc.LOAD, f"{_NEW}: NLLLoss2d's construction is not recorded under track_init "
-          "(load says it was built before track_init)", DEFECT, "built before modulelens.track_init() was on"),
+    # modulelens defects the whole census of 2026-12-01 found after the issue 22 fixes (the defects listed
+    # here before, diffusers BaseOutput, torchrec KeyedTensor, peft adapters and prompt/prefix tuning, Lazy*
+    # modules, NLLLoss2d, are fixed and replay bit-exact).
+    Known("timm", "dm_nfnet_f0", "load", f"{_NEW}: timm's NFNet stages are built "
+          "with act_layer=act_with_gamma(...), a function made inside another (a closure), which has no import "
+          "path; the stage block cannot be rebuilt from its recorded arguments (the whole model can)", DEFECT,
+          "cannot be referenced by import path"),
+    Known("timm", "vit_tiny_r_s16_p8_224", "load", f"{_NEW}: the hybrid ViT's embed_layer is a partial holding "
+          "its ResNet backbone, built with nn.Sequential(OrderedDict(...)); the value encoder stores no "
+          "collections.OrderedDict, so the root cannot be rebuilt from its recorded arguments (its blocks can)",
+          DEFECT, "cannot store a value of type collections.OrderedDict"),
     # the census's own limits: targets its mechanical rules cannot build or feed (each listed with its reason)
     *(Known(family, "*", category, "the census's construction rules do not cover this target (see its message)")
       for family in ("transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers")

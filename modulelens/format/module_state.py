@@ -22,7 +22,18 @@ _PLAIN = (bool, int, float, str, type(None))
 # whose weights its initialiser has run with ``_is_hf_initialized = True`` (after construction, so
 # every transformers capture recorded it and every load noted restoring it; issue 23). A restored
 # module gets its weights from the capture, never from that initialiser.
-_BOOKKEEPING = frozenset({"_is_hf_initialized"})
+_BOOKKEEPING = frozenset({"_is_hf_initialized", "_output_capturing_hooks_installed"})
+# Hooks a library installs on a module lazily, at its first call, under a flag that says they are
+# there (transformers 5: ``_output_capturing_hooks_installed``, the forward hooks that collect
+# ``hidden_states`` and ``attentions``). The flag is bookkeeping above, so it is not recorded: a
+# rebuilt module installs the hooks again itself at its first call. Restoring the flag without the
+# hooks made the rebuilt module skip them (aya_vision's vision tower then returned no hidden states).
+_REINSTALLED_HOOKS = ("transformers.utils.output_capturing:",)
+
+
+def reinstalled_by_library(hook: str) -> bool:
+    """Whether a hook (``pkg.mod:qualname``) is one its library installs again on a rebuilt module."""
+    return hook.startswith(_REINSTALLED_HOOKS)
 
 
 @functools.lru_cache(maxsize=1)

@@ -45,10 +45,27 @@ def _config_base() -> type:
 def encode_config(config: Any) -> dict[str, Any]:
     data: dict[str, Any] = {"config": config.to_dict()}
     for name in _RUNTIME_ATTRIBUTES:
-        value = getattr(config, f"_{name}", None)
+        value = _runtime_value(config, name)
         if value is not None:
             data[name] = value
     return data
+
+
+def _runtime_value(config: Any, name: str) -> str | dict[str, Any] | None:
+    """``config._<name>`` (e.g. ``"sdpa"``), or, where a sub-config resolved another one, the form
+    transformers' setter takes per sub-config: ``{"": "sdpa", "backbone_config": "eager"}``
+    (nested for deeper sub-configs). Setting the top value alone sets it on every sub-config:
+    DETR's ResNet backbone, which resolved to eager in the job, was then asked for sdpa and refused
+    to build (found by the census)."""
+    own = getattr(config, f"_{name}", None)
+    differing: dict[str, Any] = {}
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, f"_{name}_internal"):
+            value = _runtime_value(sub, name)
+            if value != own:
+                differing[key] = value
+    return {"": own, **differing} if differing else own
 
 
 class _ConfigClass(Protocol):

@@ -1,4 +1,5 @@
-"""The state a recorded call ran in, put back around a replay: grad mode, autocast, RNG.
+"""The state a recorded call ran in, put back around a replay: grad mode, autocast, RNG (torch's,
+numpy's and Python's).
 
 :meth:`modulelens.Call.context` adds the call's weights and training flag; replay and the tools use
 this one.
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
+
+from modulelens.format.host_rng import restore_host_states, set_host_states
 
 if TYPE_CHECKING:
     from modulelens.restore.loader import Call
@@ -28,6 +31,8 @@ def call_context(call: Call, device: torch.device) -> Iterator[None]:
             torch.set_rng_state(rng["cpu"].clone())
         for name in cuda_devices:
             torch.cuda.set_rng_state(rng[name].clone(), torch.device(name))
+        previous = set_host_states(rng)  # numpy's and Python's generators, as torch's: put back after
+        stack.callback(restore_host_states, previous)
         stack.enter_context(torch.set_grad_enabled(call.grad_enabled))
         for device_type, dtype in call.autocast.items():
             if device_type == device.type:

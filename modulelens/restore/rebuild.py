@@ -220,7 +220,9 @@ class Rebuilder:
         for path, owner in list(built.items()):
             if "same_as" in tree.get(path, {}):  # a shared module: the tree lists its children at its first path only
                 continue
-            for name in [n for n in owner._modules if n not in ("parametrizations",)]:
+            # a None child (Informer's ModuleList of conv layers ends in None) is no module, so the tree
+            # has no entry for it; removing it shortened the list and zip() in forward dropped a layer
+            for name in [n for n, child in owner._modules.items() if child is not None and n != "parametrizations"]:
                 child_path = f"{path}.{name}" if path else name
                 if child_path not in tree:  # the job's module no longer had it
                     del owner._modules[name]

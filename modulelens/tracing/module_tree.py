@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import torch
 
+from modulelens.format.module_state import reinstalled_by_library
 from modulelens.format.spec import hooks_not_rebuilt
 from modulelens.tracing.distributed import original_class
 from modulelens.tracing.init_tracking import construction_hooks
@@ -124,8 +125,9 @@ def _note_hooks(node: TreeNode, spans: list[tuple[int, int | None]], ignored: se
                 node.reapply.append({"kind": "spectral_norm", "name": hook.name, "dim": hook.dim, "eps": hook.eps,
                                      "n_power_iterations": hook.n_power_iterations})
                 continue
-            node.hooks.append(HookInfo(kind, describe_hook(hook), _rebuilt(hook_id, hook, spans, unattached_root,
-                                                                          subtree_ids)))
+            described = describe_hook(hook)
+            node.hooks.append(HookInfo(kind, described, reinstalled_by_library(described)
+                                       or _rebuilt(hook_id, hook, spans, unattached_root, subtree_ids)))
 
 
 def _rebuilt(hook_id: int, hook: Callable[..., Any], spans: list[tuple[int, int | None]], unattached_root: bool,

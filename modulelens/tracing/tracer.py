@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
+from modulelens.format.host_rng import host_states
 from modulelens.format.module_state import plain_attributes
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
@@ -750,7 +751,7 @@ def _autocast_state() -> dict[str, Any]:
 
 
 def _rng_state(input_leaves: list[Any]) -> dict[str, torch.Tensor]:
-    state = {"cpu": torch.get_rng_state()}
+    state = {"cpu": torch.get_rng_state(), **host_states()}  # numpy's and Python's too (format/host_rng.py)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         devices = {t.device for t in input_leaves if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
         for device in devices:

@@ -62,16 +62,55 @@ def test_quick_census_sample(tmp_path: Path) -> None:
 
 # -- a wrong value is never accepted --------------------------------------------------------------
 
+# A defect entry as census/known.py writes them. The tests install their own (the real entries come
+# and go as defects are fixed; a whole census reports an entry that matches nothing as stale).
+_DOCUMENTED = known.Known("peft", "PromptTuning", oc.REPLAY_FAIL, "a defect someone is fixing", known.DEFECT,
+                          "Cannot copy out of meta tensor")
+
+
+@pytest.fixture
+def documented(monkeypatch: pytest.MonkeyPatch) -> known.Known:
+    monkeypatch.setattr(known, "KNOWN", [*known.KNOWN, _DOCUMENTED])
+    return _DOCUMENTED
+
+
 def _fail(message: str, differing: int | None, target: str = "PromptTuning") -> Outcome:
     return Outcome("peft", target, oc.REPLAY_FAIL, f"{target}:model@eval", message=message, differing=differing)
 
 
-def test_a_replay_that_raised_is_accepted_only_where_documented() -> None:
+def test_a_replay_that_raised_is_accepted_only_where_documented(documented: known.Known) -> None:
     raised = _fail("replay ...: FAIL\n  call 0: FAIL  max abs err 0  RuntimeError: Cannot copy out of meta tensor", 0)
     assert not known.wrong_value(raised)
-    assert known.match(raised) is not None and known.accepted(raised)
+    assert known.match(raised) is documented and known.accepted(raised)
     elsewhere = _fail(raised.message, 0, target="LoRA")  # the same failure where no entry documents it
     assert not known.accepted(elsewhere)
+
+
+def test_a_defect_entry_that_matches_nothing_is_stale(documented: known.Known) -> None:
+    raised = _fail("call 0: FAIL  max abs err 0  RuntimeError: Cannot copy out of meta tensor", 0)
+    assert known.stale([raised], ["peft"]) == []
+    fixed = Outcome("peft", "PromptTuning", oc.BIT_EXACT, "PromptTuning:model@eval")  # the defect was fixed
+    assert known.stale([fixed], ["peft"]) == [documented]
+    assert known.stale([fixed], ["torch_nn"]) == []  # only the families that ran are judged
+
+
+def _committed_census() -> tuple[list[Outcome], list[str]]:
+    data = json.loads((ROOT / "census" / "results" / "full.json").read_text())
+    return [Outcome(**o) for o in data["outcomes"]], data["families"]
+
+
+def test_no_defect_entry_is_stale_against_the_committed_whole_census() -> None:
+    """census/known.py and census/results/full.json (the run docs/fidelity.md shows) agree: no
+    defect entry outlived its fix (the whole census in CI exits 1 on a stale entry)."""
+    outcomes, families = _committed_census()
+    assert known.stale(outcomes, families) == []
+
+
+@pytest.mark.xfail(strict=True, reason="open: udop's attention replays with a difference up to 1.9e-6 (inputs' "
+                                       "requires_grad is not recorded; docs/fidelity.md 'Open'), a wrong value")
+def test_every_failure_of_the_committed_whole_census_is_documented_and_never_a_wrong_value() -> None:
+    outcomes, _ = _committed_census()
+    assert [f"{o.family} {o.label or o.target}: {o.category}" for o in outcomes if not known.accepted(o)] == []
 
 
 @pytest.mark.parametrize("differing, message", [
@@ -80,10 +119,11 @@ def test_a_replay_that_raised_is_accepted_only_where_documented() -> None:
     (0, "call 1: FAIL  max abs err nan  Cannot copy out of meta tensor"),
     (None, "call 0: FAIL  max abs err 0  Cannot copy out of meta tensor"),  # no count (an old result)
 ])
-def test_a_wrong_value_is_never_accepted_even_when_its_message_matches_an_entry(differing: int | None,
+def test_a_wrong_value_is_never_accepted_even_when_its_message_matches_an_entry(documented: known.Known,
+                                                                                differing: int | None,
                                                                                 message: str) -> None:
     wrong = _fail(message, differing)
-    assert known.match(wrong) is not None  # the documented defect's text is there...
+    assert known.match(wrong) is documented  # the documented defect's text is there...
     assert known.wrong_value(wrong) and not known.accepted(wrong)  # ...and still it is never accepted
 
 

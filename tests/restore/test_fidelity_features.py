@@ -164,6 +164,72 @@ def test_transformers_config_codec_is_lazy_and_exact(tmp_path: Path) -> None:
     assert out == {"class": "T5Config", "same": True, "attn": "eager", "codec": "transformers.PretrainedConfig"}
 
 
+def test_a_sub_config_that_resolved_another_attention_rebuilds_with_it(tmp_path: Path) -> None:
+    """DETR's transformers ResNet backbone resolves to eager attention while DETR itself runs sdpa;
+    recording only the top value asked the rebuilt backbone for sdpa, which it refuses (found by the
+    census). Captured at the defaults, replayed in a fresh process."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=4,
+        backbone_config=transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 8, 16], depths=[1, 1, 1, 1],
+                                                  out_features=["stage4"]).to_dict())
+    with modulelens.track_init():
+        model = transformers.DetrModel(config)
+    assert (config._attn_implementation, config.backbone_config._attn_implementation) == ("sdpa", "eager")
+    repo = modulelens.Repo(tmp_path / "repo")
+    with modulelens.capture(model, targets=[""], repo=repo, name="detr", strict=True) as cap:
+        model(torch.randn(1, 3, 64, 64))
+    result = run_python("""
+        import json, sys
+        import modulelens
+        cap = modulelens.load(sys.argv[2], repo=sys.argv[1])
+        report = cap.replay()
+        config = cap.module.config
+        print(json.dumps({"status": report.status, "mode": report.mode, "report": str(report),
+                          "attn": [config._attn_implementation, config.backbone_config._attn_implementation]}))
+    """, str(repo.root), cap.saved[0].ref, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (out["status"], out["mode"], out["attn"]) == ("PASS", "bit-exact", ["sdpa", "eager"]), out["report"]
+
+
+def test_numpy_randomness_of_a_train_mode_forward_replays_bit_exact(tmp_path: Path) -> None:
+    """wav2vec2-style audio models draw their SpecAugment masks (and data2vec-audio its LayerDrop)
+    from numpy's global generator in train mode, at their defaults: a replay that put back only
+    torch's RNG state gave other values (found by the census: data2vec-audio). numpy's and Python's
+    generator states are recorded per call and set around the replay, then put back."""
+    transformers = pytest.importorskip("transformers")
+    import numpy as np
+
+    config = transformers.Data2VecAudioConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=3, num_conv_pos_embedding_groups=2,
+        vocab_size=12)
+    with modulelens.track_init():
+        model = transformers.Data2VecAudioForCTC(config)  # train mode, as built
+    assert model.training and config.mask_time_prob > 0
+    repo = modulelens.Repo(tmp_path / "repo")
+    with modulelens.capture(model, targets=[""], repo=repo, name="audio", strict=True) as cap:
+        for _ in range(3):
+            model(torch.randn(1, 800))
+    result = run_python("""
+        import json, sys
+        import numpy as np
+        import modulelens
+        np.random.seed(1)
+        before = np.random.get_state()[1].tolist()
+        cap = modulelens.load(sys.argv[2], repo=sys.argv[1])
+        report = cap.replay()
+        print(json.dumps({"status": report.status, "mode": report.mode, "report": str(report),
+                          "put_back": np.random.get_state()[1].tolist() == before}))
+    """, str(repo.root), cap.saved[0].ref, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (out["status"], out["mode"], out["put_back"]) == ("PASS", "bit-exact", True), out["report"]
+    assert np.random.get_state()[0] == "MT19937"
+
+
 # ============================================================================================
 # 2. Any input/output structure
 # ============================================================================================

@@ -146,3 +146,29 @@ def test_torch_geometric_argva_shares_its_encoder_with_its_vgae(repo: modulelens
     assert result.passed and result.mode == "bit-exact", str(result)
     assert loaded.module.VGAE.encoder is loaded.module.encoder
     assert sorted(loaded.module.state_dict()) == sorted(model.state_dict())
+
+
+class GappedStack(nn.Module):
+    """Layers paired with an optional step each, the last one ``None`` (transformers' Informer
+    encoder: ``conv_layers = ModuleList([...] + [None])``, zipped with its layers in forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.steps = nn.ModuleList([nn.Tanh(), None])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, step in zip(self.layers, self.steps, strict=False):  # as Informer: a short list drops a layer
+            x = layer(x)
+            x = step(x) if step is not None else x
+        return x
+
+
+def test_a_none_entry_of_a_module_list_is_kept(repo: modulelens.Repo) -> None:
+    model = GappedStack()
+    with modulelens.capture(model, targets=[""], repo=repo, name="gapped", strict=True) as cap:
+        model(torch.randn(2, 4))
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert len(loaded.module.steps) == 2 and loaded.module.steps[1] is None
+    result = loaded.replay()
+    assert result.passed and result.mode == "bit-exact", str(result)

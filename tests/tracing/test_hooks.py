@@ -86,3 +86,26 @@ def test_hooks_added_from_outside_are_named_at_capture_in_show_and_on_load(repo,
     assert described["result"]["hooks_not_rebuilt"] == ["head: forward hook hook_models:clip_output"]
     replayed = _replay_elsewhere(repo, cap.saved[0].ref, tmp_path)
     assert any("hook_models:clip_output" in note for note in replayed["notes"])
+
+
+def test_hooks_transformers_installs_at_the_first_call_are_installed_again_by_the_rebuilt_model(repo, tmp_path) -> None:
+    """transformers 5 installs the forward hooks that collect ``hidden_states`` at the first call
+    that asks for them and marks the model ``_output_capturing_hooks_installed``. That flag is not restored (the rebuilt
+    model would then skip its hooks and return no hidden states: aya_vision in the census), and the
+    hooks are not called missing: the rebuilt model installs them itself."""
+    transformers = pytest.importorskip("transformers")
+    with modulelens.track_init():
+        model = transformers.LlamaModel(transformers.LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1))
+    ids = torch.randint(0, 64, (1, 5))
+    model(ids, output_hidden_states=True)  # the job's first call installs the hooks
+    assert model._output_capturing_hooks_installed
+    with modulelens.capture(model, targets=[""], repo=repo, name="llama", strict=True) as cap:
+        out = model(ids, output_hidden_states=True)
+    assert len(out.hidden_states) == 3
+    meta = json.dumps(repo.read_metadata("llama", 1))
+    assert "_output_capturing_hooks_installed" not in meta
+    result = _replay_elsewhere(repo, cap.saved[0].ref, tmp_path)
+    assert result["status"] == "PASS" and result["mode"] == "bit-exact", result["report"]
+    assert not any("hook" in note for note in result["notes"]), result["notes"]

@@ -1,0 +1,69 @@
+"""The host's random generators outside torch, as tensors a capture stores with torch's RNG state.
+
+Library code draws from numpy's global generator in ``forward`` (transformers: LayerDrop and the
+SpecAugment masks of wav2vec2-style audio models, ``np.random.random()``) and from Python's
+``random`` module. A recorded call keeps their states next to torch's (``call.rng["numpy"]``,
+``call.rng["python"]``), so a replay in train mode draws what the job drew. numpy is recorded only
+where the job has imported it (modulelens never imports it for this).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import torch
+
+NUMPY, PYTHON = "numpy", "python"
+
+
+def _pack(keys: list[int], position: int, gauss: float | None) -> torch.Tensor:
+    bits = torch.tensor([gauss or 0.0], dtype=torch.float64).view(torch.int64)
+    return torch.tensor([*keys, position, int(gauss is not None), int(bits)], dtype=torch.int64)
+
+
+def _unpack(packed: torch.Tensor, count: int) -> tuple[list[int], int, float | None]:
+    values = packed.tolist()
+    gauss = float(packed[count + 2:count + 3].clone().view(torch.float64)) if values[count + 1] else None
+    return values[:count], values[count], gauss
+
+
+def host_states() -> dict[str, torch.Tensor]:
+    """numpy's global MT19937 state (if numpy is imported) and Python ``random``'s, packed as int64
+    tensors: the 624 keys, the position, whether a Gaussian is cached, and its bits."""
+    states = {}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, position, has_gauss, gauss = numpy.random.get_state()
+        if kind == "MT19937":
+            states[NUMPY] = _pack([int(k) for k in keys], int(position), float(gauss) if has_gauss else None)
+    version, internal, gauss_next = random.getstate()
+    if version == 3:
+        states[PYTHON] = _pack(list(internal[:-1]), internal[-1], gauss_next)
+    return states
+
+
+def set_host_states(states: dict[str, torch.Tensor]) -> dict[str, object]:
+    """Set the recorded states; returns the states they replaced (for :func:`restore_host_states`)."""
+    previous: dict[str, object] = {}
+    if PYTHON in states:
+        previous[PYTHON] = random.getstate()
+        keys, position, gauss = _unpack(states[PYTHON], 624)
+        random.setstate((3, (*keys, position), gauss))
+    if NUMPY in states:
+        import numpy
+
+        previous[NUMPY] = numpy.random.get_state()
+        keys, position, gauss = _unpack(states[NUMPY], 624)
+        numpy.random.set_state(("MT19937", numpy.array(keys, dtype=numpy.uint32), position,
+                                int(gauss is not None), gauss or 0.0))
+    return previous
+
+
+def restore_host_states(previous: dict[str, object]) -> None:
+    if PYTHON in previous:
+        random.setstate(previous[PYTHON])  # type: ignore[arg-type]
+    if NUMPY in previous:
+        import numpy
+
+        numpy.random.set_state(previous[NUMPY])
