@@ -66,4 +66,4 @@ def restore_host_states(previous: dict[str, object]) -> None:
     if NUMPY in previous:
         import numpy
 
-        numpy.random.set_state(previous[NUMPY])
+        numpy.random.set_state(previous[NUMPY])  # type: ignore[arg-type]  # what get_state() returned, kept as object
