@@ -45,10 +45,6 @@ KNOWN: list[Known] = [
           "with act_layer=act_with_gamma(...), a function made inside another (a closure), which has no import "
           "path; the stage block cannot be rebuilt from its recorded arguments (the whole model can)", DEFECT,
           "cannot be referenced by import path"),
-    Known("timm", "vit_tiny_r_s16_p8_224", "load", f"{_NEW}: the hybrid ViT's embed_layer is a partial holding "
-          "its ResNet backbone, built with nn.Sequential(OrderedDict(...)); the value encoder stores no "
-          "collections.OrderedDict, so the root cannot be rebuilt from its recorded arguments (its blocks can)",
-          DEFECT, "cannot store a value of type collections.OrderedDict"),
     # the census's own limits: targets its mechanical rules cannot build or feed (each listed with its reason)
     *(Known(family, "*", category, "the census's construction rules do not cover this target (see its message)")
       for family in ("transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers")

@@ -14,6 +14,7 @@ allows (a namedtuple, a dataclass, a codec's own type), checked before the call.
 from __future__ import annotations
 
 import builtins
+import collections
 import dataclasses
 import enum
 import functools
@@ -575,6 +576,10 @@ register_codec(enum.Enum, lambda e: e.value, lambda cls, v: cls(v), name="enum")
 # state, recorded before and after the call, so replay draws the same numbers and checks it drew as many.
 register_state_codec(torch.Generator, name="torch.Generator", subclasses=False, rebuild=_generator,
                      attributes=lambda g: {"device": g.device, "state": g.get_state()})
+# nn.Sequential(OrderedDict(...)) (timm's hybrid ViT backbones) takes only an OrderedDict for named
+# children: a plain dict would rebuild another structure. Exact type only (ModelOutput subclasses it).
+register_codec(collections.OrderedDict, lambda d: [[k, v] for k, v in d.items()],
+               lambda cls, items: cls((k, v) for k, v in items), name="OrderedDict", subclasses=False)
 register_codec(
     functools.partial,
     lambda p: {"func": p.func, "args": tuple(p.args), "keywords": dict(p.keywords)},

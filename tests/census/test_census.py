@@ -106,8 +106,6 @@ def test_no_defect_entry_is_stale_against_the_committed_whole_census() -> None:
     assert known.stale(outcomes, families) == []
 
 
-@pytest.mark.xfail(strict=True, reason="open: udop's attention replays with a difference up to 1.9e-6 (inputs' "
-                                       "requires_grad is not recorded; docs/fidelity.md 'Open'), a wrong value")
 def test_every_failure_of_the_committed_whole_census_is_documented_and_never_a_wrong_value() -> None:
     outcomes, _ = _committed_census()
     assert [f"{o.family} {o.label or o.target}: {o.category}" for o in outcomes if not known.accepted(o)] == []

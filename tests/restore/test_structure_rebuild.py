@@ -172,3 +172,29 @@ def test_a_none_entry_of_a_module_list_is_kept(repo: modulelens.Repo) -> None:
     assert len(loaded.module.steps) == 2 and loaded.module.steps[1] is None
     result = loaded.replay()
     assert result.passed and result.mode == "bit-exact", str(result)
+
+
+class NamedBackbone(nn.Module):
+    """A backbone passed in as ``nn.Sequential(OrderedDict(...))`` (timm's hybrid ViT embeddings):
+    Sequential names its children only when given an OrderedDict, so a plain dict would not do."""
+
+    def __init__(self, backbone: nn.Sequential) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def test_an_ordered_dict_argument_rebuilds_named_children(repo: modulelens.Repo) -> None:
+    from collections import OrderedDict
+
+    with modulelens.track_init():
+        model = NamedBackbone(nn.Sequential(OrderedDict([("conv", nn.Linear(4, 8)), ("act", nn.GELU())])))
+    with modulelens.capture(model, targets=[""], repo=repo, name="named", strict=True) as cap:
+        model(torch.randn(2, 4))
+    loaded = modulelens.load(cap.saved[0].ref, repo=repo)
+    assert list(loaded.module.backbone._modules) == ["conv", "act"]
+    result = loaded.replay()
+    assert result.passed and result.mode == "bit-exact", str(result)
