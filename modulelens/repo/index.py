@@ -337,7 +337,11 @@ class Summaries:
             return None
         pending = {k for k in index.reserved if int(k) not in entries  # visible: readers read their capture files
                    and self.store.exists(f"{prefix}/versions/{k}/{CAPTURE_FILE}")}
-        return {str(k): e for k, e in entries.items() if k not in index.removing} | {k: {} for k in pending}, True
+        # versions an rm marked (readers no longer show them): one that stopped midway leaves them for
+        # gc to finish, so they are marked, not missing
+        removing = {str(k): {"removing": True} for k in index.removing}
+        return ({str(k): e for k, e in entries.items() if k not in index.removing} | {k: {} for k in pending}
+                | removing), True
 
     def _stored(self, prefix: str, *, tagged: bool = False, raw: bytes | None = None) -> NameIndex | None:
         """The stored head, or ``None``; ``tagged`` (a writer about to swap it): with its tag (a

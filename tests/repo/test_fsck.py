@@ -245,3 +245,22 @@ def test_repair_never_moves_anything_through_a_linked_quarantine(repo: modulelen
     run = Path(report.quarantine)
     assert (run / "quarantine").is_symlink() and (run / "names/lin/notes.txt").read_text() == "mine"
     assert repo.fsck().clean
+
+
+def test_an_rm_killed_after_marking_is_left_for_gc_not_a_problem(tmp_path: Path) -> None:
+    """kill -9 of an ``rm`` between marking its versions (readers no longer show them) and removing
+    them: fsck finds nothing wrong (a crash leaves only garbage for gc), and gc finishes the removal
+    (found by the stress suite's kill row)."""
+    from modulelens.repo.layout import name_key
+
+    repo = modulelens.Repo(tmp_path / "repo")
+    _save(repo)
+    _save(repo)
+    repo._summaries.begin_removal("lin", name_key("lin"), [1])  # what the killed rm had done
+    assert [v.version for v in repo.list("lin")] == [2]
+    report = repo.fsck()
+    assert report.clean, [(p.kind, p.path, p.detail) for p in report.problems]
+    repo.gc(grace_s=0)
+    assert not (tmp_path / "repo" / "names" / "lin" / "versions" / "1").exists()
+    assert repo.fsck().clean
+    assert [v.version for v in repo.list("lin")] == [2]
