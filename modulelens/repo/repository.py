@@ -677,6 +677,15 @@ class Repo:
             _, tag = self.store.read_tagged(key)
             if not self.store.swap(key, str(version).encode(), tag):
                 raise RepoBusyError(f"alias {name}:{alias} was moved by another writer meanwhile; nothing changed")
+            # An rm of this version that ran meanwhile removed the aliases pointing at it before this
+            # one did (it marks its versions first, then looks at the aliases): take it back, or the
+            # alias would point at nothing (found by the stress suite's race row).
+            if version not in self.version_numbers(name):
+                data, _ = self.store.read_tagged(key)
+                if data is not None and data.strip() == str(version).encode():
+                    self.store.remove(key)
+                raise CaptureNotFoundError(f"{name}:v{version} was removed by another process meanwhile; "
+                                           f"alias {alias!r} not set")
         finally:
             self._summaries.end_alias(name, prefix, alias)
         return self.info(name, version)

@@ -264,3 +264,29 @@ def test_an_rm_killed_after_marking_is_left_for_gc_not_a_problem(tmp_path: Path)
     assert not (tmp_path / "repo" / "names" / "lin" / "versions" / "1").exists()
     assert repo.fsck().clean
     assert [v.version for v in repo.list("lin")] == [2]
+
+
+def test_an_alias_set_while_its_version_is_removed_is_taken_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``alias`` resolves ``lin:v2``; another process's ``rm lin:v2`` runs before the alias is written
+    (it looks for aliases to remove before this one exists): the alias is taken back and the call
+    says why, so no alias points at nothing (found by the stress suite's race row)."""
+    repo = modulelens.Repo(tmp_path / "repo")
+    _save(repo)
+    _save(repo)
+    resolve = repo.resolve
+    raced: list[str] = []
+
+    def resolve_then_removed(ref: str) -> tuple[str, int]:
+        found = resolve(ref)
+        if not raced:
+            raced.append(ref)
+            repo.remove("lin:v2")  # the other process, between the resolve and the write
+        return found
+
+    monkeypatch.setattr(repo, "resolve", resolve_then_removed)
+    with pytest.raises(modulelens.CaptureNotFoundError, match="removed by another process"):
+        repo.set_alias("lin:v2", "best")
+    monkeypatch.undo()
+    assert "best" not in repo.aliases("lin")
+    report = repo.fsck()
+    assert report.clean, [(p.kind, p.path, p.detail) for p in report.problems]
