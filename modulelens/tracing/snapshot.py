@@ -50,8 +50,6 @@ class Snapshotter:
         copy = self._copy(tensor)
         if tensor.device.type != "cpu":
             copy._modulelens_device = str(tensor.device)  # type: ignore[attr-defined]
-        if tensor.requires_grad:
-            setattr(copy, GRAD_ATTR, True)
         try:
             self._memo[key] = (weakref.ref(tensor), copy)
         except TypeError:  # some tensor subclasses refuse weak references: just don't memoise
@@ -105,10 +103,13 @@ class Snapshotter:
         values to copy here (a ``torch.func.vmap`` batch, a dtype torch cannot copy): the rest of
         the call is still recorded (issue 22)."""
         try:
-            return self.tensor(tensor)
+            copy = self.tensor(tensor)
         except (RuntimeError, NotImplementedError, TypeError) as error:
             return Unrecorded("torch.Tensor", f"a {str(tensor.dtype).removeprefix('torch.')} tensor that cannot be "
                                               f"copied: {type(error).__name__}: {str(error).splitlines()[0]}")
+        if tensor.requires_grad:  # a call value only (a state's parameters say it in their own entry)
+            setattr(copy, GRAD_ATTR, True)
+        return copy
 
     def _copy_shared_storages(self, tensors: list[torch.Tensor]) -> None:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""
