@@ -76,21 +76,24 @@ def copy_inputs(inputs: Any, device: torch.device | str | None, dtype: torch.dty
     return map_leaves(copy, inputs)
 
 
-def with_recorded_grad(inputs: Any, requires_grad: Callable[[str, torch.Tensor], bool]) -> Any:
+def with_recorded_grad(inputs: Any, requires_grad: Callable[[str, torch.Tensor], bool],
+                       made: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> Any:
     """``inputs`` with each tensor for which ``requires_grad(path, tensor)`` is true made to require grad, as
     the recorded input did: some kernels choose their path by it (CPU attention with a bias that
     requires grad rounds differently). Each becomes a non-leaf copy, as an activation is, so in-place
     ops on it work as they did in the job; one tensor passed twice stays one tensor."""
-    made: dict[int, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}
 
     def mark(path: str, value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.requires_grad or not requires_grad(path, value) \
                 or not (value.is_floating_point() or value.is_complex()):
             return value
-        if id(value) not in made:
+        if id(value) not in copies:
             with torch.enable_grad():
-                made[id(value)] = value.detach().requires_grad_(True).clone()
-        return made[id(value)]
+                copies[id(value)] = value.detach().requires_grad_(True).clone()
+            if made is not None:  # (the caller keeps track of what it handed out: payload_of)
+                made(value, copies[id(value)])
+        return copies[id(value)]
 
     return map_leaves(mark, inputs)
 

@@ -91,8 +91,11 @@ class Call:
         inputs: tuple[tuple[Any, ...], dict[str, Any]] = (tuple(args), dict(kwargs))
         if capture._grad_tids:  # inputs that required grad in the job (a copy handed out knows its id)
             handed = capture._handed_out
+            def handed_out(original: torch.Tensor, copy: torch.Tensor) -> None:
+                handed[id(copy)] = (weakref.ref(copy), handed[id(original)][1])
+
             inputs = with_recorded_grad(inputs, lambda _path, t: id(t) in handed and handed[id(t)][0]() is t
-                                        and handed[id(t)][1] in capture._grad_tids)
+                                        and handed[id(t)][1] in capture._grad_tids, handed_out)
         if capture.device is not None or capture.dtype is not None:
             inputs = copy_inputs(inputs, capture.device, capture.dtype)
         return inputs
