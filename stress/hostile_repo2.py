@@ -30,7 +30,6 @@ Per consumer run, counted as **wrong** (the row's notes say which):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
@@ -40,7 +39,7 @@ import subprocess
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ import modulelens
 from modulelens.errors import ModulelensError
 from modulelens.format.hashing import hash_bytes
 from modulelens.format.tensors import dtype_from_name, tensor_bytes
+from stress.hostile_trust import as_user
 from stress.table import Row
 
 _CTX = multiprocessing.get_context("fork")
@@ -216,19 +216,6 @@ def _old_marker(blob: Path) -> None:
                                   "chunk_hash": "xxh3_64", "chunk": chunk, "chunks": chunks}))
 
 
-@contextlib.contextmanager
-def _as_user(config: Path) -> Iterator[None]:
-    before = os.environ.get("XDG_CONFIG_HOME")
-    os.environ["XDG_CONFIG_HOME"] = str(config)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("XDG_CONFIG_HOME", None)
-        else:
-            os.environ["XDG_CONFIG_HOME"] = before
-
-
 def _sender_marked(s: Setup) -> None:
     """The sender alters ``big``'s weight in their own repo and lets their modulelens record a
     marker for it (their key, their directory); then the repo is copied to the user, times kept."""
@@ -239,7 +226,7 @@ def _sender_marked(s: Setup) -> None:
     sender = s.case / "sender"
     blob = sender / s.weight_blob().relative_to(s.root)
     os.rename(s.root, sender)
-    with _as_user(s.case / "sender-config"):
+    with as_user(s.case / "sender-config"):
         _flip(blob, 3 << 20, keep_mtime=False)
         # what the sender's modulelens records after a full check, with the sender's key for their repo
         write_marker(blob, MarkerKey.derive(user_key(create=True), repo_identity(sender)))
@@ -769,7 +756,7 @@ DEFECTS = {
 def hostile_repo2_rows(tmp: Path) -> list[Row]:
     """One row per defect; every case through every consumer, each case in its own forked child."""
     config = tmp / "hostile2-config"
-    with _as_user(config):
+    with as_user(config):
         template = make_template(tmp)
         rows = {defect: Row(label) for defect, label in DEFECTS.items()}
         kinds: dict[str, dict[str, int]] = {d: {} for d in DEFECTS}

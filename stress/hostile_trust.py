@@ -77,7 +77,7 @@ class Case:
 
 
 @contextlib.contextmanager
-def _user(config: Path) -> Iterator[None]:
+def as_user(config: Path) -> Iterator[None]:
     """Save as the user whose key lives under ``config`` (the children load as that user too)."""
     before = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = str(config)
@@ -272,7 +272,7 @@ def hostile_trust_row(tmp: Path) -> Row:
     base = tmp / "hostile-trust"
     base.mkdir()
     config = base / "user-config"
-    with _user(config):
+    with as_user(config):
         cases, here = _cases(base, config)
     for pythonpath in dict.fromkeys(c.pythonpath for c in cases):
         group = [c for c in cases if c.pythonpath == pythonpath]
