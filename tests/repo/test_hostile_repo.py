@@ -25,20 +25,21 @@ from modulelens.interfaces.cli import app
 from modulelens.repo.layout import LAYOUT_VERSION
 from modulelens.repo.markers import MarkerKey, marker_path, sampled_check, write_marker
 from modulelens.repo.trust import repo_identity
-from stress.hostile_repo2 import CASES, Setup, Template, _as_user, _flip, full_disk_outcome, make_template, run_case
+from stress.hostile_repo2 import CASES, Setup, Template, _flip, full_disk_outcome, make_template, run_case
+from stress.hostile_trust import as_user
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Template]:
     tmp = tmp_path_factory.mktemp("hostile")
-    with _as_user(tmp / "config"):
+    with as_user(tmp / "config"):
         yield make_template(tmp)
 
 
 @pytest.fixture
 def user(template: Template) -> Iterator[None]:
     """The user who made the template (their signing key, so their markers)."""
-    with _as_user(template.root.parent / "config"):
+    with as_user(template.root.parent / "config"):
         yield
 
 
@@ -97,7 +98,7 @@ def test_a_marker_that_came_with_the_repo_is_not_trusted(setup: Setup) -> None:
     sender = setup.case / "sender"
     shutil.copytree(setup.root, sender, symlinks=True)
     sent_blob = sender / blob.relative_to(setup.root)
-    with _as_user(setup.case / "sender-config"):
+    with as_user(setup.case / "sender-config"):
         _flip(sent_blob, 3 << 20)
         write_marker(sent_blob, MarkerKey.derive(user_key(create=True), repo_identity(sender)))
     received = setup.case / "received"
@@ -226,7 +227,7 @@ def test_a_user_without_a_key_gets_one_at_the_first_marker_and_fast_loads_after(
     """A user who never saved (a teammate's captures, a remote repo's cache) has no signing key; the
     first full check of a large blob makes it, so later loads trust this user's marker."""
     config = tmp_path / "consumer-config"
-    with _as_user(config):
+    with as_user(config):
         repo = modulelens.Repo(setup.root)
         _, blob = _weight(repo)
         assert modulelens.load("big", repo=repo).replay().passed  # hashed in full, then marked
