@@ -19,8 +19,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from modulelens.errors import (
     CaptureNotFoundError,
@@ -83,22 +84,84 @@ def open_store(location: str | os.PathLike[str] | None = None, *, storage_option
     return LocalStore(Path(text).expanduser().absolute(), trust_source=trust_source)
 
 
-@dataclass(slots=True)
+class _NameListing:
+    """What the versions of one name in one listing share: built once per name, not per version."""
+
+    __slots__ = ("aliases", "folder", "name", "numbered")
+
+    def __init__(self, name: str, folder: str, aliases: dict[int, tuple[str, ...]], *, numbered: bool) -> None:
+        self.name = name
+        self.folder = folder  # numbered: the folder of the versions, each one's number appended
+        self.aliases = aliases
+        self.numbered = numbered
+
+
 class VersionInfo:
     """One stored version, as a listing describes it: a snapshot (changing it changes nothing
-    stored). Not frozen: a frozen dataclass sets each field through ``object.__setattr__``, which
-    made building these 5x slower and a fifth of listing 2,000 versions (benchmarks/bench_repo.py)."""
+    stored).
 
-    name: str
-    version: int
-    folder: str  # the version's folder or URL (a str: building 2,000 Paths was most of a listing's time)
-    created: str
-    tags: tuple[str, ...] = ()
-    aliases: tuple[str, ...] = ()
-    nbytes: int = 0
-    module_class: str = ""
-    calls: int = 0
-    problem: str | None = None  # why its metadata cannot be read (a damaged version still lists)
+    Example:
+        >>> [info.ref for info in modulelens.Repo().list("ranker/0")]  # doctest: +SKIP
+        ['ranker/0:v1', 'ranker/0:v2']
+
+    A listing builds one per version, up to hundreds of thousands at a time, so one holds only its
+    number, the index entry it was read from (a fresh dict per listing, shared with nothing) and
+    what its name's versions share; every other field is read from those when asked. Building each
+    field eagerly cost 40% of reading the index itself at 10,000 versions (benchmarks/bench_scale.py).
+    """
+
+    __slots__ = ("_entry", "_of", "version")
+
+    def __init__(self, name: str, version: int, folder: str, created: str, tags: tuple[str, ...] = (),
+                 aliases: tuple[str, ...] = (), nbytes: int = 0, module_class: str = "", calls: int = 0,
+                 problem: str | None = None) -> None:
+        self.version = version
+        self._of = _NameListing(name, folder, {version: tuple(aliases)}, numbered=False)
+        self._entry: dict[str, Any] = {"created": created, "tags": tuple(tags), "nbytes": nbytes,
+                                       "module_class": module_class, "calls": calls, "problem": problem}
+
+    @property
+    def name(self) -> str:
+        return self._of.name
+
+    @property
+    def folder(self) -> str:
+        """The version's folder, or its URL in a remote repo (a str: building thousands of Paths
+        was most of a listing)."""
+        return f"{self._of.folder}{self.version}" if self._of.numbered else self._of.folder
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return self._of.aliases.get(self.version, ())
+
+    # The fields below are read from the entry as stored, as the listing used to copy them; a
+    # field an entry lacks (a hand-edited or hostile log line) reads as empty, never as a KeyError
+    # raised far from the listing.
+    @property
+    def created(self) -> str:
+        return cast(str, self._entry.get("created", ""))
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        tags = self._entry.get("tags")
+        return tuple(tags) if isinstance(tags, (list, tuple)) else ()
+
+    @property
+    def nbytes(self) -> int:
+        return cast(int, self._entry.get("nbytes", 0))
+
+    @property
+    def module_class(self) -> str:
+        return cast(str, self._entry.get("module_class", ""))
+
+    @property
+    def calls(self) -> int:
+        return cast(int, self._entry.get("calls", 0))
+
+    @property
+    def problem(self) -> str | None:
+        """Why its metadata cannot be read (a damaged version still lists); ``None`` when it can."""
+        return cast("str | None", self._entry.get("problem"))
 
     @property
     def ref(self) -> str:
@@ -117,6 +180,20 @@ class VersionInfo:
             "payload_bytes": self.nbytes, "module_class": self.module_class, "calls": self.calls,
             "problem": self.problem,
         }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, VersionInfo):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value and changeable: unhashable, as the dataclass was
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{key}={value!r}" for key, value in (
+            ("name", self.name), ("version", self.version), ("folder", self.folder), ("created", self.created),
+            ("tags", self.tags), ("aliases", self.aliases), ("nbytes", self.nbytes),
+            ("module_class", self.module_class), ("calls", self.calls), ("problem", self.problem)))
+        return f"VersionInfo({fields})"
 
 
 @dataclass
@@ -473,13 +550,16 @@ class Repo:
         # Where the version lives, as its repo is named: a path, or for a remote repo its URL
         # (never the local mirror that caches its capture.json).
         folder = f"{self.location.rstrip('/')}/{prefix or name_key(name)}/versions/"
-        aliases_of = by_version.get
-        # The hot loop of a listing, one VersionInfo per version: a comprehension with the lookups
-        # bound once, and no tuple built for the usual empty tags (a third of this function's time).
-        return [VersionInfo(name, number, f"{folder}{number}", entry["created"], tuple(tags) if (tags := entry["tags"]) else (),
-                            aliases_of(number, ()), entry["nbytes"], entry["module_class"], entry["calls"],
-                            entry.get("problem"))
-                for number, entry in sorted(entries.items())]
+        # The hot loop of a listing, one VersionInfo per version: the object made and its three
+        # slots set here, with no call per version (VersionInfo's docstring).
+        shared = _NameListing(name, folder, by_version, numbered=True)
+        new, infos = VersionInfo.__new__, builtins.list[VersionInfo]()
+        add = infos.append
+        for number in sorted(entries):
+            info = new(VersionInfo)
+            info.version, info._entry, info._of = number, entries[number], shared
+            add(info)
+        return infos
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
         with collector_paused():  # a few objects per version, no cycle (repo/collector.py)
@@ -527,7 +607,9 @@ class Repo:
             with self.store.writing() as hold:
                 for digest in referenced_blobs(metadata):
                     if not self.store.has_blob(digest):
-                        raise CorruptCaptureError(f"payload {digest} is missing from {self.location}")
+                        # a directory counts a blob that does not hash to its name as absent (LocalStore.has_blob)
+                        raise CorruptCaptureError(f"payload {digest} is missing from {self.location}, or stored "
+                                                  "there with bytes that do not hash to it")
                 if hold.intact():  # else a gc may have run meanwhile: check again (see save_version)
                     return self._commit(name, metadata)
 
@@ -679,8 +761,10 @@ class Repo:
                 raise RepoBusyError(f"alias {name}:{alias} was moved by another writer meanwhile; nothing changed")
             # An rm of this version that ran meanwhile removed the aliases pointing at it before this
             # one did (it marks its versions first, then looks at the aliases): take it back, or the
-            # alias would point at nothing (found by the stress suite's race row).
-            if version not in self.version_numbers(name):
+            # alias would point at nothing (found by the stress suite's race row). One head read and
+            # one look, not the name's whole listing: an rm keeps the version in ``removing`` until
+            # its folder is gone.
+            if version in self._head(name).removing or not self.store.exists(capture_key(name, version)):
                 data, _ = self.store.read_tagged(key)
                 if data is not None and data.strip() == str(version).encode():
                     self.store.remove(key)
@@ -759,14 +843,16 @@ class Repo:
             self._require_layout()  # (an unknown layout might reference blobs in ways this one cannot see)
         report = GcReport(dry_run=dry_run)
         with self.store.exclusive(wait_s) as started, collector_paused():
-            referenced: set[str] = set()
+            referenced_digests: set[str] = set()
             unfinished: builtins.list[tuple[str, builtins.list[int]]] = []
             # (a dry run stores no rebuilt index: it writes nothing, even to a repo it may not write to)
             for name, _prefix, index in self._name_summaries(persist=not dry_run, strict=True):
-                for entry in (index.versions or {}).values():
-                    referenced.update(digest.partition(":")[2] for digest in entry["blobs"])
+                # one C-level update per name: versions share most of their blobs, so the set stays
+                # small and is stripped of the hash name once per distinct blob, not per version
+                referenced_digests.update(*map(itemgetter("blobs"), (index.versions or {}).values()))
                 if index.removing:
                     unfinished.append((name, index.removing))
+            referenced = {digest.partition(":")[2] for digest in referenced_digests}
             if not dry_run:
                 for name, versions in unfinished:  # left by an rm that stopped midway (nothing saves now)
                     self._retire(name, versions)

@@ -55,6 +55,40 @@ def test_tags_and_metadata_are_stored(repo: modulelens.Repo) -> None:
     assert repo.read_metadata("lin", 1)["metadata"] == {"run": "abc"}
 
 
+def test_a_listed_version_is_a_snapshot_equal_to_one_built_by_hand(repo: modulelens.Repo) -> None:
+    """A listing keeps each version's index entry and reads its fields when asked (bench_scale): the
+    result must still read like a plain record, compare by value and not change with the repo."""
+    _save(repo, nn.Linear(4, 4), "lin", tags=["nightly"])
+    _save(repo, nn.Linear(4, 4), "lin")
+    first, second = repo.list("lin")
+    assert first.tags == ("nightly",) and isinstance(first.tags, tuple) and second.tags == ()
+    assert second.aliases == ("latest",) and first.aliases == ()
+    assert first.folder == str(repo.root / "names" / "lin" / "versions" / "1") and first.path.is_dir()
+    assert first.module_class == "torch.nn.modules.linear:Linear" and first.calls == 1 and first.nbytes > 0
+    assert first.problem is None
+    by_hand = modulelens.VersionInfo(first.name, 1, first.folder, first.created, ("nightly",), (), first.nbytes,
+                                     first.module_class, first.calls)
+    assert by_hand == first and by_hand != second and by_hand.to_dict() == first.to_dict()
+    assert repr(by_hand) == repr(first) and repr(first).startswith("VersionInfo(name='lin', version=1, ")
+    with pytest.raises(TypeError):
+        hash(first)
+    repo.set_alias("lin:v1", "golden")
+    repo.remove("lin:v2")
+    assert first.aliases == () and second.aliases == ("latest",)  # what was listed stays as it was
+    assert [info.aliases for info in repo.list("lin")] == [("latest", "golden")]
+
+
+def test_committing_over_a_damaged_payload_names_the_damage_not_only_absence(repo: modulelens.Repo) -> None:
+    _save(repo, nn.Linear(4, 4), "lin")
+    metadata = repo.read_metadata("lin", 1)
+    blob = next(path for path in (repo.root / "blobs").glob("*/*") if not path.name.endswith(".ok"))
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(len(blob.read_bytes())))  # same size, other bytes
+    with pytest.raises(modulelens.CorruptCaptureError, match=r"missing from .*, or stored there with bytes that do not hash to it"):
+        repo.commit_version("copy", metadata)
+    assert [info.ref for info in repo.list()] == ["lin:v1"]
+
+
 def test_payloads_are_stored_once_across_versions_and_captures(repo: modulelens.Repo) -> None:
     module = nn.Linear(256, 256)
     x = torch.randn(2, 256)
