@@ -124,9 +124,12 @@ def test_an_action_shows_its_progress_and_stores_its_report(demo: dict[str, Any]
         _wait(driver, 240).until(lambda d: seen.add(d.find_element(By.ID, "job-status").text)
                                  or d.find_element(By.ID, "job-state").text in ("done", "failed"))
         assert _text(driver, "job-state") == "done", _text(driver, "job-status")
-        assert "PASS" in _text(driver, "job-status")
-        # while it ran, the page showed its stage and how far it was (a <progress> of calls)
-        assert any(text.startswith("state: running") and " / " in text for text in seen), seen
+        assert "PASS" in _text(driver, "job-status") and "(2 / 2)" in _text(driver, "job-status")
+        # while it ran, the page showed it running and kept polling. Which stage a 1 s poll catches
+        # depends on the machine (a two-call replay can pass from "starting" to done between two
+        # polls), so the stage and its <progress> while running are checked on the page itself in
+        # tests/ui/test_pages.py::test_a_running_job_shows_its_stage_and_how_far_it_is
+        assert any(text.startswith("state: running") for text in seen), seen
         driver.save_screenshot(str(screenshots / "7-action-done.png"))
         driver.find_element(By.ID, "job-reports").click()
         _wait(driver).until(ready.presence_of_element_located((By.CSS_SELECTOR, "section.report")))

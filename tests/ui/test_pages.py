@@ -191,3 +191,16 @@ def test_a_remote_repo_is_browsed_through_its_cache(demo: dict[str, Any], tmp_pa
     assert refs_on(web.get("/").text) == [demo["top_v1"]]
     page = web.get(f"/capture/{demo['top_v1']}")
     assert page.status_code == 200 and page.text.count('<svg class="hist"') == 6
+
+
+def test_a_running_job_shows_its_stage_and_how_far_it_is() -> None:
+    from modulelens.interfaces.ui import render
+    from modulelens.interfaces.ui.actions import Job
+
+    job = Job(1, "replay", ("demo/top_mlp:v1",), state="running", stage="replaying calls", done=1, total=2)
+    html = render.render("job_status.html", {"repo": "/repo", "job": job.view()}, allow_run=True, csrf="token")
+    assert 'id="job-state">running</b>' in html and 'hx-trigger="every 1s"' in html  # it keeps polling
+    assert '<progress id="job-progress" value="1" max="2">' in html and "replaying calls (1 / 2)" in html
+    finished = Job(1, "replay", ("demo/top_mlp:v1",), state="done", stage="finished", done=2, total=2, passed=True)
+    html = render.render("job_status.html", {"repo": "/repo", "job": finished.view()}, allow_run=True, csrf="token")
+    assert "hx-trigger" not in html and "finished (2 / 2)" in html  # done: no more polling
