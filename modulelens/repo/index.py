@@ -36,7 +36,9 @@ name's folders (reading never writes: readers rebuild in memory; writers store w
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import operator
 import os
 import re
 import socket
@@ -185,7 +187,9 @@ def _parse_log(data: bytes) -> dict[int, Entry] | None:
         return {}
     try:
         lines = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
-        if b'{"rm":' not in data:  # the usual log: only entries (a listing's hot path: one comprehension)
+        # The usual log, only entries, in one comprehension (a listing's hot path): an ``rm`` line has
+        # no "v" and sends the log to the loop below, which also says whether a line is damaged.
+        with contextlib.suppress(KeyError, TypeError):
             return {line["v"]: line for line in lines}
         entries: dict[int, Entry] = {}
         for line in lines:
@@ -309,8 +313,14 @@ class Summaries:
         meanwhile leaves it."""
         entries = index.versions
         assert entries is not None
-        wanted = [k for k, e in entries.items() if "blobs" not in e] if versions is None else \
-            [v for v in versions if v in entries and not complete(entries[v])]
+        if versions is None:
+            # every entry a log holds is complete: the usual listing has nothing to read, and learns
+            # that in one pass in C (at 100,000 versions a loop in Python cost 10 ms of ~300)
+            if all(map(operator.contains, entries.values(), itertools.repeat("blobs"))):
+                return
+            wanted = [k for k, e in entries.items() if "blobs" not in e]
+        else:
+            wanted = [v for v in versions if v in entries and not complete(entries[v])]
         if not wanted:
             return
         for number, entry in self._read_entries(name, wanted).items():

@@ -565,8 +565,10 @@ class Repo:
         with collector_paused():  # a few objects per version, no cycle (repo/collector.py)
             if name:
                 return self._infos(name, self._listing(name))
-            return [info for name, prefix, index in self._name_summaries()
-                    for info in self._infos(name, index, prefix=prefix)]
+            infos: builtins.list[VersionInfo] = []
+            for name, prefix, index in self._name_summaries():
+                infos += self._infos(name, index, prefix=prefix)
+            return infos
 
     # ---------------------------------------------------------------------------------- saving
 

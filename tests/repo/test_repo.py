@@ -115,6 +115,29 @@ def test_remove_and_gc(repo: modulelens.Repo) -> None:
     assert modulelens.load("keep", repo=repo).replay().passed
 
 
+def test_a_listing_reads_removals_and_incomplete_log_lines_from_the_log(repo: modulelens.Repo) -> None:
+    """The log's fast path (only entries) and its slow one (an ``rm`` line; a line without its
+    blobs, which the listing then reads from ``capture.json``) list the same versions."""
+    module = nn.Linear(4, 4)
+    infos = [_save(repo, module, "lin") for _ in range(3)]
+    assert [i.version for i in repo.list("lin")] == [1, 2, 3]
+    repo.remove("lin:v2")
+    listed = repo.list("lin")
+    assert [i.version for i in listed] == [1, 3] and listed[1] == infos[2]  # still the latest
+    assert all(i.nbytes == infos[0].nbytes and i.module_class.endswith("Linear") for i in listed)
+    garbage = repo.gc(dry_run=True).removed  # v2's own payloads
+    log = next((repo.root / "names" / "lin").glob("summary-*.log"))
+    lines = log.read_bytes().splitlines(keepends=True)
+    entry = json.loads(lines[0])
+    del entry["blobs"]  # a log line left incomplete (by hand): the listing reads the version's capture.json
+    log.write_bytes(json.dumps(entry, separators=(",", ":")).encode().ljust(len(lines[0]) - 1) + b"\n"
+                    + b"".join(lines[1:]))
+    again = repo.list("lin")
+    assert [i.version for i in again] == [1, 3] and again[0].nbytes == infos[0].nbytes
+    assert garbage and repo.gc(dry_run=True).removed == garbage  # v1's payloads are still referenced
+    assert modulelens.load("lin:v1", repo=repo).replay().passed
+
+
 def test_metadata_is_plain_json_and_payloads_are_raw_bytes(repo: modulelens.Repo) -> None:
     module = nn.Linear(3, 2)
     info = _save(repo, module, "lin")
