@@ -845,16 +845,8 @@ class Repo:
             self._require_layout()  # (an unknown layout might reference blobs in ways this one cannot see)
         report = GcReport(dry_run=dry_run)
         with self.store.exclusive(wait_s) as started, collector_paused():
-            referenced_digests: set[str] = set()
-            unfinished: builtins.list[tuple[str, builtins.list[int]]] = []
             # (a dry run stores no rebuilt index: it writes nothing, even to a repo it may not write to)
-            for name, _prefix, index in self._name_summaries(persist=not dry_run, strict=True):
-                # one C-level update per name: versions share most of their blobs, so the set stays
-                # small and is stripped of the hash name once per distinct blob, not per version
-                referenced_digests.update(*map(itemgetter("blobs"), (index.versions or {}).values()))
-                if index.removing:
-                    unfinished.append((name, index.removing))
-            referenced = {digest.partition(":")[2] for digest in referenced_digests}
+            referenced, unfinished = self._referenced(persist=not dry_run)
             if not dry_run:
                 for name, versions in unfinished:  # left by an rm that stopped midway (nothing saves now)
                     self._retire(name, versions)
@@ -871,6 +863,20 @@ class Repo:
                 self.store.remove_blobs(doomed)
             report.removed_tmp = self.store.clean_staging(time.time() - tmp_age_s, dry_run=dry_run)
         return report
+
+    def _referenced(self, *, persist: bool) -> tuple[set[str], builtins.list[tuple[str, builtins.list[int]]]]:
+        """The blob hashes (hex) every version references, and the versions an rm left unfinished,
+        per name. The indexes read die when this returns, inside gc's pause of the collector: kept
+        until after it, the collector's next run looked at every entry (60-110 ms at 100,000)."""
+        digests: set[str] = set()
+        unfinished: builtins.list[tuple[str, builtins.list[int]]] = []
+        for name, _prefix, index in self._name_summaries(persist=persist, strict=True):
+            # one C-level update per name: versions share most of their blobs, so the set stays
+            # small and is stripped of the hash name once per distinct blob, not per version
+            digests.update(*map(itemgetter("blobs"), (index.versions or {}).values()))
+            if index.removing:
+                unfinished.append((name, index.removing))
+        return {digest.partition(":")[2] for digest in digests}, unfinished
 
     def exclusive_lock(self) -> contextlib.AbstractContextManager[float]:
         """Hold the repo against every save (what gc and ``fsck --repair`` do while they work)."""
