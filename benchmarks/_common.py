@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import os
 import platform
 import statistics
 import time
@@ -19,6 +20,8 @@ from torch import nn
 
 import modulelens
 from modulelens.format.human import human_number
+from modulelens.repo.collector import collector_paused
+from modulelens.repo.layout import summary_log
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -64,6 +67,28 @@ def many_versions_repo(root: Path, versions: int, names: int) -> modulelens.Repo
         repo.save_version(f"team/model{i % names}/block", meta, dict(payloads))
     repo.gc()
     return repo
+
+
+def read_index(root: Path, *, keep: bool = True) -> list[list[dict[str, Any]]]:
+    """The floor of listing a repo: read and parse what it stores for a listing (each name's index
+    head and its log of entries; docs/repo-layout.md) and hand the entries to the caller, as a
+    listing hands its versions. They are kept, as a caller keeps what it read: Python's collector
+    then looks at them once when it next runs, as it looks at a listing's (a floor that dropped them
+    before returning left that cost to the listing alone: 60-70 ms of ~400 at 100,000 versions).
+    The cyclic collector is paused while parsing, as the listing pauses it. ``keep=False``: the floor
+    of gc, which keeps nothing of what it read (each name's entries dropped as soon as parsed)."""
+    entries = []
+    with collector_paused(), os.scandir(root / "names") as names:
+        for entry in names:
+            head = json.loads(Path(entry.path, "summary.json").read_bytes())
+            if not head["log"]:
+                continue
+            log = Path(entry.path, summary_log(head["log"])).read_bytes()[:head["log_bytes"]]
+            parsed = json.loads(b"[" + log.rstrip(b"\n").replace(b"\n", b",") + b"]")
+            if keep:
+                entries.append(parsed)
+            del parsed
+    return entries
 
 
 def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int,

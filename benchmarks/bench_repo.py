@@ -7,8 +7,8 @@
   load (modulelens.load, then every parameter and every call's inputs and output as tensors) vs
   safetensors.torch.save_file / load_file of the same tensors.
 * a repo of --versions versions under --names names: Repo.list(), show (describe one version) and
-  gc --dry-run vs the floor of reading what the layout stores for them: a scandir of names/ and a
-  json read of every per-name summary (and, for reference, of every capture file as layout 1 did).
+  gc --dry-run vs the floor of reading what the layout stores for them: each name's index head and
+  log of entries, parsed (_common.read_index; and, for reference, every capture file as layout 1 did).
 * a fresh process: `modulelens ls --repo R` vs `python -c "import torch"`.
 * the pack threshold: writing payloads as blobs of their own vs into a pack, by payload size.
 
@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, many_versions_repo, median, report
+from _common import interleaved, many_versions_repo, median, read_index, report
 
 import modulelens
 from modulelens.format.hashing import hash_bytes
@@ -123,21 +122,16 @@ def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[l
     many_versions_repo(root, versions, names)
     show_ref = f"team/model{names // 2}/block:v{versions // names // 2 or 1}"
 
-    def floor(filename: str) -> Callable[[], None]:
-        def read_all() -> None:
-            with os.scandir(root / "names") as found:
-                for entry in found:
-                    if filename == "summary.json":
-                        json.loads(Path(entry.path, filename).read_bytes())
-                    else:
-                        with os.scandir(Path(entry.path, "versions")) as vs:
-                            for v in vs:
-                                if v.name.isdigit():  # not the tombstones of removed versions
-                                    json.loads(Path(v.path, filename).read_bytes())
-        return read_all
+    def floor_capture_files() -> None:
+        with os.scandir(root / "names") as found:
+            for entry in found:
+                with os.scandir(Path(entry.path, "versions")) as vs:
+                    for v in vs:
+                        if v.name.isdigit():  # not the tombstones of removed versions
+                            json.loads(Path(v.path, "capture.json").read_bytes())
 
     def floor_gc() -> None:
-        floor("summary.json")()
+        read_index(root, keep=False)
         for sub in os.scandir(root / "blobs"):
             with os.scandir(sub.path) as blobs:
                 for _ in blobs:
@@ -153,13 +147,13 @@ def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[l
     # Listing, gc and show take milliseconds, where one scheduler hiccup is a large share: three
     # times the rounds (the fresh-process `ls` below keeps --rounds: each round imports torch).
     cheap = 3 * rounds
-    unsettled = interleaved({"floor: summaries": floor("summary.json"),
+    unsettled = interleaved({"floor: summaries": lambda: read_index(root),
                              "Repo.list() (right after saving)": lambda: modulelens.Repo(root).list()}, cheap)
     time.sleep(1.1)  # the folders' state is trusted once it is a second old (repo/index.py)
     modulelens.Repo(root).gc(dry_run=True)  # a writer stores the summaries with their keys
     times = interleaved({
-        "floor: summaries": floor("summary.json"),
-        "floor: capture files": floor("capture.json"),
+        "floor: summaries": lambda: read_index(root),
+        "floor: capture files": floor_capture_files,
         "Repo.list()": lambda: modulelens.Repo(root).list(),
     }, cheap)
     gc_times = interleaved({"floor: summaries + blob scan": floor_gc,

@@ -8,8 +8,9 @@ the same run, and the growth curves plotted (benchmarks/results/scale.png).
   resolving the latest, loading the latest, listing and gc --dry-run, against a folder of
   safetensors files, one per version (save_file + fsync; the latest found by listing the folder;
   load_file; the list by reading every file's header), and against the floor of reading what
-  the repo stores for a listing (each name's index: its head and its log; for gc also the blob and
-  staging folders it scans). ``Repo.list()`` and gc run on an open Repo; opening one (a fixed cost,
+  the repo stores for a listing (each name's index: its head and its log, parsed and handed back
+  as a listing hands back its versions, _common.read_index; for gc, which keeps nothing, parsed and
+  dropped, then the blob and staging folders it scans). ``Repo.list()`` and gc run on an open Repo; opening one (a fixed cost,
   the same at every size) is its own row. Also the inodes and bytes one version costs. Targets:
   save, resolve and load the same within 1.2x from 100 to 100,000 versions; list and gc within
   1.3x of the floor at every size (the median of the per-round ratios: each round times both side
@@ -58,11 +59,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
-from _common import RESULTS, report
+from _common import RESULTS, read_index, report
 
 import modulelens
-from modulelens.repo.collector import collector_paused
-from modulelens.repo.layout import summary_log
 
 HERE = Path(__file__).parent
 NAME = "team/model/block"
@@ -140,32 +139,9 @@ def _per_version_cost(root: Path, versions: int) -> dict[str, float]:
     return {"inodes_per_version": inodes / versions, "kib_per_version": kib / versions}
 
 
-def _read_index(root: Path) -> list[list[dict[str, Any]]]:
-    """The floor of a listing: read and parse what the repo stores for it (each name's index head
-    and its log of entries) and hand the entries to the caller, as the listing hands its versions.
-    Kept, as a caller keeps what it read: Python's collector then looks at them once when it runs
-    again, as it looks at a listing's (a floor that dropped them before returning left that cost to
-    the listing alone: 60-70 ms of ~400 at 100,000 versions). The cyclic collector is paused while
-    parsing as the listing pauses it (with it on, parsing 100,000 entries set off full collections
-    that made this "floor" slower than the listing in an earlier run)."""
-    with collector_paused():
-        return _parse_index(root)
-
-
-def _parse_index(root: Path) -> list[list[dict[str, Any]]]:
-    entries = []
-    with os.scandir(root / "names") as names:
-        for entry in names:
-            head = json.loads(Path(entry.path, "summary.json").read_bytes())
-            log = Path(entry.path, summary_log(head["log"])).read_bytes()[:head["log_bytes"]]
-            entries.append(json.loads(b"[" + log.rstrip(b"\n").replace(b"\n", b",") + b"]"))
-    return entries
-
-
 def _read_index_and_blobs(root: Path) -> None:
     """The floor of gc: the index, then what it scans (the blobs, the staging folder it cleans)."""
-    with collector_paused():
-        _parse_index(root)
+    read_index(root, keep=False)
     for shard in os.scandir(root / "blobs"):
         with os.scandir(shard.path) as blobs:
             for _ in blobs:
@@ -213,7 +189,7 @@ def local_section(work: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
     listing: dict[str, Callable[[int], Callable[[], Any]]] = {
         "open a Repo": lambda n: lambda: modulelens.Repo(repos[n][0].root, create=False),
         "list (modulelens)": lambda n: lambda: repos[n][0].list(),
-        "list floor (read the index)": lambda n: lambda: _read_index(repos[n][0].root),
+        "list floor (read the index)": lambda n: lambda: read_index(repos[n][0].root),
         HEADERS: lambda n: lambda: _headers(repos[n][1]),
         "gc --dry-run (modulelens)": lambda n: lambda: repos[n][0].gc(dry_run=True),
         "gc floor (index + blob and staging scan)": lambda n: lambda: _read_index_and_blobs(repos[n][0].root),

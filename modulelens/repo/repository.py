@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import itertools
 import json
+import operator
 import os
 import time
 import uuid
@@ -555,9 +557,13 @@ class Repo:
         shared = _NameListing(name, folder, by_version, numbered=True)
         new, infos = VersionInfo.__new__, builtins.list[VersionInfo]()
         add = infos.append
-        for number in sorted(entries):
+        numbers = builtins.list(entries)
+        # a log holds its versions in order but for concurrent writers' (checked in one C pass)
+        in_order = entries.items() if all(map(operator.lt, numbers, itertools.islice(numbers, 1, None))) else \
+            sorted(entries.items())
+        for number, entry in in_order:
             info = new(VersionInfo)
-            info.version, info._entry, info._of = number, entries[number], shared
+            info.version, info._entry, info._of = number, entry, shared
             add(info)
         return infos
 

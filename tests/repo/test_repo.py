@@ -136,6 +136,10 @@ def test_a_listing_reads_removals_and_incomplete_log_lines_from_the_log(repo: mo
     assert [i.version for i in again] == [1, 3] and again[0].nbytes == infos[0].nbytes
     assert garbage and repo.gc(dry_run=True).removed == garbage  # v1's payloads are still referenced
     assert modulelens.load("lin:v1", repo=repo).replay().passed
+    # concurrent writers append out of order: the listing is still in version order
+    v1, v2, v3, rm_v2 = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(v3 + v1 + v2 + rm_v2)
+    assert [i.version for i in repo.list("lin")] == [1, 3] and [i.version for i in repo.list()] == [1, 3]
 
 
 def test_metadata_is_plain_json_and_payloads_are_raw_bytes(repo: modulelens.Repo) -> None:
