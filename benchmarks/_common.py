@@ -21,7 +21,7 @@ from torch import nn
 import modulelens
 from modulelens.format.human import human_number
 from modulelens.repo.collector import collector_paused
-from modulelens.repo.layout import summary_log
+from modulelens.repo.layout import SUMMARY_FILE, summary_log
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -80,7 +80,7 @@ def read_index(root: Path, *, keep: bool = True) -> list[list[dict[str, Any]]]:
     entries = []
     with collector_paused(), os.scandir(root / "names") as names:
         for entry in names:
-            head = json.loads(Path(entry.path, "summary.json").read_bytes())
+            head = json.loads(Path(entry.path, SUMMARY_FILE).read_bytes())
             if not head["log"]:
                 continue
             log = Path(entry.path, summary_log(head["log"])).read_bytes()[:head["log_bytes"]]

@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -879,7 +878,7 @@ class Repo:
         for name, _prefix, index in self._name_summaries(persist=persist, strict=True):
             # one C-level update per name: versions share most of their blobs, so the set stays
             # small and is stripped of the hash name once per distinct blob, not per version
-            digests.update(*map(itemgetter("blobs"), (index.versions or {}).values()))
+            digests.update(*map(operator.itemgetter("blobs"), (index.versions or {}).values()))
             if index.removing:
                 unfinished.append((name, index.removing))
         return {digest.partition(":")[2] for digest in digests}, unfinished
