@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import many_versions_repo, median, report
+from _common import fresh_process_env, many_versions_repo, median, report
 
 
 def main() -> None:
@@ -67,7 +67,9 @@ def _interleaved(contenders: dict[str, list[str]], rounds: int) -> dict[str, lis
     """Run each command once per round (stdout to a pipe), rotating the order every round."""
     labels = list(contenders)
     times: dict[str, list[float]] = {label: [] for label in labels}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = fresh_process_env(OMP_NUM_THREADS="1")
+    for label in labels:  # untimed: writes the bytecode cache, as a pip install has (fresh_process_env)
+        subprocess.run(contenders[label], check=True, stdout=subprocess.PIPE, env=env)
     for r in range(rounds):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             start = time.perf_counter()

@@ -59,7 +59,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
-from _common import RESULTS, read_index, report
+from _common import RESULTS, fresh_process_env, read_index, report
 
 import modulelens
 
@@ -276,7 +276,7 @@ def remote_section(work: Path, sizes: list[int], rounds: int, names: int = 10) -
             push[size]["safetensors_put_seconds"] = time.perf_counter() - started
             print(f"remote: pushed {size} versions in {seconds:.1f} s, {push[size]['other_requests_per_version']:.2f} "
                   f"requests per version beside {sent.payloads()} for payloads ({dict(sent.by_operation())})", flush=True)
-        cli_env = {**os.environ}
+        cli_env = fresh_process_env()
 
         def cold_ls(size: int) -> Callable[[], Any]:
             def run() -> Any:

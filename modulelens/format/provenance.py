@@ -23,16 +23,15 @@ a repo. A key file that is not a regular file of this user, that others may read
 folder others may write, is not used. Without a usable key nothing is signed (one warning per
 process) and nothing verifies: captures are treated as everyone else's, as before provenance.
 
-No torch here: the repo signs and the loader verifies without it.
+No torch here: the repo signs and the loader verifies without it. hashlib, hmac and secrets are
+imported where a key is made, used or checked: every ``ls`` imports this module (with the repo's
+layout) and signs nothing, and loading them (OpenSSL) took 5 ms of it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import stat
 import warnings
 from collections.abc import Mapping
@@ -96,6 +95,8 @@ def _read_key(path: Path) -> bytes:
 
 
 def _create_key(path: Path) -> bytes:
+    import secrets
+
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Written whole under a private name, then linked into place: a concurrent reader never sees a
     # half-written key, and of two processes creating it at once one wins and both use its key.
@@ -128,6 +129,8 @@ def _check_private(path: Path, info: os.stat_result, *, folder: bool) -> None:
 
 def key_id(key: bytes) -> str:
     """A fingerprint that names a key in messages without revealing it."""
+    import hashlib
+
     return hashlib.sha256(b"modulelens key id\n" + key).hexdigest()[:16]
 
 
@@ -150,6 +153,9 @@ def message(lines: list[str], binding: Mapping[str, Any]) -> bytes:
 def seal(lines: list[str], binding: Mapping[str, Any], key: bytes) -> dict[str, Any]:
     """The ``provenance`` field for metadata whose :func:`field_lines` are ``lines``, saved into the
     repo ``binding`` identifies."""
+    import hashlib
+    import hmac
+
     mac = hmac.new(key, message(lines, binding), hashlib.sha256).hexdigest()
     return {"scheme": SCHEME, "key": key_id(key), "repo": binding.get("path"), "mac": mac}
 
@@ -165,6 +171,9 @@ def check(metadata: Mapping[str, Any], binding: Mapping[str, Any], key: bytes) -
         return "its provenance is not one this modulelens signs"  # (compare_digest takes ASCII strings only)
     if field.get("key") != key_id(key):
         return "it was signed with another key (another user or machine)"
+    import hashlib
+    import hmac
+
     expected = hmac.new(key, message(field_lines(metadata), binding), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, mac):
         where = field.get("repo")

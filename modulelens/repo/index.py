@@ -41,7 +41,6 @@ import json
 import operator
 import os
 import re
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -73,7 +72,7 @@ _SESSION = uuid.uuid4().hex[:12]
 
 def _writer() -> str:
     """Who writes: host and process (a reservation of a dead process is let go), and this session."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_SESSION}"
+    return f"{os.uname().nodename}:{os.getpid()}:{_SESSION}"  # the host name, without importing socket
 
 # What a read of an index file may raise that means "nothing usable here" (rebuilt from a scan).
 _UNREADABLE = (OSError, CorruptCaptureError, CaptureNotFoundError, RemoteRepoError)
@@ -206,7 +205,7 @@ def _stale(reservation: dict[str, Any], now: float) -> bool:
     """Whether a reservation's writer is gone: a dead process on this host, or a day old."""
     host, _, rest = str(reservation.get("by", "")).partition(":")
     pid = rest.partition(":")[0]
-    if host == socket.gethostname() and pid.isdigit():
+    if host == os.uname().nodename and pid.isdigit():
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:

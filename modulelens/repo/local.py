@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import mmap
 import os
 import re
@@ -777,7 +776,7 @@ class LocalStore(Store):
 
 
 def _content_tag(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return hash_bytes(data, threads=False)  # (an index head is kilobytes: one thread)
 
 
 def _is_regular(path: Path) -> bool:

@@ -48,8 +48,6 @@ thousand strings.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import mmap
 import os
@@ -94,13 +92,25 @@ class MarkerKey:
 
     @classmethod
     def derive(cls, user_key: bytes, identity: Mapping[str, Any]) -> MarkerKey:
+        import hashlib  # here, not at the top: every `ls` imports this module and makes no marker
+        import hmac  # (loading OpenSSL took 3 ms of it)
+
         secret = hmac.new(user_key, b"modulelens verification markers v2", hashlib.sha256).digest()
         return cls(secret, json.dumps(dict(identity), sort_keys=True, separators=(",", ":")).encode())
 
     def mac(self, blob_name: str, record: bytes) -> bytes:
         """The MAC of a marker's ``record`` (its first line, as written) for the blob ``blob_name``."""
+        import hashlib
+        import hmac
+
         message = b"\n".join((self.binding, blob_name.encode(), record))
         return hmac.new(self.secret, message, hashlib.sha256).hexdigest().encode()
+
+    def vouches(self, blob_name: str, record: bytes, mac: bytes) -> bool:
+        """Whether ``mac`` is this key's MAC of ``record`` for ``blob_name`` (compared in constant time)."""
+        import hmac
+
+        return hmac.compare_digest(self.mac(blob_name, record), mac)
 
 
 def chunk_size(size: int) -> int:
@@ -190,7 +200,7 @@ def _trusted_record(blob: Path, info: os.stat_result, key: MarkerKey) -> dict[st
         if len(data) > _MAX_MARKER_BYTES:
             return None
         record, _, mac = data.rstrip(b"\n").rpartition(b"\n")
-        if not hmac.compare_digest(key.mac(blob.name, record), mac):
+        if not key.vouches(blob.name, record, mac):
             return None  # another repo's, user's or modulelens's marker, or one made up: hash in full
         found = json.loads(record)
         if (found["size"], found["mtime_ns"], found["ctime_ns"], found["ino"]) != \

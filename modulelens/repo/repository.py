@@ -529,10 +529,20 @@ class Repo:
             self._capture(name, version)  # raises for a missing version; a store without folders caches it
         return self.store.local_path(capture_key(name, version)).parent
 
-    def info(self, name: str, version: int) -> VersionInfo:
+    def info(self, name: str, version: int, *, metadata: dict[str, Any] | None = None) -> VersionInfo:
         """One version as a listing describes it (its capture file and the name's index head: no
-        listing of the name)."""
-        entry = self._read_entries(name, [version]).get(version)
+        listing of the name).
+
+        Args:
+            metadata: the version's metadata, when the caller has read it (:meth:`read_metadata`):
+                it is not read and checked again (`show` read and checked it twice).
+
+        Example::
+
+            metadata = repo.read_metadata("mlp", 3)
+            print(repo.info("mlp", 3, metadata=metadata).ref)
+        """
+        entry = version_entry(metadata) if metadata is not None else self._read_entries(name, [version]).get(version)
         if entry is None:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
         head = self._head(name)

@@ -91,7 +91,7 @@ def stage_version(repo: Repo, ref: str, directory: Path) -> tuple[VersionInfo, d
     for filename, data in repo.report_files(name, version).items():
         (directory / "reports").mkdir(exist_ok=True)
         (directory / "reports" / filename).write_bytes(data)
-    info = repo.info(name, version)
+    info = repo.info(name, version, metadata=meta)
     metadata = {"modulelens_name": name, "modulelens_ref": info.ref, "modulelens_repo": repo.location,
                 "module_class": info.module_class, "tags": list(info.tags), "payload_bytes": info.nbytes,
                 "calls": info.calls, "created": info.created, "format_version": meta.get("format_version")}

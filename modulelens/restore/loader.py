@@ -442,9 +442,12 @@ class Capture:
         than most modules' forward (benchmarks/bench_call_inputs.py). So a payload up to
         ``_COPY_MAX_BYTES`` is opened once, as a template nothing else sees, and each access copies
         it; a larger one is opened anew, a copy-on-write mapping that reads nothing until used
-        (copying it would read it all)."""
+        (copying it would read it all). A pack member is opened anew too: its pack is checked and
+        mapped once, and a member handed out again is copied from the pack's bytes (packs.py), so
+        a template would only add a copy."""
         entry = self.metadata["tensors"][tid]
-        if "quantized" in entry or entry.get("shape_only") or entry.get("nbytes", 0) > _COPY_MAX_BYTES:
+        if ("pack" in entry or "quantized" in entry or entry.get("shape_only")
+                or entry.get("nbytes", 0) > _COPY_MAX_BYTES):
             return self._open_tensor(tid)
         template = self._templates.get(tid)
         if template is None:

@@ -29,7 +29,7 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
     """Metadata, state size, per-call input/output shapes, environment and report history."""
     name, version = repo.resolve(ref)
     meta = repo.read_metadata(name, version)
-    info = repo.info(name, version)
+    info = repo.info(name, version, metadata=meta)
     tensors = meta.get("tensors", {})
     states = meta.get("states", [])
     first_state = states[0] if states else {"parameters": {}, "buffers": {}}

@@ -158,3 +158,39 @@ def test_a_damaged_version_is_listed_and_gc_keeps_its_payloads(views_capture: tu
     assert report.removed_blobs == 0
     path.write_bytes(original)  # repaired: everything it needs is still there (blobs and packs alike)
     assert modulelens.load(ref, repo=modulelens.Repo(repo.root)).replay().passed
+
+
+def test_the_fast_check_of_usual_tensor_entries_accepts_only_what_the_full_check_accepts() -> None:
+    """The table of a load of thousands of small tensors is checked a faster way for the usual
+    entry (validate.py, plain_payload): every entry it lets through must pass the checks one by
+    one, and each damage must still be found with its field's name. Mutations of a packed entry,
+    one field at a time, with the values damaged metadata and hostile files hold."""
+    from modulelens.errors import CorruptCaptureError
+    from modulelens.format.validate import _Checker
+
+    good = {"dtype": "float32", "shape": [16, 32], "stride": [32, 1], "device": "cpu",
+            "payload": "blake3:" + "ab" * 32, "nbytes": 2048, "pack": 0}
+    values: list[Any] = [None, True, False, 0, 1, -1, 2, 3.0, "0", "float32", "qint8", "bfloat16", [], [16], [16, 32],
+                         [32, 1], [1, 32], [16, -32], [16, True], [16, 32.0], [16, 1 << 51], [0, 32], [64, 64],
+                         [1] * 65, {}, 2048, 1024, 4096, 1 << 60, "blake3:" + "cd" * 32]
+    outcomes = {"accepted": 0, "refused": 0}
+    for key in [*good, "view_of", "shape_only", "requires_grad", "quantized", "storage_offset"]:
+        for value in [*values, "absent"]:
+            entry = dict(good)
+            if value == "absent":
+                entry.pop(key, None)
+            else:
+                entry[key] = value
+            meta = {"format_version": 2, "tensors": {"t0": entry, "base": dict(good)},
+                    "packs": [{"payload": "blake3:" + "ef" * 32, "nbytes": 9000}]}
+            checker = _Checker(meta, "capture")
+            try:
+                checker.tensors()
+            except CorruptCaptureError as error:
+                assert "tensors[" in str(error) or "packs" in str(error), (key, value, error)
+                outcomes["refused"] += 1
+                continue
+            outcomes["accepted"] += 1
+            if checker.plain_payload(entry):  # what the fast check let through passes every check one by one
+                checker.tensor("t0", entry)
+    assert outcomes["accepted"] > 20 and outcomes["refused"] > 200, outcomes

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import modulelens
 from modulelens.interfaces.cli import app
-from modulelens.interfaces.output import safe_text, text_table
+from modulelens.interfaces.output import safe_text, safe_tree, text_table
 from modulelens.interfaces.value_text import call_text, python_like
 
 HOSTILE = "\x1b]52;c;aGk=\x07\x1b]0;title\x07\x1b[2J\x9b2J\x9d0;x\x9c\r\u202e"
@@ -36,6 +36,36 @@ def test_safe_text_escapes_what_a_terminal_acts_on() -> None:
     assert safe_text("a\nb\tc") == "a\nb\tc" and safe_text("a\nb\tc", one_line=True) == "a\\x0ab\\x09c"
     assert safe_text(safe_text(HOSTILE)) == safe_text(HOSTILE)  # idempotent: nothing left to escape
     assert not RAW.search("".join(text_table(["name"], [[HOSTILE]], fit=False)))
+
+
+def _escaped_by_definition(text: str, one_line: bool) -> str:
+    """safe_text's contract, one character at a time: C0, DEL, C1, bidi and other format
+    characters, line and paragraph separators and the BOM escaped; tab and newline only in one line."""
+    unsafe = {*range(0x20), *range(0x7F, 0xA0), *range(0x200B, 0x2010), *range(0x202A, 0x202F),
+              *range(0x2066, 0x206A), 0x2028, 0x2029, 0xFEFF}
+    return "".join((f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   if ord(c) in unsafe and (one_line or c not in "\n\t") else c for c in text)
+
+
+def test_safe_text_and_safe_tree_escape_every_character_as_defined() -> None:
+    # every code point of the basic plane (where every unsafe one is) and a sample of the others,
+    # inside text, in running text and in one line
+    for code in [*range(0x10000), *range(0x10000, 0x110000, 251)]:
+        text = f"a{chr(code)}b"
+        for one_line in (False, True):
+            assert safe_text(text, one_line=one_line) == _escaped_by_definition(text, one_line), hex(code)
+    # safe_tree first checks a whole result in one pass (its JSON text): every character that
+    # needs escaping, in a key or a value, deep or shallow, still gets escaped; a backslash or a
+    # value JSON cannot write takes the slow path and is kept as it is
+    for code in [*range(0x2100), 0x2028, 0x2029, 0x202E, 0x2066, 0xFEFF, 0xD800, 0x1F600]:
+        text = f"x{chr(code)}y"
+        escaped = _escaped_by_definition(text, False)
+        result = [{"ref": "a:v1", "tags": ["t", text], text: 1}, (text, None, 2.5)]
+        assert safe_tree(result) == [{"ref": "a:v1", "tags": ["t", escaped], escaped: 1}, (escaped, None, 2.5)], hex(code)
+    plain = [{"ref": "mlp:v1", "path": "C:\\runs\\b\\u0041", "calls": 3, "problem": None}]
+    assert safe_tree(plain) == plain
+    marker = object()
+    assert safe_tree({"x\x1b": marker, ("k",): "v\x9b"}) == {"x\\x1b": marker, ("k",): "v\\x9b"}
 
 
 # ------------------------------------------------------------------------------------- value_text

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ import torch
 from torch import nn
 
 import modulelens
+from modulelens.errors import CorruptCaptureError
+from modulelens.format.hashing import hash_bytes
 from modulelens.repo.layout import LAYOUT_VERSION
 from modulelens.repo.packs import PACK_BELOW, referenced_blobs
 
@@ -134,3 +138,41 @@ def test_layout_1_repo_loads_unchanged_and_upgrades_on_first_save(tmp_path: Path
     assert modulelens.load("golden:stable", repo=repo).replay().passed
     assert modulelens.load("new", repo=repo).replay().passed
     assert repo.gc().removed_blobs == 0
+
+
+def _pack_bytes(members: object, *, data: bytes = b"\0" * 64) -> bytes:
+    """A pack of ``data`` whose header lists ``members`` as given (true or not)."""
+    header = json.dumps({"format": "modulelens.pack", "version": 1, "members": members}).encode()
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def test_a_pack_header_is_checked_member_by_member_and_read_whole() -> None:
+    from modulelens.repo.packs import build_pack, plan_packs, read_header
+
+    payloads = [i.to_bytes(2, "little") * (i + 1) for i in range(300)]
+    digests = [hash_bytes(p) for p in payloads]
+    [plan] = plan_packs(list(zip(digests, map(memoryview, payloads), strict=True)))
+    buffer, offsets = build_pack(plan)
+    members = read_header(bytes(buffer), "pack")
+    assert members == {d.partition(":")[2]: (offsets[d.partition(":")[2]], len(p)) for d, p in zip(digests, payloads, strict=True)}
+    assert all(isinstance(place, tuple) for place in members.values())
+
+    start = 8 + len(json.dumps({"format": "modulelens.pack", "version": 1, "members": {"a" * 64: [1000, 1]}}))
+    good = "a" * 64
+    for members, problem in [
+        ({"A" * 64: [start, 1]}, "not named by a payload hash: 'AAAA"),
+        ({good: [start, 1], "a" * 63: [start, 1]}, "not named by a payload hash: 'aaa"),
+        ({good[:-1] + "g": [start, 1]}, "not named by a payload hash"),
+        ({good: [start]}, "place is not [offset, length]: [" + str(start)),
+        ({good: {"offset": 1}}, "place is not [offset, length]: {'offset': 1}"),
+        ({good: [start, True]}, f"place is not [offset, length]: [{start}, True]"),
+        ({good: [start, -1]}, f"place is not [offset, length]: [{start}, -1]"),
+        ({good: [float(start), 1]}, "place is not [offset, length]"),
+        ({good: [start, "1"]}, "place is not [offset, length]"),
+        ({good: [0, 1]}, f"member {good} lies outside the pack"),  # inside the header
+        ({good: [start, 10_000]}, f"member {good} lies outside the pack"),  # past the end
+        ([good], "its members are not a table"),
+    ]:
+        with pytest.raises(CorruptCaptureError, match=re.escape(problem)):
+            read_header(_pack_bytes(members), "pack")
+    assert read_header(_pack_bytes({}), "pack") == {}

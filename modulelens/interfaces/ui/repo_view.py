@@ -47,7 +47,7 @@ class StoredCapture:
         self.name = name
         self.version = version
         self.metadata: dict[str, Any] = repo.read_metadata(name, version)
-        self.info: VersionInfo = repo.info(name, version)
+        self.info: VersionInfo = repo.info(name, version, metadata=self.metadata)
         self._payloads: Any = None
         self._tensors: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
