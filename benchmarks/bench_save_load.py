@@ -61,6 +61,10 @@ def main() -> None:
         capture = modulelens.capture(model, targets="Big", repo=work / "repo", name="big")
         model(x)
         capture.stop()
+        # Its large weights were streamed into the repo's staging (tracing/weights.py): map them now,
+        # before fresh() empties the folder; every timed save below then encodes, hashes and writes
+        # them whole, as each tool does (capture + save with the streaming: bench_scale.py).
+        capture.tracer.synchronize()
         def st_durable() -> None:
             safetensors.torch.save_file(state, str(work / "w.safetensors"))
             _flush(work / "w.safetensors")

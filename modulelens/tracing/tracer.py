@@ -682,8 +682,14 @@ class Tracer:
             for job in self._weights.finish():
                 if job.alias is None:
                     continue  # replaced already
+                written = None
                 if job.payload is not None:
-                    self._replace_streamed(job, mark_written(job.alias, job.payload))
+                    try:
+                        written = mark_written(job.alias, job.payload)
+                    except (OSError, RuntimeError) as error:  # its file is gone (the repo's tmp/ removed by hand)
+                        job.error, job.payload = error, None
+                if written is not None:
+                    self._replace_streamed(job, written)
                 else:
                     warnings.warn(f"modulelens: parameter {job.name} could not be written ({job.error}); "
                                   "not recorded", CaptureWarning, stacklevel=2)

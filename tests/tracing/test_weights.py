@@ -8,6 +8,7 @@ no copy of the whole module is kept in memory. Failures of the writer never brea
 from __future__ import annotations
 
 import os
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 import modulelens
-from modulelens.errors import CaptureWarning
+from modulelens.errors import CaptureWarning, RestoreError
 from modulelens.repo import Repo
 from modulelens.tracing.weights import STREAM_MIN_BYTES, written_payload
 
@@ -159,3 +160,33 @@ def test_shape_only_parameters_are_not_streamed(tmp_path: Path) -> None:
         assert written_payload(cap.tracer.records[""].states[0].parameters["0.weight"]) is None
     assert cap.wait()
     assert not (repo.root / "tmp").exists() or not any((repo.root / "tmp").iterdir())
+
+
+def test_a_written_weight_whose_file_is_removed_before_the_save_is_named_not_saved_live(tmp_path: Path) -> None:
+    """The repo's tmp/ emptied by hand while a capture waits to be saved (gc leaves a live
+    writer's staging alone): the save warns and leaves the weight out, naming it; it never stores
+    the live weight instead (which training has changed since) and never breaks the job."""
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    cap = modulelens.capture(model, targets="Sequential", repo=repo, name="m")
+    model(torch.randn(4, WIDTH))
+    cap.stop()
+    staged = repo.root / "tmp"
+    full = WIDTH * WIDTH * 4
+    for _ in range(500):  # the writer thread finishes the file in the background
+        files = [f for f in staged.iterdir() if f.name.endswith(".weight")] if staged.exists() else []
+        if files and all(f.stat().st_size == full for f in files):
+            break
+        time.sleep(0.02)
+    assert files, "no weight was streamed to a staging file"
+    for f in files:
+        f.unlink()
+    with torch.no_grad():
+        model[0].weight.mul_(2)  # what a save of the live weight would store
+    with pytest.warns(CaptureWarning, match=r"parameter 0.weight could not be written .*No such file.*not recorded"):
+        [info] = cap.save()
+    stored = modulelens.Repo(repo.root).read_metadata(info.name, info.version)
+    assert "0.weight" not in stored["states"][0]["parameters"]
+    assert "0.bias" in stored["states"][0]["parameters"]
+    with pytest.raises(RestoreError, match=r"missing: \['0.weight'\]"):  # never a module with made-up weights
+        modulelens.load(info.ref, repo=repo).module  # noqa: B018
