@@ -272,6 +272,7 @@ class Capture:
         self.dtype = dtype
         self._tensors: dict[str, torch.Tensor] = {}
         self._templates: dict[str, torch.Tensor] = {}  # opened once, copied for call.args (see _fresh_copy)
+        self._handed_once: set[str] = set()  # pack members handed out as the pack's own view (_fresh_copy)
         # id -> (weak reference, tensor id) of the copies handed out by call.args/kwargs (payload_of)
         self._handed_out: dict[int, tuple[weakref.ref[torch.Tensor], str]] = _PrunedById()
         self._module: torch.nn.Module | None = None
@@ -442,15 +443,18 @@ class Capture:
         than most modules' forward (benchmarks/bench_call_inputs.py). So a payload up to
         ``_COPY_MAX_BYTES`` is opened once, as a template nothing else sees, and each access copies
         it; a larger one is opened anew, a copy-on-write mapping that reads nothing until used
-        (copying it would read it all). A pack member is opened anew too: its pack is checked and
-        mapped once, and a member handed out again is copied from the pack's bytes (packs.py), so
-        a template would only add a copy."""
+        (copying it would read it all). A pack member's first hand-out is the pack's own
+        copy-on-write view of it (packs.py: nothing else gets that view), so the first access
+        copies nothing; the template is made on the second (a load that reads each call once
+        spent a quarter of its time making templates and copying them once)."""
         entry = self.metadata["tensors"][tid]
-        if ("pack" in entry or "quantized" in entry or entry.get("shape_only")
-                or entry.get("nbytes", 0) > _COPY_MAX_BYTES):
+        if "quantized" in entry or entry.get("shape_only") or entry.get("nbytes", 0) > _COPY_MAX_BYTES:
             return self._open_tensor(tid)
         template = self._templates.get(tid)
         if template is None:
+            if "pack" in entry and tid not in self._handed_once:
+                self._handed_once.add(tid)
+                return self._open_tensor(tid)
             template = self._templates[tid] = self._open_tensor(tid)
         return template.clone(memory_format=torch.preserve_format)
 

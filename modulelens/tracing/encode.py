@@ -82,6 +82,8 @@ class TensorTable:
                          storage_offset=tensor.storage_offset() - base.storage_offset(), nbytes=0)
         tid = f"t{len(self.entries)}"
         written = written_payload(tensor) if "nbytes" not in entry else None
+        if written is not None and not written.path.exists():
+            written = None  # the repo it was saved into is gone: the bytes are still mapped here
         if written is not None:  # a streamed weight: its file is moved in, not read again (tracing/weights.py)
             self.payloads[tid] = written
             entry.update(payload=None, nbytes=written.nbytes)

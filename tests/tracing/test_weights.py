@@ -83,6 +83,23 @@ def test_a_streamed_weight_saved_twice_is_one_blob(tmp_path: Path) -> None:
     assert torch.equal(modulelens.load("m:v2", repo=repo).state_dict()["0.weight"], model[0].weight)
 
 
+
+def test_a_streamed_weight_saved_again_after_its_first_repo_is_deleted_is_written_from_memory(tmp_path: Path) -> None:
+    """The first save moved the weight's file into its repo; that repo is deleted; a save into
+    another repo writes the weight from the mapping still held (no fallback repo, no error)."""
+    import shutil
+
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=tmp_path / "first", name="m") as cap:
+        model(torch.randn(2, WIDTH))
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    shutil.rmtree(tmp_path / "first")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)
+        [info] = cap.save(repo=tmp_path / "second")
+    stored = modulelens.load(info.ref, repo=tmp_path / "second").state_dict()
+    assert stored.keys() == expected.keys() and all(torch.equal(stored[k], v) for k, v in expected.items())
+
 def test_weights_for_a_remote_repo_are_streamed_into_its_staging_repo(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
