@@ -55,18 +55,25 @@ def main() -> None:
             continue
         argv = quick if args.quick else full
         load_before = os.getloadavg()
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         start = time.perf_counter()
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         done = subprocess.run([sys.executable, str(HERE / script), *argv], env=env)
-        runs.append({"script": script, "args": argv, "exit_code": done.returncode,
+        runs.append({"script": script, "args": argv, "exit_code": done.returncode, "started": started,
                      "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()})
         if done.returncode != 0:
             print(f"{script} failed (exit {done.returncode})", file=sys.stderr)
     RESULTS.mkdir(exist_ok=True)
+    failed = any(run["exit_code"] for run in runs)
+    record = runs
+    if args.only:  # the other scripts' results stay what an earlier run measured, and so does their record
+        rerun, order = {run["script"] for run in runs}, [script for script, _, _ in RUNS]
+        kept = [run for run in _load("all").get("runs", []) if run.get("script") in order and run["script"] not in rerun]
+        record = sorted(kept + runs, key=lambda run: order.index(run["script"]))
     (RESULTS / "all.json").write_text(json.dumps({"quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                                   "runs": runs}, indent=1))
+                                                   "runs": record}, indent=1))
     print(targets_table())
-    if any(run["exit_code"] for run in runs):
+    if failed:
         sys.exit(1)
 
 
