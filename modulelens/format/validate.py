@@ -165,9 +165,7 @@ class _Checker:
         if set(map(type, dims)) - {int} or (dims and (min(dims) < 0 or max(dims) > MAX_NUMEL)):
             return False
         numel = math.prod(shape)
-        # the strides' reach (_reach) where no size is 0: 1 + sum((size - 1) * step)
-        return numel <= MAX_NUMEL and nbytes == numel * self.dtypes[dtype] and (
-            not numel or 1 + sum(map(operator.mul, shape, stride)) - sum(stride) <= numel)
+        return numel <= MAX_NUMEL and nbytes == numel * self.dtypes[dtype] and (not numel or _reach(shape, stride) <= numel)
 
     def quantized(self, data: dict[str, Any], dtype: str, where: str) -> None:
         if dtype not in QUANTIZED_STORAGE:
@@ -536,6 +534,8 @@ def _module_refs(data: Any) -> list[str]:
 
 def _reach(shape: list[int], stride: list[int]) -> int:
     """Elements a strided layout spans: 1 + the offset of its last element."""
+    if 0 not in shape and len(shape) == len(stride):  # the usual layout, summed in C
+        return 1 + sum(map(operator.mul, shape, stride)) - sum(stride)
     return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=False) if size > 0)
 
 
