@@ -723,7 +723,7 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def _flock(self, filename: str, *, exclusive: bool) -> Iterator[None]:
-        path = self.root / filename
+        path = f"{self.root}/{filename}"  # (pathlib's join was a third of a small repo's lock, cold)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as error:

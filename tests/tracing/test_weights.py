@@ -20,9 +20,18 @@ from torch import nn
 import modulelens
 from modulelens.errors import CaptureWarning, RestoreError
 from modulelens.repo import Repo
+from modulelens.tracing import weights
 from modulelens.tracing.weights import STREAM_MIN_BYTES, written_payload
 
 WIDTH = 1024  # a 1024x1024 fp32 weight is 4 MiB: streamed (over STREAM_MIN_BYTES)
+
+
+@pytest.fixture(autouse=True)
+def _stream_from_the_first_call(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These modules are small enough to be copied (COPY_BUDGET); the tests here are about the
+    streaming, so every large weight is streamed, except in the test of the budget itself."""
+    if "copy_budget" not in request.node.name:
+        monkeypatch.setattr(weights, "COPY_BUDGET", 0)
 
 
 def _model() -> nn.Module:
@@ -68,6 +77,35 @@ def test_weights_are_streamed_and_stored_as_each_call_started_despite_training(t
     assert not any((repo.root / "tmp").iterdir())  # every staging file became a blob
     report = modulelens.Repo(repo.root).fsck()
     assert not report.problems, report.to_dict()
+
+
+def test_large_weights_are_copied_until_the_copy_budget_is_spent_then_streamed(tmp_path: Path) -> None:
+    """By default a small module's weights are copied (no staging file, no thread per call); once
+    a capture's copies would pass COPY_BUDGET the following calls' weights are streamed, and
+    every recorded state is exact either way."""
+    assert weights.COPY_BUDGET >= WIDTH * WIDTH * 4 * 4  # the default copies this model's first calls
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="small",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        seen = _train(model, 2)
+        cap.tracer.synchronize()
+        assert not any(written_payload(s.parameters["0.weight"]) for s in cap.tracer.records[""].states)
+        assert not any((repo.root / "tmp").iterdir())  # nothing was staged
+    _assert_states(modulelens.load("small", repo=repo), seen)
+
+    budget = int(WIDTH * WIDTH * 4 * 2.5)  # two calls' 4 MiB weight fit, a third would not
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(weights, "COPY_BUDGET", budget)
+        model = _model()
+        with modulelens.capture(model, targets="Sequential", repo=repo, name="mixed",
+                                record=modulelens.Recording(max_calls=4)) as cap:
+            seen = _train(model, 4)
+            cap.tracer.synchronize()
+            streamed = [written_payload(s.parameters["0.weight"]) is not None for s in cap.tracer.records[""].states]
+        assert streamed == [False, False, True, True]
+    _assert_states(modulelens.load("mixed", repo=repo), seen)
+    assert not modulelens.Repo(repo.root).fsck().problems
 
 
 def test_a_streamed_weight_saved_twice_is_one_blob(tmp_path: Path) -> None:
