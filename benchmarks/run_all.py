@@ -30,7 +30,7 @@ RUNS: list[tuple[str, list[str], list[str]]] = [
     ("bench_repo.py", ["--rounds", "7"], ["--quick"]),
     ("bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
     ("bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
-    ("bench_capture.py", [], ["--steps", "10", "--rounds", "3"]),
+    ("bench_capture.py", [], ["--steps", "10", "--rounds", "3", "--captures", "2"]),
     ("bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
     ("bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
     ("bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
