@@ -13,6 +13,7 @@ import array
 import random
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ def _unpack(packed: torch.Tensor, count: int) -> tuple[list[int], int, float | N
     return values[:count], values[count], gauss
 
 
-def _packed_once(kind: str, state: Any, pack: Any) -> torch.Tensor:
+def _packed_once(kind: str, state: Any, pack: Callable[[], torch.Tensor]) -> torch.Tensor:
     last = _last_packed.get(kind)
     if last is not None and last[0] == state:
         return last[1]

@@ -12,6 +12,7 @@ import time
 import uuid
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -60,19 +61,28 @@ def _assert_states(capture: modulelens.Capture, seen: list[dict[str, torch.Tenso
             assert torch.equal(stored[key], value), (index, key)
 
 
+def _record_training(repo: Repo, name: str, steps: int) -> tuple[list[dict[str, torch.Tensor]], list[Any], list[Path]]:
+    """``steps`` recorded training steps of a new model, saved as ``name``: the weights each call
+    started with, the recorded states once every streamed weight is written, and what was in the
+    repo's staging folder then (before the save moved it in)."""
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name=name,
+                            record=modulelens.Recording(max_calls=steps)) as cap:
+        seen = _train(model, steps)
+        cap.tracer.synchronize()
+        states = list(cap.tracer.records[""].states)
+        staged = list((repo.root / "tmp").iterdir())
+    return seen, states, staged
+
+
 def test_weights_are_streamed_and_stored_as_each_call_started_despite_training(tmp_path: Path) -> None:
     assert WIDTH * WIDTH * 4 > STREAM_MIN_BYTES
     repo = Repo(tmp_path / "repo")
-    model = _model()
-    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
-                            record=modulelens.Recording(max_calls=3)) as cap:
-        seen = _train(model, 3)
-        cap.tracer.synchronize()
-        states = cap.tracer.records[""].states
-        assert len(states) == 3
-        # the recorded weight is its written file, mapped, not a copy in memory
-        assert all(written_payload(state.parameters["0.weight"]) is not None for state in states)
-        assert all(written_payload(state.parameters["0.bias"]) is None for state in states)  # small: copied
+    seen, states, _ = _record_training(repo, "m", 3)
+    assert len(states) == 3
+    # the recorded weight is its written file, mapped, not a copy in memory
+    assert all(written_payload(state.parameters["0.weight"]) is not None for state in states)
+    assert all(written_payload(state.parameters["0.bias"]) is None for state in states)  # small: copied
     _assert_states(modulelens.load("m", repo=repo), seen)
     assert not any((repo.root / "tmp").iterdir())  # every staging file became a blob
     report = modulelens.Repo(repo.root).fsck()
@@ -85,25 +95,16 @@ def test_large_weights_are_copied_until_the_copy_budget_is_spent_then_streamed(t
     every recorded state is exact either way."""
     assert weights.COPY_BUDGET >= WIDTH * WIDTH * 4 * 4  # the default copies this model's first calls
     repo = Repo(tmp_path / "repo")
-    model = _model()
-    with modulelens.capture(model, targets="Sequential", repo=repo, name="small",
-                            record=modulelens.Recording(max_calls=2)) as cap:
-        seen = _train(model, 2)
-        cap.tracer.synchronize()
-        assert not any(written_payload(s.parameters["0.weight"]) for s in cap.tracer.records[""].states)
-        assert not any((repo.root / "tmp").iterdir())  # nothing was staged
+    seen, states, staged = _record_training(repo, "small", 2)
+    assert not any(written_payload(s.parameters["0.weight"]) for s in states)
+    assert not staged  # nothing was staged
     _assert_states(modulelens.load("small", repo=repo), seen)
 
     budget = int(WIDTH * WIDTH * 4 * 2.5)  # two calls' 4 MiB weight fit, a third would not
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(weights, "COPY_BUDGET", budget)
-        model = _model()
-        with modulelens.capture(model, targets="Sequential", repo=repo, name="mixed",
-                                record=modulelens.Recording(max_calls=4)) as cap:
-            seen = _train(model, 4)
-            cap.tracer.synchronize()
-            streamed = [written_payload(s.parameters["0.weight"]) is not None for s in cap.tracer.records[""].states]
-        assert streamed == [False, False, True, True]
+        seen, states, _ = _record_training(repo, "mixed", 4)
+        assert [written_payload(s.parameters["0.weight"]) is not None for s in states] == [False, False, True, True]
     _assert_states(modulelens.load("mixed", repo=repo), seen)
     assert not modulelens.Repo(repo.root).fsck().problems
 
