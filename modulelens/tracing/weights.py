@@ -61,8 +61,8 @@ SETTLE_BUDGET_FRACTION = 1 / 16
 SETTLE_BUDGET_MAX = 64 << 20
 #: Large weights are copied, as small ones are, until the copies one capture holds would pass this
 #: many bytes; only then are they streamed. Streaming costs a staging file, a thread and a flush
-#: per recorded call: the demo RecModel's 1.2 MiB embedding, streamed at every recorded training
-#: step, made the step 1.97x untraced against 1.44x copied. The bound is the most one streamed
+#: per recorded call, which the demo RecModel's 1.2 MiB embedding paid at every recorded training
+#: step (bench_capture.py; README, "Training-step overhead"). The bound is the most one streamed
 #: call may copy at its end anyway (:data:`SETTLE_BUDGET_MAX`): a capture's copies of large
 #: weights never add more than that to the job's memory, whatever the module's size.
 COPY_BUDGET = SETTLE_BUDGET_MAX
