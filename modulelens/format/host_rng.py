@@ -5,11 +5,22 @@ SpecAugment masks of wav2vec2-style audio models, ``np.random.random()``) and fr
 ``random`` module. A recorded call keeps their states next to torch's (``call.rng["numpy"]``,
 ``call.rng["python"]``), so a replay in train mode draws what the job drew. numpy is recorded only
 where the job has imported it (modulelens never imports it for this).
+
+Reading them costs more than a small module's recording: ``numpy.random.get_state()`` takes ~36 µs
+and ``random.getstate()`` ~9 µs (a 624-key array and a 625-int tuple built each time), about 0.2 ms
+of the demo RecModel's 2.5 ms forward with 4 targets (benchmarks/bench_recording.py). So where the
+layout is confirmed, each generator's whole state is read as raw bytes from its memory instead
+(~1 µs): numpy's MT19937 keys and position through the bit generator's public
+``ctypes.state_address``, its cached Gaussian and Python's keys and index at offsets into the
+generator objects. Those offsets are private to numpy and CPython, so they are found once per
+process on private generators and checked against ``get_state()`` / ``getstate()`` through draws
+that cache, consume and cache again a Gaussian; where anything does not match (another layout,
+another generator type), the states are read through the public calls, as before.
 """
 
 from __future__ import annotations
 
-import array
+import ctypes
 import random
 import struct
 import sys
@@ -54,19 +65,141 @@ def host_states() -> dict[str, torch.Tensor]:
     states = {}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        kind, keys, position, has_gauss, gauss = numpy.random.get_state()
-        if kind == "MT19937":
-            gauss_value = float(gauss) if has_gauss else None
-            states[NUMPY] = _packed_once(
-                NUMPY, (keys.tobytes(), int(position), gauss_value),
-                lambda: _pack(torch.from_numpy(keys.astype(numpy.int64)), int(position), gauss_value))
-    state = random.getstate()
-    version, internal, gauss_next = state
-    if version == 3:
-        states[PYTHON] = _packed_once(
-            PYTHON, state,
-            lambda: _pack(torch.frombuffer(array.array("q", internal[:-1]), dtype=torch.int64), internal[-1], gauss_next))
+        packed = _numpy_from_memory(numpy)
+        if packed is None:
+            packed = _numpy_from_get_state(numpy)
+        if packed is not None:
+            states[NUMPY] = packed
+    packed = _python_from_memory()
+    states[PYTHON] = packed if packed is not None else _python_from_getstate()
     return states
+
+
+_KEYS = 624  # MT19937's state words, numpy's and Python's alike
+_KEY_BYTES = 4 * _KEYS
+
+
+def _keys_as_int64(raw: bytes, offset: int) -> torch.Tensor:
+    """624 native uint32 keys from ``raw`` at ``offset``, widened to int64."""
+    keys = torch.frombuffer(bytearray(raw[offset:offset + _KEY_BYTES]), dtype=torch.int32)
+    return keys.to(torch.int64).bitwise_and_(0xFFFFFFFF)
+
+
+def _numpy_from_get_state(numpy: Any) -> torch.Tensor | None:
+    state = numpy.random.get_state(legacy=False)  # a dict whatever the generator (set_bit_generator)
+    if state.get("bit_generator") != "MT19937":
+        return None
+    keys, position = state["state"]["key"], state["state"]["pos"]
+    gauss_value = float(state["gauss"]) if state["has_gauss"] else None
+    return _packed_once(NUMPY, (keys.tobytes(), int(position), gauss_value),
+                        lambda: _pack(torch.from_numpy(keys.astype(numpy.int64)), int(position), gauss_value))
+
+
+def _python_from_getstate() -> torch.Tensor:
+    state = random.getstate()
+    _version, internal, gauss_next = state
+    return _packed_once(PYTHON, state, lambda: _pack(torch.tensor(internal[:-1], dtype=torch.int64),
+                                                     internal[-1], gauss_next))
+
+
+# What reading from memory found, looked for once per process (``_looked_for``): numpy's generator
+# types and the offset of the cached Gaussian in a RandomState; the offset of the index and keys in
+# a random.Random. ``None``: not confirmed here, so the public calls are used.
+_looked_for: set[str] = set()
+_numpy_layout: tuple[Any, Any, int] | None = None
+_python_offset: int | None = None
+_MT_STATE_BYTES = _KEY_BYTES + 4  # numpy's mt19937_state: the keys, then the int position
+
+
+def _numpy_from_memory(numpy: Any) -> torch.Tensor | None:
+    global _numpy_layout
+    if NUMPY not in _looked_for:
+        _looked_for.add(NUMPY)
+        _numpy_layout = _find_numpy_layout(numpy)
+    if _numpy_layout is None:
+        return None
+    state_type, generator_type, gauss_at = _numpy_layout
+    legacy = numpy.random.mtrand._rand  # what np.random.seed/randn/get_state act on
+    generator = legacy._bit_generator  # np.random.set_bit_generator may have replaced it
+    if type(legacy) is not state_type or type(generator) is not generator_type:
+        return None
+    keys = ctypes.string_at(generator.ctypes.state_address, _MT_STATE_BYTES)
+    gauss = ctypes.string_at(id(legacy) + gauss_at, 16)  # int has_gauss, padding, double gauss
+    raw = keys + gauss[:4] + gauss[8:]
+
+    def pack() -> torch.Tensor:
+        (position,) = struct.unpack_from("=i", raw, _KEY_BYTES)
+        has_gauss, value = struct.unpack_from("=id", raw, _MT_STATE_BYTES)
+        return _pack(_keys_as_int64(raw, 0), position, value if has_gauss else None)
+
+    return _packed_once(NUMPY, raw, pack)
+
+
+def _find_numpy_layout(numpy: Any) -> tuple[type, type, int] | None:
+    """Where a RandomState keeps its cached Gaussian, found on a private one and checked, with
+    the bit generator's keys and position, against ``get_state()`` through three draws."""
+    if sys.implementation.name != "cpython":  # id() is an object's address only in CPython
+        return None
+    try:
+        state_type, generator_type = numpy.random.RandomState, numpy.random.MT19937
+        probe = state_type(generator_type(20261202))
+        size = type(probe).__basicsize__
+        offsets = set(range(8, size - 16 + 1, 4))
+        for _ in range(3):  # a Gaussian cached, then consumed (0, 0.0), then cached again
+            probe.standard_normal()
+            _kind, keys, position, has_gauss, gauss = probe.get_state()
+            if ctypes.string_at(probe._bit_generator.ctypes.state_address, _MT_STATE_BYTES) != \
+                    keys.astype(numpy.uint32).tobytes() + struct.pack("=i", position):
+                return None
+            memory = ctypes.string_at(id(probe), size)
+            offsets = {at for at in offsets if struct.unpack_from("=i", memory, at)[0] == has_gauss
+                       and struct.unpack_from("=d", memory, at + 8)[0] == gauss}
+        if len(offsets) != 1 or type(numpy.random.mtrand._rand) is not state_type:
+            return None
+        return state_type, generator_type, offsets.pop()
+    except Exception:  # another numpy: the public calls are used
+        return None
+
+
+def _python_from_memory() -> torch.Tensor | None:
+    global _python_offset
+    if PYTHON not in _looked_for:
+        _looked_for.add(PYTHON)
+        _python_offset = _find_python_offset()
+    generator = getattr(random, "_inst", None)  # what random.random/seed/getstate act on
+    if _python_offset is None or type(generator) is not random.Random:
+        return None
+    raw = ctypes.string_at(id(generator) + _python_offset, 4 + _KEY_BYTES)
+    gauss_next = generator.gauss_next  # type: ignore[attr-defined]  # random.Random's own attribute
+
+    def pack() -> torch.Tensor:
+        (index,) = struct.unpack_from("=i", raw)
+        return _pack(_keys_as_int64(raw, 4), index, gauss_next)
+
+    return _packed_once(PYTHON, (raw, gauss_next), pack)
+
+
+def _find_python_offset() -> int | None:
+    """Where a random.Random keeps its index and keys (CPython's RandomObject: an int, then 624
+    uint32), found on a private one and checked against ``getstate()`` after draws."""
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        probe = random.Random(20261202)
+        size, limit = 4 + _KEY_BYTES, type(probe).__basicsize__  # never read past the object
+        offsets: set[int] | None = None
+        for _ in range(3):
+            probe.random()
+            _version, internal, _gauss = probe.getstate()
+            expected = struct.pack(f"={1 + _KEYS}I", internal[-1], *internal[:-1])
+            found = {at for at in range(8, min(65, limit - size + 1), 4)
+                     if ctypes.string_at(id(probe) + at, size) == expected}
+            offsets = found if offsets is None else offsets & found
+        if offsets is None or len(offsets) != 1:
+            return None
+        return offsets.pop()
+    except Exception:  # another Python: getstate() is used
+        return None
 
 
 def set_host_states(states: dict[str, torch.Tensor]) -> dict[str, object]:

@@ -2,7 +2,9 @@
 
 The packed layout is part of the format (624 keys, the position, whether a Gaussian is cached, its
 bits); a state the previous call saw unchanged is handed out as the same tensor, so a capture of
-many calls that draw nothing from them stores one payload for all.
+many calls that draw nothing from them stores one payload for all. The states are read from the
+generators' memory where their layout was confirmed, and through the public calls elsewhere: both
+give the same tensors.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import modulelens
+from modulelens.format import host_rng
 from modulelens.format.host_rng import NUMPY, PYTHON, host_states, restore_host_states, set_host_states
 
 
@@ -67,3 +71,63 @@ def test_calls_that_draw_nothing_share_one_stored_state(tmp_path: Path) -> None:
     assert len({rng[PYTHON] for rng in rngs}) == 1 and len({rng[NUMPY] for rng in rngs}) == 1
     loaded = modulelens.load("m", repo=tmp_path)
     assert all(torch.equal(call.rng[PYTHON], host_states()[PYTHON]) for call in loaded.calls)
+
+
+def _through_the_public_calls() -> dict[str, torch.Tensor]:
+    numpy_state = host_rng._numpy_from_get_state(np)
+    assert numpy_state is not None
+    return {NUMPY: numpy_state, PYTHON: host_rng._python_from_getstate()}
+
+
+def _same_as_the_public_calls(states: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(states[kind], state) for kind, state in _through_the_public_calls().items())
+
+
+def test_states_read_from_memory_are_the_public_calls_states() -> None:
+    host_states()
+    # On this CPython and numpy the layouts are confirmed (the fast path: ~4 µs a call instead of
+    # ~50); a numpy or Python that changes them falls back to the public calls (the test below).
+    assert host_rng._numpy_layout is not None and host_rng._python_offset is not None
+    np.random.seed(11)
+    random.seed(13)
+    assert _same_as_the_public_calls(host_states())
+    np.random.randn()
+    cached = np.random.get_state()
+    assert cached[3] == 1
+    with_gaussian = host_states()
+    assert _same_as_the_public_calls(with_gaussian)
+    np.random.randn()  # consumes the cached Gaussian: the keys and the position do not move
+    consumed = host_states()
+    assert consumed[NUMPY] is not with_gaussian[NUMPY] and _same_as_the_public_calls(consumed)
+    np.random.set_state(cached)  # the same keys again, with the Gaussian cached
+    restored = host_states()
+    assert restored[NUMPY] is not consumed[NUMPY] and torch.equal(restored[NUMPY], with_gaussian[NUMPY])
+    random.gauss(0.0, 1.0)
+    python_gaussian = host_states()
+    assert python_gaussian[PYTHON] is not restored[PYTHON] and _same_as_the_public_calls(python_gaussian)
+    random.setstate((*random.getstate()[:2], None))  # the cached Gaussian dropped, the keys unchanged
+    dropped = host_states()
+    assert dropped[PYTHON] is not python_gaussian[PYTHON] and _same_as_the_public_calls(dropped)
+
+
+def test_without_a_confirmed_layout_the_public_calls_give_the_same_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    np.random.seed(17)
+    random.seed(19)
+    np.random.randn()
+    random.gauss(0.0, 1.0)
+    from_memory = host_states()
+    monkeypatch.setattr(host_rng, "_numpy_layout", None)
+    monkeypatch.setattr(host_rng, "_python_offset", None)
+    public = host_states()
+    assert public[NUMPY] is not from_memory[NUMPY] and public[PYTHON] is not from_memory[PYTHON]
+    assert torch.equal(public[NUMPY], from_memory[NUMPY]) and torch.equal(public[PYTHON], from_memory[PYTHON])
+
+
+def test_a_bit_generator_other_than_mt19937_is_not_recorded() -> None:
+    legacy = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(1))  # np.random.* draw from PCG64 from here on
+    try:
+        assert NUMPY not in host_states() and PYTHON in host_states()
+    finally:
+        np.random.set_bit_generator(legacy)
+    assert NUMPY in host_states()
