@@ -71,6 +71,10 @@ SAMPLED_CHUNKS = 8
 FULL_CHECK_EVERY_S = 30 * 24 * 3600
 CHUNK_HASH = "xxh3_64"
 MARKER_VERSION = 2  # 2: bound to the repo and user by a MAC; 1 (no MAC) is never trusted
+# Where a sampled check starts: a generator of its own, since a load must leave the job's global
+# `random` as it was (a recorded call stores that state, format/host_rng.py; a seeded job expects
+# its own draws only).
+_SAMPLE_STARTS = random.Random()
 _MAX_MARKER_BYTES = 64 << 10  # 1,024 chunk hashes and the record: a larger file is not a marker
 _DIGITS = 16  # hex digits of one xxh3-64 chunk hash
 ChunkDigests = tuple[int, str]  # (chunk size, the chunks' hashes as one hex string)
@@ -230,7 +234,7 @@ def sampled_check(blob: Path, info: os.stat_result, key: MarkerKey | None, *, pa
     # all chunks of a small blob; of a larger one, SAMPLED_CHUNKS consecutive ones from a random
     # start (wrapping around), read with one or two system calls: each chunk is as likely to be
     # checked as with scattered picks, at a third of the cost per blob
-    start, length = (0, count) if info.st_size <= WHOLE_CHECK_MAX_BYTES else (random.randrange(count), SAMPLED_CHUNKS)
+    start, length = (0, count) if info.st_size <= WHOLE_CHECK_MAX_BYTES else (_SAMPLE_STARTS.randrange(count), SAMPLED_CHUNKS)
     runs = [(start, min(length, count - start))]
     if length > runs[0][1]:
         runs.append((0, length - runs[0][1]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 
 import pytest
@@ -109,3 +110,29 @@ def test_replay_twice_with_batchnorm_and_several_states(repo: modulelens.Repo) -
     assert first.passed and second.passed, (first, second)
     for key, value in capture.state_dict(0).items():
         assert torch.equal(value, recorded[key]), key  # running the module never changed the record
+
+
+def test_loading_leaves_the_global_random_generators_alone(repo: modulelens.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seeded job that loads a capture draws what it would have drawn without the load: the
+    bit-rot sample of a large payload picks its chunks with a generator of its own."""
+    import numpy as np
+
+    from modulelens.repo import local
+
+    module = nn.Linear(1100, 1024)  # a 4.5 MB weight: over WHOLE_CHECK_MAX_BYTES, so sampled
+    with modulelens.capture(module, targets="Linear", repo=repo, name="lin"):
+        module(torch.randn(2, 1100))
+    assert modulelens.load("lin", repo=repo).module is not None  # hashed in full once, then marked
+    sampled = []
+    check = local.sampled_check
+    monkeypatch.setattr(local, "sampled_check", lambda *a, **k: sampled.append(check(*a, **k)) or sampled[-1])
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    states = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    loaded = modulelens.load("lin", repo=repo)
+    assert torch.equal(loaded.module.weight, module.weight) and loaded.replay().passed
+    assert True in sampled  # the weight was sampled, not hashed in full
+    assert random.getstate() == states[0]
+    assert (np.random.get_state()[1] == states[1]).all()
+    assert torch.equal(torch.get_rng_state(), states[2])
