@@ -266,6 +266,28 @@ def test_an_rm_killed_after_marking_is_left_for_gc_not_a_problem(tmp_path: Path)
     assert [v.version for v in repo.list("lin")] == [2]
 
 
+def test_an_rm_killed_after_removing_a_folder_is_left_for_gc_not_a_problem(tmp_path: Path) -> None:
+    """kill -9 of an ``rm`` after it removed a marked version's folder (its tombstone written) and
+    before it dropped the index entry: the index still marks the version as being removed, which
+    is not a version that does not exist (found by the stress suite's kill row, 2026-12-02)."""
+    from modulelens.repo.layout import name_key, version_key
+
+    repo = modulelens.Repo(tmp_path / "repo")
+    _save(repo)
+    _save(repo)
+    repo._summaries.begin_removal("lin", name_key("lin"), [1])  # what the killed rm had done
+    assert repo.store.retire(version_key("lin", 1))
+    assert not (tmp_path / "repo" / "names" / "lin" / "versions" / "1").exists()
+    assert [v.version for v in repo.list("lin")] == [2]
+    report = repo.fsck()
+    assert report.clean, [(p.kind, p.path, p.detail) for p in report.problems]
+    repo.gc(grace_s=0)
+    assert repo.fsck().clean
+    assert [v.version for v in repo.list("lin")] == [2]
+    _save(repo)
+    assert [v.version for v in repo.list("lin")] == [2, 3]  # the removed number is never reused
+
+
 def test_an_alias_set_while_its_version_is_removed_is_taken_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``alias`` resolves ``lin:v2``; another process's ``rm lin:v2`` runs before the alias is written
     (it looks for aliases to remove before this one exists): the alias is taken back and the call
