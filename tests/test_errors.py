@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import subprocess
@@ -16,6 +18,9 @@ from modules_for_tests import Opaque, TakesOpaque
 from torch import nn
 
 import modulelens
+from modulelens.format.provenance import user_key
+from modulelens.repo.markers import MarkerKey, sampled_check, split_marker
+from modulelens.repo.trust import repo_identity
 from modulelens.tracing.init_tracking import stop_tracking, track_init
 
 
@@ -80,8 +85,8 @@ def test_bit_rot_in_a_payload_of_up_to_4_mib_is_caught_on_every_load(repo: modul
 
 def test_bit_rot_in_a_large_payload_is_caught_by_the_sampled_chunks(repo: modulelens.Repo) -> None:
     path = _weight_blob(repo, "rot", nn.Linear(2048, 2048), torch.randn(2, 2048))  # 16 MiB: 256 chunks of 64 KiB
-    marker = json.loads(path.with_name(path.name + ".ok").read_text().splitlines()[0])  # the record; its MAC follows
-    assert (marker["chunk"], len(marker["chunks"])) == (64 << 10, 256 * 16)
+    record, _, digests = split_marker(path.with_name(path.name + ".ok").read_bytes())
+    assert (json.loads(record)["chunk"], len(digests)) == (64 << 10, 256 * 8)
     rot(repo, path, list(range(1000, path.stat().st_size, 64 << 10)))  # damage in every chunk: any sample sees it
     with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
         modulelens.load("rot", repo=repo).module  # noqa: B018
@@ -92,12 +97,32 @@ def test_bit_rot_in_a_large_payload_is_caught_by_the_sampled_chunks(repo: module
 def test_a_marker_of_the_older_layout_is_replaced_after_a_full_check(repo: modulelens.Repo) -> None:
     path = _weight_blob(repo, "old", nn.Linear(1024, 512), torch.randn(2, 1024))
     marker_path = path.with_name(path.name + ".ok")
-    marker = json.loads(marker_path.read_text().splitlines()[0])
+    marker = json.loads(split_marker(marker_path.read_bytes())[0])
     marker.update(chunk=1 << 20, chunks=["0" * 16, "0" * 16])  # 1 MiB chunks as a list, no MAC: what earlier versions wrote
     os.unlink(marker_path)
     marker_path.write_text(json.dumps(marker))
     assert modulelens.load("old", repo=repo).replay().passed  # not this repo's marker: full hash, then a new marker
-    assert json.loads(marker_path.read_text().splitlines()[0])["chunk"] == 64 << 10
+    assert json.loads(split_marker(marker_path.read_bytes())[0])["chunk"] == 64 << 10
+
+
+def test_a_marker_of_version_2_is_hashed_in_full_once_and_marked_anew(repo: modulelens.Repo) -> None:
+    """Version 2 kept the chunk hashes as hex inside the MAC'd JSON; a repo marked by it loads with
+    one full hash per large blob (no error, no trust in a layout this code does not read), then
+    samples again."""
+    path = _weight_blob(repo, "v2", nn.Linear(1024, 512), torch.randn(2, 1024))
+    marker_path = path.with_name(path.name + ".ok")
+    record, _, digests = split_marker(marker_path.read_bytes())
+    old = {**json.loads(record), "marker": 2, "chunks": digests.hex()}
+    old_record = json.dumps(old).encode()
+    key = MarkerKey.derive(user_key(), repo_identity(repo.root))
+    old_mac = hmac.new(key.secret, b"\n".join((key.binding, path.name.encode(), old_record)), hashlib.sha256)
+    os.unlink(marker_path)
+    marker_path.write_bytes(old_record + b"\n" + old_mac.hexdigest().encode() + b"\n")  # as version 2 wrote it
+    info = os.stat(path)
+    assert sampled_check(path, info, key) is None  # not read as this layout: a full hash is due
+    assert modulelens.load("v2", repo=repo).replay().passed
+    assert json.loads(split_marker(marker_path.read_bytes())[0])["marker"] == 3
+    assert sampled_check(path, os.stat(path), key) is True
 
 
 def test_truncated_payload_is_detected(repo: modulelens.Repo) -> None:

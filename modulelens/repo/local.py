@@ -54,6 +54,7 @@ from modulelens.repo.files import (
 from modulelens.repo.layout import CAPTURE_FILE, HEX64, MARKER, REPORTS, SUMMARY_FILE, blob_key, is_summary_log
 from modulelens.repo.markers import (
     MARK_MIN_BYTES,
+    MARK_MIN_PACK_BYTES,
     ChunkHasher,
     MarkerKey,
     chunk_digests,
@@ -561,10 +562,10 @@ class LocalStore(Store):
             write_marker(target, self._markers(create=True))
 
     def blob_file(self, digest: str, nbytes: int, *, full: bool = False, pack: bool = False) -> Path:
-        """Size always; the full hash for small payloads, for large ones without this repo's
-        marker or changed since their last check, or always with ``full``; otherwise a sampled hash
-        of a few chunks (coverage: :mod:`modulelens.repo.markers`). ``pack``: the blob is a pack, and
-        every member is checked against its hash whenever the pack's own hash is."""
+        """Size always; the full hash for small payloads, for large ones and packs without this
+        repo's marker or changed since their last check, or always with ``full``; otherwise a
+        sampled hash of a few chunks (coverage: :mod:`modulelens.repo.markers`). ``pack``: the blob
+        is a pack, and every member is checked against its hash whenever the pack's own hash is."""
         path = self.blob_path(digest)
         try:
             self._shard(digest)
@@ -577,8 +578,8 @@ class LocalStore(Store):
             raise CorruptCaptureError(
                 f"payload {digest} has {info.st_size} bytes, expected {nbytes} (truncated or damaged)"
             )
-        large = info.st_size >= MARK_MIN_BYTES
-        sampled = sampled_check(path, info, self._markers(), pack=pack) if large and not full else None
+        marked = info.st_size >= (MARK_MIN_PACK_BYTES if pack else MARK_MIN_BYTES)
+        sampled = sampled_check(path, info, self._markers(), pack=pack) if marked and not full else None
         if sampled is False:
             raise CorruptCaptureError(f"payload {path} is corrupted: a sampled chunk does not hash as recorded")
         if sampled is None:
@@ -587,7 +588,7 @@ class LocalStore(Store):
                 raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
             if pack:
                 check_members(path)
-            if large:
+            if marked:
                 write_marker(path, self._markers(create=True), pack=pack)
         return path
 

@@ -483,13 +483,22 @@ def _refresh_norm_weights(module: torch.nn.Module) -> None:
 
 
 def _has_meta_tensors(module: torch.nn.Module) -> bool:
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.device.type == "meta":
-            return True
+    """A meta tensor left anywhere in ``module``'s parameters, buffers or attributes. On the path to
+    a runnable module, so torch's own bookkeeping attributes (hook tables, flags) are skipped by
+    name: walking them cost a 1 GiB load 0.1 ms (isinstance against torch.Tensor runs Python)."""
     for sub in module.modules():
-        if any(_holds_meta_tensor(value) for value in vars(sub).values()):
-            return True
+        for tensor in (*sub._parameters.values(), *sub._buffers.values()):
+            if tensor is not None and tensor.is_meta:
+                return True
+        for name, value in vars(sub).items():
+            if name not in _MODULE_BOOKKEEPING and _holds_meta_tensor(value):
+                return True
     return False
+
+
+# what torch.nn.Module.__init__ sets on every module: the tables of parameters, buffers and
+# submodules (checked above, or modules of their own) and hooks and flags, which hold no tensors
+_MODULE_BOOKKEEPING = frozenset(vars(torch.nn.Module()))
 
 
 def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
@@ -497,7 +506,7 @@ def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
     prefix tuning keep ``prompt_tokens = {adapter: arange(...)}``, which a meta-device construction
     leaves without data (replay then failed with "Cannot copy out of meta tensor", found by the census)."""
     if isinstance(value, torch.Tensor):
-        return value.device.type == "meta"
+        return value.is_meta
     if depth < 4 and type(value) in (list, tuple):
         return any(_holds_meta_tensor(item, depth + 1) for item in value)
     if depth < 4 and type(value) is dict:

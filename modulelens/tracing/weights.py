@@ -251,7 +251,7 @@ class StreamedWeight:
                 self.changed = "what was written does not match its fingerprint at the start of the call " \
                                "(changed in place during the call)"
             self.payload = WrittenPayload(self.path, f"{HASH_ALGORITHM}:{hasher.hexdigest()}", self.nbytes,
-                                          (chunk, b"".join(chunks).hex()))
+                                          (chunk, b"".join(chunks)))
         except BaseException as error:  # reported by settle() or at the save: the job goes on
             self.error = error
             if fd >= 0:

@@ -23,7 +23,7 @@ from modulelens.errors import CorruptCaptureError
 from modulelens.format.provenance import user_key
 from modulelens.interfaces.cli import app
 from modulelens.repo.layout import LAYOUT_VERSION
-from modulelens.repo.markers import MarkerKey, marker_path, sampled_check, write_marker
+from modulelens.repo.markers import MarkerKey, marker_path, sampled_check, split_marker, write_marker
 from modulelens.repo.trust import repo_identity
 from stress.hostile_repo2 import CASES, Setup, Template, _flip, full_disk_outcome, make_template, run_case
 from stress.hostile_trust import as_user
@@ -81,14 +81,16 @@ def test_a_marker_is_bound_to_its_repo_and_user(setup: Setup) -> None:
     repo = modulelens.Repo(setup.root)
     _, blob = _weight(repo)
     assert modulelens.load("big", repo=repo).module is not None  # a received repo: hashed in full, then marked
-    record, mac = marker_path(blob).read_bytes().rstrip(b"\n").rsplit(b"\n", 1)
-    assert json.loads(record)["marker"] == 2 and len(mac) == 64
+    record, mac, digests = split_marker(marker_path(blob).read_bytes())
+    assert json.loads(record)["marker"] == 3 and len(mac) == 64
+    assert len(digests) == 8 * -(-blob.stat().st_size // json.loads(record)["chunk"])  # one xxh3-64 per chunk
     key = MarkerKey.derive(user_key(), repo_identity(setup.root))
-    assert key.mac(blob.name, record) == mac
+    assert key.mac(blob.name, record, digests) == mac
+    assert key.mac(blob.name, record, bytes(len(digests))) != mac  # the chunk hashes are under the MAC too
     other = MarkerKey.derive(b"k" * 32, repo_identity(setup.root))  # another user's key
-    assert other.mac(blob.name, record) != mac
+    assert other.mac(blob.name, record, digests) != mac
     elsewhere = MarkerKey.derive(user_key(), {**repo_identity(setup.root), "inode": 1})  # another directory
-    assert elsewhere.mac(blob.name, record) != mac
+    assert elsewhere.mac(blob.name, record, digests) != mac
 
 
 def test_a_marker_that_came_with_the_repo_is_not_trusted(setup: Setup) -> None:
@@ -232,6 +234,6 @@ def test_a_user_without_a_key_gets_one_at_the_first_marker_and_fast_loads_after(
         _, blob = _weight(repo)
         assert modulelens.load("big", repo=repo).replay().passed  # hashed in full, then marked
         key = MarkerKey.derive(user_key(), repo_identity(setup.root))  # made by that load
-        record, mac = marker_path(blob).read_bytes().rstrip(b"\n").rsplit(b"\n", 1)
-        assert key.mac(blob.name, record) == mac
+        record, mac, digests = split_marker(marker_path(blob).read_bytes())
+        assert key.mac(blob.name, record, digests) == mac
         assert sampled_check(blob, os.stat(blob), key) is True  # the next load samples instead of hashing

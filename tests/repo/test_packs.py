@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from bit_rot import rot
 from torch import nn
 
 import modulelens
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo.layout import LAYOUT_VERSION
+from modulelens.repo.markers import MARK_MIN_BYTES, MARK_MIN_PACK_BYTES, marker_path, split_marker
 from modulelens.repo.packs import PACK_BELOW, referenced_blobs
 
 GOLDEN = Path(__file__).resolve().parents[1] / "format" / "golden_v1" / "repo"
@@ -124,6 +126,52 @@ def test_a_damaged_pack_member_is_a_corrupt_capture_error(repo: modulelens.Repo)
     meta["tensors"]["t_extra"] = {**entry, "payload": "blake3:" + "0" * 64}
     with pytest.raises(modulelens.CorruptCaptureError):
         repo.payloads(meta).check(meta["tensors"]["t_extra"])
+
+
+class Wide(nn.Module):
+    """Twenty 64 x 64 layers: one pack of ~330 KiB, past the size from which a pack is marked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(20))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_pack_checked_in_full_is_marked_and_sampled_after(repo: modulelens.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack of 64 KiB or more is hashed with its members once, then marked: later loads compare
+    its chunk hashes (every chunk) instead of hashing it and each member again, and bit rot under
+    the marker is still found. A smaller pack is hashed on every load and never marked."""
+    module = Wide()
+    with modulelens.capture(module, targets="Wide", repo=repo, name="wide") as cap:
+        module(torch.randn(2, 64))
+    meta = repo.read_metadata("wide", cap.saved[0].version)
+    [pack_entry] = meta["packs"]
+    pack = repo.blob_path(pack_entry["payload"])
+    assert MARK_MIN_PACK_BYTES <= pack_entry["nbytes"] < MARK_MIN_BYTES
+    assert modulelens.load("wide", repo=repo).replay().passed  # hashed in full with its members, then marked
+    record = json.loads(split_marker(marker_path(pack).read_bytes())[0])
+    assert record["pack"] is True
+
+    def no_full_check(path: Path) -> None:
+        raise AssertionError(f"{path} was checked in full despite its marker")
+
+    monkeypatch.setattr("modulelens.repo.local.check_members", no_full_check)
+    monkeypatch.setattr("modulelens.repo.local.hash_file", no_full_check)
+    assert modulelens.load("wide", repo=repo).replay().passed
+    monkeypatch.undo()
+
+    rot(repo, pack, [pack_entry["nbytes"] - 3], pack=True)  # a member's byte, size and times as marked
+    with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
+        modulelens.load("wide", repo=repo).module  # noqa: B018
+
+    small = _save(repo, Mixed())  # a pack of a few KiB
+    small_pack = repo.blob_path(repo.read_metadata("mixed", small.version)["packs"][0]["payload"])
+    assert modulelens.load("mixed", repo=repo).replay().passed
+    assert os.path.getsize(small_pack) < MARK_MIN_PACK_BYTES and not marker_path(small_pack).exists()
 
 
 def test_layout_1_repo_loads_unchanged_and_upgrades_on_first_save(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ from modulelens.repo.markers import MarkerKey, chunk_digests, write_marker
 from modulelens.repo.trust import repo_identity
 
 
-def rot(repo: modulelens.Repo, blob: Path, offsets: list[int]) -> None:
-    """Flip one bit at each offset of ``blob``, leaving a marker that still describes the file."""
+def rot(repo: modulelens.Repo, blob: Path, offsets: list[int], *, pack: bool = False) -> None:
+    """Flip one bit at each offset of ``blob``, leaving a marker that still describes the file
+    (``pack``: as one that was checked as a pack, member by member)."""
     intact = chunk_digests(memoryview(blob.read_bytes()))
     os.chmod(blob, 0o644)
     with open(blob, "r+b") as handle:
@@ -29,4 +30,4 @@ def rot(repo: modulelens.Repo, blob: Path, offsets: list[int]) -> None:
             handle.seek(offset)
             handle.write(bytes([byte ^ 0x10]))
     os.chmod(blob, 0o444)
-    write_marker(blob, MarkerKey.derive(user_key(), repo_identity(repo.root)), intact)
+    write_marker(blob, MarkerKey.derive(user_key(), repo_identity(repo.root)), intact, pack=pack)
