@@ -10,17 +10,19 @@ Reading them costs more than a small module's recording: ``numpy.random.get_stat
 and ``random.getstate()`` ~9 µs (a 624-key array and a 625-int tuple built each time), about 0.2 ms
 of the demo RecModel's 2.5 ms forward with 4 targets (benchmarks/bench_recording.py). So where the
 layout is confirmed, each generator's whole state is read as raw bytes from its memory instead
-(~1 µs): numpy's MT19937 keys and position through the bit generator's public
-``ctypes.state_address``, its cached Gaussian and Python's keys and index at offsets into the
-generator objects. Those offsets are private to numpy and CPython, so they are found once per
-process on private generators and checked against ``get_state()`` / ``getstate()`` through draws
-that cache, consume and cache again a Gaussian; where anything does not match (another layout,
-another generator type), the states are read through the public calls, as before.
+(about 1 µs a read, 3–4 µs for both states and the check that they are unchanged): numpy's
+MT19937 keys and position through the bit generator's public ``ctypes.state_address``, its cached
+Gaussian and Python's keys and index at offsets into the generator objects. Those offsets are
+private to numpy and CPython, so they are found once per process on private generators and
+checked against ``get_state()`` / ``getstate()`` through draws that cache, consume and cache again
+a Gaussian; where anything does not match (another layout, another generator type), the states
+are read through the public calls, as before.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import struct
 import sys
@@ -102,23 +104,14 @@ def _python_from_getstate() -> torch.Tensor:
                                                      internal[-1], gauss_next))
 
 
-# What reading from memory found, looked for once per process (``_looked_for``): numpy's generator
-# types and the offset of the cached Gaussian in a RandomState; the offset of the index and keys in
-# a random.Random. ``None``: not confirmed here, so the public calls are used.
-_looked_for: set[str] = set()
-_numpy_layout: tuple[Any, Any, int] | None = None
-_python_offset: int | None = None
 _MT_STATE_BYTES = _KEY_BYTES + 4  # numpy's mt19937_state: the keys, then the int position
 
 
 def _numpy_from_memory(numpy: Any) -> torch.Tensor | None:
-    global _numpy_layout
-    if NUMPY not in _looked_for:
-        _looked_for.add(NUMPY)
-        _numpy_layout = _find_numpy_layout(numpy)
-    if _numpy_layout is None:
+    layout = _numpy_layout(numpy)
+    if layout is None:
         return None
-    state_type, generator_type, gauss_at = _numpy_layout
+    state_type, generator_type, gauss_at = layout
     legacy = numpy.random.mtrand._rand  # what np.random.seed/randn/get_state act on
     generator = legacy._bit_generator  # np.random.set_bit_generator may have replaced it
     if type(legacy) is not state_type or type(generator) is not generator_type:
@@ -135,9 +128,11 @@ def _numpy_from_memory(numpy: Any) -> torch.Tensor | None:
     return _packed_once(NUMPY, raw, pack)
 
 
-def _find_numpy_layout(numpy: Any) -> tuple[type, type, int] | None:
-    """Where a RandomState keeps its cached Gaussian, found on a private one and checked, with
-    the bit generator's keys and position, against ``get_state()`` through three draws."""
+@functools.cache  # looked for once per process
+def _numpy_layout(numpy: Any) -> tuple[Any, Any, int] | None:
+    """numpy's generator types and where a RandomState keeps its cached Gaussian, found on a
+    private one and checked, with the bit generator's keys and position, against ``get_state()``
+    through three draws. ``None``: not confirmed here, so the public calls are used."""
     if sys.implementation.name != "cpython":  # id() is an object's address only in CPython
         return None
     try:
@@ -162,14 +157,11 @@ def _find_numpy_layout(numpy: Any) -> tuple[type, type, int] | None:
 
 
 def _python_from_memory() -> torch.Tensor | None:
-    global _python_offset
-    if PYTHON not in _looked_for:
-        _looked_for.add(PYTHON)
-        _python_offset = _find_python_offset()
+    offset = _python_offset()
     generator = getattr(random, "_inst", None)  # what random.random/seed/getstate act on
-    if _python_offset is None or type(generator) is not random.Random:
+    if offset is None or type(generator) is not random.Random:
         return None
-    raw = ctypes.string_at(id(generator) + _python_offset, 4 + _KEY_BYTES)
+    raw = ctypes.string_at(id(generator) + offset, 4 + _KEY_BYTES)
     gauss_next = generator.gauss_next  # type: ignore[attr-defined]  # random.Random's own attribute
 
     def pack() -> torch.Tensor:
@@ -179,9 +171,11 @@ def _python_from_memory() -> torch.Tensor | None:
     return _packed_once(PYTHON, (raw, gauss_next), pack)
 
 
-def _find_python_offset() -> int | None:
+@functools.cache  # looked for once per process
+def _python_offset() -> int | None:
     """Where a random.Random keeps its index and keys (CPython's RandomObject: an int, then 624
-    uint32), found on a private one and checked against ``getstate()`` after draws."""
+    uint32), found on a private one and checked against ``getstate()`` after draws. ``None``: not
+    confirmed here, so ``getstate()`` is used."""
     if sys.implementation.name != "cpython":
         return None
     try:

@@ -87,7 +87,7 @@ def test_states_read_from_memory_are_the_public_calls_states() -> None:
     host_states()
     # On this CPython and numpy the layouts are confirmed (the fast path: ~4 µs a call instead of
     # ~50); a numpy or Python that changes them falls back to the public calls (the test below).
-    assert host_rng._numpy_layout is not None and host_rng._python_offset is not None
+    assert host_rng._numpy_layout(np) is not None and host_rng._python_offset() is not None
     np.random.seed(11)
     random.seed(13)
     assert _same_as_the_public_calls(host_states())
@@ -116,8 +116,8 @@ def test_without_a_confirmed_layout_the_public_calls_give_the_same_states(monkey
     np.random.randn()
     random.gauss(0.0, 1.0)
     from_memory = host_states()
-    monkeypatch.setattr(host_rng, "_numpy_layout", None)
-    monkeypatch.setattr(host_rng, "_python_offset", None)
+    monkeypatch.setattr(host_rng, "_numpy_layout", lambda numpy: None)
+    monkeypatch.setattr(host_rng, "_python_offset", lambda: None)
     public = host_states()
     assert public[NUMPY] is not from_memory[NUMPY] and public[PYTHON] is not from_memory[PYTHON]
     assert torch.equal(public[NUMPY], from_memory[NUMPY]) and torch.equal(public[PYTHON], from_memory[PYTHON])
