@@ -255,21 +255,19 @@ def sampled_check(blob: Path, info: os.stat_result, key: MarkerKey | None, *, pa
     if chunk != chunk_size(info.st_size) or len(digests) != count * _DIGEST_BYTES:
         return None
     # all chunks of a small blob; of a larger one, SAMPLED_CHUNKS consecutive ones from a random
-    # start (wrapping around), read with one or two system calls: each chunk is as likely to be
-    # checked as with scattered picks, at a third of the cost per blob
-    start, length = (0, count) if info.st_size <= WHOLE_CHECK_MAX_BYTES else (_SAMPLE_STARTS.randrange(count), SAMPLED_CHUNKS)
-    runs = [(start, min(length, count - start))]
-    if length > runs[0][1]:
-        runs.append((0, length - runs[0][1]))
+    # start (wrapping around): each chunk is as likely to be checked as with scattered picks. Each
+    # is read into one reused buffer.
+    if info.st_size <= WHOLE_CHECK_MAX_BYTES:
+        indices: range | list[int] = range(count)
+    else:
+        start = _SAMPLE_STARTS.randrange(count)
+        indices = [(start + i) % count for i in range(SAMPLED_CHUNKS)]
     buffer = bytearray(chunk)
     fd = open_regular(blob)
     try:
-        for first, number in runs:
-            found = []
-            for index in range(first, first + number):
-                got = os.preadv(fd, [buffer], index * chunk)
-                found.append(_chunk_digest(memoryview(buffer)[:got]))
-            if b"".join(found) != digests[first * _DIGEST_BYTES:(first + number) * _DIGEST_BYTES]:
+        for index in indices:
+            got = os.preadv(fd, [buffer], index * chunk)
+            if _chunk_digest(memoryview(buffer)[:got]) != digests[index * _DIGEST_BYTES:(index + 1) * _DIGEST_BYTES]:
                 return False
     finally:
         os.close(fd)
