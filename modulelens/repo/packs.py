@@ -21,11 +21,13 @@ content address of every tensor is unchanged and identical small payloads are st
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import mmap
 import operator
 import os
+import re
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,6 +52,13 @@ if TYPE_CHECKING:
 PACK_BELOW = 1 << 20
 # Bounds the memory a save needs to assemble one pack and the size of one upload to object storage.
 PACK_MAX_BYTES = 64 << 20
+# Bounds a pack's header, which a load parses whole: 64 MiB of 1-byte members made a header of a
+# million members (~95 MiB of JSON; parsing one took 1.3 GiB and 13 s, issue 35). A member's entry
+# is at most ~95 bytes, so a pack of at most this many has a header under PACK_HEADER_MAX_BYTES.
+PACK_MAX_MEMBERS = 65536
+# Larger headers are refused before they are parsed (also leaves room for packs written before the
+# member bound: up to ~170,000 members).
+PACK_HEADER_MAX_BYTES = 16 << 20
 _ALIGN = 64
 _FORMAT = "modulelens.pack"
 _LENGTH = struct.Struct("<Q")
@@ -73,6 +82,22 @@ def referenced_blobs(metadata: dict[str, Any]) -> dict[str, int]:
     return blobs
 
 
+_MENTION = re.compile(rb"blake3:[0-9a-f]{64}")
+
+
+def mentioned_blobs(raw: bytes) -> set[str]:
+    """Every payload hash the bytes of a ``capture.json`` mention (``blake3:<hex>``), read without
+    parsing it: a superset of its :func:`referenced_blobs` (pack members too), also for a file too
+    damaged to parse. What gc keeps when an index may lie costs a scan in C per version, not a
+    parse (benchmarks/bench_repo.py). A hash written with JSON escapes (no writer does) is found by
+    parsing such a file."""
+    found = {m.decode() for m in _MENTION.findall(raw)}
+    if b"\\u" in raw:
+        with contextlib.suppress(ValueError, RecursionError, TypeError, AttributeError, KeyError):
+            found.update(referenced_blobs(json.loads(raw)))
+    return found
+
+
 # ------------------------------------------------------------------------------------ writing
 
 
@@ -85,8 +110,8 @@ class PackPlan:
 
 
 def plan_packs(small: list[tuple[str, memoryview]]) -> list[PackPlan]:
-    """Group ``(digest, bytes)`` pairs into packs of at most :data:`PACK_MAX_BYTES` of members
-    (a payload already in a pack is stored once)."""
+    """Group ``(digest, bytes)`` pairs into packs of at most :data:`PACK_MAX_BYTES` of members and
+    :data:`PACK_MAX_MEMBERS` members (a payload already in a pack is stored once)."""
     plans: list[PackPlan] = []
     seen: set[str] = set()
     current = PackPlan({})
@@ -96,7 +121,7 @@ def plan_packs(small: list[tuple[str, memoryview]]) -> list[PackPlan]:
         if hexdigest in seen:
             continue
         seen.add(hexdigest)
-        if current.members and filled + len(data) > PACK_MAX_BYTES:
+        if current.members and (filled + len(data) > PACK_MAX_BYTES or len(current.members) >= PACK_MAX_MEMBERS):
             plans.append(current)
             current, filled = PackPlan({}), 0
         current.members[hexdigest] = (filled, data)
@@ -143,6 +168,9 @@ def read_header(data: memoryview | bytes | mmap.mmap, where: str) -> dict[str, t
         (length,) = _LENGTH.unpack_from(data, 0)
         if length > len(data) - _LENGTH.size:
             raise ValueError(f"a header of {length} bytes in a pack of {len(data)}")
+        if length > PACK_HEADER_MAX_BYTES:  # refused before it is parsed
+            raise ValueError(f"a header of {length:,} bytes, more than the {PACK_HEADER_MAX_BYTES:,} of a pack of "
+                             f"at most {PACK_MAX_MEMBERS:,} members")
         header = json.loads(bytes(data[_LENGTH.size:_LENGTH.size + length]))
         if not isinstance(header, dict) or header.get("format") != _FORMAT:
             raise ValueError("not a modulelens pack")

@@ -19,6 +19,7 @@ import operator
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from modulelens.errors import (
     CaptureNotFoundError,
+    CaptureWarning,
     CorruptCaptureError,
     InvalidNameError,
     RemoteRepoError,
@@ -44,6 +46,7 @@ from modulelens.repo.layout import (
     capture_json,
     capture_key,
     marker_json,
+    max_metadata_bytes,
     name_key,
     reports_key,
     unquote_name,
@@ -53,7 +56,7 @@ from modulelens.repo.local import LocalStore
 from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
-from modulelens.repo.packs import PACK_BELOW, Payloads, pack_payloads, referenced_blobs
+from modulelens.repo.packs import PACK_BELOW, Payloads, mentioned_blobs, pack_payloads, referenced_blobs
 from modulelens.repo.store import Hold, Store, WrittenPayload
 
 if TYPE_CHECKING:
@@ -207,10 +210,14 @@ class GcReport:
     removed_tmp: int = 0
     dry_run: bool = False
     removed: list[str] = field(default_factory=list)
+    #: blobs kept because a version's ``capture.json`` uses them though its index entry does not
+    #: list them (the index is wrong: ``modulelens fsck`` names it, ``--repair`` rebuilds it)
+    kept_unindexed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"removed_blobs": self.removed_blobs, "freed_bytes": self.freed_bytes,
-                "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run}
+                "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run,
+                "kept_unindexed": self.kept_unindexed}
 
 
 class Repo:
@@ -420,6 +427,11 @@ class Repo:
     def rebuild_summary(self, name: str) -> None:
         """Rebuild ``name``'s index from its folders, ignoring the stored one (fsck --repair)."""
         self._summaries.rebuild(name, name_key(name))
+
+    def summary_problem(self, name: str) -> str | None:
+        """Why ``name``'s stored index head is not used (damaged or forged: readers rebuild the
+        index from the folders, writers store the rebuilt one), for fsck; ``None`` when it is used."""
+        return self._summaries.head_problem(name_key(name))
 
     def stored_summary(self, name: str) -> tuple[dict[str, dict[str, Any]], bool] | None:
         """The entries of ``name`` that readers take from the stored index without reading capture
@@ -666,7 +678,13 @@ class Repo:
         for index, (metadata, number) in enumerate(zip(metadatas, numbers, strict=True)):
             metadata["version"] = number
             metadata["name"] = name
-            if self.store.publish(version_key(name, number), {CAPTURE_FILE: capture_json(metadata, seal)}, unused=unused):
+            document = capture_json(metadata, seal)
+            if len(document) > max_metadata_bytes():
+                warnings.warn(f"{name}:v{number}: its capture.json is {len(document):,} bytes, more than the "
+                              f"{max_metadata_bytes():,} a load reads by default; load it with "
+                              "MODULELENS_MAX_METADATA_MIB set higher (fewer recorded calls keep it smaller)",
+                              CaptureWarning, stacklevel=2)
+            if self.store.publish(version_key(name, number), {CAPTURE_FILE: document}, unused=unused):
                 entries[number] = version_entry(metadata)
                 if contents[index] is not None:
                     entries[number]["content"] = contents[index]
@@ -865,19 +883,48 @@ class Repo:
             if not dry_run:
                 for name, versions in unfinished:  # left by an rm that stopped midway (nothing saves now)
                     self._retire(name, versions)
-            doomed = []
-            for hexdigest, blob in self.store.blobs().items():
-                if hexdigest in referenced or (grace > 0 and blob.mtime > started - grace):
-                    report.kept_blobs += 1
-                    continue
-                doomed.append(blob.key)
+            blobs = self.store.blobs()
+            unreferenced = {h: b for h, b in blobs.items()
+                            if h not in referenced and not (grace > 0 and b.mtime > started - grace)}
+            if unreferenced:
+                # The index said what the versions use; before anything is deleted the versions
+                # themselves say it (issue 35: one changed hex digit in a log, bit rot that keeps the
+                # JSON valid, or a received repo's index, made gc delete a pack two versions used).
+                # Only when there is something to delete: a gc that frees nothing reads no capture.
+                mentioned = self._mentioned_by_versions(skip=dict(unfinished) if dry_run else {})
+                report.kept_unindexed = sum(1 for h in unreferenced if h in mentioned)
+                unreferenced = {h: b for h, b in unreferenced.items() if h not in mentioned}
+            report.kept_blobs = len(blobs) - len(unreferenced)
+            for hexdigest, blob in unreferenced.items():
                 report.removed_blobs += 1
                 report.freed_bytes += blob.size
                 report.removed.append(hexdigest)
             if not dry_run:
-                self.store.remove_blobs(doomed)
+                self.store.remove_blobs([blob.key for blob in unreferenced.values()])
             report.removed_tmp = self.store.clean_staging(time.time() - tmp_age_s, dry_run=dry_run)
         return report
+
+    def _mentioned_by_versions(self, *, skip: dict[str, builtins.list[int]]) -> set[str]:
+        """The blob hashes (hex) that some version's ``capture.json`` mentions, every version found
+        by listing the name folders (never by the index, which is what may lie); ``skip``: versions
+        an rm marked, per name (a dry run leaves them, a real gc removed them first). A version
+        whose file cannot be read (a link, over the size limit) keeps what its index entry lists.
+
+        Raises:
+            CorruptCaptureError: a name's folders cannot be listed (it might use any blob).
+        """
+        found: set[str] = set()
+        for quoted in self.store.names():
+            name = unquote_name(quoted)
+            if name is None:
+                continue
+            prefix = f"names/{quoted}"
+            gone = set(skip.get(name, ()))
+            keys = [f"{prefix}/versions/{number}/{CAPTURE_FILE}"
+                    for number in self.store.scan(prefix, aliases=False).versions if number not in gone]
+            for raw in self.store.read_many(keys, immutable=True).values():
+                found.update(mentioned_blobs(raw))
+        return {digest.partition(":")[2] for digest in found}
 
     def _referenced(self, *, persist: bool) -> tuple[set[str], builtins.list[tuple[str, builtins.list[int]]]]:
         """The blob hashes (hex) every version references, and the versions an rm left unfinished,
