@@ -3,7 +3,8 @@
 * **oversized metadata and pack headers**: a ``capture.json``, a name's index head and log, an
   alias, the layout marker and a report grown to hundreds of MiB (sparse files: nothing is written),
   and a pack whose header lists a million members; every consumer (load and use each version, list,
-  fsck, gc) runs in a forked child with 1 GiB of address space over what it starts with and 30 s:
+  fsck, gc, reports) runs in a forked child with 512 MiB of address space over what it starts with
+  and 20 s:
   **survived** means it refused what is too large in one line, at no cost but a ``stat``, and kept
   serving the rest; **wrong** counts errors that are not modulelens's own or not one line, and
   versions that stopped loading their stored values.
@@ -11,7 +12,7 @@
   repo and of a ``memory://`` one; **survived**: the listing shows the one real version within
   1 s + 30 us per folder (it read and scanned each: 25 s local, 27 s on memory:// for 10,000).
 * **gigantic shape-only tensors**: a shape-only input recorded with shapes of up to 2**49 elements,
-  loaded with ``synthesize=True`` in a forked child (1 GiB of address space over its start):
+  loaded with ``synthesize=True`` in a forked child (512 MiB of address space over its start):
   **survived**: a one-line ``RestoreError`` naming the tensor, and a replay that reports instead of
   crashing; **wrong**: torch's raw allocator error, a ``MemoryError`` or a killed process.
 """
@@ -39,8 +40,8 @@ from modulelens.format.hashing import hash_bytes
 from stress.table import Row
 
 _CTX = multiprocessing.get_context("fork")
-_BUDGET = 1 << 30  # bytes of address space a case may add
-_CASE_S = 30
+_BUDGET = 512 << 20  # bytes of address space a case may add
+_CASE_S = 20
 
 
 def _vm_size() -> int:
@@ -129,7 +130,8 @@ def _consumers(root: Path, originals: dict[str, dict[str, torch.Tensor]]) -> lis
             if problem:
                 issues.append(f"load {ref}: {problem}")
     for label, run in (("list", lambda: modulelens.Repo(root).list()), ("fsck", lambda: modulelens.Repo(root).fsck()),
-                       ("gc", lambda: modulelens.Repo(root).gc(dry_run=True))):
+                       ("gc", lambda: modulelens.Repo(root).gc(dry_run=True)),
+                       ("reports", lambda: modulelens.Repo(root).reports("lin:v1"))):
         try:
             run()
         except Exception as error:

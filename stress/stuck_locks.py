@@ -53,6 +53,8 @@ class _Holder:
     def release(self) -> None:
         self.process.kill()
         self.process.wait(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def _job(repo: Path, tmp: Path, wait: float | None) -> tuple[dict, str]:

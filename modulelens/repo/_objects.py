@@ -352,7 +352,7 @@ class ObjectStore:
             size = response.get("ContentLength")
             if limit is not None and isinstance(size, int) and size > limit:
                 raise too_large(f"s3://{bucket}/{path}", size, limit, hint)
-            data = await body.read(limit + 1) if limit is not None else await body.read()
+            data = await body.read()  # (read(n) may return fewer bytes than there are: never a prefix)
         finally:
             body.close()
         return _within(f"s3://{bucket}/{path}", bytes(data), limit, hint), response.get("ETag")

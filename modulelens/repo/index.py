@@ -92,7 +92,7 @@ def version_entry(metadata: dict[str, Any]) -> Entry:
 def damaged_entry(raw: bytes, problem: str) -> Entry:
     """The entry of a version whose metadata cannot be read: it still lists (with its problem),
     and gc keeps every payload hash its file mentions, in case a repair needs them."""
-    blobs = sorted(mentioned_blobs(raw))
+    blobs = sorted(mentioned_blobs([raw]))
     return {"created": "", "tags": [], "nbytes": 0, "module_class": "", "calls": 0, "blobs": blobs, "problem": problem}
 
 
@@ -412,11 +412,14 @@ class Summaries:
     def head_problem(self, prefix: str) -> str | None:
         """Why the stored head of the name at ``prefix`` is not used (damaged or forged: the index is
         rebuilt from the folders instead), for fsck; ``None`` when it is used or there is none."""
-        try:
-            raw = self.store.read(f"{prefix}/{SUMMARY_FILE}")
-        except _UNREADABLE as error:
-            return str(error) if isinstance(error, CorruptCaptureError) else None
-        problem = head_problem(raw, appends=self._appends)
+        for _attempt in range(2):  # (a read torn by a writer rewriting the head fails its checksum once)
+            try:
+                raw = self.store.read(f"{prefix}/{SUMMARY_FILE}")
+            except _UNREADABLE as error:
+                return str(error) if isinstance(error, CorruptCaptureError) else None
+            problem = head_problem(raw, appends=self._appends)
+            if problem is None or "checksum" not in problem:
+                break
         if problem is None and raw and (index := _parse_head(raw, appends=self._appends)) is not None \
                 and index.versions is None and self._log_entries(prefix, index) is None:
             return "its log cannot be read, or lists versions above the highest number the head says was used"

@@ -33,6 +33,7 @@ _SUMMARY_LOG = re.compile(r"summary-[0-9]+\.log")
 #: The highest version number a name can have: a folder or an index naming a higher one is not a
 #: version (a forged ``used = 10**30`` would otherwise make the next save ``v1000...001``).
 MAX_VERSION = 10**9
+_MAX_DIGITS = len(str(MAX_VERSION))
 
 # How large each kind of file a load or a listing parses may be (issue 35: one hostile file must not
 # cost gigabytes of memory before it is refused). Metadata (a capture.json, a name's index) grows with
@@ -70,8 +71,8 @@ def read_limit(key: str) -> tuple[int, str]:
 def is_version_number(text: str) -> bool:
     """Whether a folder (or key segment) names a version: 1 to :data:`MAX_VERSION` in ASCII digits,
     no leading zero (a number beyond it is not a version, so it never makes a save take it plus one)."""
-    return text.isascii() and text.isdigit() and text[0] != "0" and len(text) <= len(str(MAX_VERSION)) \
-        and int(text) <= MAX_VERSION
+    return text.isascii() and text.isdigit() and text[0] != "0" and (
+        len(text) < _MAX_DIGITS or (len(text) == _MAX_DIGITS and int(text) <= MAX_VERSION))
 
 
 def summary_log(generation: int) -> str:

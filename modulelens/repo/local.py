@@ -179,17 +179,19 @@ class LocalStore(Store):
             self._folder(folder, create=create_folder)
         return f"{self.location}/{key}"
 
-    def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False) -> str:
+    def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False,
+                checked: set[str] | None = None) -> str:
         """The path of the folder ``prefix`` after checking each folder on the way with ``lstat``.
         ``create``: make it when missing (the one above must exist), and a missing top-level
         folder too (``names/`` that ``fsck --repair`` moved aside: a name's index is written before
         its first version); ``create_all``: make every missing one, each inside a folder just
-        checked (a name's first save), durably."""
+        checked (a name's first save), durably. ``checked``: folders a caller reading many keys
+        found to be real ones already (not looked at again; those found here are added)."""
         parts = prefix.split("/")
         path = self.location
         for index, part in enumerate(parts):
             parent, path = path, f"{path}/{part}"
-            if index == 0 and part in self._checked:
+            if (index == 0 and part in self._checked) or (checked is not None and path in checked):
                 continue
             try:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
@@ -206,6 +208,8 @@ class LocalStore(Store):
                 # names/, blobs/: checked once per store object (a listing reads a file in each of
                 # 200 name folders; re-checking names/ each time was a twentieth of it)
                 self._checked.add(part)
+            elif checked is not None:
+                checked.add(path)
         return path
 
     def _tmp_path(self, suffix: str = "") -> Path:
@@ -250,12 +254,15 @@ class LocalStore(Store):
             return None
 
     def read_many(self, keys: Collection[str], *, immutable: bool = False) -> dict[str, bytes]:
+        """Each folder on the way is checked once per call (the versions of a name share two: a gc
+        reading every capture file made three ``lstat`` per version)."""
         found = {}
+        checked: set[str] = set()
         for key in keys:
             with contextlib.suppress(OSError, CorruptCaptureError):  # a linked file is left out, never read
-                data = self.read(key)
-                if data is not None:
-                    found[key] = data
+                folder, _, leaf = key.rpartition("/")
+                path = f"{self._folder(folder, checked=checked)}/{leaf}" if folder else f"{self.location}/{key}"
+                found[key] = _read_key(path, key)
         return found
 
     def write(self, key: str, data: bytes, *, durable: bool = True) -> None:

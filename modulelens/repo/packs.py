@@ -29,7 +29,7 @@ import operator
 import os
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,17 +85,20 @@ def referenced_blobs(metadata: dict[str, Any]) -> dict[str, int]:
 _MENTION = re.compile(rb"blake3:[0-9a-f]{64}")
 
 
-def mentioned_blobs(raw: bytes) -> set[str]:
-    """Every payload hash the bytes of a ``capture.json`` mention (``blake3:<hex>``), read without
-    parsing it: a superset of its :func:`referenced_blobs` (pack members too), also for a file too
-    damaged to parse. What gc keeps when an index may lie costs a scan in C per version, not a
-    parse (benchmarks/bench_repo.py). A hash written with JSON escapes (no writer does) is found by
-    parsing such a file."""
-    found = {m.decode() for m in _MENTION.findall(raw)}
-    if b"\\u" in raw:
-        with contextlib.suppress(ValueError, RecursionError, TypeError, AttributeError, KeyError):
-            found.update(referenced_blobs(json.loads(raw)))
-    return found
+def mentioned_blobs(raws: Iterable[bytes]) -> set[str]:
+    """Every payload hash the bytes of some ``capture.json`` files mention (``blake3:<hex>``), read
+    without parsing them: a superset of their :func:`referenced_blobs` (pack members too), also for
+    a file too damaged to parse. What gc keeps when an index may lie costs a scan in C per version,
+    not a parse (benchmarks/bench_repo.py); the versions of a name share most hashes, so they are
+    decoded once each. A hash written with JSON escapes (no writer does) is found by parsing such a file."""
+    mentions: set[bytes] = set()
+    found: set[str] = set()
+    for raw in raws:
+        mentions.update(_MENTION.findall(raw))
+        if b"\\u" in raw:
+            with contextlib.suppress(ValueError, RecursionError, TypeError, AttributeError, KeyError):
+                found.update(referenced_blobs(json.loads(raw)))
+    return found | {m.decode() for m in mentions}
 
 
 # ------------------------------------------------------------------------------------ writing

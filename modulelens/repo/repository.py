@@ -868,10 +868,12 @@ class Repo:
             tmp_age_s: staging older than this, left by writers that are gone, is removed.
             grace_s: keep unreferenced blobs younger than this (default: the store's; none in a
                 local repo, where gc excludes every save; an hour by server time in a remote one).
-            wait_s: how long a remote gc waits for saves in progress.
+            wait_s: how long gc waits for saves in progress (and, in a local repo, for the repo's
+                locks: a process holding one longer is named in the error).
 
         Raises:
-            RepoBusyError: (remote) another gc runs, or saves kept their leases longer than ``wait_s``.
+            RepoBusyError: another gc runs (remote), or saves kept their leases (remote) or the
+                repo's locks (local) longer than ``wait_s``.
         """
         grace = self.store.gc_grace_s if grace_s is None else grace_s
         if not dry_run:
@@ -922,8 +924,7 @@ class Repo:
             gone = set(skip.get(name, ()))
             keys = [f"{prefix}/versions/{number}/{CAPTURE_FILE}"
                     for number in self.store.scan(prefix, aliases=False).versions if number not in gone]
-            for raw in self.store.read_many(keys, immutable=True).values():
-                found.update(mentioned_blobs(raw))
+            found.update(mentioned_blobs(self.store.read_many(keys, immutable=True).values()))
         return {digest.partition(":")[2] for digest in found}
 
     def _referenced(self, *, persist: bool) -> tuple[set[str], builtins.list[tuple[str, builtins.list[int]]]]:
@@ -940,9 +941,13 @@ class Repo:
                 unfinished.append((name, index.removing))
         return {digest.partition(":")[2] for digest in digests}, unfinished
 
-    def exclusive_lock(self) -> contextlib.AbstractContextManager[float]:
-        """Hold the repo against every save (what gc and ``fsck --repair`` do while they work)."""
-        return self.store.exclusive()
+    def exclusive_lock(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
+        """Hold the repo against every save (what gc and ``fsck --repair`` do while they work).
+
+        Raises:
+            RepoBusyError: saves (or a process holding the repo's locks) kept it longer than ``wait_s``.
+        """
+        return self.store.exclusive(wait_s)
 
     def fsck(self, *, repair: bool = False) -> FsckReport:
         """Check every version's metadata and payloads, aliases, summaries and the layout; with

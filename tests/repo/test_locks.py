@@ -40,6 +40,8 @@ class Holder:
     def release(self) -> None:
         self.process.kill()  # a stopped process dies on SIGKILL too
         self.process.wait(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 @pytest.fixture

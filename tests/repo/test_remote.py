@@ -544,3 +544,17 @@ def test_junk_folders_in_a_bucket_cost_a_listing_no_request_each(env: dict[str, 
     # the listing's pages (1,000 keys each), twice (list, names), and nothing per junk folder
     assert sent.by_operation()["ListObjectsV2"] == 2 * 3, sent.by_operation()
     assert sent.total - clean <= 2 * 3 + 1, (clean, sent.by_operation())
+
+
+def test_an_object_over_its_size_limit_is_refused_from_its_length(env: dict[str, str], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    url = _url()
+    info = _save(url, nn.Linear(4, 4), "lin")
+    objects = ObjectStore(url)
+    objects.put(objects.key("names", "lin", "versions", "1", "capture.json"), b" " * (2 << 20))
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "fresh-cache"))  # nothing cached: read from the server
+    monkeypatch.setenv("MODULELENS_MAX_METADATA_MIB", "1")
+    with pytest.raises(modulelens.CorruptCaptureError) as refused:
+        modulelens.load(info.ref, repo=url)
+    assert f"{url}/names/lin/versions/1/capture.json is 2,097,152 bytes, more than the 1,048,576" in str(refused.value)
+    assert [i.ref for i in modulelens.Repo(url).list()] == ["lin:v1"]  # the index still lists it
