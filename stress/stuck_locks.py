@@ -26,6 +26,7 @@ import torch
 
 import modulelens
 from modulelens.errors import RepoBusyError
+from stress.lock_holder import LockHolder
 from stress.table import Row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,23 +39,6 @@ def _env(**extra: str) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
-
-
-class _Holder:
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "stress.lock_holder", *args], stdout=subprocess.PIPE,
-                                        text=True, env=_env())
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line.startswith("held "):
-            raise RuntimeError(f"the lock holder did not start: {line!r}")
-        self.pid = int(line.split()[1])
-
-    def release(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=30)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 def _job(repo: Path, tmp: Path, wait: float | None) -> tuple[dict, str]:
@@ -84,7 +68,7 @@ def _job_case(row: Row, tmp: Path, label: str, held: str, wait: float | None, *,
     folder = tmp / f"stuck-{label.replace(' ', '-')}"
     root = folder / "repo"
     _prepare(root)
-    holder = _Holder("flock", str(root / held), *(["--stop"] if stop else []))
+    holder = LockHolder("flock", str(root / held), *(["--stop"] if stop else []))
     try:
         out, failure = _job(root, folder, wait)
     finally:
@@ -120,7 +104,7 @@ def _stopped_writer_case(row: Row, tmp: Path) -> None:
     folder = tmp / "stuck-stopped-writer"
     root = folder / "repo"
     _prepare(root)
-    holder = _Holder("writer", str(root), "--stop")
+    holder = LockHolder("writer", str(root), "--stop")
     failures: list[BaseException] = []
 
     def collect() -> None:
@@ -159,7 +143,7 @@ def _cli_case(row: Row, tmp: Path) -> None:
     folder = tmp / "stuck-cli"
     root = folder / "repo"
     _prepare(root)
-    holder = _Holder("flock", str(root / "names" / "job%2F0"))
+    holder = LockHolder("flock", str(root / "names" / "job%2F0"))
     started = time.monotonic()
     try:
         ran = subprocess.run([sys.executable, "-m", "modulelens", "rm", "job/0:v1", "--yes", "--repo", str(root)],

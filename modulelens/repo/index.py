@@ -537,6 +537,7 @@ class Summaries:
         given up unused (taken by a writer the index did not know of: it is rebuilt)."""
         lines = b"".join(_line(n, e) for n, e in sorted(entries.items()))
         appended: dict[int, int] = {}  # log generation -> where our lines end in it
+        cancelled: dict[int, int] = {}  # log generation -> where the rm lines of versions removed meanwhile end
 
         def change(index: NameIndex) -> None:
             if self._appends:
@@ -548,12 +549,27 @@ class Summaries:
             else:
                 assert index.versions is not None
                 index.versions.update({n: _plain(e) for n, e in entries.items()})
+            # An rm that saw a version reserved and visible may have removed it between its publish
+            # and now; its entry must not bring it back (the race row found versions listed whose
+            # folders were gone). Looked at after our lines are in: an rm that removes it later
+            # appends its own line after ours.
+            gone = [n for n in entries if not self.store.exists(f"{prefix}/versions/{n}/{CAPTURE_FILE}")]
+            if gone and self._appends:
+                if index.log not in cancelled:
+                    cancelled[index.log] = self.store.append(f"{prefix}/{summary_log(index.log)}",
+                                                             b"".join(json.dumps({"rm": n}).encode() + b"\n" for n in gone))
+                index.log_bytes = max(index.log_bytes, cancelled[index.log])
+                index.dead += len(gone)
+            for number in gone:
+                (index.versions or {}).pop(number, None)
             for number in (*entries, *released):
                 index.reserved.pop(str(number), None)
-            index.count += len(entries)
+            kept = [n for n in entries if n not in gone]
+            index.count += len(kept)
             if entries:
                 index.used = max(index.used, *entries)
-                index.latest = max(index.latest, *entries)
+            if kept:
+                index.latest = max(index.latest, *kept)
         return self._update(name, prefix, change)[0]
 
     def begin_removal(self, name: str, prefix: str, numbers: Iterable[int]) -> NameIndex:

@@ -611,11 +611,14 @@ class LocalStore(Store):
         if sampled is False:
             raise CorruptCaptureError(f"payload {path} is corrupted: a sampled chunk does not hash as recorded")
         if sampled is None:
-            actual = hash_file(path)
-            if actual != digest:
-                raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
-            if pack:
-                check_members(path)
+            try:
+                actual = hash_file(path)
+                if actual != digest:
+                    raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
+                if pack:
+                    check_members(path)
+            except FileNotFoundError:  # freed meanwhile by a gc (after an rm of the version being loaded)
+                raise CorruptCaptureError(f"payload {digest} is missing from {self.root}") from None
             if marked:
                 write_marker(path, self._markers(create=True), pack=pack)
         return path

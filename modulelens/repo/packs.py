@@ -305,7 +305,11 @@ class Payloads:
                 info = self._packs[index]
             except (IndexError, TypeError):
                 raise CorruptCaptureError(f"a tensor refers to pack {index!r}, which the capture does not list") from None
-            pack = _Pack(self.store.blob_file(info["payload"], info["nbytes"], pack=True))
+            path = self.store.blob_file(info["payload"], info["nbytes"], pack=True)
+            try:
+                pack = _Pack(path)
+            except FileNotFoundError:  # freed meanwhile by a gc (after an rm of the version being loaded)
+                raise CorruptCaptureError(f"payload {info['payload']} is missing (freed since it was checked)") from None
             self._open[index] = pack
         return pack
 

@@ -823,8 +823,9 @@ class Repo:
 
     def remove(self, ref: str) -> builtins.list[str]:
         """Remove one version (``name:v2`` / ``name:alias``) or, for a bare name, every version.
-        Each leaves a tombstone first, so its number is never reused (a ref someone noted down
-        never silently means a different capture); then its aliases go. Payloads stay until :meth:`gc`."""
+        Each is marked in the index first (readers stop showing it), its aliases go, then it leaves
+        a tombstone, so its number is never reused (a ref someone noted down never silently means a
+        different capture), and its folder goes. Payloads stay until :meth:`gc`."""
         parsed = parse_ref(ref)
         self._require_layout()
         if parsed.selector is None:
@@ -834,23 +835,25 @@ class Repo:
         else:
             targets = [self.resolve(parsed)[1]]
         removed = self._retire(parsed.name, targets)
-        for alias, version in self._head(parsed.name).aliases.items():
-            if version in targets:
-                with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
-                    self.remove_alias(parsed.name, alias)
         if not removed:
             raise CaptureNotFoundError(f"{ref} was removed meanwhile by another process")
         return [f"{parsed.name}:v{version}" for version in removed]
 
     def _retire(self, name: str, versions: builtins.list[int]) -> builtins.list[int]:
         """Remove ``versions`` (the index marks them first, so readers stop showing them at once and
-        a remover that stops midway leaves them hidden, finished by the next gc); returns those this
-        call removed (others were gone already)."""
+        a remover that stops midway leaves them hidden, finished by the next gc) and the aliases
+        pointing at them, before their folders: an rm killed between the two left an alias naming a
+        version that no longer existed (found by the stress suite's kill -9 row); now the gc that
+        finishes it removes them too. Returns the versions this call removed (others were gone already)."""
         prefix = name_key(name)
         self._summaries.begin_removal(name, prefix, versions)
         done: builtins.list[int] = []
         gone: builtins.list[int] = []
         try:
+            for alias, version in self._head(name).aliases.items():
+                if version in versions:
+                    with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
+                        self.remove_alias(name, alias)
             for version in versions:
                 if self.store.retire(version_key(name, version)):
                     done.append(version)

@@ -24,29 +24,12 @@ import modulelens
 from modulelens.errors import RepoBusyError
 from modulelens.interfaces.cli import app
 from modulelens.repo.locks import holder
-
-
-class Holder:
-    """A process of stress/lock_holder.py: ``pid`` holds the lock until :meth:`release`."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([PYTHON, "-m", "stress.lock_holder", *args], stdout=subprocess.PIPE,
-                                        text=True, env=subprocess_env())
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        assert line.startswith("held "), line
-        self.pid = int(line.split()[1])
-
-    def release(self) -> None:
-        self.process.kill()  # a stopped process dies on SIGKILL too
-        self.process.wait(timeout=30)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+from stress.lock_holder import LockHolder
 
 
 @pytest.fixture
-def held() -> Iterator[list[Holder]]:
-    holders: list[Holder] = []
+def held() -> Iterator[list[LockHolder]]:
+    holders: list[LockHolder] = []
     yield holders
     for one in holders:
         one.release()
@@ -54,7 +37,7 @@ def held() -> Iterator[list[Holder]]:
 
 def _save(repo: modulelens.Repo | Path, name: str = "lin", **options: object) -> list[modulelens.VersionInfo]:
     module = torch.nn.Linear(4, 4)
-    with modulelens.capture(module, targets="", repo=repo, name=name, **options) as cap:  # type: ignore[arg-type]
+    with modulelens.capture(module, targets="", repo=repo, name=name, **options) as cap:
         module(torch.randn(2, 4))
     return cap.saved
 
@@ -68,10 +51,10 @@ def _job(repo: Path, tmp: Path, **env: str) -> dict:
 
 @pytest.mark.parametrize(("held_entry", "wait"), [("lock", None), ("lock-gate", "2"), ("names/job%2F0", "2")])
 def test_a_stuck_lock_ends_the_save_at_its_deadline_and_the_job_goes_on(held_entry: str, wait: str | None,
-                                                                         tmp_path: Path, held: list[Holder]) -> None:
+                                                                         tmp_path: Path, held: list[LockHolder]) -> None:
     root = tmp_path / "repo"
     _save(root, "job/0")  # the lock files and the name's folder exist, as in a repo in use
-    held.append(Holder("flock", str(root / held_entry)))
+    held.append(LockHolder("flock", str(root / held_entry)))
     out = _job(root, tmp_path, **({"MODULELENS_LOCK_WAIT_S": wait} if wait else {}))
     assert out["steps"] == 6
     # the default wait (20 s) ends a stuck lock well within 30 s; one wait, however many captures
@@ -93,20 +76,20 @@ def test_a_stuck_lock_ends_the_save_at_its_deadline_and_the_job_goes_on(held_ent
         assert modulelens.load(ref, repo=repo, verify=True).replay().passed
 
 
-def test_a_stuck_lock_in_strict_mode_raises_the_one_line_error(tmp_path: Path, held: list[Holder],
+def test_a_stuck_lock_in_strict_mode_raises_the_one_line_error(tmp_path: Path, held: list[LockHolder],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     repo = modulelens.Repo(tmp_path / "repo")
     _save(repo)
-    held.append(Holder("flock", str(repo.root / "lock-gate")))
+    held.append(LockHolder("flock", str(repo.root / "lock-gate")))
     monkeypatch.setenv("MODULELENS_LOCK_WAIT_S", "1")
     with pytest.raises(RepoBusyError, match=rf"lock-gate was still locked after 1 s, by process {held[0].pid} "):
         _save(repo, strict=True)
 
 
-def test_a_writer_stopped_in_a_debugger_keeps_neither_gc_nor_saves_waiting(tmp_path: Path, held: list[Holder]) -> None:
+def test_a_writer_stopped_in_a_debugger_keeps_neither_gc_nor_saves_waiting(tmp_path: Path, held: list[LockHolder]) -> None:
     repo = modulelens.Repo(tmp_path / "repo")
     _save(repo)
-    held.append(Holder("writer", str(repo.root), "--stop"))  # holds `lock` shared, stopped
+    held.append(LockHolder("writer", str(repo.root), "--stop"))  # holds `lock` shared, stopped
     failure: list[BaseException] = []
 
     def collect() -> None:
@@ -131,12 +114,12 @@ def test_a_writer_stopped_in_a_debugger_keeps_neither_gc_nor_saves_waiting(tmp_p
     assert f"process {held[0].pid} (" in message and "stopped)" in message
 
 
-def test_cli_writes_with_a_stuck_name_folder_exit_7_naming_the_holder(tmp_path: Path, held: list[Holder],
+def test_cli_writes_with_a_stuck_name_folder_exit_7_naming_the_holder(tmp_path: Path, held: list[LockHolder],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     repo = modulelens.Repo(tmp_path / "repo")
     _save(repo)
     _save(repo)
-    held.append(Holder("flock", str(repo.root / "names" / "lin"), "--stop"))
+    held.append(LockHolder("flock", str(repo.root / "names" / "lin"), "--stop"))
     monkeypatch.setenv("MODULELENS_LOCK_WAIT_S", "1")
     runner = CliRunner()
     for args in (["alias", "lin:v1", "golden"], ["rm", "lin:v1", "--yes"]):
@@ -149,10 +132,10 @@ def test_cli_writes_with_a_stuck_name_folder_exit_7_naming_the_holder(tmp_path: 
     assert repo.fsck().clean
 
 
-def test_the_holder_is_named_from_proc_locks(tmp_path: Path, held: list[Holder]) -> None:
+def test_the_holder_is_named_from_proc_locks(tmp_path: Path, held: list[LockHolder]) -> None:
     target = tmp_path / "a-lock"
     target.write_bytes(b"")
-    held.append(Holder("flock", str(target)))
+    held.append(LockHolder("flock", str(target)))
     fd = os.open(target, os.O_RDONLY)
     try:
         named = holder(fd)
