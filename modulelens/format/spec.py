@@ -12,7 +12,11 @@ from typing import Any
 from typing_extensions import NotRequired, TypedDict
 
 FORMAT_NAME = "modulelens.capture"
-FORMAT_VERSION = 2  # what this modulelens writes; it reads 1 and 2 (docs/format.md, "Versions")
+FORMAT_VERSION = 3  # the newest version this modulelens writes and reads (docs/format.md, "Versions")
+# A document is written in the oldest version that can say what it holds, so older readers keep
+# reading every capture they can: version 3 only adds ``module.method``, which a version-2 reader
+# would ignore and replay ``encode``'s calls through ``forward``.
+METHODLESS_VERSION = 2
 
 # Sparse tensor values (``$type`` ``sparse``): layout name -> the parts it is stored as, in
 # constructor order (format/layouts.py). Nested tensor values (``$type`` ``nested``) have these layouts.
@@ -46,6 +50,8 @@ ModuleInfo = TypedDict(
         "qualified_name": str,
         "construction": str | None,
         "construction_missing": NotRequired[str],
+        # format 3: the method the recorded calls went through (``encode``, ``__call__``...); absent: module(...)
+        "method": NotRequired[str],
         "source": NotRequired[dict[str, Any]],  # where the class's own source is kept (see sources)
         # at the first recorded call: submodule path -> class name, and plain attributes
         # (submodule path -> {name: encoded scalar/str/bool/tuple}); restored on load

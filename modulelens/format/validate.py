@@ -344,6 +344,10 @@ class _Checker:
         mid = self.field(module, "construction", (str, type(None)), "module", optional=True)
         if mid is not None and mid not in constructions:
             raise self.fail("module.construction", f"{mid!r} does not exist")
+        method = self.field(module, "method", str, "module", optional=True)
+        if method is not None and not (method.isidentifier() and (method == "__call__" or not method.startswith("__"))):
+            # replay calls it on the rebuilt module: a plain method name, never another dunder
+            raise self.fail("module.method", f"{method!r} is not a method name replay may call")
         self.module_state(module)
         for cid, entry in constructions.items():
             where = f"constructions[{cid}]"

@@ -11,7 +11,7 @@ import functools
 import os
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -318,6 +318,34 @@ class Capture:
     @property
     def module_class(self) -> str:
         return self.metadata["module"]["class"]
+
+    @property
+    def method(self) -> str | None:
+        """The method the recorded calls went through (``"encode"`` for a target ``vae:encode``,
+        docs/fidelity.md "Method entry points"), or ``None`` when they were calls ``module(...)``."""
+        return self.metadata["module"].get("method")
+
+    def entry_point(self, module: torch.nn.Module | None = None) -> Callable[..., Any]:
+        """What the recorded calls called: ``module.<method>`` for a method capture, else
+        ``module`` itself (default: :attr:`module`). Replay, verify, diff and profile run it.
+
+        Raises:
+            RestoreError: the module has no such method (a candidate of another class).
+
+        Example::
+
+            call = cap.calls[0]
+            with call.context():
+                out = cap.entry_point()(*call.args, **call.kwargs)   # vae.encode(...) for "sd/vae.encode"
+        """
+        target = self.module if module is None else module
+        method = self.method
+        if method is None:
+            return target
+        found = getattr(target, method, None)
+        if not callable(found):
+            raise RestoreError(f"{self.ref} recorded calls of {method}(), which {type(target).__qualname__} does not have")
+        return cast("Callable[..., Any]", found)
 
     @property
     def environment(self) -> dict[str, Any]:

@@ -241,9 +241,10 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
         if grads_wanted:
             args, kwargs = require_recorded_grads((args, kwargs), call)
+        entry = capture.entry_point(target)  # module(...), or module.encode for a method capture
         with call.context(target, weights=False):
             start = time.perf_counter()
-            output = target(*args, **kwargs)
+            output = entry(*args, **kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             result.seconds = time.perf_counter() - start

@@ -13,6 +13,7 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    METHODLESS_VERSION,
     CallEntry,
     CaptureMetadata,
     Construction,
@@ -199,6 +200,8 @@ def encode_record(
         "qualified_name": record.qualified_name,
         "construction": None,
     }
+    if record.method is not None:  # its calls went through module.<method>(...) (tracing/methods.py)
+        module_info["method"] = record.method
     if record.construction is None:
         module_info["construction_missing"] = "the module was built before modulelens.track_init() was on"
     else:
@@ -221,7 +224,7 @@ def encode_record(
     states = [_encode_state(state, tensors, i) for i, state in enumerate(record.states)]
     meta: CaptureMetadata = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if record.method is not None else METHODLESS_VERSION,
         "name": None,
         "version": None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -64,6 +64,7 @@ class ModuleRecord:
     module_class: type
     construction: InitRecord | None
     module: torch.nn.Module | None  # the live module (for nested constructor records); dropped after save
+    method: str | None = None  # a method entry point (``vae:encode``, tracing/methods.py); None: module(...)
     calls: list[CallRecord] = field(default_factory=list)
     states: list[StateSnapshot] = field(default_factory=list)
     seen_calls: int = 0

@@ -27,6 +27,7 @@ from modulelens.repo.collector import collector_paused
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
+from modulelens.tracing.methods import target_capture_name
 from modulelens.tracing.environment import distributed_info
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
@@ -110,7 +111,7 @@ def _save_into(
     for qualified, record in tracer.records.items():
         if (wanted is not None and qualified not in wanted) or not _has_calls(tracer, qualified, record):
             continue
-        capture_name = f"{prefix}/{qualified}" if qualified else prefix
+        capture_name = target_capture_name(prefix, qualified)
         with collector_paused():  # encoding makes a few objects per tensor (repo/collector.py)
             meta, payloads = _encode_or_drop_construction(tracer, record, capture_name, settings, list(tags),
                                                           metadata, policy)

@@ -46,6 +46,7 @@ from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
+from modulelens.tracing.methods import split_target, target_key, wrap_method
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -81,7 +82,11 @@ ROOT_PATTERNS = ("", ".")  # target the model itself (its class name works too)
 
 def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
     """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
-    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself."""
+    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself. A
+    method target (``vae:encode``, tracing/methods.py) keeps its method."""
+    module_pattern, method = split_target(pattern)
+    if method is not None:
+        return target_key(normalise_pattern(module_pattern, model), method)
     if pattern in ROOT_PATTERNS:
         return ""
     if is_wrapper(model):
@@ -98,7 +103,14 @@ def normalise_name(name: str) -> str:
 
 def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
     """A target pattern matches a qualified-name glob, a class name, or a full class path (the
-    user's class, also under FSDP2's ``FSDP<Cls>``)."""
+    user's class, also under FSDP2's ``FSDP<Cls>``). A method target (``vae:encode``) matches the
+    key of that method's target (:func:`~modulelens.tracing.methods.target_key`), never a module's."""
+    pattern, method = split_target(pattern)
+    qualified_name, key_method = split_target(qualified_name)
+    return method == key_method and _matches_module(pattern, qualified_name, module)
+
+
+def _matches_module(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
     for cls in (type(module), original_class(type(module))):
         if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
             return True
@@ -108,16 +120,19 @@ def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
 
 
 def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, torch.nn.Module]:
-    """Qualified name -> module for every submodule matching any pattern (wrappers unwrapped)."""
+    """Target key -> module for every submodule matching any pattern (wrappers unwrapped): its
+    qualified name, or ``name:method`` for a method target (tracing/methods.py)."""
     found: dict[str, torch.nn.Module] = {}
-    seen_ids: set[int] = set()
+    seen: set[tuple[int, str | None]] = set()
+    split = [split_target(p) for p in patterns]
     for raw_name, module in unwrap_model(model).named_modules():
         name = normalise_name(raw_name)
-        if id(module) in seen_ids or is_wrapper(module):
+        if is_wrapper(module):
             continue  # a compiled/DDP submodule is found again as the module it wraps
-        if any(matches(p, name, module) for p in patterns):
-            found[name] = module
-            seen_ids.add(id(module))
+        for module_pattern, method in split:
+            if (id(module), method) not in seen and _matches_module(module_pattern, name, module):
+                found[target_key(name, method)] = module
+                seen.add((id(module), method))
     return found
 
 
@@ -227,11 +242,15 @@ class Tracer:
     # ------------------------------------------------------------------------------ hooks
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
+        qualified, method = split_target(name)
         self.records[name] = ModuleRecord(
-            qualified_name=name, module_class=constructed_class(module), construction=get_init_record(module),
-            module=module,
+            qualified_name=qualified, module_class=constructed_class(module), construction=get_init_record(module),
+            module=module, method=method,
         )
         self._stacks[name] = {}
+        if method is not None:  # called as module.<method>(...): wrapped on its class (tracing/methods.py)
+            self._handles[name] = [wrap_method(module, method, self._make_method_handler(name), name)]
+            return
         if self.world_size > 1:
             # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
             # local inputs into DTensors before it and its DTensor output into a shard after it).
@@ -257,6 +276,24 @@ class Tracer:
                 return None
         return _eager(pre_hook)
 
+    def _make_method_handler(self, name: str) -> Callable[..., Any]:
+        """A method target's call: recorded on entry and exit exactly as forward hooks record one."""
+        pre, post = self._make_pre_hook(name), self._make_post_hook(name)
+
+        def record_method_call(module: torch.nn.Module, original: Callable[..., Any], args: tuple[Any, ...],
+                               kwargs: dict[str, Any]) -> Any:
+            replaced = pre(module, args, kwargs)
+            if replaced is not None:  # inputs separated for backward capture
+                args, kwargs = replaced
+            try:
+                output = original(module, *args, **kwargs)
+            except BaseException:
+                post(module, args, kwargs, None)  # sees the exception: the call is dropped, a later one recorded
+                raise
+            replacement = post(module, args, kwargs, output)
+            return output if replacement is None else replacement
+        return record_method_call
+
     def _make_post_hook(self, name: str) -> Callable[..., Any]:
         def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             try:
@@ -274,7 +311,7 @@ class Tracer:
             record.seen_calls += 1
             # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
             # call would be seen before them, so it is skipped (alike on every rank).
-            if self.world_size > 1:
+            if self.world_size > 1 and record.method is None:
                 reordered = reorder_hooks(module, self._handles.get(name, []))
             else:  # hooks the job added since: ours stay outermost
                 reordered = False
@@ -649,7 +686,7 @@ class Tracer:
         up after ``forward``, does run and completes the record started here.
         """
         for name, record in self.records.items():
-            if record.module is module and name in self._handles:
+            if record.module is module and record.method is None and name in self._handles:
                 self._make_pre_hook(name)(module, args, kwargs)
 
     @property
