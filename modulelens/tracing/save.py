@@ -27,8 +27,8 @@ from modulelens.repo.collector import collector_paused
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
-from modulelens.tracing.methods import target_capture_name
 from modulelens.tracing.environment import distributed_info
+from modulelens.tracing.methods import target_capture_name
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.tracer import Tracer, unwrap_model
@@ -229,15 +229,11 @@ def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:
     """Whether ``record`` has calls to save; warns (once per target) why not."""
     if record.calls:
         return True
-    incidents = tracer.incidents(qualified)
     if record.failed:
-        return False
-    if incidents:
-        warnings.warn(f"modulelens: rank {tracer.rank}: {qualified or '<root>'} recorded no complete call "
-                      f"({incidents[-1]}); nothing saved", CaptureWarning, stacklevel=3)
-    else:
-        warnings.warn(f"modulelens: {qualified or '<root>'} was never called after warm-up; nothing saved",
-                      CaptureWarning, stacklevel=3)
+        return False  # warned when it failed
+    rank = f"rank {tracer.rank}: " if tracer.world_size > 1 else ""
+    warnings.warn(f"modulelens: {rank}{tracer.why_not_recorded(qualified)}; nothing saved", CaptureWarning,
+                  stacklevel=3)
     return False
 
 

@@ -46,7 +46,7 @@ from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
-from modulelens.tracing.methods import split_target, target_key, wrap_method
+from modulelens.tracing.methods import own_call_class, split_target, target_key, wrap_method
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -732,6 +732,27 @@ class Tracer:
                                   "not recorded", CaptureWarning, stacklevel=2)
                     self._replace_streamed(job, None)
 
+    def why_not_recorded(self, key: str) -> str:
+        """Why target ``key`` recorded no call, as it happened: its capture failed, it was never
+        called the way the tracer listens (``module(...)`` for a module target, the method for a
+        method target), or every call it got was skipped as warm-up."""
+        record = self.records[key]
+        label = key or "<root>"
+        if record.failed:
+            return f"{label}: capture failed: {record.failed}"
+        incidents = self.incidents(key)
+        if incidents:
+            return f"{label}: recorded no complete call ({incidents[-1]})"
+        cls = type(record.module).__qualname__ if record.module is not None else record.module_class.__qualname__
+        if record.seen_calls and record.seen_calls <= self.warmup:
+            return (f"{label} ({cls}) was called {record.seen_calls} time(s), all skipped as warm-up "
+                    f"(warmup={self.warmup})")
+        if record.seen_calls:
+            return f"{label} ({cls}) finished none of its {record.seen_calls} call(s) (each raised)"
+        if record.method is not None:
+            return f"{label}: {cls}.{record.method}() was never called on this module while capture was on"
+        return f"{label} ({cls}) {_never_called_as_module(record.qualified_name, record.module)}"
+
     def incidents(self, qualified: str) -> list[str]:
         """Problems met while recording ``qualified`` (gather timeouts, failed copies...)."""
         return list(self._incidents.get(qualified, []))
@@ -739,6 +760,20 @@ class Tracer:
     def sharding(self, qualified: str) -> dict[str, dict[str, Any]]:
         """How each gathered DTensor of ``qualified`` was sharded in the job."""
         return self._sharding.get(qualified, {})
+
+
+def _never_called_as_module(qualified: str, module: torch.nn.Module | None) -> str:
+    """Why a module target saw no call although the module may have run: torch's forward hooks
+    only see ``module(...)``; a class with its own ``__call__`` or a method called directly is
+    invisible to them (tracing/methods.py), and is captured by naming the method."""
+    name = qualified or ""
+    own = own_call_class(module) if module is not None else None
+    if own is not None:
+        return (f"was never called through torch's Module.__call__: {own.__qualname__} defines its own __call__, "
+                f"which runs no forward hook; to record what module(...) does, target '{name}:__call__'")
+    return (f"was never called as module(...) while capture was on (forward hooks saw nothing); if the code calls "
+            f"a method of it directly (.forward(...), .encode(...)), target that method: '{name}:forward', "
+            f"'{name}:encode'")
 
 
 def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:

@@ -389,12 +389,16 @@ def run_cmd(
 def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
     """``'lin' matched no module; closest: 1.lin (Linear)`` (or the hint to list the modules)."""
     if pattern in outcome.get("matched_not_captured", ()):
-        return f"{pattern!r} matched a module, but it finished no recorded call (called too rarely after --warmup?)"
+        why = outcome.get("not_captured", {}).get(pattern)  # what happened, from the job's tracer
+        return f"{pattern!r} matched a module but was not captured: {why}" if why else \
+            f"{pattern!r} matched a module, but it finished no recorded call"
     close = ", ".join(f"{n or '<root>'} ({c.rsplit(':', 1)[-1]})" for n, c in outcome["suggestions"].get(pattern, []))
+    models = ", ".join(dict.fromkeys(root["class"].rsplit(":", 1)[-1] for root in outcome["roots"]))
     if close:
-        return f"{pattern!r} matched no module; closest: {close}"
+        return f"{pattern!r} matched no module of the models the job called ({models}); closest: {close}"
     if outcome["roots"]:
-        return f"{pattern!r} matched no module (see modulelens run --list-modules -- CMD)"
+        return (f"{pattern!r} matched no module of the models the job called ({models}; see modulelens run "
+                "--list-modules -- CMD)")
     return f"{pattern!r} matched no module: the command called no torch.nn.Module"
 
 
