@@ -561,7 +561,10 @@ class Capture:
         ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
         if force or self._rebuilder.current_state != (index, state_versions(module)):
-            self._rebuilder.assign_state(module, index, live=True)
+            # no_grad: a buffer that is a view of a parameter (vector-quantize-pytorch's EMA codebook)
+            # refused the in-place copy of a later state ("a view of a leaf Variable that requires grad")
+            with torch.no_grad():
+                self._rebuilder.assign_state(module, index, live=True)
         return module
 
     def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:

@@ -34,6 +34,16 @@ GRAD_ATTR = "_modulelens_requires_grad"
 _MAX_SPAN_RATIO = 2
 
 
+def _memo_key(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """The memo's key for a copy of ``tensor``: its identity and version counter, which an in-place
+    change bumps. ``None`` for an inference tensor (made under ``torch.inference_mode()``, as
+    sentence-transformers' ``encode`` makes its inputs): it has no version counter (reading it
+    raised and dropped the capture), so it is copied every time, never from the memo."""
+    if tensor.is_inference():
+        return None
+    return id(tensor), tensor._version
+
+
 class Snapshotter:
     def __init__(self) -> None:
         self._memo: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
@@ -43,15 +53,16 @@ class Snapshotter:
         self.gathered: dict[int, torch.Tensor] = {}
 
     def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        key = (id(tensor), tensor._version)
-        hit = self._memo.get(key)
+        key = _memo_key(tensor)
+        hit = self._memo.get(key) if key is not None else None
         if hit is not None and hit[0]() is tensor:
             return hit[1]
         copy = self._copy(tensor)
         if tensor.device.type != "cpu":
             copy._modulelens_device = str(tensor.device)  # type: ignore[attr-defined]
         try:
-            self._memo[key] = (weakref.ref(tensor), copy)
+            if key is not None:
+                self._memo[key] = (weakref.ref(tensor), copy)
         except TypeError:  # some tensor subclasses refuse weak references: just don't memoise
             pass
         return copy
@@ -115,7 +126,7 @@ class Snapshotter:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""
         groups: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
         for tensor in tensors:
-            if (id(tensor), tensor._version) in self._memo:
+            if _memo_key(tensor) in self._memo:
                 continue  # copied already (the memo is looked at first: it is the cheaper test)
             key = _storage_key(tensor)
             if key is not None:
@@ -138,8 +149,10 @@ class Snapshotter:
                     setattr(copy, GRAD_ATTR, True)
                 if view.device.type != "cpu":
                     copy._modulelens_device = str(view.device)  # type: ignore[attr-defined]
+                key = _memo_key(view)
                 try:
-                    self._memo[(id(view), view._version)] = (weakref.ref(view), copy)
+                    if key is not None:
+                        self._memo[key] = (weakref.ref(view), copy)
                 except TypeError:
                     pass
 
@@ -156,7 +169,9 @@ class Snapshotter:
         """Drop the memoised copies of ``tensors``: they were written in a way that kept their
         version counters (``p.data.add_``), so the next snapshot must copy them again."""
         for tensor in tensors:
-            self._memo.pop((id(tensor), tensor._version), None)
+            key = _memo_key(tensor)
+            if key is not None:
+                self._memo.pop(key, None)
 
 
 def unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:

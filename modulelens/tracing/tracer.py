@@ -150,7 +150,7 @@ class _Watch:
     """A call's inputs that it may change in place (:func:`modulelens.format.tree.mutable_values`)."""
 
     values: list[Any]  # the live tensors and state objects
-    versions: list[int | None]  # each tensor's version counter on entry (None: a state object)
+    versions: list[int | None]  # each tensor's version counter on entry (None: a state object; _UNWATCHED)
     paths: Callable[[], list[str]]  # their paths, built only when a call changed one
 
 
@@ -367,7 +367,7 @@ class Tracer:
             live = replacement if replacement is not None else inputs.tree
             start = sequence_marker()  # after the input views: the call's own nodes come later
         values, paths = mutable_values(inputs)
-        watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
+        watch = _Watch(values, [_version(v) for v in values], paths)
         self._stack(name).append(_Pending(call, index, live, start, watch))
         return replacement
 
@@ -478,7 +478,7 @@ class Tracer:
         if watch is None:
             return {}
         changed = [i for i, (value, version) in enumerate(zip(watch.values, watch.versions, strict=True))
-                   if version is None or value._version != version]
+                   if version is None or (version != _UNWATCHED and value._version != version)]
         if not changed:
             return {}
         paths = watch.paths()
@@ -774,6 +774,19 @@ def _never_called_as_module(qualified: str, module: torch.nn.Module | None) -> s
     return (f"was never called as module(...) while capture was on (forward hooks saw nothing); if the code calls "
             f"a method of it directly (.forward(...), .encode(...)), target that method: '{name}:forward', "
             f"'{name}:encode'")
+
+
+_UNWATCHED = -1  # an inference tensor: it keeps no version counter, so an in-place change cannot be seen
+
+
+def _version(value: Any) -> int | None:
+    """What tells whether a call changed an input in place: a tensor's version counter, ``None``
+    for a state object (always recorded again after the call). A tensor made under
+    ``torch.inference_mode()`` (sentence-transformers' ``encode``) has no counter: reading it raised
+    and dropped the capture; its entry value is recorded, its change in place is not."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return _UNWATCHED if value.is_inference() else value._version
 
 
 def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:
