@@ -149,10 +149,10 @@ class Snapshotter:
                     setattr(copy, GRAD_ATTR, True)
                 if view.device.type != "cpu":
                     copy._modulelens_device = str(view.device)  # type: ignore[attr-defined]
-                key = _memo_key(view)
+                memo_key = _memo_key(view)
                 try:
-                    if key is not None:
-                        self._memo[key] = (weakref.ref(view), copy)
+                    if memo_key is not None:
+                        self._memo[memo_key] = (weakref.ref(view), copy)
                 except TypeError:
                     pass
 
