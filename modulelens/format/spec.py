@@ -86,6 +86,8 @@ class StateEntry(TypedDict):
     extra_state: NotRequired[dict[str, EncodedValue]]
     # format 2: per submodule path, what its own _save_to_state_dict adds (docs/format.md)
     module_state: NotRequired[dict[str, dict[str, EncodedValue]]]
+    # non-persistent sparse or nested buffers the constructor rebuilds: name -> {"layout", "digest"}
+    rebuilt_buffers: NotRequired[dict[str, dict[str, str]]]
 
 
 class BackwardEntry(TypedDict):

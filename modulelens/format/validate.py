@@ -450,6 +450,10 @@ class _Checker:
             for path, values in (self.field(state, "module_state", dict, where, optional=True) or {}).items():
                 self.value(list(self.expect(values, dict, f"{where}.module_state[{path}]").values()),
                            f"{where}.module_state[{path}]")
+            for name, entry in (self.field(state, "rebuilt_buffers", dict, where, optional=True) or {}).items():
+                self.expect(entry, dict, f"{where}.rebuilt_buffers[{name}]")
+                for key in ("layout", "digest"):
+                    self.field(entry, key, str, f"{where}.rebuilt_buffers[{name}]")
 
     def calls(self) -> None:
         states = len(self.meta["states"])

@@ -19,6 +19,7 @@ import torch
 
 from modulelens.errors import RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
+from modulelens.format.layouts import digest, is_plain
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
@@ -539,9 +540,26 @@ class Capture:
         computes what that call did. When the recorded calls differ in mode, :attr:`notes` says so
         (:meth:`replay` sets each call's own mode)."""
         if self._module is None:
-            self._module = self._rebuilder.build()
-            self._set_recorded_mode(self._module)
+            module = self._rebuilder.build()
+            self._check_rebuilt_buffers(module)
+            self._set_recorded_mode(module)
+            self._module = module
         return self._module
+
+    def _check_rebuilt_buffers(self, module: torch.nn.Module) -> None:
+        """The non-persistent sparse or nested buffers the capture did not store (docs/fidelity.md)
+        must be what the constructor built in the job, else replay would compute with other values."""
+        for index, state in enumerate(self.metadata.get("states", [])):
+            for name, entry in state.get("rebuilt_buffers", {}).items():
+                try:
+                    found = module.get_buffer(name)
+                except AttributeError:
+                    found = None
+                if found is None or is_plain(found) or digest(found) != entry["digest"]:
+                    what = "has no such buffer" if found is None else "built another value"
+                    raise RestoreError(f"{self.ref}: buffer {name} ({entry['layout']}, not persistent) was not stored: "
+                                       f"the constructor rebuilds it, but the rebuilt {type(module).__name__} {what} "
+                                       f"than in the job (state {index}); it was changed after construction")
 
     def _set_recorded_mode(self, module: torch.nn.Module) -> None:
         if not self.calls:

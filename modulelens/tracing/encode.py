@@ -336,6 +336,8 @@ def _encode_state(state: StateSnapshot, tensors: TensorTable, index: int) -> dic
         },
         "extra_state": {state_name(name): encode_value(v, ctx, f"state{index}.{name}")
                         for name, v in state.extra_state.items()},
+        **({"rebuilt_buffers": {state_name(name): dict(entry) for name, entry in state.rebuilt_buffers.items()}}
+           if state.rebuilt_buffers else {}),
         **({"module_state": {state_name(path): {key: encode_value(v, ctx, f"state{index}.{path}.{key}")
                                                 for key, v in values.items()}
                              for path, values in state.module_state.items()}} if state.module_state else {}),

@@ -22,6 +22,8 @@ class StateSnapshot:
     extra_state: dict[str, Any] = field(default_factory=dict)
     # submodule path -> what its own _save_to_state_dict adds (quantized modules' packed weights)
     module_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # non-persistent sparse/nested buffers, rebuilt by the constructor: name -> {"layout", "digest"}
+    rebuilt_buffers: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass

@@ -25,6 +25,7 @@ import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.host_rng import host_states
+from modulelens.format.layouts import digest, is_plain, layout_name
 from modulelens.format.module_state import plain_attributes
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
@@ -526,13 +527,18 @@ class Tracer:
                 custom = _custom_state(sub)
                 if custom:
                     own_state[sub_name] = self._snap.tree(custom)
+        # A sparse or nested buffer that is not persistent is the constructor's to make (openai-whisper's
+        # alignment_heads): not stored, its digest checked on load; refusing it dropped the whole capture.
+        rebuilt = {n: {"layout": layout_name(b), "digest": digest(b)} for n, b in buffers.items()
+                   if b is not None and n in non_persistent and not is_plain(b)}
         record.states.append(StateSnapshot(
             parameters=self._parameters(params, key[1] if len(key) > 1 else ()),
             requires_grad={n: p.requires_grad for n, p in params.items()},
-            buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None},
+            buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None and n not in rebuilt},
             persistent={n: n not in non_persistent for n in buffers},
             extra_state=extra,
             module_state=own_state,
+            rebuilt_buffers=rebuilt,
         ))
         self._state_keys[name] = key
         return len(record.states) - 1
@@ -769,7 +775,8 @@ def _never_called_as_module(qualified: str, module: torch.nn.Module | None) -> s
     name = qualified or ""
     own = own_call_class(module) if module is not None else None
     if own is not None:
-        return (f"was never called through torch's Module.__call__: {own.__qualname__} defines its own __call__, "
+        return (f"was never called through torch's Module.__call__: {own.__module__}.{own.__qualname__} defines its own "
+                f"__call__, "
                 f"which runs no forward hook; to record what module(...) does, target '{name}:__call__'")
     return (f"was never called as module(...) while capture was on (forward hooks saw nothing); if the code calls "
             f"a method of it directly (.forward(...), .encode(...)), target that method: '{name}:forward', "
