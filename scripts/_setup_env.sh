@@ -64,6 +64,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # loads the one fbgemm library file that does load (the cumsum behind jagged offsets). Nothing else is needed:
   # jagged_tensor imports only torch and torchrec's own modules.
   python -m pip install -q --disable-pip-version-check --no-deps "torchrec==1.9.2" "fbgemm-gpu-cpu==1.9.0" >&2
+  # openai-whisper for the tests of its sparse alignment_heads buffer (issue 34), --no-deps: it requires triton
+  # unpinned on Linux (and torch); its imports (numba, tiktoken, more-itertools) are in pyproject's test extra.
+  python -m pip install -q --disable-pip-version-check --no-deps "openai-whisper==20250625" >&2
   echo "$want" > "$stamp"
   if ! python -c "import torchvision" 2>/dev/null; then
     echo "note: no torchvision build for torch $(python -c "import torch; print(torch.__version__)") is available from" \
