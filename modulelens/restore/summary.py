@@ -51,6 +51,7 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
         "path": info.folder,
         "module_class": module["class"],
         "qualified_name": module.get("qualified_name"),
+        "method": module.get("method"),  # the calls went through module.<method>(...) (docs/fidelity.md)
         "construction": construction,
         "construction_missing": module.get("construction_missing"),
         "parameters": {n: tensors[e["tensor"]]["shape"] for n, e in first_state["parameters"].items()},

@@ -399,7 +399,7 @@ def output_differences(a: Capture, b: Capture, *, device: str | torch.device | N
             args, kwargs = call.fresh_inputs(run_on, a.dtype)
             module.train(call.training)
             with call_context(call, run_on):
-                output = module(*args, **kwargs)
+                output = a.entry_point(module)(*args, **kwargs)  # a method capture: that method
         except Exception as error:
             row["error"] = f"B's module raised {type(error).__name__}: {error}"
             continue

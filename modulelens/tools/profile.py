@@ -151,13 +151,14 @@ def profile(
     module.train(recorded.training)
     args, kwargs = recorded.fresh_inputs(run_on, dtype)
     backend = None if compile is False else ("inductor" if compile is True else str(compile))
-    fn: Callable[..., Any] = torch.compile(module, backend=backend) if backend else module
+    entry = capture.entry_point(module)  # the module, or its recorded method (vae:encode)
+    fn: Callable[..., Any] = torch.compile(entry, backend=backend) if backend else entry
     workload = build_workload(fn, module, recorded, args, kwargs, run_on, backward)
 
     step(f"timing call {recorded.index} ({'compiling, then ' if backend else ''}warm-up and timed iterations; "
          "then torch.profiler)")
     measured = measure(workload, run_on, timing, compiled=backend is not None, trace=trace, top=top)
-    eager = workload if not backend else build_workload(module, module, recorded, args, kwargs, run_on, backward)
+    eager = workload if not backend else build_workload(entry, module, recorded, args, kwargs, run_on, backward)
     step("counting FLOPs and bytes moved")
     flops, moved = count_flops(eager)
     notes: list[str] = list(capture.notes)
@@ -171,7 +172,7 @@ def profile(
     if batch_sizes:
         sweep_timing = TimingConfig(timing.warmup, timing.iters, min(timing.target_seconds, 0.5))
         sweep = sweep_batch_sizes(fn, module, recorded, args, kwargs, run_on, backward, batch_sizes, sweep_timing,
-                                  progress=step)
+                                  progress=step, entry=entry)
         if plot is not None:
             step(f"drawing the plot into {plot}")
             plot_path = draw_plot(sweep, plot, f"{capture.ref} ({'fwd+bwd' if backward else 'fwd'}, {run_on})")

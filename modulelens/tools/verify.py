@@ -373,11 +373,13 @@ def _run_call(
         reference = expected_from.get(call.state_index, training)
         reference.train(training)
         with call_context(call, device), torch.no_grad():
-            want = reference(*call.fresh_inputs(device, dtype)[0], **call.fresh_inputs(device, dtype)[1])
+            want = capture.entry_point(reference)(*call.fresh_inputs(device, dtype)[0],
+                                                  **call.fresh_inputs(device, dtype)[1])
     module.train(training)
+    run = capture.entry_point(module)  # module(...), or module.encode for a method capture
     try:
         with call_context(call, device):
-            output = module(*args, **kwargs)
+            output = run(*args, **kwargs)
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
@@ -396,7 +398,8 @@ def _run_call(
     try:
         with call_context(call, device):
             # interleaved, on inputs of their own: load on a shared machine hits both alike
-            ref_t, cand_t = time_pair(lambda: reference(*ref_args, **ref_kwargs), lambda: module(*args, **kwargs),
+            ref_run = capture.entry_point(reference)
+            ref_t, cand_t = time_pair(lambda: ref_run(*ref_args, **ref_kwargs), lambda: run(*args, **kwargs),
                                       device, timing)
     except Exception as error:  # timing is a bonus; the verdict stands
         result.reference_ms = result.candidate_ms = None

@@ -107,7 +107,8 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
     echo(f"{d['ref']}", bold=True)
     echo(f"aliases: {', '.join(d['aliases']) or '-'}   tags: {', '.join(d['tags']) or '-'}   created: {d['created']}")
     echo(f"stored at: {d['path']}")
-    echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
+    how = f", calls of .{d['method']}()" if d.get("method") else ""
+    echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}'{how})")
     construction = raw["construction"]
     if construction:
         one_line = call_text(construction["class"], construction["args"], construction["kwargs"],
@@ -329,7 +330,9 @@ def run_cmd(
     ctx: typer.Context,
     target: Annotated[list[str] | None, typer.Option(
         "--target", "-t", help="Qualified-name glob or class name; repeatable. '*' crosses dots: 'layer1.*' is "
-                               "every module under layer1 (see --depth).")] = None,
+                               "every module under layer1 (see --depth). NAME:METHOD records calls of that method "
+                               "instead of module(...): -t 'vae:encode', -t ':sample' (the root's), "
+                               "-t 'GP:__call__'.")] = None,
     depth: Annotated[int | None, typer.Option(
         "--depth", min=1, help="Keep glob matches at most this many levels below the pattern's fixed prefix: "
                                "-t 'layer1.*' --depth 1 is layer1.0, layer1.1, not layer1.0.conv1.")] = None,
