@@ -198,3 +198,28 @@ def test_run_captures_methods_and_a_submodule_called_before_its_model(tmp_path: 
     assert "matches no module" not in result.stderr and "END" in result.stderr
     results = _replay_fresh(tmp_path / "repo", {s["name"]: s["ref"] for s in out["result"]["saved"]})
     assert {label: r["status"] for label, r in results.items()} == dict.fromkeys(results, "PASS")
+
+
+def test_the_tools_run_a_method_capture_through_its_method(tmp_path: Path) -> None:
+    """verify, diff and profile call ``module.encode``, not ``module(...)``; the kernel export refuses."""
+    from modulelens.kernels import export_kernelbench
+    from modulelens.tools.diff import output_differences
+
+    model = Pipeline()
+    for version in range(2):
+        with modulelens.capture(model, ["vae:encode"], repo=tmp_path / "repo", name="p"):
+            model.vae.encode(torch.randn(3, 6), temperature=0.5)
+        if version == 0:
+            with torch.no_grad():
+                model.vae.encoder[0].weight.mul_(2)
+    first = modulelens.load("p/vae.encode:v1", repo=tmp_path / "repo")
+    second = modulelens.load("p/vae.encode:v2", repo=tmp_path / "repo")
+    report = modulelens.verify(first, TinyVAE, timing=None, store=False)
+    assert report.passed, report
+    [row] = output_differences(first, second)
+    assert row["error"] is None and row["same"] is False and row["max_abs_error"] > 0
+    profiled = modulelens.profile(first, timing=modulelens.TimingConfig(warmup=1, iters=3, target_seconds=0.05))
+    # the encoder's two Linears on 3 rows (2*3*6*8 + 2*3*8*4): forward would add the decoder's
+    assert profiled.flops["total"] == 480, profiled.flops
+    with pytest.raises(UsageError, match=r"recorded calls of encode\(\), not of forward"):
+        export_kernelbench(first, tmp_path / "problem")
