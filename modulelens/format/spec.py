@@ -14,8 +14,9 @@ from typing_extensions import NotRequired, TypedDict
 FORMAT_NAME = "modulelens.capture"
 FORMAT_VERSION = 3  # the newest version this modulelens writes and reads (docs/format.md, "Versions")
 # A document is written in the oldest version that can say what it holds, so older readers keep
-# reading every capture they can: version 3 only adds ``module.method``, which a version-2 reader
-# would ignore and replay ``encode``'s calls through ``forward``.
+# reading every capture they can: version 3 only adds ``module.method`` and ``calls[i].vmap``, which
+# a version-2 reader would ignore (replaying ``encode``'s calls through ``forward``, an ensemble's
+# stacked inputs unbatched).
 METHODLESS_VERSION = 2
 
 # Sparse tensor values (``$type`` ``sparse``): layout name -> the parts it is stored as, in
@@ -113,6 +114,8 @@ class CallEntry(TypedDict):
     backward_missing: NotRequired[str]  # why a backward asked for was not recorded
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
+    # format 3: a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"}
+    vmap: NotRequired[dict[str, Any]]
 
 
 class TensorEntry(TypedDict):

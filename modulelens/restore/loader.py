@@ -154,6 +154,14 @@ class Call:
         return {} if data is None else dict(decode_tree(data, self._capture._decode_context()))
 
     @property
+    def vmap(self) -> dict[str, Any] | None:
+        """For a call recorded inside ``torch.func.vmap`` (an ensemble, docs/fidelity.md "torch.func"):
+        its batch ``size``, vmap's ``randomness``, and the paths of the batched ``inputs`` and
+        ``output`` leaves and names of the batched ``state`` (stored stacked along a first
+        dimension); ``None`` for any other call. :func:`run_call` runs it under vmap again."""
+        return self._data.get("vmap")
+
+    @property
     def has_backward(self) -> bool:
         return self._data.get("backward") is not None
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from modulelens.errors import UsageError
 from modulelens.format.spec import cpu_capability
-from modulelens.format.tree import mutable_leaves
+from modulelens.format.tree import flatten_with_paths, mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.context import call_context  # noqa: F401 - tools and kernels import it from here
@@ -241,10 +242,9 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
         if grads_wanted:
             args, kwargs = require_recorded_grads((args, kwargs), call)
-        entry = capture.entry_point(target)  # module(...), or module.encode for a method capture
         with call.context(target, weights=False):
             start = time.perf_counter()
-            output = entry(*args, **kwargs)
+            output = run_call(capture, call, target, args, kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             result.seconds = time.perf_counter() - start
@@ -262,6 +262,42 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
     result.passed = result.status == "pass"
     return result
+
+
+def run_call(capture: Capture, call: Call, module: torch.nn.Module, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    """Run ``module`` on one recorded call's inputs as the job ran it: ``module(...)``, its recorded
+    method (``capture.entry_point``), or for a call recorded inside ``torch.func.vmap`` (an ensemble)
+    under vmap again, each member with its slice of the module's stacked weights, as
+    ``functional_call`` over ``stack_module_state``'s weights ran it (an unbatched member computes
+    other last bits than the batched kernels)."""
+    batched = call.vmap
+    if batched is None:
+        return capture.entry_point(module)(*args, **kwargs)
+    if capture.method is not None:
+        raise UsageError(f"{capture.ref}: a call of {capture.method}() inside torch.func.vmap cannot be replayed "
+                         "(functional_call runs module(...))")
+    from torch.func import functional_call, vmap
+
+    state = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))}
+    state_dims = {name: 0 if name in batched["state"] else None for name in state}
+    input_dims = _batch_dims((args, kwargs), batched["inputs"])
+    out_dims = _batch_dims(call.output, batched["output"])
+
+    def member(weights: dict[str, Any], inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        return functional_call(module, weights, inputs[0], inputs[1])
+
+    return vmap(member, in_dims=(state_dims, input_dims), out_dims=out_dims,
+                randomness=batched["randomness"])(state, (args, kwargs))
+
+
+def _batch_dims(tree: Any, batched: list[str]) -> Any:
+    """vmap's ``in_dims``/``out_dims`` for ``tree``: 0 at the leaves whose paths are ``batched``
+    (stored stacked along their first dimension), ``None`` elsewhere."""
+    leaves, spec = flatten_with_paths(tree)
+    wanted = set(batched)
+    return pytree.tree_unflatten([0 if path in wanted else None for path, _ in leaves], spec)
 
 
 def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult]:

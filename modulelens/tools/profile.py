@@ -24,6 +24,7 @@ import torch
 from modulelens.errors import ToolError
 from modulelens.format.human import human_number
 from modulelens.tools.measure import build_workload, count_flops, measure
+from modulelens.tools.recorded import refuse_ensemble
 from modulelens.tools.reports import environment_facts, json_safe, store_report
 from modulelens.tools.sweep import draw_plot, recorded_batch_size, sweep_batch_sizes
 from modulelens.tools.timing import TimingConfig
@@ -197,6 +198,7 @@ def profile(
 
 
 def _check_request(capture: Capture, call: int, plot: str | Path | None, batch_sizes: Sequence[int] | None) -> None:
+    refuse_ensemble(capture, "profile")
     if not capture.calls:
         raise ToolError(f"{capture.ref} has no recorded calls to profile")
     if not -len(capture.calls) <= call < len(capture.calls):

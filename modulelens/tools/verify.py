@@ -23,6 +23,7 @@ from modulelens.errors import ToolError
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
+from modulelens.tools.recorded import refuse_ensemble
 from modulelens.tools.reports import json_safe, store_report
 from modulelens.tools.timing import TimingConfig, compare_timings, time_pair, timing_noise, timing_summary
 from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
@@ -290,6 +291,7 @@ def verify(
     """
     if mode not in ("recorded", "eval", "train"):
         raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
+    refuse_ensemble(capture, "verify")
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type

@@ -224,7 +224,8 @@ def encode_record(
     states = [_encode_state(state, tensors, i) for i, state in enumerate(record.states)]
     meta: CaptureMetadata = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION if record.method is not None else METHODLESS_VERSION,
+        "format_version": FORMAT_VERSION if record.method is not None or any(c.vmap for c in record.calls)
+        else METHODLESS_VERSION,
         "name": None,
         "version": None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -308,6 +309,7 @@ def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
         **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),
         **({"backward_missing": "its backward had not run when the capture was saved"}
            if call.backward_pending else {}),
+        **({"vmap": dict(call.vmap)} if call.vmap is not None else {}),
     }
 
 

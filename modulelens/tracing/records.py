@@ -56,6 +56,9 @@ class CallRecord:
     error: str | None = None
     backward: BackwardRecord | None = None
     backward_pending: bool = False  # forward done, waiting for its backward pass
+    # a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"},
+    # the paths and names of the batched values, stored stacked along a first dimension
+    vmap: dict[str, Any] | None = None
 
 
 @dataclass

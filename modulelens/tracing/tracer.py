@@ -51,7 +51,7 @@ from modulelens.tracing.methods import own_call_class, split_target, target_key,
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
-from modulelens.tracing.snapshot import Snapshotter
+from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
 _WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
@@ -346,6 +346,8 @@ class Tracer:
         if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
             self._note_structure(name, record, module)
         self._snap.gathered = gathered
+        batched = _vmapped(inputs, weights)  # an ensemble under torch.func.vmap: stored stacked
+        self._snap.stacked = batched is not None
         try:
             copied_args, copied_kwargs = self._snap.tree(inputs)
             call = CallRecord(
@@ -356,9 +358,11 @@ class Tracer:
                 training=module.training,
                 grad_enabled=torch.is_grad_enabled(),
                 autocast=_autocast_state(),
+                vmap=batched,
             )
         finally:
             self._snap.gathered = {}
+            self._snap.stacked = False
         call.rng = _rng_state(inputs.leaves)
         record.calls.append(call)
         live = replacement = None
@@ -368,7 +372,8 @@ class Tracer:
             live = replacement if replacement is not None else inputs.tree
             start = sequence_marker()  # after the input views: the call's own nodes come later
         values, paths = mutable_values(inputs)
-        watch = _Watch(values, [_version(v) for v in values], paths)
+        # a vmapped call's inputs are batches: torch keeps no version counter a change would show in
+        watch = _Watch(values, [_version(v) for v in values], paths) if batched is None else None
         self._stack(name).append(_Pending(call, index, live, start, watch))
         return replacement
 
@@ -448,11 +453,17 @@ class Tracer:
                 return
             if pending.call is not None:
                 self._snap.gathered = gathered
+                vmapped = pending.call.vmap
+                if vmapped is not None:  # which output leaves are batches (replay's out_dims)
+                    found = vmap_batch(flat_output.leaves)
+                    vmapped["output"] = flat_output.paths(tuple(found[2])) if found is not None else []
+                self._snap.stacked = vmapped is not None
                 try:
                     pending.call.output = self._snap.tree(flat_output)
                     pending.call.mutated_inputs = self._mutated_inputs(pending.watch)
                 finally:
                     self._snap.gathered = {}
+                    self._snap.stacked = False
                 pending.call.finished = True
                 self._settle_weights()  # from here on the job may change its weights
                 if pending.live_inputs is not None:
@@ -550,7 +561,7 @@ class Tracer:
         prints = dict(zip(params, fingerprints, strict=False))
         by_id: dict[int, str] = {}
         wanted: dict[str, tuple[torch.Tensor, int | None]] = {}
-        if self._weights is not None:
+        if self._weights is not None and not self._snap.stacked:  # a vmap batch is copied, stacked
             for param_name, param in params.items():
                 if id(param) not in by_id and id(param) not in self._snap.gathered and can_stream(param):
                     by_id[id(param)] = param_name
@@ -781,6 +792,23 @@ def _never_called_as_module(qualified: str, module: torch.nn.Module | None) -> s
     return (f"was never called as module(...) while capture was on (forward hooks saw nothing); if the code calls "
             f"a method of it directly (.forward(...), .encode(...)), target that method: '{name}:forward', "
             f"'{name}:encode'")
+
+
+def _vmapped(inputs: Flattened, weights: LiveState) -> dict[str, Any] | None:
+    """What a call inside one ``torch.func.vmap`` batches (model ensembling: ``functional_call``
+    over ``stack_module_state``'s weights): the batch size, vmap's ``randomness``, the paths of the
+    batched inputs and the names of the batched parameters and buffers; ``None`` outside vmap."""
+    params, buffers, _ = weights
+    state = {**params, **buffers}
+    found = vmap_batch([*inputs.leaves, *state.values()])
+    if found is None:
+        return None
+    size, randomness, positions = found
+    count = len(inputs.leaves)
+    names = list(state)
+    return {"size": size, "randomness": randomness,
+            "inputs": inputs.paths(tuple(p for p in positions if p < count)),
+            "state": [names[p - count] for p in positions if p >= count], "output": []}
 
 
 _UNWATCHED = -1  # an inference tensor: it keeps no version counter, so an in-place change cannot be seen

@@ -20,7 +20,7 @@ from child_process import PYTHON, subprocess_env
 from method_models import FeatureWriter
 
 import modulelens
-from modulelens.errors import RestoreError
+from modulelens.errors import RestoreError, ToolError
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -116,3 +116,35 @@ def test_inputs_made_under_inference_mode_are_recorded(tmp_path: Path) -> None:
         saved = _capture_strictly(model, ["."], tmp_path / "repo", "bilinear", lambda: model(x, y))
     results = _replay_fresh(tmp_path / "repo", {"bilinear": saved[0].ref})
     assert results["bilinear"]["status"] == "PASS", results
+
+
+@pytest.mark.parametrize("same_minibatch", [True, False])
+def test_a_torch_func_ensemble_is_captured_and_replayed_under_vmap(tmp_path: Path, same_minibatch: bool) -> None:
+    """torch's model-ensembling recipe (functional_call + stack_module_state + vmap): the batched
+    weights dropped the capture. Recorded stacked; an unbatched member computes other last bits,
+    so replay runs vmap again (bit-exact), dropout drawing per member (randomness="different")."""
+    import copy
+
+    from torch.func import functional_call, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(0.2),
+                                  torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)) for _ in range(3)]
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    x = torch.randn(5, 16) if same_minibatch else torch.randn(3, 5, 16)
+
+    def ensemble() -> None:
+        vmap(lambda p, b, data: functional_call(base, (p, b), (data,)), in_dims=(0, 0, None if same_minibatch else 0),
+             randomness="different")(params, buffers, x)
+    saved = _capture_strictly(base, [".", "1", "4"], tmp_path / "repo", "ensemble", ensemble)
+    capture = modulelens.load("ensemble", repo=tmp_path / "repo")
+    [call] = capture.calls
+    assert call.vmap is not None and call.vmap["size"] == 3 and call.vmap["randomness"] == "different"
+    assert call.vmap["inputs"] == ([] if same_minibatch else ["[0][0]"]) and "0.weight" in call.vmap["state"]
+    assert capture.state_dict()["0.weight"].shape == (3, 32, 16)  # the members' weights, stacked
+    with pytest.raises(ToolError, match=r"ran inside torch\.func\.vmap"):
+        modulelens.verify(capture, torch.nn.Linear, timing=None, store=False)
+    results = _replay_fresh(tmp_path / "repo", {v.name: v.ref for v in saved})
+    assert {label: (r["status"], r["mode"]) for label, r in results.items()} == \
+        dict.fromkeys(results, ("PASS", "bit-exact")), {label: r.get("report") for label, r in results.items()}

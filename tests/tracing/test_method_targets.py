@@ -152,7 +152,7 @@ def test_not_captured_messages_say_what_happened(tmp_path: Path) -> None:
 def test_a_method_that_does_not_exist_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"TinyVAE has no method 'encod' \(methods with that in their name: encode\)"):
         modulelens.capture(Pipeline(), ["vae:encod"], repo=None)
-    with pytest.raises(UsageError, match="Pipeline.dump_patches is a bool, not a method"):
+    with pytest.raises(UsageError, match=r"Pipeline\.dump_patches is a bool, not a method"):
         modulelens.capture(Pipeline(), [":dump_patches"], repo=None)
 
 
@@ -162,7 +162,7 @@ def test_a_stored_method_may_not_name_another_dunder(tmp_path: Path) -> None:
         model.vae.decode(torch.randn(1, 2))
     meta = modulelens.load(cap.saved[0].ref, repo=tmp_path / "repo").metadata
     meta["module"]["method"] = "__init__"
-    with pytest.raises(CorruptCaptureError, match="module.method"):
+    with pytest.raises(CorruptCaptureError, match=r"module\.method"):
         validate_capture(meta, "capture.json")
 
 
