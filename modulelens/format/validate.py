@@ -477,6 +477,19 @@ class _Checker:
                 if not isinstance(tid, str) or tid not in self.meta["tensors"]:
                     raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
             self.field(call, "autocast", dict, where, optional=True)
+            self.vmap(self.field(call, "vmap", dict, where, optional=True), f"{where}.vmap")
+
+    def vmap(self, batched: dict[str, Any] | None, where: str) -> None:
+        """``calls[i].vmap`` (format 3): what replay hands ``torch.func.vmap``."""
+        if batched is None:
+            return
+        if self.field(batched, "size", int, where) < 1:
+            raise self.fail(f"{where}.size", "must be at least 1")
+        if self.field(batched, "randomness", str, where) not in ("error", "different", "same"):
+            raise self.fail(f"{where}.randomness", f"{batched['randomness']!r} is not a vmap randomness")
+        for key in ("inputs", "state", "output"):
+            for item in self.field(batched, key, list, where):
+                self.expect(item, str, f"{where}.{key}[]")
 
     def inputs_shape(self, spec: Any, where: str) -> None:
         """Call inputs are stored as the tree ``(args_tuple, kwargs_dict)``."""
