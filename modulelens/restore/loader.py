@@ -426,7 +426,8 @@ class Capture:
         return None
 
     def __repr__(self) -> str:
-        return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
+        entry = self.module_class.rsplit(':', 1)[-1] + (f".{self.method}" if self.method else "")
+        return (f"<Capture {self.ref} {entry}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
 
     # ---------------------------------------------------------------------------------- tensors
