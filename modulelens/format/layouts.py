@@ -56,26 +56,6 @@ def parts(tensor: torch.Tensor) -> dict[str, Any]:
     return found
 
 
-def digest(tensor: torch.Tensor) -> str:
-    """A content hash of a non-strided tensor: its layout, size and every part's dtype, shape and
-    bytes (a COO tensor coalesced first). A non-persistent sparse buffer is not stored but rebuilt by
-    its module's constructor; the load checks the rebuilt one against this (docs/fidelity.md)."""
-    from modulelens.format.hashing import hash_bytes
-    from modulelens.format.tensors import tensor_bytes
-
-    found = parts(tensor.coalesce() if tensor.layout == torch.sparse_coo else tensor)
-    chunks: list[bytes] = []
-    for key in sorted(found):
-        value = found[key]
-        values = value if isinstance(value, list) else [value]
-        for item in values:
-            if isinstance(item, torch.Tensor):
-                chunks += [f"{key}:{item.dtype}:{list(item.shape)}:".encode(), bytes(tensor_bytes(item.contiguous()))]
-            else:
-                chunks.append(f"{key}={item!r};".encode())
-    return hash_bytes(b"".join(chunks), threads=False)
-
-
 def _nested_parts(tensor: torch.Tensor) -> dict[str, Any]:
     if tensor.layout == torch.jagged:
         cache = getattr(tensor, "_metadata_cache", None) or {}

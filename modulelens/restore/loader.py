@@ -19,10 +19,10 @@ import torch
 
 from modulelens.errors import RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
-from modulelens.format.layouts import digest, is_plain
+from modulelens.format.layouts import is_plain
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
-from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
+from modulelens.format.tensors import contiguous_strides, dtype_from_name, layout_digest, quantized
 from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
 from modulelens.format.values import DecodeContext
 from modulelens.repo import Repo
@@ -564,7 +564,7 @@ class Capture:
                     found = module.get_buffer(name)
                 except AttributeError:
                     found = None
-                if found is None or is_plain(found) or digest(found) != entry["digest"]:
+                if found is None or is_plain(found) or layout_digest(found) != entry["digest"]:
                     what = "has no such buffer" if found is None else "built another value"
                     raise RestoreError(f"{self.ref}: buffer {name} ({entry['layout']}, not persistent) was not stored: "
                                        f"the constructor rebuilds it, but the rebuilt {type(module).__name__} {what} "

@@ -25,8 +25,9 @@ import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.host_rng import host_states
-from modulelens.format.layouts import digest, is_plain, layout_name
+from modulelens.format.layouts import is_plain, layout_name
 from modulelens.format.module_state import plain_attributes
+from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
@@ -540,7 +541,7 @@ class Tracer:
                     own_state[sub_name] = self._snap.tree(custom)
         # A sparse or nested buffer that is not persistent is the constructor's to make (openai-whisper's
         # alignment_heads): not stored, its digest checked on load; refusing it dropped the whole capture.
-        rebuilt = {n: {"layout": layout_name(b), "digest": digest(b)} for n, b in buffers.items()
+        rebuilt = {n: {"layout": layout_name(b), "digest": layout_digest(b)} for n, b in buffers.items()
                    if b is not None and n in non_persistent and not is_plain(b)}
         record.states.append(StateSnapshot(
             parameters=self._parameters(params, key[1] if len(key) > 1 else ()),
