@@ -410,6 +410,7 @@ class _Session:
         self._done = True
         with self._lock:
             self._hook.remove()
+            self._parents.stop()
             for tracer in self.tracers:
                 tracer.stop()
                 self._save(tracer, list(tracer.records))
