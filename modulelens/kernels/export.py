@@ -139,7 +139,7 @@ def export_kernelbench(
         ModulelensError: bad options, a non-empty folder, unusable calls.
         RestoreError: no constructor record, or the class cannot be resolved.
         UnsupportedValueError: a recorded value cannot be written as Python.
-        UsageError: an unknown ``mode``, or a capture of a method other than ``forward`` (``vae:encode``).
+        UsageError: an unknown ``mode``.
 
     Example::
 
@@ -150,9 +150,6 @@ def export_kernelbench(
         raise UsageError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     say = progress or (lambda step: None)
     capture, store = _open(ref, repo)
-    if capture.method not in (None, "forward"):  # a KernelBench problem is a module's forward (docs/fidelity.md)
-        raise UsageError(f"{capture.ref} recorded calls of {capture.method}(), not of forward: a KernelBench problem "
-                         "is a module's forward; capture the module itself to export it")
     directory = _prepare_directory(Path(out_dir).expanduser().absolute(), overwrite)
     say(f"reading the source of {capture.module_class.rpartition(':')[2]} and the recorded calls")
     left_out: list[dict[str, Any]] = []

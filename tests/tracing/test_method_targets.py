@@ -21,7 +21,7 @@ from child_process import PYTHON, subprocess_env
 from method_models import OwnCall, Pipeline, TinyVAE
 
 import modulelens
-from modulelens.errors import CorruptCaptureError, UsageError
+from modulelens.errors import CorruptCaptureError, KernelError, UsageError
 from modulelens.format.validate import validate_capture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,5 +221,5 @@ def test_the_tools_run_a_method_capture_through_its_method(tmp_path: Path) -> No
     profiled = modulelens.profile(first, timing=modulelens.TimingConfig(warmup=1, iters=3, target_seconds=0.05))
     # the encoder's two Linears on 3 rows (2*3*6*8 + 2*3*8*4): forward would add the decoder's
     assert profiled.flops["total"] == 480, profiled.flops
-    with pytest.raises(UsageError, match=r"recorded calls of encode\(\), not of forward"):
+    with pytest.raises(KernelError, match=r"recorded calls of encode\(\), not of forward"):
         export_kernelbench(first, tmp_path / "problem")
