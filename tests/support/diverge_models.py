@@ -112,7 +112,10 @@ class FusedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = torch.addmm(self.b_up, x.reshape(-1, x.shape[-1]), self.w_up.t())
-        out = torch.addmm(self.b_down + self.bias_shift, nn.functional.gelu(hidden), self.w_down.t())
+        bias = self.b_down
+        if self.bias_shift:  # on one feature: a shift of all of them would vanish in the next LayerNorm
+            bias = bias + self.bias_shift * (torch.arange(bias.numel(), device=bias.device) == 0)
+        out = torch.addmm(bias, nn.functional.gelu(hidden), self.w_down.t())
         return out.view(*x.shape[:-1], -1)
 
 
