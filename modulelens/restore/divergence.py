@@ -121,6 +121,7 @@ class Divergence:
 
     compared: str
     rule: str
+    candidate: str = "the candidate"  # what the judged run is called in the details ("this replay")
     found: bool = False
     first: OpDifference | None = None
     last_agreeing: OpAt | None = None
@@ -152,8 +153,26 @@ class Divergence:
             text += f"; last agreeing op: {self.last_agreeing.describe()}"
         return text
 
+    def details(self) -> list[str]:
+        """The lines after the summary: the candidate's side of the op, ops that differ by an unmeasured
+        amount before it, the regions the candidate fused or rewrote, notes."""
+        lines = []
+        first = self.first
+        if first is not None and first.candidate is not None and first.reference.index >= 0 \
+                and first.candidate.describe() != first.reference.describe():
+            lines.append(f"{self.candidate}'s op: {first.candidate.describe()}")
+        lines += [f"differs by an unmeasured amount before it: {d.reference.describe()} ({d.message})"
+                  for d in self.unmeasured]
+        for region in self.fused[:3]:
+            lines.append(f"fused or rewritten by {self.candidate}: {', '.join(region['modules'])} (compared inside "
+                         f"{region['region'] or '<root>'}: {region['paired_ops']} of {region['reference_ops']} ops paired)")
+        if len(self.fused) > 3:
+            lines.append(f"... and {len(self.fused) - 3} more regions fused or rewritten")
+        return lines + [f"note: {n}" for n in self.notes]
+
     def to_dict(self) -> dict[str, Any]:
         return {"compared": self.compared, "rule": self.rule, "found": self.found, "summary": self.summary(),
+                "details": self.details(),
                 "first": self.first.to_dict() if self.first else None,
                 "last_agreeing": asdict(self.last_agreeing) if self.last_agreeing else None,
                 "first_difference": self.first_difference.to_dict() if self.first_difference else None,
@@ -162,18 +181,7 @@ class Divergence:
                 "paired_ops": self.paired_ops, "notes": list(self.notes)}
 
     def __str__(self) -> str:
-        lines = [f"{self.compared} ({self.rule}): {self.summary()}"]
-        if self.first is not None and self.first.candidate is not None and self.first.reference.index >= 0:
-            lines.append(f"  candidate's op: {self.first.candidate.describe()}")
-        lines += [f"  differs by an unmeasured amount before it: {d.reference.describe()} ({d.message})"
-                  for d in self.unmeasured]
-        for region in self.fused[:3]:
-            lines.append(f"  fused or rewritten by the candidate: {', '.join(region['modules'])} (compared inside "
-                         f"{region['region'] or '<root>'}: {region['paired_ops']} of {region['reference_ops']} ops paired)")
-        if len(self.fused) > 3:
-            lines.append(f"  ... and {len(self.fused) - 3} more regions")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return "\n".join([f"{self.compared} ({self.rule}): {self.summary()}", *(f"  {d}" for d in self.details())])
 
     __repr__ = __str__
 
@@ -199,7 +207,8 @@ def trace_call(module: torch.nn.Module, run: Callable[[], Any],
     return output, trace, recorder.error
 
 
-def locate(reference: OpTrace, candidate: OpTrace, rule: DivergenceRule, *, compared: str) -> Divergence:
+def locate(reference: OpTrace, candidate: OpTrace, rule: DivergenceRule, *, compared: str,
+           candidate_name: str = "the candidate") -> Divergence:
     """The first op (or module boundary) where ``candidate`` diverges from ``reference`` by ``rule``.
 
     Args:
@@ -207,6 +216,7 @@ def locate(reference: OpTrace, candidate: OpTrace, rule: DivergenceRule, *, comp
         candidate: the trace judged (a rewrite, a replay).
         rule: bit-exact or a tolerance (:class:`DivergenceRule`).
         compared: says what the two traces are, for the report.
+        candidate_name: what the judged run is called in the report's details.
 
     Returns:
         A :class:`Divergence`; ``found`` false when nothing diverges beyond the rule.
@@ -217,8 +227,8 @@ def locate(reference: OpTrace, candidate: OpTrace, rule: DivergenceRule, *, comp
                             compared="replay against the recorded job's trace")
         print(divergence.summary())   # first divergence at blocks.2.attn aten::_softmax at model.py:41 ...
     """
-    result = Divergence(compared=compared, rule=rule.describe(), reference_ops=len(reference.ops),
-                        candidate_ops=len(candidate.ops))
+    result = Divergence(compared=compared, rule=rule.describe(), candidate=candidate_name,
+                        reference_ops=len(reference.ops), candidate_ops=len(candidate.ops))
     modules = _pair_module_calls(reference, candidate)
     ops = _pair_ops(reference, candidate, modules)
     result.paired_ops = len(ops)

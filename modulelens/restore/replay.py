@@ -300,7 +300,8 @@ def _locate(capture: Capture, position: int, target: torch.nn.Module, how: _Comp
         return
     rule = DivergenceRule(exact=how.exact, rtol=how.rtol, atol=how.atol,
                           purpose="cross_device" if how.cross_device else "replay", dtype=capture.dtype)
-    result.divergence = locate(recorded, replayed, rule, compared="this replay against the recorded job's trace")
+    result.divergence = locate(recorded, replayed, rule, compared="this replay against the recorded job's trace",
+                               candidate_name="this replay")
     if error is not None:
         result.divergence.notes.append(f"the replay's trace stopped early: {error}")
 
