@@ -8,9 +8,12 @@ run the same ops: a candidate may fuse, reorder or skip them. So they are aligne
 1. **module calls**, by path and occurrence (the second call of ``blocks.3.attn`` with the
    second); a reference submodule the candidate does not have (fused into one kernel, renamed)
    folds into its nearest aligned ancestor, the **region** its ops are compared in;
-2. **ops within a region**: first those whose outputs are bit-identical (same op, dtype, shape
-   and fingerprint), in any order, which survives reordering; then the rest in order, by op name
-   and output shapes (``difflib.SequenceMatcher``), which survives ops inserted or skipped.
+2. **ops within a region**: first by value: a reference op whose outputs the candidate made
+   bit-identically (same dtype, shape and fingerprint), by any op and in any order, is paired with
+   the op that made them, which survives reordering, a no-op the candidate skipped and a value it
+   computed by other ops; then the rest of those the region's own module ran, in order, by op name
+   and output shapes (``difflib.SequenceMatcher``), which survives ops inserted or skipped. The
+   ops of a fused submodule are paired by value only.
 
 The reference's ops and module exits are then walked in the order they ran. A paired op's
 outputs are judged by the :class:`DivergenceRule` (bit-exact, or the tolerance in effect, taken
@@ -47,6 +50,9 @@ from modulelens.restore.ulp import supported, ulp_error
 # Values kept by a trace taken here (both runs of a comparison are in memory at once).
 LOCATE_LIMITS = TraceLimits(values_bytes=64 << 20)
 _ORDER = {"same": 0, "none": 0, "within": 1, "unknown": 2, "beyond": 3}
+# Ops that compute nothing (autograd detaches the outputs it saves for backward): never named as
+# the last op that agreed, which should be one the user's code ran.
+_BOOKKEEPING = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh"})
 
 
 @dataclass(frozen=True)
@@ -245,7 +251,7 @@ def locate(reference: OpTrace, candidate: OpTrace, rule: DivergenceRule, *, comp
             difference = _compare_boundary(reference, candidate, index, modules[index], rule)
             where = None
         if difference is None:  # bit-identical (or nothing comparable)
-            if where is not None:
+            if where is not None and where.op not in _BOOKKEEPING:
                 result.last_agreeing = where
             continue
         if result.first_difference is None and kind == "op":
@@ -293,10 +299,12 @@ def _regions(trace: OpTrace, aligned: set[int]) -> dict[int, list[int]]:
 
 
 def _exact_key(op: TracedOp) -> tuple[Any, ...] | None:
-    if any(v.is_tensor and v.fingerprint is None for v in op.outputs):
+    """The op's outputs, bit for bit (not its name: a value the candidate made by other ops, or one a
+    skipped no-op passed through, is there all the same)."""
+    if not op.outputs or any(v.is_tensor and v.fingerprint is None for v in op.outputs):
         return None
-    return (op.op, *((v.dtype, tuple(v.shape or ()), v.fingerprint) if v.is_tensor else ("scalar", repr(v.scalar))
-                     for v in op.outputs))
+    return tuple((v.dtype, tuple(v.shape or ()), v.fingerprint) if v.is_tensor else ("scalar", repr(v.scalar))
+                 for v in op.outputs)
 
 
 def _loose_key(op: TracedOp) -> tuple[Any, ...]:
@@ -311,18 +319,21 @@ def _pair_ops(reference: OpTrace, candidate: OpTrace, modules: dict[int, int]) -
     pairs: dict[int, int] = {}
     for region, reference_ops in ours.items():
         candidate_ops = theirs.get(modules[region], [])
-        waiting: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        made: dict[tuple[Any, ...], list[int]] = defaultdict(list)  # output values -> the candidate's ops making them
         for position in candidate_ops:
             key = _exact_key(candidate.ops[position])
             if key is not None:
-                waiting[key].append(position)
+                made[key].append(position)
         taken: set[int] = set()
         for position in reference_ops:
-            key = _exact_key(reference.ops[position])
-            if key is not None and waiting.get(key):
-                pairs[position] = waiting[key].pop(0)
+            makers = made.get(_exact_key(reference.ops[position]) or ())
+            if makers:  # the first maker not paired yet, else the first (a value made once, passed on twice)
+                pairs[position] = next((p for p in makers if p not in taken), makers[0])
                 taken.add(pairs[position])
-        rest_ours = [p for p in reference_ops if p not in pairs]
+        # In order only the ops the region's own module ran: those of a submodule the candidate fused
+        # are paired by value or not at all (a fused region is compared at its boundary; pairing its
+        # ops by name paired a view of addmm's result with one of a matmul's before the bias was added)
+        rest_ours = [p for p in reference_ops if p not in pairs and reference.ops[p].module == region]
         rest_theirs = [p for p in candidate_ops if p not in taken]
         matcher = difflib.SequenceMatcher(None, [_loose_key(reference.ops[p]) for p in rest_ours],
                                           [_loose_key(candidate.ops[p]) for p in rest_theirs], autojunk=False)

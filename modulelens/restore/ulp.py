@@ -165,8 +165,8 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"ulp_distance needs one dtype, got {a.dtype} and {b.dtype} (ulp_error compares dtypes)")
     if a.shape != b.shape:
         raise ValueError(f"ulp_distance: shapes {list(a.shape)} and {list(b.shape)} differ")
-    if a.dtype in _COMPONENTS:
-        ca, cb = _components(a), _components(b)
+    if a.dtype in _COMPONENTS:  # the parts in their own dtype (complex64: float32)
+        ca, cb = torch.view_as_real(a.detach().to("cpu")), torch.view_as_real(b.detach().to("cpu"))
         return torch.maximum(ulp_distance(ca[..., 0], cb[..., 0]), ulp_distance(ca[..., 1], cb[..., 1]))
     dtype = _real_dtype(a.dtype)
     a, b = a.detach().to("cpu").contiguous(), b.detach().to("cpu").contiguous()
