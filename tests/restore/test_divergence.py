@@ -257,3 +257,23 @@ def test_replay_json_and_show_ops(gpt: modulelens.Capture) -> None:
     assert "op trace of call 0: 218 ops in" in text.stdout and "show --ops lists them" in text.stdout
     replayed = runner.invoke(app, ["replay", "gpt", "--repo", str(gpt.repo.root), "--json"])
     assert json.loads(replayed.stdout)["result"]["calls"][0]["divergence"] is None
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_mcp_tool(gpt: modulelens.Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    mcp = pytest.importorskip("mcp")
+    from modulelens.interfaces.mcp_server import build_server
+
+    monkeypatch.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])  # the candidate's child process imports the models
+    async with mcp.Client(build_server(str(gpt.repo.root)), raise_exceptions=True) as client:
+        replayed = await client.call_tool("locate_divergence", {"ref": "gpt"})  # no candidate: in this process
+        assert not replayed.is_error and replayed.structured_content["passed"] is True
+        located = await client.call_tool("locate_divergence", {"ref": "gpt", "candidate": f"{MODELS}:MaskOffByOneGPT"})
+        assert not located.is_error, located.content
+        first = located.structured_content["divergence"]["first"]["reference"]
+        assert (first["module"], first["op"]) == ("blocks.2.attn", "aten::triu")

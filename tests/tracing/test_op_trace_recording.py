@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from child_process import subprocess_env
 from diverge_models import TinyGPT, tokens
 
 import modulelens
@@ -92,3 +96,21 @@ def test_a_damaged_trace_reference_is_refused(repo: modulelens.Repo) -> None:
         change(bad)
         with pytest.raises(CorruptCaptureError, match=message):
             validate_capture(bad, "t")
+
+
+def test_modulelens_run_records_the_op_trace(tmp_path: Path) -> None:
+    """``modulelens run --op-trace`` on an unmodified script, in its own processes."""
+    script = tmp_path / "job.py"
+    script.write_text("import torch\nfrom diverge_models import TinyGPT, tokens\n"
+                      "model = TinyGPT().eval()\nfor seed in range(2):\n    model(tokens(seed=seed))\n")
+    done = subprocess.run([sys.executable, "-m", "modulelens", "run", "-t", "blocks.3.attn", "--op-trace",
+                           "--op-trace-values", "0", "--repo", str(tmp_path / "repo"), "--name", "job", "--json",
+                           "--", sys.executable, str(script)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [v["ref"] for v in json.loads(done.stdout)["result"]["saved"]] == ["job/blocks.3.attn:v1"]
+    loaded = modulelens.load("job/blocks.3.attn", repo=tmp_path / "repo")
+    summary = loaded.metadata["calls"][0]["op_trace"]
+    assert summary["ops"] > 10 and summary["values"] == 0 and loaded.metadata["calls"][0]["index"] == 0
+    trace = loaded.calls[0].op_trace
+    assert trace is not None and {"qkv", "proj"} <= {call.path for call in trace.modules}
