@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from modulelens.errors import UsageError
+from modulelens.errors import CorruptCaptureError, UsageError
 from modulelens.format.spec import cpu_capability
 from modulelens.format.tree import mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
@@ -287,14 +287,19 @@ def _locate(capture: Capture, position: int, target: torch.nn.Module, how: _Comp
         notes.append("this capture holds no op trace, so the first op that differs cannot be named: record with "
                      "Recording(op_trace=True) (modulelens run --op-trace)")
         return
-    recorded = call.op_trace
+    try:
+        recorded = call.op_trace
+    except CorruptCaptureError as error:  # the verdict stands; the damaged trace cannot explain it
+        notes.append(f"the op trace of call {call.index} cannot be read, so the first op that differs is not named: "
+                     f"{error}")
+        return
     assert recorded is not None
     if weights == "recorded":
         capture.use_state(call.state_index, force=True)
     args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
     try:
         with call.context(target, weights=False):
-            _, replayed, error = trace_call(target, lambda: target(*args, **kwargs))
+            _, replayed, stopped = trace_call(target, lambda: target(*args, **kwargs))
     except Exception as error:  # the call failed a first time already: say so, keep the report
         notes.append(f"locating the first divergence of call {call.index} failed: {type(error).__name__}: {error}")
         return
@@ -302,8 +307,8 @@ def _locate(capture: Capture, position: int, target: torch.nn.Module, how: _Comp
                           purpose="cross_device" if how.cross_device else "replay", dtype=capture.dtype)
     result.divergence = locate(recorded, replayed, rule, compared="this replay against the recorded job's trace",
                                candidate_name="this replay")
-    if error is not None:
-        result.divergence.notes.append(f"the replay's trace stopped early: {error}")
+    if stopped is not None:
+        result.divergence.notes.append(f"the replay's trace stopped early: {stopped}")
 
 
 def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult]:

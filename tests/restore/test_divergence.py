@@ -277,3 +277,47 @@ async def test_the_mcp_tool(gpt: modulelens.Capture, monkeypatch: pytest.MonkeyP
         assert not located.is_error, located.content
         first = located.structured_content["divergence"]["first"]["reference"]
         assert (first["module"], first["op"]) == ("blocks.2.attn", "aten::triu")
+
+
+def _with_trace_document(gpt: modulelens.Capture, change: Any, name: str) -> str:
+    """A copy of ``gpt`` saved as ``name`` whose op trace document was changed by ``change`` (its
+    payload hashed and stored as any other: the trace is hostile, not corrupt on disk)."""
+    repo = gpt.repo
+    meta = json.loads(json.dumps(gpt.metadata))
+    meta.pop("packs", None)
+    meta.pop("provenance", None)
+    payloads: dict[str, Any] = {}
+    for tid, entry in meta["tensors"].items():
+        entry.pop("pack", None)
+        if "payload" in entry:
+            payloads[tid] = memoryview(gpt.fresh_tensor(tid).contiguous().view(torch.uint8).numpy().tobytes())
+            entry["payload"] = None
+    text_id = meta["calls"][0]["op_trace"]["text_id"]
+    document = json.loads(bytes(payloads[text_id]).decode())
+    change(document)
+    raw = json.dumps(document).encode()
+    payloads[text_id] = memoryview(raw)
+    meta["tensors"][text_id].update(shape=[len(raw)], stride=[1], nbytes=len(raw))
+    return repo.save_version(name, meta, payloads).ref
+
+
+def test_a_hostile_trace_is_refused_by_each_reader_and_the_replay_still_reports(gpt: modulelens.Capture) -> None:
+    ref = _with_trace_document(gpt, lambda d: d["ops"][5].update(module=10**6), "hostile")
+    capture = modulelens.load(ref, repo=gpt.repo)
+    with pytest.raises(modulelens.CorruptCaptureError, match=r"calls\[0\]\.op_trace: ops\[5\]\.module"):
+        _ = capture.calls[0].op_trace
+    report = capture.replay(module=_rewrite(capture))
+    assert report.status == "FAIL" and report.calls[0].divergence is None
+    assert any("op trace of call 0 cannot be read" in note for note in report.notes)
+    shown = CliRunner().invoke(app, ["show", ref, "--repo", str(gpt.repo.root), "--ops", "--json"])
+    assert shown.exit_code == 3 and json.loads(shown.stdout)["error"]["type"] == "CorruptCaptureError"
+    web = TestClient(create_app(RepoView(gpt.repo, scan_jobs=False), UiSettings()), base_url="http://127.0.0.1:8765")
+    page = web.get(f"/capture/{ref}")
+    assert page.status_code == 200 and "the op trace cannot be read" in page.text
+
+
+def _rewrite(capture: modulelens.Capture) -> TinyGPT:
+    """The recorded model with block 2's softmax in float16 (from the capture's weights)."""
+    rewrite = SoftmaxHalfGPT().eval()
+    rewrite.load_state_dict(capture.state_dict())
+    return rewrite
