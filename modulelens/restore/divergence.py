@@ -43,7 +43,6 @@ import torch
 
 from modulelens.format.op_trace import OpRecorder, OpTrace, TracedOp, TracedValue, TraceLimits
 from modulelens.format.shape_only import tensor_stats
-from modulelens.format.tensors import dtype_from_name
 from modulelens.restore.compare import default_tolerance
 from modulelens.restore.ulp import supported, ulp_error
 
@@ -486,7 +485,8 @@ def _from_statistics(want: TracedValue, got: TracedValue, rule: DivergenceRule,
         result.max_abs_error = bound or None
         return result
     magnitude = max((abs(mine[k]) for k in ("min", "max") if isinstance(mine.get(k), (int, float))), default=0.0)
-    dtype = dtype_from_name(want.dtype) if want.dtype else torch.float32
+    named = getattr(torch, want.dtype or "", None)
+    dtype = named if isinstance(named, torch.dtype) else torch.float32
     rtol, atol = rule.tolerance(dtype)
     result.max_abs_error = bound or None
     if bound > atol + rtol * magnitude:

@@ -200,6 +200,26 @@ def test_without_kept_values_the_fingerprints_still_name_the_op(tmp_path: Path) 
     assert first.measured == "fingerprint" and "the bits differ" in first.message
 
 
+def test_without_kept_values_a_tolerance_is_judged_from_the_statistics(tmp_path: Path) -> None:
+    repo = modulelens.Repo(tmp_path / "repo")
+    torch.manual_seed(0)
+    model = TinyGPT().eval()
+    with modulelens.capture(model, "", repo=repo, name="lean",
+                            record=modulelens.Recording(op_trace=True, op_trace_values=0)):
+        model(tokens())
+    rewrite = MaskOffByOneGPT().eval()
+    rewrite.load_state_dict(model.state_dict())
+    report = modulelens.load("lean", repo=repo).replay(module=rewrite, rtol=1e-4, atol=1e-5)
+    divergence = report.calls[0].divergence
+    assert divergence is not None and divergence.rule == "rtol=0.0001, atol=1e-05, normwise"
+    # the mask's bits differ but a bool tensor's statistics cannot say by how much; the masked scores'
+    # count of -inf can: one fewer masked position per row
+    assert [(d.reference.op, d.verdict) for d in divergence.unmeasured] == [("aten::triu", "unknown")]
+    first = divergence.first
+    assert first is not None and (first.reference.module, first.reference.op) == ("blocks.2.attn", "aten::masked_fill.Scalar")
+    assert first.measured == "statistics" and "non-finite values instead of" in first.message
+
+
 def _half(model: TinyGPT) -> TinyGPT:
     rewrite = SoftmaxHalfGPT().eval()
     rewrite.load_state_dict(model.state_dict())
