@@ -186,30 +186,27 @@ def test_a_replay_in_a_fresh_process_names_the_first_op_that_differs_from_the_jo
     assert f"first divergence at blocks.2.attn {op} at planted_gpt.py" in " ".join(text.stdout.split())
 
 
-def test_without_kept_values_the_fingerprints_still_name_the_op(tmp_path: Path) -> None:
-    repo = modulelens.Repo(tmp_path / "repo")
+@pytest.fixture(scope="module")
+def lean(tmp_path_factory: pytest.TempPathFactory) -> modulelens.Capture:
+    """TinyGPT recorded with its op trace but no values kept (fingerprints and statistics only)."""
+    repo = modulelens.Repo(tmp_path_factory.mktemp("lean-repo"))
     torch.manual_seed(0)
     model = TinyGPT().eval()
     with modulelens.capture(model, "", repo=repo, name="lean",
                             record=modulelens.Recording(op_trace=True, op_trace_values=0)):
         model(tokens())
-    capture = modulelens.load("lean", repo=repo)
-    report = capture.replay(module=_half(model))
+    return modulelens.load("lean", repo=repo)
+
+
+def test_without_kept_values_the_fingerprints_still_name_the_op(lean: modulelens.Capture) -> None:
+    report = lean.replay(module=_rewrite(lean, SoftmaxHalfGPT))
     first = report.calls[0].divergence.first if report.calls[0].divergence else None
     assert first is not None and (first.reference.module, first.reference.op) == ("blocks.2.attn", "aten::_softmax")
     assert first.measured == "fingerprint" and "the bits differ" in first.message
 
 
-def test_without_kept_values_a_tolerance_is_judged_from_the_statistics(tmp_path: Path) -> None:
-    repo = modulelens.Repo(tmp_path / "repo")
-    torch.manual_seed(0)
-    model = TinyGPT().eval()
-    with modulelens.capture(model, "", repo=repo, name="lean",
-                            record=modulelens.Recording(op_trace=True, op_trace_values=0)):
-        model(tokens())
-    rewrite = MaskOffByOneGPT().eval()
-    rewrite.load_state_dict(model.state_dict())
-    report = modulelens.load("lean", repo=repo).replay(module=rewrite, rtol=1e-4, atol=1e-5)
+def test_without_kept_values_a_tolerance_is_judged_from_the_statistics(lean: modulelens.Capture) -> None:
+    report = lean.replay(module=_rewrite(lean, MaskOffByOneGPT), rtol=1e-4, atol=1e-5)
     divergence = report.calls[0].divergence
     assert divergence is not None and divergence.rule == "rtol=0.0001, atol=1e-05, normwise"
     # the mask's bits differ but a bool tensor's statistics cannot say by how much; the masked scores'
@@ -220,9 +217,10 @@ def test_without_kept_values_a_tolerance_is_judged_from_the_statistics(tmp_path:
     assert first.measured == "statistics" and "non-finite values instead of" in first.message
 
 
-def _half(model: TinyGPT) -> TinyGPT:
-    rewrite = SoftmaxHalfGPT().eval()
-    rewrite.load_state_dict(model.state_dict())
+def _rewrite(capture: modulelens.Capture, cls: type[TinyGPT]) -> TinyGPT:
+    """A planted-bug rewrite of the recorded model, with the capture's weights."""
+    rewrite = cls().eval()
+    rewrite.load_state_dict(capture.state_dict())
     return rewrite
 
 
@@ -231,7 +229,8 @@ def test_a_capture_without_a_trace_says_how_to_get_one(tmp_path: Path) -> None:
     model = TinyGPT().eval()
     with modulelens.capture(model, "", repo=repo, name="plain"):
         model(tokens())
-    report = modulelens.load("plain", repo=repo).replay(module=_half(model))
+    plain = modulelens.load("plain", repo=repo)
+    report = plain.replay(module=_rewrite(plain, SoftmaxHalfGPT))
     assert report.status == "FAIL" and report.calls[0].divergence is None
     assert any("Recording(op_trace=True)" in note and "--op-trace" in note for note in report.notes)
     result = CliRunner().invoke(app, ["diverge", "plain", "--repo", str(repo.root), "--json"])
@@ -326,7 +325,7 @@ def test_a_hostile_trace_is_refused_by_each_reader_and_the_replay_still_reports(
     capture = modulelens.load(ref, repo=gpt.repo)
     with pytest.raises(modulelens.CorruptCaptureError, match=r"calls\[0\]\.op_trace: ops\[5\]\.module"):
         _ = capture.calls[0].op_trace
-    report = capture.replay(module=_rewrite(capture))
+    report = capture.replay(module=_rewrite(capture, SoftmaxHalfGPT))
     assert report.status == "FAIL" and report.calls[0].divergence is None
     assert any("op trace of call 0 cannot be read" in note for note in report.notes)
     shown = CliRunner().invoke(app, ["show", ref, "--repo", str(gpt.repo.root), "--ops", "--json"])
@@ -335,9 +334,3 @@ def test_a_hostile_trace_is_refused_by_each_reader_and_the_replay_still_reports(
     page = web.get(f"/capture/{ref}")
     assert page.status_code == 200 and "the op trace cannot be read" in page.text
 
-
-def _rewrite(capture: modulelens.Capture) -> TinyGPT:
-    """The recorded model with block 2's softmax in float16 (from the capture's weights)."""
-    rewrite = SoftmaxHalfGPT().eval()
-    rewrite.load_state_dict(capture.state_dict())
-    return rewrite
