@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from modulelens.format.op_trace import OpTrace
 from modulelens.tracing.init_tracking import InitRecord
 from modulelens.tracing.module_tree import TreeNode
 
@@ -59,6 +60,7 @@ class CallRecord:
     # a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"},
     # the paths and names of the batched values, stored stacked along a first dimension
     vmap: dict[str, Any] | None = None
+    op_trace: OpTrace | None = None  # Recording(op_trace=True): the aten ops the call ran
 
 
 @dataclass
