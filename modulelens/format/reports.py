@@ -84,7 +84,7 @@ def validate_report(data: Any, where: str) -> dict[str, Any]:
 
 def is_number(value: Any) -> bool:
     """A number a report may hold: int or float (not bool), or ``"nan"``/``"inf"``/``"-inf"``."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in NON_FINITE
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or (isinstance(value, str) and value in NON_FINITE)
 
 
 def _fields(obj: dict[str, Any], fields: dict[str, str], where: str, prefix: str) -> None:
