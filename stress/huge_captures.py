@@ -1,7 +1,7 @@
 """Captures too big for a page, made in seconds: the inputs of the UI's size rows (stress/ui_rows.py),
 its tests (tests/ui/test_limits.py) and its benchmark (benchmarks/bench_ui.py).
 
-A real small capture (``nn.Linear(4, 4)``, one call) is saved, then its ``capture.json`` is
+A real small capture (``nn.Linear(4, 4)``, one call: ``stress.hostile.make_base_capture``) is saved, then its ``capture.json`` is
 rewritten the way a long job or a wide module would have written it: 50,000 calls (each with its
 own input and output tensor entries, all pointing at the one stored payload, as equal tensors
 would), one call whose output is a list of a million leaves, or 3,000 stored reports. The
@@ -14,26 +14,30 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import modulelens
+from stress.hostile import make_base_capture
 
 MATHTEXT = "$" + "\\sqrt{" * 60 + "x" + "}" * 60 + "$"  # deep mathtext: matplotlib errors or spins on it
 
 
-def base_capture(repo: modulelens.Repo, name: str) -> str:
-    """A real capture of ``nn.Sequential(nn.Linear(4, 4))``'s Linear with one call; returns its ref."""
+def capture_of(repo: modulelens.Repo, name: str, build: Callable[[], torch.nn.Module], x: torch.Tensor,
+               **options: Any) -> str:
+    """Capture ``build()`` (its constructor recorded), target ``0`` of a ``Sequential``, called once on
+    ``x``; ``options`` go to :func:`modulelens.capture` (``payload=`` for shape-only outputs). Returns the ref."""
     torch.manual_seed(0)
     handle = modulelens.track_init()
     try:
-        model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        model = torch.nn.Sequential(build())
     finally:
         handle.stop()
-    with modulelens.capture(model, targets=["0"], repo=repo, name=name, strict=True) as cap:
-        model(torch.randn(2, 4))
+    with modulelens.capture(model, targets=["0"], repo=repo, name=name, strict=True, **options) as cap:
+        model(x)
     return cap.saved[0].ref
 
 
@@ -50,7 +54,7 @@ def rewrite(repo: modulelens.Repo, ref: str, edit: Any) -> None:
 
 def many_calls(repo: modulelens.Repo, name: str = "huge/calls", calls: int = 50_000) -> str:
     """A capture of ``calls`` recorded calls, each with tensor entries of its own."""
-    ref = base_capture(repo, name)
+    ref = make_base_capture(repo, name)
 
     def edit(meta: dict[str, Any]) -> None:
         first = meta["calls"][0]
@@ -74,7 +78,7 @@ def many_calls(repo: modulelens.Repo, name: str = "huge/calls", calls: int = 50_
 def many_leaves(repo: modulelens.Repo, name: str = "huge/leaves", leaves: int = 1_000_000) -> str:
     """A capture whose one call returned a list of ``leaves`` leaves (numbers, and every 1,000th
     the recorded output tensor)."""
-    ref = base_capture(repo, name)
+    ref = make_base_capture(repo, name)
 
     def edit(meta: dict[str, Any]) -> None:
         output = meta["calls"][0]["output"]
@@ -126,7 +130,7 @@ def huge_repo(root: Path, *, calls: int = 50_000, leaves: int = 1_000_000, repor
     """A repo with one capture of each size; returns ``{"calls", "leaves", "reports", "mathtext"}`` refs."""
     repo = modulelens.Repo(root)
     refs = {"calls": many_calls(repo, calls=calls), "leaves": many_leaves(repo, leaves=leaves),
-            "reports": base_capture(repo, "huge/reports"), "mathtext": base_capture(repo, "huge/mathtext")}
+            "reports": make_base_capture(repo, "huge/reports"), "mathtext": make_base_capture(repo, "huge/mathtext")}
     many_reports(repo, refs["reports"], reports)
     mathtext_reports(repo, refs["mathtext"])
     return refs

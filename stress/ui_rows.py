@@ -243,20 +243,14 @@ def _bad_statistics(repo: Any) -> str:
 
 
 def _shape_only_capture(repo: Any, name: str) -> str:
+    """A capture of ``Linear(4, 256)`` whose output is stored shape-only (with its statistics)."""
     import torch
 
     import modulelens
+    from stress.huge_captures import capture_of
 
-    torch.manual_seed(0)
-    handle = modulelens.track_init()
-    try:
-        model = torch.nn.Sequential(torch.nn.Linear(4, 256))
-    finally:
-        handle.stop()
-    with modulelens.capture(model, targets=["0"], repo=repo, name=name, strict=True,
-                            payload=modulelens.PayloadPolicy(shape_only_over=1024)) as cap:
-        model(torch.randn(2, 4))
-    return cap.saved[0].ref
+    return capture_of(repo, name, lambda: torch.nn.Linear(4, 256), torch.randn(2, 4),
+                      payload=modulelens.PayloadPolicy(shape_only_over=1024))
 
 
 def ui_errors_row(tmp: Path) -> Row:
@@ -401,16 +395,10 @@ def ui_token_row(tmp: Path) -> Row:
                 row.notes.append(f"GET {path}?token=...: redirect to {location!r}")
             else:
                 row.survived += 1
-        row.tried += 1
         shown = subprocess.run([sys.executable, "-m", "modulelens", "show", ref, "--repo", repo.location],
                                capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
-        if server.token and server.token in shown.stdout + shown.stderr:
-            row.wrong += 1
-            row.notes.append("show printed the server's token in its link")
-        elif "in the browser" not in shown.stdout:
-            row.wrong += 1
-            row.notes.append(f"show printed no link to the running server: {shown.stdout[-200:]!r}")
-        else:
-            row.survived += 1
+        row.record("show printed the server's token in its link" if server.token and server.token in shown.stdout + shown.stderr
+                   else f"show printed no link to the running server: {shown.stdout[-200:]!r}"
+                   if "in the browser" not in shown.stdout else None)
     row.seconds = time.perf_counter() - start
     return row

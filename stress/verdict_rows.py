@@ -31,6 +31,7 @@ from torch import nn
 import modulelens
 from modulelens.errors import MatchError, ModulelensError
 from modulelens.testing import assert_matches
+from stress.huge_captures import capture_of, rewrite
 from stress.table import Row
 
 # ------------------------------------------------------------------------------------------ modules
@@ -99,34 +100,16 @@ class Activated(nn.Module):
 # ------------------------------------------------------------------------------------------ captures
 
 
-def _capture(repo: modulelens.Repo, name: str, build: Any, x: torch.Tensor, **options: Any) -> str:
-    torch.manual_seed(0)
-    handle = modulelens.track_init()
-    try:
-        model = nn.Sequential(build())
-    finally:
-        handle.stop()
-    with modulelens.capture(model, targets=["0"], repo=repo, name=name, strict=True, **options) as cap:
-        model(x)
-    return cap.saved[0].ref
-
-
-def _edit(repo: modulelens.Repo, ref: str, edit: Any) -> None:
-    from stress.huge_captures import rewrite
-
-    rewrite(repo, ref, edit)
-
-
 def vacuous_captures(repo: modulelens.Repo) -> dict[str, str]:
     """``{"shape-only", "none", "nan", "no calls"}`` -> ref."""
     refs = {
-        "shape-only": _capture(repo, "vacuous/shape-only", lambda: nn.Linear(8, 512), torch.randn(2, 8),
+        "shape-only": capture_of(repo, "vacuous/shape-only", lambda: nn.Linear(8, 512), torch.randn(2, 8),
                                payload=modulelens.PayloadPolicy(shape_only_over=1024)),
-        "none": _capture(repo, "vacuous/none", NoneOut, torch.randn(2, 4)),
-        "nan": _capture(repo, "vacuous/nan", NanOut, torch.randn(2, 4)),
-        "no calls": _capture(repo, "vacuous/no-calls", lambda: nn.Linear(4, 4), torch.randn(2, 4)),
+        "none": capture_of(repo, "vacuous/none", NoneOut, torch.randn(2, 4)),
+        "nan": capture_of(repo, "vacuous/nan", NanOut, torch.randn(2, 4)),
+        "no calls": capture_of(repo, "vacuous/no-calls", lambda: nn.Linear(4, 4), torch.randn(2, 4)),
     }
-    _edit(repo, refs["no calls"], lambda meta: meta.update(calls=[]))
+    rewrite(repo, refs["no calls"], lambda meta: meta.update(calls=[]))
     return refs
 
 
@@ -143,12 +126,7 @@ def _verdict(result: dict[str, Any]) -> str:
 
 
 def _check(row: Row, label: str, got: str, want: str) -> None:
-    row.tried += 1
-    if got != want:
-        row.wrong += 1
-        row.notes.append(f"{label}: {got}, not {want}")
-    else:
-        row.survived += 1
+    row.record(None if got == want else f"{label}: {got}, not {want}")
 
 
 def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
@@ -167,13 +145,11 @@ def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
             _check(row, f"API {label}", _verdict(report.to_dict()), want)
         except ModulelensError as error:
             _check(row, f"API {label}", f"{type(error).__name__}: {error}"[:120], want)
-        row.tried += 1
         try:
             assert_matches(_candidate_class(candidate), capture)
-            row.wrong += 1
-            row.notes.append(f"assert_matches {label}: passed")
+            row.record(f"assert_matches {label}: passed")
         except MatchError:
-            row.survived += 1
+            row.record(None)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                                         os.environ.get("PYTHONPATH", "")])}
     cli_cases = [c for c in CASES if c[2] == "UNVERIFIED"] if quick else CASES
@@ -191,12 +167,8 @@ def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
         _check(row, label, got, want)
     human = _cli(["verify", refs["shape-only"], "-c", "torch.nn:Linear", "--no-timing", "--no-store",
                   "--repo", repo.location], env)
-    row.tried += 1
-    if human.returncode == 0 or "cannot verify:" not in human.stdout or human.stdout.strip() == "}":
-        row.wrong += 1
-        row.notes.append(f"CLI human output (exit {human.returncode}): {human.stdout[-160:]!r}")
-    else:
-        row.survived += 1
+    bad = human.returncode == 0 or "cannot verify:" not in human.stdout or human.stdout.strip() == "}"
+    row.record(f"CLI human output (exit {human.returncode}): {human.stdout[-160:]!r}" if bad else None)
     _mcp(row, repo, refs, env, CASES[:2] if quick else CASES)
     row.seconds = time.perf_counter() - start
     return row
@@ -246,7 +218,7 @@ def export_forward_row(tmp: Path) -> Row:
     row = Row("export of a module whose own forward raises (issue 35.8)")
     start = time.perf_counter()
     repo = modulelens.Repo(tmp / "export-forward-repo")
-    ref = _capture(repo, "raising/partial", lambda: Activated(4, functools.partial(scaled, factor=2.0)), torch.randn(2, 4))
+    ref = capture_of(repo, "raising/partial", lambda: Activated(4, functools.partial(scaled, factor=2.0)), torch.randn(2, 4))
 
     def unknown_keyword(meta: dict[str, Any]) -> None:
         for construction in meta["constructions"].values():
@@ -255,32 +227,21 @@ def export_forward_row(tmp: Path) -> Row:
                     keywords = dict(arg["value"]["items"])["keywords"]
                     keywords["items"] = [["no_such_keyword", 2.0]]
 
-    _edit(repo, ref, unknown_keyword)
+    rewrite(repo, ref, unknown_keyword)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                                         os.environ.get("PYTHONPATH", "")])}
     ways = {"API": lambda out: export_kernelbench(ref, out, repo=repo), "MCP": lambda out: _export_mcp(repo, ref, out)}
     for i, (how, export) in enumerate(ways.items()):
-        row.tried += 1
         try:
             export(tmp / f"export-forward-{i}")
-            row.wrong += 1
-            row.notes.append(f"{how}: exported a module whose forward raises")
+            row.record(f"{how}: exported a module whose forward raises")
         except (ModulelensError, ToolRefusedError) as error:
-            if "\n" in str(error).strip():
-                row.wrong += 1
-                row.notes.append(f"{how}: a refusal of several lines")
-            else:
-                row.survived += 1
+            row.record(f"{how}: a refusal of several lines" if "\n" in str(error).strip() else None)
         except Exception as error:  # a raw traceback: the defect
-            row.wrong += 1
-            row.notes.append(f"{how}: {type(error).__name__}: {str(error)[:120]}")
-    row.tried += 1
+            row.record(f"{how}: {type(error).__name__}: {str(error)[:120]}")
     done = _cli(["export", ref, "-o", str(tmp / "export-forward-cli"), "--repo", repo.location], env)
     lines = done.stderr.strip().splitlines()
-    if done.returncode == 0 or len(lines) != 1 or not lines[0].startswith("error: "):
-        row.wrong += 1
-        row.notes.append(f"CLI: exit {done.returncode}, {len(lines)} lines: {done.stderr.strip()[-160:]!r}")
-    else:
-        row.survived += 1
+    one_line = done.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ")
+    row.record(None if one_line else f"CLI: exit {done.returncode}, {len(lines)} lines: {done.stderr.strip()[-160:]!r}")
     row.seconds = time.perf_counter() - start
     return row

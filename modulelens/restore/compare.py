@@ -253,7 +253,7 @@ def _compare_shape_only(path: str, want: ShapeOnly, got: Any, rtol: float | None
         return result
     dtype_note = "" if got.dtype == want.dtype else f" (replayed as {str(got.dtype).removeprefix('torch.')})"
     if not check_statistics:
-        result.message = f"stored shape-only: shape matches{dtype_note}, values NOT compared"
+        result.message = f"stored shape-only: shape matches{dtype_note}, values NOT compared{_side_by_side(want, got)}"
         return result
     judged = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
     default_rtol, default_atol = tolerance_for(judged, cross_device)
@@ -270,6 +270,16 @@ def _compare_shape_only(path: str, want: ShapeOnly, got: Any, rtol: float | None
 
 
 _STAT_KEYS = ("mean", "std", "min", "max")
+
+
+def _side_by_side(want: ShapeOnly, got: torch.Tensor) -> str:
+    """``; recorded mean .. std .., replayed mean .. std ..`` (what a synthetic replay can show)."""
+    mean, std = _number(want.stats.get("mean")), _number(want.stats.get("std"))
+    if mean is None or std is None or not got.numel() or got.dtype.is_complex:
+        return ""
+    values = got.detach().to("cpu", torch.float64)
+    return (f"; recorded mean {mean:.4g} std {std:.4g}, "
+            f"replayed mean {float(values.mean()):.4g} std {float(values.std(unbiased=False)):.4g}")
 
 
 def statistics_contradiction(want: ShapeOnly, got: torch.Tensor, rtol: float, atol: float) -> str | None:

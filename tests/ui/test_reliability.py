@@ -245,3 +245,14 @@ def test_links_to_a_running_server_carry_no_token(tmp_path: Path, monkeypatch: p
         discovery.announce(url, str(tmp_path / "repo"), "s3cret-token")
         link = discovery.capture_url(str(tmp_path / "repo"), "demo/top_mlp:v1")
     assert link == f"{url}/capture/demo/top_mlp:v1"
+
+
+def test_a_name_holding_call_or_histogram_is_a_capture_not_a_subpage(tmp_path: Path) -> None:
+    repo = modulelens.Repo(tmp_path / "repo")
+    ref = make_base_capture(repo, "team/call/7")
+    web = client(repo)
+    assert web.get(f"/capture/{ref}").status_code == 200
+    call = web.get(f"/capture/{ref}/call/0")
+    assert call.status_code == 200 and f"call 0 of <a href=\"/capture/{ref}\"" in call.text
+    name = ref.partition(":")[0]
+    assert web.get(f"/capture/{name}", follow_redirects=False).headers["location"] == f"/capture/{ref}"

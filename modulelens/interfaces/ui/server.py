@@ -152,11 +152,14 @@ class _Ui:
         return self.page("repo.html", pages.repo_page(self.view, query))
 
     def capture_routes(self, request: Request) -> Response:
-        """``/capture/REF``, and under it ``/reports``, ``/export``, ``/histogram/TENSOR``, ``/call/N``."""
+        """``/capture/REF``, and under it ``/reports``, ``/export``, ``/histogram/TENSOR``, ``/call/N``.
+
+        A name may hold ``/call/`` itself (``team/call/ranker``): the pages under a version are taken
+        as such only after a ref with a selector (``NAME:vN``, ``NAME:alias``), as every link writes it."""
         rest = request.path_params["rest"]
         for marker, kind in (("/histogram/", "histogram"), ("/call/", "call")):
-            if marker in rest:
-                ref, _, tail = rest.rpartition(marker)
+            ref, found, tail = rest.rpartition(marker)
+            if found and ":" in ref.rpartition("/")[2]:
                 return self._version_page(request, ref, kind, tail)
         for suffix in ("/reports", "/export"):
             head = rest[: -len(suffix)]
