@@ -493,6 +493,7 @@ def _call(view: RepoView, capture: StoredCapture, position: int, call: Mapping[s
         "autocast": _text(call.get("autocast"), 300) if call.get("autocast") else None,
         "rng": sorted(str(k) for k in rng)[:LISTED] if isinstance(rng, dict) else [],
         "parts": parts, "href": call_href,
+        "op_trace": _op_trace(capture, call.get("op_trace"), listed=per_page != LEAVES_PREVIEW),
     }
 
 
@@ -537,6 +538,36 @@ def call_page(view: RepoView, capture: StoredCapture, position: int, params: Map
     return {"title": f"call {call['index']} of {capture.ref}", "ref": capture.ref, "call": call,
             "call_count": len(calls), "previous": position - 1 if position else None,
             "next": position + 1 if position + 1 < len(calls) else None}
+
+
+_OP_ROWS = 500  # ops listed on a call's page (``modulelens show --ops`` lists them all)
+
+
+def _op_trace(capture: StoredCapture, summary: Mapping[str, Any] | None, *, listed: bool) -> dict[str, Any] | None:
+    """A call's op trace (docs/fidelity.md, "Op traces"): its counts, and (``listed``: on the call's
+    page) its first ops, or why it cannot be read. The capture page shows the counts only: 20 calls
+    of 500 ops each were 10,000 rows, and each trace a blob to read."""
+    if not isinstance(summary, Mapping):
+        return None
+    from modulelens.errors import ModulelensError
+    from modulelens.format.validate import validate_op_trace
+    from modulelens.restore.summary import op_rows
+
+    line = (f"op trace: {_text(summary.get('ops'), 20)} ops in {_text(summary.get('modules'), 20)} module calls, "
+            f"{_text(summary.get('values'), 20)} outputs' values kept")
+    if not listed:
+        return {"summary": line, "rows": [], "more": 0, "error": None}
+    tensors = capture.metadata["tensors"]
+    try:
+        text = capture.tensor(str(summary.get("text_id"))).numpy().tobytes().decode("utf-8")
+        document = validate_op_trace(json.loads(text), f"{capture.ref} op trace", tensors.get)
+    except (ModulelensError, ValueError, KeyError) as error:
+        return {"summary": line, "rows": [], "more": 0, "error": f"the op trace cannot be read: {error}"}
+    rows = [{**row, "outputs": ", ".join(f"{o['dtype']}{o['shape']}" if "dtype" in o else repr(o.get("scalar"))
+                                        for o in row["outputs"]),
+             "source": (row["source"] or "").replace("\\", "/").rsplit("/", 1)[-1]}
+            for row in op_rows(document)[:_OP_ROWS]]
+    return {"summary": line, "rows": rows, "more": max(0, len(document["ops"]) - _OP_ROWS), "error": None}
 
 
 def histogram_of(view: RepoView, capture: StoredCapture, tid: str) -> dict[str, Any]:
@@ -692,11 +723,14 @@ def _report(view: RepoView, report: Mapping[str, Any], plots: list[int]) -> dict
                          else _text(verdict, 40), _shown_number(c.get("max_abs_error")), _shown_number(c.get("max_rel_error")),
                          c.get("error") or c.get("detail") or ""))
         shown["tables"].append(_table("calls", ("call", "result", "max abs err", "max rel err", "detail"), rows))
+        shown["tables"].append(_divergence_table([(c.get("index"), c.get("divergence")) for c in _dicts(report["calls"])]))
         for key in ("candidate", "device", "mode", "speedup", "status"):
             if key in report:
                 shown["facts"].append((key, _text(report[key], 500)))
         shown["notes"] += [f"cannot verify: {line}" for line in _listed(report.get("unverified") or [], 20)]
         shown["notes"] += [f"failure: {line}" for line in _listed(report.get("failures") or [], 20)]
+    if isinstance(report.get("divergence"), dict) and not isinstance(report.get("calls"), list):  # kernel verify
+        shown["tables"].append(_divergence_table([(report["divergence"].get("sample"), report["divergence"])]))
     shown["tables"] = [t for t in shown["tables"] if t["rows"]]
     return shown
 
@@ -704,6 +738,23 @@ def _report(view: RepoView, report: Mapping[str, Any], plots: list[int]) -> dict
 def _shown_number(value: Any, unit: str = "") -> str:
     """A report's number as text: a real number formatted, ``nan``/``inf`` as they are, anything else ``-``."""
     return human_number(value, unit) if _number(value) is not None else (value if is_number(value) else "-")
+
+
+def _divergence_table(found: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """Where each located call first diverged (docs/tools.md, "First divergence")."""
+    rows = []
+    for where, divergence in found:
+        if not isinstance(divergence, Mapping):
+            continue
+        first = _mapping(divergence.get("first"))
+        reference, last = _mapping(first.get("reference")), _mapping(divergence.get("last_agreeing"))
+        rows.append((where, reference.get("module", "-") or "<root>", reference.get("op", "-"),
+                     str(reference.get("source") or "").replace("\\", "/").rsplit("/", 1)[-1],
+                     human_number(first.get("max_ulps")) if isinstance(first.get("max_ulps"), (int, float))
+                     else first.get("max_ulps", "-"),
+                     f"{last.get('module') or '<root>'} {last.get('op')}" if last else "-",
+                     divergence.get("summary", "")))
+    return _table("first divergence", ("call", "module", "op", "source", "ULPs", "last agreeing op", "summary"), rows)
 
 
 def _table(title: str, headers: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
