@@ -157,7 +157,26 @@ class _Checker:
             if stride is not None and numel and _reach(shape, stride) > numel:
                 raise self.fail(f"{where}.stride", f"strides {stride} reach past the {numel} stored elements")
         elif kinds == ["shape_only"]:
-            self.field(entry, "stats", dict, where, optional=True)
+            self.stats(self.field(entry, "stats", dict, where, optional=True) or {}, f"{where}.stats")
+
+    def stats(self, stats: dict[str, Any], where: str) -> None:
+        """A shape-only tensor's recorded statistics (``format/shape_only.tensor_stats``): what a page
+        draws, a verdict checks a candidate against and a synthetic stand-in is made from must be
+        numbers (finite ones: the statistics are taken over the finite values)."""
+        for key in ("numel", "nonfinite"):
+            if key in stats and (self.expect(stats[key], int, f"{where}.{key}") < 0):
+                raise self.fail(f"{where}.{key}", "negative")
+        for key in ("min", "max", "mean", "std", "zero_fraction", "fraction_true"):
+            if key in stats:
+                self.number(stats[key], f"{where}.{key}")
+        for q, value in (self.field(stats, "quantiles", dict, where, optional=True) or {}).items():
+            self.number(value, f"{where}.quantiles[{q}]")
+
+    def number(self, value: Any, where: str) -> float:
+        """A finite JSON number (not a bool)."""
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise self.fail(where, f"expected a finite number, found {value!r}"[:200])
+        return float(value)
 
     def plain_payload(self, entry: dict[str, Any]) -> bool:
         """Whether ``entry`` is the usual one, a stored payload with its strides and nothing else,

@@ -262,7 +262,9 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         store: StoreArg = False,
     ) -> dict[str, Any]:
         """Run a candidate implementation on every recorded call, in a child process with a timeout,
-        and compare with the recorded outputs. ``passed`` false is a result, with ``failures``."""
+        and compare with the recorded outputs. ``passed`` false is a result: ``status`` FAIL with
+        ``failures``, or UNVERIFIED with ``unverified`` (nothing recorded could be compared by value:
+        shape-only or None outputs, only NaN, no calls; never a pass)."""
         _check_candidate_path(candidate)
         session.resolve(*session.open_ref(ref, repo))  # an unknown ref fails here, with suggestions
         return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,

@@ -259,8 +259,10 @@ def test_the_diverge_command_in_the_cli_json_and_the_ui(gpt: modulelens.Capture,
     web = TestClient(create_app(RepoView(gpt.repo, scan_jobs=False), UiSettings()), base_url="http://127.0.0.1:8765")
     page = web.get(f"/capture/{gpt.ref}/reports").text
     assert "first divergence" in page and "blocks.2.attn" in page and "aten::triu" in page and "aten::_softmax" in page
-    capture_page = web.get(f"/capture/{gpt.ref}").text
-    assert "op trace: 218 ops in" in capture_page and "aten::native_layer_norm" in capture_page
+    capture_page = web.get(f"/capture/{gpt.ref}").text  # the counts; the ops are on the call's page
+    assert "op trace: 218 ops in" in capture_page and f'href="/capture/{gpt.ref}/call/0#op-trace"' in capture_page
+    call_page = web.get(f"/capture/{gpt.ref}/call/0").text
+    assert "op trace: 218 ops in" in call_page and "aten::native_layer_norm" in call_page
 
 
 def test_replay_json_and_show_ops(gpt: modulelens.Capture) -> None:
@@ -331,6 +333,7 @@ def test_a_hostile_trace_is_refused_by_each_reader_and_the_replay_still_reports(
     shown = CliRunner().invoke(app, ["show", ref, "--repo", str(gpt.repo.root), "--ops", "--json"])
     assert shown.exit_code == 3 and json.loads(shown.stdout)["error"]["type"] == "CorruptCaptureError"
     web = TestClient(create_app(RepoView(gpt.repo, scan_jobs=False), UiSettings()), base_url="http://127.0.0.1:8765")
-    page = web.get(f"/capture/{ref}")
+    assert web.get(f"/capture/{ref}").status_code == 200
+    page = web.get(f"/capture/{ref}/call/0")  # where the ops are read and listed
     assert page.status_code == 200 and "the op trace cannot be read" in page.text
 

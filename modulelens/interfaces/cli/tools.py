@@ -130,7 +130,8 @@ def verify_cmd(
     store: StoreOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    """Check a candidate implementation against every recorded call (exit 0 only on PASS; 1 on FAIL, or when nothing
+    recorded could be compared: UNVERIFIED, "cannot verify: ...")."""
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
@@ -146,19 +147,23 @@ def verify_cmd(
     def render(r: dict[str, Any]) -> None:
         from rich.markup import escape
 
-        style = "green" if r["passed"] else "red"
+        styles = {"PASS": "green", "FAIL": "red", "UNVERIFIED": "yellow"}
+        style = styles[r["status"]]
         tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
-        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['candidate'])} "
+        console.print(f"[{style}]{r['status']}[/{style}] {escape(r['candidate'])} "
                       f"(built with {r['built_with']}) against {escape(r['ref'])} on {r['device']} ({tolerance})",
                       highlight=False)
         if r["error"]:
             console.print(f"[red]{escape(r['error'])}[/red]")
+        for reason in r["unverified"]:
+            console.print(f"[yellow]cannot verify:[/yellow] {escape(reason)}", highlight=False)
         if r["calls"]:
             table = rich_table()
             for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
                 table.add_column(col)
             for c in r["calls"]:
-                table.add_row(str(c["index"]), "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
+                status = c["status"].upper() if c["status"] != "pass" else "pass"
+                table.add_row(str(c["index"]), f"[{styles[c['status'].upper()]}]{status}[/{styles[c['status'].upper()]}]",
                               *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error",
                                                      "reference_ms", "candidate_ms")),
                               "-" if c["speedup"] is None else f"{c['speedup']:.2f}x")
