@@ -25,7 +25,9 @@ from census import outcomes as oc
 from census.run import CPU, Options, run
 
 # the slowest first, so that with --jobs 2 the short ones fill the other core
-FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec"]
+FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec", "kornia", "monai",
+            "e3nn", "torchdiffeq", "neuralop", "normflows", "vector_quantize", "x_transformers",
+            "sentence_transformers", "torchrl"]
 # The whole census (CI) runs every target of every family: 28 CPU minutes measured (docs/fidelity.md), so
 # about 15 minutes on CI's 2 free cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
 FULL_LIMITS: dict[str, int] = {}
@@ -38,7 +40,9 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("torch", "transformers", "timm", "torch_geometric", "diffusers", "peft", "torchrec", "fbgemm_gpu_cpu"):
+    for name in ("torch", "transformers", "timm", "torch_geometric", "diffusers", "peft", "torchrec", "fbgemm_gpu_cpu",
+                 "kornia", "monai", "e3nn", "torchdiffeq", "neuraloperator", "normflows", "vector_quantize_pytorch",
+                 "x_transformers", "einops", "sentence_transformers", "torchrl", "tensordict"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
