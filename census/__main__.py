@@ -27,7 +27,7 @@ from census.run import CPU, Options, run
 # the slowest first, so that with --jobs 2 the short ones fill the other core
 FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec", "kornia", "monai",
             "e3nn", "torchdiffeq", "neuralop", "normflows", "vector_quantize", "x_transformers",
-            "sentence_transformers", "torchrl"]
+            "sentence_transformers", "torchrl", "torchaudio"]
 # The whole census (CI) runs every target of every family: 28 CPU minutes measured (docs/fidelity.md), so
 # about 15 minutes on CI's 2 free cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
 FULL_LIMITS: dict[str, int] = {}

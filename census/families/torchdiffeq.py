@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torchdiffeq  # at the top, as in torchdiffeq's examples: a replay imports it when it resolves ODEBlock
 from torch import nn
+from torchdiffeq._impl.odeint import SOLVERS
 
 from census.targets import Job, Sample, Target
 
@@ -48,15 +50,11 @@ class ODEBlock(nn.Module):
         self.register_buffer("times", torch.tensor([0.0, 0.5, 1.0]))
 
     def forward(self, y0: torch.Tensor) -> torch.Tensor:
-        import torchdiffeq
-
         solve = torchdiffeq.odeint_adjoint if self.adjoint else torchdiffeq.odeint
         return solve(self.func, y0, self.times, method=self.method, options=self.options)
 
 
 def _methods() -> list[str]:
-    from torchdiffeq._impl.odeint import SOLVERS
-
     return sorted(SOLVERS)
 
 
