@@ -63,6 +63,12 @@ KNOWN: list[Known] = [
     *(Known("neuralop", target, oc.LOAD, f"{_ISSUE34} 2: neuralop's BaseModel has its own __new__ (it records the "
             "init arguments), so the model gets no construction record", DEFECT,
             "the module was built before modulelens.track_init() was on") for target in ("FNO", "TFNO", "UQNO", "GINO")),
+    Known("torchrl", "*", oc.LOAD, f"{_ISSUE34} 2: tensordict's TensorDictModuleBase (every TensorDict module: "
+          "torchrl's actors, value operators, Q-value and MCTS modules, TensorDictSequential) has its own __new__, "
+          "so the module gets no construction record", DEFECT, "the module was built before modulelens.track_init() was on"),
+    Known("torchrl", "modules.MultiAgent*", oc.LOAD, f"{_NEW}: torchrl's multi-agent nets stack their agents' "
+          "parameters into a TensorDictParams after construction, and a TensorDict has no codec, so that piece "
+          "cannot be rebuilt", DEFECT, "cannot store a value of type tensordict._td.TensorDict"),
     Known("neuralop", "layers.SpectralConv*", oc.REPLAY_FAIL, f"{_NEW}: restore/rebuild.py's "
           "assign_state(live=True) copies each recorded parameter into owner.get_parameter(leaf), which reads it "
           "with getattr; tltorch's ComplexDenseTensor (the weights of neuralop's legacy SpectralConv) has a "

@@ -40,7 +40,8 @@ TYPICAL: dict[str, Any] = {
 }
 # optional arguments: small sizes in place of defaults made for real scans, no downloaded weights
 SIZES: dict[str, Any] = {
-    "pretrained": False, "spatial_dims": 2, "in_channels": 1, "n_input_channels": 1, "num_res_channels": (8, 16), "features": (4, 4, 8, 16, 32, 4), "init_filters": 8, "feature_size": 12, "init_features": 4,
+    "pretrained": False, "spatial_dims": 2, "in_channels": 1, "n_input_channels": 1, "num_res_channels": (8, 16),
+    "features": (4, 4, 8, 16, 32, 4), "init_filters": 8, "feature_size": 12, "init_features": 4,
     "growth_rate": 4, "block_config": (2, 2), "num_res_blocks": 1, "channels": (8, 16), "attention_levels": (False, True),
     "norm_num_groups": 4, "num_head_channels": 4, "latent_channels": 2, "filters": (4, 8, 16),
     "num_heads": 2, "hidden_size": 32, "mlp_dim": 64, "num_layers": 2, "decoder_hidden_size": 16, "decoder_mlp_dim": 32,

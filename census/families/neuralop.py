@@ -92,7 +92,7 @@ def _layers() -> dict[str, type[nn.Module] | str]:
             continue
         name = f"neuralop.layers.{info.name}"
         try:
-            module = importlib.import_module(name)
+            importlib.import_module(name)
         except Exception as error:  # an optional dependency (torch-harmonics)
             found[f"layers.{info.name}"] = f"{type(error).__name__}: {error}"
             continue
@@ -100,6 +100,10 @@ def _layers() -> dict[str, type[nn.Module] | str]:
             if cls.__module__ == name and not inspect.isabstract(cls) and not key.startswith("Base"):
                 found.setdefault(f"layers.{key}", cls)
     return found
+
+
+def _build_model(name: str) -> Callable[[], nn.Module]:
+    return lambda: getattr(importlib.import_module("neuralop.models"), name)(**MODELS[name][0]())
 
 
 def _build_layer(name: str, found: type[nn.Module] | str) -> Callable[[], nn.Module]:
@@ -135,8 +139,7 @@ def targets(sample: Sample) -> list[Target]:
     found: list[Target] = []
     for name in names:
         if name in MODELS:
-            build = (lambda n=name: getattr(importlib.import_module("neuralop.models"), n)(**MODELS[n][0]()))
-            found.append(Target(name, build, _model_job(name)))
+            found.append(Target(name, _build_model(name), _model_job(name)))
         else:
             found.append(Target(name, _build_layer(name, layers[name]), _layer_job, submodules=lambda _m: {"model": ""}))
     return found

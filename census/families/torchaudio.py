@@ -118,7 +118,8 @@ def _is_target(models: Any, name: str) -> bool:
     return inspect.isclass(getattr(models, name)) or name in MODELS or name in NOT_TARGETS
 TYPICAL: dict[str, Any] = {
     "freq_mask_param": 4, "time_mask_param": 4, "n_time_masks": 1, "n_freq_masks": 1, "n_stft": 201,
-    "sample_rate": RATE, "n_steps": 12,  # an octave: a 2:1 resampling (a semitone's 16:15 costs 90 s a call) "orig_freq": RATE, "factor": 1.1, "factors": [0.9, 1.1], "gain": 0.5,
+    "sample_rate": RATE, "orig_freq": RATE, "factor": 1.1, "factors": [0.9, 1.1], "gain": 0.5,
+    "n_steps": 12,  # an octave: a 2:1 resampling (a semitone's 16:15 costs 90 s a call)
 }
 
 
