@@ -43,12 +43,12 @@ def arguments(cls: type[nn.Module], typical: Mapping[str, Any], factories: Mappi
     return kwargs
 
 
-def exported(packages: Sequence[str], skip: Callable[[str, type], bool] = lambda _n, _c: False
-             ) -> dict[str, type[nn.Module]]:
+def exported(packages: Sequence[str], skip: Callable[[str, type], bool] = lambda _n, _c: False,
+             labels: Mapping[str, str] | None = None) -> dict[str, type[nn.Module]]:
     """The ``nn.Module`` classes the packages export (``__all__``, else their public names), by
-    "<package's last part>.<name>" (one package: by name), sorted; each class once, under its first
-    name (monai's ``BasicUnet``, ``Basicunet`` are ``BasicUNet``), abstract classes and those
-    ``skip(name, cls)`` names left out."""
+    "<label>.<name>" (one package: by name; a package's label is its last part unless ``labels``
+    names another), sorted; each class once, under its first name (monai's ``BasicUnet``,
+    ``Basicunet`` are ``BasicUNet``), abstract classes and those ``skip(name, cls)`` names left out."""
     found: dict[str, type[nn.Module]] = {}
     seen: set[type] = set()
     for package in packages:
@@ -60,7 +60,8 @@ def exported(packages: Sequence[str], skip: Callable[[str, type], bool] = lambda
                     or obj in seen or skip(name, obj)):
                 continue
             seen.add(obj)
-            found[f"{package.rsplit('.', 1)[-1]}.{name}" if len(packages) > 1 else name] = obj
+            label = (labels or {}).get(package, package.rsplit(".", 1)[-1])
+            found[f"{label}.{name}" if len(packages) > 1 else name] = obj
     return dict(sorted(found.items()))
 
 

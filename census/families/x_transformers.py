@@ -56,8 +56,8 @@ GIVEN: dict[str, dict[str, Any]] = {
     "x_transformers.XTransformer": {"enc_num_tokens": TOKENS, "enc_depth": 1, "enc_heads": 2, "enc_max_seq_len": SEQ,
                                     "dec_num_tokens": TOKENS, "dec_depth": 1, "dec_heads": 2, "dec_max_seq_len": SEQ},
     "x_transformers.TransformerBlock": {"depth": 1},
-    "torch.EinMix": {"pattern": "b t d_in -> b t d_out", "weight_shape": "d_in d_out", "d_in": DIM, "d_out": 8},
-    "torch.Reduce": {"pattern": "b c (h h2) (w w2) -> b c h w", "reduction": "max", "h2": 2, "w2": 2},
+    "einops.EinMix": {"pattern": "b t d_in -> b t d_out", "weight_shape": "d_in d_out", "d_in": DIM, "d_out": 8},
+    "einops.Reduce": {"pattern": "b c (h h2) (w w2) -> b c h w", "reduction": "max", "h2": 2, "w2": 2},
 }
 STACKS = ("Decoder", "Encoder", "CrossAttender", "PrefixDecoder")
 NOT_TARGETS = {
@@ -69,7 +69,7 @@ NOT_TARGETS = {
 
 
 def _classes() -> dict[str, type[nn.Module]]:
-    return exported(["x_transformers", "einops.layers.torch"])
+    return exported(["x_transformers", "einops.layers.torch"], labels={"einops.layers.torch": "einops"})
 
 
 def _build(key: str, cls: type[nn.Module]) -> Callable[[], nn.Module]:
