@@ -133,5 +133,5 @@ def _job(model: nn.Module) -> Job:
 
 def targets(sample: Sample) -> list[Target]:
     classes = _classes()
-    keys = sample.pick(list(classes), str, quick_count=4)
+    keys = sample.pick(list(classes), str, quick_count=2)
     return [Target(key, _build(key, classes[key]), _job, submodules=lambda _m: {"model": ""}) for key in keys]

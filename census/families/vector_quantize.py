@@ -63,5 +63,5 @@ def _job(model: nn.Module) -> Job:
 
 def targets(sample: Sample) -> list[Target]:
     classes = _classes()
-    names = sample.pick(list(classes), str, quick_count=3)
+    names = sample.pick(list(classes), str, quick_count=2)
     return [Target(name, _build(name, classes[name]), _job, submodules=lambda _m: {"model": ""}) for name in names]
