@@ -16,6 +16,7 @@ embedding, every layer's embeddings, token ids).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,7 @@ def _model_dir(head: bool = False) -> str:
     try:
         os.rename(scratch, folder)
     except OSError:  # another process made it first
-        pass
+        shutil.rmtree(scratch, ignore_errors=True)
     return str(folder)
 
 
