@@ -13,6 +13,10 @@ from typing_extensions import NotRequired, TypedDict
 
 FORMAT_NAME = "modulelens.capture"
 FORMAT_VERSION = 2  # what this modulelens writes; it reads 1 and 2 (docs/format.md, "Versions")
+# Op traces (docs/format.md, "Op traces"), for the torch-free checker; format/op_trace.py, which the
+# kernel worker loads by path and so imports nothing from here, has the same two (a test holds them equal).
+OP_TRACE_FORMAT = "modulelens.op-trace"
+OP_TRACE_VERSION = 1
 
 # Sparse tensor values (``$type`` ``sparse``): layout name -> the parts it is stored as, in
 # constructor order (format/layouts.py). Nested tensor values (``$type`` ``nested``) have these layouts.
@@ -88,6 +92,56 @@ class BackwardEntry(TypedDict):
     param_grads: EncodedTree
 
 
+class OpTraceSummary(TypedDict):
+    """``calls[i].op_trace``: where the call's op trace is stored and what it holds (docs/format.md, "Op traces")."""
+
+    text_id: str  # a 1-D uint8 entry of the tensor table: the trace document as UTF-8 JSON
+    ops: int
+    modules: int
+    values: int
+    truncated: NotRequired[int]
+    values_dropped: NotRequired[int]
+
+
+class OpTraceValue(TypedDict, total=False):
+    """One output of an op or module call in an op trace: a tensor (``dtype``, ``shape``,
+    ``fingerprint``, ``stats``, ``value``: a tensor id when its values were kept) or a ``scalar``."""
+
+    dtype: str
+    shape: list[int]
+    fingerprint: str | None
+    stats: dict[str, Any] | None
+    value: str
+    scalar: Any
+
+
+OpTraceModule = TypedDict(
+    "OpTraceModule",
+    {"path": str, "class": str, "parent": int, "start": int, "end": int, "outputs": list[OpTraceValue]},
+)
+
+
+class OpTraceOp(TypedDict):
+    op: str  # "aten::_softmax", "aten::add.Tensor"
+    module: int  # index into modules: the innermost module call it ran in
+    source: int  # index into sources, -1 when no frame outside torch ran it
+    inputs: list[list[Any]]  # [dtype, shape] of each tensor argument
+    outputs: list[OpTraceValue]
+
+
+class OpTraceDocument(TypedDict):
+    """The op trace of one call (stored as a blob; ``modulelens/format/op_trace.py``)."""
+
+    format: str  # "modulelens.op-trace"
+    version: int
+    modules: list[OpTraceModule]
+    ops: list[OpTraceOp]
+    sources: list[str]
+    truncated: int
+    values_dropped: int
+    values_bytes: int
+
+
 class CallEntry(TypedDict):
     """One recorded call (docs/format.md, ``calls[i]``)."""
 
@@ -105,6 +159,7 @@ class CallEntry(TypedDict):
     backward_missing: NotRequired[str]  # why a backward asked for was not recorded
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
+    op_trace: NotRequired[OpTraceSummary]  # recorded with Recording(op_trace=True)
 
 
 class TensorEntry(TypedDict):

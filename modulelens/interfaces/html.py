@@ -164,8 +164,10 @@ def replay_html(report: ReplayReport) -> str:
         rows.append([esc(c.index), badge(c.passed, "pass" if c.passed else "FAIL"), esc(fmt_number(abs_err)),
                      esc(fmt_number(rel_err)), esc(f"{c.seconds * 1e3:.2f} ms"), esc(detail)])
     body = table(("call", "result", "max abs err", "max rel err", "time", "detail"), rows, raw=True)
+    located = "".join(f"<div>call {esc(c.index)}: {esc(c.divergence.summary())}</div>"  # docs/tools.md, "First divergence"
+                      for c in report.calls if c.divergence is not None)
     notes = "".join(f"<div>note: {esc(n)}</div>" for n in report.notes)
-    return _wrap(head + body + notes)
+    return _wrap(head + body + located + notes)
 
 
 def result_html(title: str, data: Any, passed: bool | None = None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import warnings
 import weakref
@@ -17,12 +18,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning
+from modulelens.errors import CorruptCaptureError, RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
+from modulelens.format.op_trace import OpTrace
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
 from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
+from modulelens.format.validate import validate_op_trace
 from modulelens.format.values import DecodeContext
 from modulelens.repo import Repo
 from modulelens.repo.trust import own_capture
@@ -182,6 +185,39 @@ class Call:
             data = data.get(key) if isinstance(data, dict) else None
         tensors = self._capture.metadata["tensors"]
         return any(tensors[tid].get("shape_only") for tid in _tensor_ids(data))
+
+    @property
+    def has_op_trace(self) -> bool:
+        """Whether the call was recorded with its op trace (``Recording(op_trace=True)``)."""
+        return self._data.get("op_trace") is not None
+
+    @functools.cached_property
+    def op_trace(self) -> OpTrace | None:
+        """The aten ops the recorded call ran, with the submodule, source line, fingerprint and
+        statistics (and values, under the recording's budget) of each output; ``None`` when it
+        was recorded without (docs/fidelity.md, "Op traces").
+
+        Raises:
+            CorruptCaptureError: the stored trace is damaged (checked against docs/format.md first).
+
+        Example::
+
+            trace = cap.calls[0].op_trace
+            print(len(trace.ops), trace.ops[0].op)      # 63 aten::native_layer_norm
+        """
+        summary = self._data.get("op_trace")
+        if summary is None:
+            return None
+        capture = self._capture
+        where = f"{capture.ref}: calls[{next(i for i, c in enumerate(capture.calls) if c is self)}].op_trace"
+        try:
+            data = json.loads(capture._read_text(summary["text_id"]))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CorruptCaptureError(f"{where}: not JSON ({error})") from None
+        tensors = cast(dict[str, dict[str, Any]], capture.metadata["tensors"])
+        document = validate_op_trace(data, where, lambda tid: None if tensors.get(tid, {}).get("shape_only")
+                                     else tensors.get(tid))
+        return OpTrace.from_json(cast(dict[str, Any], document), capture.tensor)
 
     @property
     def rng(self) -> dict[str, torch.Tensor]:
@@ -578,6 +614,7 @@ class Capture:
         module: torch.nn.Module | None = None,
         weights: str = "recorded",
         backward: bool = False,
+        locate_divergence: bool = True,
     ) -> ReplayReport:
         """Run the module on every recorded call and compare with the recorded outputs; see
         :func:`modulelens.restore.replay.replay` for the arguments.
@@ -590,7 +627,7 @@ class Capture:
         from modulelens.restore.replay import replay
 
         return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
-                      backward=backward)
+                      backward=backward, locate_divergence=locate_divergence)
 
 
 # call.args copies a payload up to this size from one mapping opened once; a larger one gets a new

@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 
 from modulelens.errors import ToolError
 from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
@@ -50,6 +51,7 @@ class CallVerification:
     reference_ms: float | None = None  # medians of the interleaved timed iterations
     candidate_ms: float | None = None
     timing: dict[str, Any] | None = None  # compare_timings(): speedup range, p10/p90 of both, noise
+    divergence: Divergence | None = None  # the first failing call: where the candidate parts from the reference
 
     @property
     def speedup(self) -> float | None:
@@ -66,6 +68,8 @@ class CallVerification:
         lines.extend(f"call {self.index}: {leaf.path}: {leaf.message}" for leaf in self.leaves if not leaf.passed)
         lines.extend(f"call {self.index}: the candidate modified its input {leaf.path} in place ({leaf.message})"
                      for leaf in self.mutated_inputs)
+        if self.divergence is not None:
+            lines.append(f"call {self.index}: {self.divergence.summary()}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +80,7 @@ class CallVerification:
             "reference_ms": self.reference_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
             "timing": self.timing, "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
             "leaves": [leaf.to_dict() for leaf in self.leaves],
+            "divergence": self.divergence.to_dict() if self.divergence is not None else None,
         })
 
 
@@ -255,6 +260,7 @@ def verify(
     timing: TimingConfig | None = _TIMING,
     store: bool = True,
     mode: str = "recorded",
+    locate_divergence: bool = True,
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
@@ -271,6 +277,9 @@ def verify(
             candidate was built by ``from_original``).
         timing: time reference and candidate on the same inputs; ``None`` skips timing.
         store: keep the report with the capture's version.
+        locate_divergence: on the first call whose outputs fail, run the rebuilt reference and the
+            candidate again under an op trace and name the first op where the candidate diverges
+            (``CallVerification.divergence``; docs/tools.md, "First divergence").
 
     Returns:
         A :class:`VerifyReport`; ``report.passed`` is the verdict, ``report.failures`` says why not.
@@ -333,6 +342,11 @@ def verify(
                          expected_from=references if training != call.training else None)
         if note:
             report.notes.append(note)
+        if locate_divergence and result.error is None and any(not leaf.passed for leaf in result.leaves):
+            locate_divergence = False  # the first failing call only: each locate runs both twice more
+            rule = DivergenceRule(rtol=rtol, atol=atol, purpose="cross_device" if cross_device else "replay")
+            result.divergence = _divergence(_Traced(module, candidate, built_with, load_state), references, call,
+                                            device, dtype, rule, training, report.notes)
     if cross_device:
         report.notes.append(f"recorded on {recorded_device_type(capture)}, run on {device.type}: "
                             "float32 tolerances widened for reordered reductions")
@@ -405,6 +419,53 @@ def _run_call(
     result.timing = json_safe({"reference": timing_summary(ref_t), "candidate": timing_summary(cand_t),
                                **compare_timings(timing_summary(ref_t), timing_summary(cand_t))})
     return None
+
+
+@dataclass
+class _Traced:
+    """The candidate as verify built it, for running one call again under an op trace."""
+
+    module: torch.nn.Module
+    spec: Candidate
+    built_with: str
+    load_state: bool
+
+    def fresh(self, capture: Capture, state_index: int, device: torch.device, dtype: torch.dtype | None,
+              training: bool) -> torch.nn.Module:
+        """The candidate in the call's recorded state: a training-mode call changed its buffers."""
+        if not (training and has_buffers(self.module)):
+            return self.module
+        module = self.module
+        if self.built_with == "from_original":
+            module, _ = build_candidate(self.spec, capture, state_index)
+        elif self.load_state:
+            load_state_strict(module, capture.fresh_state_dict(state_index))
+        module.to(device)
+        return module.to(dtype) if dtype is not None else module
+
+
+def _divergence(candidate: _Traced, references: _References, call: Any, device: torch.device,
+                dtype: torch.dtype | None, rule: DivergenceRule, training: bool, notes: list[str]) -> Divergence | None:
+    """The rebuilt reference and the candidate run again on ``call`` under op traces, and located."""
+    try:
+        module = candidate.fresh(references.capture, call.state_index, device, dtype, training)
+        reference = references.get(call.state_index, training)
+        reference.train(training)
+        args, kwargs = call.fresh_inputs(device, dtype)
+        with call_context(call, device):
+            _, expected, reference_error = trace_call(reference, lambda: reference(*args, **kwargs))
+        module.train(training)
+        args, kwargs = call.fresh_inputs(device, dtype)
+        with call_context(call, device):
+            _, actual, candidate_error = trace_call(module, lambda: module(*args, **kwargs))
+    except Exception as error:  # the verdict stands; only its explanation is missing
+        notes.append(f"locating the first divergence of call {call.index} failed: {type(error).__name__}: {error}")
+        return None
+    divergence = locate(expected, actual, rule, compared="the candidate against the rebuilt reference")
+    for side, stopped in (("reference", reference_error), ("candidate", candidate_error)):
+        if stopped is not None:
+            divergence.notes.append(f"the {side}'s trace stopped early: {stopped}")
+    return divergence
 
 
 def _shapes(call: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from typing import Any, cast
 
@@ -217,7 +218,7 @@ def encode_record(
             for path, values in record.attributes.items()
         }
     call_ctx = EncodeContext(add_tensor=tensors.add, lenient=True)
-    calls = [_encode_call(call, call_ctx) for call in record.calls]
+    calls = [_encode_call(call, call_ctx, tensors) for call in record.calls]
     states = [_encode_state(state, tensors, i) for i, state in enumerate(record.states)]
     meta: CaptureMetadata = {
         "format": FORMAT_NAME,
@@ -288,7 +289,7 @@ def state_name(name: str) -> str:
     return name.replace("._orig_mod.", ".").removeprefix("_orig_mod.") if "_orig_mod." in name else name
 
 
-def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
+def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> dict[str, Any]:
     return {
         "index": call.index,
         "state": call.state_index,
@@ -305,7 +306,18 @@ def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
         **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),
         **({"backward_missing": "its backward had not run when the capture was saved"}
            if call.backward_pending else {}),
+        **({"op_trace": _encode_op_trace(call, tensors)} if call.op_trace is not None else {}),
     }
+
+
+def _encode_op_trace(call: CallRecord, tensors: TensorTable) -> dict[str, Any]:
+    """``calls[i].op_trace`` (docs/format.md, "Op traces"): the trace document stored as a blob (a
+    trace of thousands of ops stays out of ``capture.json``), its kept values as entries of the
+    tensor table, and its counts."""
+    assert call.op_trace is not None
+    document = call.op_trace.to_json(tensors.add, f"call{call.index}.op_trace")
+    text_id = tensors.add_text(json.dumps(document, separators=(",", ":"), allow_nan=False))
+    return {"text_id": text_id, **call.op_trace.summary()}
 
 
 def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from modulelens.format.op_trace import OpTrace
 from modulelens.tracing.init_tracking import InitRecord
 from modulelens.tracing.module_tree import TreeNode
 
@@ -54,6 +55,7 @@ class CallRecord:
     error: str | None = None
     backward: BackwardRecord | None = None
     backward_pending: bool = False  # forward done, waiting for its backward pass
+    op_trace: OpTrace | None = None  # Recording(op_trace=True): the aten ops the call ran
 
 
 @dataclass

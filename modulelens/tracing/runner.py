@@ -54,12 +54,15 @@ class RunConfig:
     max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
     list_modules: bool = False  # report the module tree of the first model called, then end the job
     depth: int | None = None  # a glob target matches at most this many levels below its fixed prefix
+    op_trace: bool = False  # Recording(op_trace=True): each recorded call's aten ops
+    op_trace_values: int = 16 << 20  # Recording(op_trace_values=...): bytes of op output values kept per call
 
     def recording(self) -> Recording:
-        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``."""
+        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``/``--op-trace``."""
         from modulelens.tracing.options import Recording  # imports torch: only in the job's processes
 
-        return Recording(warmup=self.warmup, max_calls=self.max_calls, backward=self.backward, ranks=self.ranks)
+        return Recording(warmup=self.warmup, max_calls=self.max_calls, backward=self.backward, ranks=self.ranks,
+                         op_trace=self.op_trace, op_trace_values=self.op_trace_values)
 
     def policy(self) -> PayloadPolicy | None:
         """The payload policy of ``--shape-only-over``/``--max-bytes`` (``None`` when neither is set)."""

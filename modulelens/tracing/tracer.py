@@ -26,6 +26,8 @@ import torch
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.host_rng import host_states
 from modulelens.format.module_state import plain_attributes
+from modulelens.format.op_trace import OpRecorder, TraceLimits
+from modulelens.format.shape_only import tensor_stats
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
@@ -128,6 +130,7 @@ class _Pending:
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
     start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
     watch: _Watch | None = None  # inputs the call may change in place
+    ops: OpRecorder | None = None  # Recording(op_trace=True): records the call's aten ops until it returns
 
 
 @dataclass
@@ -179,6 +182,8 @@ class Tracer:
         self.on_target_complete = on_target_complete
         self.strict = strict
         self.backward = record.backward
+        # Recording(op_trace=True): the op trace of each recorded call (format/op_trace.py); None: off
+        self.op_trace = TraceLimits(values_bytes=record.op_trace_values) if record.op_trace else None
         self._backward_handles: list[Any] = []
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
@@ -331,7 +336,11 @@ class Tracer:
             start = sequence_marker()  # after the input views: the call's own nodes come later
         values, paths = mutable_values(inputs)
         watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
-        self._stack(name).append(_Pending(call, index, live, start, watch))
+        pending = _Pending(call, index, live, start, watch)
+        self._stack(name).append(pending)
+        if self.op_trace is not None:  # last: what the call itself runs from here on, nothing of ours
+            pending.ops = OpRecorder(module, stats=tensor_stats, limits=self.op_trace)
+            pending.ops.start()
         return replacement
 
     def _defer_lazy(self, name: str, index: int, pending: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -391,6 +400,8 @@ class Tracer:
             pending = stack.pop() if stack else None
             if pending is None:
                 return
+            if pending.ops is not None:  # first: the output's snapshot below must not be traced
+                self._keep_trace(name, pending, output)
             raised = sys.exc_info()[1]
             if output is None and raised is not None:
                 # forward raised (this is the always_call path): drop the call, record a later one
@@ -426,6 +437,16 @@ class Tracer:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
             return replacement
+
+    def _keep_trace(self, name: str, pending: _Pending, output: Any) -> None:
+        """Stop the call's op recording; keep its trace unless recording it failed (warned, fail open)."""
+        assert pending.ops is not None
+        trace = pending.ops.stop(output)
+        if pending.ops.error is not None:
+            warnings.warn(f"modulelens: {name or '<root>'}: call {pending.index}: the op trace stopped "
+                          f"({pending.ops.error}); the call is recorded without it", CaptureWarning, stacklevel=4)
+        elif pending.call is not None:
+            pending.call.op_trace = trace
 
     def _all_returned(self, name: str) -> bool:
         """Whether every call of ``name`` taken so far has returned (asked once the last is taken:
@@ -601,6 +622,12 @@ class Tracer:
     def _detach(self, name: str) -> None:
         for handle in self._handles.pop(name, []):
             handle.remove()
+        # a call still running loses its forward hook: its op recording ends here, not never
+        for stack in self._stacks.get(name, {}).values():
+            for pending in reversed(stack):
+                if pending is not None and pending.ops is not None:
+                    pending.ops.stop()
+                    pending.ops = None
         lazy = self._lazy_hooks.pop(name, None)
         if lazy is not None:
             lazy.remove()

@@ -176,6 +176,55 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
+# ------------------------------------------------------------------------------------- diverge
+
+
+@command(app, "diverge")
+def diverge_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    candidate: Annotated[str | None, typer.Option(
+        "--candidate", "-c", help="Compare this rewrite (path/to/file.py:ClassName or package.module:ClassName) "
+                                  "with the rebuilt module; without it, a replay with the recorded job's op trace.")] = None,
+    call: Annotated[int | None, typer.Option("--call", min=0, help="Which recorded call (position; default: "
+                                                                    "every call, the first failing one located).")] = None,
+    repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
+    store: StoreOpt = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Name the first op where a rewrite (or this machine's replay) parts from the reference: module, op, source
+    line, error in ULPs, and the last op that agreed (exit 1 when the outputs differ)."""
+    from modulelens.tools.diverge import find_divergence
+
+    with steps(not as_json) as step:
+        step(f"loading {ref}: importing torch and the module's code, rebuilding it")
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
+        step(f"running {candidate or 'the rebuilt module'} and the reference under an op trace")
+        result = find_divergence(capture, candidate, call=call, rtol=rtol, atol=atol, store=store)
+
+    def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
+
+        style = "green" if r["passed"] else "red"
+        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['compared'])} "
+                      f"({escape(r['ref'])}, {len(r['calls'])} call(s))", highlight=False)
+        for c in r["calls"]:
+            line = "pass" if c["passed"] else (c["error"] or (c["divergence"] or {}).get("summary") or "FAIL")
+            console.print(f"  call {c['index']}: {escape(line)}", highlight=False, soft_wrap=True)
+            for detail in (c.get("divergence") or {}).get("details", []):
+                console.print(f"    {escape(detail)}", highlight=False, soft_wrap=True)
+        for note in r["notes"]:
+            console.print(f"note: {escape(note)}", highlight=False)
+
+    emit("diverge", as_json, result, render)
+    if not result["passed"]:
+        raise typer.Exit(1)
+
+
 # ------------------------------------------------------------------------------------- diff
 
 

@@ -256,7 +256,34 @@ def _call(view: RepoView, capture: StoredCapture, call: Mapping[str, Any], histo
         "after": _tree(view, capture, call.get("mutated_inputs"), "after", histograms),
         "gradients": [row for part in ("output_grads", "input_grads", "param_grads")
                       for row in _tree(view, capture, backward.get(part), part, histograms)] if backward else [],
+        "op_trace": _op_trace(capture, call.get("op_trace")),
     }
+
+
+_OP_ROWS = 500  # ops listed on a capture page per call (``modulelens show --ops`` lists them all)
+
+
+def _op_trace(capture: StoredCapture, summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A call's op trace (docs/fidelity.md, "Op traces"): its counts and its first ops, or why it cannot be read."""
+    if not isinstance(summary, Mapping):
+        return None
+    from modulelens.errors import ModulelensError
+    from modulelens.format.validate import validate_op_trace
+    from modulelens.restore.summary import op_rows
+
+    line = (f"op trace: {summary.get('ops')} ops in {summary.get('modules')} module calls, "
+            f"{summary.get('values')} outputs' values kept")
+    tensors = capture.metadata["tensors"]
+    try:
+        text = capture.tensor(str(summary.get("text_id"))).numpy().tobytes().decode("utf-8")
+        document = validate_op_trace(json.loads(text), f"{capture.ref} op trace", tensors.get)
+    except (ModulelensError, ValueError, KeyError) as error:
+        return {"summary": line, "rows": [], "more": 0, "error": f"the op trace cannot be read: {error}"}
+    rows = [{**row, "outputs": ", ".join(f"{o['dtype']}{o['shape']}" if "dtype" in o else repr(o.get("scalar"))
+                                        for o in row["outputs"]),
+             "source": (row["source"] or "").replace("\\", "/").rsplit("/", 1)[-1]}
+            for row in op_rows(document)[:_OP_ROWS]]
+    return {"summary": line, "rows": rows, "more": max(0, len(document["ops"]) - _OP_ROWS), "error": None}
 
 
 def histogram_of(view: RepoView, capture: StoredCapture, tid: str) -> dict[str, Any]:
@@ -369,12 +396,38 @@ def _report(view: RepoView, report: Mapping[str, Any]) -> dict[str, Any]:
                          human_number(c.get("max_abs_error")), human_number(c.get("max_rel_error")),
                          c.get("error") or c.get("detail") or ""))
         shown["tables"].append(_table("calls", ("call", "result", "max abs err", "max rel err", "detail"), rows))
+        shown["tables"].append(_divergence_table([(c.get("index"), c.get("divergence")) for c in report["calls"]
+                                                  if isinstance(c, dict)]))
+    if isinstance(report.get("divergence"), dict) and not isinstance(report.get("calls"), list):  # kernel verify
+        shown["tables"].append(_divergence_table([(report["divergence"].get("sample"), report["divergence"])]))
         for key in ("candidate", "device", "mode", "speedup", "status"):
             if key in report:
                 shown["facts"].append((key, python_like(report[key]) if not isinstance(report[key], str) else report[key]))
         shown["notes"] += [f"failure: {f}" for f in report.get("failures") or []]
     shown["tables"] = [t for t in shown["tables"] if t["rows"]]
     return shown
+
+
+def _divergence_table(found: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """Where each located call first diverged (docs/tools.md, "First divergence")."""
+    rows = []
+    for where, divergence in found:
+        if not isinstance(divergence, Mapping):
+            continue
+        first = _mapping(divergence.get("first"))
+        reference, last = _mapping(first.get("reference")), _mapping(divergence.get("last_agreeing"))
+        rows.append((where, reference.get("module", "-") or "<root>", reference.get("op", "-"),
+                     str(reference.get("source") or "").replace("\\", "/").rsplit("/", 1)[-1],
+                     human_number(first.get("max_ulps")) if isinstance(first.get("max_ulps"), (int, float))
+                     else first.get("max_ulps", "-"),
+                     f"{last.get('module') or '<root>'} {last.get('op')}" if last else "-",
+                     divergence.get("summary", "")))
+    return _table("first divergence", ("call", "module", "op", "source", "ULPs", "last agreeing op", "summary"), rows)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a stored report is JSON of any shape)."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _table(title: str, headers: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
