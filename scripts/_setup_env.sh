@@ -67,6 +67,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # openai-whisper for the tests of its sparse alignment_heads buffer (issue 34), --no-deps: it requires triton
   # unpinned on Linux (and torch); its imports (numba, tiktoken, more-itertools) are in pyproject's test extra.
   python -m pip install -q --disable-pip-version-check --no-deps "openai-whisper==20250625" >&2
+  # torchaudio for the census's audio family, in a folder of its own that only that family's processes put on their
+  # path (census/families/torchaudio.py), --no-deps: its last release (2.11.1) requires torch 2.11 and its native
+  # library does not load with torch 2.13, so `import torchaudio` fails; census/shims/torchaudio loads its Python
+  # models and transforms without it. Installed next to the rest, it would break every library that imports
+  # torchaudio when it finds it (transformers' audio feature extractors).
+  rm -rf .venv/census-site
+  python -m pip install -q --disable-pip-version-check --no-deps --target .venv/census-site "torchaudio==2.11.1" >&2
   echo "$want" > "$stamp"
   if ! python -c "import torchvision" 2>/dev/null; then
     echo "note: no torchvision build for torch $(python -c "import torch; print(torch.__version__)") is available from" \

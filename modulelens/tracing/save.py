@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
+from modulelens.errors import CaptureWarning, InvalidNameError, RepoError, StorageError, UnsupportedValueError
 from modulelens.format.spec import CaptureMetadata
 from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.collector import collector_paused
+from modulelens.repo.names import validate_name
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
@@ -112,6 +113,13 @@ def _save_into(
         if (wanted is not None and qualified not in wanted) or not _has_calls(tracer, qualified, record):
             continue
         capture_name = target_capture_name(prefix, qualified)
+        try:
+            validate_name(capture_name)  # a module path no name can hold costs its own capture, not the others'
+        except InvalidNameError as error:
+            if tracer.strict:
+                raise
+            warnings.warn(f"modulelens: the capture of {qualified!r} is not saved: {error}", CaptureWarning, stacklevel=3)
+            continue
         with collector_paused():  # encoding makes a few objects per tensor (repo/collector.py)
             meta, payloads = _encode_or_drop_construction(tracer, record, capture_name, settings, list(tags),
                                                           metadata, policy)
