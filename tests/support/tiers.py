@@ -35,12 +35,15 @@ import time
 import types
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "modulelens"
+# Where the code the rules follow through functions and classes lives: this checkout, and the rootdir
+# of a pytest run of its own (configure() adds it).
+PROJECT_ROOTS: list[Path] = [ROOT]
 
 MARKERS: dict[str, str] = {
     "subprocess": "starts a process: a fresh Python (a CLI run as a user would, a worker), a fork, a tool",
@@ -126,7 +129,9 @@ def _origin_of_file(filename: str) -> str | None:
     path = Path(filename).resolve()
     if path.is_relative_to(LIBRARY):
         return "library"
-    return "project" if path.is_relative_to(ROOT) and not path.is_relative_to(ROOT / ".venv") else None
+    if any(path.is_relative_to(root) and not path.is_relative_to(root / ".venv") for root in PROJECT_ROOTS):
+        return "project"
+    return None
 
 
 def _qualified_name(obj: Any) -> str | None:
@@ -550,9 +555,10 @@ def _program(argv: Any) -> str:
 class ProcessWatch:
     """Every process this pytest process starts while a test runs: ``subprocess``, ``os``'s fork,
     spawn and system (audit events) and multiprocessing's spawn and forkserver starts (no audit
-    event: its one function that starts them is wrapped). Forked children record nothing."""
+    event: the one function that makes them is wrapped). Forked children record nothing."""
 
     _EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system"})
+    _installed: ClassVar[list[ProcessWatch]] = []  # one audit hook and one wrapper serve them all (a hook cannot be removed)
 
     def __init__(self) -> None:
         self._pid = os.getpid()
@@ -560,20 +566,21 @@ class ProcessWatch:
         self.started: list[str] = []
 
     def install(self) -> None:
-        sys.addaudithook(self._audit)  # cannot be removed: it records only between start() and stop()
-        import multiprocessing.util
+        if not ProcessWatch._installed:
+            sys.addaudithook(ProcessWatch._audit)
+            import multiprocessing.util
 
-        spawn = multiprocessing.util.spawnv_passfds
-        if getattr(spawn, "_watched_by_tiers", False):
-            return
+            spawn = multiprocessing.util.spawnv_passfds
 
-        @functools.wraps(spawn)
-        def watched(path: Any, args: Any, passfds: Any) -> Any:
-            self._record("multiprocessing", args)
-            return spawn(path, args, passfds)
+            @functools.wraps(spawn)
+            def watched(path: Any, args: Any, passfds: Any) -> Any:
+                for watch in ProcessWatch._installed:
+                    watch._record("multiprocessing", args)
+                return spawn(path, args, passfds)
 
-        watched._watched_by_tiers = True  # type: ignore[attr-defined]
-        multiprocessing.util.spawnv_passfds = watched
+            multiprocessing.util.spawnv_passfds = watched
+        if self not in ProcessWatch._installed:
+            ProcessWatch._installed.append(self)
 
     def start(self) -> None:
         self.started = []
@@ -582,9 +589,11 @@ class ProcessWatch:
     def stop(self) -> None:
         self._recording = False
 
-    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event in self._EVENTS:
-            self._record(event, args)
+    @staticmethod
+    def _audit(event: str, args: tuple[Any, ...]) -> None:
+        if event in ProcessWatch._EVENTS:
+            for watch in ProcessWatch._installed:
+                watch._record(event, args)
 
     def _record(self, event: str, args: Any) -> None:
         if not self._recording or os.getpid() != self._pid:
@@ -637,6 +646,9 @@ def configure(config: pytest.Config) -> None:
     """Register the markers and start watching for processes (from the conftest's pytest_configure)."""
     for marker, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {meaning} (outside the fast tier)")
+    if config.rootpath.resolve() not in PROJECT_ROOTS:
+        PROJECT_ROOTS.append(config.rootpath.resolve())
+        _origin_of_file.cache_clear()
     _WATCH.install()
 
 
