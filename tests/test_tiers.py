@@ -73,7 +73,7 @@ def _a_cheap_magic(ip: object) -> None:
     InteractiveShell.instance().run_line_magic("ml_ls", "")
 
 
-def _torchrun() -> None:
+def _launches_ranks() -> None:
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "job.py"], check=True)
 
 
@@ -119,7 +119,7 @@ def _classified(classifier: tiers.Classifier, *names: str) -> dict[str, str]:
     ("a_cheap_cli_command_in_process", set()),
     ("a_magic", set()),  # a shell the rules cannot see is driven: no IPython reached, so no magic followed
     ("a_cheap_magic", set()),
-    ("torchrun", {"subprocess", "distributed"}),
+    ("launches_ranks", {"subprocess", "distributed"}),
     ("the_census_as_a_process", {"subprocess", "census"}),
     ("the_word_census_in_process", set()),
 ])
@@ -136,7 +136,7 @@ def test_each_marker_names_its_evidence(classifier: tiers.Classifier) -> None:
     assert _classified(classifier, "through_a_helper") == {"subprocess": "reaches subprocess.run"}
     assert _classified(classifier, "a_cli_command_in_process")["subprocess"].endswith("(through `modulelens kernel verify`)")
     # (the launcher's name is not spelled here: this test would be a distributed one)
-    assert _classified(classifier, "torchrun")["distributed"].startswith("uses the string 'torch.")
+    assert _classified(classifier, "launches_ranks")["distributed"].startswith("uses the string 'torch.")
 
 
 # -- the guard --------------------------------------------------------------------------------------
