@@ -285,13 +285,23 @@ class _Evidence:
     strings: frozenset[str]  # of this checkout's code only: the library's messages mention torchrun and pip
 
 
+# Names a test reaches next to what starts a process, not what starts it: shown only when nothing else is.
+_BYSTANDERS = frozenset({"TimeoutExpired", "CalledProcessError", "SubprocessError", "CompletedProcess", "DEVNULL", "PIPE",
+                         "STDOUT"})
+
+
+def _telling(name: str) -> tuple[bool, int]:
+    """How well ``name`` tells why a marker was earned: what starts something, then the most specific."""
+    return name.rpartition(".")[2] not in _BYSTANDERS, len(name)
+
+
 def _merge(parts: Iterable[_Evidence]) -> _Evidence:
     hits: dict[str, str] = {}
     drivers: set[int] = set()
     strings: set[str] = set()
     for part in parts:
         for marker, name in part.hits.items():
-            if len(name) > len(hits.get(marker, "")):
+            if marker not in hits or _telling(name) > _telling(hits[marker]):
                 hits[marker] = name
         drivers |= part.drivers
         strings |= part.strings
@@ -415,7 +425,7 @@ class Classifier:
         for name in uses.names:
             markers, interfaces = self._classify_name(name)
             for marker in markers:
-                if len(name) > len(hits.get(marker, "")):
+                if marker not in hits or _telling(name) > _telling(hits[marker]):
                     hits[marker] = name
             drivers.update(interfaces)
         strings = frozenset(uses.strings) if code.origin == "project" else frozenset()
