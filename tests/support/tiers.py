@@ -53,7 +53,8 @@ MARKERS: dict[str, str] = {
     "census": "runs the fidelity census (python -m census: a sample; .ci/run runs the whole census instead)",
     "notebook": "executes a notebook on a real Jupyter kernel",
     "packaging": "runs pip or makes a virtual environment",
-    "slow": "long in-process work (set by hand: no rule sees how long a computation takes)",
+    "slow": "long in-process work: set by hand (no rule sees how long a computation takes), or building the huge "
+            "captures of stress/huge_captures.py",
 }
 # Markers that mean a process is started (by a library the rules do not enter: jupyter_client, selenium...).
 PROCESS_KINDS = frozenset({"server", "browser", "distributed", "census", "notebook", "packaging"})
@@ -92,6 +93,9 @@ RULES = (
     Rule("census", words=("census",), only_with="subprocess"),
     Rule("notebook", names=("nbclient", "jupyter_client", "nbconvert")),
     Rule("packaging", names=("venv", "ensurepip", "pip"), words=("pip", "venv", "ensurepip"), only_with="subprocess"),
+    # the UI's huge captures (50,000 calls, a million leaves, 3,000 reports): ~40 s to build, in-process
+    Rule("slow", names=("stress.huge_captures.huge_repo", "stress.huge_captures.many_calls",
+                        "stress.huge_captures.many_leaves", "stress.huge_captures.many_reports")),
 )
 # The library's own spelling of some standard names (``os.fork.__module__`` is "posix").
 _MODULE_ALIASES = {"posix": "os"}
