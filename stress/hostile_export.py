@@ -353,31 +353,32 @@ def run_case(case: Case, text: str, repo: modulelens.Repo, work: Path, tally: Ta
         shutil.rmtree(out, ignore_errors=True)
 
 
-def run_all(work: Path, payload_count: int | None = None) -> Tally:
+def run_all(work: Path, payload_count: int | None = None, ways: tuple[str, ...] = ("api", "mcp")) -> Tally:
     """Every case with every payload string (the first ``payload_count`` of them)."""
     tally = Tally()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     repo = modulelens.Repo(work / "repo")
     for case in CASES:
         for kind, text in payloads(work / "outside" / "marker")[:payload_count]:
-            run_case(case, text, repo, work, tally, f"{case.label} / {kind}")
+            run_case(case, text, repo, work, tally, f"{case.label} / {kind}", ways)
     return tally
 
 
-def hostile_export_row(tmp: Path, payload_count: int | None = None) -> Any:
+def hostile_export_row(tmp: Path, payload_count: int | None = None, ways: tuple[str, ...] = ("api", "mcp")) -> Any:
     """The stress row: hostile captures through export and the MCP export tool (``payload_count``
-    payload strings per field; all of them by default)."""
+    payload strings per field, all of them by default; ``ways`` says which of the two)."""
     from stress.table import Row
 
     start = time.perf_counter()
     work = tmp / "hostile-export"
     with contextlib.chdir(tmp):
-        tally = run_all(work, payload_count)
+        tally = run_all(work, payload_count, ways)
     row = Row("hostile captures through export / MCP export")
     row.tried, row.survived, row.executed = tally.tried, tally.survived, tally.executed
     row.wrong = tally.wrong + tally.outside + tally.tracebacks
     shown = len(payloads(work)[:payload_count])
-    row.notes = [f"{len(CASES)} string fields x {shown} payloads, export API + MCP tool: "
+    through = " + ".join({"api": "export API", "mcp": "MCP tool"}[way] for way in ways)
+    row.notes = [f"{len(CASES)} string fields x {shown} payloads, {through}: "
                  f"{tally.executed} executed, {tally.outside} written outside, {tally.wrong} wrong, "
                  f"{tally.tracebacks} unrelated tracebacks", *tally.notes]
     row.seconds = time.perf_counter() - start

@@ -44,7 +44,7 @@ RUNNABLE = {"bash": "shell", "sh": "shell", "shell": "shell", "console": "consol
 # (doc, text of a command or block) -> why it does not run in CI. A shell command listed here is
 # replaced by a note and the rest of its block runs; a Python block is skipped whole.
 SKIPPED: dict[tuple[str, str], str] = {
-    ("README.md", "bash scripts/test"): "the whole test suite (20+ minutes on 2 cores): CI runs it as its own step",
+    ("README.md", "bash scripts/test"): "the test suite itself, inside the test suite: CI runs it (--all) as its own step",
     ("README.md", "torchrun --nproc-per-node 8 train.py"):
         "8 training processes take minutes on the 2-core CI machine; the 2-process example below runs",
     ("README.md", "claude mcp add"): "needs Claude Code's `claude` command, which CI does not have",

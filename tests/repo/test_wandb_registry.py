@@ -65,6 +65,7 @@ def test_artifact_from_a_capture_has_its_files_metadata_and_aliases(source: modu
     assert import_artifact_dir(downloaded, back).version == 1  # importing twice adds nothing
 
 
+@pytest.mark.subprocess  # wandb.init starts W&B's service process, inside push_to_wandb where no tier rule sees it
 def test_offline_push_logs_the_artifact_into_the_run_directory(source: modulelens.Repo, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -8,6 +8,7 @@ no copy of the whole module is kept in memory. Failures of the writer never brea
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -193,9 +194,27 @@ class SelfUpdating(nn.Module):
         return x @ self.weight
 
 
-def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_path: Path) -> None:
+def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     repo = Repo(tmp_path / "repo")
     module = SelfUpdating()
+    # The writer starts with the call; one that has read the whole weight before the forward's add_
+    # stored what the call started with, rightly without a warning (alone in a process the first
+    # writer was that fast, and this test failed). It starts after the add here, as a busy one would.
+    changed = threading.Event()
+    forward, write = SelfUpdating.forward, weights.StreamedWeight.write
+
+    def forward_then_signal(self: SelfUpdating, x: torch.Tensor) -> torch.Tensor:
+        output = forward(self, x)
+        changed.set()
+        return output
+
+    def write_after_the_change(streamed: weights.StreamedWeight) -> int:
+        changed.wait(30)
+        return write(streamed)
+
+    monkeypatch.setattr(SelfUpdating, "forward", forward_then_signal)
+    monkeypatch.setattr(weights.StreamedWeight, "write", write_after_the_change)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with modulelens.capture(module, targets="SelfUpdating", repo=repo, name="m") as cap:
