@@ -18,11 +18,12 @@ from typing import Any, cast
 import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # torch's parameter.pyi omits it
 
-from modulelens.errors import RestoreError, UsageError
-from modulelens.format.module_state import structure, structure_difference
+from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
+from modulelens.format.module_state import REREGISTERED_HOOKS, structure, structure_difference
 from modulelens.format.spec import CaptureMetadata, StateEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
-from modulelens.restore.classes import ClassResolver, decode_construction, module_class
+from modulelens.restore.classes import ClassResolver, construction_paths, decode_construction, module_class
+from modulelens.restore.construction import empty_weights, random_state_kept
 
 
 @dataclass(frozen=True)
@@ -110,24 +111,18 @@ class Rebuilder:
     # ------------------------------------------------------------------------------ module
 
     def build(self) -> torch.nn.Module:
-        """The module, with recorded state 0 and the recorded attributes, on the asked device/dtype."""
-        try:
-            with torch.device("meta"):
-                module = self._construct()
-                self._reassemble(module)
-            self.assign_state(module, 0, live=False)
-            _refresh_norm_weights(module)
-            if _has_meta_tensors(module):
-                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
-        except _NeedsRealConstructionError as why:
-            self.notes.append(f"built on the CPU, not the meta device ({why})")
-            module = self._construct_on_cpu()
-        except (RestoreError, UsageError):
-            raise
-        except Exception as error:  # the constructor did real computation on meta tensors
-            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
-            module = self._construct_on_cpu()
-        self._restore_attributes(module)
+        """The module, with recorded state 0 and the recorded attributes, on the asked device/dtype.
+
+        The classes and functions the capture names are imported first (and stored source that
+        trust allows runs), then the constructors run with only their parameters and buffers on
+        the meta device and the random generators kept (restore/construction.py): a load changes
+        nothing in the process outside the module it returns."""
+        module_info = self.metadata["module"]
+        self.resolver.prefetch([module_info["class"], *construction_paths(self.metadata.get("constructions", {}),
+                                                                          module_info.get("construction"))])
+        with random_state_kept():
+            module = self._build_with_state()
+            self._restore_attributes(module)
         missing_hooks = hooks_not_rebuilt(self.metadata["module"])
         if missing_hooks:
             shown = "; ".join(missing_hooks[:5]) + (f" and {len(missing_hooks) - 5} more" if len(missing_hooks) > 5 else "")
@@ -140,6 +135,38 @@ class Rebuilder:
             module.to(options.dtype)
         self.collect_source_notes()
         return module
+
+    def _build_with_state(self) -> torch.nn.Module:
+        """The module constructed with empty weights and given recorded state 0; constructed on the
+        CPU instead when its constructor computes with its weights or keeps tensors elsewhere."""
+        try:
+            with empty_weights() as emptied:
+                module = self._construct()
+                self._reassemble(module)
+            self.assign_state(module, 0, live=False)
+            if self._may_have_norm_hooks():
+                _refresh_norm_weights(module)
+            if _has_meta_tensors(module):
+                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
+            outside = emptied.outside(module)
+            if outside:
+                raise _NeedsRealConstructionError(f"it keeps a {type(outside[0]).__name__} outside its submodules")
+        except _NeedsRealConstructionError as why:
+            self.notes.append(f"built on the CPU, not the meta device ({why})")
+            module = self._construct_on_cpu()
+        except (RestoreError, UsageError):
+            raise
+        except Exception as error:  # the constructor did real computation on meta tensors
+            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
+            module = self._construct_on_cpu()
+        return module
+
+    def _may_have_norm_hooks(self) -> bool:
+        """Whether the rebuilt module may carry ``weight_norm``/``spectral_norm`` hooks: the recorded
+        tree lists every one the job's module had (walking every module's hooks to find none cost a
+        1 GiB load about 0.1 ms); a capture without a tree, or other arguments than the recorded, may."""
+        tree = self.metadata["module"].get("tree")
+        return not tree or self.options.given_arguments or any("reapply" in entry for entry in tree.values())
 
     def _construct(self) -> torch.nn.Module:
         module_info = self.metadata["module"]
@@ -205,7 +232,7 @@ class Rebuilder:
                     built[path] = shared
                 continue
             current = parent._modules.get(name)
-            if current is not None and _class_path(current) == entry["class"]:
+            if current is not None and self._built_as(current, entry["class"]):
                 self._put_back(current, entry, path, changed)
                 if direct is not None and not _same_direct_state(current, direct.get(path, {}), self.metadata):
                     current = None  # the same class, other parameters: built afresh
@@ -230,6 +257,29 @@ class Rebuilder:
         if changed:
             shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
             self.notes.append(f"structure changed after construction rebuilt from the recorded submodules: {shown}")
+        self._note_tool_made(tree)
+
+    def _note_tool_made(self, tree: dict[str, dict[str, Any]]) -> None:
+        """Say which submodules a tool made from an eager module are rebuilt as that module
+        (TorchScript: the same operations, run eagerly; init_tracking._record_scripted)."""
+        made: dict[str, list[str]] = {}
+        for path, entry in tree.items():
+            if isinstance(entry.get("made_by"), str):
+                made.setdefault(entry["made_by"], []).append(path or "<root>")
+        for tool, paths in made.items():
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            self.notes.append(f"rebuilt as the eager modules {tool} made them from (they run the same operations "
+                              f"eagerly): {shown}")
+
+    def _built_as(self, module: torch.nn.Module, class_path: str) -> bool:
+        """Whether ``module`` is of the recorded class ``class_path``: by name, or, for a class
+        rebuilt from stored source (whose module is not the recorded one), the class it resolves to."""
+        if _class_path(module) == class_path:
+            return True
+        try:
+            return _constructed_type(module) is self.resolver.resolve(class_path, "module")
+        except ModulelensError:  # not resolvable here: the piece is built from its record, which says why
+            return False
 
     def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
         """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
@@ -258,6 +308,18 @@ class Rebuilder:
         for hook in entry.get("reapply", []):
             if _has_norm_hook(module, hook):
                 continue
+            if hook["kind"] == "hook":
+                self._register_again(module, hook)
+                changed.append(f"{path or '<root>'}: {hook['on'].replace('_', '-')} hook {hook['hook']}")
+                continue
+            if hook["kind"] == "prune":
+                # the recorded mask and original come with the state; any pruning method's forward is
+                # weight = weight_orig * weight_mask, so torch's identity pruning rebuilds it
+                from torch.nn.utils import prune
+
+                prune.identity(module, hook["name"])
+                changed.append(f"{path or '<root>'}.{hook['name']} pruned (its recorded mask)")
+                continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the hook-based norms
                 if hook["kind"] == "weight_norm":
@@ -266,6 +328,18 @@ class Rebuilder:
                     torch.nn.utils.spectral_norm(module, name=hook["name"], dim=hook["dim"], eps=hook["eps"],
                                                  n_power_iterations=hook["n_power_iterations"])
             changed.append(f"{path or '<root>'}.{hook['name']} {hook['kind']}")
+
+    def _register_again(self, module: torch.nn.Module, hook: dict[str, Any]) -> None:
+        """Register a hook a tool added after construction (``module_state.REREGISTERED_HOOKS``:
+        only those, by import path, under the capture's import rules), first, as the tool did."""
+        if REREGISTERED_HOOKS.get(hook["hook"]) != hook["on"]:
+            raise CorruptCaptureError(f"{self.ref}: the capture asks to register {hook['hook']!r} as a "
+                                      f"{hook['on']} hook, which modulelens never registers from a capture")
+        function = self.resolver.resolve(hook["hook"], "value")
+        if hook["on"] == "forward":
+            module.register_forward_hook(function, prepend=True)
+        else:
+            module.register_forward_pre_hook(function, prepend=True)
 
     def _restore_attributes(self, module: torch.nn.Module) -> None:
         """Set the plain attributes recorded at capture (``module.attributes``) that a rebuild from
@@ -278,7 +352,7 @@ class Rebuilder:
         baseline = module
         construction = self.metadata["module"].get("construction")
         if self.options.init_overrides and construction is not None:
-            with torch.device("meta"):
+            with empty_weights(), random_state_kept():
                 baseline = self.construct(construction)
         ctx = self.decode_context()
         changed = []
@@ -331,10 +405,12 @@ class Rebuilder:
             owner._parameters[leaf] = param
         for name, buffer in state["buffers"].items():
             owner, leaf = _owner(module, name)
-            if live:
-                owner.get_buffer(leaf).copy_(self.open_tensor(buffer["tensor"]))
+            recorded = self.open_tensor(buffer["tensor"])
+            current = owner._buffers.get(leaf)
+            if live and current is not None and current.shape == recorded.shape:
+                current.copy_(recorded)
                 continue
-            owner._buffers[leaf] = self.open_tensor(buffer["tensor"])
+            owner._buffers[leaf] = _resizable(recorded)
             if not buffer["persistent"]:
                 owner._non_persistent_buffers_set.add(leaf)
         ctx = self.decode_context()
@@ -401,6 +477,16 @@ def state_versions(module: torch.nn.Module) -> tuple[int, ...]:
     return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
 
 
+def _resizable(tensor: torch.Tensor) -> torch.Tensor:
+    """A recorded buffer of at most one element as a copy, not a copy-on-write map of its payload:
+    a mapped storage cannot grow, and modules resize such buffers in place (quantization observers'
+    per-channel ``min_val`` starts empty and a fake-quantize ``scale`` with one element; both take
+    the number of channels at their first call: "Trying to resize storage that is not
+    resizable"). Larger buffers (running statistics, masks) stay mapped: copying every one cost
+    loads time, and none of them was seen to grow."""
+    return tensor.clone() if tensor.numel() <= 1 else tensor
+
+
 def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
     prefix, _, leaf = dotted.rpartition(".")
     try:
@@ -423,10 +509,15 @@ def _put(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
 def _class_path(module: torch.nn.Module) -> str:
     """The ``module:QualName`` of the class ``module``'s construction built (a parametrized module's
     generated class unwrapped), as the tracer records it."""
+    cls = _constructed_type(module)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _constructed_type(module: torch.nn.Module) -> type:
     cls = type(module)
     if cls.__module__ == "torch.nn.utils.parametrize" and len(cls.__bases__) == 1:
         cls = cls.__bases__[0]
-    return f"{cls.__module__}:{cls.__qualname__}"
+    return cls
 
 
 def _parametrization_list(module: torch.nn.Module, tensor_name: str) -> torch.nn.ModuleList:
@@ -459,17 +550,28 @@ def _same_direct_state(module: torch.nn.Module, recorded: dict[str, str], metada
 
 
 def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:
+    """Whether ``module`` has the recorded weight-deriving hook already (its constructor applied it)."""
+    from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
+    if hook["kind"] == "hook":
+        table = module._forward_hooks if hook["on"] == "forward" else module._forward_pre_hooks
+        return any(f"{getattr(h, '__module__', '')}:{getattr(h, '__qualname__', '')}" == hook["hook"]
+                   for h in table.values())
+    if hook["kind"] == "prune":
+        return any(isinstance(h, BasePruningMethod) and h._tensor_name == hook["name"]
+                   for h in module._forward_pre_hooks.values())
     kind = WeightNorm if hook["kind"] == "weight_norm" else SpectralNorm
     return any(isinstance(h, kind) and h.name == hook["name"] for h in module._forward_pre_hooks.values())
 
 
 def _refresh_norm_weights(module: torch.nn.Module) -> None:
-    """The weight that ``weight_norm``/``spectral_norm`` keep as a plain attribute, computed from
-    the loaded parameters (it was computed from meta tensors when the hook was applied; forward
-    computes it again anyway). Spectral norm's power iteration is not run: its vectors are loaded."""
+    """The weight that ``weight_norm``/``spectral_norm``/``prune`` keep as a plain attribute,
+    computed from the loaded parameters (it was computed from meta tensors when the hook was
+    applied; forward computes it again anyway). Spectral norm's power iteration is not run: its
+    vectors are loaded."""
+    from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
@@ -480,6 +582,8 @@ def _refresh_norm_weights(module: torch.nn.Module) -> None:
             elif isinstance(hook, SpectralNorm):
                 with torch.no_grad():
                     setattr(sub, hook.name, hook.compute_weight(sub, do_power_iteration=False))
+            elif isinstance(hook, BasePruningMethod):
+                setattr(sub, hook._tensor_name, hook.apply_mask(sub))
 
 
 def _has_meta_tensors(module: torch.nn.Module) -> bool:
