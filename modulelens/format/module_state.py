@@ -31,6 +31,16 @@ _BOOKKEEPING = frozenset({"_is_hf_initialized", "_output_capturing_hooks_install
 _REINSTALLED_HOOKS = ("transformers.utils.output_capturing:",)
 
 
+# Hooks a tool registers after construction that a load registers again, by import path: plain
+# functions of torch that read only the module they are called on. Eager-mode quantization's
+# prepare() / prepare_qat() put each observer or fake-quantize module (``activation_post_process``,
+# a child the recorded tree rebuilds) behind its module with these.
+REREGISTERED_HOOKS = {
+    "torch.ao.quantization.quantize:_observer_forward_hook": "forward",
+    "torch.ao.quantization.quantize:_observer_forward_pre_hook": "forward_pre",
+}
+
+
 def reinstalled_by_library(hook: str) -> bool:
     """Whether a hook (``pkg.mod:qualname``) is one its library installs again on a rebuilt module."""
     return hook.startswith(_REINSTALLED_HOOKS)
@@ -57,6 +67,8 @@ def plain_attributes(module: torch.nn.Module,
     found: dict[str, dict[str, Any]] = {}
     pairs = module.named_modules(remove_duplicate=False) if modules is None else modules
     for path, sub in pairs:
+        if isinstance(sub, torch.jit.ScriptModule):  # its state lives in C++; vars() holds torch.jit's bookkeeping
+            continue
         values = {k: v for k, v in vars(sub).items()
                   if k not in internals and not k.startswith("__") and not k.startswith("_modulelens") and _is_plain(v)}
         if values:

@@ -396,6 +396,7 @@ class _Checker:
                 continue
             self.built(entry, where, constructions)
             self.field(entry, "compiled", bool, where, optional=True)
+            self.field(entry, "made_by", str, where, optional=True)
             for name, chain in (self.field(entry, "parametrizations", dict, where, optional=True) or {}).items():
                 self.expect(chain, dict, f"{where}.parametrizations[{name}]")
                 self.field(chain, "unsafe", bool, f"{where}.parametrizations[{name}]")
@@ -405,9 +406,16 @@ class _Checker:
             for i, hook in enumerate(self.field(entry, "reapply", list, where, optional=True) or []):
                 here = f"{where}.reapply[{i}]"
                 self.expect(hook, dict, here)
-                if hook.get("kind") not in ("weight_norm", "spectral_norm"):
-                    raise self.fail(here, f"unknown norm hook {hook.get('kind')!r}")
+                if hook.get("kind") not in ("weight_norm", "spectral_norm", "prune", "hook"):
+                    raise self.fail(here, f"unknown hook to apply again {hook.get('kind')!r}")
+                if hook["kind"] == "hook":
+                    self.field(hook, "hook", str, here)
+                    if self.field(hook, "on", str, here) not in ("forward", "forward_pre"):
+                        raise self.fail(f"{here}.on", f"{hook['on']!r} is not forward or forward_pre")
+                    continue
                 self.field(hook, "name", str, here)
+                if hook["kind"] == "prune":
+                    continue
                 self.field(hook, "dim", int, here)
                 if hook["kind"] == "spectral_norm":
                     self.field(hook, "eps", (int, float), here)

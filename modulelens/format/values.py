@@ -596,3 +596,6 @@ for _name in ("torch_geometric.Data", "torch_geometric.Batch"):
     register_lazy_codec(_name, "torch_geometric", "modulelens.format.pyg_codecs:install")
 for _name in ("diffusers.AttentionProcessor", "diffusers.DiagonalGaussianDistribution"):
     register_lazy_codec(_name, "diffusers", "modulelens.format.diffusers_codecs:install")
+# torch's own tools: quantization configs and qschemes (QAT/PTQ-prepared modules), fx graphs
+for _name in ("torch.ao.quantization._PartialWrapper", "torch.qscheme"):
+    register_lazy_codec(_name, "torch.ao.quantization", "modulelens.format.torch_codecs:install")

@@ -25,7 +25,7 @@ from modulelens.format.tree import encode_tree
 from modulelens.format.values import EncodeContext, encode_value
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.budget import plan_shape_only
-from modulelens.tracing.init_tracking import InitRecord, constructed_as, get_init_record
+from modulelens.tracing.init_tracking import InitRecord, constructed_as, construction_missing, get_init_record
 from modulelens.tracing.lazy_modules import is_lazy_class, materialised_arguments
 from modulelens.tracing.module_tree import constructed_class
 from modulelens.tracing.options import PayloadPolicy
@@ -125,10 +125,8 @@ class ConstructionTable:
             return existing
         record = get_init_record(module)
         if record is None:
-            raise UnsupportedValueError(
-                f"{path}: {type(module).__qualname__} was built before modulelens.track_init() "
-                "was on, so its constructor arguments are unknown"
-            )
+            raise UnsupportedValueError(f"{path}: the constructor arguments of {type(module).__qualname__} are unknown: "
+                                        f"{construction_missing(module)}")
         cls = constructed_class(module)  # the user's class, not FSDP2's FSDP<Cls> or a Parametrized<Cls>
         args, kwargs = construction_arguments(module, cls, record, path)
         return self.add_record(cls, args, kwargs, path, key=id(module))
@@ -145,8 +143,10 @@ class ConstructionTable:
                 "kwargs": {k: encode_value(v, ctx, f"{path}kwargs[{k!r}]") for k, v in kwargs.items()},
             }
         except BaseException:
-            del self.entries[mid]
-            del self._ids[key]
+            # pop, not del: a nested record of the same module may have gone first, and a KeyError
+            # here hid the real error (a capture warning said only "failed: 139710831342416")
+            self.entries.pop(mid, None)
+            self._ids.pop(key, None)
             raise
         self.entries[mid] = entry
         self.classes.append(cls)
@@ -200,7 +200,7 @@ def encode_record(
         "construction": None,
     }
     if record.construction is None:
-        module_info["construction_missing"] = "the module was built before modulelens.track_init() was on"
+        module_info["construction_missing"] = construction_missing(record.live_module)
     else:
         # An unsupported constructor argument is an error naming it; the caller decides whether
         # to fail (strict) or to save without a constructor record and warn.
@@ -269,6 +269,8 @@ def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) 
         entry = built(node.module, node.cls, f"tree[{node.path!r}].")
         if node.compiled:
             entry["compiled"] = True
+        if node.made_by is not None:
+            entry["made_by"] = node.made_by
         if node.parametrizations:
             entry["parametrizations"] = {
                 name: {"unsafe": unsafe, "modules": [built(m, constructed_class(m), f"tree[{node.path!r}].{name}[{i}].")

@@ -49,6 +49,7 @@ from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialise
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
+from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.snapshot import Snapshotter
 from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
@@ -235,15 +236,15 @@ class Tracer:
         if self.world_size > 1:
             # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
             # local inputs into DTensors before it and its DTensor output into a shard after it).
-            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
-            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
+            pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True)
+            post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True,
                                                 prepend=True)
         else:
             # Outermost: the call as the parent sees it, inputs before the module's own pre-hooks and
             # the output after its own forward hooks, since a rebuilt module registers those again in
             # its constructor and replay runs them (recorded inside them, they applied twice, issue 22).
-            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True, prepend=True)
-            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True)
+            pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True, prepend=True)
+            post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True)
         self._handles[name] = [pre, post]
         if is_unmaterialised_lazy(module):  # recorded after its own pre-hook infers its parameters
             self._lazy_hooks[name] = module.register_forward_pre_hook(self._make_lazy_hook(name), with_kwargs=True)
