@@ -25,7 +25,7 @@ from census import outcomes as oc
 from census.run import CPU, Options, run
 
 # the slowest first, so that with --jobs 2 the short ones fill the other core
-FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "torchrec"]
+FAMILIES = ["transformers", "timm", "torch_geometric", "torch_nn", "tools", "peft", "diffusers", "torchrec"]
 # The whole census (CI) runs every target of every family: 28 CPU minutes measured (docs/fidelity.md), so
 # about 15 minutes on CI's 2 free cores. --limit style sampling stays available: FAMILY -> a seeded sample of N targets.
 FULL_LIMITS: dict[str, int] = {}
@@ -38,7 +38,8 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("torch", "transformers", "timm", "torch_geometric", "diffusers", "peft", "torchrec", "fbgemm_gpu_cpu"):
+    for name in ("torch", "transformers", "timm", "torch_geometric", "diffusers", "peft", "torchrec", "fbgemm_gpu_cpu",
+                 "accelerate", "tensordict", "torchrl", "neuraloperator"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:

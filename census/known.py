@@ -47,7 +47,7 @@ KNOWN: list[Known] = [
           "cannot be referenced by import path"),
     # the census's own limits: targets its mechanical rules cannot build or feed (each listed with its reason)
     *(Known(family, "*", category, "the census's construction rules do not cover this target (see its message)")
-      for family in ("transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers")
+      for family in ("transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "tools")
       for category in oc.NOT_RUN),
     Known("torchrec", "EmbeddingBagCollection", oc.BUILD, "needs native fbgemm, which does not load with torch 2.13"),
 ]

@@ -125,8 +125,14 @@ def probe_target(family: str, target: Target) -> dict[str, Any]:
             failed: dict[str, str] = {}
             for mode in MODES:
                 seen: set[str] = set()
-                handles = [model.get_submodule(name).register_forward_pre_hook(
-                    lambda *_a, label=label, seen=seen: seen.add(label)) for label, name in names.items()]
+                handles = []
+                for label, name in names.items():
+                    submodule = model.get_submodule(name) if name else model  # (a ScriptModule has no get_submodule)
+                    if isinstance(submodule, torch.jit.ScriptModule):  # torch refuses hooks on them: the
+                        seen.add(label)  # family names only TorchScript submodules its model calls
+                        continue
+                    handles.append(submodule.register_forward_pre_hook(
+                        lambda *_a, label=label, seen=seen: seen.add(label)))
                 try:
                     _run_job(model, job, mode)
                 except TargetTimeoutError:

@@ -109,6 +109,21 @@ class ClassResolver:
                                 else Provenance(False, "it is not in a local repo"))
         return self._provenance
 
+    def allow_code(self, what: str) -> None:
+        """Code stored as data in the capture (an fx graph decides which functions run, with which
+        arguments) is built only under the trust stored source needs: ``trust_source``, or a
+        capture of your own (docs/security.md).
+
+        Raises:
+            UntrustedCodeError: neither.
+        """
+        if self.trust_source or self.provenance().own:
+            return
+        raise UntrustedCodeError(
+            f"{self.ref}: {what} is code stored in the capture (which functions run, with which arguments); it "
+            f"runs only if you trust this capture (it is not one you saved into this repo: {self.provenance().why}): "
+            f"{TRUST_HINT}")
+
     def allow_here(self, module_name: str, spec: importlib.machinery.ModuleSpec) -> bool:
         """Whether the top-level module ``module_name``, found in the current directory, may be
         imported: it is (the package of) a file this capture recorded, and the capture is your own."""
@@ -210,6 +225,8 @@ def decode_construction(entry: Construction, resolver: ClassResolver,
         RestoreError: the class or an argument cannot be decoded here.
     """
     cls = module_class(resolver, entry["class"])
+    if _holds_graph([entry["args"], entry["kwargs"]]):  # format/fx_codecs.py: a graph is code
+        resolver.allow_code(f"the fx graph {entry['class']} is built from")
     try:
         args = tuple(decode_value(a, ctx) for a in entry["args"])
         kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
@@ -263,3 +280,14 @@ def named_paths(encoded: Any) -> Iterator[str]:
         for value in encoded.values():
             if isinstance(value, (list, dict)):
                 yield from named_paths(value)
+
+
+def _holds_graph(encoded: Any) -> bool:
+    """Whether an encoded value holds an fx graph (format/fx_codecs.py)."""
+    if isinstance(encoded, list):
+        return any(_holds_graph(item) for item in encoded)
+    if isinstance(encoded, dict):
+        if encoded.get("$type") == "codec" and encoded.get("codec") == "torch.fx.Graph":
+            return True
+        return any(_holds_graph(value) for value in encoded.values() if isinstance(value, (list, dict)))
+    return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -19,7 +20,7 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # torch's parameter.pyi omits it
 
 from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
-from modulelens.format.module_state import REREGISTERED_HOOKS, structure, structure_difference
+from modulelens.format.module_state import REREGISTERED_HOOKS, reproducible_compile, structure, structure_difference
 from modulelens.format.spec import CaptureMetadata, StateEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.restore.classes import ClassResolver, construction_paths, decode_construction, module_class
@@ -66,6 +67,7 @@ class Rebuilder:
         self.notes = notes
         self.options = options
         self.current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
+        self.traced_modes: dict[str, bool] = {}  # paths torch.jit.trace made -> the mode they were traced in
 
     # ------------------------------------------------------------------------------ arguments
 
@@ -123,6 +125,8 @@ class Rebuilder:
         with random_state_kept():
             module = self._build_with_state()
             self._restore_attributes(module)
+        _keep_traced_modes(module, self.traced_modes)
+        self._compile_again(module)
         missing_hooks = hooks_not_rebuilt(self.metadata["module"])
         if missing_hooks:
             shown = "; ".join(missing_hooks[:5]) + (f" and {len(missing_hooks) - 5} more" if len(missing_hooks) > 5 else "")
@@ -232,7 +236,7 @@ class Rebuilder:
                     built[path] = shared
                 continue
             current = parent._modules.get(name)
-            if current is not None and self._built_as(current, entry["class"]):
+            if current is not None and (self._built_as(current, entry["class"]) or self._built_as_recorded(current, entry)):
                 self._put_back(current, entry, path, changed)
                 if direct is not None and not _same_direct_state(current, direct.get(path, {}), self.metadata):
                     current = None  # the same class, other parameters: built afresh
@@ -266,10 +270,39 @@ class Rebuilder:
         for path, entry in tree.items():
             if isinstance(entry.get("made_by"), str):
                 made.setdefault(entry["made_by"], []).append(path or "<root>")
+        traced = {path: entry["traced_training"] for path, entry in tree.items()
+                  if isinstance(entry.get("traced_training"), bool)}
+        if traced:
+            self.traced_modes = traced
         for tool, paths in made.items():
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
             self.notes.append(f"rebuilt as the eager modules {tool} made them from (they run the same operations "
                               f"eagerly): {shown}")
+
+    def _compile_again(self, module: torch.nn.Module) -> None:
+        """Compile the modules that ran ``torch.compile``d as the job compiled them (in place:
+        ``module.compile(...)``), so a replay runs the kernels the job ran (tracing/compiled.py);
+        settings a load does not reproduce leave the module eager, with a note."""
+        compiled, eager = [], []
+        for path, entry in (self.metadata["module"].get("tree") or {}).items():
+            settings = entry.get("compile")
+            if settings is None:
+                continue
+            if not reproducible_compile(settings):
+                eager.append(path or "<root>")
+                continue
+            try:
+                sub = module.get_submodule(path) if path else module
+            except AttributeError:
+                continue
+            sub.compile(backend=settings["backend"], options=settings.get("options") or None,
+                        dynamic=settings.get("dynamic"), fullgraph=settings.get("fullgraph", False))
+            compiled.append(f"{path or '<root>'} ({settings['backend']})")
+        if compiled:
+            self.notes.append(f"compiled as the job compiled them (torch.compile, on the first call): {', '.join(compiled)}")
+        if eager:
+            self.notes.append(f"ran torch.compile'd in the job with settings a load does not reproduce, so they run "
+                              f"eagerly (results may round differently): {', '.join(eager)}")
 
     def _built_as(self, module: torch.nn.Module, class_path: str) -> bool:
         """Whether ``module`` is of the recorded class ``class_path``: by name, or, for a class
@@ -280,6 +313,12 @@ class Rebuilder:
             return _constructed_type(module) is self.resolver.resolve(class_path, "module")
         except ModulelensError:  # not resolvable here: the piece is built from its record, which says why
             return False
+
+    def _built_as_recorded(self, module: torch.nn.Module, entry: dict[str, Any]) -> bool:
+        """Whether ``module`` is of the class the piece's own construction record builds (a graph a
+        tool made is rebuilt as a GraphModule: tracing/graph_modules.py)."""
+        construction = self.metadata.get("constructions", {}).get(entry.get("construction") or "")
+        return construction is not None and _class_path(module) == construction["class"]
 
     def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
         """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
@@ -308,6 +347,10 @@ class Rebuilder:
         for hook in entry.get("reapply", []):
             if _has_norm_hook(module, hook):
                 continue
+            if hook["kind"] == "accelerate":
+                self._add_accelerate_hooks(module, hook)
+                changed.append(f"{path or '<root>'}: accelerate hooks")
+                continue
             if hook["kind"] == "hook":
                 self._register_again(module, hook)
                 changed.append(f"{path or '<root>'}: {hook['on'].replace('_', '-')} hook {hook['hook']}")
@@ -328,6 +371,14 @@ class Rebuilder:
                     torch.nn.utils.spectral_norm(module, name=hook["name"], dim=hook["dim"], eps=hook["eps"],
                                                  n_power_iterations=hook["n_power_iterations"])
             changed.append(f"{path or '<root>'}.{hook['name']} {hook['kind']}")
+
+    def _add_accelerate_hooks(self, module: torch.nn.Module, recorded: dict[str, Any]) -> None:
+        """The accelerate ``ModelHook``s the job attached with ``add_hook_to_module`` (stored by
+        their class and attributes, format/accelerate_codecs.py), attached again the same way."""
+        hooks = decode_value(recorded["hooks"], self.decode_context())
+        add_hook = self.resolver.resolve("accelerate.hooks:add_hook_to_module", "value")
+        for hook in hooks if isinstance(hooks, list) else []:
+            add_hook(module, hook, append=True)
 
     def _register_again(self, module: torch.nn.Module, hook: dict[str, Any]) -> None:
         """Register a hook a tool added after construction (``module_state.REREGISTERED_HOOKS``:
@@ -383,6 +434,8 @@ class Rebuilder:
         if not states:
             return
         state = states[index]
+        if not live:
+            _graph_module_parameters(module, state)
         expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}
         recorded_params, recorded_buffers = set(state["parameters"]), set(state["buffers"])
@@ -410,7 +463,7 @@ class Rebuilder:
             if live and current is not None and current.shape == recorded.shape:
                 current.copy_(recorded)
                 continue
-            owner._buffers[leaf] = _resizable(recorded)
+            owner._buffers[leaf] = _own_buffer(recorded)
             if not buffer["persistent"]:
                 owner._non_persistent_buffers_set.add(leaf)
         ctx = self.decode_context()
@@ -477,14 +530,19 @@ def state_versions(module: torch.nn.Module) -> tuple[int, ...]:
     return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
 
 
-def _resizable(tensor: torch.Tensor) -> torch.Tensor:
-    """A recorded buffer of at most one element as a copy, not a copy-on-write map of its payload:
-    a mapped storage cannot grow, and modules resize such buffers in place (quantization observers'
-    per-channel ``min_val`` starts empty and a fake-quantize ``scale`` with one element; both take
-    the number of channels at their first call: "Trying to resize storage that is not
-    resizable"). Larger buffers (running statistics, masks) stay mapped: copying every one cost
-    loads time, and none of them was seen to grow."""
-    return tensor.clone() if tensor.numel() <= 1 else tensor
+def _own_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    """A recorded buffer as a module can treat its own: not a view (``_open_tensor`` maps payloads
+    as views of their file or pack, and quantization observers call ``self.histogram.detach_()``,
+    which a view refuses: "Can't detach views in-place"), and, with at most one element, a copy
+    that can grow (a mapped storage cannot; observers' per-channel ``min_val`` starts empty and a
+    fake-quantize ``scale`` with one element, both resized to the number of channels at their
+    first call). Larger buffers keep the mapped storage (copying every one cost loads time)."""
+    if tensor.numel() <= 1:
+        return tensor.clone()
+    if tensor._base is None:
+        return tensor
+    own = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return own.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
 
 
 def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
@@ -494,6 +552,52 @@ def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
     except AttributeError:
         raise RestoreError(f"the capture names {dotted!r}, but the rebuilt {type(module).__name__} has no "
                            f"submodule {prefix!r}") from None
+
+
+def _keep_traced_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
+    """A module ``torch.jit.trace`` made ran the graph traced in one mode whatever ``.train()`` set
+    (a BatchNorm traced in eval mode normalises with its running statistics in train mode too), so
+    its eager rebuild is put in that mode and keeps it: ``train()`` on it (or on a parent) leaves it
+    as it is, like the traced module."""
+    for path, training in modes.items():
+        try:
+            sub = module.get_submodule(path) if path else module
+        except AttributeError:
+            continue
+        torch.nn.Module.train(sub, training)
+        sub.train = _KeptMode(sub)  # type: ignore[method-assign, assignment]  # an instance's own train(), as the trace had
+
+
+class _KeptMode:
+    """``train`` of a module rebuilt from a traced one: its mode stays (see :func:`_keep_traced_modes`)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._module = weakref.ref(module)
+
+    def __call__(self, mode: bool = True) -> torch.nn.Module | None:
+        return self._module()
+
+
+def _graph_module_parameters(module: torch.nn.Module, state: StateEntry) -> None:
+    """A GraphModule rebuilt from its graph and a dict of what the graph uses
+    (tracing/graph_modules.py) registers every tensor of the dict as a buffer (torch.fx's
+    ``_assign_attr``); the recorded state says which were parameters, and they become parameters."""
+    graphs = [path for path, sub in module.named_modules() if isinstance(sub, torch.fx.GraphModule)]
+    if not graphs:
+        return
+    for name in state["parameters"]:
+        if not any(path == "" or name.startswith(path + ".") for path in graphs):
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        try:
+            owner = module.get_submodule(prefix) if prefix else module
+        except AttributeError:
+            continue
+        buffer = owner._buffers.get(leaf)
+        if buffer is not None and leaf not in owner._parameters:
+            del owner._buffers[leaf]
+            owner._non_persistent_buffers_set.discard(leaf)
+            owner._parameters[leaf] = torch.nn.Parameter(buffer, requires_grad=buffer.is_floating_point())
 
 
 def _none_buffers(module: torch.nn.Module) -> set[str]:
@@ -514,8 +618,12 @@ def _class_path(module: torch.nn.Module) -> str:
 
 
 def _constructed_type(module: torch.nn.Module) -> type:
+    """The class ``module`` was built as: a parametrized module's generated class unwrapped, and
+    the ``GraphModuleImpl`` fx generates for every GraphModule (a subclass defined in its ``__new__``)."""
     cls = type(module)
     if cls.__module__ == "torch.nn.utils.parametrize" and len(cls.__bases__) == 1:
+        cls = cls.__bases__[0]
+    if "<locals>" in cls.__qualname__ and isinstance(module, torch.fx.GraphModule) and len(cls.__bases__) == 1:
         cls = cls.__bases__[0]
     return cls
 
@@ -555,6 +663,8 @@ def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
+    if hook["kind"] == "accelerate":
+        return "_hf_hook" in vars(module)
     if hook["kind"] == "hook":
         table = module._forward_hooks if hook["on"] == "forward" else module._forward_pre_hooks
         return any(f"{getattr(h, '__module__', '')}:{getattr(h, '__qualname__', '')}" == hook["hook"]

@@ -84,18 +84,19 @@ class _Entry(weakref.ref[Any]):
     span were added after construction and are not rebuilt with it (``tracing/module_tree.py``).
     """
 
-    __slots__ = ("built", "hooks_from", "hooks_to", "key", "made_by", "missing", "record")
+    __slots__ = ("built", "hooks_from", "hooks_to", "key", "made_by", "missing", "record", "traced_training")
     key: int
     record: InitRecord | None  # None: the construction was seen but its arguments were not (``missing`` says why)
     missing: str | None
     made_by: str | None  # a tool that made it from the module ``record`` built (``"torch.jit.script"``)
+    traced_training: bool | None  # torch.jit.trace: the mode its graph was traced in (the graph keeps it)
     hooks_from: int
     hooks_to: int | None
     built: type
 
     def __new__(cls, module: Any, record: InitRecord | None, key: int) -> _Entry:
         self = super().__new__(cls, module, _forget)
-        self.key, self.record, self.missing, self.made_by = key, record, None, None
+        self.key, self.record, self.missing, self.made_by, self.traced_training = key, record, None, None, None
         self.hooks_from, self.hooks_to = RemovableHandle.next_id, None
         self.built = type(module)  # the class the arguments are for (a lazy module changes its class later)
         return self
@@ -238,6 +239,8 @@ def _record_scripted(instance: Any, args: tuple[Any, ...], caller: Any) -> None:
     if made is not None:
         made.built, made.made_by = entry.built, tool
         made.hooks_from, made.hooks_to = entry.hooks_from, entry.hooks_to
+        if tool == "torch.jit.trace" and original is not None:  # its graph keeps this mode whatever .train() says
+            made.traced_training = bool(original.training)
 
 
 def _track_own_new_classes() -> None:
@@ -489,6 +492,12 @@ def made_by_tool(module: torch.nn.Module) -> str | None:
     ``"torch.jit.trace"``), or ``None``."""
     entry = _entry(module)
     return None if entry is None else entry.made_by
+
+
+def traced_training(module: torch.nn.Module) -> bool | None:
+    """For a module ``torch.jit.trace`` made, the mode (``training``) it was traced in; else ``None``."""
+    entry = _entry(module)
+    return None if entry is None else entry.traced_training
 
 
 def construction_hooks(module: torch.nn.Module) -> tuple[int, int | None] | None:

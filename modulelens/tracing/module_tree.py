@@ -21,8 +21,10 @@ import torch
 
 from modulelens.format.module_state import REREGISTERED_HOOKS, reinstalled_by_library
 from modulelens.format.spec import hooks_not_rebuilt
+from modulelens.tracing.compiled import compile_settings
 from modulelens.tracing.distributed import original_class
-from modulelens.tracing.init_tracking import constructed_as, construction_hooks, made_by_tool
+from modulelens.tracing.graph_modules import is_export_guards
+from modulelens.tracing.init_tracking import constructed_as, construction_hooks, made_by_tool, traced_training
 
 _COMPILED = "OptimizedModule"  # torch.compile's wrapper: its child `_orig_mod` is the module
 _HOOK_DICTS = (("forward_pre", "_forward_pre_hooks"), ("forward", "_forward_hooks"),
@@ -48,7 +50,10 @@ class TreeNode:
     cls: type  # the class its construction built (parametrization and FSDP2 classes unwrapped)
     same_as: str | None = None  # the same module object as at this earlier path (shared)
     compiled: bool = False  # it ran as the child of a torch.compile wrapper
+    compile_settings: dict[str, Any] | None = None  # how (tracing/compiled.py)
     made_by: str | None = None  # the tool that made it from a module of ``cls`` (``"torch.jit.script"``)
+    forward_replaced: str | None = None  # what replaced ``forward`` on the instance (not rebuilt), if anything
+    traced_training: bool | None = None  # torch.jit.trace: the mode its graph keeps
     parametrizations: dict[str, tuple[list[torch.nn.Module], bool]] = field(default_factory=dict)
     reapply: list[dict[str, Any]] = field(default_factory=list)  # weight_norm / spectral_norm / prune, in order
     hooks: list[HookInfo] = field(default_factory=list)
@@ -88,26 +93,29 @@ def module_tree(root: torch.nn.Module, ignore_hooks: Iterable[int] = ()) -> list
     subtree_ids = {id(m) for m in root.modules()}
 
     def visit(path: str, module: torch.nn.Module, spans: list[tuple[int, int | None]]) -> None:
-        compiled = False
+        compiled: dict[str, Any] | None = None
         while type(module).__name__ == _COMPILED:
             inner = module._modules.get("_orig_mod")
             if not isinstance(inner, torch.nn.Module):
                 break
-            module, compiled = inner, True
+            module, compiled = inner, compile_settings(module)
         if id(module) in seen:
             nodes.append(TreeNode(path, module, constructed_class(module), same_as=seen[id(module)]))
             return
         seen[id(module)] = path
-        node = TreeNode(path, module, constructed_class(module), compiled=compiled, made_by=made_by_tool(module))
+        node = TreeNode(path, module, constructed_class(module), compiled=compiled is not None, compile_settings=compiled,
+                        made_by=made_by_tool(module),
+                        traced_training=traced_training(module))
         nodes.append(node)
         span = construction_hooks(module)
         if span is not None and not (path == "" and unattached_root):  # the top's end is unknown
             spans = [*spans, span]
         _note_hooks(node, spans, ignored, unattached_root, subtree_ids)
+        _note_replaced_forward(node)
         # a TorchScript module's _modules is torch.jit's OrderedModuleDict (items, keys, values; no get)
         parametrizations = module._modules["parametrizations"] if is_parametrized(module) else None
         for name, child in module._modules.items():
-            if child is None or child is parametrizations:
+            if child is None or child is parametrizations or is_export_guards(child):  # graph_modules.py
                 continue
             visit(f"{path}.{name}" if path else name, child, spans)
         if isinstance(parametrizations, torch.nn.ModuleDict):  # torch.nn.utils.parametrize's container
@@ -147,6 +155,35 @@ def _note_hooks(node: TreeNode, spans: list[tuple[int, int | None]], ignored: se
                                        or _rebuilt(hook_id, hook, spans, unattached_root, subtree_ids)))
 
 
+# accelerate's hooks that only move tensors between devices (and offload weights): a rebuilt module
+# holds its weights where the load puts them and does without them (tracing/offload.py)
+_DEVICE_HOOKS = frozenset({"accelerate.hooks:AlignDevicesHook", "accelerate.hooks:CpuOffload"})
+
+
+def _note_replaced_forward(node: TreeNode) -> None:
+    """A ``forward`` set on the instance replaces the class's. accelerate's ``add_hook_to_module``
+    does that (its ``new_forward`` runs the ``ModelHook`` kept in ``_hf_hook`` around the class's
+    forward): its hooks are applied again on load (those that only move tensors need not be);
+    any other replacement is named, since a rebuild runs the class's forward (issue 34: a replay
+    was wrong by 1.32 with no word at capture or load)."""
+    replaced = vars(node.module).get("forward")
+    if replaced is None:
+        return
+    hook = vars(node.module).get("_hf_hook")
+    if hook is None or not callable(replaced):
+        node.forward_replaced = describe_hook(replaced)
+        return
+    kept = [h for h in accelerate_hooks(hook) if describe_hook(h) not in _DEVICE_HOOKS]
+    if kept:
+        node.reapply.append({"kind": "accelerate", "hooks": kept})
+
+
+def accelerate_hooks(hook: Any) -> list[Any]:
+    """The hooks in an accelerate hook, in order (a ``SequentialHook`` holds several)."""
+    inner = vars(hook).get("hooks") if hasattr(hook, "__dict__") else None
+    return [h for part in inner for h in accelerate_hooks(part)] if isinstance(inner, (list, tuple)) else [hook]
+
+
 def _rebuilt(hook_id: int, hook: Callable[..., Any], spans: list[tuple[int, int | None]], unattached_root: bool,
              subtree_ids: set[int]) -> bool:
     """Whether rebuilding the target registers ``hook`` again: it was registered while the module
@@ -171,6 +208,7 @@ def describe_hook(hook: Any) -> str:
 def not_rebuilt(nodes: list[TreeNode]) -> list[str]:
     """``"enc.attn: forward hook mypkg:log_stats"`` for every hook a rebuild will not register
     (worded as :func:`modulelens.format.spec.hooks_not_rebuilt` words a stored tree)."""
-    tree = {node.path: {"hooks": [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]}
+    tree = {node.path: {"hooks": [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks],
+                        **({"forward_replaced": node.forward_replaced} if node.forward_replaced else {})}
             for node in nodes}
     return hooks_not_rebuilt({"tree": tree})  # type: ignore[typeddict-item]

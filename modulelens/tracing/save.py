@@ -254,12 +254,8 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
         if tracer.strict or not construction_fails(record):  # a state or value no constructor record can fix
             raise
         warnings.warn(f"modulelens: {capture_name}: constructor not recorded: {error}", CaptureWarning, stacklevel=3)
-        construction, record.construction = record.construction, None
-        try:
-            meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
-                                           metadata=metadata, policy=policy)
-        finally:
-            record.construction = construction
+        meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
+                                       metadata=metadata, policy=policy, with_construction=False)
         meta["module"]["construction_missing"] = str(error)
         return meta, payloads
 

@@ -28,6 +28,7 @@ from modulelens.format.host_rng import host_states
 from modulelens.format.module_state import plain_attributes
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
+from modulelens.tracing.compiled import compile_settings, wrapper_of
 from modulelens.tracing.distributed import (
     ShardSync,
     describe_dtensor,
@@ -228,9 +229,10 @@ class Tracer:
     # ------------------------------------------------------------------------------ hooks
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
+        wrapper = wrapper_of(self.model, module) if self._compiled else None
         self.records[name] = ModuleRecord(
             qualified_name=name, module_class=constructed_class(module), construction=get_init_record(module),
-            module=module,
+            module=module, compiled=compile_settings(wrapper) if wrapper is not None else None,
         )
         self._stacks[name] = {}
         if self.world_size > 1:
