@@ -38,13 +38,9 @@ class Known:
 _NEW = "found by the census, not filed yet"
 
 KNOWN: list[Known] = [
-    # modulelens defects the whole census of 2026-12-01 found after the issue 22 fixes (the defects listed
-    # here before, diffusers BaseOutput, torchrec KeyedTensor, peft adapters and prompt/prefix tuning, Lazy*
-    # modules, NLLLoss2d, are fixed and replay bit-exact).
-    Known("timm", "dm_nfnet_f0", "load", f"{_NEW}: timm's NFNet stages are built "
-          "with act_layer=act_with_gamma(...), a function made inside another (a closure), which has no import "
-          "path; the stage block cannot be rebuilt from its recorded arguments (the whole model can)", DEFECT,
-          "cannot be referenced by import path"),
+    # No modulelens defect is open: the census's earlier ones (diffusers BaseOutput, torchrec KeyedTensor, peft
+    # adapters and prompt/prefix tuning, Lazy* modules, NLLLoss2d; timm dm_nfnet_f0's stage block, whose
+    # act_layer is a closure, now rebuilt from its recorded attributes, issue 34) replay bit-exact.
     # the census's own limits: targets its mechanical rules cannot build or feed (each listed with its reason)
     *(Known(family, "*", category, "the census's construction rules do not cover this target (see its message)")
       for family in ("transformers", "timm", "torch_geometric", "torch_nn", "peft", "diffusers", "tools")

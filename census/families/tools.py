@@ -335,8 +335,14 @@ def _tool_target(tool: str, base: str) -> Target:
     return Target(f"{tool}:{base}", lambda: build(base), job, submodules=submodules)
 
 
+# left out of the quick sample of every test run: inductor compiles for tens of CPU seconds
+SLOW = ("compile:",)
+
+
 def targets(sample: Sample) -> list[Target]:
     names = [f"{tool}:{base}" for tool, (_build, bases) in TOOLS.items() for base in bases] + list(OWN_NEW)
+    if sample.quick and not sample.only:
+        names = [n for n in names if not n.startswith(SLOW)]
     chosen = sample.pick(names, str, quick_count=6)
     found = []
     for name in chosen:

@@ -58,7 +58,11 @@ ModuleInfo = TypedDict(
 
 Construction = TypedDict(
     "Construction",
-    {"class": str, "args": list[EncodedValue], "kwargs": dict[str, EncodedValue]},
+    {"class": str, "args": list[EncodedValue], "kwargs": dict[str, EncodedValue],
+     # a module its recorded arguments cannot rebuild (a closure argument), rebuilt from its
+     # recorded attributes instead (docs/fidelity.md, "Rebuilt from recorded attributes")
+     "state": NotRequired[EncodedValue], "parameters": NotRequired[list[str]],
+     "buffers": NotRequired[dict[str, bool]], "why": NotRequired[str]},
 )
 
 

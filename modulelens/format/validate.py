@@ -374,6 +374,13 @@ class _Checker:
             self.field(entry, "class", str, where)
             self.value(self.field(entry, "args", list, where), f"{where}.args")
             self.value(list(self.field(entry, "kwargs", dict, where).values()), f"{where}.kwargs")
+            if "state" in entry:  # rebuilt from its recorded attributes (restore/rebuild.py)
+                self.value(entry["state"], f"{where}.state")
+                for name in self.field(entry, "parameters", list, where):
+                    self.expect(name, str, f"{where}.parameters")
+                for name, persistent in self.field(entry, "buffers", dict, where).items():
+                    self.expect(persistent, bool, f"{where}.buffers[{name}]")
+                self.field(entry, "why", str, where, optional=True)
         self.acyclic(constructions)
         self.states()
         self.calls()

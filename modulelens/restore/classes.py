@@ -225,7 +225,7 @@ def decode_construction(entry: Construction, resolver: ClassResolver,
         RestoreError: the class or an argument cannot be decoded here.
     """
     cls = module_class(resolver, entry["class"])
-    if _holds_graph([entry["args"], entry["kwargs"]]):  # format/fx_codecs.py: a graph is code
+    if holds_graph([entry["args"], entry["kwargs"]]):  # format/fx_codecs.py: a graph is code
         resolver.allow_code(f"the fx graph {entry['class']} is built from")
     try:
         args = tuple(decode_value(a, ctx) for a in entry["args"])
@@ -282,12 +282,12 @@ def named_paths(encoded: Any) -> Iterator[str]:
                 yield from named_paths(value)
 
 
-def _holds_graph(encoded: Any) -> bool:
+def holds_graph(encoded: Any) -> bool:
     """Whether an encoded value holds an fx graph (format/fx_codecs.py)."""
     if isinstance(encoded, list):
-        return any(_holds_graph(item) for item in encoded)
+        return any(holds_graph(item) for item in encoded)
     if isinstance(encoded, dict):
         if encoded.get("$type") == "codec" and encoded.get("codec") == "torch.fx.Graph":
             return True
-        return any(_holds_graph(value) for value in encoded.values() if isinstance(value, (list, dict)))
+        return any(holds_graph(value) for value in encoded.values() if isinstance(value, (list, dict)))
     return False

@@ -9,6 +9,7 @@ outside its parameters and buffers, is constructed again on the CPU.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 import weakref
@@ -21,9 +22,15 @@ from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-def
 
 from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
 from modulelens.format.module_state import REREGISTERED_HOOKS, reproducible_compile, structure, structure_difference
-from modulelens.format.spec import CaptureMetadata, StateEntry, hooks_not_rebuilt
+from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
-from modulelens.restore.classes import ClassResolver, construction_paths, decode_construction, module_class
+from modulelens.restore.classes import (
+    ClassResolver,
+    construction_paths,
+    decode_construction,
+    holds_graph,
+    module_class,
+)
 from modulelens.restore.construction import empty_weights, random_state_kept
 
 
@@ -87,7 +94,7 @@ class Rebuilder:
         if options.given_arguments:
             return tuple(options.init_args or ()), dict(options.init_kwargs)
         mid = self.metadata["module"].get("construction")
-        if mid is None:
+        if mid is None or "state" in self.metadata["constructions"][mid]:  # no arguments: its attributes
             return None
         cls, args, kwargs = self.decode_construction(mid)
         if options.init_overrides:
@@ -102,8 +109,37 @@ class Rebuilder:
 
     def construct(self, mid: str) -> torch.nn.Module:
         """A new module from construction record ``mid`` (the decoding of a ``module`` value)."""
+        entry = self.metadata["constructions"][mid]
+        if "state" in entry:
+            return self._from_attributes(entry)
         cls, args, kwargs = self.decode_construction(mid)
         return cls(*args, **kwargs)
+
+    def _from_attributes(self, entry: Construction) -> torch.nn.Module:
+        """A module whose recorded arguments could not be stored (a closure), rebuilt from its
+        recorded attributes: ``cls.__new__``, ``nn.Module.__init__``, the attributes set back as they
+        were, its parameters and buffers registered by name as meta placeholders for the recorded
+        state; its children come from their own records (the tree). Its constructor does not run,
+        so nothing it would do besides (a hook it registers) happens: the notes say how it was built."""
+        cls = module_class(self.resolver, entry["class"])
+        try:
+            attributes = decode_value(entry["state"], self.decode_context())
+        finally:
+            self.collect_source_notes()
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module.__dict__.update(attributes)
+        for name in entry.get("parameters", []):
+            module._parameters[name] = torch.nn.Parameter(torch.empty(0, device="meta"))
+        for name, persistent in entry.get("buffers", {}).items():
+            module._buffers[name] = torch.empty(0, device="meta")
+            if not persistent:
+                module._non_persistent_buffers_set.add(name)
+        note = (f"{cls.__qualname__} rebuilt from its recorded attributes, parameters, buffers and submodules, not "
+                f"by its constructor, which did not run ({entry.get('why', '')})")
+        if note not in self.notes:
+            self.notes.append(note)
+        return module
 
     def collect_source_notes(self) -> None:
         for note in self.resolver.notes:
@@ -165,6 +201,12 @@ class Rebuilder:
             module = self._construct_on_cpu()
         return module
 
+    @functools.cached_property
+    def _builds_graphs(self) -> bool:
+        """Whether a construction of the capture is a GraphModule's (tracing/graph_modules.py)."""
+        return any(holds_graph([entry.get("args"), entry.get("kwargs")])
+                   for entry in self.metadata.get("constructions", {}).values())
+
     def _may_have_norm_hooks(self) -> bool:
         """Whether the rebuilt module may carry ``weight_norm``/``spectral_norm`` hooks: the recorded
         tree lists every one the job's module had (walking every module's hooks to find none cost a
@@ -186,7 +228,10 @@ class Rebuilder:
             )
         if options.init_overrides:
             arguments = self.init_arguments()
-            assert arguments is not None
+            if arguments is None:
+                raise UsageError(f"{self.ref}: init_overrides needs recorded constructor arguments, and "
+                                 f"{module_info['class']} is rebuilt from its recorded attributes "
+                                 f"({module_info.get('construction_missing', '')})")
             return self.module_type()(*arguments[0], **arguments[1])
         return self.construct(construction)
 
@@ -434,7 +479,7 @@ class Rebuilder:
         if not states:
             return
         state = states[index]
-        if not live:
+        if not live and self._builds_graphs:
             _graph_module_parameters(module, state)
         expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}

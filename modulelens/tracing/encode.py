@@ -154,8 +154,46 @@ class ConstructionTable:
         if existing is not None:
             return existing
         # the user's class, not FSDP2's FSDP<Cls> or a Parametrized<Cls>
-        cls, args, kwargs = construction_of(module, constructed_class(module), get_init_record(module), path)
-        return self.add_record(cls, args, kwargs, path, key=id(module))
+        return self.add_module_record(module, constructed_class(module), get_init_record(module), path)
+
+    def add_module_record(self, module: torch.nn.Module, cls: type, record: InitRecord | None, path: str) -> str:
+        """``module``'s construction record: its recorded construction, or, when one of its recorded
+        arguments cannot be stored (a closure), its attributes (:meth:`add_state_record`)."""
+        cls, args, kwargs = construction_of(module, cls, record, path)
+        try:
+            return self.add_record(cls, args, kwargs, path, key=id(module))
+        except UnsupportedValueError as error:
+            if record is None or is_graph_module(module):
+                raise
+            try:
+                return self.add_state_record(module, cls, path, why=str(error))
+            except UnsupportedValueError:
+                raise error from None  # the argument is the first thing the user can change
+
+    def add_state_record(self, module: torch.nn.Module, cls: type, path: str, why: str) -> str:
+        """A construction record that rebuilds ``module`` from its attributes rather than its
+        constructor: ``cls.__new__`` and ``nn.Module.__init__``, every attribute of its own (through
+        the codecs), its own parameters and buffers by name (their values come with the state) and
+        its children from their own records (the tree). For a module whose recorded arguments
+        cannot be stored: timm's NFNet blocks take ``act_layer``, a function made inside another."""
+        state = {name: value for name, value in vars(module).items()
+                 if name not in _MODULE_INTERNALS and not name.startswith("_modulelens")}
+        mid = f"m{next(self._numbers)}"
+        self._ids[id(module)] = mid
+        self.entries[mid] = {}
+        try:
+            encoded = encode_value(state, self._context, f"{path}<attributes>")
+        except BaseException:
+            self.entries.pop(mid, None)
+            self._ids.pop(id(module), None)
+            raise
+        self.entries[mid] = {
+            "class": class_path(cls), "args": [], "kwargs": {}, "state": encoded, "why": why,
+            "parameters": [name for name, p in module._parameters.items() if p is not None],
+            "buffers": {name: name not in module._non_persistent_buffers_set
+                        for name, b in module._buffers.items() if b is not None}}
+        self.classes.append(cls)
+        return mid
 
     def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
         ctx = self._context
@@ -205,6 +243,10 @@ def construction_arguments(module: torch.nn.Module, cls: type, record: InitRecor
         raise UnsupportedValueError(f"{path}{error}") from None
 
 
+# what torch.nn.Module.__init__ sets on every module (and the training flag): not a module's own state
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"training"}
+
+
 def construction_fails(record: ModuleRecord) -> bool:
     """Whether the target's own construction record has an argument without an encoding (then a
     capture is saved without it; any other value that cannot be stored is not helped by that)."""
@@ -212,8 +254,7 @@ def construction_fails(record: ModuleRecord) -> bool:
         return False
     tensors = TensorTable()
     try:
-        cls, args, kwargs = construction_of(record.live_module, record.module_class, record.construction, "")
-        ConstructionTable(tensors).add_record(cls, args, kwargs, "", key=id(record.module))
+        ConstructionTable(tensors).add_module_record(record.live_module, record.module_class, record.construction, "")
     except UnsupportedValueError:
         return True
     return False
@@ -245,10 +286,12 @@ def encode_record(
     elif record.construction is None and not is_graph_module(record.live_module):
         module_info["construction_missing"] = construction_missing(record.live_module)
     else:
-        # An unsupported constructor argument is an error naming it; the caller decides whether
-        # to fail (strict) or to save without a constructor record and warn.
-        cls, args, kwargs = construction_of(record.live_module, record.module_class, record.construction, "")
-        module_info["construction"] = constructions.add_record(cls, args, kwargs, "", key=id(record.module))
+        # An unsupported constructor argument is an error naming it, unless the module's attributes
+        # rebuild it; the caller decides whether to fail (strict) or to save without a record and warn.
+        mid = constructions.add_module_record(record.live_module, record.module_class, record.construction, "")
+        module_info["construction"] = mid
+        if "state" in constructions.entries[mid]:
+            module_info["construction_missing"] = constructions.entries[mid]["why"]
     if record.tree:
         module_info["tree"] = _encode_module_tree(record, constructions)
     if record.structure:

@@ -70,3 +70,32 @@ def test_a_module_kept_outside_the_tree_is_built_for_real(checked: dict[str, Any
     # e3nn keeps its generated code (with the Clebsch-Gordan constants as buffers) in a plain attribute
     notes = checked["after_loads"]["loads"]["e3nn"]["notes"]
     assert notes == ["built on the CPU, not the meta device (it keeps a tp_forward outside its submodules)"]
+
+
+def test_only_the_building_thread_gets_meta_weights_and_nothing_else_does() -> None:
+    import threading
+
+    import torch
+    from torch import nn
+
+    from modulelens.restore.construction import empty_weights
+
+    built: dict[str, nn.Module] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        ready.wait()
+        built["other"] = nn.Linear(3, 3)  # while the main thread is inside empty_weights()
+        done.set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with empty_weights():
+        layer = nn.Linear(3, 3)
+        table = torch.arange(4.0)  # not a parameter or buffer: a real tensor
+        ready.set()
+        done.wait(timeout=60)
+    worker.join()
+    assert layer.weight.is_meta and layer.bias.is_meta and not table.is_meta
+    assert not built["other"].weight.is_meta
+    assert not nn.Linear(3, 3).weight.is_meta  # and nothing is left behind
