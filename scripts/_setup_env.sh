@@ -64,6 +64,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # loads the one fbgemm library file that does load (the cumsum behind jagged offsets). Nothing else is needed:
   # jagged_tensor imports only torch and torchrec's own modules.
   python -m pip install -q --disable-pip-version-check --no-deps "torchrec==1.9.2" "fbgemm-gpu-cpu==1.9.0" >&2
+  # openai-whisper for the tests of its sparse alignment_heads buffer (issue 34), --no-deps: it requires triton
+  # unpinned on Linux (and torch); its imports (numba, tiktoken, more-itertools) are in pyproject's test extra.
+  python -m pip install -q --disable-pip-version-check --no-deps "openai-whisper==20250625" >&2
+  # torchaudio for the census's audio family, in a folder of its own that only that family's processes put on their
+  # path (census/families/torchaudio.py), --no-deps: its last release (2.11.1) requires torch 2.11 and its native
+  # library does not load with torch 2.13, so `import torchaudio` fails; census/shims/torchaudio loads its Python
+  # models and transforms without it. Installed next to the rest, it would break every library that imports
+  # torchaudio when it finds it (transformers' audio feature extractors).
+  rm -rf .venv/census-site
+  python -m pip install -q --disable-pip-version-check --no-deps --target .venv/census-site "torchaudio==2.11.1" >&2
   echo "$want" > "$stamp"
   if ! python -c "import torchvision" 2>/dev/null; then
     echo "note: no torchvision build for torch $(python -c "import torch; print(torch.__version__)") is available from" \
