@@ -493,9 +493,10 @@ class Rebuilder:
         parameters: dict[str, torch.nn.Parameter] = {}
         for name, entry in state["parameters"].items():
             owner, leaf = _owner(module, name)
-            if live:
+            if live:  # the registered parameter itself: get_parameter() reads it with getattr, which a
+                # property of the same name shadows (tltorch's ComplexDenseTensor: neuralop's SpectralConv)
                 with torch.no_grad():
-                    owner.get_parameter(leaf).copy_(self.open_tensor(entry["tensor"]))
+                    cast(torch.nn.Parameter, owner._parameters[leaf]).copy_(self.open_tensor(entry["tensor"]))
                 continue
             param = parameters.get(entry["tensor"])
             if param is None:  # tied parameters share one recorded tensor -> one Parameter

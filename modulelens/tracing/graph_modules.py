@@ -51,9 +51,18 @@ def graph_module_construction(module: torch.nn.Module, cls: type) -> tuple[type,
         if unflattened:  # it flattens its inputs and unflattens its output itself: the same, as code
             graph._codegen = _pytree_codegen(module)
     root = {node.target: _attribute(module, node.target) for node in graph.nodes if node.op in ("get_attr", "call_module")}
-    if module_denied(cls.__module__) or not issubclass(cls, torch.fx.GraphModule):
+    if module_denied(cls.__module__) or not _constructed_like_graph_module(cls):
         cls = torch.fx.GraphModule
     return cls, (root, graph), {"class_name": type(module).__name__}
+
+
+def _constructed_like_graph_module(cls: type) -> bool:
+    """Whether ``cls`` is a GraphModule subclass built by GraphModule's own ``__init__(root, graph,
+    class_name)`` (a subclass with its own, such as e3nn's ``Legendre``, is rebuilt as a GraphModule:
+    its forward is the same generated code)."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.fx.GraphModule)):
+        return False
+    return all("__init__" not in vars(base) for base in cls.__mro__[:cls.__mro__.index(torch.fx.GraphModule)])
 
 
 def _pytree_codegen(module: torch.nn.Module) -> Any:
