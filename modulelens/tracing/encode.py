@@ -142,7 +142,8 @@ class TensorTable:
 class ConstructionTable:
     """Constructor records of the target and of every module passed to a constructor."""
 
-    def __init__(self, tensors: TensorTable) -> None:
+    def __init__(self, tensors: TensorTable, *, by_attributes: bool = True) -> None:
+        self.by_attributes = by_attributes  # a module whose arguments cannot be stored is recorded by its attributes
         self.entries: dict[str, dict[str, Any]] = {}
         self.classes: list[type] = []
         self.tensors = tensors
@@ -165,7 +166,7 @@ class ConstructionTable:
         try:
             return self.add_record(cls, args, kwargs, path, key=id(module))
         except UnsupportedValueError as error:
-            if record is None or is_graph_module(module):
+            if record is None or is_graph_module(module) or not self.by_attributes:
                 raise
             try:
                 return self.add_state_record(module, cls, path, why=str(error))
@@ -271,13 +272,16 @@ def encode_record(
     metadata: dict[str, Any] | None = None,
     policy: PayloadPolicy | None = None,
     with_construction: bool = True,
+    by_attributes: bool = True,
 ) -> tuple[CaptureMetadata, dict[str, memoryview | WrittenPayload]]:
     """Capture metadata and the payloads it references (tensor id -> bytes, or the file a streamed
     weight was written to); ``with_construction=False``: without the target's construction record
-    (one of its arguments has no encoding: the caller saves the rest)."""
+    (one of its arguments has no encoding: the caller saves the rest); ``by_attributes=False``: a
+    module whose recorded arguments cannot be stored is an error rather than recorded by its
+    attributes (strict captures)."""
     policy = policy or PayloadPolicy()
     tensors = TensorTable(plan_shape_only(record, policy))
-    constructions = ConstructionTable(tensors)
+    constructions = ConstructionTable(tensors, by_attributes=by_attributes)
     module_info: ModuleInfo = {
         "class": class_path(record.module_class),
         "qualified_name": record.qualified_name,
