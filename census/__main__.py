@@ -25,8 +25,8 @@ from census import outcomes as oc
 from census.run import CPU, Options, run
 
 # the slowest first, so that with --jobs 2 the short ones fill the other core
-FAMILIES = ["transformers", "timm", "torch_geometric", "kornia", "monai", "torch_nn", "diffusers", "torchdiffeq", "peft",
-            "torchrl", "sentence_transformers", "torchaudio", "e3nn", "torchrec", "neuralop", "x_transformers",
+FAMILIES = ["transformers", "timm", "torch_geometric", "kornia", "monai", "torch_nn", "tools", "diffusers", "torchdiffeq",
+            "peft", "torchrl", "sentence_transformers", "torchaudio", "e3nn", "torchrec", "neuralop", "x_transformers",
             "vector_quantize", "normflows", "methods"]
 # The whole census (CI) runs every target of every family: 36 CPU minutes measured (docs/fidelity.md; issue 34's
 # eleven families about 6 of them), so about 18 minutes on CI's 2 free cores. --limit style sampling stays
@@ -44,7 +44,7 @@ def _versions() -> dict[str, str]:
     for name in ("torch", "transformers", "timm", "torch_geometric", "diffusers", "peft", "torchrec", "fbgemm_gpu_cpu",
                  "kornia", "monai", "e3nn", "torchdiffeq", "neuraloperator", "normflows", "vector_quantize_pytorch",
                  "x_transformers", "einops", "sentence_transformers", "torchrl", "tensordict", "gpytorch", "torchsde",
-                 "rotary-embedding-torch"):
+                 "rotary-embedding-torch", "accelerate"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:

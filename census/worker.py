@@ -171,10 +171,18 @@ def _watch_calls(model: nn.Module, name: str, on_call: Callable[..., Any]) -> An
     """A handle that sees the calls of target ``name``: a module's forward pre-hook, or for a method
     target ``path:method`` (census/families/methods.py) a wrapper of that method."""
     path, _, method = name.rpartition(":") if ":" in name else (name, "", "")
-    module = model.get_submodule(path.lstrip("."))
+    module = model.get_submodule(path.lstrip(".")) if path.lstrip(".") else model  # a ScriptModule has none
     if method:
         return _MethodWatch(module, method, on_call)
+    if isinstance(module, torch.jit.ScriptModule):  # torch refuses hooks on them: the family names only
+        on_call()  # TorchScript submodules its model calls (census/families/tools.py)
+        return _NoWatch()
     return module.register_forward_pre_hook(on_call)
+
+
+class _NoWatch:
+    def remove(self) -> None:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

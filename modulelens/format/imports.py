@@ -223,6 +223,9 @@ def _check_home(obj: Any, path: str) -> None:
     home = getattr(obj, "__module__", None)
     if not isinstance(home, str) or any(obj is allowed for allowed in _CLASSES_ALLOWED_INSIDE_DENIED):
         return
+    if home.startswith("_") and "." not in home and not module_denied(home[1:]) and \
+            getattr(sys.modules.get(home[1:]), getattr(obj, "__name__", ""), None) is obj:
+        return  # a C accelerator's function its public module exports (_operator.getitem is operator.getitem)
     if home == "builtins":
         if not (isinstance(obj, type) and obj.__name__ in BUILTIN_TYPES_ALLOWED):
             raise UntrustedCodeError(f"{path} is the builtin {getattr(obj, '__name__', obj)!r}; refused")

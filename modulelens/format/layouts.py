@@ -7,6 +7,10 @@ tensor and the whole as one encoded value (``$type`` ``sparse`` / ``nested``, do
 with torch's own constructors. Sparse tensors are rebuilt with torch's invariant checks on and jagged
 offsets are checked against their values, so damaged or hostile parts are refused instead of being
 indexed out of bounds by a kernel later.
+
+A tensor subclass made of plain inner tensors (torchao's quantized weights) is its parts and the
+context torch's ``__tensor_flatten__`` gives; as a parameter or buffer it is a ``subclass`` entry of
+the tensor table (docs/format.md), rebuilt by the class's own ``__tensor_unflatten__``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 import torch
 
-from modulelens.errors import CorruptCaptureError
+from modulelens.errors import CorruptCaptureError, UntrustedCodeError
 from modulelens.format.spec import SPARSE_PARTS
 
 JSON = Any
@@ -149,3 +153,33 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     if is_plain(tensor):
         return tensor.clone(memory_format=torch.preserve_format)
     return tensor.clone()
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor subclasses that wrap plain tensors (torchao's quantized weights)
+# --------------------------------------------------------------------------------------------
+
+
+def is_wrapper_subclass(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a tensor subclass made of inner tensors that torch's
+    ``__tensor_flatten__``/``__tensor_unflatten__`` protocol takes apart and puts back (torchao's
+    ``AffineQuantizedTensor`` and ``Int8Tensor`` weights after ``quantize_``)."""
+    cls = type(tensor)
+    return (cls is not torch.Tensor and cls is not torch.nn.Parameter and hasattr(tensor, "__tensor_flatten__")
+            and hasattr(cls, "__tensor_unflatten__"))
+
+
+def subclass_parts(tensor: torch.Tensor) -> tuple[dict[str, torch.Tensor], Any]:
+    """The inner tensors of a wrapper subclass by attribute name, and its context (the
+    non-tensor metadata ``__tensor_unflatten__`` takes back)."""
+    names, context = tensor.__tensor_flatten__()  # type: ignore[attr-defined]  # the subclass protocol
+    return {name: getattr(tensor, name) for name in names}, context
+
+
+def rebuild_subclass(cls: type, parts: dict[str, torch.Tensor], context: Any, shape: list[int],
+                     stride: list[int]) -> torch.Tensor:
+    """A wrapper subclass from its parts, by the class's own ``__tensor_unflatten__``; ``cls``
+    must be a tensor subclass that has one (the caller resolved it under the import rules)."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and hasattr(cls, "__tensor_unflatten__")):
+        raise UntrustedCodeError(f"{cls!r} is not a tensor subclass that rebuilds from its parts; refused")
+    return cls.__tensor_unflatten__(parts, context, torch.Size(shape), tuple(stride))

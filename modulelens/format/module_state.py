@@ -22,13 +22,42 @@ _PLAIN = (bool, int, float, str, type(None))
 # whose weights its initialiser has run with ``_is_hf_initialized = True`` (after construction, so
 # every transformers capture recorded it and every load noted restoring it; issue 23). A restored
 # module gets its weights from the capture, never from that initialiser.
-_BOOKKEEPING = frozenset({"_is_hf_initialized", "_output_capturing_hooks_installed"})
+# torch.compile marks the module it wraps (``_is_torch_compile``): a load compiles it again itself.
+_BOOKKEEPING = frozenset({"_is_hf_initialized", "_output_capturing_hooks_installed", "_is_torch_compile"})
 # Hooks a library installs on a module lazily, at its first call, under a flag that says they are
 # there (transformers 5: ``_output_capturing_hooks_installed``, the forward hooks that collect
 # ``hidden_states`` and ``attentions``). The flag is bookkeeping above, so it is not recorded: a
 # rebuilt module installs the hooks again itself at its first call. Restoring the flag without the
 # hooks made the rebuilt module skip them (aya_vision's vision tower then returned no hidden states).
 _REINSTALLED_HOOKS = ("transformers.utils.output_capturing:",)
+
+
+# Hooks a tool registers after construction that a load registers again, by import path: plain
+# functions of torch that read only the module they are called on. Eager-mode quantization's
+# prepare() / prepare_qat() put each observer or fake-quantize module (``activation_post_process``,
+# a child the recorded tree rebuilds) behind its module with these.
+REREGISTERED_HOOKS = {
+    "torch.ao.quantization.quantize:_observer_forward_hook": "forward",
+    "torch.ao.quantization.quantize:_observer_forward_pre_hook": "forward_pre",
+}
+
+
+# torch.compile settings a load compiles a module with again (tracing/compiled.py): torch's own
+# backends, and the inductor options torch.compile's modes set, all booleans. Nothing else a capture
+# names reaches the compiler (an option such as cpp.cxx would choose a command to run).
+COMPILE_BACKENDS = frozenset({"inductor", "eager", "aot_eager"})
+COMPILE_OPTIONS = frozenset({"max_autotune", "coordinate_descent_tuning", "triton.cudagraphs", "epilogue_fusion",
+                             "max_autotune_pointwise", "max_autotune_gemm", "shape_padding"})
+
+
+def reproducible_compile(settings: Any) -> bool:
+    """Whether recorded ``torch.compile`` settings are ones a load applies (see COMPILE_BACKENDS)."""
+    if not isinstance(settings, dict) or settings.get("backend") not in COMPILE_BACKENDS:
+        return False
+    options = settings.get("options") or {}
+    return (isinstance(options, dict) and not set(options) - COMPILE_OPTIONS
+            and all(isinstance(v, bool) for v in options.values())
+            and settings.get("dynamic") in (None, True, False) and isinstance(settings.get("fullgraph", False), bool))
 
 
 def reinstalled_by_library(hook: str) -> bool:
@@ -57,8 +86,12 @@ def plain_attributes(module: torch.nn.Module,
     found: dict[str, dict[str, Any]] = {}
     pairs = module.named_modules(remove_duplicate=False) if modules is None else modules
     for path, sub in pairs:
+        if isinstance(sub, torch.jit.ScriptModule) or type(sub).__module__ == "torch.export.unflatten":
+            continue  # a TorchScript module's state lives in C++, an unflattened one's in its graph: vars() is bookkeeping
+        # a GraphModule's _code is the Python fx generated from its graph, which a rebuild generates again
+        skipped = internals | {"_code"} if isinstance(sub, torch.fx.GraphModule) else internals
         values = {k: v for k, v in vars(sub).items()
-                  if k not in internals and not k.startswith("__") and not k.startswith("_modulelens") and _is_plain(v)}
+                  if k not in skipped and not k.startswith("__") and not k.startswith("_modulelens") and _is_plain(v)}
         if values:
             found[path] = values
     return found

@@ -69,7 +69,11 @@ ModuleInfo = TypedDict(
 
 Construction = TypedDict(
     "Construction",
-    {"class": str, "args": list[EncodedValue], "kwargs": dict[str, EncodedValue]},
+    {"class": str, "args": list[EncodedValue], "kwargs": dict[str, EncodedValue],
+     # a module its recorded arguments cannot rebuild (a closure argument), rebuilt from its
+     # recorded attributes instead (docs/fidelity.md, "Rebuilt from recorded attributes")
+     "state": NotRequired[EncodedValue], "parameters": NotRequired[list[str]],
+     "buffers": NotRequired[dict[str, bool]], "why": NotRequired[str]},
 )
 
 
@@ -174,7 +178,8 @@ class CallEntry(TypedDict):
 
 
 class TensorEntry(TypedDict):
-    """One tensor of the table: a payload, a view of another entry, or a shape-only record."""
+    """One tensor of the table: a payload, a view of another entry, a shape-only record, or a
+    tensor subclass made of other entries (format/layouts.py)."""
 
     dtype: str
     shape: list[int]
@@ -189,6 +194,7 @@ class TensorEntry(TypedDict):
     stats: NotRequired[dict[str, Any]]
     quantized: NotRequired[dict[str, Any]]  # format 2: scheme, scale(s), zero point(s) (docs/format.md)
     requires_grad: NotRequired[bool]  # a call value that required grad in the job (kernels choose by it)
+    subclass: NotRequired[dict[str, Any]]  # a tensor subclass made of inner tensors: class, parts, context
 
 
 class UnrecordedEntry(TypedDict):
@@ -236,5 +242,10 @@ def cpu_capability() -> str | None:
 def hooks_not_rebuilt(module: ModuleInfo) -> list[str]:
     """``"head: forward hook mypkg:clip"`` for each hook in ``module.tree`` that a rebuild does not
     register again: the job added it after construction (docs/fidelity.md, "Hooks")."""
-    return [f"{path or '<root>'}: {hook['kind'].replace('_', '-')} hook {hook['hook']}"
-            for path, entry in module.get("tree", {}).items() for hook in entry.get("hooks", []) if not hook["rebuilt"]]
+    found = []
+    for path, entry in module.get("tree", {}).items():
+        found += [f"{path or '<root>'}: {hook['kind'].replace('_', '-')} hook {hook['hook']}"
+                  for hook in entry.get("hooks", []) if not hook["rebuilt"]]
+        if entry.get("forward_replaced"):  # a forward set on the instance: the class's forward runs instead
+            found.append(f"{path or '<root>'}: forward replaced on the instance by {entry['forward_replaced']}")
+    return found

@@ -141,9 +141,11 @@ class _Checker:
             self.dims(self.expect(stride, list, f"{where}.stride"), f"{where}.stride")
             if len(stride) != len(shape):
                 raise self.fail(f"{where}.stride", f"{len(stride)} strides for {len(shape)} dimensions")
-        kinds = [k for k in ("payload", "view_of") if k in entry] + (["shape_only"] if entry.get("shape_only") else [])
+        kinds = [k for k in ("payload", "view_of", "subclass") if k in entry] + (
+            ["shape_only"] if entry.get("shape_only") else [])
         if len(kinds) != 1:
-            raise self.fail(where, f"must have exactly one of payload, view_of, shape_only (has {kinds or 'none'})")
+            raise self.fail(where, "must have exactly one of payload, view_of, shape_only, subclass "
+                                   f"(has {kinds or 'none'})")
         if self.field(entry, "requires_grad", bool, where, optional=True) and not can_require_grad(dtype):
             raise self.fail(f"{where}.requires_grad", f"requires_grad with dtype {dtype} (only floating point "
                                                       "and complex tensors can require gradients)")
@@ -158,6 +160,27 @@ class _Checker:
                 raise self.fail(f"{where}.stride", f"strides {stride} reach past the {numel} stored elements")
         elif kinds == ["shape_only"]:
             self.stats(self.field(entry, "stats", dict, where, optional=True) or {}, f"{where}.stats")
+        elif kinds == ["subclass"]:
+            self.subclass(entry["subclass"], f"{where}.subclass")
+
+    def subclass(self, data: Any, where: str) -> None:
+        """A tensor subclass made of inner tensors (format/layouts.py): its class, its parts (other
+        entries of the table) and its context (an encoded value)."""
+        self.expect(data, dict, where)
+        self.field(data, "class", str, where)
+        table = self.meta["tensors"]
+        for name, part in self.field(data, "parts", dict, where).items():
+            if type(part) is not str or part not in table:
+                raise self.fail(f"{where}.parts[{name}]", f"{part!r} is not a tensor of the table")
+        self.value(data.get("context"), f"{where}.context")
+        pending, seen = [data], 0  # parts may be subclasses themselves (torchao nests two), never in a cycle
+        while pending:
+            seen += 1
+            if seen > len(table):
+                raise self.fail(f"{where}.parts", "the subclass parts refer to each other in a cycle")
+            pending += [table[p]["subclass"] for p in pending.pop()["parts"].values()
+                        if isinstance(table.get(p), dict) and isinstance(table[p].get("subclass"), dict)
+                        and isinstance(table[p]["subclass"].get("parts"), dict)]
 
     def stats(self, stats: dict[str, Any], where: str) -> None:
         """A shape-only tensor's recorded statistics (``format/shape_only.tensor_stats``): what a page
@@ -383,6 +406,13 @@ class _Checker:
             self.field(entry, "class", str, where)
             self.value(self.field(entry, "args", list, where), f"{where}.args")
             self.value(list(self.field(entry, "kwargs", dict, where).values()), f"{where}.kwargs")
+            if "state" in entry:  # rebuilt from its recorded attributes (restore/rebuild.py)
+                self.value(entry["state"], f"{where}.state")
+                for name in self.field(entry, "parameters", list, where):
+                    self.expect(name, str, f"{where}.parameters")
+                for name, persistent in self.field(entry, "buffers", dict, where).items():
+                    self.expect(persistent, bool, f"{where}.buffers[{name}]")
+                self.field(entry, "why", str, where, optional=True)
         self.acyclic(constructions)
         self.states()
         self.calls()
@@ -428,6 +458,14 @@ class _Checker:
                 continue
             self.built(entry, where, constructions)
             self.field(entry, "compiled", bool, where, optional=True)
+            self.field(entry, "made_by", str, where, optional=True)
+            settings = self.field(entry, "compile", dict, where, optional=True)
+            if settings is not None:  # a load compiles again only with settings module_state.reproducible_compile takes
+                self.field(settings, "backend", (str, type(None)), f"{where}.compile")
+                for key, value in (self.field(settings, "options", dict, f"{where}.compile", optional=True) or {}).items():
+                    self.expect(value, bool, f"{where}.compile.options[{key}]")
+            self.field(entry, "traced_training", bool, where, optional=True)
+            self.field(entry, "forward_replaced", str, where, optional=True)
             for name, chain in (self.field(entry, "parametrizations", dict, where, optional=True) or {}).items():
                 self.expect(chain, dict, f"{where}.parametrizations[{name}]")
                 self.field(chain, "unsafe", bool, f"{where}.parametrizations[{name}]")
@@ -437,9 +475,19 @@ class _Checker:
             for i, hook in enumerate(self.field(entry, "reapply", list, where, optional=True) or []):
                 here = f"{where}.reapply[{i}]"
                 self.expect(hook, dict, here)
-                if hook.get("kind") not in ("weight_norm", "spectral_norm"):
-                    raise self.fail(here, f"unknown norm hook {hook.get('kind')!r}")
+                if hook.get("kind") not in ("weight_norm", "spectral_norm", "prune", "hook", "accelerate"):
+                    raise self.fail(here, f"unknown hook to apply again {hook.get('kind')!r}")
+                if hook["kind"] == "accelerate":
+                    self.value(self.field(hook, "hooks", list, here), f"{here}.hooks")
+                    continue
+                if hook["kind"] == "hook":
+                    self.field(hook, "hook", str, here)
+                    if self.field(hook, "on", str, here) not in ("forward", "forward_pre"):
+                        raise self.fail(f"{here}.on", f"{hook['on']!r} is not forward or forward_pre")
+                    continue
                 self.field(hook, "name", str, here)
+                if hook["kind"] == "prune":
+                    continue
                 self.field(hook, "dim", int, here)
                 if hook["kind"] == "spectral_norm":
                     self.field(hook, "eps", (int, float), here)

@@ -61,6 +61,8 @@ def import_path(obj: Any) -> str:
         # A class of a private module that its package exports (torch._C:Generator is torch:Generator):
         # the public path, which a capture's reader may resolve (docs/security.md denies torch._C).
         candidates.insert(0, f"{module.partition('.')[0]}:{name}")
+        if module.startswith("_") and "." not in module:  # a C accelerator's public module (_operator: operator)
+            candidates.insert(0, f"{module[1:]}:{name}")
     for path in candidates:
         try:
             if import_object(path) is obj:
@@ -598,3 +600,10 @@ for _name in ("torch_geometric.Data", "torch_geometric.Batch"):
 for _name in ("diffusers.AttentionProcessor", "diffusers.DiagonalGaussianDistribution"):
     register_lazy_codec(_name, "diffusers", "modulelens.format.diffusers_codecs:install")
 register_lazy_codec("gpytorch.MultivariateNormal", "gpytorch", "modulelens.format.gpytorch_codecs:install")
+# torch's own tools: quantization configs and qschemes (QAT/PTQ-prepared modules), accelerate's
+# model hooks, fx graphs (symbolic_trace, torch.export's .module()) and the constants they hold
+for _name in ("torch.ao.quantization._PartialWrapper", "torch.qscheme"):
+    register_lazy_codec(_name, "torch.ao.quantization", "modulelens.format.torch_codecs:install")
+register_lazy_codec("accelerate.ModelHook", "accelerate", "modulelens.format.accelerate_codecs:install")
+for _name in ("torch.fx.Graph", "torch.memory_format", "torch.layout"):
+    register_lazy_codec(_name, "torch.fx", "modulelens.format.fx_codecs:install")

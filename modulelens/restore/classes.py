@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -58,6 +58,7 @@ class ClassResolver:
         self.forbidden = [os.fspath(f) for f in forbidden]
         self.notes: list[str] = []
         self._cache: dict[str, Any] = {}
+        self._pending_notes: dict[str, str] = {}  # path -> the note its first use adds (stored source ran)
         self._read_text = read_text
         self._check_provenance = provenance
         self._provenance: Provenance | None = None
@@ -83,7 +84,23 @@ class ClassResolver:
         """
         if path not in self._cache:
             self._cache[path] = self._resolve(path)
+        note = self._pending_notes.pop(path, None)
+        if note is not None and note not in self.notes:
+            self.notes.append(note)
         return check_kind(self._cache[path], kind, path)
+
+    def prefetch(self, paths: Iterable[str]) -> None:
+        """Resolve ``paths`` now, so that their imports (and the stored source that trust allows)
+        run before any constructor does: a module imported while a rebuild constructs would build
+        its module-level modules with meta weights (restore/construction.py). A path that fails is
+        left to its use, which reports it; a note (stored source ran) waits for that use too."""
+        for path in paths:
+            if path in self._cache:
+                continue
+            try:
+                self._cache[path] = self._resolve(path)
+            except Exception:  # the use of this path raises it, with its context
+                continue
 
     def provenance(self) -> Provenance:
         """Whether the capture is the user's own, saved into this repo (checked once, when asked)."""
@@ -91,6 +108,21 @@ class ClassResolver:
             self._provenance = (self._check_provenance() if self._check_provenance is not None
                                 else Provenance(False, "it is not in a local repo"))
         return self._provenance
+
+    def allow_code(self, what: str) -> None:
+        """Code stored as data in the capture (an fx graph decides which functions run, with which
+        arguments) is built only under the trust stored source needs: ``trust_source``, or a
+        capture of your own (docs/security.md).
+
+        Raises:
+            UntrustedCodeError: neither.
+        """
+        if self.trust_source or self.provenance().own:
+            return
+        raise UntrustedCodeError(
+            f"{self.ref}: {what} is code stored in the capture (which functions run, with which arguments); it "
+            f"runs only if you trust this capture (it is not one you saved into this repo: {self.provenance().why}): "
+            f"{TRUST_HINT}")
 
     def allow_here(self, module_name: str, spec: importlib.machinery.ModuleSpec) -> bool:
         """Whether the top-level module ``module_name``, found in the current directory, may be
@@ -159,9 +191,8 @@ class ClassResolver:
             raise RestoreError(f"{self.ref}: the source stored for {module_name} does not define {qualname} "
                                f"({type(error).__name__}: {error})") from None
         whose = "your own capture" if own else "the capture"
-        note = f"classes of {module_name} were rebuilt from the source stored with {whose} ({entry.get('file')})"
-        if note not in self.notes:
-            self.notes.append(note)
+        self._pending_notes[f"{module_name}:{qualname}"] = (f"classes of {module_name} were rebuilt from the source "
+                                                            f"stored with {whose} ({entry.get('file')})")
         return obj
 
     @staticmethod
@@ -194,6 +225,8 @@ def decode_construction(entry: Construction, resolver: ClassResolver,
         RestoreError: the class or an argument cannot be decoded here.
     """
     cls = module_class(resolver, entry["class"])
+    if holds_graph([entry["args"], entry["kwargs"]]):  # format/fx_codecs.py: a graph is code
+        resolver.allow_code(f"the fx graph {entry['class']} is built from")
     try:
         args = tuple(decode_value(a, ctx) for a in entry["args"])
         kwargs = {k: decode_value(v, ctx) for k, v in entry["kwargs"].items()}
@@ -201,3 +234,60 @@ def decode_construction(entry: Construction, resolver: ClassResolver,
         raise RestoreError(f"{resolver.ref}: cannot decode constructor arguments of {entry['class']}: "
                            f"{error}") from None
     return cls, args, kwargs
+
+
+
+def construction_paths(constructions: dict[str, Any], mid: str | None) -> list[str]:
+    """Every import path that building construction record ``mid`` names: its class, what its
+    arguments name, and the same for the modules among its arguments (their own records)."""
+    paths: list[str] = []
+    pending, seen = [mid], set()
+    while pending:
+        current = pending.pop()
+        entry = constructions.get(current) if isinstance(current, str) and current not in seen else None
+        if not isinstance(entry, dict):
+            continue
+        seen.add(current)
+        paths += named_paths(entry)
+        pending += _module_refs([entry.get("args"), entry.get("kwargs")])
+    return paths
+
+
+def _module_refs(encoded: Any) -> Iterator[str]:
+    if isinstance(encoded, list):
+        for item in encoded:
+            yield from _module_refs(item)
+    elif isinstance(encoded, dict):
+        if encoded.get("$type") == "module" and isinstance(encoded.get("ref"), str):
+            yield encoded["ref"]
+        for value in encoded.values():
+            if isinstance(value, (list, dict)):
+                yield from _module_refs(value)
+
+
+def named_paths(encoded: Any) -> Iterator[str]:
+    """Every import path an encoded value (or construction record, or a document of them) names:
+    ``import`` values, the classes of namedtuples, dataclasses and codec values, construction classes."""
+    if isinstance(encoded, list):
+        for item in encoded:
+            yield from named_paths(item)
+    elif isinstance(encoded, dict):
+        tag = encoded.get("$type")
+        if tag == "import" and isinstance(encoded.get("path"), str):
+            yield encoded["path"]
+        elif isinstance(encoded.get("class"), str) and (tag in ("namedtuple", "dataclass", "codec") or tag is None):
+            yield encoded["class"]
+        for value in encoded.values():
+            if isinstance(value, (list, dict)):
+                yield from named_paths(value)
+
+
+def holds_graph(encoded: Any) -> bool:
+    """Whether an encoded value holds an fx graph (format/fx_codecs.py)."""
+    if isinstance(encoded, list):
+        return any(holds_graph(item) for item in encoded)
+    if isinstance(encoded, dict):
+        if encoded.get("$type") == "codec" and encoded.get("codec") == "torch.fx.Graph":
+            return True
+        return any(holds_graph(value) for value in encoded.values() if isinstance(value, (list, dict)))
+    return False

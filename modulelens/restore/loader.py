@@ -20,14 +20,14 @@ import torch
 
 from modulelens.errors import CorruptCaptureError, RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
-from modulelens.format.layouts import is_plain
+from modulelens.format.layouts import is_plain, rebuild_subclass
 from modulelens.format.op_trace import OpTrace
 from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
+from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree, TensorEntry
 from modulelens.format.tensors import contiguous_strides, dtype_from_name, layout_digest, quantized
 from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
 from modulelens.format.validate import validate_op_trace
-from modulelens.format.values import DecodeContext
+from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo import Repo
 from modulelens.repo.trust import own_capture
 from modulelens.restore.classes import ClassResolver
@@ -493,6 +493,8 @@ class Capture:
         if "view_of" in entry:
             return self._open_tensor(entry["view_of"]).as_strided(entry["shape"], entry["stride"],
                                                                   entry["storage_offset"])
+        if "subclass" in entry:  # a tensor subclass made of inner tensors (format/layouts.py)
+            return self._subclass_tensor(entry)
         if "quantized" in entry:  # the payload is the integer representation
             values = self._payloads.open_tensor(cast(dict[str, Any], entry),
                                                 dtype_from_name(QUANTIZED_STORAGE[entry["dtype"]]))
@@ -508,6 +510,15 @@ class Capture:
             except RuntimeError:
                 pass  # an overlapping layout cannot be rebuilt; the contiguous tensor is equal in value
         return flat
+
+    def _subclass_tensor(self, entry: TensorEntry) -> torch.Tensor:
+        """A tensor subclass (torchao's quantized weights) from its recorded parts and context, by its
+        class's own ``__tensor_unflatten__``; the class is resolved under the capture's import rules."""
+        data = entry["subclass"]
+        cls = self._sources.resolve(data["class"], "class")
+        context = decode_value(data["context"], self._decode_context())
+        parts = {name: self._open_tensor(tid) for name, tid in data["parts"].items()}
+        return rebuild_subclass(cls, parts, context, entry["shape"], entry["stride"])
 
     def _fresh_copy(self, tid: str) -> torch.Tensor:
         """A new copy of recorded tensor ``tid`` that nothing else holds, for ``call.args``.

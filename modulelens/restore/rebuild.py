@@ -9,8 +9,10 @@ outside its parameters and buffers, is constructed again on the CPU.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -18,11 +20,18 @@ from typing import Any, cast
 import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # torch's parameter.pyi omits it
 
-from modulelens.errors import RestoreError, UsageError
-from modulelens.format.module_state import structure, structure_difference
-from modulelens.format.spec import CaptureMetadata, StateEntry, hooks_not_rebuilt
+from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
+from modulelens.format.module_state import REREGISTERED_HOOKS, reproducible_compile, structure, structure_difference
+from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
-from modulelens.restore.classes import ClassResolver, decode_construction, module_class
+from modulelens.restore.classes import (
+    ClassResolver,
+    construction_paths,
+    decode_construction,
+    holds_graph,
+    module_class,
+)
+from modulelens.restore.construction import empty_weights, random_state_kept
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class Rebuilder:
         self.notes = notes
         self.options = options
         self.current_state: tuple[int, tuple[int, ...]] | None = None  # (state index, tensor versions)
+        self.traced_modes: dict[str, bool] = {}  # paths torch.jit.trace made -> the mode they were traced in
 
     # ------------------------------------------------------------------------------ arguments
 
@@ -84,7 +94,7 @@ class Rebuilder:
         if options.given_arguments:
             return tuple(options.init_args or ()), dict(options.init_kwargs)
         mid = self.metadata["module"].get("construction")
-        if mid is None:
+        if mid is None or "state" in self.metadata["constructions"][mid]:  # no arguments: its attributes
             return None
         cls, args, kwargs = self.decode_construction(mid)
         if options.init_overrides:
@@ -99,8 +109,37 @@ class Rebuilder:
 
     def construct(self, mid: str) -> torch.nn.Module:
         """A new module from construction record ``mid`` (the decoding of a ``module`` value)."""
+        entry = self.metadata["constructions"][mid]
+        if "state" in entry:
+            return self._from_attributes(entry)
         cls, args, kwargs = self.decode_construction(mid)
         return cls(*args, **kwargs)
+
+    def _from_attributes(self, entry: Construction) -> torch.nn.Module:
+        """A module whose recorded arguments could not be stored (a closure), rebuilt from its
+        recorded attributes: ``cls.__new__``, ``nn.Module.__init__``, the attributes set back as they
+        were, its parameters and buffers registered by name as meta placeholders for the recorded
+        state; its children come from their own records (the tree). Its constructor does not run,
+        so nothing it would do besides (a hook it registers) happens: the notes say how it was built."""
+        cls = module_class(self.resolver, entry["class"])
+        try:
+            attributes = decode_value(entry["state"], self.decode_context())
+        finally:
+            self.collect_source_notes()
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module.__dict__.update(attributes)
+        for name in entry.get("parameters", []):
+            module._parameters[name] = torch.nn.Parameter(torch.empty(0, device="meta"))
+        for name, persistent in entry.get("buffers", {}).items():
+            module._buffers[name] = torch.empty(0, device="meta")
+            if not persistent:
+                module._non_persistent_buffers_set.add(name)
+        note = (f"{cls.__qualname__} rebuilt from its recorded attributes, parameters, buffers and submodules, not "
+                f"by its constructor, which did not run ({entry.get('why', '')})")
+        if note not in self.notes:
+            self.notes.append(note)
+        return module
 
     def collect_source_notes(self) -> None:
         for note in self.resolver.notes:
@@ -110,24 +149,20 @@ class Rebuilder:
     # ------------------------------------------------------------------------------ module
 
     def build(self) -> torch.nn.Module:
-        """The module, with recorded state 0 and the recorded attributes, on the asked device/dtype."""
-        try:
-            with torch.device("meta"):
-                module = self._construct()
-                self._reassemble(module)
-            self.assign_state(module, 0, live=False)
-            _refresh_norm_weights(module)
-            if _has_meta_tensors(module):
-                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
-        except _NeedsRealConstructionError as why:
-            self.notes.append(f"built on the CPU, not the meta device ({why})")
-            module = self._construct_on_cpu()
-        except (RestoreError, UsageError):
-            raise
-        except Exception as error:  # the constructor did real computation on meta tensors
-            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
-            module = self._construct_on_cpu()
-        self._restore_attributes(module)
+        """The module, with recorded state 0 and the recorded attributes, on the asked device/dtype.
+
+        The classes and functions the capture names are imported first (and stored source that
+        trust allows runs), then the constructors run with only their parameters and buffers on
+        the meta device and the random generators kept (restore/construction.py): a load changes
+        nothing in the process outside the module it returns."""
+        module_info = self.metadata["module"]
+        self.resolver.prefetch([module_info["class"], *construction_paths(self.metadata.get("constructions", {}),
+                                                                          module_info.get("construction"))])
+        with random_state_kept():
+            module = self._build_with_state()
+            self._restore_attributes(module)
+        _keep_traced_modes(module, self.traced_modes)
+        self._compile_again(module)
         missing_hooks = hooks_not_rebuilt(self.metadata["module"])
         if missing_hooks:
             shown = "; ".join(missing_hooks[:5]) + (f" and {len(missing_hooks) - 5} more" if len(missing_hooks) > 5 else "")
@@ -140,6 +175,44 @@ class Rebuilder:
             module.to(options.dtype)
         self.collect_source_notes()
         return module
+
+    def _build_with_state(self) -> torch.nn.Module:
+        """The module constructed with empty weights and given recorded state 0; constructed on the
+        CPU instead when its constructor computes with its weights or keeps tensors elsewhere."""
+        try:
+            with empty_weights() as emptied:
+                module = self._construct()
+                self._reassemble(module)
+            self.assign_state(module, 0, live=False)
+            if self._may_have_norm_hooks():
+                _refresh_norm_weights(module)
+            if _has_meta_tensors(module):
+                raise _NeedsRealConstructionError("tensors outside parameters and buffers")
+            outside = emptied.outside(module)
+            if outside:
+                raise _NeedsRealConstructionError(f"it keeps a {type(outside[0]).__name__} outside its submodules")
+        except _NeedsRealConstructionError as why:
+            self.notes.append(f"built on the CPU, not the meta device ({why})")
+            module = self._construct_on_cpu()
+        except (RestoreError, UsageError):
+            raise
+        except Exception as error:  # the constructor did real computation on meta tensors
+            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
+            module = self._construct_on_cpu()
+        return module
+
+    @functools.cached_property
+    def _builds_graphs(self) -> bool:
+        """Whether a construction of the capture is a GraphModule's (tracing/graph_modules.py)."""
+        return any(holds_graph([entry.get("args"), entry.get("kwargs")])
+                   for entry in self.metadata.get("constructions", {}).values())
+
+    def _may_have_norm_hooks(self) -> bool:
+        """Whether the rebuilt module may carry ``weight_norm``/``spectral_norm`` hooks: the recorded
+        tree lists every one the job's module had (walking every module's hooks to find none cost a
+        1 GiB load about 0.1 ms); a capture without a tree, or other arguments than the recorded, may."""
+        tree = self.metadata["module"].get("tree")
+        return not tree or self.options.given_arguments or any("reapply" in entry for entry in tree.values())
 
     def _construct(self) -> torch.nn.Module:
         module_info = self.metadata["module"]
@@ -155,7 +228,10 @@ class Rebuilder:
             )
         if options.init_overrides:
             arguments = self.init_arguments()
-            assert arguments is not None
+            if arguments is None:
+                raise UsageError(f"{self.ref}: init_overrides needs recorded constructor arguments, and "
+                                 f"{module_info['class']} is rebuilt from its recorded attributes "
+                                 f"({module_info.get('construction_missing', '')})")
             return self.module_type()(*arguments[0], **arguments[1])
         return self.construct(construction)
 
@@ -205,7 +281,7 @@ class Rebuilder:
                     built[path] = shared
                 continue
             current = parent._modules.get(name)
-            if current is not None and _class_path(current) == entry["class"]:
+            if current is not None and (self._built_as(current, entry["class"]) or self._built_as_recorded(current, entry)):
                 self._put_back(current, entry, path, changed)
                 if direct is not None and not _same_direct_state(current, direct.get(path, {}), self.metadata):
                     current = None  # the same class, other parameters: built afresh
@@ -230,6 +306,64 @@ class Rebuilder:
         if changed:
             shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
             self.notes.append(f"structure changed after construction rebuilt from the recorded submodules: {shown}")
+        self._note_tool_made(tree)
+
+    def _note_tool_made(self, tree: dict[str, dict[str, Any]]) -> None:
+        """Say which submodules a tool made from an eager module are rebuilt as that module
+        (TorchScript: the same operations, run eagerly; init_tracking._record_scripted)."""
+        made: dict[str, list[str]] = {}
+        for path, entry in tree.items():
+            if isinstance(entry.get("made_by"), str):
+                made.setdefault(entry["made_by"], []).append(path or "<root>")
+        traced = {path: entry["traced_training"] for path, entry in tree.items()
+                  if isinstance(entry.get("traced_training"), bool)}
+        if traced:
+            self.traced_modes = traced
+        for tool, paths in made.items():
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            self.notes.append(f"rebuilt as the eager modules {tool} made them from (they run the same operations "
+                              f"eagerly): {shown}")
+
+    def _compile_again(self, module: torch.nn.Module) -> None:
+        """Compile the modules that ran ``torch.compile``d as the job compiled them (in place:
+        ``module.compile(...)``), so a replay runs the kernels the job ran (tracing/compiled.py);
+        settings a load does not reproduce leave the module eager, with a note."""
+        compiled, eager = [], []
+        for path, entry in (self.metadata["module"].get("tree") or {}).items():
+            settings = entry.get("compile")
+            if settings is None:
+                continue
+            if not reproducible_compile(settings):
+                eager.append(path or "<root>")
+                continue
+            try:
+                sub = module.get_submodule(path) if path else module
+            except AttributeError:
+                continue
+            sub.compile(backend=settings["backend"], options=settings.get("options") or None,
+                        dynamic=settings.get("dynamic"), fullgraph=settings.get("fullgraph", False))
+            compiled.append(f"{path or '<root>'} ({settings['backend']})")
+        if compiled:
+            self.notes.append(f"compiled as the job compiled them (torch.compile, on the first call): {', '.join(compiled)}")
+        if eager:
+            self.notes.append(f"ran torch.compile'd in the job with settings a load does not reproduce, so they run "
+                              f"eagerly (results may round differently): {', '.join(eager)}")
+
+    def _built_as(self, module: torch.nn.Module, class_path: str) -> bool:
+        """Whether ``module`` is of the recorded class ``class_path``: by name, or, for a class
+        rebuilt from stored source (whose module is not the recorded one), the class it resolves to."""
+        if _class_path(module) == class_path:
+            return True
+        try:
+            return _constructed_type(module) is self.resolver.resolve(class_path, "module")
+        except ModulelensError:  # not resolvable here: the piece is built from its record, which says why
+            return False
+
+    def _built_as_recorded(self, module: torch.nn.Module, entry: dict[str, Any]) -> bool:
+        """Whether ``module`` is of the class the piece's own construction record builds (a graph a
+        tool made is rebuilt as a GraphModule: tracing/graph_modules.py)."""
+        construction = self.metadata.get("constructions", {}).get(entry.get("construction") or "")
+        return construction is not None and _class_path(module) == construction["class"]
 
     def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
         """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
@@ -258,6 +392,22 @@ class Rebuilder:
         for hook in entry.get("reapply", []):
             if _has_norm_hook(module, hook):
                 continue
+            if hook["kind"] == "accelerate":
+                self._add_accelerate_hooks(module, hook)
+                changed.append(f"{path or '<root>'}: accelerate hooks")
+                continue
+            if hook["kind"] == "hook":
+                self._register_again(module, hook)
+                changed.append(f"{path or '<root>'}: {hook['on'].replace('_', '-')} hook {hook['hook']}")
+                continue
+            if hook["kind"] == "prune":
+                # the recorded mask and original come with the state; any pruning method's forward is
+                # weight = weight_orig * weight_mask, so torch's identity pruning rebuilds it
+                from torch.nn.utils import prune
+
+                prune.identity(module, hook["name"])
+                changed.append(f"{path or '<root>'}.{hook['name']} pruned (its recorded mask)")
+                continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the hook-based norms
                 if hook["kind"] == "weight_norm":
@@ -266,6 +416,26 @@ class Rebuilder:
                     torch.nn.utils.spectral_norm(module, name=hook["name"], dim=hook["dim"], eps=hook["eps"],
                                                  n_power_iterations=hook["n_power_iterations"])
             changed.append(f"{path or '<root>'}.{hook['name']} {hook['kind']}")
+
+    def _add_accelerate_hooks(self, module: torch.nn.Module, recorded: dict[str, Any]) -> None:
+        """The accelerate ``ModelHook``s the job attached with ``add_hook_to_module`` (stored by
+        their class and attributes, format/accelerate_codecs.py), attached again the same way."""
+        hooks = decode_value(recorded["hooks"], self.decode_context())
+        add_hook = self.resolver.resolve("accelerate.hooks:add_hook_to_module", "value")
+        for hook in hooks if isinstance(hooks, list) else []:
+            add_hook(module, hook, append=True)
+
+    def _register_again(self, module: torch.nn.Module, hook: dict[str, Any]) -> None:
+        """Register a hook a tool added after construction (``module_state.REREGISTERED_HOOKS``:
+        only those, by import path, under the capture's import rules), first, as the tool did."""
+        if REREGISTERED_HOOKS.get(hook["hook"]) != hook["on"]:
+            raise CorruptCaptureError(f"{self.ref}: the capture asks to register {hook['hook']!r} as a "
+                                      f"{hook['on']} hook, which modulelens never registers from a capture")
+        function = self.resolver.resolve(hook["hook"], "value")
+        if hook["on"] == "forward":
+            module.register_forward_hook(function, prepend=True)
+        else:
+            module.register_forward_pre_hook(function, prepend=True)
 
     def _restore_attributes(self, module: torch.nn.Module) -> None:
         """Set the plain attributes recorded at capture (``module.attributes``) that a rebuild from
@@ -278,7 +448,7 @@ class Rebuilder:
         baseline = module
         construction = self.metadata["module"].get("construction")
         if self.options.init_overrides and construction is not None:
-            with torch.device("meta"):
+            with empty_weights(), random_state_kept():
                 baseline = self.construct(construction)
         ctx = self.decode_context()
         changed = []
@@ -309,6 +479,8 @@ class Rebuilder:
         if not states:
             return
         state = states[index]
+        if not live and self._builds_graphs:
+            _graph_module_parameters(module, state)
         expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}
         recorded_params = set(state["parameters"])
@@ -321,9 +493,10 @@ class Rebuilder:
         parameters: dict[str, torch.nn.Parameter] = {}
         for name, entry in state["parameters"].items():
             owner, leaf = _owner(module, name)
-            if live:
+            if live:  # the registered parameter itself: get_parameter() reads it with getattr, which a
+                # property of the same name shadows (tltorch's ComplexDenseTensor: neuralop's SpectralConv)
                 with torch.no_grad():
-                    owner.get_parameter(leaf).copy_(self.open_tensor(entry["tensor"]))
+                    cast(torch.nn.Parameter, owner._parameters[leaf]).copy_(self.open_tensor(entry["tensor"]))
                 continue
             param = parameters.get(entry["tensor"])
             if param is None:  # tied parameters share one recorded tensor -> one Parameter
@@ -332,10 +505,12 @@ class Rebuilder:
             owner._parameters[leaf] = param
         for name, buffer in state["buffers"].items():
             owner, leaf = _owner(module, name)
-            if live:
-                owner.get_buffer(leaf).copy_(self.open_tensor(buffer["tensor"]))
+            recorded = self.open_tensor(buffer["tensor"])
+            current = owner._buffers.get(leaf)
+            if live and current is not None and current.shape == recorded.shape:
+                current.copy_(recorded)
                 continue
-            owner._buffers[leaf] = self.open_tensor(buffer["tensor"])
+            owner._buffers[leaf] = _own_buffer(recorded)
             if not buffer["persistent"]:
                 owner._non_persistent_buffers_set.add(leaf)
         ctx = self.decode_context()
@@ -402,6 +577,21 @@ def state_versions(module: torch.nn.Module) -> tuple[int, ...]:
     return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
 
 
+def _own_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    """A recorded buffer as a module can treat its own: not a view (``_open_tensor`` maps payloads
+    as views of their file or pack, and quantization observers call ``self.histogram.detach_()``,
+    which a view refuses: "Can't detach views in-place"), and, with at most one element, a copy
+    that can grow (a mapped storage cannot; observers' per-channel ``min_val`` starts empty and a
+    fake-quantize ``scale`` with one element, both resized to the number of channels at their
+    first call). Larger buffers keep the mapped storage (copying every one cost loads time)."""
+    if tensor.numel() <= 1:
+        return tensor.clone()
+    if tensor._base is None:
+        return tensor
+    own = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return own.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
+
+
 def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
     prefix, _, leaf = dotted.rpartition(".")
     try:
@@ -409,6 +599,52 @@ def _owner(module: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
     except AttributeError:
         raise RestoreError(f"the capture names {dotted!r}, but the rebuilt {type(module).__name__} has no "
                            f"submodule {prefix!r}") from None
+
+
+def _keep_traced_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
+    """A module ``torch.jit.trace`` made ran the graph traced in one mode whatever ``.train()`` set
+    (a BatchNorm traced in eval mode normalises with its running statistics in train mode too), so
+    its eager rebuild is put in that mode and keeps it: ``train()`` on it (or on a parent) leaves it
+    as it is, like the traced module."""
+    for path, training in modes.items():
+        try:
+            sub = module.get_submodule(path) if path else module
+        except AttributeError:
+            continue
+        torch.nn.Module.train(sub, training)
+        sub.train = _KeptMode(sub)  # type: ignore[method-assign, assignment]  # an instance's own train(), as the trace had
+
+
+class _KeptMode:
+    """``train`` of a module rebuilt from a traced one: its mode stays (see :func:`_keep_traced_modes`)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._module = weakref.ref(module)
+
+    def __call__(self, mode: bool = True) -> torch.nn.Module | None:
+        return self._module()
+
+
+def _graph_module_parameters(module: torch.nn.Module, state: StateEntry) -> None:
+    """A GraphModule rebuilt from its graph and a dict of what the graph uses
+    (tracing/graph_modules.py) registers every tensor of the dict as a buffer (torch.fx's
+    ``_assign_attr``); the recorded state says which were parameters, and they become parameters."""
+    graphs = [path for path, sub in module.named_modules() if isinstance(sub, torch.fx.GraphModule)]
+    if not graphs:
+        return
+    for name in state["parameters"]:
+        if not any(path == "" or name.startswith(path + ".") for path in graphs):
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        try:
+            owner = module.get_submodule(prefix) if prefix else module
+        except AttributeError:
+            continue
+        buffer = owner._buffers.get(leaf)
+        if buffer is not None and leaf not in owner._parameters:
+            del owner._buffers[leaf]
+            owner._non_persistent_buffers_set.discard(leaf)
+            owner._parameters[leaf] = torch.nn.Parameter(buffer, requires_grad=buffer.is_floating_point())
 
 
 def _none_buffers(module: torch.nn.Module) -> set[str]:
@@ -424,10 +660,19 @@ def _put(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
 def _class_path(module: torch.nn.Module) -> str:
     """The ``module:QualName`` of the class ``module``'s construction built (a parametrized module's
     generated class unwrapped), as the tracer records it."""
+    cls = _constructed_type(module)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _constructed_type(module: torch.nn.Module) -> type:
+    """The class ``module`` was built as: a parametrized module's generated class unwrapped, and
+    the ``GraphModuleImpl`` fx generates for every GraphModule (a subclass defined in its ``__new__``)."""
     cls = type(module)
     if cls.__module__ == "torch.nn.utils.parametrize" and len(cls.__bases__) == 1:
         cls = cls.__bases__[0]
-    return f"{cls.__module__}:{cls.__qualname__}"
+    if "<locals>" in cls.__qualname__ and isinstance(module, torch.fx.GraphModule) and len(cls.__bases__) == 1:
+        cls = cls.__bases__[0]
+    return cls
 
 
 def _parametrization_list(module: torch.nn.Module, tensor_name: str) -> torch.nn.ModuleList:
@@ -460,17 +705,30 @@ def _same_direct_state(module: torch.nn.Module, recorded: dict[str, str], metada
 
 
 def _has_norm_hook(module: torch.nn.Module, hook: dict[str, Any]) -> bool:
+    """Whether ``module`` has the recorded weight-deriving hook already (its constructor applied it)."""
+    from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
+    if hook["kind"] == "accelerate":
+        return "_hf_hook" in vars(module)
+    if hook["kind"] == "hook":
+        table = module._forward_hooks if hook["on"] == "forward" else module._forward_pre_hooks
+        return any(f"{getattr(h, '__module__', '')}:{getattr(h, '__qualname__', '')}" == hook["hook"]
+                   for h in table.values())
+    if hook["kind"] == "prune":
+        return any(isinstance(h, BasePruningMethod) and h._tensor_name == hook["name"]
+                   for h in module._forward_pre_hooks.values())
     kind = WeightNorm if hook["kind"] == "weight_norm" else SpectralNorm
     return any(isinstance(h, kind) and h.name == hook["name"] for h in module._forward_pre_hooks.values())
 
 
 def _refresh_norm_weights(module: torch.nn.Module) -> None:
-    """The weight that ``weight_norm``/``spectral_norm`` keep as a plain attribute, computed from
-    the loaded parameters (it was computed from meta tensors when the hook was applied; forward
-    computes it again anyway). Spectral norm's power iteration is not run: its vectors are loaded."""
+    """The weight that ``weight_norm``/``spectral_norm``/``prune`` keep as a plain attribute,
+    computed from the loaded parameters (it was computed from meta tensors when the hook was
+    applied; forward computes it again anyway). Spectral norm's power iteration is not run: its
+    vectors are loaded."""
+    from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
@@ -481,6 +739,8 @@ def _refresh_norm_weights(module: torch.nn.Module) -> None:
             elif isinstance(hook, SpectralNorm):
                 with torch.no_grad():
                     setattr(sub, hook.name, hook.compute_weight(sub, do_power_iteration=False))
+            elif isinstance(hook, BasePruningMethod):
+                setattr(sub, hook._tensor_name, hook.apply_mask(sub))
 
 
 def _has_meta_tensors(module: torch.nn.Module) -> bool:

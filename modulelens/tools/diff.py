@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.format.imports import resolve_import
+from modulelens.format.layouts import is_wrapper_subclass
 from modulelens.format.tree import input_path
 from modulelens.format.values import Unrecorded
 from modulelens.restore.compare import compare
@@ -290,7 +291,10 @@ def _drift(ta: torch.Tensor, tb: torch.Tensor) -> tuple[float, float, float]:
 
 
 def _flat_real(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as one flat real tensor (a view when it is contiguous: nothing is read yet)."""
+    """``tensor`` as one flat real tensor (a view when it is contiguous: nothing is read yet); a
+    quantized tensor subclass (torchao's weights) by the values it stands for."""
+    if is_wrapper_subclass(tensor) and callable(getattr(tensor, "dequantize", None)):
+        tensor = tensor.dequantize()
     flat = tensor.detach().reshape(-1)
     return torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat
 

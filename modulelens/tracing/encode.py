@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import warnings
 from typing import Any, cast
 
 import torch
 
-from modulelens.errors import UnsupportedValueError
+from modulelens.errors import CaptureWarning, UnsupportedValueError
+from modulelens.format.layouts import is_wrapper_subclass, subclass_parts
 from modulelens.format.shape_only import tensor_stats
 from modulelens.format.spec import (
     FORMAT_NAME,
@@ -24,12 +26,13 @@ from modulelens.format.spec import (
 )
 from modulelens.format.tensors import check_storable, dtype_name, quantization, tensor_bytes
 from modulelens.format.tree import encode_tree
-from modulelens.format.values import EncodeContext, encode_value
+from modulelens.format.values import EncodeContext, encode_value, import_path
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.budget import plan_shape_only
-from modulelens.tracing.init_tracking import InitRecord, constructed_as, get_init_record
+from modulelens.tracing.graph_modules import graph_module_construction, is_graph_module
+from modulelens.tracing.init_tracking import InitRecord, constructed_as, construction_missing, get_init_record
 from modulelens.tracing.lazy_modules import is_lazy_class, materialised_arguments
-from modulelens.tracing.module_tree import constructed_class
+from modulelens.tracing.module_tree import TreeNode, constructed_class
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import BASE_ATTR, GRAD_ATTR
@@ -39,6 +42,14 @@ from modulelens.tracing.weights import written_payload
 
 def class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def class_path_of(cls: type, path: str) -> str:
+    """``cls``'s import path, checked to import back (an :class:`UnsupportedValueError` naming ``path``)."""
+    try:
+        return import_path(cls)
+    except UnsupportedValueError as error:
+        raise UnsupportedValueError(f"{path}: {error}") from None
 
 
 class TensorTable:
@@ -64,6 +75,8 @@ class TensorTable:
         existing = self._ids.get(id(tensor))
         if existing is not None:
             return existing
+        if is_wrapper_subclass(tensor):
+            return self._add_subclass(tensor, path)
         check_storable(tensor, path)
         base = getattr(tensor, BASE_ATTR, None)
         entry: dict[str, Any] = {
@@ -98,6 +111,23 @@ class TensorTable:
         self._keepalive.append(tensor)
         return tid
 
+    def _add_subclass(self, tensor: torch.Tensor, path: str) -> str:
+        """A wrapper tensor subclass (torchao's quantized weights) as a ``subclass`` entry: its
+        inner tensors as entries of their own, its context as an encoded value (format/layouts.py)."""
+        parts, context = subclass_parts(tensor)
+        entry: dict[str, Any] = {
+            "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape), "stride": list(tensor.stride()),
+            "device": str(getattr(tensor, "_modulelens_device", tensor.device)), "nbytes": 0,
+            "subclass": {"class": class_path_of(type(tensor), path),
+                         "parts": {name: self.add(part, f"{path}.{name}") for name, part in parts.items()},
+                         "context": encode_value(context, EncodeContext(add_tensor=self.add), f"{path}<context>")},
+        }
+        tid = f"t{len(self.entries)}"
+        self.entries[tid] = entry
+        self._ids[id(tensor)] = tid
+        self._keepalive.append(tensor)
+        return tid
+
     def add_text(self, text: str) -> str:
         """A UTF-8 text (a source file) as a 1-D ``uint8`` entry: its payload is a content-addressed
         blob like any tensor's, so a file shared by many captures is stored once."""
@@ -112,10 +142,11 @@ class TensorTable:
 class ConstructionTable:
     """Constructor records of the target and of every module passed to a constructor."""
 
-    def __init__(self, tensors: TensorTable) -> None:
+    def __init__(self, tensors: TensorTable, *, by_attributes: bool = True) -> None:
+        self.by_attributes = by_attributes  # a module whose arguments cannot be stored is recorded by its attributes
         self.entries: dict[str, dict[str, Any]] = {}
         self.classes: list[type] = []
-        self._tensors = tensors
+        self.tensors = tensors
         self._ids: dict[int, str] = {}
         self._numbers = itertools.count()
         # one context for every record: a config shared by many submodules is encoded once
@@ -125,15 +156,47 @@ class ConstructionTable:
         existing = self._ids.get(id(module))
         if existing is not None:
             return existing
-        record = get_init_record(module)
-        if record is None:
-            raise UnsupportedValueError(
-                f"{path}: {type(module).__qualname__} was built before modulelens.track_init() "
-                "was on, so its constructor arguments are unknown"
-            )
-        cls = constructed_class(module)  # the user's class, not FSDP2's FSDP<Cls> or a Parametrized<Cls>
-        args, kwargs = construction_arguments(module, cls, record, path)
-        return self.add_record(cls, args, kwargs, path, key=id(module))
+        # the user's class, not FSDP2's FSDP<Cls> or a Parametrized<Cls>
+        return self.add_module_record(module, constructed_class(module), get_init_record(module), path)
+
+    def add_module_record(self, module: torch.nn.Module, cls: type, record: InitRecord | None, path: str) -> str:
+        """``module``'s construction record: its recorded construction, or, when one of its recorded
+        arguments cannot be stored (a closure), its attributes (:meth:`add_state_record`)."""
+        cls, args, kwargs = construction_of(module, cls, record, path)
+        try:
+            return self.add_record(cls, args, kwargs, path, key=id(module))
+        except UnsupportedValueError as error:
+            if record is None or is_graph_module(module) or not self.by_attributes:
+                raise
+            try:
+                return self.add_state_record(module, cls, path, why=str(error))
+            except UnsupportedValueError:
+                raise error from None  # the argument is the first thing the user can change
+
+    def add_state_record(self, module: torch.nn.Module, cls: type, path: str, why: str) -> str:
+        """A construction record that rebuilds ``module`` from its attributes rather than its
+        constructor: ``cls.__new__`` and ``nn.Module.__init__``, every attribute of its own (through
+        the codecs), its own parameters and buffers by name (their values come with the state) and
+        its children from their own records (the tree). For a module whose recorded arguments
+        cannot be stored: timm's NFNet blocks take ``act_layer``, a function made inside another."""
+        state = {name: value for name, value in vars(module).items()
+                 if name not in _MODULE_INTERNALS and not name.startswith("_modulelens")}
+        mid = f"m{next(self._numbers)}"
+        self._ids[id(module)] = mid
+        self.entries[mid] = {}
+        try:
+            encoded = encode_value(state, self._context, f"{path}<attributes>")
+        except BaseException:
+            self.entries.pop(mid, None)
+            self._ids.pop(id(module), None)
+            raise
+        self.entries[mid] = {
+            "class": class_path(cls), "args": [], "kwargs": {}, "state": encoded, "why": why,
+            "parameters": [name for name, p in module._parameters.items() if p is not None],
+            "buffers": {name: name not in module._non_persistent_buffers_set
+                        for name, b in module._buffers.items() if b is not None}}
+        self.classes.append(cls)
+        return mid
 
     def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
         ctx = self._context
@@ -147,12 +210,27 @@ class ConstructionTable:
                 "kwargs": {k: encode_value(v, ctx, f"{path}kwargs[{k!r}]") for k, v in kwargs.items()},
             }
         except BaseException:
-            del self.entries[mid]
-            del self._ids[key]
+            # pop, not del: a nested record of the same module may have gone first, and a KeyError
+            # here hid the real error (a capture warning said only "failed: 139710831342416")
+            self.entries.pop(mid, None)
+            self._ids.pop(key, None)
             raise
         self.entries[mid] = entry
         self.classes.append(cls)
         return mid
+
+
+def construction_of(module: torch.nn.Module, cls: type, record: InitRecord | None,
+                    path: str) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
+    """``(class, args, kwargs)`` that rebuild ``module``: a GraphModule's graph and what it uses
+    (tracing/graph_modules.py), or its recorded construction as :func:`construction_arguments` gives it."""
+    if is_graph_module(module):
+        return graph_module_construction(module, cls)
+    if record is None:
+        raise UnsupportedValueError(f"{path}: the constructor arguments of {type(module).__qualname__} are unknown: "
+                                    f"{construction_missing(module)}")
+    args, kwargs = construction_arguments(module, cls, record, path)
+    return cls, args, kwargs
 
 
 def construction_arguments(module: torch.nn.Module, cls: type, record: InitRecord,
@@ -168,15 +246,18 @@ def construction_arguments(module: torch.nn.Module, cls: type, record: InitRecor
         raise UnsupportedValueError(f"{path}{error}") from None
 
 
+# what torch.nn.Module.__init__ sets on every module (and the training flag): not a module's own state
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"training"}
+
+
 def construction_fails(record: ModuleRecord) -> bool:
     """Whether the target's own construction record has an argument without an encoding (then a
     capture is saved without it; any other value that cannot be stored is not helped by that)."""
-    if record.construction is None:
+    if record.construction is None and not is_graph_module(record.live_module):
         return False
     tensors = TensorTable()
     try:
-        args, kwargs = construction_arguments(record.live_module, record.module_class, record.construction, "")
-        ConstructionTable(tensors).add_record(record.module_class, args, kwargs, "", key=id(record.module))
+        ConstructionTable(tensors).add_module_record(record.live_module, record.module_class, record.construction, "")
     except UnsupportedValueError:
         return True
     return False
@@ -190,12 +271,17 @@ def encode_record(
     tags: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
     policy: PayloadPolicy | None = None,
+    with_construction: bool = True,
+    by_attributes: bool = True,
 ) -> tuple[CaptureMetadata, dict[str, memoryview | WrittenPayload]]:
     """Capture metadata and the payloads it references (tensor id -> bytes, or the file a streamed
-    weight was written to)."""
+    weight was written to); ``with_construction=False``: without the target's construction record
+    (one of its arguments has no encoding: the caller saves the rest); ``by_attributes=False``: a
+    module whose recorded arguments cannot be stored is an error rather than recorded by its
+    attributes (strict captures)."""
     policy = policy or PayloadPolicy()
     tensors = TensorTable(plan_shape_only(record, policy))
-    constructions = ConstructionTable(tensors)
+    constructions = ConstructionTable(tensors, by_attributes=by_attributes)
     module_info: ModuleInfo = {
         "class": class_path(record.module_class),
         "qualified_name": record.qualified_name,
@@ -203,14 +289,17 @@ def encode_record(
     }
     if record.method is not None:  # its calls went through module.<method>(...) (tracing/methods.py)
         module_info["method"] = record.method
-    if record.construction is None:
-        module_info["construction_missing"] = "the module was built before modulelens.track_init() was on"
+    if not with_construction:
+        module_info["construction_missing"] = "one of its constructor arguments cannot be stored"
+    elif record.construction is None and not is_graph_module(record.live_module):
+        module_info["construction_missing"] = construction_missing(record.live_module)
     else:
-        # An unsupported constructor argument is an error naming it; the caller decides whether
-        # to fail (strict) or to save without a constructor record and warn.
-        args, kwargs = construction_arguments(record.live_module, record.module_class, record.construction, "")
-        module_info["construction"] = constructions.add_record(record.module_class, args, kwargs, "",
-                                                               key=id(record.module))
+        # An unsupported constructor argument is an error naming it, unless the module's attributes
+        # rebuild it; the caller decides whether to fail (strict) or to save without a record and warn.
+        mid = constructions.add_module_record(record.live_module, record.module_class, record.construction, "")
+        module_info["construction"] = mid
+        if "state" in constructions.entries[mid]:
+            module_info["construction_missing"] = constructions.entries[mid]["why"]
     if record.tree:
         module_info["tree"] = _encode_module_tree(record, constructions)
     if record.structure:
@@ -274,17 +363,48 @@ def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) 
         entry = built(node.module, node.cls, f"tree[{node.path!r}].")
         if node.compiled:
             entry["compiled"] = True
+        settings = node.compile_settings if node.path else record.compiled
+        if settings is not None:
+            entry["compile"] = settings
+        if node.made_by is not None:
+            entry["made_by"] = node.made_by
+        if node.traced_training is not None:
+            entry["traced_training"] = node.traced_training
         if node.parametrizations:
             entry["parametrizations"] = {
                 name: {"unsafe": unsafe, "modules": [built(m, constructed_class(m), f"tree[{node.path!r}].{name}[{i}].")
                                                      for i, m in enumerate(chain)]}
                 for name, (chain, unsafe) in node.parametrizations.items()}
-        if node.reapply:
-            entry["reapply"] = node.reapply
-        if node.hooks:
-            entry["hooks"] = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
+        hooks = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
+        reapply = _encode_reapply(node, constructions, hooks, f"tree[{node.path!r}].reapply")
+        if reapply:
+            entry["reapply"] = reapply
+        if hooks:
+            entry["hooks"] = hooks
+        if node.forward_replaced:
+            entry["forward_replaced"] = node.forward_replaced
         tree[node.path] = entry
     return tree
+
+
+def _encode_reapply(node: TreeNode, constructions: ConstructionTable, hooks: list[dict[str, Any]],
+                   where: str) -> list[dict[str, Any]]:
+    """A tree node's ``reapply`` list as stored: accelerate hooks encoded through the codecs (one
+    that cannot be is listed among the hooks not rebuilt, with the reason, and a warning says so)."""
+    encoded = []
+    for item in node.reapply:
+        if item["kind"] != "accelerate":
+            encoded.append(item)
+            continue
+        try:
+            ctx = EncodeContext(add_tensor=constructions.tensors.add, add_module=constructions.add)
+            encoded.append({"kind": "accelerate", "hooks": encode_value(list(item["hooks"]), ctx, where)})
+        except UnsupportedValueError as error:
+            described = ", ".join(class_path(type(h)) for h in item["hooks"])
+            hooks.append({"kind": "forward", "hook": f"accelerate {described} ({error})", "rebuilt": False})
+            warnings.warn(f"modulelens: {node.path or '<root>'}: accelerate hook {described} cannot be stored, so a "
+                          f"replay runs without it: {error}", CaptureWarning, stacklevel=4)
+    return encoded
 
 
 def state_name(name: str) -> str:

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 import xxhash
 
-from modulelens.format.layouts import is_plain
+from modulelens.format.layouts import is_plain, is_wrapper_subclass, subclass_parts
 from modulelens.tracing.distributed import dtensor_type
+from modulelens.tracing.offload import offloaded
 from modulelens.tracing.snapshot import outside_functorch, unwrap_functorch
 
 LiveState = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...]]
@@ -36,10 +37,11 @@ def live_state(module: torch.nn.Module) -> LiveState:
         dot = f"{prefix}." if prefix else ""
         for name, param in sub._parameters.items():
             if param is not None:
-                params[dot + name] = param
+                # a meta tensor is an offloaded one (accelerate) or has no data: tracing/offload.py decides
+                params[dot + name] = param if not param.is_meta else offloaded(sub, name, param)
         for name, buffer in sub._buffers.items():
             if buffer is not None:
-                buffers[dot + name] = buffer
+                buffers[dot + name] = buffer if not buffer.is_meta else offloaded(sub, name, buffer)
     tensors = [*params.values(), *buffers.values()]
     dtensor = dtensor_type()
     try:
@@ -47,8 +49,8 @@ def live_state(module: torch.nn.Module) -> LiveState:
                     for t in tensors)
     except RuntimeError:  # no storage: weights wrapped by torch.func (functional_call under grad or vmap), sparse weights
         tensors = [unwrap_functorch(t, stacked=True) for t in tensors]
-        key = tuple((id(t), t._version, t.data_ptr() if is_plain(t) and not (dtensor and isinstance(t, dtensor)) else 0)
-                    for t in tensors)
+        key = tuple((id(t), t._version, t.data_ptr() if is_plain(t) and not is_wrapper_subclass(t)
+                     and not (dtensor and isinstance(t, dtensor)) else 0) for t in tensors)
         with outside_functorch():  # a sparse or nested weight is not fingerprinted (and is refused when saved)
             return params, buffers, (key, fingerprints([t if is_plain(t) else _NOTHING for t in tensors]))
     return params, buffers, (key, fingerprints(tensors))
@@ -79,6 +81,9 @@ def fingerprints(tensors: list[torch.Tensor]) -> tuple[int, ...]:
     order: list[tuple[torch.device | None, int]] = []  # (device, index into its sums) or (None, fingerprint)
     for tensor in tensors:
         local = tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
+        if is_wrapper_subclass(local):  # torchao's quantized weights: the fingerprints of their parts
+            order.append((None, hash(fingerprints(list(subclass_parts(local)[0].values())))))
+            continue
         hashed = _hash_in_place(local)
         if hashed is not None:
             order.append((None, hashed))

@@ -22,6 +22,15 @@ Plain objects (configs, dataclasses) are copied later, at the first recorded cal
 (:func:`freeze_objects`); tensors, modules, classes and functions stay references (the state a
 capture records supersedes a tensor's constructor value). Scalar-only arguments cost one loop.
 
+A class with its own ``__new__`` (tensordict's ``TensorDictModuleBase``, neuraloperator's
+``BaseModel``, torch.fx's ``GraphModule``) receives the constructor arguments there and calls the
+tracked ``__new__`` without them, so its own ``__new__`` is wrapped instead: the wrapper records the
+arguments it was given once the class's ``__new__`` returns (an instance of the class, or of a
+subclass it generated: fx makes a ``GraphModuleImpl`` per instance). Classes that exist when
+tracking starts are wrapped then, later ones when they are defined (``nn.Module.__init_subclass__``).
+A module whose construction modulelens could not see gets the reason instead of a record
+(:func:`construction_missing`), so a failed rebuild says what really happened.
+
 Once installed, the replacement ``__new__`` stays for the life of the process and turning tracking
 off only flips a flag: CPython cannot put ``object.__new__`` back into the slots of subclasses
 that were created or updated meanwhile (they would then reject constructor arguments).
@@ -33,6 +42,8 @@ import copy
 import copyreg
 import dataclasses
 import enum
+import functools
+import inspect
 import sys
 import threading
 import weakref
@@ -40,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.jit._script import ScriptMeta
 from torch.nn.modules.module import register_module_module_registration_hook
 from torch.utils.hooks import RemovableHandle
 
@@ -72,21 +84,24 @@ class _Entry(weakref.ref[Any]):
     span were added after construction and are not rebuilt with it (``tracing/module_tree.py``).
     """
 
-    __slots__ = ("built", "hooks_from", "hooks_to", "key", "record")
+    __slots__ = ("built", "hooks_from", "hooks_to", "key", "made_by", "missing", "record", "traced_training")
     key: int
-    record: InitRecord
+    record: InitRecord | None  # None: the construction was seen but its arguments were not (``missing`` says why)
+    missing: str | None
+    made_by: str | None  # a tool that made it from the module ``record`` built (``"torch.jit.script"``)
+    traced_training: bool | None  # torch.jit.trace: the mode its graph was traced in (the graph keeps it)
     hooks_from: int
     hooks_to: int | None
     built: type
 
-    def __new__(cls, module: Any, record: InitRecord, key: int) -> _Entry:
+    def __new__(cls, module: Any, record: InitRecord | None, key: int) -> _Entry:
         self = super().__new__(cls, module, _forget)
-        self.key, self.record = key, record
+        self.key, self.record, self.missing, self.made_by, self.traced_training = key, record, None, None, None
         self.hooks_from, self.hooks_to = RemovableHandle.next_id, None
         self.built = type(module)  # the class the arguments are for (a lazy module changes its class later)
         return self
 
-    def __init__(self, module: Any, record: InitRecord, key: int) -> None:
+    def __init__(self, module: Any, record: InitRecord | None, key: int) -> None:
         super().__init__(module, _forget)  # type: ignore[call-arg]  # typeshed omits weakref.ref.__init__
 
 
@@ -99,13 +114,22 @@ def _forget(ref: _Entry) -> None:
         del _RECORDS[ref.key]
 
 
-def _remember(module: Any, record: InitRecord) -> _Entry | None:
+def _remember(module: Any, record: InitRecord | None) -> _Entry | None:
     key = id(module)
+    earlier = _RECORDS.get(key)
     try:
         entry = _RECORDS[key] = _Entry(module, record, key)
     except TypeError:  # not weakly referenceable (every nn.Module is; a C subclass might not be)
         return None
+    if earlier is not None and earlier() is module:  # an inner __new__ recorded it first: its hooks count from there
+        entry.hooks_from = earlier.hooks_from
     return entry
+
+
+def _remember_missing(module: Any, reason: str) -> None:
+    entry = _remember(module, None)
+    if entry is not None:
+        entry.missing = reason
 
 
 def _on_registered(parent: Any, name: str, child: Any) -> None:
@@ -118,19 +142,29 @@ def _on_registered(parent: Any, name: str, child: Any) -> None:
 
 def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     instance: Any = _object_new(cls)
-    # A class with its own __new__ may call us with different arguments than __init__ gets:
-    # record nothing rather than something wrong.
     if _enabled:
-        new = cls.__new__
-        if new is _recording_new:
-            _record(instance, cls, args, kwargs, sys._getframe(1))
-        elif getattr(new, "__wrapped__", None) is _recording_new:  # @deprecated (it passes the arguments on)
-            _record(instance, cls, args, kwargs, sys._getframe(2))
+        try:
+            # A class with its own __new__ calls us with other arguments than __init__ gets (usually
+            # none): its wrapper (_wrap_own_new) records them once that __new__ returns.
+            new = cls.__new__
+            if new is _recording_new:
+                _record(instance, cls, args, kwargs, sys._getframe(1))
+            elif getattr(new, "__wrapped__", None) is _recording_new:  # @deprecated (it passes the arguments on)
+                _record(instance, cls, args, kwargs, sys._getframe(2))
+            elif not getattr(new, _OWN_NEW_WRAPPED, False):  # a __new__ defined where no hook saw it
+                _wrap_own_new(_defining_class(cls, new))  # its later instances are recorded
+                _remember_missing(instance, f"its class's own __new__ ({getattr(new, '__qualname__', new)}) was not "
+                                            "followed yet when it was built (the next instances are recorded)")
+        except Exception as error:  # fail open: the user's module is built whatever happens here
+            _remember_missing(instance, f"recording its construction failed ({type(error).__name__}: {error})")
     return instance
 
 
 def _record(instance: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> None:
     """Note ``instance``'s constructor arguments (``caller``: the frame that asked for it)."""
+    if type(cls) is not type and isinstance(cls, ScriptMeta):  # a TorchScript module (its metaclass)
+        _record_scripted(instance, args, caller)
+        return
     if not args and not kwargs:
         original = _copied_from(cls, caller)
         if original is not None:  # a copy is not constructed: it gets its original's record
@@ -139,6 +173,11 @@ def _record(instance: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, A
                 copied = _remember(instance, entry.record)
                 if copied is not None:
                     copied.hooks_from, copied.hooks_to, copied.built = entry.hooks_from, entry.hooks_to, entry.built
+                    copied.missing = entry.missing
+            return
+        if _needs_arguments(cls):  # not constructed by calling its class: unpickled, or made by a tool
+            _remember_missing(instance, f"it was not constructed by calling {cls.__qualname__}(...) (made without "
+                                        "its constructor: unpickled, or created by a tool)")
             return
     # Inline loops: the cheapest scan measured for the common scalar-only case (issue 11 budget)
     for value in args:
@@ -153,15 +192,61 @@ def _record(instance: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, A
     _remember(instance, InitRecord(args, kwargs))
 
 
-def _track_deprecated_classes() -> None:
-    """Record the construction of module classes marked ``@deprecated`` before tracking began.
+_OWN_NEW_WRAPPED = "__modulelens_own_new__"
 
-    ``typing_extensions.deprecated`` (``warnings.deprecated``) replaces a class's ``__new__`` by a
-    wrapper that warns and then calls the ``__new__`` the class had when it was decorated; for a
-    class decorated when torch was imported (``nn.NLLLoss2d``) that is ``object.__new__``, so the
-    tracked ``__new__`` never ran and its construction was not recorded (found by the census). Such
-    a wrapper is wrapped once more: it warns as before, and the arguments are recorded.
-    """
+
+def _tracked(deprecated_new: Any) -> Any:
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces a __new__
+        instance = deprecated_new(cls)  # its deprecation warning, then object.__new__
+        if _enabled:
+            try:
+                _record(instance, cls, args, kwargs, sys._getframe(1))
+            except Exception as error:  # fail open, as in _recording_new
+                _remember_missing(instance, f"recording its construction failed ({type(error).__name__}: {error})")
+        return instance
+
+    setattr(__new__, _OWN_NEW_WRAPPED, True)
+    return __new__
+
+
+def _record_scripted(instance: Any, args: tuple[Any, ...], caller: Any) -> None:
+    """A TorchScript module is constructed from a C++ module, which no record rebuilds: it gets the
+    record of the eager module it was made from, marked with the tool (``constructed_as`` is that
+    module's class), so a load rebuilds the eager module, which runs the same operations.
+    ``torch.jit.trace`` passes the eager module to ``TracedModule(orig, ...)``; ``torch.jit.script``
+    makes each module in ``create_script_module_impl(nn_module, ...)``, found among the callers."""
+    if args and isinstance(args[0], torch.nn.Module) and not isinstance(args[0], torch.jit.ScriptModule):
+        original, tool = args[0], "torch.jit.trace"
+    else:
+        original, tool, frame = None, "torch.jit.script", caller
+        for _ in range(8):
+            if frame is None:
+                break
+            if frame.f_code.co_name == "create_script_module_impl" and "nn_module" in frame.f_code.co_varnames:
+                original = frame.f_locals.get("nn_module")
+                break
+            frame = frame.f_back
+    entry = _entry(original) if isinstance(original, torch.nn.Module) else None
+    if entry is None or entry.record is None:
+        why = (f"it was made by {tool} from a {type(original).__qualname__} whose construction modulelens did not "
+               f"see ({entry.missing if entry is not None and entry.missing else 'built before track_init() was on'})"
+               if isinstance(original, torch.nn.Module) else
+               "it is a TorchScript module not made from a Python module here (torch.jit.load?): no Python class "
+               "rebuilds it")
+        _remember_missing(instance, why)
+        return
+    made = _remember(instance, entry.record)
+    if made is not None:
+        made.built, made.made_by = entry.built, tool
+        made.hooks_from, made.hooks_to = entry.hooks_from, entry.hooks_to
+        if tool == "torch.jit.trace" and original is not None:  # its graph keeps this mode whatever .train() says
+            made.traced_training = bool(original.training)
+
+
+def _track_own_new_classes() -> None:
+    """Wrap the ``__new__`` of every existing ``nn.Module`` subclass that defines its own (and the
+    ``@deprecated`` wrappers, :func:`_track_deprecated_classes`); later classes are wrapped when
+    defined (:func:`_on_subclass`)."""
     pending = list(torch.nn.Module.__subclasses__())
     seen: set[type] = set()
     while pending:
@@ -170,22 +255,76 @@ def _track_deprecated_classes() -> None:
             continue
         seen.add(cls)
         pending.extend(cls.__subclasses__())
-        new = cls.__dict__.get("__new__")
-        function = getattr(new, "__func__", new)
-        code = getattr(function, "__code__", None)  # functools.wraps gave it object.__new__'s names
-        if getattr(function, "__wrapped__", None) is object.__new__ and code is not None and \
-                "original_new" in code.co_freevars:
-            cls.__new__ = staticmethod(_tracked(function))  # type: ignore[method-assign]
+        _wrap_own_new(cls)
 
 
-def _tracked(deprecated_new: Any) -> Any:
-    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces a __new__
-        instance = deprecated_new(cls)  # its deprecation warning, then object.__new__
-        if _enabled:
-            _record(instance, cls, args, kwargs, sys._getframe(1))
+def _on_subclass(cls: type, **kwargs: Any) -> None:
+    """``nn.Module.__init_subclass__`` while tracking is installed: a new class's own ``__new__``."""
+    super(torch.nn.Module, cls).__init_subclass__(**kwargs)  # type: ignore[misc]  # object's, which takes none
+    _wrap_own_new(cls)
+
+
+def _defining_class(cls: type, new: Any) -> type:
+    """The class in ``cls``'s MRO whose own ``__new__`` is ``new``."""
+    function = getattr(new, "__func__", new)
+    for base in cls.__mro__:
+        own = base.__dict__.get("__new__")
+        if own is not None and getattr(own, "__func__", own) is function:
+            return base
+    return cls
+
+
+def _wrap_own_new(cls: type) -> None:
+    """Record the constructor arguments of ``cls``'s instances in its own ``__new__`` (if it has one).
+
+    ``typing_extensions.deprecated`` (``warnings.deprecated``) replaces a class's ``__new__`` by a
+    wrapper that warns and then calls the ``__new__`` the class had when it was decorated; for a
+    class decorated when torch was imported (``nn.NLLLoss2d``) that is ``object.__new__``, so the
+    tracked ``__new__`` never ran (found by the census). Such a wrapper is wrapped once more: it
+    warns as before, and the arguments are recorded. One decorated later wraps the tracked
+    ``__new__`` and passes the arguments on to it (:func:`_recording_new` reads them there).
+    """
+    new = cls.__dict__.get("__new__")
+    function = getattr(new, "__func__", new)
+    if function is None or function is _recording_new or getattr(function, _OWN_NEW_WRAPPED, False) \
+            or not callable(function) or getattr(function, "__wrapped__", None) is _recording_new:
+        return
+    code = getattr(function, "__code__", None)  # functools.wraps gave it object.__new__'s names
+    if getattr(function, "__wrapped__", None) is object.__new__ and code is not None and \
+            "original_new" in code.co_freevars:
+        cls.__new__ = staticmethod(_tracked(function))  # type: ignore[method-assign]
+        return
+
+    @functools.wraps(function)
+    def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces a __new__
+        instance = function(klass, *args, **kwargs)
+        if _enabled and isinstance(instance, klass):
+            # the arguments as the caller passed them (the class's __new__ may have changed its own
+            # copy: neuraloperator's adds its defaults to kwargs); the class the caller asked for
+            # (fx's GraphModule returns an instance of a class it generated for it)
+            try:
+                _record(instance, klass, args, kwargs, sys._getframe(1))
+                entry = _entry(instance)
+                if entry is not None and entry.made_by is None:
+                    entry.built = klass
+            except Exception as error:  # fail open, as in _recording_new
+                _remember_missing(instance, f"recording its construction failed ({type(error).__name__}: {error})")
         return instance
 
-    return __new__
+    setattr(__new__, _OWN_NEW_WRAPPED, True)
+    cls.__new__ = staticmethod(__new__)  # type: ignore[method-assign, assignment]  # mypy reads it as type.__new__
+
+
+@functools.lru_cache(maxsize=4096)
+def _needs_arguments(cls: type) -> bool:
+    """Whether ``cls(...)`` cannot be called without arguments (its ``__init__`` has required ones)."""
+    try:
+        init = next(vars(base)["__init__"] for base in cls.__mro__ if "__init__" in vars(base))
+        parameters = list(inspect.signature(init).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               for p in parameters)
 
 
 _NEWOBJ_CODE = copyreg.__newobj__.__code__  # type: ignore[attr-defined]  # typeshed omits copyreg.__newobj__
@@ -269,7 +408,8 @@ def _set_enabled(on: bool) -> None:
         # A staticmethod, as a __new__ written in a class body is: looked up on an instance
         # (``self.__new__(cls)``, torch parametrize's deepcopy) a plain function would bind ``self``.
         torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign]
-        _track_deprecated_classes()
+        torch.nn.Module.__init_subclass__ = classmethod(_on_subclass)  # type: ignore[assignment]
+        _track_own_new_classes()
     _enabled = on
 
 
@@ -325,6 +465,16 @@ def get_init_record(module: torch.nn.Module) -> InitRecord | None:
     return None if entry is None else entry.record
 
 
+def construction_missing(module: torch.nn.Module) -> str:
+    """Why ``module`` has no constructor record (:func:`get_init_record` returned ``None``), as a
+    clause for messages: what modulelens saw of its construction, or that it saw none."""
+    entry = _entry(module)
+    if entry is not None and entry.missing is not None:
+        return entry.missing
+    return ("it was built before modulelens.track_init() was on, or without calling its class (unpickled, or "
+            "created by a tool)")
+
+
 def _entry(module: Any) -> _Entry | None:
     entry = _RECORDS.get(id(module))
     return entry if entry is not None and entry() is module else None
@@ -335,6 +485,19 @@ def constructed_as(module: torch.nn.Module) -> type | None:
     module built untracked). A lazy module (``nn.LazyLinear``) becomes another class at its first call."""
     entry = _entry(module)
     return None if entry is None else entry.built
+
+
+def made_by_tool(module: torch.nn.Module) -> str | None:
+    """The tool that made ``module`` from a module its record rebuilds (``"torch.jit.script"``,
+    ``"torch.jit.trace"``), or ``None``."""
+    entry = _entry(module)
+    return None if entry is None else entry.made_by
+
+
+def traced_training(module: torch.nn.Module) -> bool | None:
+    """For a module ``torch.jit.trace`` made, the mode (``training``) it was traced in; else ``None``."""
+    entry = _entry(module)
+    return None if entry is None else entry.traced_training
 
 
 def construction_hooks(module: torch.nn.Module) -> tuple[int, int | None] | None:

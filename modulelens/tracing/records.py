@@ -81,6 +81,7 @@ class ModuleRecord:
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
     structure: dict[str, str] = field(default_factory=dict)
     tree: list[TreeNode] = field(default_factory=list)  # every submodule and how to put it back
+    compiled: dict[str, Any] | None = None  # it ran torch.compile'd: how (tracing/compiled.py)
 
     @property
     def live_module(self) -> torch.nn.Module:

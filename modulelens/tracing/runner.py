@@ -388,9 +388,9 @@ class _Session:
             except Exception as error:
                 if self.config.strict:
                     raise
-                self.failed.append(f"{qualified or '<root>'}: {error}")
-                warnings.warn(f"modulelens: saving the capture of {qualified or '<root>'} failed: {error}",
-                              stacklevel=2)
+                self.failed.append(f"{qualified or '<root>'}: {type(error).__name__}: {error}")
+                warnings.warn(f"modulelens: saving the capture of {qualified or '<root>'} failed: "
+                              f"{type(error).__name__}: {error}", stacklevel=2)
                 continue
             if infos:
                 module = tracer.records[qualified].module

@@ -282,21 +282,31 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
     (with a warning, unless strict) rather than the whole capture."""
     try:
         meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
-                                       metadata=metadata, policy=policy)
+                                       metadata=metadata, policy=policy, by_attributes=not tracer.strict)
         _warn_unrecorded(capture_name, meta)
+        _warn_by_attributes(capture_name, meta)
         return meta, payloads
     except UnsupportedValueError as error:
         if tracer.strict or not construction_fails(record):  # a state or value no constructor record can fix
             raise
         warnings.warn(f"modulelens: {capture_name}: constructor not recorded: {error}", CaptureWarning, stacklevel=3)
-        construction, record.construction = record.construction, None
-        try:
-            meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
-                                           metadata=metadata, policy=policy)
-        finally:
-            record.construction = construction
+        meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
+                                       metadata=metadata, policy=policy, with_construction=False)
         meta["module"]["construction_missing"] = str(error)
         return meta, payloads
+
+
+def _warn_by_attributes(capture_name: str, meta: CaptureMetadata) -> None:
+    """Modules recorded by their attributes because an argument of theirs cannot be stored are named:
+    a load builds them without running their constructor (docs/fidelity.md, "Rebuilt from recorded
+    attributes"); a strict capture raises instead."""
+    found = [entry for entry in meta["constructions"].values() if "state" in entry]
+    if found:
+        shown = "; ".join(f"{entry['class']} ({entry.get('why', '')})" for entry in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        warnings.warn(f"modulelens: {capture_name}: {len(found)} module(s) recorded by their attributes, not their "
+                      f"constructor arguments, which cannot be stored; a load builds them without running their "
+                      f"constructor: {shown}{more}", CaptureWarning, stacklevel=4)
 
 
 def _warn_unrecorded(capture_name: str, meta: CaptureMetadata) -> None:

@@ -32,6 +32,7 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
+from modulelens.tracing.compiled import compile_settings, wrapper_of
 from modulelens.tracing.distributed import (
     ShardSync,
     describe_dtensor,
@@ -54,6 +55,7 @@ from modulelens.tracing.methods import own_call_class, split_target, target_key,
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
+from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
@@ -250,9 +252,10 @@ class Tracer:
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
         qualified, method = split_target(name)
+        wrapper = wrapper_of(self.model, module) if self._compiled else None
         self.records[name] = ModuleRecord(
             qualified_name=qualified, module_class=constructed_class(module), construction=get_init_record(module),
-            module=module, method=method,
+            module=module, method=method, compiled=compile_settings(wrapper) if wrapper is not None else None,
         )
         self._stacks[name] = {}
         if method is not None:  # called as module.<method>(...): wrapped on its class (tracing/methods.py)
@@ -261,15 +264,15 @@ class Tracer:
         if self.world_size > 1:
             # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
             # local inputs into DTensors before it and its DTensor output into a shard after it).
-            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True)
-            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True,
+            pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True)
+            post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True,
                                                 prepend=True)
         else:
             # Outermost: the call as the parent sees it, inputs before the module's own pre-hooks and
             # the output after its own forward hooks, since a rebuilt module registers those again in
             # its constructor and replay runs them (recorded inside them, they applied twice, issue 22).
-            pre = module.register_forward_pre_hook(self._make_pre_hook(name), with_kwargs=True, prepend=True)
-            post = module.register_forward_hook(self._make_post_hook(name), with_kwargs=True, always_call=True)
+            pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True, prepend=True)
+            post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True)
         self._handles[name] = [pre, post]
         if is_unmaterialised_lazy(module):  # recorded after its own pre-hook infers its parameters
             self._lazy_hooks[name] = module.register_forward_pre_hook(self._make_lazy_hook(name), with_kwargs=True)

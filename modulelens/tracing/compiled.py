@@ -1,0 +1,46 @@
+"""How a module that ran ``torch.compile``d was compiled, so a load compiles it the same way.
+
+Inductor rounds differently from eager (a conv + batch-norm block 1e-8 apart): a compiled module
+replayed eagerly does not compute what the job computed. So the settings of its ``torch.compile``
+wrapper are recorded (the backend's name and, for inductor, the options its ``mode`` set) and a
+load compiles the rebuilt module with them (``module.compile(...)``, in place); the replay then runs
+the kernels inductor generates from the same graph (tested bit-exact; docs/fidelity.md). Only
+torch's own backends are recorded, and only inductor options from a fixed list (the ones the
+``mode`` presets set): a capture never chooses a compiler command or any other setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from modulelens.format.module_state import reproducible_compile
+
+
+def compile_settings(wrapper: torch.nn.Module) -> dict[str, Any]:
+    """``{"backend", "options", "dynamic", "fullgraph"}`` of a ``torch.compile`` wrapper
+    (``OptimizedModule``); ``{"backend": None}`` when they are not among those a load reproduces
+    (module_state.COMPILE_BACKENDS)."""
+    context = getattr(wrapper, "dynamo_ctx", None)
+    backend: Any = getattr(getattr(context, "callback", None), "_torchdynamo_orig_backend", None)
+    for _ in range(6):  # CatchErrorsWrapper -> ConvertFrame -> WrapBackendDebug -> the backend's wrapper
+        inner = getattr(backend, "_torchdynamo_orig_backend", None)
+        if inner is None or inner is backend:
+            break
+        backend = inner
+    options = getattr(backend, "config", None) or {}
+    dynamic = getattr(context, "_dynamic", None)
+    settings = {"backend": getattr(backend, "compiler_name", None),
+                "options": dict(options) if isinstance(options, dict) else None,
+                "dynamic": dynamic if isinstance(dynamic, bool) else None,
+                "fullgraph": bool(getattr(context, "fullgraph", False))}
+    return settings if reproducible_compile(settings) else {"backend": None}
+
+
+def wrapper_of(model: torch.nn.Module, module: torch.nn.Module) -> torch.nn.Module | None:
+    """The ``torch.compile`` wrapper of ``module`` in ``model`` (``model`` itself or a child), if any."""
+    for candidate in model.modules():
+        if type(candidate).__name__ == "OptimizedModule" and vars(candidate).get("_modules", {}).get("_orig_mod") is module:
+            return candidate
+    return None
