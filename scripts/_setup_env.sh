@@ -40,7 +40,9 @@ sources="$(cat pyproject.toml scripts/_setup_env.sh | sha256sum | cut -c1-16) $T
 have="$(cat "$stamp" 2>/dev/null || true)"
 # what is installed: "<sources> core" or "<sources> test"; a test setup is also a core one
 if [ "$have" != "$sources test" ] && { [ "$level" = test ] || [ "$have" != "$sources core" ]; }; then
-  pip_install() { python -m pip install -q --disable-pip-version-check "$@" >&2; }
+  # setuptools prints an "Editable installation" box (a warning about folders named like the package
+  # shadowing it, which is not the case here) through pip's -q: that one message is filtered
+  pip_install() { PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q --disable-pip-version-check "$@" >&2; }
   # each step says what it does (pip -q is silent for minutes otherwise)
   echo "setup: pip" >&2
   pip_install --upgrade pip
