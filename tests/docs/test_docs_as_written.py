@@ -254,7 +254,30 @@ def _run(block: Block, session: Session, request: pytest.FixtureRequest) -> subp
     output = done.stdout + done.stderr
     failed = done.returncode != 0 or (block.kind == "ipython" and re.search(r"Traceback|^error:|UsageError", output, re.M))
     assert not failed, f"{block.id} ({block.kind}, from {block.cwd}) exited {done.returncode}:\n{output[-6000:]}"
+    own = own_warnings(output, session.root)
+    assert not own, f"{block.id} ({block.kind}, from {block.cwd}) printed warnings of the project's own:\n" + "\n".join(own)
     return done
+
+
+#: a Python warning as the interpreter prints it: ``path:line: Category: message``
+_PY_WARNING = re.compile(r"^(?P<where>.+?):\d+: (?P<category>\w*Warning): ", re.M)
+_OWN_CATEGORIES = ("ModulelensWarning", "CaptureWarning", "SourceChangedWarning")
+
+
+def own_warnings(output: str, checkout: Path) -> list[str]:
+    """The lines of ``output`` that are warnings of the project's own: a modulelens warning class,
+    a Python warning raised from modulelens's or the examples' code (or runpy's, which the examples'
+    package layout would cause), and the CLI's own ``warning:`` lines. Third-party libraries'
+    warnings are theirs to fix and are not counted."""
+    ours = (str(ROOT / "modulelens"), str(checkout / "examples"), str(ROOT / "examples"), "<frozen runpy>")
+    found = []
+    for line in output.splitlines():
+        match = _PY_WARNING.match(line)
+        if match and (match["category"] in _OWN_CATEGORIES or match["where"].startswith(ours)):
+            found.append(line)
+        elif line.startswith(("warning: ", "modulelens: warning")):
+            found.append(line)
+    return found
 
 
 def _params() -> list[object]:
@@ -305,3 +328,15 @@ def test_every_fenced_block_is_seen() -> None:
         opened = [line[3:].strip() for line in fences[::2]]
         assert len([lang for lang in opened if lang in RUNNABLE]) == len(collect(doc)), doc
     assert len(ALL) >= 25
+
+
+def test_own_warnings_are_told_from_third_party_ones(tmp_path: Path) -> None:
+    output = "\n".join([
+        f"{ROOT}/modulelens/repo/remote.py:140: ModulelensWarning: s3://b/c is unreachable; using the local cache",
+        f"{tmp_path}/examples/ranker/ranker/training.py:36: UserWarning: Converting a tensor with requires_grad=True",
+        "<frozen runpy>:128: RuntimeWarning: 'ranker.train' found in sys.modules after import of package 'ranker'",
+        "warning: 'lin' matched no module; closest: 1.lin (Linear)",
+        "/venv/lib/python3.11/site-packages/transformers/modeling_utils.py:9: FutureWarning: `x` is deprecated",
+        "trained 20 steps, last loss 0.6714",
+    ])
+    assert own_warnings(output, tmp_path) == output.splitlines()[:4]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import torch
@@ -198,6 +199,10 @@ def test_run_keeps_the_job_running_and_says_how_to_push(server: SeaweedServer, t
     assert done.returncode == 7, done.stderr
     assert "the job ran to its end" in done.stdout
     assert "Traceback" not in done.stderr
+    # what is captured is said before the job starts (the banner), after the one line about the repo
+    banner = [line for line in done.stderr.splitlines() if line.startswith("modulelens: capturing ")]
+    assert banner == [f"modulelens: capturing 0 (its first call) as job/<module> into {cache}/staging/"
+                      f"{quote(URL + '/runs', safe='')}; running {sys.executable} job.py"], done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "is unreachable" in errors[0] and "the job ran and 1 capture(s) are kept in" in errors[0]
     push = errors[0].split("push them with: ", 1)[1]
@@ -227,3 +232,15 @@ def test_ui_on_an_unreachable_remote_is_one_line(server: SeaweedServer, tmp_path
                           env=subprocess_env(**env), capture_output=True, text=True, timeout=120)
     assert done.returncode == 7
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "is unreachable" in done.stderr, done.stderr
+
+
+def test_an_offline_refusal_comes_before_torch_is_imported(tmp_path: Path) -> None:
+    """``MODULELENS_OFFLINE=1 modulelens replay`` with nothing cached refuses at once: the repo and
+    the ref are resolved before torch (seconds) is imported."""
+    env = {"MODULELENS_OFFLINE": "1", "MODULELENS_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([PYTHON, "-X", "importtime", "-m", "modulelens", "replay", "ranker/top_mlp:golden",
+                           "--repo", URL], env=subprocess_env(**env), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7
+    assert f"error: MODULELENS_OFFLINE is set and the cache has nothing from {URL}" in done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert imported and "torch" not in imported
