@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 
-from modulelens.format.module_state import reinstalled_by_library
+from modulelens.format.module_state import needs_no_rebuild
 from modulelens.format.spec import hooks_not_rebuilt
 from modulelens.tracing.distributed import original_class
 from modulelens.tracing.init_tracking import construction_hooks
@@ -126,7 +126,7 @@ def _note_hooks(node: TreeNode, spans: list[tuple[int, int | None]], ignored: se
                                      "n_power_iterations": hook.n_power_iterations})
                 continue
             described = describe_hook(hook)
-            node.hooks.append(HookInfo(kind, described, reinstalled_by_library(described)
+            node.hooks.append(HookInfo(kind, described, needs_no_rebuild(described)
                                        or _rebuilt(hook_id, hook, spans, unattached_root, subtree_ids)))
 
 
