@@ -16,11 +16,20 @@
 
 Rounds are interleaved with a rotating order (_common.interleaved); medians and best are reported,
 and the ratios in results/ui.json.
+
+``--huge`` (issue 35) times instead every page of captures far bigger than a page, at two sizes
+each, cost against size: 5,000 and 50,000 recorded calls, a call of 100,000 and of 1,000,000
+leaves, 300 and 3,000 stored reports (stress/huge_captures.py). Each page once the capture is
+open (its ``capture.json`` read once per server), against ``show --json`` in-process (the
+metadata summary, no statistics); the page's bytes; and the cold first view (the metadata read
+included). Targets: at most 2 s and 5 MiB a page, and a page's cost flat in the capture's size.
+Results in results/ui_huge.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -37,6 +46,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # stress/huge_captures.py makes the huge captures
 from _common import Big, interleaved, many_versions_repo, median, report
 from starlette.testclient import TestClient
 
@@ -166,15 +176,74 @@ def capture_page(root: Path, gib: float, rounds: int) -> tuple[list[dict], dict]
                   "version": f"{name}:v{version}"}
 
 
+def huge_pages(root: Path, rounds: int) -> tuple[list[dict], dict]:
+    """Pages of captures bigger than a page, at two sizes: time once open, bytes, the cold first view."""
+    from stress.huge_captures import huge_repo
+
+    rows: list[dict] = []
+    sizes: dict[str, dict[str, float]] = {}
+    for scale, label in ((10, "small"), (1, "full")):
+        start = time.perf_counter()
+        refs = huge_repo(root / label, calls=50_000 // scale, leaves=1_000_000 // scale, reports=3_000 // scale)
+        print(f"made the {label} captures in {time.perf_counter() - start:.0f} s")
+        repo = modulelens.Repo(root / label)
+        paths = {"capture page of N calls": f"/capture/{refs['calls']}",
+                 "its last page of calls": f"/capture/{refs['calls']}?calls={50_000 // scale // 20}",
+                 "its last call": f"/capture/{refs['calls']}/call/{50_000 // scale - 1}",
+                 "its saved file": f"/capture/{refs['calls']}/export",
+                 "diff of it and the many-leaf one": f"/diff?a={refs['calls']}&b={refs['leaves']}",
+                 "capture page of a call of N leaves": f"/capture/{refs['leaves']}",
+                 "that call's last page of leaves": f"/capture/{refs['leaves']}/call/0?output={1_000_000 // scale // 500}",
+                 "capture page with N reports": f"/capture/{refs['reports']}",
+                 "its reports page": f"/capture/{refs['reports']}/reports",
+                 "its saved file (capture and reports)": f"/capture/{refs['reports']}/export",
+                 "reports with deep mathtext titles": f"/capture/{refs['mathtext']}/reports"}
+        web = _client(RepoView(repo, scan_jobs=False))
+        cold = {}
+        for case, path in paths.items():
+            began = time.perf_counter()
+            _get(web, path)
+            cold[case] = time.perf_counter() - began
+        contenders = {case: functools.partial(_get, web, path) for case, path in paths.items()}
+        contenders["show --json of the N-call capture, in-process"] = functools.partial(describe, repo, refs["calls"])
+        times = interleaved(contenders, rounds)
+        case_label = {"small": "5,000 calls / 100,000 leaves / 300 reports",
+                      "full": "50,000 calls / 1,000,000 leaves / 3,000 reports"}[label]
+        for case, samples in times.items():
+            size = len(web.get(paths[case]).content) if case in paths else None
+            rows.append({"case": case_label, "contender": case, "median_s": median(samples), "best_s": min(samples),
+                         "cold_s": cold.get(case), "html_mib": None if size is None else size / 2**20})
+        sizes[label] = {case: median(samples) for case, samples in times.items()}
+    pages = [r for r in rows if r["html_mib"] is not None]
+    slowest = max(pages, key=lambda r: r["median_s"])
+    largest = max(pages, key=lambda r: r["html_mib"])
+    growth = {case: sizes["full"][case] / sizes["small"][case] for case in sizes["full"] if case in sizes["small"]}
+    return rows, {"slowest_page_s": slowest["median_s"], "slowest_page": slowest["contender"],
+                  "largest_page_mib": largest["html_mib"], "largest_page": largest["contender"],
+                  "full_vs_tenth_size": growth, "targets": {"page_s": 2.0, "page_mib": 5.0}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--versions", type=int, default=2000)
     parser.add_argument("--names", type=int, default=200)
     parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--huge", action="store_true", help="time the pages of captures bigger than a page (issue 35)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="ml-bench-ui-"))
+    if args.huge:
+        try:
+            rows, extra = huge_pages(work, args.rounds)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        report("ui_huge", f"UI pages of huge captures, server side (median of {args.rounds} interleaved rounds)",
+               rows, ["case", "contender", "median_s", "best_s", "cold_s", "html_mib"],
+               {**extra, "load_average": os.getloadavg()})
+        print(f"slowest page {extra['slowest_page_s']:.2f} s ({extra['slowest_page']}), largest "
+              f"{extra['largest_page_mib']:.2f} MiB ({extra['largest_page']}); targets 2 s, 5 MiB")
+        return
     try:
         listing_rows, listing = repo_page(work / "many", args.versions, args.names, args.rounds)
         capture_rows, big = capture_page(work / "big", args.gib, args.rounds)

@@ -45,6 +45,7 @@ RUNS: list[tuple[str, list[str], list[str]]] = [
     ("bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
     ("bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
     ("bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
+    ("bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
     ("bench_scale.py", [], ["--quick"]),
 ]
 # the libraries whose versions the numbers depend on

@@ -125,8 +125,8 @@ def probe_target(family: str, target: Target) -> dict[str, Any]:
             failed: dict[str, str] = {}
             for mode in MODES:
                 seen: set[str] = set()
-                handles = [model.get_submodule(name).register_forward_pre_hook(
-                    lambda *_a, label=label, seen=seen: seen.add(label)) for label, name in names.items()]
+                handles = [_watch_calls(model, name, lambda *_a, label=label, seen=seen: seen.add(label))
+                           for label, name in names.items()]
                 try:
                     _run_job(model, job, mode)
                 except TargetTimeoutError:
@@ -145,6 +145,38 @@ def probe_target(family: str, target: Target) -> dict[str, Any]:
     return {"ran": {"target": target.name, "names": names, "called": called, "failed": failed, "seconds": seconds}}
 
 
+class _MethodWatch:
+    """Calls ``on_call`` on each call of ``module.<method>`` (wrapped on its class, as capture does:
+    ``__call__`` cannot be wrapped on an instance) until removed; the probe has no modulelens."""
+
+    def __init__(self, module: nn.Module, method: str, on_call: Callable[..., Any]) -> None:
+        self.cls, self.method = type(module), method
+        self.own = self.cls.__dict__.get(method)
+        original = getattr(self.cls, method)
+
+        def watched(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            if instance is module:
+                on_call()
+            return original(instance, *args, **kwargs)
+        setattr(self.cls, method, watched)
+
+    def remove(self) -> None:
+        if self.own is not None:
+            setattr(self.cls, self.method, self.own)
+        else:
+            delattr(self.cls, self.method)
+
+
+def _watch_calls(model: nn.Module, name: str, on_call: Callable[..., Any]) -> Any:
+    """A handle that sees the calls of target ``name``: a module's forward pre-hook, or for a method
+    target ``path:method`` (census/families/methods.py) a wrapper of that method."""
+    path, _, method = name.rpartition(":") if ":" in name else (name, "", "")
+    module = model.get_submodule(path.lstrip("."))
+    if method:
+        return _MethodWatch(module, method, on_call)
+    return module.register_forward_pre_hook(on_call)
+
+
 # ---------------------------------------------------------------------------------------------
 # capture: the same steps under modulelens
 
@@ -157,6 +189,7 @@ def _broke(family: str, target: Target, labels: dict[str, str], names: dict[str,
 def _capture_mode(family: str, target: Target, model: nn.Module, job: Job, names: dict[str, str], mode: str,
                   repo: str) -> list[oc.Outcome]:
     import modulelens
+    from modulelens.tracing.methods import target_capture_name
 
     prefix = f"census/{family}/{slug(target.name)}/{mode}"
     patterns = sorted({name or "." for name in names.values()})
@@ -176,7 +209,7 @@ def _capture_mode(family: str, target: Target, model: nn.Module, job: Job, names
     saved = {info.name: info.ref for info in (cap.saved if cap is not None else [])}
     results = []
     for label, name in names.items():
-        ref = saved.get(f"{prefix}/{name}" if name else prefix)
+        ref = saved.get(target_capture_name(prefix, name))  # "<prefix>/<name>", a method's "<...>.<method>"
         if ref is None:
             why = "; ".join(capture_warnings) or f"not saved and no warning (saved: {sorted(saved)})"
             results.append(oc.Outcome(family, target.name, oc.DROPPED, labels[label], name, mode, why,

@@ -71,7 +71,9 @@ def assert_matches(
 
     Raises:
         MatchError: an output is off, an input was modified, or the module cannot be given the
-            recorded weights; the message counts the calls checked and names each failure.
+            recorded weights; the message counts the calls checked and names each failure. Also
+            when nothing could be compared by value (``cannot verify ...``: no recorded calls,
+            outputs stored shape-only, ``None`` or only NaN): a golden test that checks nothing fails.
 
     The module must live on the capture's device (``modulelens.load(..., device=...)``). The failure
     message names the call, the output leaf and how far off it is::
@@ -105,6 +107,12 @@ def assert_matches(
         return report
     name = module.__name__ if isinstance(module, type) else type(module).__name__
     tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
+    if report.status == "UNVERIFIED":  # nothing failed, and nothing real was compared: never a pass
+        reasons = report.unverified
+        if len(reasons) > _MAX_LINES:
+            reasons = [*reasons[:_MAX_LINES], f"... and {len(reasons) - _MAX_LINES} more"]
+        raise MatchError("\n".join([f"cannot verify {name} against {capture.ref}: nothing recorded could be "
+                                     f"compared by value ({tolerance})", *(f"  {line}" for line in reasons)]))
     failed = sum(not c.passed for c in report.calls)
     checked = len(report.calls)
     counts = f"{failed} of {checked} calls failed" if checked == len(selected) else (

@@ -93,6 +93,16 @@ if [ "$have" != "$sources test" ] && { [ "$level" = test ] || [ "$have" != "$sou
     # loads the one fbgemm library file that does load (the cumsum behind jagged offsets). Nothing else is needed:
     # jagged_tensor imports only torch and torchrec's own modules.
     pip_install --no-deps "torchrec==1.9.2" "fbgemm-gpu-cpu==1.9.0"
+    # openai-whisper for the tests of its sparse alignment_heads buffer, --no-deps: it requires triton
+    # unpinned on Linux (and torch); its imports (numba, tiktoken, more-itertools) are in pyproject's test extra.
+    pip_install --no-deps "openai-whisper==20250625"
+    # torchaudio for the census's audio family, in a folder of its own that only that family's processes put on their
+    # path (census/families/torchaudio.py), --no-deps: its last release (2.11.1) requires torch 2.11 and its native
+    # library does not load with torch 2.13, so `import torchaudio` fails; census/shims/torchaudio loads its Python
+    # models and transforms without it. Installed next to the rest, it would break every library that imports
+    # torchaudio when it finds it (transformers' audio feature extractors).
+    rm -rf .venv/census-site
+    pip_install --no-deps --target .venv/census-site "torchaudio==2.11.1"
   fi
   echo "$sources $level" > "$stamp"
 fi

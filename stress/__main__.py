@@ -30,6 +30,8 @@ from stress.hostile_ui import hostile_ui_row
 from stress.repo_ops import kill_row, race_row, rm_race_row
 from stress.storage import storage_row
 from stress.table import Row, render
+from stress.ui_rows import ui_errors_row, ui_links_row, ui_sizes_row, ui_token_row
+from stress.verdict_rows import export_forward_row, vacuous_verdict_row
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
 BEGIN, END = "<!-- stress table: begin -->", "<!-- stress table: end -->"
@@ -50,6 +52,12 @@ def run(quick: bool, seed: int) -> list[Row]:
         *hostile_repo2_rows(tmp),
         hostile_trust_row(tmp),
         hostile_ui_row(tmp, quick),
+        ui_links_row(tmp),
+        ui_errors_row(tmp),
+        ui_sizes_row(tmp),
+        ui_token_row(tmp),
+        vacuous_verdict_row(tmp, quick),
+        export_forward_row(tmp),
         hostile_terminal_row(tmp, colour=not quick),
         hostile_export_row(tmp, payload_count=1 if quick else None),
         storage_row(tmp, ("disk full", "permission denied"), ("api",)) if quick else storage_row(tmp),

@@ -131,7 +131,8 @@ def _pages(repo: Any, refs: list[str]) -> list[str]:
              f"/diff?a={quote(refs[0])}&b={quote(refs[1])}", f"/diff?a={quote(refs[1])}&b={quote(refs[0])}"]
     for ref in refs:
         name, version = repo.resolve(ref)
-        pages += [f"/capture/{quote(ref, safe='/:')}", f"/capture/{quote(ref, safe='/:')}/reports"]
+        pages += [f"/capture/{quote(ref, safe='/:')}", f"/capture/{quote(ref, safe='/:')}/reports",
+                  f"/capture/{quote(ref, safe='/:')}/call/0"]
         try:
             tensors = list(repo.read_metadata(name, version)["tensors"])
         except Exception:  # a capture whose metadata the repo refuses: its page says so, no histogram to ask for

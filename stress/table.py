@@ -16,6 +16,15 @@ class Row:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
+    def record(self, problem: str | None) -> None:
+        """One attempt: it survived (``None``), or it went wrong and ``problem`` says how (a note)."""
+        self.tried += 1
+        if problem is None:
+            self.survived += 1
+        else:
+            self.wrong += 1
+            self.notes.append(problem[:300])
+
     @property
     def clean(self) -> bool:
         return self.survived == self.tried and not (self.lost or self.wrong or self.executed)

@@ -10,15 +10,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from modulelens.format.op_trace import OpTrace
     from modulelens.format.shape_only import ShapeOnly
     from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION
     from modulelens.format.values import Unrecorded, register_codec, register_state_codec
 
 _LAZY = {"FORMAT_NAME": "modulelens.format.spec", "FORMAT_VERSION": "modulelens.format.spec",
+         "OpTrace": "modulelens.format.op_trace",
          "ShapeOnly": "modulelens.format.shape_only", "Unrecorded": "modulelens.format.values",
          "register_codec": "modulelens.format.values", "register_state_codec": "modulelens.format.values"}
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "ShapeOnly", "Unrecorded", "register_codec", "register_state_codec"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "OpTrace", "ShapeOnly", "Unrecorded", "register_codec",
+           "register_state_codec"]
 
 
 def __getattr__(name: str) -> Any:

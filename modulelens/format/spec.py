@@ -12,7 +12,16 @@ from typing import Any
 from typing_extensions import NotRequired, TypedDict
 
 FORMAT_NAME = "modulelens.capture"
-FORMAT_VERSION = 2  # what this modulelens writes; it reads 1 and 2 (docs/format.md, "Versions")
+FORMAT_VERSION = 3  # the newest version this modulelens writes and reads (docs/format.md, "Versions")
+# A document is written in the oldest version that can say what it holds, so older readers keep
+# reading every capture they can: version 3 only adds ``module.method`` and ``calls[i].vmap``, which
+# a version-2 reader would ignore (replaying ``encode``'s calls through ``forward``, an ensemble's
+# stacked inputs unbatched).
+METHODLESS_VERSION = 2
+# Op traces (docs/format.md, "Op traces"), for the torch-free checker; format/op_trace.py, which the
+# kernel worker loads by path and so imports nothing from here, has the same two (a test holds them equal).
+OP_TRACE_FORMAT = "modulelens.op-trace"
+OP_TRACE_VERSION = 1
 
 # Sparse tensor values (``$type`` ``sparse``): layout name -> the parts it is stored as, in
 # constructor order (format/layouts.py). Nested tensor values (``$type`` ``nested``) have these layouts.
@@ -46,6 +55,8 @@ ModuleInfo = TypedDict(
         "qualified_name": str,
         "construction": str | None,
         "construction_missing": NotRequired[str],
+        # format 3: the method the recorded calls went through (``encode``, ``__call__``...); absent: module(...)
+        "method": NotRequired[str],
         "source": NotRequired[dict[str, Any]],  # where the class's own source is kept (see sources)
         # at the first recorded call: submodule path -> class name, and plain attributes
         # (submodule path -> {name: encoded scalar/str/bool/tuple}); restored on load
@@ -80,12 +91,64 @@ class StateEntry(TypedDict):
     extra_state: NotRequired[dict[str, EncodedValue]]
     # format 2: per submodule path, what its own _save_to_state_dict adds (docs/format.md)
     module_state: NotRequired[dict[str, dict[str, EncodedValue]]]
+    # non-persistent sparse or nested buffers the constructor rebuilds: name -> {"layout", "digest"}
+    rebuilt_buffers: NotRequired[dict[str, dict[str, str]]]
 
 
 class BackwardEntry(TypedDict):
     output_grads: EncodedTree
     input_grads: EncodedTree
     param_grads: EncodedTree
+
+
+class OpTraceSummary(TypedDict):
+    """``calls[i].op_trace``: where the call's op trace is stored and what it holds (docs/format.md, "Op traces")."""
+
+    text_id: str  # a 1-D uint8 entry of the tensor table: the trace document as UTF-8 JSON
+    ops: int
+    modules: int
+    values: int
+    truncated: NotRequired[int]
+    values_dropped: NotRequired[int]
+
+
+class OpTraceValue(TypedDict, total=False):
+    """One output of an op or module call in an op trace: a tensor (``dtype``, ``shape``,
+    ``fingerprint``, ``stats``, ``value``: a tensor id when its values were kept) or a ``scalar``."""
+
+    dtype: str
+    shape: list[int]
+    fingerprint: str | None
+    stats: dict[str, Any] | None
+    value: str
+    scalar: Any
+
+
+OpTraceModule = TypedDict(
+    "OpTraceModule",
+    {"path": str, "class": str, "parent": int, "start": int, "end": int, "outputs": list[OpTraceValue]},
+)
+
+
+class OpTraceOp(TypedDict):
+    op: str  # "aten::_softmax", "aten::add.Tensor"
+    module: int  # index into modules: the innermost module call it ran in
+    source: int  # index into sources, -1 when no frame outside torch ran it
+    inputs: list[list[Any]]  # [dtype, shape] of each tensor argument
+    outputs: list[OpTraceValue]
+
+
+class OpTraceDocument(TypedDict):
+    """The op trace of one call (stored as a blob; ``modulelens/format/op_trace.py``)."""
+
+    format: str  # "modulelens.op-trace"
+    version: int
+    modules: list[OpTraceModule]
+    ops: list[OpTraceOp]
+    sources: list[str]
+    truncated: int
+    values_dropped: int
+    values_bytes: int
 
 
 class CallEntry(TypedDict):
@@ -105,6 +168,9 @@ class CallEntry(TypedDict):
     backward_missing: NotRequired[str]  # why a backward asked for was not recorded
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
+    # format 3: a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"}
+    vmap: NotRequired[dict[str, Any]]
+    op_trace: NotRequired[OpTraceSummary]  # recorded with Recording(op_trace=True)
 
 
 class TensorEntry(TypedDict):

@@ -18,6 +18,7 @@ from modulelens.errors import UnsupportedValueError
 from modulelens.format.dtypes import DTYPE_SIZES
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.format.layouts import layout_name
+from modulelens.format.layouts import parts as layout_parts
 
 __all__ = ["HASH_ALGORITHM", "check_storable", "contiguous_strides", "dtype_from_name", "dtype_name", "dtype_names",
            "hash_bytes", "quantization", "quantized", "tensor_bytes"]
@@ -109,3 +110,20 @@ def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:
         strides.append(acc)
         acc *= max(size, 1)
     return list(reversed(strides))
+
+
+def layout_digest(tensor: torch.Tensor) -> str:
+    """A content hash of a non-strided tensor: its layout, size and every part's dtype, shape and
+    bytes (a COO tensor coalesced first). A non-persistent sparse buffer is not stored but rebuilt by
+    its module's constructor; the load checks the rebuilt one against this (docs/fidelity.md)."""
+    found = layout_parts(tensor.coalesce() if tensor.layout == torch.sparse_coo else tensor)
+    chunks: list[bytes] = []
+    for key in sorted(found):
+        value = found[key]
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, torch.Tensor):
+                chunks += [f"{key}:{item.dtype}:{list(item.shape)}:".encode(), bytes(tensor_bytes(item.contiguous()))]
+            else:
+                chunks.append(f"{key}={item!r};".encode())
+    return hash_bytes(b"".join(chunks), threads=False)

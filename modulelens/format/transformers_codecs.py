@@ -6,6 +6,9 @@ layers and every other subclass of the cache base classes) are state objects
 tensors and the layout (layer classes, sliding windows, lengths, flags) -- and rebuilt without
 running ``__init__``, so a decode step replays on exactly the cache it saw.
 
+A ``BatchEncoding`` (what tokenizers return, and what sentence-transformers passes from module to
+module) is a state object too: its items and its number of sequences.
+
 A configuration object (``PretrainedConfig`` / ``PreTrainedConfig`` and every subclass) is stored
 as its ``to_dict()`` plus the runtime choices that ``to_dict`` leaves out but that decide numerics
 (the attention and experts implementations), and rebuilt with ``cls.from_dict`` on its exact
@@ -21,6 +24,7 @@ from modulelens.format.values import register_codec, register_state_codec
 
 CODEC_NAME = "transformers.PretrainedConfig"
 CACHE_CODEC_NAME = "transformers.Cache"
+BATCH_CODEC_NAME = "transformers.BatchEncoding"
 # Base classes of transformers' caches across versions (absent ones are skipped): the cache, its
 # per-layer objects, and the older stand-alone Mamba cache.
 _CACHE_BASES = (
@@ -93,8 +97,25 @@ def _cache_bases() -> list[type]:
     return found
 
 
+def _batch_parts(batch: Any) -> dict[str, Any]:
+    """A ``BatchEncoding``'s parts: its items (``input_ids``, ``attention_mask``... and whatever a
+    module adds: sentence-transformers' modules write their outputs into the features they get) and
+    its number of sequences. The fast tokenizer's ``encodings`` (Rust objects: character offsets,
+    word ids) have no encoding; a rebuilt batch has none, so a module that asks for them
+    (``batch.word_ids()``) fails loudly on replay instead of computing on something else."""
+    return {"data": dict(batch.data), "n_sequences": getattr(batch, "_n_sequences", None)}
+
+
+def _new_batch(cls: type, parts: dict[str, Any]) -> Any:
+    return cls(parts["data"], n_sequences=parts["n_sequences"])
+
+
 def install() -> None:
     register_codec(_config_base(), encode_config, decode_config, name=CODEC_NAME)
+    from transformers.tokenization_utils_base import BatchEncoding
+
+    # a mutable dict of tensors that modules update in place (sentence-transformers): a state object
+    register_state_codec(BatchEncoding, name=BATCH_CODEC_NAME, attributes=_batch_parts, rebuild=_new_batch)
     for base in _cache_bases():
         # "transformers.Cache:<base>": the part before ":" is the name installed lazily on decode
         register_state_codec(base, name=f"{CACHE_CODEC_NAME}:{base.__qualname__}")

@@ -19,7 +19,16 @@ from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
-from modulelens.format.spec import FORMAT_NAME, FORMAT_VERSION, NESTED_LAYOUTS, SPARSE_PARTS, CaptureMetadata
+from modulelens.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    NESTED_LAYOUTS,
+    OP_TRACE_FORMAT,
+    OP_TRACE_VERSION,
+    SPARSE_PARTS,
+    CaptureMetadata,
+    OpTraceDocument,
+)
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
 MAX_NDIM = 64
@@ -148,7 +157,26 @@ class _Checker:
             if stride is not None and numel and _reach(shape, stride) > numel:
                 raise self.fail(f"{where}.stride", f"strides {stride} reach past the {numel} stored elements")
         elif kinds == ["shape_only"]:
-            self.field(entry, "stats", dict, where, optional=True)
+            self.stats(self.field(entry, "stats", dict, where, optional=True) or {}, f"{where}.stats")
+
+    def stats(self, stats: dict[str, Any], where: str) -> None:
+        """A shape-only tensor's recorded statistics (``format/shape_only.tensor_stats``): what a page
+        draws, a verdict checks a candidate against and a synthetic stand-in is made from must be
+        numbers (finite ones: the statistics are taken over the finite values)."""
+        for key in ("numel", "nonfinite"):
+            if key in stats and (self.expect(stats[key], int, f"{where}.{key}") < 0):
+                raise self.fail(f"{where}.{key}", "negative")
+        for key in ("min", "max", "mean", "std", "zero_fraction", "fraction_true"):
+            if key in stats:
+                self.number(stats[key], f"{where}.{key}")
+        for q, value in (self.field(stats, "quantiles", dict, where, optional=True) or {}).items():
+            self.number(value, f"{where}.quantiles[{q}]")
+
+    def number(self, value: Any, where: str) -> float:
+        """A finite JSON number (not a bool)."""
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise self.fail(where, f"expected a finite number, found {value!r}"[:200])
+        return float(value)
 
     def plain_payload(self, entry: dict[str, Any]) -> bool:
         """Whether ``entry`` is the usual one, a stored payload with its strides and nothing else,
@@ -344,6 +372,10 @@ class _Checker:
         mid = self.field(module, "construction", (str, type(None)), "module", optional=True)
         if mid is not None and mid not in constructions:
             raise self.fail("module.construction", f"{mid!r} does not exist")
+        method = self.field(module, "method", str, "module", optional=True)
+        if method is not None and not (method.isidentifier() and (method == "__call__" or not method.startswith("__"))):
+            # replay calls it on the rebuilt module: a plain method name, never another dunder
+            raise self.fail("module.method", f"{method!r} is not a method name replay may call")
         self.module_state(module)
         for cid, entry in constructions.items():
             where = f"constructions[{cid}]"
@@ -446,6 +478,10 @@ class _Checker:
             for path, values in (self.field(state, "module_state", dict, where, optional=True) or {}).items():
                 self.value(list(self.expect(values, dict, f"{where}.module_state[{path}]").values()),
                            f"{where}.module_state[{path}]")
+            for name, entry in (self.field(state, "rebuilt_buffers", dict, where, optional=True) or {}).items():
+                self.expect(entry, dict, f"{where}.rebuilt_buffers[{name}]")
+                for key in ("layout", "digest"):
+                    self.field(entry, key, str, f"{where}.rebuilt_buffers[{name}]")
 
     def calls(self) -> None:
         states = len(self.meta["states"])
@@ -469,6 +505,36 @@ class _Checker:
                 if not isinstance(tid, str) or tid not in self.meta["tensors"]:
                     raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
             self.field(call, "autocast", dict, where, optional=True)
+            self.vmap(self.field(call, "vmap", dict, where, optional=True), f"{where}.vmap")
+            trace = self.field(call, "op_trace", dict, where, optional=True)
+            if trace is not None:
+                self.op_trace_summary(trace, f"{where}.op_trace")
+
+    def vmap(self, batched: dict[str, Any] | None, where: str) -> None:
+        """``calls[i].vmap`` (format 3): what replay hands ``torch.func.vmap``."""
+        if batched is None:
+            return
+        if self.field(batched, "size", int, where) < 1:
+            raise self.fail(f"{where}.size", "must be at least 1")
+        if self.field(batched, "randomness", str, where) not in ("error", "different", "same"):
+            raise self.fail(f"{where}.randomness", f"{batched['randomness']!r} is not a vmap randomness")
+        for key in ("inputs", "state", "output"):
+            for item in self.field(batched, key, list, where):
+                self.expect(item, str, f"{where}.{key}[]")
+
+    def op_trace_summary(self, trace: dict[str, Any], where: str) -> None:
+        """``calls[i].op_trace``: the trace is a 1-D uint8 blob of the table; its counts are numbers."""
+        text_id = self.field(trace, "text_id", str, where)
+        entry = self.meta["tensors"].get(text_id)
+        if not isinstance(entry, dict) or entry.get("dtype") != "uint8" or len(entry.get("shape", ())) != 1 \
+                or "payload" not in entry:
+            raise self.fail(f"{where}.text_id", f"{text_id!r} is not a 1-D uint8 payload of the tensor table")
+        for key in ("ops", "modules", "values"):
+            if self.field(trace, key, int, where) < 0:
+                raise self.fail(f"{where}.{key}", "negative")
+        for key in ("truncated", "values_dropped"):
+            if (self.field(trace, key, int, where, optional=True) or 0) < 0:
+                raise self.fail(f"{where}.{key}", "negative")
 
     def inputs_shape(self, spec: Any, where: str) -> None:
         """Call inputs are stored as the tree ``(args_tuple, kwargs_dict)``."""
@@ -537,6 +603,116 @@ def _reach(shape: list[int], stride: list[int]) -> int:
     if 0 not in shape and len(shape) == len(stride):  # the usual layout, summed in C
         return 1 + sum(map(operator.mul, shape, stride)) - sum(stride)
     return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=False) if size > 0)
+
+
+_FINGERPRINT = re.compile(r"xxh3_128:[0-9a-f]{32}")
+_SCALARS = (type(None), bool, int, float, str)
+
+
+class _TraceChecker(_Checker):
+    """An op trace document (docs/format.md, "Op traces"): the same rules as the capture's, and
+    every index (module, parent, source, op range) and kept value inside what exists."""
+
+    def __init__(self, doc: dict[str, Any], where: str, value_entry: Any) -> None:
+        super().__init__(doc, where)
+        self.value_entry = value_entry
+
+    def document(self) -> None:
+        doc = self.meta
+        if doc.get("format") != OP_TRACE_FORMAT:
+            raise self.fail("format", f"{doc.get('format')!r} is not {OP_TRACE_FORMAT!r}")
+        version = self.field(doc, "version", int, "trace")
+        if version > OP_TRACE_VERSION:
+            raise self.fail("version", f"op trace version {version}; this modulelens reads up to {OP_TRACE_VERSION} "
+                                       "(upgrade modulelens)")
+        sources = self.field(doc, "sources", list, "trace")
+        for i, text in enumerate(sources):
+            self.expect(text, str, f"sources[{i}]")
+        for key in ("truncated", "values_dropped", "values_bytes"):
+            if (self.field(doc, key, int, "trace", optional=True) or 0) < 0:
+                raise self.fail(key, "negative")
+        ops = self.field(doc, "ops", list, "trace")
+        modules = self.field(doc, "modules", list, "trace")
+        if not modules:
+            raise self.fail("modules", "empty (the traced module's own call is modules[0])")
+        for i, call in enumerate(modules):
+            where = f"modules[{i}]"
+            self.expect(call, dict, where)
+            self.field(call, "path", str, where)
+            self.field(call, "class", str, where)
+            parent = self.field(call, "parent", int, where)
+            if not (parent == -1 if i == 0 else 0 <= parent < i):
+                raise self.fail(f"{where}.parent", f"{parent} is not an earlier module call")
+            start, end = self.field(call, "start", int, where), self.field(call, "end", int, where)
+            if not 0 <= start <= end <= len(ops):
+                raise self.fail(where, f"ops [{start}, {end}) are not within the {len(ops)} ops")
+            self.outputs(self.field(call, "outputs", list, where), f"{where}.outputs")
+        for i, op in enumerate(ops):
+            where = f"ops[{i}]"
+            self.expect(op, dict, where)
+            self.field(op, "op", str, where)
+            if not 0 <= self.field(op, "module", int, where) < len(modules):
+                raise self.fail(f"{where}.module", f"{op['module']} is not one of the {len(modules)} module calls")
+            if not -1 <= self.field(op, "source", int, where) < len(sources):
+                raise self.fail(f"{where}.source", f"{op['source']} is not one of the {len(sources)} sources")
+            for k, item in enumerate(self.field(op, "inputs", list, where)):
+                item = self.expect(item, list, f"{where}.inputs[{k}]")
+                if len(item) != 2 or not isinstance(item[0], str):
+                    raise self.fail(f"{where}.inputs[{k}]", "not [dtype, shape]")
+                self.dims(self.expect(item[1], list, f"{where}.inputs[{k}]"), f"{where}.inputs[{k}]")
+            self.outputs(self.field(op, "outputs", list, where), f"{where}.outputs")
+
+    def outputs(self, values: list[Any], where: str) -> None:
+        for k, value in enumerate(values):
+            here = f"{where}[{k}]"
+            self.expect(value, dict, here)
+            if "scalar" in value:
+                self.expect(value["scalar"], _SCALARS, f"{here}.scalar")
+                continue
+            dtype = self.field(value, "dtype", str, here)
+            if not _DTYPE_VALUE.fullmatch(dtype):
+                raise self.fail(f"{here}.dtype", f"{dtype!r} is not a dtype name")
+            shape = self.dims(self.field(value, "shape", list, here), f"{here}.shape")
+            fingerprint = self.field(value, "fingerprint", (str, type(None)), here, optional=True)
+            if fingerprint is not None and not _FINGERPRINT.fullmatch(fingerprint):
+                raise self.fail(f"{here}.fingerprint", "not xxh3_128:<32 hex digits>")
+            stats = self.field(value, "stats", (dict, type(None)), here, optional=True)
+            for key, number in (stats or {}).items():
+                if not isinstance(number, (int, float, str, type(None))):
+                    raise self.fail(f"{here}.stats.{key}", f"expected a number, found {type(number).__name__}")
+            tid = self.field(value, "value", str, here, optional=True)
+            if tid is not None:
+                entry = self.value_entry(tid)
+                if entry is None or entry.get("dtype") != dtype or list(entry.get("shape", ())) != shape:
+                    raise self.fail(f"{here}.value", f"{tid!r} is not a stored {dtype}{shape} tensor")
+
+
+def validate_op_trace(data: Any, where: str, value_entry: Any) -> OpTraceDocument:
+    """``data`` as an op trace document, after checking it against the format.
+
+    Args:
+        data: the parsed trace document.
+        where: names the document in errors.
+        value_entry: ``value_entry(id)`` -> the ``{"dtype", "shape"}`` of a kept value (an entry of
+            the capture's tensor table), or ``None`` when there is no such tensor.
+
+    Returns:
+        The same object, typed.
+
+    Raises:
+        CorruptCaptureError: the first problem found, naming its field.
+
+    Example::
+
+        doc = validate_op_trace(json.loads(text), "ranker/mlp:v3 calls[0].op_trace", meta["tensors"].get)
+    """
+    if not isinstance(data, dict):
+        raise CorruptCaptureError(f"{where}: not an op trace")
+    try:
+        _TraceChecker(data, where, value_entry).document()
+    except RecursionError:
+        raise CorruptCaptureError(f"{where}: nested too deeply") from None
+    return cast(OpTraceDocument, data)
 
 
 def validate_capture(data: Any, where: str) -> CaptureMetadata:

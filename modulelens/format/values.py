@@ -589,10 +589,12 @@ register_codec(
 
 
 # Optional libraries (see docs/codecs.md): ``transformers`` configuration objects and caches,
-# torch_geometric's graphs and batches, diffusers' attention processors and latent distributions.
-for _name in ("transformers.PretrainedConfig", "transformers.Cache"):
+# torch_geometric's graphs and batches, diffusers' attention processors and latent distributions,
+# gpytorch's multivariate normals.
+for _name in ("transformers.PretrainedConfig", "transformers.Cache", "transformers.BatchEncoding"):
     register_lazy_codec(_name, "transformers", "modulelens.format.transformers_codecs:install")
 for _name in ("torch_geometric.Data", "torch_geometric.Batch"):
     register_lazy_codec(_name, "torch_geometric", "modulelens.format.pyg_codecs:install")
 for _name in ("diffusers.AttentionProcessor", "diffusers.DiagonalGaussianDistribution"):
     register_lazy_codec(_name, "diffusers", "modulelens.format.diffusers_codecs:install")
+register_lazy_codec("gpytorch.MultivariateNormal", "gpytorch", "modulelens.format.gpytorch_codecs:install")

@@ -164,8 +164,10 @@ def replay_html(report: ReplayReport) -> str:
         rows.append([esc(c.index), badge(c.passed, "pass" if c.passed else "FAIL"), esc(fmt_number(abs_err)),
                      esc(fmt_number(rel_err)), esc(f"{c.seconds * 1e3:.2f} ms"), esc(detail)])
     body = table(("call", "result", "max abs err", "max rel err", "time", "detail"), rows, raw=True)
+    located = "".join(f"<div>call {esc(c.index)}: {esc(c.divergence.summary())}</div>"  # docs/tools.md, "First divergence"
+                      for c in report.calls if c.divergence is not None)
     notes = "".join(f"<div>note: {esc(n)}</div>" for n in report.notes)
-    return _wrap(head + body + notes)
+    return _wrap(head + body + located + notes)
 
 
 def result_html(title: str, data: Any, passed: bool | None = None) -> str:
@@ -206,13 +208,15 @@ def _failures(lines: Sequence[str], limit: int = 10) -> str:
 def verify_html(d: dict[str, Any]) -> str:
     """Compact HTML for a verification (``VerifyReport.to_dict()``): verdict, failures, then per call."""
     speed = f" &nbsp; speedup {d['speedup']:.2f}x" if d.get("speedup") else ""
-    head = (f"<div>{badge(d['passed'])} <b>{esc(d['candidate'])}</b> against <b>{esc(d['ref'])}</b> "
+    verdict = {"PASS": True, "FAIL": False}.get(d["status"])  # UNVERIFIED: grey, neither
+    head = (f"<div>{badge(verdict, d['status'])} <b>{esc(d['candidate'])}</b> against <b>{esc(d['ref'])}</b> "
             f"on {esc(d['device'])}{speed}</div>")
-    rows = [[esc(c["index"]), badge(c["passed"], "pass" if c["passed"] else "FAIL"),
+    cannot = "".join(f"<div>cannot verify: {esc(reason)}</div>" for reason in d["unverified"])
+    rows = [[esc(c["index"]), badge({"pass": True, "fail": False}.get(c["status"]), c["status"]),
              *(esc(fmt_number(c.get(k))) for k in ("max_abs_error", "max_rel_error", "reference_ms", "candidate_ms")),
              esc("-" if c.get("speedup") is None else f"{c['speedup']:.2f}x")] for c in d["calls"]]
     body = table(("call", "result", "max abs err", "max rel err", "ref ms", "cand ms", "speedup"), rows, raw=True)
-    return _wrap(head + _failures(d["failures"]) + (body if rows else "") + _notes(d["notes"]))
+    return _wrap(head + _failures(d["failures"]) + cannot + (body if rows else "") + _notes(d["notes"]))
 
 
 def profile_html(d: dict[str, Any], plot_png: bytes | None = None) -> str:

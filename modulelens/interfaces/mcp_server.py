@@ -8,16 +8,18 @@ Tools (results are structured JSON, the same data as the CLI's ``--json`` ``resu
     profile_capture(ref, device?, dtype?, call?, ...)       latency, memory, FLOPs, top operators
     verify_candidate(ref, candidate, ..., timeout_s?)       a rewrite checked in a child process
     verify_kernel(ref, candidate, ..., timeout_s?)          ``modulelens kernel verify``
+    locate_divergence(ref, candidate?, call?, ...)          the first op where a rewrite or a replay differs
     diff_captures(a, b, device?, outputs?, rtol?, atol?)    what changed between two captures
     export_kernel_problem(ref, output_dir, ...)             a KernelBench/KernelAgent problem folder
 
-Candidates never run inside the server: ``verify_candidate`` runs ``modulelens verify --json`` in a
-child process with a timeout (a candidate calling ``os._exit`` or looping forever costs that call,
-not the server), and ``verify_kernel`` has its own worker processes. Every tool has typed
-arguments; user-caused failures come back as MCP tool errors with one line naming the tool and
-what failed (the mapping is :mod:`modulelens.interfaces._errors`); anything else is a bug and
-keeps the SDK's generic error. The protocol owns stdout: the SDK points file descriptor 1 at
-stderr while serving, and this module never prints.
+Candidates never run inside the server: ``verify_candidate`` runs ``modulelens verify --json`` (and
+``locate_divergence`` with a candidate ``modulelens diverge --json``) in a child process with a
+timeout (a candidate calling ``os._exit`` or looping forever costs that call, not the server), and
+``verify_kernel`` has its own worker processes. Every tool has typed arguments; user-caused
+failures come back as MCP tool errors with one line naming the tool and what failed (the mapping is
+:mod:`modulelens.interfaces._errors`); anything else is a bug and keeps the SDK's generic error.
+The protocol owns stdout: the SDK points file descriptor 1 at stderr while serving, and this
+module never prints.
 
 Register with Claude Code: ``claude mcp add modulelens -- modulelens mcp --repo /path/to/repo``.
 """
@@ -113,8 +115,21 @@ def verify_in_subprocess(repo: str | None, ref: str, candidate: str, *, device: 
     Raises:
         ToolError: the child timed out, died before reporting, or reported a known error.
     """
-    command = [sys.executable, "-m", "modulelens", "verify", ref, "--candidate", candidate, "--json",
-               "--store" if store else "--no-store", "--timing" if timing else "--no-timing"]
+    return run_cli_json(["verify", ref, "--candidate", candidate, "--timing" if timing else "--no-timing"], repo,
+                        device=device, dtype=dtype, rtol=rtol, atol=atol, store=store, timeout_s=timeout_s)
+
+
+def run_cli_json(arguments: list[str], repo: str | None, *, device: str | None, dtype: str | None, rtol: float | None,
+                 atol: float | None, store: bool, timeout_s: float) -> dict[str, Any]:
+    """``modulelens ARGUMENTS --json`` in a child process (a candidate's crash or hang stays there).
+
+    Returns:
+        The command's ``result`` (docs/cli-json.md).
+
+    Raises:
+        ToolError: the child timed out, died before reporting, or reported a known error.
+    """
+    command = [sys.executable, "-m", "modulelens", *arguments, "--json", "--store" if store else "--no-store"]
     for flag, value in (("--repo", repo), ("--device", device), ("--dtype", dtype), ("--rtol", rtol),
                         ("--atol", atol)):
         if value is not None:
@@ -247,11 +262,43 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         store: StoreArg = False,
     ) -> dict[str, Any]:
         """Run a candidate implementation on every recorded call, in a child process with a timeout,
-        and compare with the recorded outputs. ``passed`` false is a result, with ``failures``."""
+        and compare with the recorded outputs. ``passed`` false is a result: ``status`` FAIL with
+        ``failures``, or UNVERIFIED with ``unverified`` (nothing recorded could be compared by value:
+        shape-only or None outputs, only NaN, no calls; never a pass)."""
         _check_candidate_path(candidate)
         session.resolve(*session.open_ref(ref, repo))  # an unknown ref fails here, with suggestions
         return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,
                                     timing=timing, store=store, timeout_s=timeout_s)
+
+
+    @server.tool(annotations=_RUNS_CANDIDATE)
+    @_one_line_errors
+    def locate_divergence(
+        ref: RefArg,
+        candidate: Annotated[str | None, Field(description=(
+            "A rewrite to compare with the rebuilt module: /abs/path/to/file.py:ClassName or package.module:ClassName. "
+            "Without one, a replay is compared with the op trace the recorded job left (capture with --op-trace)."))] = None,
+        call: Annotated[int | None, Field(ge=0, description="One recorded call (position; default: all, the first "
+                                                             "failing one located).")] = None,
+        device: DeviceArg = None,
+        dtype: DtypeArg = None,
+        rtol: RtolArg = None,
+        atol: AtolArg = None,
+        timeout_s: TimeoutArg = 300.0,
+        store: StoreArg = False,
+    ) -> dict[str, Any]:
+        """Name the first op where a rewrite (or this machine's replay) parts from the reference: module path,
+        op, source line, error in ULPs, and the last op that still agreed. ``passed`` false is a result."""
+        if candidate is None:
+            from modulelens.tools.diverge import find_divergence
+
+            capture = session.load_capture(ref, repo, device=device, dtype=dtype)
+            return _result(find_divergence(capture, None, call=call, rtol=rtol, atol=atol, store=store))
+        _check_candidate_path(candidate)
+        session.resolve(*session.open_ref(ref, repo))  # an unknown ref fails here, with suggestions
+        arguments = ["diverge", ref, "--candidate", candidate, *(["--call", str(call)] if call is not None else [])]
+        return run_cli_json(arguments, repo, device=device, dtype=dtype, rtol=rtol, atol=atol, store=store,
+                            timeout_s=timeout_s)
 
 
 def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:

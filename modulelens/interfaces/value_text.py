@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["argument_texts", "call_text", "construction_text", "dotted", "python_like", "short_class", "spec_leaf_paths"]
+__all__ = ["argument_texts", "call_text", "construction_text", "dotted", "python_like", "short_class", "spec_leaf_paths",
+           "spec_leaf_window"]
 
 _MAX_ITEMS = 8
 _MAX_SPEC_DEPTH = 64  # nesting of a stored tree structure (format/validate.py: MAX_DEPTH)
@@ -290,6 +291,57 @@ def spec_leaf_paths(tree: Mapping[str, Any], prefix: str) -> list[str]:
     return [input_path(k) for k in keys] if prefix == "inputs" else [prefix + k for k in keys]
 
 
+def spec_leaf_window(tree: Mapping[str, Any], prefix: str, start: int, stop: int) -> list[str]:
+    """``spec_leaf_paths(tree, prefix)[start:stop]``, naming only those leaves.
+
+    A call may return a million leaves and a page shows a few hundred of them: the structure is
+    still walked (to count the leaves before ``start`` and to check that it adds up), but a run of
+    plain leaves is counted in one step and only the window's paths are made (a million-leaf list:
+    milliseconds, where naming every leaf took seconds).
+
+    Example::
+
+        spec_leaf_window({"spec": {"type": "builtins:list", "children": ["*"] * 3}, "leaves": [1, 2, 3]},
+                         "output", 1, 3)   # ['output[1]', 'output[2]']
+    """
+    from modulelens.format.tree import input_path
+
+    leaves = tree.get("leaves") or []
+    stop = max(0, min(stop, len(leaves)))
+    start = max(0, min(start, stop))
+    keys: list[str] = []
+    try:
+        count = _walk_window(tree.get("spec"), "", keys, 0, start, stop, 0)
+    except (ValueError, TypeError):
+        count = -1
+    if count != len(leaves):
+        return [f"{prefix}[{i}]" for i in range(start, stop)]
+    return [input_path(k) for k in keys] if prefix == "inputs" else [prefix + k for k in keys]
+
+
+def _walk_window(spec: Any, path: str, out: list[str], depth: int, start: int, stop: int, position: int) -> int:
+    """Append the paths of the leaves numbered ``[start, stop)`` under ``spec`` (its first leaf is
+    number ``position``); return the number after its last leaf."""
+    if spec == "*":
+        if start <= position < stop:
+            out.append(path)
+        return position + 1
+    if not isinstance(spec, Mapping) or depth > _MAX_SPEC_DEPTH:
+        raise ValueError("not a stored tree structure")
+    children = spec.get("children")
+    if not isinstance(children, list):
+        raise ValueError("not a stored tree structure")
+    if children.count("*") == len(children):  # a run of plain leaves: counted, and only the window named
+        low, high = max(start - position, 0), min(stop - position, len(children))
+        if low < high:
+            keys = _child_keys(spec, len(children), low, high)
+            out.extend(path + key for key in keys)
+        return position + len(children)
+    for key, child in zip(_child_keys(spec, len(children)), children, strict=True):
+        position = _walk_window(child, path + key, out, depth + 1, start, stop, position)
+    return position
+
+
 def _walk_spec(spec: Any, path: str, out: list[str], depth: int) -> None:
     if spec == "*":
         out.append(path)
@@ -303,11 +355,13 @@ def _walk_spec(spec: Any, path: str, out: list[str], depth: int) -> None:
         _walk_spec(child, path + key, out, depth + 1)
 
 
-def _child_keys(spec: Mapping[str, Any], count: int) -> list[str]:
-    """``['mask']`` for a dict's children (keys stored in its context), else ``[0]``, ``[1]``..."""
+def _child_keys(spec: Mapping[str, Any], count: int, start: int = 0, stop: int | None = None) -> list[str]:
+    """``['mask']`` for a dict's children (keys stored in its context), else ``[0]``, ``[1]``...
+    (children ``[start, stop)`` only, when given)."""
+    stop = count if stop is None else stop
     context = spec.get("context")
     stored = context.get("value") if isinstance(context, Mapping) else None
     mapping = str(spec.get("type", "")).rpartition(":")[2] in ("dict", "OrderedDict")
     if mapping and isinstance(stored, list) and len(stored) == count and all(isinstance(k, (str, int)) for k in stored):
-        return [f"[{k!r}]" for k in stored]
-    return [f"[{i}]" for i in range(count)]
+        return [f"[{k!r}]" for k in stored[start:stop]]
+    return [f"[{i}]" for i in range(start, stop)]

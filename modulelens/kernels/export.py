@@ -139,6 +139,7 @@ def export_kernelbench(
         ModulelensError: bad options, a non-empty folder, unusable calls.
         RestoreError: no constructor record, or the class cannot be resolved.
         UnsupportedValueError: a recorded value cannot be written as Python.
+        UsageError: an unknown ``mode``.
 
     Example::
 
@@ -319,12 +320,21 @@ def _rng_ops(capture: Capture, position: int, binding: CallBinding) -> list[str]
 
     module.train(True)
     counter = OpCounter()
-    with counter:
-        first = run(0)
-    ops = counter.random_ops()
-    if ops and all(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) for a, b in zip(first, run(1), strict=True)):
-        return []
+    try:
+        with counter:
+            first = run(0)
+        ops = counter.random_ops()
+        if ops and all(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) for a, b in zip(first, run(1), strict=True)):
+            return []
+    except Exception as error:  # the module's own code (or its recorded arguments) failed: not an export bug
+        raise KernelError(f"cannot export {capture.ref}: its forward raised {type(error).__name__} when run on call "
+                          f"{call.index} in training mode (to find its random ops): {_one_line(error)}") from None
     return ops
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _notes(model: _ModelSource, binding: CallBinding, data: _Data, mode: str, recorded_training: bool,

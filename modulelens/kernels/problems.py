@@ -58,7 +58,9 @@ def select_calls(capture: Capture, calls: Sequence[int] | None = None, max_calls
         The chosen positions, in order.
 
     Raises:
-        ModulelensError: no recorded calls, a position out of range, or no usable call.
+        ModulelensError: no recorded calls, a position out of range, or no usable call; calls that
+            are no module's forward (a method capture, ``vae:encode``; an ensemble's calls inside
+            ``torch.func.vmap``): a kernel problem is one module's forward.
 
     Example::
 
@@ -66,6 +68,12 @@ def select_calls(capture: Capture, calls: Sequence[int] | None = None, max_calls
     """
     if not capture.calls:
         raise KernelError(f"{capture.ref} has no recorded calls")
+    if capture.method not in (None, "forward"):  # docs/fidelity.md, "Method entry points"
+        raise KernelError(f"{capture.ref} recorded calls of {capture.method}(), not of forward: a kernel problem is "
+                          "a module's forward; capture the module itself")
+    if any(call.vmap for call in capture.calls):
+        raise KernelError(f"{capture.ref}: its calls ran inside torch.func.vmap (an ensemble of stacked weights); "
+                          "a kernel problem is one module's forward")
     wanted = list(range(len(capture.calls))) if calls is None else list(calls)
     for position in wanted:
         if not 0 <= position < len(capture.calls):

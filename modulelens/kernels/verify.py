@@ -40,14 +40,18 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import CandidateError, UsageError
+from modulelens.format.op_trace import OpTrace
 from modulelens.format.tensors import dtype_name, hash_bytes
-from modulelens.kernels.exchange import load_tensors, save_tensors
+from modulelens.format.validate import validate_op_trace
+from modulelens.kernels.exchange import decode_arg, load_tensors, save_tensors
 from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
 from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo import Repo
 from modulelens.restore.compare import compare, default_tolerance, tolerance_table
+from modulelens.restore.context import call_context
+from modulelens.restore.divergence import LOCATE_LIMITS, DivergenceRule, locate, trace_call
 from modulelens.restore.loader import Capture, load
 from modulelens.tools.timing import TimingConfig, compare_timings, timing_noise, timing_stats
 
@@ -80,6 +84,8 @@ class KernelReport:
         d = self.data
         lines = [f"kernel verify {d['ref']} {d['candidate']['path']}: {'PASS' if self.passed else 'FAIL'}"]
         lines += [f"  failure: {f}" for f in d.get("failures", [])]
+        if d.get("divergence"):
+            lines.append(f"  {d['divergence']['sample']}: {d['divergence']['summary']}")
         timing = d.get("timing", {})
         if timing.get("measured"):
             lines.append(f"  speedup (geometric mean): {timing.get('speedup_geomean')}")
@@ -275,6 +281,8 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
     result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
     settings.progress("comparing the candidate's outputs with the recorded and reference outputs")
     _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
+    if settings.device == "cpu" and not result.get("load_error"):
+        _locate(report, capture, info, workdir, data_dir, settings)
     _runtime_checks(report, result)
     _torch_ops_check(report, result, settings.policy.allow_torch_ops)
     if settings.timing_on:
@@ -348,26 +356,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
     (candidate_dir / "kernel.py").write_text(source)
     cand_out = workdir / "candidate-out"
     cand_out.mkdir()
-    blocked = ["modulelens"]
-    reference_module = capture.module_class.partition(":")[0]
-    if reference_module and not (reference_module == "torch" or reference_module.startswith("torch.")) \
-            and reference_module != "__main__":
-        blocked.append(reference_module)
-    spec_path = workdir / "candidate-spec.json"
-    spec_path.write_text(json.dumps({
-        "candidate": str(candidate_dir / "kernel.py"), "entry": settings.entry, "data_dir": str(data_dir),
-        "device": settings.device, "blocked_modules": blocked, "seed": settings.checks.seed, "warmup": settings.warmup,
-        "trials": settings.trials, "timing": settings.timing_on, "out_dir": str(cand_out),
-        "count_triton_launches": "triton" in settings.backend}))
-    env = worker_env(settings.device, candidate=True)
-    env["MODULELENS_PROBLEM_DATA"] = str(problem_data)
-    if settings.candidate_home is not None:  # helper modules next to the candidate stay importable
-        env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
-    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
-               str(_CANDIDATE_WORKER), str(spec_path)]
-    settings.progress("candidate process: starting")
-    run = run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.policy.timeout, logs=workdir / "candidate-logs",
-                       poll=lambda: settings.progress(_candidate_step(cand_out)))
+    run = _candidate_process(capture, workdir, data_dir, problem_data, settings, cand_out, {})
     report["runtime"]["candidate_process"] = dict(run)
     progress = _json_or_none(cand_out / "progress.json") or {}
     result = _json_or_none(cand_out / "candidate.json")
@@ -383,6 +372,83 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
     result = result or {"samples": [], "checks": {}}
     _note_load(report, result)
     return result, outputs
+
+
+def _candidate_process(capture: Capture, workdir: Path, data_dir: Path, problem_data: Path, settings: _Settings,
+                       out_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Run the candidate worker on ``workdir/candidate/kernel.py`` (``extra``: more of its spec, such
+    as the one sample to trace) and return :func:`run_isolated`'s record of it."""
+    candidate_dir = workdir / "candidate"
+    blocked = ["modulelens"]
+    reference_module = capture.module_class.partition(":")[0]
+    if reference_module and not (reference_module == "torch" or reference_module.startswith("torch.")) \
+            and reference_module != "__main__":
+        blocked.append(reference_module)
+    spec_path = workdir / f"{out_dir.name}-spec.json"
+    spec_path.write_text(json.dumps({
+        "candidate": str(candidate_dir / "kernel.py"), "entry": settings.entry, "data_dir": str(data_dir),
+        "device": settings.device, "blocked_modules": blocked, "seed": settings.checks.seed, "warmup": settings.warmup,
+        "trials": settings.trials, "timing": settings.timing_on, "out_dir": str(out_dir),
+        "count_triton_launches": "triton" in settings.backend, **extra}))
+    env = worker_env(settings.device, candidate=True)
+    env["MODULELENS_PROBLEM_DATA"] = str(problem_data)
+    if settings.candidate_home is not None:  # helper modules next to the candidate stay importable
+        env["PYTHONPATH"] = os.pathsep.join([str(settings.candidate_home), env["PYTHONPATH"]])
+    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
+               str(_CANDIDATE_WORKER), str(spec_path)]
+    settings.progress("candidate process: starting")
+    return run_isolated(command, env=env, cwd=candidate_dir, timeout=settings.policy.timeout,
+                        logs=workdir / f"{out_dir.name}-logs", poll=lambda: settings.progress(_candidate_step(out_dir)))
+
+
+def _locate(report: dict[str, Any], capture: Capture, info: dict[str, Any], workdir: Path, data_dir: Path,
+            settings: _Settings) -> None:
+    """On the CPU, after a sample's outputs failed: trace the reference here and the candidate in its
+    worker again on that sample, and name the first op where they part (``report["divergence"]``,
+    docs/kernels.md). A kernel that launches its own (Triton, CUDA) code shows no aten ops for
+    them: its region is then compared at the module boundaries it keeps."""
+    failed = next((j for j, entry in enumerate(report["samples"])
+                   if entry.get("leaves") and not all(leaf.get("passed") for leaf in entry["leaves"])), None)
+    if failed is None:
+        return
+    sample = info["samples"][failed]
+    settings.progress(f"locating the first op where the candidate diverges on {sample['id']}")
+    out_dir = workdir / "candidate-trace"
+    out_dir.mkdir()
+    run = _candidate_process(capture, workdir, data_dir, workdir / "problem-data", settings, out_dir,
+                             {"trace_sample": failed, "trace_values": LOCATE_LIMITS.values_bytes})
+    written = _json_or_none(out_dir / "trace.json")
+    if run["timed_out"] or written is None:
+        report["notes"].append(f"locating the first divergence on {sample['id']} failed: the candidate's traced run "
+                               + ("timed out" if run["timed_out"] else f"exited with {run['returncode']}"))
+        return
+    values = load_tensors(out_dir / "trace.safetensors") if (out_dir / "trace.safetensors").exists() else {}
+    document = validate_op_trace(written.get("trace"), f"{sample['id']}: the candidate's trace", lambda key: (
+        {"dtype": dtype_name(values[key].dtype), "shape": list(values[key].shape)} if key in values else None))
+    actual = OpTrace.from_json(dict(document), values.__getitem__)
+    expected, stopped = _reference_trace(capture, info, sample, data_dir)
+    checks = settings.checks
+    divergence = locate(expected, actual, DivergenceRule(rtol=checks.rtol, atol=checks.atol, purpose="kernel"),
+                        compared="the kernel candidate against the reference module")
+    for side, error in (("reference", stopped), ("candidate", written.get("error") or written.get("trace_error"))):
+        if error:
+            divergence.notes.append(f"the {side}'s trace stopped early: {error}")
+    report["divergence"] = {"sample": sample["id"], **divergence.to_dict()}
+
+
+def _reference_trace(capture: Capture, info: dict[str, Any], sample: dict[str, Any],
+                     data_dir: Path) -> tuple[OpTrace, str | None]:
+    """The reference module's trace on a sample's inputs, run as the reference worker runs it."""
+    inputs = load_tensors(data_dir / "inputs.safetensors")
+    args = [decode_arg(a, inputs) for a in sample["args"]]
+    kw_names = list(info.get("kw_names", []))
+    split = len(args) - len(kw_names)
+    call = capture.calls[sample["position"]]
+    module = capture.use_state(sample["state"])
+    module.train(sample["training"])
+    with call_context(call, torch.device("cpu")), torch.no_grad():
+        _, trace, error = trace_call(module, lambda: module(*args[:split], **dict(zip(kw_names, args[split:], strict=True))))
+    return trace, error
 
 
 def _candidate_step(cand_out: Path) -> str:

@@ -1,9 +1,10 @@
 """Candidate process of ``modulelens kernel verify`` (internal; ``python -P .../worker_candidate.py SPEC``).
 
 Runs the candidate on the samples the reference process wrote. It runs as a plain script and
-imports nothing from the modulelens package: its three torch-only helpers (:mod:`.exchange`,
-:mod:`.op_watch`, :mod:`modulelens.tools.timing`) are loaded by file path before any candidate
-code runs. It then blocks imports of modulelens and of the reference's own module, never holds
+imports nothing from the modulelens package: its torch-only helpers (:mod:`.exchange`,
+:mod:`.op_watch`, :mod:`modulelens.tools.timing`, and for a trace :mod:`modulelens.format.op_trace`
+with the statistics of :mod:`modulelens.format.shape_only`) are loaded by file path before any
+candidate code runs. It then blocks imports of modulelens and of the reference's own module, never holds
 the reference module or any expected output, passes clones of the inputs and checks that they were
 not modified, counts Triton launches, counts the heavy aten ops (matmul, convolution, attention)
 the candidate's forward runs through PyTorch, watches threads and timer functions, and writes the
@@ -41,7 +42,9 @@ def _load_helper(name: str, path: Path) -> ModuleType:
     return module
 
 
-if TYPE_CHECKING:  # the same three files, as the type checker sees them (it cannot follow a by-path load)
+if TYPE_CHECKING:  # the same files, as the type checker sees them (it cannot follow a by-path load)
+    from modulelens.format import op_trace as _op_trace
+    from modulelens.format import shape_only as _shape_only
     from modulelens.kernels import exchange as _exchange
     from modulelens.kernels import op_watch as _op_watch
     from modulelens.tools import timing as _timing
@@ -49,6 +52,8 @@ else:
     _exchange = _load_helper("_modulelens_kernel_exchange", _HERE / "exchange.py")
     _op_watch = _load_helper("_modulelens_kernel_op_watch", _HERE / "op_watch.py")
     _timing = _load_helper("_modulelens_timing", _HERE.parent / "tools" / "timing.py")
+    _shape_only = _load_helper("_modulelens_shape_only", _HERE.parent / "format" / "shape_only.py")
+    _op_trace = _load_helper("_modulelens_op_trace", _HERE.parent / "format" / "op_trace.py")
 decode_arg, flatten_output, same_bits = _exchange.decode_arg, _exchange.flatten_output, _exchange.same_bits
 to_device, write_json, error_text = _exchange.to_device, _exchange.write_json, _exchange.error_text
 load_tensors, save_tensors = _exchange.load_tensors, _exchange.save_tensors
@@ -303,6 +308,41 @@ class _CandidateRun:
             self.result["checks"]["determinism"] = {"sample": sample["id"], "error": error_text(error)}
         self.check_environment("determinism")
 
+    def trace(self, index: int) -> None:
+        """Run sample ``index`` once more under an op trace (``kernel verify`` asks after it failed
+        there, to name the first op that diverges): ``trace.json`` and its kept values."""
+        sample = self.info["samples"][index]
+        self.progress("trace", sample["id"])
+        if self.model is not None:
+            self.load_state(sample["state"])
+        if isinstance(self.model, torch.nn.Module):
+            self.model.train(sample["training"])
+        _, run = self.prepare(sample)
+        root = self.model if isinstance(self.model, torch.nn.Module) else torch.nn.Module()  # kernel_function: one region
+        recorder = _op_trace.OpRecorder(root, stats=_shape_only.tensor_stats,
+                                        limits=_op_trace.TraceLimits(values_bytes=int(self.spec["trace_values"])))
+        output = None
+        recorder.start()
+        try:
+            with torch.no_grad():  # as the reference runs its samples (worker_reference.py)
+                output = run()
+        except BaseException as error:
+            self.result["trace_error"] = error_text(error)
+        finally:
+            trace = recorder.stop(output)
+        values: dict[str, torch.Tensor] = {}
+        keys: dict[int, str] = {}  # a module's output is its last op's: one tensor, stored once
+
+        def keep(tensor: torch.Tensor, _path: str) -> str:
+            if id(tensor) not in keys:
+                keys[id(tensor)] = f"v{len(values)}"
+                values[keys[id(tensor)]] = tensor
+            return keys[id(tensor)]
+
+        write_json(self.out_dir / "trace.json", {"trace": trace.to_json(keep), "error": recorder.error})
+        save_tensors(self.out_dir / "trace.safetensors", values)
+        self.check_environment("trace")
+
     def time_samples(self, timer: _timing.CudaTimer) -> None:
         for j, sample in enumerate(self.info["samples"]):
             record = self.result["samples"][j]
@@ -324,6 +364,9 @@ def run_candidate(spec: dict[str, Any]) -> int:
     """Candidate mode: run ModelNew / kernel_function on every sample, with runtime checks."""
     run = _CandidateRun(spec)
     if not run.load():
+        return run.finish()
+    if spec.get("trace_sample") is not None:  # only the trace of one sample (kernels/verify.py, _locate)
+        run.trace(int(spec["trace_sample"]))
         return run.finish()
     first_ok = run.run_samples()
     if first_ok is not None:

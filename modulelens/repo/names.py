@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from modulelens.errors import InvalidNameError
 
-# A name is one or more "/"-separated segments; each starts with a letter or digit, so "." and
-# ".." can never appear as a segment and nothing can traverse out of the repo.
-_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+# A name is one or more "/"-separated segments; each starts with a letter, a digit or "_", so "."
+# and ".." can never appear as a segment and nothing can traverse out of the repo. "_" because a
+# submodule's capture is named by its module path, and attributes such as EfficientNet's
+# ``_blocks`` start with one (a name is stored as one quoted folder, so no segment is a path).
+_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}"
 _NAME_RE = re.compile(rf"{_SEGMENT}(/{_SEGMENT})*")
 _ALIAS_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 _VERSION_RE = re.compile(r"v([1-9][0-9]*)")
@@ -20,7 +22,7 @@ def validate_name(name: str) -> str:
     if not isinstance(name, str) or len(name) > 512 or not _NAME_RE.fullmatch(name):
         raise InvalidNameError(
             f"invalid capture name {name!r}: use letters, digits, '.', '_', '-' in '/'-separated "
-            "segments that start with a letter or digit"
+            "segments that start with a letter, a digit or '_'"
         )
     return name
 

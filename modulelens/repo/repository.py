@@ -958,7 +958,13 @@ class Repo:
         return self.store.where(key)
 
     def put_report(self, name: str, version: int, filename: str, data: bytes) -> None:
-        """Store a report file under its original name (push/pull)."""
+        """Store a report file under its original name (push/pull), once it is checked like a
+        capture's metadata (:func:`~modulelens.format.reports.validate_report`).
+
+        Raises:
+            CorruptCaptureError: the report is not JSON or not a report (nothing is written).
+        """
+        _parse_report(data, f"report {filename} of {name}:v{version}")
         self._write_report(name, version, f"{reports_key(name, version)}/{validate_report_file(filename)}", data)
 
     def _write_report(self, name: str, version: int, key: str, data: bytes) -> None:
@@ -979,21 +985,49 @@ class Repo:
         found = self.store.read_many([f"{folder}/{f}" for f in files if f.endswith(".json")])
         return {key.rsplit("/", 1)[1]: data for key, data in sorted(found.items())}
 
-    def reports(self, ref: str, kind: str | None = None) -> builtins.list[dict[str, Any]]:
+    def reports(self, ref: str, kind: str | None = None, *,
+                problems: builtins.list[str] | None = None) -> builtins.list[dict[str, Any]]:
+        """The reports stored with ``ref`` (of ``kind`` only, when given), each with its ``path``.
+
+        A report that cannot be read or is not a report (:func:`~modulelens.format.reports.validate_report`)
+        is left out; ``problems``, when given, gets one line per report left out, naming it and why.
+        """
         name, version = self.resolve(ref)
         folder = reports_key(name, version)
         try:
             files = self.store.files(folder)
-        except CorruptCaptureError:
+        except CorruptCaptureError as error:
+            if problems is not None:
+                problems.append(str(error))
             return []  # reports/ is a link or not a folder: skipped like an unreadable report (fsck reports it)
         keys = [f"{folder}/{f}" for f in files if f.endswith(".json") and (kind is None or f.startswith(kind + "-"))]
         found = self.store.read_many(keys)
         reports = []
         for key in keys:
             if key in found:
-                with contextlib.suppress(ValueError, TypeError, RecursionError):  # an unreadable report is skipped
-                    reports.append({"path": str(self.store.where(key)), **json.loads(found[key])})
+                try:
+                    data = _parse_report(found[key], f"report {key.rsplit('/', 1)[-1]}")
+                except CorruptCaptureError as error:
+                    if problems is not None:
+                        problems.append(str(error))
+                    continue
+                reports.append({"path": str(self.store.where(key)), **data})
         return reports
+
+
+def _parse_report(data: bytes, where: str) -> dict[str, Any]:
+    """A report file's JSON, checked (:func:`~modulelens.format.reports.validate_report`).
+
+    Raises:
+        CorruptCaptureError: not JSON (or nested past what the parser takes), or not a report.
+    """
+    from modulelens.format.reports import validate_report
+
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise CorruptCaptureError(f"{where}: not JSON ({type(error).__name__})") from None
+    return validate_report(parsed, where)
 
 
 def _fingerprint(data: memoryview) -> tuple[str, ChunkDigests | None]:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from modulelens.errors import CaptureNotFoundError
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo.names import parse_ref
 from modulelens.repo.packs import referenced_blobs
@@ -39,10 +39,11 @@ class TransferReport:
     bytes_copied: int = 0
     aliases: list[str] = field(default_factory=list)
     versions: list[VersionInfo] = field(default_factory=list)  # the copied versions, as in the target
+    reports_skipped: list[str] = field(default_factory=list)  # reports not copied: not JSON or not a report
 
     def to_dict(self) -> dict[str, Any]:
         return {"copied": self.copied, "present": self.present, "blobs_copied": self.blobs_copied,
-                "bytes_copied": self.bytes_copied, "aliases": self.aliases}
+                "bytes_copied": self.bytes_copied, "aliases": self.aliases, "reports_skipped": self.reports_skipped}
 
 
 def content_id(metadata: dict[str, Any]) -> str:
@@ -129,7 +130,7 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         report.present.append(f"{name}:v{existing[key]}")
     target_aliases = target.aliases(name) if source_aliases else {}
     for version in versions:
-        _copy_reports(source, target, name, version, target_of[version])
+        _copy_reports(source, target, name, version, target_of[version], report)
         for alias, aliased in source_aliases.items():
             if aliased == version and target_aliases.get(alias) != target_of[version]:
                 target.set_alias(f"{name}:v{target_of[version]}", alias)
@@ -167,11 +168,16 @@ def _copy_blobs(source: Repo, target: Repo, name: str, version: int, meta: dict[
     report.bytes_copied += sum(sizes)
 
 
-def _copy_reports(source: Repo, target: Repo, name: str, version: int, target_version: int) -> None:
+def _copy_reports(source: Repo, target: Repo, name: str, version: int, target_version: int,
+                  report: TransferReport) -> None:
+    """Copy a version's reports; one that is not a report (checked like metadata) stays behind, named."""
     reports = source.report_files(name, version)
     if not reports:
         return  # (no listing of the target's reports: one request less per copied version)
     have = set(target.report_files(name, target_version))
     for filename, data in reports.items():
         if filename not in have:
-            target.put_report(name, target_version, filename, data)
+            try:
+                target.put_report(name, target_version, filename, data)
+            except CorruptCaptureError as error:
+                report.reports_skipped.append(str(error))

@@ -11,14 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modulelens.restore.compare import LeafResult, compare
+    from modulelens.restore.divergence import Divergence, DivergenceRule, locate
     from modulelens.restore.loader import Call, Capture, load
     from modulelens.restore.replay import CallReplay, ReplayReport
+    from modulelens.restore.ulp import ulp_distance, ulp_error
 
 _LAZY = {"LeafResult": "modulelens.restore.compare", "compare": "modulelens.restore.compare",
          "Call": "modulelens.restore.loader", "Capture": "modulelens.restore.loader", "load": "modulelens.restore.loader",
-         "CallReplay": "modulelens.restore.replay", "ReplayReport": "modulelens.restore.replay"}
+         "CallReplay": "modulelens.restore.replay", "ReplayReport": "modulelens.restore.replay",
+         "Divergence": "modulelens.restore.divergence", "DivergenceRule": "modulelens.restore.divergence",
+         "locate": "modulelens.restore.divergence", "ulp_distance": "modulelens.restore.ulp",
+         "ulp_error": "modulelens.restore.ulp"}
 
-__all__ = ["Call", "CallReplay", "Capture", "LeafResult", "ReplayReport", "compare", "load"]
+__all__ = ["Call", "CallReplay", "Capture", "Divergence", "DivergenceRule", "LeafResult", "ReplayReport", "compare",
+           "load", "locate", "ulp_distance", "ulp_error"]
 
 
 def __getattr__(name: str) -> Any:

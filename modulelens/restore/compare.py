@@ -147,6 +147,8 @@ def compare(
         path = root + key
         if synthetic:
             results.append(_compare_synthetic(path, want, got))
+        elif isinstance(want, ShapeOnly):
+            results.append(_compare_shape_only(path, want, got, rtol, atol, cross_device))
         else:
             results.append(_compare_leaf(path, want, got, exact, rtol, atol, cross_device))
     return results
@@ -163,8 +165,6 @@ def _compare_leaf(
     if isinstance(want, Unrecorded):
         return LeafResult(path, True, "unrecorded", message=f"not recorded ({want.type_name}); NOT compared",
                           compared=False)
-    if isinstance(want, ShapeOnly):
-        return _compare_shape_only(path, want, got)
     if not isinstance(want, torch.Tensor):
         if isinstance(got, torch.Tensor):
             return LeafResult(path, False, "value", message=f"expected {type(want).__name__}, got a tensor")
@@ -228,16 +228,18 @@ def _compare_leaf(
 def _compare_synthetic(path: str, want: Any, got: Any) -> LeafResult:
     if isinstance(want, torch.Tensor):
         want = ShapeOnly(want.dtype, tuple(want.shape), tensor_stats(want))
-    if isinstance(want, ShapeOnly):
-        result = _compare_shape_only(path, want, got)
+    if isinstance(want, ShapeOnly):  # its statistics are of other inputs' outputs: not checked
+        result = _compare_shape_only(path, want, got, check_statistics=False)
         result.message = result.message.replace("stored shape-only", "computed from synthetic inputs")
         return result
     return LeafResult(path, True, "synthetic", compared=False,
                       message="computed from synthetic inputs: NOT compared")
 
 
-def _compare_shape_only(path: str, want: ShapeOnly, got: Any) -> LeafResult:
-    """A shape-only recording has no values: check the shape, say plainly nothing else was."""
+def _compare_shape_only(path: str, want: ShapeOnly, got: Any, rtol: float | None = None, atol: float | None = None,
+                        cross_device: bool = False, check_statistics: bool = True) -> LeafResult:
+    """A shape-only recording has no values: check the shape and the recorded statistics, and say
+    plainly that the values were not compared (``compared=False``: it can fail, never pass as checked)."""
     result = LeafResult(path, True, "shape-only", dtype=str(want.dtype).removeprefix("torch."),
                         shape=list(want.shape), compared=False)
     if not isinstance(got, torch.Tensor):
@@ -249,15 +251,75 @@ def _compare_shape_only(path: str, want: ShapeOnly, got: Any) -> LeafResult:
         result.passed = False
         result.message = f"shape {list(got.shape)} != recorded {list(want.shape)}"
         return result
-    recorded = want.stats
-    summary = ""
-    if "mean" in recorded and got.numel() and not got.dtype.is_complex:
-        values = got.detach().to("cpu", torch.float64)
-        summary = (f"; recorded mean {recorded['mean']:.4g} std {recorded['std']:.4g}, "
-                   f"replayed mean {float(values.mean()):.4g} std {float(values.std(unbiased=False)):.4g}")
     dtype_note = "" if got.dtype == want.dtype else f" (replayed as {str(got.dtype).removeprefix('torch.')})"
-    result.message = f"stored shape-only: shape matches{dtype_note}, values NOT compared{summary}"
+    if not check_statistics:
+        result.message = f"stored shape-only: shape matches{dtype_note}, values NOT compared{_side_by_side(want, got)}"
+        return result
+    judged = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
+    default_rtol, default_atol = tolerance_for(judged, cross_device)
+    result.rtol = default_rtol if rtol is None else rtol
+    result.atol = default_atol if atol is None else atol
+    contradiction = statistics_contradiction(want, got, result.rtol, result.atol)
+    if contradiction:
+        result.passed = False
+        result.message = f"stored shape-only, and the values contradict its recorded statistics: {contradiction}"
+        return result
+    checked = "shape, dtype and recorded statistics match" if not dtype_note else f"shape and recorded statistics match{dtype_note}"
+    result.message = f"stored shape-only: {checked}; values NOT compared (none were recorded)"
     return result
+
+
+_STAT_KEYS = ("mean", "std", "min", "max")
+
+
+def _side_by_side(want: ShapeOnly, got: torch.Tensor) -> str:
+    """``; recorded mean .. std .., replayed mean .. std ..`` (what a synthetic replay can show)."""
+    mean, std = _number(want.stats.get("mean")), _number(want.stats.get("std"))
+    if mean is None or std is None or not got.numel() or got.dtype.is_complex:
+        return ""
+    values = got.detach().to("cpu", torch.float64)
+    return (f"; recorded mean {mean:.4g} std {std:.4g}, "
+            f"replayed mean {float(values.mean()):.4g} std {float(values.std(unbiased=False)):.4g}")
+
+
+def statistics_contradiction(want: ShapeOnly, got: torch.Tensor, rtol: float, atol: float) -> str | None:
+    """Why ``got`` cannot be the tensor whose statistics ``want`` recorded, or ``None`` when nothing
+    contradicts it (which does not mean its values match: two different tensors can share them).
+
+    The bound is sound for any tensor within tolerance of the recorded one: if every element obeys
+    ``|g - e| <= atol + rtol * |e|``, then mean, min, max and standard deviation each move by at most
+    ``B = atol + rtol * max|e|`` (each is 1-Lipschitz in the largest elementwise difference; for the
+    standard deviation, ``|std(g) - std(e)| <= rms(g - e)``). ``max|e|`` comes from the recorded
+    min and max. A statistic further than ``B`` (plus float64 rounding of sums over many elements)
+    from its recorded value, a different count of non-finite elements, or a different fraction of
+    ``True`` is a contradiction: the candidate is outside tolerance somewhere.
+
+    Example::
+
+        statistics_contradiction(ShapeOnly(torch.float32, (2, 512), stats), torch.zeros(2, 512), 1.3e-6, 1e-5)
+        # 'mean 0 vs recorded -0.0031, std 0 vs recorded 0.711 (bound 2.97e-05)'
+    """
+    recorded = want.stats
+    if not isinstance(recorded, dict) or not recorded or got.numel() == 0 or got.dtype.is_complex != want.dtype.is_complex:
+        return None
+    replayed = tensor_stats(got.detach(), quantiles=False)
+    if "fraction_true" in recorded:
+        same = _number(recorded["fraction_true"]) == replayed.get("fraction_true")
+        return None if same else f"fraction true {replayed.get('fraction_true')} vs recorded {recorded['fraction_true']}"
+    if _number(recorded.get("nonfinite", 0)) != replayed.get("nonfinite", 0):
+        return f"{replayed.get('nonfinite', 0)} non-finite values vs recorded {recorded.get('nonfinite', 0)}"
+    values = {key: _number(recorded.get(key)) for key in _STAT_KEYS}
+    if any(value is None for value in values.values()):
+        return None  # no finite value was recorded (or the statistics are incomplete): nothing to check
+    magnitude = max(abs(values["min"] or 0.0), abs(values["max"] or 0.0))
+    bound = atol + rtol * magnitude + 1e-6 * magnitude  # + float64 rounding of sums over many elements
+    off = [f"{key} {replayed[key]:.4g} vs recorded {values[key]:.4g}" for key in _STAT_KEYS
+           if key not in replayed or abs(replayed[key] - (values[key] or 0.0)) > bound]
+    return f"{', '.join(off)} (bound {bound:.3g})" if off else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
 def _lower(a: torch.dtype, b: torch.dtype) -> bool:

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from modulelens.errors import RestoreError, SourceChangedWarning
+from modulelens.errors import CorruptCaptureError, RestoreError, SourceChangedWarning
 from modulelens.format.dtypes import QUANTIZED_STORAGE
+from modulelens.format.layouts import is_plain
+from modulelens.format.op_trace import OpTrace
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree
-from modulelens.format.tensors import contiguous_strides, dtype_from_name, quantized
+from modulelens.format.tensors import contiguous_strides, dtype_from_name, layout_digest, quantized
 from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
+from modulelens.format.validate import validate_op_trace
 from modulelens.format.values import DecodeContext
 from modulelens.repo import Repo
 from modulelens.repo.trust import own_capture
@@ -158,6 +162,14 @@ class Call:
         return {} if data is None else dict(decode_tree(data, self._capture._decode_context()))
 
     @property
+    def vmap(self) -> dict[str, Any] | None:
+        """For a call recorded inside ``torch.func.vmap`` (an ensemble, docs/fidelity.md "torch.func"):
+        its batch ``size``, vmap's ``randomness``, and the paths of the batched ``inputs`` and
+        ``output`` leaves and names of the batched ``state`` (stored stacked along a first
+        dimension); ``None`` for any other call. :func:`run_call` runs it under vmap again."""
+        return self._data.get("vmap")
+
+    @property
     def has_backward(self) -> bool:
         return self._data.get("backward") is not None
 
@@ -187,6 +199,39 @@ class Call:
             data = data.get(key) if isinstance(data, dict) else None
         tensors = self._capture.metadata["tensors"]
         return any(tensors[tid].get("shape_only") for tid in _tensor_ids(data))
+
+    @property
+    def has_op_trace(self) -> bool:
+        """Whether the call was recorded with its op trace (``Recording(op_trace=True)``)."""
+        return self._data.get("op_trace") is not None
+
+    @functools.cached_property
+    def op_trace(self) -> OpTrace | None:
+        """The aten ops the recorded call ran, with the submodule, source line, fingerprint and
+        statistics (and values, under the recording's budget) of each output; ``None`` when it
+        was recorded without (docs/fidelity.md, "Op traces").
+
+        Raises:
+            CorruptCaptureError: the stored trace is damaged (checked against docs/format.md first).
+
+        Example::
+
+            trace = cap.calls[0].op_trace
+            print(len(trace.ops), trace.ops[0].op)      # 63 aten::native_layer_norm
+        """
+        summary = self._data.get("op_trace")
+        if summary is None:
+            return None
+        capture = self._capture
+        where = f"{capture.ref}: calls[{next(i for i, c in enumerate(capture.calls) if c is self)}].op_trace"
+        try:
+            data = json.loads(capture._read_text(summary["text_id"]))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CorruptCaptureError(f"{where}: not JSON ({error})") from None
+        tensors = cast(dict[str, dict[str, Any]], capture.metadata["tensors"])
+        document = validate_op_trace(data, where, lambda tid: None if tensors.get(tid, {}).get("shape_only")
+                                     else tensors.get(tid))
+        return OpTrace.from_json(cast(dict[str, Any], document), capture.tensor)
 
     @property
     def rng(self) -> dict[str, torch.Tensor]:
@@ -325,6 +370,34 @@ class Capture:
         return self.metadata["module"]["class"]
 
     @property
+    def method(self) -> str | None:
+        """The method the recorded calls went through (``"encode"`` for a target ``vae:encode``,
+        docs/fidelity.md "Method entry points"), or ``None`` when they were calls ``module(...)``."""
+        return self.metadata["module"].get("method")
+
+    def entry_point(self, module: torch.nn.Module | None = None) -> Callable[..., Any]:
+        """What the recorded calls called: ``module.<method>`` for a method capture, else
+        ``module`` itself (default: :attr:`module`). Replay, verify, diff and profile run it.
+
+        Raises:
+            RestoreError: the module has no such method (a candidate of another class).
+
+        Example::
+
+            call = cap.calls[0]
+            with call.context():
+                out = cap.entry_point()(*call.args, **call.kwargs)   # vae.encode(...) for "sd/vae.encode"
+        """
+        target = self.module if module is None else module
+        method = self.method
+        if method is None:
+            return target
+        found = getattr(target, method, None)
+        if not callable(found):
+            raise RestoreError(f"{self.ref} recorded calls of {method}(), which {type(target).__qualname__} does not have")
+        return cast("Callable[..., Any]", found)
+
+    @property
     def environment(self) -> dict[str, Any]:
         return self.metadata.get("environment", {})
 
@@ -394,7 +467,8 @@ class Capture:
         return None
 
     def __repr__(self) -> str:
-        return (f"<Capture {self.ref} {self.module_class.rsplit(':', 1)[-1]}: {len(self.calls)} call(s), "
+        entry = self.module_class.rsplit(':', 1)[-1] + (f".{self.method}" if self.method else "")
+        return (f"<Capture {self.ref} {entry}: {len(self.calls)} call(s), "
                 f"{len(self.metadata.get('states', []))} state(s)>")
 
     # ---------------------------------------------------------------------------------- tensors
@@ -516,9 +590,26 @@ class Capture:
         computes what that call did. When the recorded calls differ in mode, :attr:`notes` says so
         (:meth:`replay` sets each call's own mode)."""
         if self._module is None:
-            self._module = self._rebuilder.build()
-            self._set_recorded_mode(self._module)
+            module = self._rebuilder.build()
+            self._check_rebuilt_buffers(module)
+            self._set_recorded_mode(module)
+            self._module = module
         return self._module
+
+    def _check_rebuilt_buffers(self, module: torch.nn.Module) -> None:
+        """The non-persistent sparse or nested buffers the capture did not store (docs/fidelity.md)
+        must be what the constructor built in the job, else replay would compute with other values."""
+        for index, state in enumerate(self.metadata.get("states", [])):
+            for name, entry in state.get("rebuilt_buffers", {}).items():
+                try:
+                    found = module.get_buffer(name)
+                except AttributeError:
+                    found = None
+                if found is None or is_plain(found) or layout_digest(found) != entry["digest"]:
+                    what = "has no such buffer" if found is None else "built another value"
+                    raise RestoreError(f"{self.ref}: buffer {name} ({entry['layout']}, not persistent) was not stored: "
+                                       f"the constructor rebuilds it, but the rebuilt {type(module).__name__} {what} "
+                                       f"than in the job (state {index}); it was changed after construction")
 
     def _set_recorded_mode(self, module: torch.nn.Module) -> None:
         if not self.calls:
@@ -583,7 +674,10 @@ class Capture:
         ``force`` reloads regardless: writes through ``.data`` leave version counters unchanged."""
         module = self.module
         if force or self._rebuilder.current_state != (index, state_versions(module)):
-            self._rebuilder.assign_state(module, index, live=True)
+            # no_grad: a buffer that is a view of a parameter (vector-quantize-pytorch's EMA codebook)
+            # refused the in-place copy of a later state ("a view of a leaf Variable that requires grad")
+            with torch.no_grad():
+                self._rebuilder.assign_state(module, index, live=True)
         return module
 
     def state_dict(self, index: int = 0) -> dict[str, torch.Tensor]:
@@ -628,6 +722,7 @@ class Capture:
         module: torch.nn.Module | None = None,
         weights: str = "recorded",
         backward: bool = False,
+        locate_divergence: bool = True,
     ) -> ReplayReport:
         """Run the module on every recorded call and compare with the recorded outputs; see
         :func:`modulelens.restore.replay.replay` for the arguments.
@@ -640,7 +735,7 @@ class Capture:
         from modulelens.restore.replay import replay
 
         return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
-                      backward=backward)
+                      backward=backward, locate_divergence=locate_divergence)
 
 
 # call.args copies a payload up to this size from one mapping opened once; a larger one gets a new

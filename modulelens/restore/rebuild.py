@@ -311,7 +311,8 @@ class Rebuilder:
         state = states[index]
         expected_params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         expected_buffers = {n for n, b in module.named_buffers(remove_duplicate=False)}
-        recorded_params, recorded_buffers = set(state["parameters"]), set(state["buffers"])
+        recorded_params = set(state["parameters"])
+        recorded_buffers = set(state["buffers"]) | set(state.get("rebuilt_buffers", {}))  # the latter: the constructor's
         if expected_params != recorded_params or not recorded_buffers <= expected_buffers | _none_buffers(module):
             missing = sorted((expected_params - recorded_params) | (expected_buffers - recorded_buffers - _none_buffers(module)))
             unexpected = sorted((recorded_params - expected_params) | (recorded_buffers - expected_buffers - _none_buffers(module)))

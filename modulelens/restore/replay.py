@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils._pytree as pytree
 
-from modulelens.errors import UsageError
+from modulelens.errors import CorruptCaptureError, UsageError
 from modulelens.format.spec import cpu_capability
-from modulelens.format.tree import mutable_leaves
+from modulelens.format.tree import flatten_with_paths, mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
 from modulelens.restore.compare import LeafResult, compare
 from modulelens.restore.context import call_context  # noqa: F401 - tools and kernels import it from here
+from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.inputs import describe_input_path
 
 if TYPE_CHECKING:
@@ -34,6 +36,8 @@ class CallReplay:
     error: str | None = None
     seconds: float = 0.0
     grad_leaves: list[LeafResult] = field(default_factory=list)  # replay(backward=True)
+    # the first failing call of a capture recorded with its op trace: where this replay first differs
+    divergence: Divergence | None = None
 
     @property
     def all_leaves(self) -> list[LeafResult]:
@@ -57,7 +61,8 @@ class CallReplay:
     def to_dict(self) -> dict[str, Any]:
         return {"call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
                 "error": self.error, "seconds": self.seconds, "leaves": [leaf.to_dict() for leaf in self.leaves],
-                "grad_leaves": [leaf.to_dict() for leaf in self.grad_leaves]}
+                "grad_leaves": [leaf.to_dict() for leaf in self.grad_leaves],
+                "divergence": self.divergence.to_dict() if self.divergence is not None else None}
 
 
 @dataclass
@@ -104,6 +109,8 @@ class ReplayReport:
                 unverified = sum(leaf.passed and not leaf.compared for leaf in c.grad_leaves)
                 extra = f", {unverified} NOT compared" if unverified else ""
                 lines.append(f"    backward: {grads_ok}/{len(c.grad_leaves)} gradients match{extra}")
+            if c.divergence is not None:
+                lines.append(f"    {c.divergence.summary()}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -154,6 +161,7 @@ def replay(
     module: torch.nn.Module | None = None,
     weights: str = "recorded",
     backward: bool = False,
+    locate_divergence: bool = True,
 ) -> ReplayReport:
     """Run the module on every recorded call (or ``calls``) and compare with the recorded outputs.
 
@@ -167,6 +175,9 @@ def replay(
             ``capture.module`` before the call; ``"current"`` runs ``capture.module`` as it is, with
             your edits to its weights (a notebook's "what does my change do to the real inputs?").
         backward: also run backward with the recorded output gradients and compare gradients.
+        locate_divergence: when a call fails and the capture holds its op trace
+            (``Recording(op_trace=True)``), run it again under a trace and name the first op that
+            differs from the recorded job's (``CallReplay.divergence``; the first failing call only).
 
     Returns:
         A :class:`ReplayReport`; ``report.status`` is ``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"``.
@@ -198,11 +209,16 @@ def replay(
         report.notes.append("recorded from sharded (DTensor) computation: compared within tolerance")
     how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded)
     held = capture.held_state if module is None else None  # the recorded weights the module holds, if any
+    located = not locate_divergence
     with capture.module_kept(target):  # each call's state loaded in turn, then the module as it was
         for position in range(len(capture.calls)) if calls is None else calls:
             first = not report.calls
-            report.calls.append(_replay_call(capture, position, target, device, how, weights=weights,
-                                             backward=backward, reload=first))
+            result = _replay_call(capture, position, target, device, how, weights=weights, backward=backward,
+                                  reload=first)
+            report.calls.append(result)
+            if result.status == "fail" and result.error is None and result.leaves and not located:
+                located = True
+                _locate(capture, position, target, how, weights, result, report.notes)
     if weights == "current":
         report.notes[:0] = _several_states_note(capture, report, held)
     not_compared = sorted({leaf.kind for c in report.calls for leaf in c.not_compared})
@@ -264,7 +280,7 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
             args, kwargs = require_recorded_grads((args, kwargs), call)
         with call.context(target, weights=False):
             start = time.perf_counter()
-            output = target(*args, **kwargs)
+            output = run_call(capture, call, target, args, kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             result.seconds = time.perf_counter() - start
@@ -282,6 +298,75 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
     result.passed = result.status == "pass"
     return result
+
+
+def run_call(capture: Capture, call: Call, module: torch.nn.Module, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    """Run ``module`` on one recorded call's inputs as the job ran it: ``module(...)``, its recorded
+    method (``capture.entry_point``), or for a call recorded inside ``torch.func.vmap`` (an ensemble)
+    under vmap again, each member with its slice of the module's stacked weights, as
+    ``functional_call`` over ``stack_module_state``'s weights ran it (an unbatched member computes
+    other last bits than the batched kernels)."""
+    batched = call.vmap
+    if batched is None:
+        return capture.entry_point(module)(*args, **kwargs)
+    if capture.method is not None:
+        raise UsageError(f"{capture.ref}: a call of {capture.method}() inside torch.func.vmap cannot be replayed "
+                         "(functional_call runs module(...))")
+    from torch.func import functional_call, vmap
+
+    state = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))}
+    state_dims = {name: 0 if name in batched["state"] else None for name in state}
+    input_dims = _batch_dims((args, kwargs), batched["inputs"])
+    out_dims = _batch_dims(call.output, batched["output"])
+
+    def member(weights: dict[str, Any], inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        return functional_call(module, weights, inputs[0], inputs[1])
+
+    return vmap(member, in_dims=(state_dims, input_dims), out_dims=out_dims,
+                randomness=batched["randomness"])(state, (args, kwargs))
+
+
+def _batch_dims(tree: Any, batched: list[str]) -> Any:
+    """vmap's ``in_dims``/``out_dims`` for ``tree``: 0 at the leaves whose paths are ``batched``
+    (stored stacked along their first dimension), ``None`` elsewhere."""
+    leaves, spec = flatten_with_paths(tree)
+    wanted = set(batched)
+    return pytree.tree_unflatten([0 if path in wanted else None for path, _ in leaves], spec)
+
+
+def _locate(capture: Capture, position: int, target: torch.nn.Module, how: _Comparison, weights: str,
+            result: CallReplay, notes: list[str]) -> None:
+    """Run failed call ``position`` again under an op trace and compare it with the recorded job's
+    trace (docs/tools.md, "First divergence"); a capture without one gets a note saying how to record it."""
+    call = capture.calls[position]
+    if not call.has_op_trace:
+        notes.append("this capture holds no op trace, so the first op that differs cannot be named: record with "
+                     "Recording(op_trace=True) (modulelens run --op-trace)")
+        return
+    try:
+        recorded = call.op_trace
+    except CorruptCaptureError as error:  # the verdict stands; the damaged trace cannot explain it
+        notes.append(f"the op trace of call {call.index} cannot be read, so the first op that differs is not named: "
+                     f"{error}")
+        return
+    assert recorded is not None
+    if weights == "recorded":
+        capture.use_state(call.state_index, force=True)
+    args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
+    try:
+        with call.context(target, weights=False):
+            _, replayed, stopped = trace_call(target, lambda: run_call(capture, call, target, args, kwargs))
+    except Exception as error:  # the call failed a first time already: say so, keep the report
+        notes.append(f"locating the first divergence of call {call.index} failed: {type(error).__name__}: {error}")
+        return
+    rule = DivergenceRule(exact=how.exact, rtol=how.rtol, atol=how.atol,
+                          purpose="cross_device" if how.cross_device else "replay", dtype=capture.dtype)
+    result.divergence = locate(recorded, replayed, rule, compared="this replay against the recorded job's trace",
+                               candidate_name="this replay")
+    if stopped is not None:
+        result.divergence.notes.append(f"the replay's trace stopped early: {stopped}")
 
 
 def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from modulelens.format.spec import hooks_not_rebuilt
+from modulelens.errors import CorruptCaptureError
+from modulelens.format.spec import OpTraceDocument, hooks_not_rebuilt
+from modulelens.format.validate import validate_op_trace
 from modulelens.repo import Repo
 
 
@@ -51,6 +54,7 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
         "path": info.folder,
         "module_class": module["class"],
         "qualified_name": module.get("qualified_name"),
+        "method": module.get("method"),  # the calls went through module.<method>(...) (docs/fidelity.md)
         "construction": construction,
         "construction_missing": module.get("construction_missing"),
         "parameters": {n: tensors[e["tensor"]]["shape"] for n, e in first_state["parameters"].items()},
@@ -62,7 +66,8 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
             {"index": c["index"], "training": c["training"], "grad_enabled": c["grad_enabled"], "state": c["state"],
              "finished": c.get("finished", True),
              "inputs": _leaf_summaries(c["inputs"], tensors, "in"),
-             "outputs": _leaf_summaries(c.get("output"), tensors, "out")}
+             "outputs": _leaf_summaries(c.get("output"), tensors, "out"),
+             "op_trace": {k: v for k, v in c["op_trace"].items() if k != "text_id"} if c.get("op_trace") else None}
             for c in meta.get("calls", [])
         ],
         "unrecorded": meta.get("unrecorded", []),
@@ -73,3 +78,41 @@ def describe(repo: Repo, ref: str) -> dict[str, Any]:
         "reports": [{"kind": r.get("kind"), "created": r.get("created"), "path": r.get("path"),
                      "passed": r.get("passed")} for r in repo.reports(info.ref)],
     }
+
+
+def op_trace_document(repo: Repo, ref: str, position: int) -> OpTraceDocument | None:
+    """The op trace of recorded call ``position`` of ``ref`` as its checked JSON document (no torch:
+    ``show --ops``), or ``None`` when the call was recorded without one.
+
+    Raises:
+        CorruptCaptureError: the stored trace is damaged (docs/format.md, "Op traces").
+
+    Example::
+
+        doc = op_trace_document(repo, "gpt/blocks.3:v1", 0)
+        print(doc["ops"][0]["op"])          # aten::native_layer_norm
+    """
+    name, version = repo.resolve(ref)
+    meta = repo.read_metadata(name, version)
+    summary = meta["calls"][position].get("op_trace")
+    if summary is None:
+        return None
+    where = f"{name}:v{version}: calls[{position}].op_trace"
+    tensors = meta.get("tensors", {})
+    raw = repo.payloads(meta).read_bytes(tensors[summary["text_id"]])
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptCaptureError(f"{where}: not JSON ({error})") from None
+    return validate_op_trace(data, where, tensors.get)
+
+
+def op_rows(document: OpTraceDocument) -> list[dict[str, Any]]:
+    """One JSON-ready row per op of a trace document: position, module path, op, source line, and
+    each output's dtype, shape, fingerprint and statistics (``show --ops``)."""
+    modules, sources = document["modules"], document["sources"]
+    return [{"index": i, "module": modules[op["module"]]["path"], "op": op["op"],
+             "source": sources[op["source"]] if op["source"] >= 0 else None,
+             "outputs": [{k: v for k, v in out.items() if k != "value"} | {"kept": "value" in out}
+                         for out in op["outputs"]]}
+            for i, op in enumerate(document["ops"])]

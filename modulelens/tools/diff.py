@@ -29,6 +29,7 @@ from modulelens.format.tree import input_path
 from modulelens.format.values import Unrecorded
 from modulelens.restore.compare import compare
 from modulelens.restore.replay import call_context
+from modulelens.tools.recorded import refuse_ensemble
 from modulelens.tools.reports import json_safe
 from modulelens.tools.verify import error_means
 from modulelens.tools.working_copy import run_device, working_module
@@ -385,6 +386,8 @@ def output_differences(a: Capture, b: Capture, *, device: str | torch.device | N
         rows = output_differences(load("mlp:v1"), load("mlp:v2"), rtol=1e-4)
         print([r["max_abs_error"] for r in rows])
     """
+    refuse_ensemble(a, "diff")
+    refuse_ensemble(b, "diff")
     run_on = run_device(a, device)
     module = working_module(b, 0, device=run_on, dtype=a.dtype)
     rows = []
@@ -399,7 +402,7 @@ def output_differences(a: Capture, b: Capture, *, device: str | torch.device | N
             args, kwargs = call.fresh_inputs(run_on, a.dtype)
             module.train(call.training)
             with call_context(call, run_on):
-                output = module(*args, **kwargs)
+                output = a.entry_point(module)(*args, **kwargs)  # a method capture: that method
         except Exception as error:
             row["error"] = f"B's module raised {type(error).__name__}: {error}"
             continue

@@ -80,7 +80,7 @@ def build_workload(
         tensor.requires_grad_(True)
     params = [p for p in module.parameters() if p.requires_grad]
     with context():
-        output = module(*args, **kwargs)
+        output = fn(*args, **kwargs)
     probe = output_tensors(output)
     if not probe:
         raise ToolError("--backward: no output requires grad (no trainable parameters and no floating inputs)")

@@ -24,6 +24,7 @@ import torch
 from modulelens.errors import ToolError
 from modulelens.format.human import human_number
 from modulelens.tools.measure import build_workload, count_flops, measure
+from modulelens.tools.recorded import refuse_ensemble
 from modulelens.tools.reports import environment_facts, json_safe, store_report
 from modulelens.tools.sweep import draw_plot, recorded_batch_size, sweep_batch_sizes
 from modulelens.tools.timing import TimingConfig
@@ -151,13 +152,14 @@ def profile(
     module.train(recorded.training)
     args, kwargs = recorded.fresh_inputs(run_on, dtype)
     backend = None if compile is False else ("inductor" if compile is True else str(compile))
-    fn: Callable[..., Any] = torch.compile(module, backend=backend) if backend else module
+    entry = capture.entry_point(module)  # the module, or its recorded method (vae:encode)
+    fn: Callable[..., Any] = torch.compile(entry, backend=backend) if backend else entry
     workload = build_workload(fn, module, recorded, args, kwargs, run_on, backward)
 
     step(f"timing call {recorded.index} ({'compiling, then ' if backend else ''}warm-up and timed iterations; "
          "then torch.profiler)")
     measured = measure(workload, run_on, timing, compiled=backend is not None, trace=trace, top=top)
-    eager = workload if not backend else build_workload(module, module, recorded, args, kwargs, run_on, backward)
+    eager = workload if not backend else build_workload(entry, module, recorded, args, kwargs, run_on, backward)
     step("counting FLOPs and bytes moved")
     flops, moved = count_flops(eager)
     notes: list[str] = list(capture.notes)
@@ -171,7 +173,7 @@ def profile(
     if batch_sizes:
         sweep_timing = TimingConfig(timing.warmup, timing.iters, min(timing.target_seconds, 0.5))
         sweep = sweep_batch_sizes(fn, module, recorded, args, kwargs, run_on, backward, batch_sizes, sweep_timing,
-                                  progress=step)
+                                  progress=step, entry=entry)
         if plot is not None:
             step(f"drawing the plot into {plot}")
             plot_path = draw_plot(sweep, plot, f"{capture.ref} ({'fwd+bwd' if backward else 'fwd'}, {run_on})")
@@ -196,6 +198,7 @@ def profile(
 
 
 def _check_request(capture: Capture, call: int, plot: str | Path | None, batch_sizes: Sequence[int] | None) -> None:
+    refuse_ensemble(capture, "profile")
     if not capture.calls:
         raise ToolError(f"{capture.ref} has no recorded calls to profile")
     if not -len(capture.calls) <= call < len(capture.calls):

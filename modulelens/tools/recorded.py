@@ -24,3 +24,19 @@ class RecordedTensors(Protocol):
     def tensor(self, tid: str) -> torch.Tensor:
         """The recorded tensor ``tid`` as stored (memory-mapped: reading part of it reads that part)."""
         ...
+
+
+def refuse_ensemble(recorded: RecordedTensors, tool: str) -> None:
+    """A tool that runs one module on the recorded inputs (verify, diff, profile) cannot run calls
+    recorded inside ``torch.func.vmap``: their inputs and weights are the members' values stacked
+    (docs/fidelity.md, "torch.func"); only replay runs them, under vmap again.
+
+    Raises:
+        ToolError: some call of the capture ran inside ``torch.func.vmap``.
+    """
+    from modulelens.errors import ToolError
+
+    if any(call.get("vmap") for call in recorded.metadata.get("calls", [])):
+        name, version = recorded.metadata.get("name"), recorded.metadata.get("version")
+        raise ToolError(f"{name}:v{version}: its calls ran inside torch.func.vmap (an ensemble of stacked weights); "
+                        f"{tool} runs one module on them: replay() runs the ensemble")

@@ -121,9 +121,12 @@ def sweep_batch_sizes(
     batch_sizes: Sequence[int],
     timing_config: TimingConfig,
     progress: Callable[[str], None] | None = None,
+    entry: Callable[..., Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per batch size: median/p10/p90 latency, throughput, FLOPs and achieved FLOP/s of
-    ``fn`` on synthetic inputs (or the size's error); ``progress`` is told each size as it starts."""
+    ``fn`` on synthetic inputs (or the size's error); ``progress`` is told each size as it starts.
+    ``entry`` is what the recorded call called, uncompiled (FLOPs are counted on it): the module, or
+    its method for a method capture (default: ``module``)."""
     generator = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for size in batch_sizes:
@@ -142,8 +145,9 @@ def sweep_batch_sizes(
                                       timing_config.target_seconds, min_iters=5)
                 timing: Timing = time_iterations(workload.step, device, config, before_each=workload.before_each)
             eager = workload
-            if fn is not module:
-                eager = build_workload(module, module, call, new_args, new_kwargs, device, backward)
+            eager_fn = module if entry is None else entry  # what the recorded call called, not compiled
+            if fn is not eager_fn:
+                eager = build_workload(eager_fn, module, call, new_args, new_kwargs, device, backward)
             flops, _ = count_flops(eager)
             row.update({
                 "median_ms": timing.median_ms, "p10_ms": timing.percentile(10), "p90_ms": timing.percentile(90),

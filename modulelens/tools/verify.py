@@ -14,15 +14,20 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import ToolError
+from modulelens.format.shape_only import ShapeOnly
+from modulelens.format.tree import expand_dataclasses, flatten_with_paths
+from modulelens.format.values import Unrecorded
 from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
+from modulelens.tools.recorded import refuse_ensemble
 from modulelens.tools.reports import json_safe, store_report
 from modulelens.tools.timing import TimingConfig, compare_timings, time_pair, timing_noise, timing_summary
 from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
@@ -33,14 +38,25 @@ if TYPE_CHECKING:
 
 _TIMING = TimingConfig(warmup=3, iters=20)  # per call, for reference and candidate alike
 
+Status = Literal["PASS", "FAIL", "UNVERIFIED"]
+
+
 @dataclass
 class CallVerification:
-    """How the candidate did on one recorded call."""
+    """How the candidate did on one recorded call.
+
+    ``status`` is ``"pass"`` (every output leaf compared with recorded values and matching, and at
+    least one of them holds something to compare), ``"fail"`` (a leaf differs, contradicts its
+    recorded statistics, an input was modified, or the candidate raised) or ``"unverified"``
+    (nothing contradicts the recording, but ``unverified`` names what had no values to compare:
+    a shape-only or unrecorded output, ``None``, no finite value, a call that raised when recorded).
+    """
 
     call: int  # position in capture.calls
     index: int  # the module's call number in the original job
     passed: bool = False
     error: str | None = None
+    unverified: list[str] = field(default_factory=list)
     leaves: list[LeafResult] = field(default_factory=list)
     mutated_inputs: list[LeafResult] = field(default_factory=list)
     max_abs_error: float = 0.0
@@ -50,12 +66,19 @@ class CallVerification:
     reference_ms: float | None = None  # medians of the interleaved timed iterations
     candidate_ms: float | None = None
     timing: dict[str, Any] | None = None  # compare_timings(): speedup range, p10/p90 of both, noise
+    divergence: Divergence | None = None  # the first failing call: where the candidate parts from the reference
 
     @property
     def speedup(self) -> float | None:
         if self.reference_ms is None or not self.candidate_ms:
             return None
         return self.reference_ms / self.candidate_ms
+
+    @property
+    def status(self) -> Literal["pass", "fail", "unverified"]:
+        if self.error or any(not leaf.passed for leaf in self.leaves) or self.mutated_inputs:
+            return "fail"
+        return "unverified" if self.unverified else "pass"
 
     @property
     def failures(self) -> list[str]:
@@ -66,22 +89,29 @@ class CallVerification:
         lines.extend(f"call {self.index}: {leaf.path}: {leaf.message}" for leaf in self.leaves if not leaf.passed)
         lines.extend(f"call {self.index}: the candidate modified its input {leaf.path} in place ({leaf.message})"
                      for leaf in self.mutated_inputs)
+        if self.divergence is not None:
+            lines.append(f"call {self.index}: {self.divergence.summary()}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({
-            "call": self.call, "index": self.index, "passed": self.passed, "error": self.error,
+            "call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
+            "error": self.error, "unverified": self.unverified,
             "max_abs_error": self.max_abs_error, "mean_abs_error": self.mean_abs_error,
             "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error,
             "reference_ms": self.reference_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
             "timing": self.timing, "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
             "leaves": [leaf.to_dict() for leaf in self.leaves],
+            "divergence": self.divergence.to_dict() if self.divergence is not None else None,
         })
 
 
 @dataclass
 class VerifyReport:
-    """The verdict of :func:`verify`; ``passed`` is true only if every call passed."""
+    """The verdict of :func:`verify`: ``status`` is ``"PASS"`` (every selected call passed),
+    ``"FAIL"`` (``failures`` says why) or ``"UNVERIFIED"``: nothing contradicts the recording, but
+    there was nothing real to compare (``unverified`` names it: no recorded calls, outputs stored
+    shape-only, ``None``, NaN). ``passed`` is true only for ``"PASS"``."""
 
     ref: str
     candidate: str
@@ -96,10 +126,24 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
     report_path: str | None = None
     timing_noise: list[str] = field(default_factory=list)  # why the timings cannot be trusted (tools/timing.py)
+    no_calls: str | None = None  # why no call was selected (a capture without recorded calls)
+
+    @property
+    def status(self) -> Status:
+        if self.error is not None or any(c.status == "fail" for c in self.calls):
+            return "FAIL"
+        return "PASS" if self.calls and all(c.status == "pass" for c in self.calls) else "UNVERIFIED"
 
     @property
     def passed(self) -> bool:
-        return self.error is None and bool(self.calls) and all(c.passed for c in self.calls)
+        return self.status == "PASS"
+
+    @property
+    def unverified(self) -> list[str]:
+        """Why the verdict cannot be PASS although nothing failed: one line per reason."""
+        if self.error is None and not self.calls:
+            return [self.no_calls or f"{self.ref}: no call was verified"]
+        return [f"call {c.index}: {reason}" for c in self.calls if c.status == "unverified" for reason in c.unverified]
 
     @property
     def speedup(self) -> float | None:
@@ -119,7 +163,8 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return json_safe({
             "ref": self.ref, "candidate": self.candidate, "built_with": self.built_with, "passed": self.passed,
-            "device": self.device, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
+            "status": self.status, "unverified": self.unverified, "device": self.device, "dtype": self.dtype,
+            "rtol": self.rtol, "atol": self.atol,
             "speedup": self.speedup, "timing_trusted": not self.timing_noise, "timing_noise": self.timing_noise,
             "error": self.error, "state_mismatch": self.state_mismatch,
             "failures": self.failures, "notes": self.notes, "calls": [c.to_dict() for c in self.calls],
@@ -129,15 +174,16 @@ class VerifyReport:
         tol = f"rtol={self.rtol}, atol={self.atol}"
         if self.rtol is None and self.atol is None:
             tol = "per-dtype tolerances"
-        lines = [f"verify {self.candidate} against {self.ref} on {self.device} ({tol}): "
-                 f"{'PASS' if self.passed else 'FAIL'}"]
+        lines = [f"verify {self.candidate} against {self.ref} on {self.device} ({tol}): {self.status}"]
         if self.error:
             lines.append(f"  {self.error}")
+        lines.extend(f"  cannot verify: {reason}" for reason in self.unverified)
         for c in self.calls:
             timing = f"  {c.speedup:.2f}x" if c.speedup else ""
             if c.speedup and c.timing:
                 timing += f" ({c.timing['speedup_low']:.2f}-{c.timing['speedup_high']:.2f})"
-            lines.append(f"  call {c.index}: {'pass' if c.passed else 'FAIL'}  max abs err {c.max_abs_error:.3g}"
+            status = {"pass": "pass", "fail": "FAIL", "unverified": "UNVERIFIED"}[c.status]
+            lines.append(f"  call {c.index}: {status}  max abs err {c.max_abs_error:.3g}"
                          f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{timing}")
             lines.extend(f"    {line.split(': ', 1)[1]}" for line in c.failures)
         if self.speedup:
@@ -255,6 +301,7 @@ def verify(
     timing: TimingConfig | None = _TIMING,
     store: bool = True,
     mode: str = "recorded",
+    locate_divergence: bool = True,
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
@@ -271,15 +318,24 @@ def verify(
             candidate was built by ``from_original``).
         timing: time reference and candidate on the same inputs; ``None`` skips timing.
         store: keep the report with the capture's version.
-
-    Returns:
-        A :class:`VerifyReport`; ``report.passed`` is the verdict, ``report.failures`` says why not.
-
-    Raises:
-        CandidateError: the candidate cannot be found, imported or built.
+        locate_divergence: on the first call whose outputs fail, run the rebuilt reference and the
+            candidate again under an op trace and name the first op where the candidate diverges
+            (``CallVerification.divergence``; docs/tools.md, "First divergence").
         mode: ``"recorded"`` runs each call in its recorded mode; ``"eval"``/``"train"`` runs every
             call in that mode instead, and a call recorded in the other mode is then compared with
             the original module run in that mode on the same inputs.
+
+    Returns:
+        A :class:`VerifyReport`. ``report.status`` is the verdict: ``"PASS"``, ``"FAIL"``
+        (``report.failures`` says why) or ``"UNVERIFIED"`` (``report.unverified`` says what had
+        nothing to compare: no recorded calls, an output stored shape-only, ``None``, only NaN).
+        ``report.passed`` is true only for ``"PASS"``. A verdict is never PASS on values that were
+        not recorded: a shape-only output is checked for its shape, dtype and recorded statistics
+        (a candidate that contradicts them FAILS; one that agrees is UNVERIFIED, not PASS).
+
+    Raises:
+        CandidateError: the candidate cannot be found, imported or built.
+        ToolError: ``mode`` is not one of those above.
 
     Example::
 
@@ -290,6 +346,7 @@ def verify(
     """
     if mode not in ("recorded", "eval", "train"):
         raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
+    refuse_ensemble(capture, "verify")
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type
@@ -302,7 +359,8 @@ def verify(
                           device=str(device), dtype=str(dtype).removeprefix("torch.") if dtype else None,
                           rtol=rtol, atol=atol, notes=list(capture.notes))
     if not selected:
-        report.error = f"{capture.ref} has no recorded calls to verify against"
+        report.no_calls = (f"{capture.ref} has no recorded calls to verify against" if not capture.calls
+                           else "no recorded call was selected (calls=[])")
     current_state: int | None = None if load_state or built_with == "from_original" else first_state
     references = _References(capture, device, dtype)
     for position in selected:
@@ -312,7 +370,7 @@ def verify(
         result = CallVerification(call=position, index=call.index)
         report.calls.append(result)
         if not call.finished:
-            result.error = "the recorded call did not finish (it raised in the original job)"
+            result.unverified.append("the recorded call raised in the original job: no output to compare")
             continue
         # a training-mode call changes buffers (BatchNorm running stats): give each one its state afresh
         if call.state_index != current_state or (call.training and has_buffers(module)):
@@ -333,6 +391,11 @@ def verify(
                          expected_from=references if training != call.training else None)
         if note:
             report.notes.append(note)
+        if locate_divergence and result.error is None and any(not leaf.passed for leaf in result.leaves):
+            locate_divergence = False  # the first failing call only: each locate runs both twice more
+            rule = DivergenceRule(rtol=rtol, atol=atol, purpose="cross_device" if cross_device else "replay")
+            result.divergence = _divergence(_Traced(module, candidate, built_with, load_state), references, call,
+                                            device, dtype, rule, training, report.notes)
     if cross_device:
         report.notes.append(f"recorded on {recorded_device_type(capture)}, run on {device.type}: "
                             "float32 tolerances widened for reordered reductions")
@@ -373,11 +436,13 @@ def _run_call(
         reference = expected_from.get(call.state_index, training)
         reference.train(training)
         with call_context(call, device), torch.no_grad():
-            want = reference(*call.fresh_inputs(device, dtype)[0], **call.fresh_inputs(device, dtype)[1])
+            want = capture.entry_point(reference)(*call.fresh_inputs(device, dtype)[0],
+                                                  **call.fresh_inputs(device, dtype)[1])
     module.train(training)
+    run = capture.entry_point(module)  # module(...), or module.encode for a method capture
     try:
         with call_context(call, device):
-            output = module(*args, **kwargs)
+            output = run(*args, **kwargs)
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
@@ -386,7 +451,11 @@ def _run_call(
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
     result.mean_abs_error, result.mean_rel_error = error_means(want, output)
-    result.passed = all(leaf.passed for leaf in result.leaves) and not result.mutated_inputs
+    result.unverified = [f"{leaf.path}: {leaf.message}" for leaf in result.leaves if not leaf.compared]
+    if not result.unverified:
+        nothing = _nothing_to_compare(want)
+        result.unverified = [nothing] if nothing else []
+    result.passed = result.status == "pass"
     del output
     if references is None or timing is None:
         return None
@@ -396,7 +465,8 @@ def _run_call(
     try:
         with call_context(call, device):
             # interleaved, on inputs of their own: load on a shared machine hits both alike
-            ref_t, cand_t = time_pair(lambda: reference(*ref_args, **ref_kwargs), lambda: module(*args, **kwargs),
+            ref_run = capture.entry_point(reference)
+            ref_t, cand_t = time_pair(lambda: ref_run(*ref_args, **ref_kwargs), lambda: run(*args, **kwargs),
                                       device, timing)
     except Exception as error:  # timing is a bonus; the verdict stands
         result.reference_ms = result.candidate_ms = None
@@ -405,6 +475,85 @@ def _run_call(
     result.timing = json_safe({"reference": timing_summary(ref_t), "candidate": timing_summary(cand_t),
                                **compare_timings(timing_summary(ref_t), timing_summary(cand_t))})
     return None
+
+
+def _nothing_to_compare(want: Any) -> str | None:
+    """Why a recorded output holds nothing a candidate could get wrong by its values, or ``None``.
+
+    Every leaf may have been compared and matched, yet prove nothing: ``None`` matches ``None``,
+    an empty tensor matches any empty tensor, and NaN matches NaN (an output with no finite value
+    is matched by any candidate that returns NaN). At least one leaf must hold a finite value or a
+    non-``None`` plain value for a verdict to be PASS."""
+    leaves, _ = flatten_with_paths(expand_dataclasses(want))
+    kinds = set()
+    for _, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if leaf.numel() == 0:
+                kinds.add("empty")
+            elif leaf.is_floating_point() or leaf.is_complex():
+                if bool(torch.isfinite(leaf.detach()).any()):
+                    return None
+                kinds.add("non-finite")
+            else:
+                return None
+        elif leaf is None or isinstance(leaf, (Unrecorded, ShapeOnly)):
+            kinds.add("none")
+        else:
+            return None
+    if not leaves or kinds == {"none"}:
+        return "the recorded output is None: nothing to compare"
+    if "non-finite" in kinds:
+        return "every recorded output value is NaN or infinite: any candidate that returns them matches"
+    return "the recorded output is empty (no elements): nothing to compare"
+
+
+@dataclass
+class _Traced:
+    """The candidate as verify built it, for running one call again under an op trace."""
+
+    module: torch.nn.Module
+    spec: Candidate
+    built_with: str
+    load_state: bool
+
+    def fresh(self, capture: Capture, state_index: int, device: torch.device, dtype: torch.dtype | None,
+              training: bool) -> torch.nn.Module:
+        """The candidate in the call's recorded state: a training-mode call changed its buffers."""
+        if not (training and has_buffers(self.module)):
+            return self.module
+        module = self.module
+        if self.built_with == "from_original":
+            module, _ = build_candidate(self.spec, capture, state_index)
+        elif self.load_state:
+            load_state_strict(module, capture.fresh_state_dict(state_index))
+        module.to(device)
+        return module.to(dtype) if dtype is not None else module
+
+
+def _divergence(candidate: _Traced, references: _References, call: Any, device: torch.device,
+                dtype: torch.dtype | None, rule: DivergenceRule, training: bool, notes: list[str]) -> Divergence | None:
+    """The rebuilt reference and the candidate run again on ``call`` under op traces, and located."""
+    try:
+        module = candidate.fresh(references.capture, call.state_index, device, dtype, training)
+        reference = references.get(call.state_index, training)
+        reference.train(training)
+        args, kwargs = call.fresh_inputs(device, dtype)
+        with call_context(call, device):
+            run_reference = references.capture.entry_point(reference)  # a method capture: that method
+            _, expected, reference_error = trace_call(reference, lambda: run_reference(*args, **kwargs))
+        module.train(training)
+        args, kwargs = call.fresh_inputs(device, dtype)
+        with call_context(call, device):
+            run_candidate = references.capture.entry_point(module)
+            _, actual, candidate_error = trace_call(module, lambda: run_candidate(*args, **kwargs))
+    except Exception as error:  # the verdict stands; only its explanation is missing
+        notes.append(f"locating the first divergence of call {call.index} failed: {type(error).__name__}: {error}")
+        return None
+    divergence = locate(expected, actual, rule, compared="the candidate against the rebuilt reference")
+    for side, stopped in (("reference", reference_error), ("candidate", candidate_error)):
+        if stopped is not None:
+            divergence.notes.append(f"the {side}'s trace stopped early: {stopped}")
+    return divergence
 
 
 def _shapes(call: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from typing import Any, cast
 
@@ -13,6 +14,7 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    METHODLESS_VERSION,
     CallEntry,
     CaptureMetadata,
     Construction,
@@ -199,6 +201,8 @@ def encode_record(
         "qualified_name": record.qualified_name,
         "construction": None,
     }
+    if record.method is not None:  # its calls went through module.<method>(...) (tracing/methods.py)
+        module_info["method"] = record.method
     if record.construction is None:
         module_info["construction_missing"] = "the module was built before modulelens.track_init() was on"
     else:
@@ -217,11 +221,12 @@ def encode_record(
             for path, values in record.attributes.items()
         }
     call_ctx = EncodeContext(add_tensor=tensors.add, lenient=True)
-    calls = [_encode_call(call, call_ctx) for call in record.calls]
+    calls = [_encode_call(call, call_ctx, tensors) for call in record.calls]
     states = [_encode_state(state, tensors, i) for i, state in enumerate(record.states)]
     meta: CaptureMetadata = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if record.method is not None or any(c.vmap for c in record.calls)
+        else METHODLESS_VERSION,
         "name": None,
         "version": None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -288,7 +293,7 @@ def state_name(name: str) -> str:
     return name.replace("._orig_mod.", ".").removeprefix("_orig_mod.") if "_orig_mod." in name else name
 
 
-def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
+def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> dict[str, Any]:
     return {
         "index": call.index,
         "state": call.state_index,
@@ -305,7 +310,19 @@ def _encode_call(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
         **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),
         **({"backward_missing": "its backward had not run when the capture was saved"}
            if call.backward_pending else {}),
+        **({"vmap": dict(call.vmap)} if call.vmap is not None else {}),
+        **({"op_trace": _encode_op_trace(call, tensors)} if call.op_trace is not None else {}),
     }
+
+
+def _encode_op_trace(call: CallRecord, tensors: TensorTable) -> dict[str, Any]:
+    """``calls[i].op_trace`` (docs/format.md, "Op traces"): the trace document stored as a blob (a
+    trace of thousands of ops stays out of ``capture.json``), its kept values as entries of the
+    tensor table, and its counts."""
+    assert call.op_trace is not None
+    document = call.op_trace.to_json(tensors.add, f"call{call.index}.op_trace")
+    text_id = tensors.add_text(json.dumps(document, separators=(",", ":"), allow_nan=False))
+    return {"text_id": text_id, **call.op_trace.summary()}
 
 
 def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
@@ -333,6 +350,8 @@ def _encode_state(state: StateSnapshot, tensors: TensorTable, index: int) -> dic
         },
         "extra_state": {state_name(name): encode_value(v, ctx, f"state{index}.{name}")
                         for name, v in state.extra_state.items()},
+        **({"rebuilt_buffers": {state_name(name): dict(entry) for name, entry in state.rebuilt_buffers.items()}}
+           if state.rebuilt_buffers else {}),
         **({"module_state": {state_name(path): {key: encode_value(v, ctx, f"state{index}.{path}.{key}")
                                                 for key, v in values.items()}
                              for path, values in state.module_state.items()}} if state.module_state else {}),

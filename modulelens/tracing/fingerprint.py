@@ -45,8 +45,8 @@ def live_state(module: torch.nn.Module) -> LiveState:
     try:
         key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
                     for t in tensors)
-    except RuntimeError:  # no storage: weights wrapped by torch.func (functional_call under grad), sparse weights
-        tensors = [unwrap_functorch(t) for t in tensors]
+    except RuntimeError:  # no storage: weights wrapped by torch.func (functional_call under grad or vmap), sparse weights
+        tensors = [unwrap_functorch(t, stacked=True) for t in tensors]
         key = tuple((id(t), t._version, t.data_ptr() if is_plain(t) and not (dtensor and isinstance(t, dtensor)) else 0)
                     for t in tensors)
         with outside_functorch():  # a sparse or nested weight is not fingerprinted (and is refused when saved)

@@ -27,14 +27,23 @@ class Recording:
             comma-separated string (``"0,3"``) or ``"all"``.
         sync_timeout: seconds the ranks of a mesh wait for each other before sharded (DTensor)
             values are gathered; past it the capture stops incomplete and the job goes on.
+        op_trace: also record each recorded call's op-level trace: every aten op it ran, in which
+            submodule, from which source line, with an exact fingerprint and statistics of each
+            output (docs/fidelity.md, "Op traces"). Replay and ``verify`` name the first op that
+            differs from it. Only recorded calls pay for it (``benchmarks/bench_op_trace.py``).
+        op_trace_values: bytes of op output values kept per recorded call, beyond fingerprints and
+            statistics (the first outputs until the budget is spent; ``0``: none).
 
     Raises:
-        UsageError: ``warmup < 0``, ``max_calls < 1``, ``sync_timeout <= 0`` or malformed ``ranks``.
+        UsageError: ``warmup < 0``, ``max_calls < 1``, ``sync_timeout <= 0``, malformed ``ranks``
+            or ``op_trace_values < 0``.
 
     Example::
 
         with modulelens.capture(model, ["blocks.*.attn"], record=Recording(warmup=2, max_calls=3, backward=True)):
             train(model)
+        with modulelens.capture(model, ["blocks.3"], record=Recording(op_trace=True)):
+            model(batch)                         # cap.calls[0].op_trace lists every aten op of blocks.3
     """
 
     warmup: int = 0
@@ -42,11 +51,16 @@ class Recording:
     backward: bool = False
     ranks: RanksSpec = (0,)
     sync_timeout: float = 60.0
+    op_trace: bool = False
+    op_trace_values: int = 16 << 20
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.max_calls < 1:
             raise UsageError(f"warmup must be >= 0 and max_calls >= 1, got warmup={self.warmup}, "
                              f"max_calls={self.max_calls}")
+        if not isinstance(self.op_trace_values, int) or isinstance(self.op_trace_values, bool) \
+                or self.op_trace_values < 0:
+            raise UsageError(f"op_trace_values must be a number of bytes >= 0, got {self.op_trace_values!r}")
         if not self.sync_timeout > 0:
             raise UsageError(f"sync_timeout must be > 0 seconds, got {self.sync_timeout!r}")
         ranks = normalise_ranks(self.ranks)

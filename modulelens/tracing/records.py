@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from modulelens.format.op_trace import OpTrace
 from modulelens.tracing.init_tracking import InitRecord
 from modulelens.tracing.module_tree import TreeNode
 
@@ -22,6 +23,8 @@ class StateSnapshot:
     extra_state: dict[str, Any] = field(default_factory=dict)
     # submodule path -> what its own _save_to_state_dict adds (quantized modules' packed weights)
     module_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # non-persistent sparse/nested buffers, rebuilt by the constructor: name -> {"layout", "digest"}
+    rebuilt_buffers: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,6 +57,10 @@ class CallRecord:
     error: str | None = None
     backward: BackwardRecord | None = None
     backward_pending: bool = False  # forward done, waiting for its backward pass
+    # a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"},
+    # the paths and names of the batched values, stored stacked along a first dimension
+    vmap: dict[str, Any] | None = None
+    op_trace: OpTrace | None = None  # Recording(op_trace=True): the aten ops the call ran
 
 
 @dataclass
@@ -64,6 +71,7 @@ class ModuleRecord:
     module_class: type
     construction: InitRecord | None
     module: torch.nn.Module | None  # the live module (for nested constructor records); dropped after save
+    method: str | None = None  # a method entry point (``vae:encode``, tracing/methods.py); None: module(...)
     calls: list[CallRecord] = field(default_factory=list)
     states: list[StateSnapshot] = field(default_factory=list)
     seen_calls: int = 0

@@ -6,7 +6,10 @@ of the job then loads ``_bootstrap/sitecustomize.py``, which calls :func:`activa
 
 1. constructor tracking goes on before any user code is imported;
 2. a global forward pre-hook looks at each module the first time it is called; the first one whose
-   tree contains a target becomes a root, and a :class:`Tracer` is attached to it;
+   tree contains a target becomes a root, and a :class:`Tracer` is attached to it. A target that
+   matches nothing in that tree is looked for in the tree of the module's outermost parent (from a
+   global registration hook), so a submodule the job calls before its model (BART's encoder, called
+   by ``generate()`` before the model's first forward) is still found by its name in the model;
 3. each target is saved as soon as it is recorded, so a job that ends abruptly keeps it; once
    every target is, the global hook is removed (and with ``--exit-after-capture`` the job ends
    cleanly with exit code 0);
@@ -25,6 +28,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,12 +58,15 @@ class RunConfig:
     max_bytes: int | None = None  # PayloadPolicy: payload budget per capture
     list_modules: bool = False  # report the module tree of the first model called, then end the job
     depth: int | None = None  # a glob target matches at most this many levels below its fixed prefix
+    op_trace: bool = False  # Recording(op_trace=True): each recorded call's aten ops
+    op_trace_values: int = 16 << 20  # Recording(op_trace_values=...): bytes of op output values kept per call
 
     def recording(self) -> Recording:
-        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``."""
+        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``/``--op-trace``."""
         from modulelens.tracing.options import Recording  # imports torch: only in the job's processes
 
-        return Recording(warmup=self.warmup, max_calls=self.max_calls, backward=self.backward, ranks=self.ranks)
+        return Recording(warmup=self.warmup, max_calls=self.max_calls, backward=self.backward, ranks=self.ranks,
+                         op_trace=self.op_trace, op_trace_values=self.op_trace_values)
 
     def policy(self) -> PayloadPolicy | None:
         """The payload policy of ``--shape-only-over``/``--max-bytes`` (``None`` when neither is set)."""
@@ -179,6 +186,8 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
     roots = [root for summary in summaries for root in summary.get("roots", [])]
     modules = [m for root in roots for m in root["modules"]]
     missing = [t for t in config.targets if t not in captured_patterns]
+    # what really happened to each target that matched a module and saved nothing (tracer.why_not_recorded)
+    reasons = {p: why for summary in summaries for p, why in summary.get("not_captured", {}).items()}
     return {
         # ok: the job succeeded and every target pattern has at least one saved capture
         "ok": completed.returncode == 0 and bool(saved) and not missing,
@@ -194,6 +203,7 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         "missing_targets": missing,  # never matched, or matched but never captured (or saved)
         # of those, the ones that matched a module that was never called (after warm-up) or whose save failed
         "matched_not_captured": [t for t in missing if t in matched_patterns],
+        "not_captured": {t: reasons[t] for t in missing if t in reasons},
         "suggestions": {t: closest_modules(t, modules) for t in missing},
         "roots": roots,
         "processes": summaries,
@@ -260,6 +270,8 @@ class _Session:
         self._patterns: dict[int, list[str]] = {}  # tracer id -> its target patterns as given
         self._saved_targets: set[tuple[int, str]] = set()  # (tracer id, qualified name)
         self._lock = threading.RLock()
+        self._parents = _Parents()
+        self._attached_late: dict[str, str] = {}  # pattern -> the method call under way when it attached
         self._done = False
         self.stopped: str | None = None  # why --strict ended the job early
         track_init()
@@ -272,17 +284,17 @@ class _Session:
         if id(module) in self._seen:
             return
         try:
-            tracer = self._consider_root(module)
-            if tracer is not None:
+            for tracer in self._consider_root(module):
                 _record_root_call(tracer, module, inputs)
         except Exception as error:
             if self.config.strict:
                 raise
             warnings.warn(f"modulelens: could not attach capture: {error}", stacklevel=2)
 
-    def _consider_root(self, module: Any) -> Any:
-        from modulelens.tracing.save import weights_sink
-        from modulelens.tracing.tracer import Tracer, find_targets, unwrap_model
+    def _consider_root(self, module: Any) -> list[Any]:
+        """The tracers attached at ``module``'s first call: on its own tree, and on its outermost
+        parent's for targets only that tree holds."""
+        from modulelens.tracing.tracer import unwrap_model
 
         with self._lock:
             for sub in module.modules():
@@ -291,36 +303,74 @@ class _Session:
             if len(self.roots) < MAX_ROOTS:
                 self._note_root(unwrap_model(module))
             pending = [p for p in self.config.targets if p not in self.resolved]
-            found = {n: m for n, m in find_targets(module, pending).items()
-                     if any(self._selects(p, n, m) for p in pending)}
-            patterns = [p for p in pending if any(self._selects(p, n, m) for n, m in found.items())]
-            if first_root and self.roots:
-                self._check_first_root(pending, patterns)
-            if not found:
-                return None
+            found, patterns = self._matching(module, pending)
+            tracers = []
+            outer = self._parents.outermost(module)
+            if outer is not module and len(patterns) < len(pending):  # called before its model (see above)
+                outer_found, outer_patterns = self._matching(outer, [p for p in pending if p not in patterns])
+                if outer_found:
+                    if len(self.roots) < MAX_ROOTS:
+                        self._note_root(unwrap_model(outer))
+                    for sub in outer.modules():
+                        self._seen.add(id(sub))
+                    tracers.append(self._attach(outer, outer_found, outer_patterns))
+            if first_root and self.roots and self.config.strict:
+                self._check_first_root(pending, [*patterns, *self.resolved])
+            if found:
+                tracers.append(self._attach(module, found, patterns))
+            return tracers
+
+    def _matching(self, root: Any, pending: list[str]) -> tuple[dict[str, Any], list[str]]:
+        """The targets under ``root`` that ``pending`` select (``--depth`` applied), and those patterns."""
+        from modulelens.tracing.tracer import find_targets
+
+        found = {n: m for n, m in find_targets(root, pending).items() if any(self._selects(p, n, m) for p in pending)}
+        return found, [p for p in pending if any(self._selects(p, n, m) for n, m in found.items())]
+
+    def _attach(self, module: Any, found: dict[str, Any], patterns: list[str]) -> Any:
+        from modulelens.tracing.methods import split_target
+        from modulelens.tracing.save import weights_sink
+        from modulelens.tracing.tracer import Tracer, unwrap_model
+
+        with self._lock:
             self.resolved.update(patterns)
             # With --depth the tracer is given the exact names kept (its globs know no depth).
-            targets = patterns if self.config.depth is None else [_exact(n) for n in found]
+            targets = patterns if self.config.depth is None else [_exact_target(n) for n in found]
             tracer = Tracer(module, targets, record=self.config.recording(), on_complete=self._on_tracer_complete,
                             on_target_complete=self._on_target_complete, strict=self.config.strict,
                             staging_file=weights_sink(self.config.repo))  # tracing/weights.py
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             self._patterns[id(tracer)] = patterns
+            for key, target in found.items():
+                method = split_target(key)[1]
+                if method is not None and _running(target, method):
+                    for pattern in patterns:
+                        if self._selects(pattern, key, target, module):
+                            self._attached_late[pattern] = (
+                                f"{key or '<root>'}: capture attached while its first call was under way (the job's "
+                                f"first module call ran inside {method}()), so that call is not recorded; later "
+                                f"calls are (or wrap that first call in modulelens.capture(model, [{key!r}]))")
             if len(self.resolved) == len(self.config.targets):
                 self._hook.remove()
+                self._parents.stop()
             return tracer
 
     def _selects(self, pattern: str, qualified: str, module: Any, model: Any = None) -> bool:
-        """Whether target ``pattern`` (as the user wrote it) selects ``qualified`` (``--depth`` included)."""
+        """Whether target ``pattern`` (as the user wrote it) selects ``qualified``, a target key
+        (``name`` or ``name:method``), ``--depth`` included."""
+        from modulelens.tracing.methods import split_target
         from modulelens.tracing.tracer import matches, normalise_pattern
 
         normalised = pattern if model is None else normalise_pattern(pattern, model)
-        return matches(normalised, qualified, module) and within_depth(normalised, qualified, self.config.depth)
+        return matches(normalised, qualified, module) and within_depth(
+            split_target(normalised)[0], split_target(qualified)[0], self.config.depth)
 
     def _check_first_root(self, pending: list[str], matched: list[str]) -> None:
-        """At the first model's first call, name the targets that match none of its modules (a typo
-        is known now, not after the whole job ran); ``--strict`` ends the job here."""
+        """``--strict``: at the first model's first call, end the job at a target that matches none
+        of its modules (a typo is known now, not after the whole job ran). Without ``--strict`` a
+        target is only reported unmatched when the job ended without capturing it (the parent
+        says so): with several models, a later one may hold it."""
         unmatched = [p for p in pending if p not in matched]
         if not unmatched or self.rank != 0:
             return
@@ -332,15 +382,12 @@ class _Session:
                               for n, c in closest_modules(pattern, root["modules"]))
             lines.append(f"target {pattern!r} matches no module of {model} (the first model called)"
                          + (f"; closest: {close}" if close else "; see modulelens run --list-modules -- CMD"))
-        if self.config.strict:
-            self.stopped = "; ".join(lines) + "; the job was stopped (--strict)"
-            print(f"modulelens: {self.stopped}", file=sys.stderr, flush=True)
-            self._hook.remove()
-            self._write_summary()
-            self._done = True
-            raise SystemExit(STRICT_EXIT)
-        for line in lines:
-            print(f"modulelens: warning: {line}; the job goes on (--strict stops it)", file=sys.stderr, flush=True)
+        self.stopped = "; ".join(lines) + "; the job was stopped (--strict)"
+        print(f"modulelens: {self.stopped}", file=sys.stderr, flush=True)
+        self._hook.remove()
+        self._write_summary()
+        self._done = True
+        raise SystemExit(STRICT_EXIT)
 
     def _on_target_complete(self, tracer: Any, qualified: str) -> None:
         with self._lock:
@@ -412,6 +459,7 @@ class _Session:
         self._done = True
         with self._lock:
             self._hook.remove()
+            self._parents.stop()
             for tracer in self.tracers:
                 tracer.stop()
                 self._save(tracer, list(tracer.records))
@@ -436,14 +484,32 @@ class _Session:
                                "reason": reason} for ref in upload.staged if ref not in upload.uploaded]
         self.uploads = []
 
+    def _not_captured(self) -> dict[str, str]:
+        """For each target pattern that matched a module and has no saved capture: what happened."""
+        reasons: dict[str, str] = {}
+        for pattern in sorted(self.resolved - self.captured):
+            found: list[str] = []
+            for tracer in self.tracers:
+                if pattern not in self._patterns.get(id(tracer), []):
+                    continue
+                for key, record in tracer.records.items():
+                    if record.module is None or not self._selects(pattern, key, record.module, tracer.model):
+                        continue
+                    if record.calls:
+                        found.append(f"{key or '<root>'}: recorded, but saving it failed")
+                    else:
+                        found.append(self._attached_late.get(pattern) or tracer.why_not_recorded(key))
+            if found:
+                reasons[pattern] = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+        return reasons
+
     def _write_summary(self) -> None:
         folder = os.environ.get(ENV_SUMMARY)
         if not folder or not os.path.isdir(folder):
             return
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
                    "captured": sorted(self.captured), "saved": self.saved, "kept": self.kept, "failed": self.failed,
-                   "roots": self.roots,
-                   "stopped": self.stopped}
+                   "roots": self.roots, "stopped": self.stopped, "not_captured": self._not_captured()}
         target = Path(folder) / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))
@@ -451,10 +517,11 @@ class _Session:
 
 
 def _record_root_call(tracer: Any, module: Any, inputs: tuple[Any, ...]) -> None:
-    """Record the root's call that is under way when its tracer attached (see
-    :meth:`Tracer.record_call_in_progress`). A global pre-hook gets no keyword arguments: they are
-    read from torch's ``_call_impl`` frame, and only when it is unmistakably this call's frame."""
-    if not any(r.module is module for r in tracer.records.values()):
+    """Record the call of ``module`` that is under way when its tracer attached (see
+    :meth:`Tracer.record_call_in_progress`): the root's, or a target's called before its model. A
+    global pre-hook gets no keyword arguments: they are read from torch's ``_call_impl`` frame, and
+    only when it is unmistakably this call's frame."""
+    if not any(r.module is module and r.method is None for r in tracer.records.values()):
         return
     frame = sys._getframe(2)  # _call_impl's inner() -> _on_module_call -> here
     try:
@@ -467,6 +534,65 @@ def _record_root_call(tracer: Any, module: Any, inputs: tuple[Any, ...]) -> None
     else:
         warnings.warn("modulelens: the root model's first call could not be recorded (its inputs are not visible "
                       "from here); its next call will be", stacklevel=3)
+
+
+class _Parents:
+    """Each module's parent, from torch's global registration hook (on while capture looks for
+    roots): a submodule called before its model leads to the model, whose names the targets use.
+    Held by id with weak references: modules that define ``__eq__`` are unhashable."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._parent: dict[int, tuple[Any, Any]] = {}  # id(child) -> (weakref(child), weakref(parent))
+        self._handle: Any = torch.nn.modules.module.register_module_module_registration_hook(self._registered)
+
+    def _registered(self, parent: Any, _name: str, child: Any) -> None:
+        if child is not None:
+            try:
+                self._parent[id(child)] = (weakref.ref(child), weakref.ref(parent))
+            except TypeError:  # not weakly referenceable
+                pass
+
+    def outermost(self, module: Any) -> Any:
+        """The outermost live module that still holds ``module`` in its tree (``module`` itself if none)."""
+        seen = {id(module)}
+        while True:
+            found = self._parent.get(id(module))
+            if found is None or found[0]() is not module:
+                return module
+            parent = found[1]()
+            if parent is None or id(parent) in seen or not any(c is module for c in parent._modules.values()):
+                return module
+            seen.add(id(parent))
+            module = parent
+
+    def stop(self) -> None:
+        self._handle.remove()
+        self._parent.clear()
+
+
+def _running(module: Any, method: str) -> bool:
+    """Whether ``module.<method>`` is executing on this thread's stack now."""
+    function = getattr(getattr(type(module), method, None), "__wrapped__", None) or getattr(type(module), method, None)
+    code = getattr(function, "__code__", None)
+    frame: Any = sys._getframe(1)
+    try:
+        while frame is not None:
+            if frame.f_code is code and frame.f_locals.get("self") is module:
+                return True
+            frame = frame.f_back
+        return False
+    finally:
+        del frame
+
+
+def _exact_target(key: str) -> str:
+    """A target key (``name`` or ``name:method``) as a pattern that selects only it."""
+    from modulelens.tracing.methods import split_target, target_key
+
+    qualified, method = split_target(key)
+    return target_key(_exact(qualified), method) if method is not None else _exact(key)
 
 
 _session: _Session | None = None

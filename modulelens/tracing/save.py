@@ -20,14 +20,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from modulelens.errors import CaptureWarning, RepoError, StorageError, UnsupportedValueError
+from modulelens.errors import CaptureWarning, InvalidNameError, RepoError, StorageError, UnsupportedValueError
 from modulelens.format.spec import CaptureMetadata
 from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.collector import collector_paused
+from modulelens.repo.names import validate_name
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.distributed import capture_metadata, several_recorders
 from modulelens.tracing.encode import construction_fails, encode_record
 from modulelens.tracing.environment import distributed_info
+from modulelens.tracing.methods import target_capture_name
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.tracer import Tracer, unwrap_model
@@ -110,7 +112,14 @@ def _save_into(
     for qualified, record in tracer.records.items():
         if (wanted is not None and qualified not in wanted) or not _has_calls(tracer, qualified, record):
             continue
-        capture_name = f"{prefix}/{qualified}" if qualified else prefix
+        capture_name = target_capture_name(prefix, qualified)
+        try:
+            validate_name(capture_name)  # a module path no name can hold costs its own capture, not the others'
+        except InvalidNameError as error:
+            if tracer.strict:
+                raise
+            warnings.warn(f"modulelens: the capture of {qualified!r} is not saved: {error}", CaptureWarning, stacklevel=3)
+            continue
         with collector_paused():  # encoding makes a few objects per tensor (repo/collector.py)
             meta, payloads = _encode_or_drop_construction(tracer, record, capture_name, settings, list(tags),
                                                           metadata, policy)
@@ -228,15 +237,11 @@ def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:
     """Whether ``record`` has calls to save; warns (once per target) why not."""
     if record.calls:
         return True
-    incidents = tracer.incidents(qualified)
     if record.failed:
-        return False
-    if incidents:
-        warnings.warn(f"modulelens: rank {tracer.rank}: {qualified or '<root>'} recorded no complete call "
-                      f"({incidents[-1]}); nothing saved", CaptureWarning, stacklevel=3)
-    else:
-        warnings.warn(f"modulelens: {qualified or '<root>'} was never called after warm-up; nothing saved",
-                      CaptureWarning, stacklevel=3)
+        return False  # warned when it failed
+    rank = f"rank {tracer.rank}: " if tracer.world_size > 1 else ""
+    warnings.warn(f"modulelens: {rank}{tracer.why_not_recorded(qualified)}; nothing saved", CaptureWarning,
+                  stacklevel=3)
     return False
 
 

@@ -34,6 +34,16 @@ GRAD_ATTR = "_modulelens_requires_grad"
 _MAX_SPAN_RATIO = 2
 
 
+def _memo_key(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """The memo's key for a copy of ``tensor``: its identity and version counter, which an in-place
+    change bumps. ``None`` for an inference tensor (made under ``torch.inference_mode()``, as
+    sentence-transformers' ``encode`` makes its inputs): it has no version counter (reading it
+    raised and dropped the capture), so it is copied every time, never from the memo."""
+    if tensor.is_inference():
+        return None
+    return id(tensor), tensor._version
+
+
 class Snapshotter:
     def __init__(self) -> None:
         self._memo: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
@@ -41,17 +51,20 @@ class Snapshotter:
         # id(DTensor) -> its full tensor, gathered by the tracer on every rank of its mesh before
         # the snapshot (a gather here, on the recording rank only, would hang the job).
         self.gathered: dict[int, torch.Tensor] = {}
+        # a call recorded as vmapped (tracer): a vmap batch is copied as its entries stacked
+        self.stacked = False
 
     def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        key = (id(tensor), tensor._version)
-        hit = self._memo.get(key)
+        key = _memo_key(tensor)
+        hit = self._memo.get(key) if key is not None else None
         if hit is not None and hit[0]() is tensor:
             return hit[1]
         copy = self._copy(tensor)
         if tensor.device.type != "cpu":
             copy._modulelens_device = str(tensor.device)  # type: ignore[attr-defined]
         try:
-            self._memo[key] = (weakref.ref(tensor), copy)
+            if key is not None:
+                self._memo[key] = (weakref.ref(tensor), copy)
         except TypeError:  # some tensor subclasses refuse weak references: just don't memoise
             pass
         return copy
@@ -59,8 +72,9 @@ class Snapshotter:
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         source = self.gathered.get(id(tensor), tensor)
         if _functorch.is_functorch_wrapped_tensor(source):
+            stacked = unwrap_functorch(source, stacked=self.stacked)
             with outside_functorch():  # a copy made inside the transform would be wrapped again
-                return self._copy_plain(unwrap_functorch(source).detach())
+                return self._copy_plain(stacked.detach())
         return self._copy_plain(source.detach())
 
     def _copy_plain(self, source: torch.Tensor) -> torch.Tensor:
@@ -115,7 +129,7 @@ class Snapshotter:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""
         groups: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
         for tensor in tensors:
-            if (id(tensor), tensor._version) in self._memo:
+            if _memo_key(tensor) in self._memo:
                 continue  # copied already (the memo is looked at first: it is the cheaper test)
             key = _storage_key(tensor)
             if key is not None:
@@ -138,8 +152,10 @@ class Snapshotter:
                     setattr(copy, GRAD_ATTR, True)
                 if view.device.type != "cpu":
                     copy._modulelens_device = str(view.device)  # type: ignore[attr-defined]
+                memo_key = _memo_key(view)
                 try:
-                    self._memo[(id(view), view._version)] = (weakref.ref(view), copy)
+                    if memo_key is not None:
+                        self._memo[memo_key] = (weakref.ref(view), copy)
                 except TypeError:
                     pass
 
@@ -156,19 +172,51 @@ class Snapshotter:
         """Drop the memoised copies of ``tensors``: they were written in a way that kept their
         version counters (``p.data.add_``), so the next snapshot must copy them again."""
         for tensor in tensors:
-            self._memo.pop((id(tensor), tensor._version), None)
+            key = _memo_key(tensor)
+            if key is not None:
+                self._memo.pop(key, None)
 
 
-def unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:
+def unwrap_functorch(tensor: torch.Tensor, *, stacked: bool = False) -> torch.Tensor:
     """The value under ``torch.func.grad``/``jvp``/``jacrev`` wrappers (the same values: they only
-    track gradients); a ``vmap`` batch holds one value per batch entry, which no single tensor is (a
-    ``RuntimeError`` saying so). A tensor no transform wraps comes back as it is. Run torch
-    operations on the result :func:`outside_functorch`: inside the transform they wrap it again."""
+    track gradients). A ``vmap`` batch holds one value per batch entry, which no single tensor is: a
+    ``RuntimeError`` saying so, or with ``stacked`` the entries stacked along a first dimension
+    (what the tracer records of a call it records as vmapped, :func:`vmap_batch`). A tensor no
+    transform wraps comes back as it is. Run torch operations on the result
+    :func:`outside_functorch`: inside the transform they wrap it again."""
     while _functorch.is_functorch_wrapped_tensor(tensor):
         if _functorch.is_batchedtensor(tensor):
-            raise RuntimeError("a tensor inside torch.func.vmap holds one value per batch entry")
+            if not stacked:
+                raise RuntimeError("a tensor inside torch.func.vmap holds one value per batch entry")
+            dim = _functorch.maybe_get_bdim(tensor)
+            tensor = _functorch.get_unwrapped(tensor)
+            if dim != 0:
+                with outside_functorch():
+                    tensor = tensor.movedim(dim, 0)
+            continue
         tensor = _functorch.get_unwrapped(tensor)
     return tensor
+
+
+def vmap_batch(tensors: list[Any]) -> tuple[int, str, list[int]] | None:
+    """``(batch size, randomness, positions)`` when a call runs inside exactly one
+    ``torch.func.vmap`` (model ensembling: ``functional_call`` over ``stack_module_state``'s
+    weights) and some of ``tensors`` are its batches (``positions``); else ``None``. Nested
+    transforms are not recorded as a batch (their values stay ``unrecorded``)."""
+    interpreter = _functorch.peek_interpreter_stack()
+    if interpreter is None:
+        return None
+    from torch._functorch.pyfunctorch import VmapInterpreter, retrieve_current_functorch_interpreter
+
+    current = retrieve_current_functorch_interpreter()
+    if not isinstance(current, VmapInterpreter) or current.level() != 1:
+        return None
+    positions = [i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and _functorch.is_batchedtensor(t)]
+    if not positions:
+        return None
+    if any(_functorch.is_functorch_wrapped_tensor(_functorch.get_unwrapped(tensors[i])) for i in positions):
+        return None  # a batch of a batch: nested transforms
+    return current.batch_size(), current.randomness(), positions
 
 
 @contextlib.contextmanager

@@ -25,7 +25,11 @@ import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.host_rng import host_states
+from modulelens.format.layouts import is_plain, layout_name
 from modulelens.format.module_state import plain_attributes
+from modulelens.format.op_trace import OpRecorder, TraceLimits
+from modulelens.format.shape_only import tensor_stats
+from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.distributed import (
@@ -46,10 +50,11 @@ from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
+from modulelens.tracing.methods import own_call_class, split_target, target_key, wrap_method
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
-from modulelens.tracing.snapshot import Snapshotter
+from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
 _WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
@@ -81,7 +86,11 @@ ROOT_PATTERNS = ("", ".")  # target the model itself (its class name works too)
 
 def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
     """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
-    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself."""
+    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself. A
+    method target (``vae:encode``, tracing/methods.py) keeps its method."""
+    module_pattern, method = split_target(pattern)
+    if method is not None:
+        return target_key(normalise_pattern(module_pattern, model), method)
     if pattern in ROOT_PATTERNS:
         return ""
     if is_wrapper(model):
@@ -98,7 +107,14 @@ def normalise_name(name: str) -> str:
 
 def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
     """A target pattern matches a qualified-name glob, a class name, or a full class path (the
-    user's class, also under FSDP2's ``FSDP<Cls>``)."""
+    user's class, also under FSDP2's ``FSDP<Cls>``). A method target (``vae:encode``) matches the
+    key of that method's target (:func:`~modulelens.tracing.methods.target_key`), never a module's."""
+    pattern, method = split_target(pattern)
+    qualified_name, key_method = split_target(qualified_name)
+    return method == key_method and _matches_module(pattern, qualified_name, module)
+
+
+def _matches_module(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
     for cls in (type(module), original_class(type(module))):
         if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
             return True
@@ -108,16 +124,19 @@ def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
 
 
 def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, torch.nn.Module]:
-    """Qualified name -> module for every submodule matching any pattern (wrappers unwrapped)."""
+    """Target key -> module for every submodule matching any pattern (wrappers unwrapped): its
+    qualified name, or ``name:method`` for a method target (tracing/methods.py)."""
     found: dict[str, torch.nn.Module] = {}
-    seen_ids: set[int] = set()
+    seen: set[tuple[int, str | None]] = set()
+    split = [split_target(p) for p in patterns]
     for raw_name, module in unwrap_model(model).named_modules():
         name = normalise_name(raw_name)
-        if id(module) in seen_ids or is_wrapper(module):
+        if is_wrapper(module):
             continue  # a compiled/DDP submodule is found again as the module it wraps
-        if any(matches(p, name, module) for p in patterns):
-            found[name] = module
-            seen_ids.add(id(module))
+        for module_pattern, method in split:
+            if (id(module), method) not in seen and _matches_module(module_pattern, name, module):
+                found[target_key(name, method)] = module
+                seen.add((id(module), method))
     return found
 
 
@@ -128,6 +147,7 @@ class _Pending:
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
     start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
     watch: _Watch | None = None  # inputs the call may change in place
+    ops: OpRecorder | None = None  # Recording(op_trace=True): records the call's aten ops until it returns
 
 
 @dataclass
@@ -135,7 +155,7 @@ class _Watch:
     """A call's inputs that it may change in place (:func:`modulelens.format.tree.mutable_values`)."""
 
     values: list[Any]  # the live tensors and state objects
-    versions: list[int | None]  # each tensor's version counter on entry (None: a state object)
+    versions: list[int | None]  # each tensor's version counter on entry (None: a state object; _UNWATCHED)
     paths: Callable[[], list[str]]  # their paths, built only when a call changed one
 
 
@@ -179,6 +199,8 @@ class Tracer:
         self.on_target_complete = on_target_complete
         self.strict = strict
         self.backward = record.backward
+        # Recording(op_trace=True): the op trace of each recorded call (format/op_trace.py); None: off
+        self.op_trace = TraceLimits(values_bytes=record.op_trace_values) if record.op_trace else None
         self._backward_handles: list[Any] = []
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
@@ -227,11 +249,15 @@ class Tracer:
     # ------------------------------------------------------------------------------ hooks
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
+        qualified, method = split_target(name)
         self.records[name] = ModuleRecord(
-            qualified_name=name, module_class=constructed_class(module), construction=get_init_record(module),
-            module=module,
+            qualified_name=qualified, module_class=constructed_class(module), construction=get_init_record(module),
+            module=module, method=method,
         )
         self._stacks[name] = {}
+        if method is not None:  # called as module.<method>(...): wrapped on its class (tracing/methods.py)
+            self._handles[name] = [wrap_method(module, method, self._make_method_handler(name), name)]
+            return
         if self.world_size > 1:
             # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
             # local inputs into DTensors before it and its DTensor output into a shard after it).
@@ -257,6 +283,24 @@ class Tracer:
                 return None
         return _eager(pre_hook)
 
+    def _make_method_handler(self, name: str) -> Callable[..., Any]:
+        """A method target's call: recorded on entry and exit exactly as forward hooks record one."""
+        pre, post = self._make_pre_hook(name), self._make_post_hook(name)
+
+        def record_method_call(module: torch.nn.Module, original: Callable[..., Any], args: tuple[Any, ...],
+                               kwargs: dict[str, Any]) -> Any:
+            replaced = pre(module, args, kwargs)
+            if replaced is not None:  # inputs separated for backward capture
+                args, kwargs = replaced
+            try:
+                output = original(module, *args, **kwargs)
+            except BaseException:
+                post(module, args, kwargs, None)  # sees the exception: the call is dropped, a later one recorded
+                raise
+            replacement = post(module, args, kwargs, output)
+            return output if replacement is None else replacement
+        return record_method_call
+
     def _make_post_hook(self, name: str) -> Callable[..., Any]:
         def post_hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             try:
@@ -274,7 +318,7 @@ class Tracer:
             record.seen_calls += 1
             # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
             # call would be seen before them, so it is skipped (alike on every rank).
-            if self.world_size > 1:
+            if self.world_size > 1 and record.method is None:
                 reordered = reorder_hooks(module, self._handles.get(name, []))
             else:  # hooks the job added since: ours stay outermost
                 reordered = False
@@ -308,6 +352,8 @@ class Tracer:
         if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
             self._note_structure(name, record, module)
         self._snap.gathered = gathered
+        batched = _vmapped(inputs, weights)  # an ensemble under torch.func.vmap: stored stacked
+        self._snap.stacked = batched is not None
         try:
             copied_args, copied_kwargs = self._snap.tree(inputs)
             call = CallRecord(
@@ -318,9 +364,11 @@ class Tracer:
                 training=module.training,
                 grad_enabled=torch.is_grad_enabled(),
                 autocast=_autocast_state(),
+                vmap=batched,
             )
         finally:
             self._snap.gathered = {}
+            self._snap.stacked = False
         call.rng = _rng_state(inputs.leaves)
         record.calls.append(call)
         live = replacement = None
@@ -330,8 +378,13 @@ class Tracer:
             live = replacement if replacement is not None else inputs.tree
             start = sequence_marker()  # after the input views: the call's own nodes come later
         values, paths = mutable_values(inputs)
-        watch = _Watch(values, [v._version if isinstance(v, torch.Tensor) else None for v in values], paths)
-        self._stack(name).append(_Pending(call, index, live, start, watch))
+        # a vmapped call's inputs are batches: torch keeps no version counter a change would show in
+        watch = _Watch(values, [_version(v) for v in values], paths) if batched is None else None
+        pending = _Pending(call, index, live, start, watch)
+        self._stack(name).append(pending)
+        if self.op_trace is not None:  # last: what the call itself runs from here on, nothing of ours
+            pending.ops = OpRecorder(module, stats=tensor_stats, limits=self.op_trace)
+            pending.ops.start()
         return replacement
 
     def _defer_lazy(self, name: str, index: int, pending: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -391,6 +444,8 @@ class Tracer:
             pending = stack.pop() if stack else None
             if pending is None:
                 return
+            if pending.ops is not None:  # first: the output's snapshot below must not be traced
+                self._keep_trace(name, pending, output)
             raised = sys.exc_info()[1]
             if output is None and raised is not None:
                 # forward raised (this is the always_call path): drop the call, record a later one
@@ -410,11 +465,17 @@ class Tracer:
                 return
             if pending.call is not None:
                 self._snap.gathered = gathered
+                vmapped = pending.call.vmap
+                if vmapped is not None:  # which output leaves are batches (replay's out_dims)
+                    found = vmap_batch(flat_output.leaves)
+                    vmapped["output"] = flat_output.paths(tuple(found[2])) if found is not None else []
+                self._snap.stacked = vmapped is not None
                 try:
                     pending.call.output = self._snap.tree(flat_output)
                     pending.call.mutated_inputs = self._mutated_inputs(pending.watch)
                 finally:
                     self._snap.gathered = {}
+                    self._snap.stacked = False
                 pending.call.finished = True
                 self._settle_weights()  # from here on the job may change its weights
                 if pending.live_inputs is not None:
@@ -426,6 +487,16 @@ class Tracer:
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
             return replacement
+
+    def _keep_trace(self, name: str, pending: _Pending, output: Any) -> None:
+        """Stop the call's op recording; keep its trace unless recording it failed (warned, fail open)."""
+        assert pending.ops is not None
+        trace = pending.ops.stop(output)
+        if pending.ops.error is not None:
+            warnings.warn(f"modulelens: {name or '<root>'}: call {pending.index}: the op trace stopped "
+                          f"({pending.ops.error}); the call is recorded without it", CaptureWarning, stacklevel=4)
+        elif pending.call is not None:
+            pending.call.op_trace = trace
 
     def _all_returned(self, name: str) -> bool:
         """Whether every call of ``name`` taken so far has returned (asked once the last is taken:
@@ -441,7 +512,7 @@ class Tracer:
         if watch is None:
             return {}
         changed = [i for i, (value, version) in enumerate(zip(watch.values, watch.versions, strict=True))
-                   if version is None or value._version != version]
+                   if version is None or (version != _UNWATCHED and value._version != version)]
         if not changed:
             return {}
         paths = watch.paths()
@@ -489,13 +560,18 @@ class Tracer:
                 custom = _custom_state(sub)
                 if custom:
                     own_state[sub_name] = self._snap.tree(custom)
+        # A sparse or nested buffer that is not persistent is the constructor's to make (openai-whisper's
+        # alignment_heads): not stored, its digest checked on load; refusing it dropped the whole capture.
+        rebuilt = {n: {"layout": layout_name(b), "digest": layout_digest(b)} for n, b in buffers.items()
+                   if b is not None and n in non_persistent and not is_plain(b)}
         record.states.append(StateSnapshot(
             parameters=self._parameters(params, key[1] if len(key) > 1 else ()),
             requires_grad={n: p.requires_grad for n, p in params.items()},
-            buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None},
+            buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None and n not in rebuilt},
             persistent={n: n not in non_persistent for n in buffers},
             extra_state=extra,
             module_state=own_state,
+            rebuilt_buffers=rebuilt,
         ))
         self._state_keys[name] = key
         return len(record.states) - 1
@@ -507,7 +583,7 @@ class Tracer:
         prints = dict(zip(params, fingerprints, strict=False))
         by_id: dict[int, str] = {}
         wanted: dict[str, tuple[torch.Tensor, int | None]] = {}
-        if self._weights is not None:
+        if self._weights is not None and not self._snap.stacked:  # a vmap batch is copied, stacked
             for param_name, param in params.items():
                 if id(param) not in by_id and id(param) not in self._snap.gathered and can_stream(param):
                     by_id[id(param)] = param_name
@@ -601,6 +677,12 @@ class Tracer:
     def _detach(self, name: str) -> None:
         for handle in self._handles.pop(name, []):
             handle.remove()
+        # a call still running loses its forward hook: its op recording ends here, not never
+        for stack in self._stacks.get(name, {}).values():
+            for pending in reversed(stack):
+                if pending is not None and pending.ops is not None:
+                    pending.ops.stop()
+                    pending.ops = None
         lazy = self._lazy_hooks.pop(name, None)
         if lazy is not None:
             lazy.remove()
@@ -649,7 +731,7 @@ class Tracer:
         up after ``forward``, does run and completes the record started here.
         """
         for name, record in self.records.items():
-            if record.module is module and name in self._handles:
+            if record.module is module and record.method is None and name in self._handles:
                 self._make_pre_hook(name)(module, args, kwargs)
 
     @property
@@ -695,6 +777,27 @@ class Tracer:
                                   "not recorded", CaptureWarning, stacklevel=2)
                     self._replace_streamed(job, None)
 
+    def why_not_recorded(self, key: str) -> str:
+        """Why target ``key`` recorded no call, as it happened: its capture failed, it was never
+        called the way the tracer listens (``module(...)`` for a module target, the method for a
+        method target), or every call it got was skipped as warm-up."""
+        record = self.records[key]
+        label = key or "<root>"
+        if record.failed:
+            return f"{label}: capture failed: {record.failed}"
+        incidents = self.incidents(key)
+        if incidents:
+            return f"{label}: recorded no complete call ({incidents[-1]})"
+        cls = type(record.module).__qualname__ if record.module is not None else record.module_class.__qualname__
+        if record.seen_calls and record.seen_calls <= self.warmup:
+            return (f"{label} ({cls}) was called {record.seen_calls} time(s), all skipped as warm-up "
+                    f"(warmup={self.warmup})")
+        if record.seen_calls:
+            return f"{label} ({cls}) finished none of its {record.seen_calls} call(s) (each raised)"
+        if record.method is not None:
+            return f"{label}: {cls}.{record.method}() was never called on this module while capture was on"
+        return f"{label} ({cls}) {_never_called_as_module(record.qualified_name, record.module)}"
+
     def incidents(self, qualified: str) -> list[str]:
         """Problems met while recording ``qualified`` (gather timeouts, failed copies...)."""
         return list(self._incidents.get(qualified, []))
@@ -702,6 +805,51 @@ class Tracer:
     def sharding(self, qualified: str) -> dict[str, dict[str, Any]]:
         """How each gathered DTensor of ``qualified`` was sharded in the job."""
         return self._sharding.get(qualified, {})
+
+
+def _never_called_as_module(qualified: str, module: torch.nn.Module | None) -> str:
+    """Why a module target saw no call although the module may have run: torch's forward hooks
+    only see ``module(...)``; a class with its own ``__call__`` or a method called directly is
+    invisible to them (tracing/methods.py), and is captured by naming the method."""
+    name = qualified or ""
+    own = own_call_class(module) if module is not None else None
+    if own is not None:
+        return (f"was never called through torch's Module.__call__: {own.__module__}.{own.__qualname__} defines its own "
+                f"__call__, "
+                f"which runs no forward hook; to record what module(...) does, target '{name}:__call__'")
+    return (f"was never called as module(...) while capture was on (forward hooks saw nothing); if the code calls "
+            f"a method of it directly (.forward(...), .encode(...)), target that method: '{name}:forward', "
+            f"'{name}:encode'")
+
+
+def _vmapped(inputs: Flattened, weights: LiveState) -> dict[str, Any] | None:
+    """What a call inside one ``torch.func.vmap`` batches (model ensembling: ``functional_call``
+    over ``stack_module_state``'s weights): the batch size, vmap's ``randomness``, the paths of the
+    batched inputs and the names of the batched parameters and buffers; ``None`` outside vmap."""
+    params, buffers, _ = weights
+    state = {**params, **buffers}
+    found = vmap_batch([*inputs.leaves, *state.values()])
+    if found is None:
+        return None
+    size, randomness, positions = found
+    count = len(inputs.leaves)
+    names = list(state)
+    return {"size": size, "randomness": randomness,
+            "inputs": inputs.paths(tuple(p for p in positions if p < count)),
+            "state": [names[p - count] for p in positions if p >= count], "output": []}
+
+
+_UNWATCHED = -1  # an inference tensor: it keeps no version counter, so an in-place change cannot be seen
+
+
+def _version(value: Any) -> int | None:
+    """What tells whether a call changed an input in place: a tensor's version counter, ``None``
+    for a state object (always recorded again after the call). A tensor made under
+    ``torch.inference_mode()`` (sentence-transformers' ``encode``) has no counter: reading it raised
+    and dropped the capture; its entry value is recorded, its change in place is not."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return _UNWATCHED if value.is_inference() else value._version
 
 
 def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:

@@ -67,4 +67,6 @@ def test_result_envelopes(repo: Path) -> None:
     assert result.exit_code == 0
     replay = json.loads(result.stdout)["result"]
     assert {"ref", "passed", "status", "mode", "device", "dtype", "weights", "notes", "calls"} == set(replay)
-    assert {"call", "index", "passed", "status", "error", "seconds", "leaves", "grad_leaves"} == set(replay["calls"][0])
+    assert {"call", "index", "passed", "status", "error", "seconds", "leaves", "grad_leaves",
+            "divergence"} == set(replay["calls"][0])
+    assert replay["calls"][0]["divergence"] is None  # a passing call (docs/cli-json.md, "Divergence")

@@ -20,7 +20,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from modulelens.interfaces.mcp_server import build_server  # noqa: E402
 
 TOOLS = {"list_captures", "show_capture", "replay_capture", "diff_captures", "profile_capture", "verify_candidate",
-         "verify_kernel", "export_kernel_problem"}
+         "verify_kernel", "export_kernel_problem", "locate_divergence"}
 READ_ONLY = {"list_captures", "show_capture", "replay_capture", "diff_captures"}
 
 CANDIDATES = """

@@ -1,7 +1,8 @@
 """The kernel workers' by-path helpers import nothing from modulelens (issue 24).
 
 ``kernels/worker_candidate.py`` and ``kernels/worker_problem.py`` run as plain scripts and load their
-torch-only helpers by file path (``exchange.py``, ``op_watch.py``, ``tools/timing.py``): importing the
+torch-only helpers by file path (``exchange.py``, ``op_watch.py``, ``tools/timing.py``, and for the op
+trace of a failing sample ``format/op_trace.py`` and ``format/shape_only.py``): importing the
 modulelens package there would hand a kernel candidate the reference and the recorded data. No
 import check sees a by-path load, so this test is that dependency's check: each helper, loaded the
 way the workers load it with every ``modulelens`` import refused, works and imports nothing from
@@ -20,7 +21,8 @@ import modulelens
 
 PACKAGE = Path(modulelens.__file__).resolve().parent
 WORKERS = [PACKAGE / "kernels" / "worker_candidate.py", PACKAGE / "kernels" / "worker_problem.py"]
-HELPERS = {PACKAGE / "kernels" / "exchange.py", PACKAGE / "kernels" / "op_watch.py", PACKAGE / "tools" / "timing.py"}
+HELPERS = {PACKAGE / "kernels" / "exchange.py", PACKAGE / "kernels" / "op_watch.py", PACKAGE / "tools" / "timing.py",
+           PACKAGE / "format" / "shape_only.py", PACKAGE / "format" / "op_trace.py"}
 
 PROBE = r"""
 import importlib.abc, importlib.util, json, sys
@@ -47,6 +49,18 @@ if timing is not None:  # the functions the workers call run without modulelens 
     import torch
     ref, cand = timing.time_pair(lambda: None, lambda: None, torch.device("cpu"), timing.TimingConfig(warmup=1, iters=3))
     assert ref.iterations == cand.iterations == 3
+op_trace, shape_only = loaded.get("op_trace"), loaded.get("shape_only")
+if op_trace is not None:  # the candidate worker's trace of a failing sample, recorded without modulelens
+    import torch
+    linear = torch.nn.Linear(2, 2)
+    recorder = op_trace.OpRecorder(linear, stats=shape_only.tensor_stats)
+    recorder.start()
+    try:
+        out = linear(torch.ones(1, 2))
+    finally:
+        trace = recorder.stop(out)
+    assert recorder.error is None and trace.ops[-1].op == "aten::addmm", [o.op for o in trace.ops]
+    assert trace.to_json(lambda tensor, path: "v0")["format"] == "modulelens.op-trace"
 print(json.dumps(sorted(n for n in sys.modules if n == "modulelens" or n.startswith("modulelens."))))
 """
 

@@ -162,3 +162,38 @@ def test_the_saved_file_opens_offline_and_fetches_nothing(demo: dict[str, Any], 
     urls = requested_urls(driver)
     assert [u for u in urls if not u.startswith(("file://", "data:"))] == []
     assert [m for m in console_messages(driver) if "Content Security Policy" in m] == []
+
+
+def test_long_lists_page_through_in_the_browser(browser: Any, tmp_path: Path, child_env: dict[str, str],
+                                                screenshots: Path) -> None:
+    """A capture of 45 calls whose call returned 1,200 leaves (issue 35): the capture page shows 20
+    calls and a pager, the next page the next 20, a call's page its leaves 500 at a time."""
+    from stress.huge_captures import many_calls, many_leaves
+
+    repo = modulelens.Repo(tmp_path / "repo")
+    calls, leaves = many_calls(repo, "long/calls", calls=45), many_leaves(repo, "long/leaves", leaves=1_200)
+    driver = browser
+    with ui_server(repo.location, env=child_env) as server:
+        requested_urls(driver), console_messages(driver)
+        driver.get(f"{server.url}/capture/{calls}")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "section.call")) == 20
+        assert driver.find_element(By.ID, "calls-counted").text == "20 of 45 recorded calls (1-20)"
+        driver.find_element(By.CSS_SELECTOR, "#calls-pager").find_element(By.LINK_TEXT, "next ›").click()
+        _wait(driver).until(lambda d: d.find_element(By.ID, "calls-counted").text == "20 of 45 recorded calls (21-40)")
+        assert driver.find_elements(By.CSS_SELECTOR, "section.call")[0].get_attribute("id") == "call-20"
+        driver.save_screenshot(str(screenshots / "9-paged-calls.png"))
+
+        driver.get(f"{server.url}/capture/{leaves}")
+        output = driver.find_element(By.CSS_SELECTOR, "section.call table[data-part=output]")
+        assert len(output.find_elements(By.CSS_SELECTOR, "tbody tr")) == 16
+        driver.find_element(By.LINK_TEXT, "all of them").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "call-title")))
+        rows = driver.find_elements(By.CSS_SELECTOR, "table[data-part=output] tbody tr")
+        assert len(rows) == 500 and rows[-1].get_attribute("data-path") == "output[499]"
+        driver.find_element(By.ID, "output-pager").find_element(By.LINK_TEXT, "3").click()
+        _wait(driver).until(lambda d: "output=3" in d.current_url)
+        rows = driver.find_elements(By.CSS_SELECTOR, "table[data-part=output] tbody tr")
+        assert len(rows) == 200 and rows[0].get_attribute("data-path") == "output[1000]"
+        driver.save_screenshot(str(screenshots / "10-call-leaves.png"))
+        assert _only_from(server.url, requested_urls(driver)) == []
+        assert [m for m in console_messages(driver) if "Content Security Policy" in m or "SEVERE" in m] == []

@@ -74,14 +74,20 @@ def ls(
 def show(
     ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias], or wandb://ENTITY/PROJECT/COLLECTION:alias")],
     repo: RepoOpt = None,
+    ops: Annotated[bool, typer.Option(
+        "--ops", help="List each recorded call's op trace: every aten op, its module, source line and outputs.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show one capture: class, constructor arguments, state, calls, environment, reports."""
-    from modulelens.restore.summary import describe
+    from modulelens.restore.summary import describe, op_rows, op_trace_document
 
     store, ref = session.open_ref(ref, repo)
     name, version = session.resolve(store, ref)
     result = describe(store, f"{name}:v{version}")
+    if ops:  # read only when asked: a trace of thousands of ops is a blob of its own
+        for position, call in enumerate(result["calls"]):
+            document = op_trace_document(store, f"{name}:v{version}", position)
+            call["ops"] = op_rows(document) if document is not None else None
     if as_json:
         emit_json("show", result=result)
         return
@@ -107,7 +113,8 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
     echo(f"{d['ref']}", bold=True)
     echo(f"aliases: {', '.join(d['aliases']) or '-'}   tags: {', '.join(d['tags']) or '-'}   created: {d['created']}")
     echo(f"stored at: {d['path']}")
-    echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}')")
+    how = f", calls of .{d['method']}()" if d.get("method") else ""
+    echo(f"class: {d['module_class']}   (captured as '{d['qualified_name'] or '<root>'}'{how})")
     construction = raw["construction"]
     if construction:
         one_line = call_text(construction["class"], construction["args"], construction["kwargs"],
@@ -132,6 +139,7 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
     calls = [[str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
               _leaves_text(c["inputs"], value), _leaves_text(c["outputs"], value)] for c in raw["calls"]]
     echo("\n".join("  " + line for line in text_table(["call", "mode", "inputs", "outputs"], calls, fit=False)))
+    _render_op_traces(d["calls"])
     env = d["environment"]
     echo(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
          f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
@@ -139,6 +147,37 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
         echo("metadata: " + ", ".join(f"{k}={value(v, 80)}" for k, v in raw["metadata"].items()))
     for r in d["reports"]:
         echo(f"report: {r['kind']} {r['created']} passed={r['passed']}")
+
+
+def _render_op_traces(calls: list[dict[str, Any]]) -> None:
+    """The op trace of each call that has one: its counts, and with ``--ops`` one line per op."""
+    for call in calls:
+        trace = call.get("op_trace")
+        if not trace:
+            continue
+        kept = f", {trace['values']} outputs' values kept" + (
+            f" ({trace['values_dropped']} over the budget: fingerprint and statistics only)"
+            if trace.get("values_dropped") else "")
+        truncated = f", {trace['truncated']} more not recorded" if trace.get("truncated") else ""
+        echo(f"op trace of call {call['index']}: {trace['ops']} ops in {trace['modules']} module calls{kept}{truncated}"
+             + ("" if call.get("ops") is not None else " (show --ops lists them)"))
+        if call.get("ops") is None:
+            continue
+        rows = [[str(op["index"]), op["module"] or "<root>", op["op"],
+                 ", ".join(_op_output_text(out) for out in op["outputs"]),
+                 (op["source"] or "").replace("\\", "/").rsplit("/", 1)[-1]] for op in call["ops"]]
+        echo("\n".join("  " + line for line in text_table(["#", "module", "op", "outputs", "source"], rows, fit=False)))
+
+
+def _op_output_text(out: dict[str, Any]) -> str:
+    """``float32[2, 8] xxh3 1a2b3c4d mean 0.12`` (or a scalar)."""
+    if "scalar" in out:
+        return repr(out["scalar"])
+    text = f"{out['dtype']}[{', '.join(str(s) for s in out['shape'])}]"
+    if out.get("fingerprint"):
+        text += f" {out['fingerprint'].partition(':')[2][:8]}"
+    mean = (out.get("stats") or {}).get("mean")
+    return text + (f" mean {mean:.4g}" if isinstance(mean, (int, float)) else "")
 
 
 def _leaves_text(leaves: list[dict[str, Any]], value: Any) -> str:
@@ -203,6 +242,10 @@ def replay_cmd(
             table.add_row(str(c["index"]), f"[{styles[c['status']]}]{c['status']}[/{styles[c['status']]}]",
                           f"{abs_err:.3g}", f"{rel_err:.3g}", f"{c['seconds'] * 1e3:.2f} ms", escape(detail))
         console.print(table)
+        for c in r["calls"]:
+            if c.get("divergence"):  # docs/tools.md, "First divergence"
+                console.print(f"call {c['index']}: {escape(c['divergence']['summary'])}", highlight=False,
+                              soft_wrap=True)
         for note in r["notes"]:
             console.print(f"note: {escape(note)}", highlight=False)
 
@@ -329,7 +372,9 @@ def run_cmd(
     ctx: typer.Context,
     target: Annotated[list[str] | None, typer.Option(
         "--target", "-t", help="Qualified-name glob or class name; repeatable. '*' crosses dots: 'layer1.*' is "
-                               "every module under layer1 (see --depth).")] = None,
+                               "every module under layer1 (see --depth). NAME:METHOD records calls of that method "
+                               "instead of module(...): -t 'vae:encode', -t ':sample' (the root's), "
+                               "-t 'GP:__call__'.")] = None,
     depth: Annotated[int | None, typer.Option(
         "--depth", min=1, help="Keep glob matches at most this many levels below the pattern's fixed prefix: "
                                "-t 'layer1.*' --depth 1 is layer1.0, layer1.1, not layer1.0.conv1.")] = None,
@@ -342,6 +387,11 @@ def run_cmd(
         "--shape-only-over", help="Store call tensors bigger than this many bytes shape-only (dtype, shape, stats).")] = None,
     max_bytes: Annotated[int | None, typer.Option(
         "--max-bytes", help="Payload budget per capture in bytes; the biggest call tensors go shape-only.")] = None,
+    op_trace: Annotated[bool, typer.Option(
+        "--op-trace", help="Also record each recorded call's aten ops (module, source line, fingerprint and "
+                           "statistics of each output): replay and verify then name the first op that differs.")] = False,
+    op_trace_values: Annotated[int, typer.Option(
+        "--op-trace-values", min=0, help="Bytes of op output values kept per recorded call with --op-trace.")] = 16 << 20,
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag the saved versions; repeatable.")] = None,
     exit_after_capture: Annotated[bool, typer.Option(help="End the job once everything is captured and saved.")] = False,
     repo: RepoOpt = None,
@@ -365,7 +415,7 @@ def run_cmd(
     config = RunConfig(targets=list(target or []), warmup=warmup, max_calls=max_calls,
                        exit_after_capture=exit_after_capture, repo=repo, name=name, ranks=ranks, strict=strict,
                        tags=list(tag or []), backward=backward, shape_only_over=shape_only_over, max_bytes=max_bytes,
-                       list_modules=list_modules, depth=depth)
+                       list_modules=list_modules, depth=depth, op_trace=op_trace, op_trace_values=op_trace_values)
     outcome = run_command(command_line, config, quiet=as_json)
     if outcome.get("stopped"):
         raise UsageError(outcome["stopped"])
@@ -397,12 +447,16 @@ def run_cmd(
 def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
     """``'lin' matched no module; closest: 1.lin (Linear)`` (or the hint to list the modules)."""
     if pattern in outcome.get("matched_not_captured", ()):
-        return f"{pattern!r} matched a module, but it finished no recorded call (called too rarely after --warmup?)"
+        why = outcome.get("not_captured", {}).get(pattern)  # what happened, from the job's tracer
+        return f"{pattern!r} matched a module but was not captured: {why}" if why else \
+            f"{pattern!r} matched a module, but it finished no recorded call"
     close = ", ".join(f"{n or '<root>'} ({c.rsplit(':', 1)[-1]})" for n, c in outcome["suggestions"].get(pattern, []))
+    models = ", ".join(dict.fromkeys(root["class"].rsplit(":", 1)[-1] for root in outcome["roots"]))
     if close:
-        return f"{pattern!r} matched no module; closest: {close}"
+        return f"{pattern!r} matched no module of the models the job called ({models}); closest: {close}"
     if outcome["roots"]:
-        return f"{pattern!r} matched no module (see modulelens run --list-modules -- CMD)"
+        return (f"{pattern!r} matched no module of the models the job called ({models}; see modulelens run "
+                "--list-modules -- CMD)")
     return f"{pattern!r} matched no module: the command called no torch.nn.Module"
 
 

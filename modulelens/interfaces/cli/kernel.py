@@ -214,6 +214,9 @@ def render_kernel_report(d: dict[str, Any]) -> None:
     console.print(table)
     for failure in d["failures"]:
         console.print(f"[red]failure:[/red] {failure}", highlight=False, soft_wrap=True)
+    if d.get("divergence"):  # docs/tools.md, "First divergence"
+        console.print(f"{d['divergence']['sample']}: {d['divergence']['summary']}", highlight=False, soft_wrap=True,
+                      markup=False)
     if timing.get("measured"):
         console.print(f"speedup (geometric mean over {timing['speedup_samples']} passing samples): "
                       f"{_num(timing['speedup_geomean'])}, per sample p10 {_num(timing.get('speedup_p10'))} / median "

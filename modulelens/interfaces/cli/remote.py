@@ -26,6 +26,8 @@ AliasesOpt = Annotated[bool, typer.Option("--aliases/--no-aliases", help="Also s
 
 
 def _render(r: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     for ref in r["copied"]:
         console.print(f"copied {ref}")
     for ref in r["present"]:
@@ -33,6 +35,8 @@ def _render(r: dict[str, Any]) -> None:
     for alias in r["aliases"]:
         console.print(f"alias {alias} set")
     console.print(f"{r['blobs_copied']} payloads ({human_bytes(r['bytes_copied'])}) transferred")
+    for problem in r["reports_skipped"]:
+        console.print(f"report not copied: {escape(problem)}", highlight=False)
 
 
 @command(app, "push")

@@ -130,7 +130,8 @@ def verify_cmd(
     store: StoreOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    """Check a candidate implementation against every recorded call (exit 0 only on PASS; 1 on FAIL, or when nothing
+    recorded could be compared: UNVERIFIED, "cannot verify: ...")."""
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
@@ -146,19 +147,23 @@ def verify_cmd(
     def render(r: dict[str, Any]) -> None:
         from rich.markup import escape
 
-        style = "green" if r["passed"] else "red"
+        styles = {"PASS": "green", "FAIL": "red", "UNVERIFIED": "yellow"}
+        style = styles[r["status"]]
         tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
-        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['candidate'])} "
+        console.print(f"[{style}]{r['status']}[/{style}] {escape(r['candidate'])} "
                       f"(built with {r['built_with']}) against {escape(r['ref'])} on {r['device']} ({tolerance})",
                       highlight=False)
         if r["error"]:
             console.print(f"[red]{escape(r['error'])}[/red]")
+        for reason in r["unverified"]:
+            console.print(f"[yellow]cannot verify:[/yellow] {escape(reason)}", highlight=False)
         if r["calls"]:
             table = rich_table()
             for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
                 table.add_column(col)
             for c in r["calls"]:
-                table.add_row(str(c["index"]), "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
+                status = c["status"].upper() if c["status"] != "pass" else "pass"
+                table.add_row(str(c["index"]), f"[{styles[c['status'].upper()]}]{status}[/{styles[c['status'].upper()]}]",
                               *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error",
                                                      "reference_ms", "candidate_ms")),
                               "-" if c["speedup"] is None else f"{c['speedup']:.2f}x")
@@ -173,6 +178,55 @@ def verify_cmd(
 
     emit("verify", as_json, report.to_dict(), render)
     if not report.passed:
+        raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------- diverge
+
+
+@command(app, "diverge")
+def diverge_cmd(
+    ref: Annotated[str, typer.Argument(help="NAME[:vN|:alias]")],
+    candidate: Annotated[str | None, typer.Option(
+        "--candidate", "-c", help="Compare this rewrite (path/to/file.py:ClassName or package.module:ClassName) "
+                                  "with the rebuilt module; without it, a replay with the recorded job's op trace.")] = None,
+    call: Annotated[int | None, typer.Option("--call", min=0, help="Which recorded call (position; default: "
+                                                                    "every call, the first failing one located).")] = None,
+    repo: RepoOpt = None,
+    trust_source: TrustOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
+    store: StoreOpt = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Name the first op where a rewrite (or this machine's replay) parts from the reference: module, op, source
+    line, error in ULPs, and the last op that agreed (exit 1 when the outputs differ)."""
+    from modulelens.tools.diverge import find_divergence
+
+    with steps(not as_json) as step:
+        step(f"loading {ref}: importing torch and the module's code, rebuilding it")
+        capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
+        step(f"running {candidate or 'the rebuilt module'} and the reference under an op trace")
+        result = find_divergence(capture, candidate, call=call, rtol=rtol, atol=atol, store=store)
+
+    def render(r: dict[str, Any]) -> None:
+        from rich.markup import escape
+
+        style = "green" if r["passed"] else "red"
+        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['compared'])} "
+                      f"({escape(r['ref'])}, {len(r['calls'])} call(s))", highlight=False)
+        for c in r["calls"]:
+            line = "pass" if c["passed"] else (c["error"] or (c["divergence"] or {}).get("summary") or "FAIL")
+            console.print(f"  call {c['index']}: {escape(line)}", highlight=False, soft_wrap=True)
+            for detail in (c.get("divergence") or {}).get("details", []):
+                console.print(f"    {escape(detail)}", highlight=False, soft_wrap=True)
+        for note in r["notes"]:
+            console.print(f"note: {escape(note)}", highlight=False)
+
+    emit("diverge", as_json, result, render)
+    if not result["passed"]:
         raise typer.Exit(1)
 
 

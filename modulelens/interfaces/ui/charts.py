@@ -11,10 +11,13 @@ only from the server itself and ``data:``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import math
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from modulelens.format.human import human_number
@@ -52,19 +55,50 @@ def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
+TITLE_LIMIT = 120  # characters of a plot's title: a stored report's strings can be any length
+
+
+_DRAWING = threading.Lock()  # matplotlib is not thread-safe, and rc_context changes the process's settings
+
+
+@contextlib.contextmanager
+def plain_text() -> Iterator[None]:
+    """Every text matplotlib draws inside is plain text: a report's strings (a ref, a device, a date)
+    are data, and as mathtext ``$\\sqrt{\\sqrt{...}}$`` made matplotlib fail or spin (issue 35).
+    One drawing at a time: the server's threads would otherwise see each other's settings."""
+    import matplotlib
+
+    with _DRAWING, matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        yield
+
+
+def _label(value: Any) -> str:
+    text = str(value) if value is not None else ""
+    return text if len(text) <= TITLE_LIMIT else text[:TITLE_LIMIT - 1] + "…"
+
+
 def sweep_plot(report: dict[str, Any]) -> str | None:
     """Latency and throughput by batch size of a profile report with a sweep, as a ``data:`` URI
-    (drawn by :func:`modulelens.tools.profile.draw_plot`, the plot of ``profile --plot``)."""
-    rows = report.get("batch_sweep") or []
-    if not any(isinstance(r, dict) and r.get("median_ms") is not None for r in rows):
+    (drawn by :func:`modulelens.tools.profile.draw_plot`, the plot of ``profile --plot``), from the
+    rows whose numbers are real numbers (a stored ``"nan"`` or a string is left out); ``None`` when
+    none is."""
+    rows = [r for r in report.get("batch_sweep") or [] if isinstance(r, dict) and _drawable(r)]
+    if not rows:
         return None
     from modulelens.tools.profile import draw_plot
 
-    with tempfile.TemporaryDirectory(prefix="modulelens-ui-") as folder:
+    title = _label(f"{report.get('ref', '')} ({report.get('mode', '')}, {report.get('device', '')})")
+    with tempfile.TemporaryDirectory(prefix="modulelens-ui-") as folder, plain_text():
         path = os.path.join(folder, "sweep.png")
-        draw_plot(rows, path, f"{report.get('ref', '')} ({report.get('mode', '')}, {report.get('device', '')})")
+        draw_plot(rows, path, title)
         with open(path, "rb") as handle:
             return png_data_uri(handle.read())
+
+
+def _drawable(row: dict[str, Any]) -> bool:
+    numbers = [_number(row.get(k)) for k in ("median_ms", "p10_ms", "p90_ms", "throughput_per_s")]
+    size = row.get("batch_size")
+    return all(math.isfinite(n) for n in numbers) and isinstance(size, int) and not isinstance(size, bool) and size > 0
 
 
 def history_plot(reports: list[dict[str, Any]]) -> str | None:
@@ -74,29 +108,38 @@ def history_plot(reports: list[dict[str, Any]]) -> str | None:
     profiles = [r for r in reports if r.get("kind") == "profile" and isinstance(r.get("latency"), dict)]
     if not profiles:
         return None
+
+    with plain_text():
+        return _history_plot(profiles)
+
+
+def _history_plot(profiles: list[dict[str, Any]]) -> str:
     from matplotlib.figure import Figure
 
     profiles = sorted(profiles, key=lambda r: str(r.get("created", "")))
-    labels = [str(r.get("created", "?"))[4:13] for r in profiles]
+    labels = [_label(r.get("created", "?"))[4:13] for r in profiles]
     fig = Figure(figsize=(11, 3.4), dpi=90)
     latency_ax, memory_ax, roof_ax = fig.subplots(1, 3)
     medians = [_number(r["latency"].get("median_ms")) for r in profiles]
     latency_ax.plot(range(len(profiles)), medians, marker="o")
     latency_ax.set(title="median latency (ms)", xticks=range(len(profiles)))
     latency_ax.set_xticklabels(labels, rotation=30, fontsize=7)
-    peaks = [_number((r.get("memory") or {}).get("peak_bytes")) / 2**20 for r in profiles]
+    peaks = [_number(_part(r, "memory").get("peak_bytes")) / 2**20 for r in profiles]
     memory_ax.bar(range(len(profiles)), [0 if math.isnan(p) else p for p in peaks], color="tab:purple")
     memory_ax.set(title="peak memory (MiB)", xticks=range(len(profiles)))
     memory_ax.set_xticklabels(labels, rotation=30, fontsize=7)
     points = []
     for r in profiles:
         points.append((_number(r.get("arithmetic_intensity")), _number(r.get("achieved_flops_per_s")), "tab:blue"))
-        for row in r.get("batch_sweep") or []:
+        sweep = r.get("batch_sweep")
+        for row in sweep if isinstance(sweep, list) else []:
+            if not isinstance(row, dict):
+                continue
             flops, achieved, median = (_number(row.get(k)) for k in ("flops", "achieved_flops_per_s", "median_ms"))
-            bytes_moved = _number((r.get("bytes_moved") or {}).get("total"))
+            bytes_moved = _number(_part(r, "bytes_moved").get("total"))
             if flops and bytes_moved and achieved and median:
                 points.append((flops / bytes_moved, achieved, "tab:orange"))
-    points = [(x, y, c) for x, y, c in points if x > 0 and y > 0]
+    points = [(x, y, c) for x, y, c in points if math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0]
     if points:
         roof_ax.scatter([p[0] for p in points], [p[1] for p in points], c=[p[2] for p in points])
         roof_ax.set_xscale("log")
@@ -108,6 +151,11 @@ def history_plot(reports: list[dict[str, Any]]) -> str | None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return png_data_uri(buffer.getvalue())
+
+
+def _part(report: dict[str, Any], key: str) -> dict[str, Any]:
+    value = report.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _number(value: Any) -> float:

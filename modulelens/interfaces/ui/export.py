@@ -1,8 +1,10 @@
 """One capture as a self-contained HTML file: ``modulelens report NAME -o x.html`` and the capture
 page's "save as one HTML file" link.
 
-The file is the capture page with every call tensor's histogram drawn in (there is no server to ask
-when one is clicked) and the version's reports below it, plots included as ``data:`` images; its
+The file is the capture page (its first page of calls, parameters and leaves, as the server shows
+it, each list counted) with the call tensors' histograms drawn in (there is no server to ask when
+one is clicked; the first 200) and the version's newest reports below it, plots included as
+``data:`` images; its
 stylesheet is inline and allowed by hash, it has no script, and its own Content-Security-Policy
 forbids fetching anything (:func:`.render.standalone_csp`), so it can be attached to a review and
 opened anywhere, offline.
@@ -22,4 +24,6 @@ def standalone_html(view: RepoView, capture: StoredCapture) -> str:
         view = RepoView(Repo("/data/captures"), scan_jobs=False)
         html = standalone_html(view, view.capture("demo/top_mlp", 1))
     """
-    return render.standalone_page(pages.capture_page(view, capture, histograms=True), pages.reports_page(view, capture))
+    found = view.reports(capture.ref)
+    return render.standalone_page(pages.capture_page(view, capture, histograms=True, reports=found),
+                                  pages.reports_page(view, capture, found=found))

@@ -102,5 +102,5 @@ def standalone_csp() -> str:
 
 def standalone_page(capture_context: dict[str, Any], reports_context: dict[str, Any]) -> str:
     """A capture page and its reports in one self-contained HTML file (``modulelens report``)."""
-    return render("standalone.html", {**capture_context, "report_list": reports_context["report_list"],
-                                      "history_plot": reports_context["history_plot"]}, standalone=True)
+    keys = ("report_list", "history_plot", "report_count", "report_problems", "history_counted")
+    return render("standalone.html", {**capture_context, **{k: reports_context[k] for k in keys}}, standalone=True)

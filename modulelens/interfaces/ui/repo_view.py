@@ -123,11 +123,11 @@ class StoredCapture:
             os.close(fd)
         return torch.cat([torch.frombuffer(part, dtype=dtype) for part in parts])
 
-    def source_texts(self) -> list[dict[str, Any]]:
-        """The source files stored with the capture: ``{"module", "file", "text", "classes"}``,
-        text decoded from its payload (shown, never run)."""
+    def source_texts(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The source files stored with the capture (the first ``limit`` by module name):
+        ``{"module", "file", "text", "classes"}``, text decoded from its payload (shown, never run)."""
         texts = []
-        for module, entry in sorted((self.metadata.get("sources") or {}).items()):
+        for module, entry in sorted((self.metadata.get("sources") or {}).items())[:limit]:
             text = entry.get("text")
             if not isinstance(text, str) and isinstance(entry.get("text_id"), str):
                 try:
@@ -229,10 +229,13 @@ class RepoView:
                 self._drawn.popitem(last=False)
         return value
 
-    def reports(self, ref: str) -> list[dict[str, Any]]:
-        """The reports stored with ``name:vN``, newest first (a damaged one is skipped by the repo)."""
-        found = self.repo.reports(ref)
-        return sorted(found, key=lambda r: (str(r.get("created", "")), str(r.get("path", ""))), reverse=True)
+    def reports(self, ref: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """The reports stored with ``name:vN``, newest first, and one line for each file that is not
+        a report (unreadable, or refused by :func:`~modulelens.format.reports.validate_report`)."""
+        problems: list[str] = []
+        found = self.repo.reports(ref, problems=problems)
+        found.sort(key=lambda r: (str(r.get("created", "")), str(r.get("path", ""))), reverse=True)
+        return found, problems
 
     # ---------------------------------------------------------------------------- jobs
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
+import logging
+import re
 import secrets
 import socket
 import sys
@@ -27,6 +29,7 @@ import threading
 import webbrowser
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
@@ -35,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from modulelens.errors import CaptureNotFoundError, InvalidNameError, ModulelensError, UsageError
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, ModulelensError, UsageError
 from modulelens.interfaces.ui import discovery, pages, render
 from modulelens.interfaces.ui.actions import KINDS, JobRunner
 from modulelens.interfaces.ui.export import standalone_html
@@ -67,6 +70,25 @@ class UiSettings:
             raise UsageError(f"--port must be 0-65535, not {self.port}")
         if not is_loopback(self.host) and not self.token:
             raise UsageError(f"serving on {self.host} needs a token (only loopback addresses are served without one)")
+
+
+# What a browser sends as Host: a name or IPv4 address, or a bracketed IPv6 address, and an optional
+# port of digits. Anything else (``127.0.0.1:8765@evil.com``, ``localhost:8765.evil.com``) is refused
+# before its host part is looked at: no browser sends it, and a loose parse took a prefix of it.
+_HOST_HEADER = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)"
+                          r"(?::[0-9]{1,5})?")
+
+
+def host_of(header: str) -> str | None:
+    """The host of a ``Host`` header of the form ``host[:digits]`` (``[v6][:digits]``), or ``None``.
+
+    Example::
+
+        host_of("127.0.0.1:8765"), host_of("[::1]:8765"), host_of("127.0.0.1:8765@evil.com")
+        # ('127.0.0.1', '[::1]', None)
+    """
+    found = _HOST_HEADER.fullmatch(header)
+    return found["host"] if found else None
 
 
 def is_loopback(host: str) -> bool:
@@ -130,35 +152,45 @@ class _Ui:
         return self.page("repo.html", pages.repo_page(self.view, query))
 
     def capture_routes(self, request: Request) -> Response:
+        """``/capture/REF``, and under it ``/reports``, ``/export``, ``/histogram/TENSOR``, ``/call/N``.
+
+        A name may hold ``/call/`` itself (``team/call/ranker``): the pages under a version are taken
+        as such only after a ref with a selector (``NAME:vN``, ``NAME:alias``), as every link writes it."""
         rest = request.path_params["rest"]
-        ref, _, tid = rest.rpartition("/histogram/") if "/histogram/" in rest else (rest, "", "")
+        for marker, kind in (("/histogram/", "histogram"), ("/call/", "call")):
+            ref, found, tail = rest.rpartition(marker)
+            if found and ":" in ref.rpartition("/")[2]:
+                return self._version_page(request, ref, kind, tail)
         for suffix in ("/reports", "/export"):
             head = rest[: -len(suffix)]
             if rest.endswith(suffix) and ":" in head:
                 return self._version_page(request, head, suffix[1:])
-        if tid:
-            return self._version_page(request, ref, "histogram", tid)
         return self._version_page(request, rest, "capture")
 
-    def _version_page(self, request: Request, ref: str, kind: str, tid: str = "") -> Response:
+    def _version_page(self, request: Request, ref: str, kind: str, tail: str = "") -> Response:
         name, version = self.view.resolve(ref)
         canonical = f"{name}:v{version}"
         if canonical != ref:  # an alias or no selector: send the reader to the version it is now
-            tail = {"capture": "", "reports": "/reports", "export": "/export", "histogram": f"/histogram/{quote(tid)}"}[kind]
-            target = f"/capture/{render.ref_path(canonical)}{tail}" + (f"?{request.url.query}" if request.url.query else "")
+            after = {"capture": "", "reports": "/reports", "export": "/export", "histogram": f"/histogram/{quote(tail)}",
+                     "call": f"/call/{quote(tail)}"}[kind]
+            target = f"/capture/{render.ref_path(canonical)}{after}" + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(target, status_code=302)
         capture = self.view.capture(name, version)
+        params = request.query_params
         if kind == "histogram":
-            return self.page("histogram.html", pages.histogram_of(self.view, capture, tid))
+            return self.page("histogram.html", pages.histogram_of(self.view, capture, tail))
+        if kind == "call":
+            if not tail.isdigit() or len(tail) > 9:
+                raise UsageError(f"a call is numbered 0, 1, ...: not {tail[:40]!r}")
+            return self.page("call.html", pages.call_page(self.view, capture, int(tail), params))
         if kind == "reports":
-            return self.page("reports.html", pages.reports_page(self.view, capture))
+            return self.page("reports.html", pages.reports_page(self.view, capture, pages.page_param(params, "page")))
         if kind == "export":
             html = standalone_html(self.view, capture)
             filename = f"{name.replace('/', '_')}_v{version}.html"
-            return HTMLResponse(html, headers={"Content-Disposition": f'attachment; filename="{filename}"',
+            return HTMLResponse(html, headers={"Content-Disposition": f'attachment; filename="{quote(filename)}"',
                                                "Content-Security-Policy": render.standalone_csp()})
-        state = _int_param(request, "state", 0)
-        return self.page("capture.html", pages.capture_page(self.view, capture, state=state))
+        return self.page("capture.html", pages.capture_page(self.view, capture, pages.CaptureQuery.from_params(params)))
 
     def diff(self, request: Request) -> Response:
         a, b = request.query_params.get("a", "").strip(), request.query_params.get("b", "").strip()
@@ -219,8 +251,8 @@ class _Ui:
 
     def error(self, request: Request, error: Exception) -> Response:
         status = 404 if isinstance(error, (CaptureNotFoundError, InvalidNameError)) else \
-            400 if isinstance(error, UsageError) else 500
-        heading = {404: "not found", 400: "bad request"}.get(status, "cannot show this")
+            400 if isinstance(error, UsageError) else 422 if isinstance(error, CorruptCaptureError) else 500
+        heading = {404: "not found", 400: "bad request", 422: "damaged"}.get(status, "cannot show this")
         return self.page("error.html", {"title": heading, "heading": heading, "message": str(error)}, status)
 
     def not_found(self, request: Request, error: Exception | None) -> Response:
@@ -230,14 +262,6 @@ class _Ui:
     def not_allowed(self, request: Request, error: Exception | None) -> Response:
         return self.page("error.html", {"title": "not allowed", "heading": "not allowed",
                                         "message": f"{request.method} is not accepted here"}, 405)
-
-
-def _int_param(request: Request, key: str, default: int) -> int:
-    text = request.query_params.get(key, "")
-    try:
-        return int(text) if text else default
-    except ValueError:
-        raise UsageError(f"{key} must be a number, not {text!r}") from None
 
 
 # ------------------------------------------------------------------------------------------ guard
@@ -273,31 +297,40 @@ class _Guard:
             return
         token_in_query = self._token_in_query(scope)
         if token_in_query:  # remember it in a cookie, and take it out of the address bar
-            path = scope.get("path", "/")
             rest = "&".join(p for p in scope.get("query_string", b"").decode("latin-1").split("&")
                             if p and not p.startswith("token="))
             await send({"type": "http.response.start", "status": 303, "headers": [
-                (b"location", (quote(path, safe="/:%") + (f"?{rest}" if rest else "")).encode("latin-1")),
+                (b"location", (same_origin_path(scope.get("path", "/")) + (f"?{rest}" if rest else "")).encode("latin-1")),
                 (b"set-cookie", f"{TOKEN_COOKIE}={self.settings.token}; HttpOnly; SameSite=Strict; Path=/".encode()),
                 *_HEADERS]})
             await send({"type": "http.response.body", "body": b""})
             return
+        started = False
 
         async def with_headers(message: dict[str, Any]) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 present = {k.lower() for k, _ in message.get("headers", [])}
                 message["headers"] = [*message.get("headers", []), *(h for h in _HEADERS if h[0] not in present)]
             await send(message)
 
-        await self.app(scope, receive, with_headers)
+        try:
+            await self.app(scope, receive, with_headers)
+        except Exception as error:  # a bug: answered here, so that the error page carries the headers too
+            _log.exception("modulelens ui: %s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await _plain(send, 500, f"cannot show this page: an internal error ({type(error).__name__}); "
+                                    "the server's log has the traceback")
 
     def _refusal(self, scope: dict[str, Any], headers: dict[str, str]) -> tuple[int, str] | None:
         settings = self.settings
-        if is_loopback(settings.host):
-            host = headers.get("host", "").rsplit(":", 1)[0] if not headers.get("host", "").startswith("[") \
-                else headers.get("host", "").split("]")[0] + "]"
-            if not is_loopback(host):
-                return 421, "this server answers only at its loopback address"
+        host = host_of(headers.get("host", ""))
+        if host is None:
+            return 400, "malformed Host header (expected host[:port])"
+        if is_loopback(settings.host) and not is_loopback(host):
+            return 421, "this server answers only at its loopback address"
         if scope["method"] not in ("GET", "HEAD", "POST"):
             return 405, "method not allowed"
         if scope["method"] == "POST":
@@ -334,6 +367,22 @@ class _Guard:
         return False
 
 
+def same_origin_path(path: str) -> str:
+    """``path`` as a redirect target that stays on this server: one leading slash, quoted.
+
+    ``//evil.com`` (or ``/\\evil.com``) in a ``Location`` header is a protocol-relative address of
+    another site; the path of a request may start that way, so its leading slashes are collapsed.
+
+    Example::
+
+        same_origin_path("//evil.com/x")   # '/evil.com/x'
+    """
+    return "/" + quote(path.lstrip("/\\"), safe="/:%")
+
+
+_log = logging.getLogger("modulelens.ui")
+
+
 async def _plain(send: Any, status: int, message: str) -> None:
     body = message.encode()
     await send({"type": "http.response.start", "status": status,
@@ -343,6 +392,15 @@ async def _plain(send: Any, status: int, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ serve
+
+
+def _warm_up() -> None:
+    """Import what the first pages need while nobody waits: the templates, and matplotlib (about a
+    second on its own; the first reports page paid it)."""
+    for template in ("repo.html", "capture.html", "reports.html", "call.html", "diff.html", "error.html"):
+        render.environment().get_template(template)
+    with contextlib.suppress(ImportError):
+        import matplotlib.figure  # noqa: F401
 
 
 def bind(host: str, port: int, *, explicit: bool) -> socket.socket:
@@ -382,7 +440,11 @@ def serve(view: RepoView, settings: UiSettings, *, explicit_port: bool, open_bro
     runner = JobRunner(view.location, action_threads)
     app = create_app(view, settings, runner)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-    marker = discovery.announce(url, view.location, settings.token)
+    try:
+        marker: Path | None = discovery.announce(url, view.location, settings.token)
+    except OSError as error:  # the server works without it; only `show`'s link to it is lost
+        marker = None
+        announce(f"note: not announced for `modulelens show` to link to: {error}")
     visit = f"{url}/?token={settings.token}" if settings.token else f"{url}/"
     mode = "actions enabled (--allow-run)" if settings.allow_run else "read-only"
     announce(f"modulelens ui: {view.location} at {visit} ({mode}; Ctrl+C to stop)")
@@ -390,10 +452,12 @@ def serve(view: RepoView, settings: UiSettings, *, explicit_port: bool, open_bro
         announce("serving beyond this machine: every request must carry the token in that address")
     if open_browser:
         threading.Timer(0.5, lambda: webbrowser.open(visit)).start()
+    threading.Thread(target=_warm_up, name="modulelens-ui-warm-up", daemon=True).start()
     try:
         server.run(sockets=[sock])
     finally:
-        discovery.withdraw(marker)
+        if marker is not None:
+            discovery.withdraw(marker)
         runner.stop()
         with contextlib.suppress(OSError):
             sock.close()

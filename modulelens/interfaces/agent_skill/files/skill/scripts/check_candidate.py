@@ -49,8 +49,9 @@ def verify_summary(step: dict[str, Any]) -> dict[str, Any]:
     if not step["ok"]:
         return {"passed": False, "error": step["error"]["message"]}
     r = step["result"]
-    return {"passed": r["passed"], "speedup": r["speedup"], "failures": r["failures"][:MAX_FAILURES],
-            "more_failures": max(len(r["failures"]) - MAX_FAILURES, 0)}
+    return {"passed": r["passed"], "status": r.get("status"), "speedup": r["speedup"],
+            "failures": r["failures"][:MAX_FAILURES], "more_failures": max(len(r["failures"]) - MAX_FAILURES, 0),
+            "cannot_verify": r.get("unverified", [])[:MAX_FAILURES]}
 
 
 def profile_summary(step: dict[str, Any]) -> dict[str, Any]:
