@@ -55,6 +55,11 @@ SKIPPED: dict[tuple[str, str], str] = {
         "an outline of three ways to shard a model, not a program; examples/distributed runs them (below)",
     ("docs/distributed.md", 'modulelens.load("run7/blocks.2.ff")'):
         "loads the capture the outline above would make; examples/distributed's replay.py does it for real",
+    ("docs/fidelity.md", "modulelens run -t 'vae:encode' -t 'vae:decode' -- python sample.py"):
+        "an outline: a Stable Diffusion pipeline's sampling script, not one of the examples "
+        "(census/families/methods.py captures diffusers' AutoencoderKL through encode and decode)",
+    ("docs/fidelity.md", 'with modulelens.capture(pipe.vae, targets=[":encode", ":decode"], name="sd-vae") as cap:'):
+        "the same outline from Python (`pipe` is a Stable Diffusion pipeline the page does not build)",
 }
 # Commands that serve until Ctrl+C: each runs as written until it prints its address, which must
 # answer, and is then stopped (tests/docs/serve_once.py).
