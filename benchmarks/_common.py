@@ -23,7 +23,8 @@ from modulelens.format.human import human_number
 from modulelens.repo.collector import collector_paused
 from modulelens.repo.layout import SUMMARY_FILE, summary_log
 
-RESULTS = Path(__file__).parent / "results"
+# benchmarks/results, or where run_all.py --quick asks (so a check of the runner keeps the real results)
+RESULTS = Path(os.environ.get("MODULELENS_BENCH_RESULTS") or Path(__file__).parent / "results")
 
 
 class Big(nn.Module):
@@ -142,7 +143,7 @@ def report(name: str, title: str, rows: list[dict[str, Any]], columns: list[str]
     for row in rows:
         table.add_row(*[_fmt(row.get(c)) for c in columns])
     Console().print(table)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), "rows": rows, **extra}, indent=1))
     print(f"wrote {path}")

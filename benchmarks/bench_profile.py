@@ -25,7 +25,7 @@ import torch
 
 import modulelens
 
-RESULTS = Path(__file__).resolve().parent / "results" / "profile.json"
+RESULTS = Path(os.environ.get("MODULELENS_BENCH_RESULTS") or Path(__file__).resolve().parent / "results") / "profile.json"
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     # Iterations are kept around a millisecond or less: on a shared machine a longer iteration is

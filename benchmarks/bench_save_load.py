@@ -14,6 +14,7 @@ each tool would write it:
   * torch mmap:   with torch.device("meta"): m = Model()
                   m.load_state_dict(torch.load(f, weights_only=True, mmap=True), assign=True)
                   (the best-practice recipe)
+  * safetensors mmap: the same recipe with safetensors.torch.load_file(f), which memory-maps the file
   * modulelens:   m = modulelens.load(ref).module      (meta-device build + memory-mapped weights)
 The "+ first forward" column adds one forward pass, which touches every weight: it shows what
 lazy memory mapping defers rather than saves. Files are in the page cache (warm) for every tool.
@@ -126,18 +127,25 @@ def main() -> None:
             m.load_state_dict(torch.load(work / "w.pt", weights_only=True, mmap=True), assign=True)
             return m
 
+        def load_st_mmap() -> nn.Module:
+            # the same recipe with safetensors: load_file memory-maps the file, assign keeps the maps
+            with torch.device("meta"):
+                m = Big(width, depth)
+            m.load_state_dict(safetensors.torch.load_file(str(work / "w.safetensors")), assign=True)
+            return m
+
         def load_ml() -> nn.Module:
             return modulelens.load("big", repo=repo, trust_source=True).module  # Big is this script's own class
 
         loaders = {"torch.load": load_torch, "safetensors": load_st, "torch.load mmap": load_torch_mmap,
-                   "modulelens": load_ml}
+                   "safetensors mmap": load_st_mmap, "modulelens": load_ml}
         for fn in loaders.values():
             fn()  # warm the page cache and imports
         # Interleaved rounds with a rotating order (garbage collected untimed before each), like
         # every other comparison here; the two loads that take milliseconds get 5x the rounds,
         # since one scheduler hiccup is a large part of 15 ms.
         slow = {k: loaders[k] for k in ("torch.load", "safetensors")}
-        fast = {k: loaders[k] for k in ("torch.load mmap", "modulelens")}
+        fast = {k: loaders[k] for k in ("torch.load mmap", "safetensors mmap", "modulelens")}
         to_runnable = {**interleaved(slow, args.repeat), **interleaved(fast, 5 * args.repeat)}
         with_forward = interleaved({k: (lambda f=f: f()(x)) for k, f in loaders.items()}, args.repeat)
         rows_load = {k: (median(to_runnable[k]), median(with_forward[k])) for k in loaders}
@@ -149,15 +157,19 @@ def main() -> None:
     st_sync, ml_nosync = save_times["safetensors + fsync"], save_times["modulelens (no fsync)"]
     ml_l = rows_load["modulelens"][0]
     rows = [
-        {"tool": "torch.save / torch.load", "save_s": t_s, "save_best_s": min(torch_save), "load_to_runnable_s": rows_load["torch.load"][0],
+        {"tool": "torch.save / Model() + load_state_dict(torch.load())", "save_s": t_s, "save_best_s": min(torch_save),
+         "load_to_runnable_s": rows_load["torch.load"][0],
          "load_plus_forward_s": rows_load["torch.load"][1]},
-        {"tool": "safetensors", "save_s": st_s, "save_best_s": min(st_save), "load_to_runnable_s": rows_load["safetensors"][0],
+        {"tool": "safetensors save_file / Model() + load_state_dict(load_file())", "save_s": st_s, "save_best_s": min(st_save),
+         "load_to_runnable_s": rows_load["safetensors"][0],
          "load_plus_forward_s": rows_load["safetensors"][1]},
         {"tool": "torch.load(mmap=True) + meta build + assign", "load_to_runnable_s": rows_load["torch.load mmap"][0],
          "load_plus_forward_s": rows_load["torch.load mmap"][1]},
-        {"tool": "safetensors + fsync", "save_s": median(st_sync), "save_best_s": min(st_sync)},
-        {"tool": "modulelens (no fsync)", "save_s": median(ml_nosync), "save_best_s": min(ml_nosync)},
-        {"tool": "modulelens", "save_s": ml_s, "save_best_s": min(ml_save), "load_to_runnable_s": ml_l,
+        {"tool": "safetensors load_file + meta build + assign", "load_to_runnable_s": rows_load["safetensors mmap"][0],
+         "load_plus_forward_s": rows_load["safetensors mmap"][1]},
+        {"tool": "safetensors save_file + fsync", "save_s": median(st_sync), "save_best_s": min(st_sync)},
+        {"tool": "modulelens, not flushed (MODULELENS_FSYNC=0)", "save_s": median(ml_nosync), "save_best_s": min(ml_nosync)},
+        {"tool": "modulelens save (durable) / load(ref).module", "save_s": ml_s, "save_best_s": min(ml_save), "load_to_runnable_s": ml_l,
          "load_plus_forward_s": rows_load["modulelens"][1]},
     ]
     ratios = {
@@ -171,6 +183,7 @@ def main() -> None:
         "load_speedup_vs_torch_load_file_only": file_only / ml_l,
         "load_speedup_vs_safetensors": rows_load["safetensors"][0] / ml_l,
         "load_vs_mmap_recipe": ml_l / rows_load["torch.load mmap"][0],
+        "load_vs_safetensors_mmap_recipe": ml_l / rows_load["safetensors mmap"][0],
     }
     report("save_load", f"save / load-to-runnable, {nbytes / 2**30:.2f} GiB of fp32 weights ({depth}x Linear({width}))",
            rows, ["tool", "save_s", "save_best_s", "load_to_runnable_s", "load_plus_forward_s"],

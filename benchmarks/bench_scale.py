@@ -532,7 +532,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = [row for section in results.values() for row in section["rows"]]
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     plot(results, RESULTS / "scale.png")
     report("scale", "growth curves (issue 25): medians of interleaved rounds", rows,
            ["section", "case", "versions", "gib", "median_ms", "median_s", "added_peak_mib", "requests", "rounds"],

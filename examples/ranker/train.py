@@ -1,5 +1,5 @@
 """The training script: ``python train.py [--config prod.yaml] [--steps N]`` (also under torchrun)."""
 
-from ranker.train import main
+from ranker.training import main
 
 main()

@@ -30,6 +30,11 @@ _BOOKKEEPING = frozenset({"_is_hf_initialized", "_output_capturing_hooks_install
 # rebuilt module installs the hooks again itself at its first call. Restoring the flag without the
 # hooks made the rebuilt module skip them (aya_vision's vision tower then returned no hidden states).
 _REINSTALLED_HOOKS = ("transformers.utils.output_capturing:",)
+# Hooks that only move a sharded module's inputs and outputs between local shards and DTensors
+# (tensor parallel's ``distribute_module``). A sharded capture records what forward itself sees,
+# gathered into full tensors (docs/distributed.md), so the rebuilt single-device module replays
+# exactly without them: naming them as missing was a false alarm on every tensor-parallel capture.
+_SHARDING_HOOKS = ("torch.distributed.tensor._api:distribute_module.",)
 
 
 # Hooks a tool registers after construction that a load registers again, by import path: plain
@@ -60,9 +65,10 @@ def reproducible_compile(settings: Any) -> bool:
             and settings.get("dynamic") in (None, True, False) and isinstance(settings.get("fullgraph", False), bool))
 
 
-def reinstalled_by_library(hook: str) -> bool:
-    """Whether a hook (``pkg.mod:qualname``) is one its library installs again on a rebuilt module."""
-    return hook.startswith(_REINSTALLED_HOOKS)
+def needs_no_rebuild(hook: str) -> bool:
+    """Whether a rebuilt module does without a hook (``pkg.mod:qualname``) the job added after
+    construction: its library installs it again, or it only moved tensors between shards."""
+    return hook.startswith(_REINSTALLED_HOOKS) or hook.startswith(_SHARDING_HOOKS)
 
 
 @functools.lru_cache(maxsize=1)

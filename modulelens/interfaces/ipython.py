@@ -195,13 +195,15 @@ class ModulelensMagics(Magics):
     @argument("--atol", type=float, default=None, help="Absolute tolerance.")
     @argument("--current-weights", action="store_true",
               help="Run the module with its current weights (your edits) instead of each call's recorded ones.")
+    @argument("--calls", default=None, help="Recorded calls to replay, by position: 0,2 (default: all).")
     @line_magic
     def ml_replay(self, line: str) -> Any:
         """Replay every recorded call and compare with the recorded outputs (a ReplayReport)."""
         args = parse_argstring(self.ml_replay, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
+        calls = _int_list(args.calls, "--calls")
         with _one_line():
-            return capture.replay(rtol=args.rtol, atol=args.atol,
+            return capture.replay(rtol=args.rtol, atol=args.atol, calls=calls,
                                   weights="current" if args.current_weights else "recorded")
 
     @magic_arguments()

@@ -175,12 +175,14 @@ def load_capture(ref: str, repo: str | Repo | None = None, *, device: str | None
         RestoreError, CorruptCaptureError: the capture cannot be rebuilt or read.
         UntrustedCodeError: the capture names code the trust rules refuse.
     """
+    # The repo and the ref first, before torch is imported (seconds): a missing capture, an offline
+    # cache without it or an unreachable server is said at once.
+    store, ref = open_ref(ref, repo)
+    name, version = resolve(store, ref)
     from modulelens.restore.loader import load
 
     torch_dtype = parse_dtype(dtype)
     check_device(device)
-    store, ref = open_ref(ref, repo)
-    name, version = resolve(store, ref)
     return load(f"{name}:v{version}", repo=store, device=device, dtype=torch_dtype, trust_source=trust_source)
 
 

@@ -149,8 +149,10 @@ def export_kernelbench(
     if mode not in MODES:
         raise UsageError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     say = progress or (lambda step: None)
+    directory = Path(out_dir).expanduser().absolute()
+    check_problem_folder(directory, overwrite=overwrite)  # before loading: a refusal costs no load
     capture, store = _open(ref, repo)
-    directory = _prepare_directory(Path(out_dir).expanduser().absolute(), overwrite)
+    _prepare_directory(directory, overwrite)
     say(f"reading the source of {capture.module_class.rpartition(':')[2]} and the recorded calls")
     left_out: list[dict[str, Any]] = []
     positions = select_calls(capture, calls, max_calls, same_state=True, left_out=left_out)
@@ -192,10 +194,20 @@ def _open(ref: str | Capture, repo: Repo | str | os.PathLike[str] | None) -> tup
     return load(ref, repo=store), store
 
 
+def check_problem_folder(directory: str | os.PathLike[str], *, overwrite: bool) -> None:
+    """Refuse a folder that is not empty unless ``overwrite`` (``--force``): what :func:`export_kernelbench`
+    checks first, for callers that load the capture themselves before exporting it.
+
+    Raises:
+        UsageError: ``directory`` exists, holds files, and ``overwrite`` is false.
+    """
+    folder = Path(directory)
+    if not overwrite and folder.exists() and any(folder.iterdir()):
+        raise UsageError(f"{folder} is not empty (use --force to replace its problem files, or -o another folder)")
+
+
 def _prepare_directory(directory: Path, overwrite: bool) -> Path:
-    if directory.exists() and any(directory.iterdir()):
-        if not overwrite:
-            raise UsageError(f"{directory} is not empty (use --force to replace its problem files)")
+    if overwrite and directory.exists():
         for stale in ("problem.py", TEST_FILE, "manifest.json", "data"):
             target = directory / stale
             if target.is_dir():

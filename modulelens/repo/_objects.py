@@ -15,49 +15,42 @@ import asyncio
 import builtins
 import contextlib
 import datetime
+import functools
 import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from modulelens.errors import CorruptCaptureError, MissingDependencyError, RemoteRepoError
+from modulelens.errors import CorruptCaptureError, MissingDependencyError, ModulelensError, RemoteRepoError
 from modulelens.repo.files import too_large
+from modulelens.repo.remote_errors import is_precondition_failure, remote_error
 
 # S3 puts above this size go through the multipart writer (bounded memory: one part at a time).
 _PART_BYTES = 64 << 20
 _MEMORY_LOCK = threading.Lock()
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _is_precondition_failure(error: BaseException) -> bool:
-    """s3fs reports a failed ``If-None-Match``/``If-Match`` as ``OSError(EINVAL)``; the botocore
-    error it wraps carries the HTTP status (412, or 409 when two conditional writes collide)."""
-    cause: BaseException | None = error
-    while cause is not None:
-        response = getattr(cause, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            code = response.get("Error", {}).get("Code")
-            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
-                return True
-        cause = cause.__cause__ or cause.__context__
-    return "pre-condition" in str(error) or "precondition" in str(error).lower()
+def _remote_call(method: _Method) -> _Method:
+    """Turn a remote failure inside ``method`` into one :class:`RemoteRepoError` line
+    (:func:`~modulelens.repo.remote_errors.remote_error`, the one table of them); errors of
+    modulelens's own and bugs pass through unchanged."""
 
+    @functools.wraps(method)
+    def call(self: ObjectStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except ModulelensError:
+            raise
+        except Exception as error:
+            converted = remote_error(error, self.url)
+            if converted is None:
+                raise
+            raise converted from error
 
-def is_network_error(error: BaseException) -> bool:
-    """True for failures to reach the server (as opposed to answers from it)."""
-    names = {type(e).__name__ for e in _chain(error)}
-    return bool(names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-                         "ClientConnectorError", "ServerDisconnectedError", "ConnectionRefusedError",
-                         "ConnectionError", "ConnectionClosedError", "TimeoutError"})
-
-
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    seen: BaseException | None = error
-    while seen is not None:
-        yield seen
-        seen = seen.__cause__ or seen.__context__
+    return cast(_Method, call)
 
 
 def _within(where: str, data: bytes, limit: int | None, hint: str = "") -> bytes:
@@ -109,6 +102,7 @@ class ObjectStore:
             self.fs, base = fsspec.core.url_to_fs(url, **options)
         except ImportError as error:
             raise MissingDependencyError(f"{url}: {error} (for S3: pip install 'modulelens[remote]')") from None
+        self.url = url
         self.base = base.rstrip("/")
         self.protocol = protocol
         self.s3 = protocol in ("s3", "s3a")
@@ -133,6 +127,7 @@ class ObjectStore:
 
     # ------------------------------------------------------------------------------ reads
 
+    @_remote_call
     def read(self, key: str, limit: int | None = None, hint: str = "") -> bytes | None:
         """The object's bytes, or ``None`` when there is none (on S3 one GET: s3fs's ``cat_file``
         sent a HEAD first, which doubled the requests of a listing: one head read per name).
@@ -148,9 +143,11 @@ class ObjectStore:
         except FileNotFoundError:
             return None
 
+    @_remote_call
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self.fs.cat_file(key, start=start, end=end))
 
+    @_remote_call
     def read_many(self, keys: builtins.list[str], limit: Callable[[str], tuple[int, str]] | None = None) -> dict[str, bytes]:
         """Several small objects at once (fsspec fetches them concurrently); missing ones, and those
         larger than ``limit(key)`` bytes, are left out."""
@@ -172,6 +169,7 @@ class ObjectStore:
         return {k: bytes(v) for k, v in found.items()
                 if not isinstance(v, BaseException) and (limit is None or len(v) <= limit(k)[0])}
 
+    @_remote_call
     def info(self, key: str) -> dict[str, Any] | None:
         """An object's metadata (size, ETag, modification time), ``None`` when there is none. On
         S3 one HEAD: s3fs's ``info`` follows a 404 with a LIST (is it a folder?), which a key of
@@ -193,6 +191,7 @@ class ObjectStore:
     def mtime(self, info: dict[str, Any]) -> float:
         return _mtime(info)
 
+    @_remote_call
     def list(self, prefix: str) -> dict[str, dict[str, Any]]:
         """Every object under ``prefix`` (recursively): key relative to the repo -> its info."""
         try:
@@ -201,6 +200,7 @@ class ObjectStore:
             return {}
         return {self.relative(k): dict(v) for k, v in found.items() if v.get("type", "file") != "directory"}
 
+    @_remote_call
     def ls(self, prefix: str) -> dict[str, str]:
         """What is directly under ``prefix`` (one LIST with a delimiter): name -> ``"file"`` or ``"directory"``."""
         try:
@@ -255,11 +255,30 @@ class ObjectStore:
     def exists(self, key: str) -> bool:
         return self.info(key) is not None
 
+    @_remote_call
+    def missing_bucket(self) -> str | None:
+        """The bucket's name when the server says it does not exist (S3 only; one HEAD), else ``None``."""
+        if not self.s3:
+            return None
+        bucket = self.fs.split_path(self.base)[0]
+        try:
+            self.fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:  # HEAD has no body, so no error code: s3fs maps its 404 to this
+            return bucket
+        return None
+
     # ------------------------------------------------------------------------------ writes
 
+    @_remote_call
+    def make_base(self) -> None:
+        """Create the folder of the repo (on S3: its bucket, when there is none yet)."""
+        self.fs.makedirs(self.base, exist_ok=True)
+
+    @_remote_call
     def put(self, key: str, data: bytes) -> None:
         self.fs.pipe_file(key, data)
 
+    @_remote_call
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if no object has that key; False when one does (someone else won)."""
         if self.s3:
@@ -275,11 +294,12 @@ class ObjectStore:
             except FileExistsError:
                 return False
             except OSError as error:
-                if _is_precondition_failure(error):
+                if is_precondition_failure(error):
                     return False
                 raise
         return True
 
+    @_remote_call
     def replace(self, key: str, data: bytes, tag: str | None) -> str | None:
         """Write ``key`` only if it still has ETag ``tag`` (``None``: only if it does not exist);
         returns the new tag, ``None`` when it changed meanwhile.
@@ -314,12 +334,13 @@ class ObjectStore:
         except FileExistsError:
             return None
         except OSError as error:
-            if _is_precondition_failure(error):
+            if is_precondition_failure(error):
                 return None
             raise
         self.fs.invalidate_cache(key)
         return str(response.get("ETag") or "") or None
 
+    @_remote_call
     def read_tagged(self, key: str, limit: int | None = None, hint: str = "") -> tuple[bytes | None, str | None]:
         """An object's bytes and the tag :meth:`replace` compares against (on S3 one GET, which
         returns both); refused as :meth:`read` is over ``limit``."""
@@ -361,10 +382,12 @@ class ObjectStore:
     def _memory_tag(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
 
+    @_remote_call
     def upload_file(self, source: Path, key: str) -> None:
         """Upload a local file as one object (multipart for large files; visible only when complete)."""
         self.fs.put_file(str(source), key)
 
+    @_remote_call
     def upload_bytes(self, data: memoryview, key: str) -> None:
         """Upload a payload from memory, at most one part (64 MiB) copied at a time."""
         if len(data) <= _PART_BYTES or self.memory:
@@ -374,6 +397,7 @@ class ObjectStore:
             for start in range(0, len(data), _PART_BYTES):
                 handle.write(data[start:start + _PART_BYTES])
 
+    @_remote_call
     def delete(self, keys: builtins.list[str]) -> None:
         if keys:
             with contextlib.suppress(FileNotFoundError):

@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError, UsageError
-from modulelens.repo._objects import ObjectStore, is_network_error
+from modulelens.repo._objects import ObjectStore
 from modulelens.repo.files import hash_file, too_large
 from modulelens.repo.layout import CAPTURE_FILE, MARKER, SUMMARY_FILE, blob_key, is_version_number, marker_json, read_limit
 from modulelens.repo.leases import Leases
 from modulelens.repo.local import LocalStore
 from modulelens.repo.location import cache_root, offline
+from modulelens.repo.remote_errors import is_network_error
 from modulelens.repo.store import Audit, BlobCheck, BlobStat, Hold, Quarantine, Scan, Staged, Store
 
 if TYPE_CHECKING:
@@ -103,9 +104,12 @@ class RemoteStore(Store):
             return self._mirrored(marker)
         if data is None:
             if not create:
+                bucket = self.objects.missing_bucket()  # one more request, only on this failure
+                if bucket is not None:
+                    raise RemoteRepoError(f"the bucket of {self.url} ({bucket}) does not exist")
                 raise CaptureNotFoundError(f"no modulelens repo at {self.url}")
             try:
-                self.objects.fs.makedirs(self.objects.base, exist_ok=True)  # an S3 bucket may need creating
+                self.objects.make_base()  # an S3 bucket may need creating
                 self.objects.create(self.objects.key(marker), initial)
             except OSError as error:
                 raise RemoteRepoError(f"cannot create a modulelens repo at {self.url}: {error}") from None
@@ -134,13 +138,17 @@ class RemoteStore(Store):
         return not (offline() or self._unreachable)
 
     def _went_unreachable(self, error: BaseException) -> None:
-        warnings.warn(f"modulelens: {self.url} unreachable ({error}); using the local cache", ModulelensWarning,
-                      stacklevel=4)
+        reason = str(error) if isinstance(error, RemoteRepoError) else f"{self.url} is unreachable ({error})"
+        warnings.warn(f"modulelens: {reason}; using the local cache", ModulelensWarning, stacklevel=4)
         self._unreachable = True
+        self._unreachable_reason = reason
+
+    _unreachable_reason = ""
 
     def _require_online(self, what: str) -> None:
         if not self._online:
-            raise RemoteRepoError(f"cannot {what}: {self.url} is offline")
+            why = self._unreachable_reason or f"{self.url} is offline (MODULELENS_OFFLINE)"
+            raise RemoteRepoError(f"cannot {what}: {why}")
 
     def _mirrored(self, key: str) -> bytes | None:
         """The mirror's copy of ``key`` (kept after a read within its limit; a copy over the limit,

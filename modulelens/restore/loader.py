@@ -114,7 +114,15 @@ class Call:
     def context(self, module: torch.nn.Module | None = None, *, weights: bool = True) -> Iterator[torch.nn.Module]:
         """Run a module as this call ran: the call's recorded weights (``weights=False`` keeps the
         module's own), its training flag, grad mode, autocast and RNG state (dropout draws the same
-        masks). Grad mode, autocast, the RNG and the training flag are put back on exit.
+        masks). Scoped: on exit the module is as it was on entry (its parameters and buffers, what a
+        training-mode forward changed in place included, and each submodule's training flag), and
+        grad mode, autocast and the RNG are put back, so ``cap.module(x)`` after the block runs as it
+        did before it.
+
+        Restoring is free for :attr:`Capture.module` holding recorded weights (they are reloaded
+        from the capture when something changed); any other module, or one holding your edits, is
+        copied once on entry. A backward through an output computed inside the block belongs inside
+        it (the weights it saw may be reloaded on exit).
 
         Args:
             module: the module to run (default: :attr:`Capture.module`; another module keeps its
@@ -132,15 +140,12 @@ class Call:
         """
         capture = self._capture
         target = capture.module if module is None else module
-        if weights and module is None:
-            capture.use_state(self.state_index)
-        was_training = target.training
-        target.train(self.training)
-        try:
+        with capture.module_kept(target):
+            if weights and module is None:
+                capture.use_state(self.state_index)
+            target.train(self.training)
             with call_context(self, capture.device or torch.device("cpu")):
                 yield target
-        finally:
-            target.train(was_training)
 
     @functools.cached_property
     def output(self) -> Any:
@@ -629,6 +634,51 @@ class Capture:
     def _collect_source_notes(self) -> None:
         self._rebuilder.collect_source_notes()
 
+    @contextlib.contextmanager
+    def module_kept(self, module: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
+        """On exit, ``module`` (default: :attr:`module`) holds the parameters and buffers it held on
+        entry and each submodule has its training flag back, whatever the block did to them (a
+        state switch, a training-mode forward updating running statistics, an edit).
+
+        :attr:`module` holding a recorded state unchanged is reloaded from the capture when
+        something changed (nothing is copied); any other module is copied once on entry.
+
+        Example::
+
+            with cap.module_kept():
+                cap.use_state(3)
+                out = cap.module(*cap.calls[5].args)
+            # cap.module holds the weights it held before
+        """
+        target = self.module if module is None else module
+        held = self._rebuilder.current_state
+        versions = state_versions(target)
+        reload = held[0] if target is self._module and held is not None and held[1] == versions else None
+        copies = None if reload is not None else {name: tensor.detach().clone() for name, tensor in _state_items(target)}
+        modes = [(sub, sub.training) for sub in target.modules()]
+        try:
+            yield target
+        finally:
+            for sub, training in modes:
+                sub.training = training
+            if state_versions(target) != versions:
+                if reload is not None:
+                    self.use_state(reload, force=True)
+                elif copies is not None:
+                    with torch.no_grad():
+                        for name, tensor in _state_items(target):
+                            if name in copies:
+                                tensor.copy_(copies[name])
+
+    @property
+    def held_state(self) -> int | None:
+        """The recorded state :attr:`module` holds unchanged (its index in the capture's states), or
+        ``None`` when it holds other weights (an edit, a training step) or is not built yet."""
+        held = self._rebuilder.current_state
+        if self._module is None or held is None or held[1] != state_versions(self._module):
+            return None
+        return held[0]
+
     def use_state(self, index: int, *, force: bool = False) -> torch.nn.Module:
         """Load the parameters/buffers recorded for state ``index`` (calls name theirs), unless the
         module holds exactly them already (no other state loaded, nothing changed in place).
@@ -807,3 +857,9 @@ def load(
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
                        init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source,
                        init_overrides=init_overrides)
+
+
+def _state_items(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of ``module`` by name, tied ones once."""
+    yield from module.named_parameters()
+    yield from module.named_buffers()

@@ -208,20 +208,41 @@ def replay(
     if sharded:
         report.notes.append("recorded from sharded (DTensor) computation: compared within tolerance")
     how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded)
+    held = capture.held_state if module is None else None  # the recorded weights the module holds, if any
     located = not locate_divergence
-    for position in range(len(capture.calls)) if calls is None else calls:
-        first = not report.calls
-        result = _replay_call(capture, position, target, device, how, weights=weights, backward=backward,
-                              reload=first)
-        report.calls.append(result)
-        if result.status == "fail" and result.error is None and result.leaves and not located:
-            located = True
-            _locate(capture, position, target, how, weights, result, report.notes)
+    with capture.module_kept(target):  # each call's state loaded in turn, then the module as it was
+        for position in range(len(capture.calls)) if calls is None else calls:
+            first = not report.calls
+            result = _replay_call(capture, position, target, device, how, weights=weights, backward=backward,
+                                  reload=first)
+            report.calls.append(result)
+            if result.status == "fail" and result.error is None and result.leaves and not located:
+                located = True
+                _locate(capture, position, target, how, weights, result, report.notes)
+    if weights == "current":
+        report.notes[:0] = _several_states_note(capture, report, held)
     not_compared = sorted({leaf.kind for c in report.calls for leaf in c.not_compared})
     if not_compared:
         report.notes.append(f"some outputs had no recorded values ({', '.join(not_compared)}) and were NOT "
                             "compared: the replay ran, but those leaves are unverified")
     return report
+
+
+def _several_states_note(capture: Capture, report: ReplayReport, held: int | None) -> list[str]:
+    """Why a replay with one set of weights fails calls recorded with others: a capture taken during
+    training holds the weights of each recorded call (the optimizer changed them in between), and
+    only the calls of one state can match the module's current weights, edited or not."""
+    by_state: dict[int, list[int]] = {}
+    for replayed in report.calls:
+        by_state.setdefault(capture.calls[replayed.call].state_index, []).append(replayed.index)
+    if len(by_state) < 2 or report.status != "FAIL":
+        return []
+    holds = (f"the module holds the weights of calls {', '.join(map(str, by_state.get(held, [])))}, so the other calls "
+             "differ even without an edit" if held is not None else "the calls of at most one of them can match")
+    return [f"these calls were recorded with {len(by_state)} different weight states (a capture taken while "
+            f"training: calls by state {by_state}) and replayed with the module's current weights: {holds}; "
+            "replay with the recorded weights (no --current-weights / weights='recorded'), or compare the calls "
+            "of one state (calls=[...], --calls)"]
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,13 @@ if TYPE_CHECKING:
 
 _MARK = "modulelens.iteration"
 PROFILER_ITERS = 3  # iterations under torch.profiler for the top-ops table and the trace
-# What torch's profiler library (kineto) writes straight to the process's stderr when it starts and
-# stops, whatever its log level: "USDT:... profiler_start", "STAGE:... Completed Stage: Warm Up".
-_PROFILER_CHATTER = ("USDT:", "STAGE:")
+# What torch's profiler writes straight to the process's stderr, whatever its log level: kineto when
+# it starts and stops ("USDT:... profiler_start", "STAGE:... Completed Stage: Warm Up"), and c10's
+# allocator when a tensor made before profiling is freed during it ("[W1206 03:53:46.28 CPUAllocator.cpp:245]
+# Memory block of unknown size was allocated before the profiling started, ..."): lines that start with,
+# or contain, these.
+_PROFILER_CHATTER_STARTS = (b"USDT:", b"STAGE:")
+_PROFILER_CHATTER_CONTAINS = (b"Memory block of unknown size was allocated before the profiling started",)
 
 
 @dataclass
@@ -182,9 +186,9 @@ def profiler_pass(workload: Workload, device: torch.device, iterations: int, tra
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     prof = torch_profile(activities=activities, profile_memory=True)
-    with workload.context():
-        with without_profiler_chatter():
-            prof.start()
+    # the whole profiled run, not only start and stop: the allocator's line comes from inside it
+    with workload.context(), without_profiler_chatter():
+        prof.start()
         try:
             for _ in range(iterations):
                 if workload.before_each is not None:
@@ -194,8 +198,7 @@ def profiler_pass(workload: Workload, device: torch.device, iterations: int, tra
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         finally:
-            with without_profiler_chatter():
-                prof.stop()
+            prof.stop()
     if trace:
         Path(trace).parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(trace)
@@ -255,8 +258,8 @@ def cuda_memory(workload: Workload, device: torch.device) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def without_profiler_chatter() -> Iterator[None]:
-    """Keep the lines torch's profiler library writes to file descriptor 2 when it starts and stops
-    (``USDT: ... profiler_start``: no log level turns them off) out of the user's terminal.
+    """Keep the lines torch's profiler writes to file descriptor 2 (``USDT: ... profiler_start``, the
+    allocator's "Memory block of unknown size": no log level turns them off) out of the user's terminal.
 
     Everything else written to stderr meanwhile (a warning, an error) is passed on when the block
     ends, so nothing but that chatter is lost.
@@ -277,7 +280,8 @@ def without_profiler_chatter() -> Iterator[None]:
             os.close(saved)
             captured.seek(0)
             kept = [line for line in captured.read().splitlines(keepends=True)
-                    if not line.startswith(tuple(p.encode() for p in _PROFILER_CHATTER))]
+                    if not line.startswith(_PROFILER_CHATTER_STARTS)
+                    and not any(part in line for part in _PROFILER_CHATTER_CONTAINS)]
             if kept:
                 os.write(2, b"".join(kept))
 

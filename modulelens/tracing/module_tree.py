@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 
-from modulelens.format.module_state import REREGISTERED_HOOKS, reinstalled_by_library
+from modulelens.format.module_state import REREGISTERED_HOOKS, needs_no_rebuild
 from modulelens.format.spec import hooks_not_rebuilt
 from modulelens.tracing.compiled import compile_settings
 from modulelens.tracing.distributed import original_class
@@ -151,7 +151,7 @@ def _note_hooks(node: TreeNode, spans: list[tuple[int, int | None]], ignored: se
             if REREGISTERED_HOOKS.get(described) == kind:  # registered again by the load (module_state.py)
                 node.reapply.append({"kind": "hook", "hook": described, "on": kind})
                 continue
-            node.hooks.append(HookInfo(kind, described, reinstalled_by_library(described)
+            node.hooks.append(HookInfo(kind, described, needs_no_rebuild(described)
                                        or _rebuilt(hook_id, hook, spans, unattached_root, subtree_ids)))
 
 

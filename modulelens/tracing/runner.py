@@ -140,11 +140,12 @@ def _exact(name: str) -> str:
 
 def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``command`` with capture on; returns exit code, what was saved and what was missed."""
-    from modulelens.errors import StorageError
+    from modulelens.errors import RemoteRepoError, StorageError
     from modulelens.repo import Repo
     from modulelens.repo import default_repo_path as repo_default
 
     requested = config.repo
+    unreachable: RemoteRepoError | None = None
     try:
         repo = Repo(config.repo)  # create it now so every process of the job agrees on it
     except (OSError, StorageError) as error:  # fail open: the job runs, captures go elsewhere
@@ -154,7 +155,14 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         print(f"modulelens: cannot use repo {requested or repo_default()} ({describe_storage_error(error)}); "
               f"captures go to {repo.root}; copy them back with: {copy_back_hint(repo, requested)}",
               file=sys.stderr, flush=True)
+    except RemoteRepoError as error:  # fail open, as capture() does: the job runs, captures wait locally
+        from modulelens.tracing.upload import staging_repo
+
+        unreachable, repo = error, staging_repo(str(requested))
+        print(f"modulelens: {error}; the job runs anyway and its captures are kept in {repo.location}",
+              file=sys.stderr, flush=True)
     config.repo = repo.location  # a path, or the URL of a remote repo
+    print(f"modulelens: {_banner(config, command)}", file=sys.stderr, flush=True)  # the job may run long before a save
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as summary_dir:
         env = dict(os.environ)
         env[ENV_CONFIG] = json.dumps(asdict(config))
@@ -168,6 +176,10 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
             raise UsageError(f"command not found: {command[0]}") from None
         summaries = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob("*.json"))]
     saved = [s for summary in summaries for s in summary["saved"]]
+    kept = [k for summary in summaries for k in summary.get("kept", [])]
+    if unreachable is not None:  # every capture went to the staging repo: none is in the repo asked for
+        kept += [{**entry, "kept_in": repo.location, "url": str(requested), "reason": str(unreachable)} for entry in saved]
+        saved = []
     # a pattern counts once a capture of it was saved, not when it merely matched a module
     captured_patterns = {p for summary in summaries for p in summary.get("captured", [])}
     matched_patterns = {p for summary in summaries for p in summary["resolved"]}
@@ -184,6 +196,10 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         "repo": config.repo,
         "requested_repo": requested if requested is not None else str(repo_default()),
         "saved": saved,
+        # captures the remote --repo could not take (unreachable at the start, or an upload that
+        # failed): kept in a local repo, with why and the commands that push them there
+        "kept": kept,
+        "push_commands": push_commands(kept),
         "missing_targets": missing,  # never matched, or matched but never captured (or saved)
         # of those, the ones that matched a module that was never called (after warm-up) or whose save failed
         "matched_not_captured": [t for t in missing if t in matched_patterns],
@@ -194,6 +210,32 @@ def run_command(command: list[str], config: RunConfig, *, quiet: bool = False) -
         # why --strict stopped the job (a target that matches no module of the first model called)
         "stopped": next((s["stopped"] for s in summaries if s.get("stopped")), None),
     }
+
+
+def _banner(config: RunConfig, command: list[str]) -> str:
+    """What this run captures and where, said before the job starts: ``capturing top_mlp (its first
+    call) as ranker/<module> into /data/repo; running python train.py``."""
+    import shlex
+
+    if config.list_modules:
+        return f"listing the modules of the first model that {shlex.join(command)} calls"
+    calls = "its first call" if config.max_calls == 1 else f"{config.max_calls} calls each"
+    if config.warmup:
+        calls += f", after {config.warmup} warm-up call{'s' if config.warmup > 1 else ''}"
+    ranks = [] if config.ranks == "0" else ["on all ranks"] if config.ranks == "all" else [f"on ranks {config.ranks}"]
+    extras = [calls, *(["with gradients"] if config.backward else []), *ranks]
+    name = f"{config.name}/<module>" if config.name else "<model class>/<module>"
+    return (f"capturing {', '.join(config.targets)} ({', '.join(extras)}) as {name} into {config.repo}; "
+            f"running {shlex.join(command)}")
+
+
+def push_commands(kept: list[dict[str, Any]]) -> list[str]:
+    """One ``modulelens push`` per kept name, from the local repo it was kept in to the remote repo it
+    was meant for (safe to run again: a version already there is not copied again)."""
+    import shlex
+
+    names = dict.fromkeys((entry["ref"].partition(":")[0], entry["kept_in"], entry["url"]) for entry in kept)
+    return [shlex.join(["modulelens", "push", name, "--repo", where, "--to", url]) for name, where, url in names]
 
 
 # ------------------------------------------------------------------------------------------ child
@@ -217,6 +259,9 @@ class _Session:
         self.resolved: set[str] = set()
         self.captured: set[str] = set()  # patterns with at least one saved capture
         self.saved: list[dict[str, Any]] = []
+        # versions kept in a local staging repo because their upload to the remote repo failed
+        self.kept: list[dict[str, Any]] = []
+        self._staged: dict[str, dict[str, Any]] = {}  # staged ref -> its VersionInfo, until uploaded
         self.failed: list[str] = []
         self.uploads: list[Any] = []  # background uploads to a remote repo (modulelens/tracing/upload.py)
         self.roots: list[dict[str, Any]] = []  # module trees of the first models called
@@ -398,6 +443,7 @@ class _Session:
                 self.captured.update(r for r in raw if self._selects(r, qualified, module, tracer.model))
             if upload is not None:  # staged locally; the job goes on while it uploads
                 self.uploads.append(upload)
+                self._staged.update((info.ref, info.to_dict()) for info in infos)
                 print(f"modulelens: saved {', '.join(upload.staged)} locally; uploading to {upload.url} in the "
                       "background", file=sys.stderr, flush=True)
                 continue
@@ -433,6 +479,9 @@ class _Session:
             if len(upload.uploaded) < len(upload.staged):
                 self.failed.append(f"upload to {upload.url} {'failed' if upload.done else 'unfinished'}: kept in "
                                    f"{upload.staging.location}; retry with: {upload.retry_command}")
+                reason = str(upload.error) if upload.error is not None else "the upload did not finish before the job ended"
+                self.kept += [{**self._staged.get(ref, {"ref": ref}), "kept_in": upload.staging.location, "url": upload.url,
+                               "reason": reason} for ref in upload.staged if ref not in upload.uploaded]
         self.uploads = []
 
     def _not_captured(self) -> dict[str, str]:
@@ -459,8 +508,8 @@ class _Session:
         if not folder or not os.path.isdir(folder):
             return
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
-                   "captured": sorted(self.captured), "saved": self.saved, "failed": self.failed, "roots": self.roots,
-                   "stopped": self.stopped, "not_captured": self._not_captured()}
+                   "captured": sorted(self.captured), "saved": self.saved, "kept": self.kept, "failed": self.failed,
+                   "roots": self.roots, "stopped": self.stopped, "not_captured": self._not_captured()}
         target = Path(folder) / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))

@@ -183,6 +183,9 @@ def test_export_cli_json_and_refusal_to_overwrite(repo: str, tmp_path: Path) -> 
     assert (out / "problem.py").exists() and (out / "test_modulelens.py").exists()
     again = runner.invoke(app, ["export", "km/act", "-o", str(out), "--repo", repo, "--json"])
     assert again.exit_code == 2 and "not empty" in json.loads(again.stdout)["error"]["message"]  # a usage error
+    # the folder is checked before anything is loaded (the refusal is immediate): even a missing capture says so
+    early = runner.invoke(app, ["export", "km/no-such-capture", "-o", str(out), "--repo", repo, "--json"])
+    assert early.exit_code == 2 and "is not empty" in json.loads(early.stdout)["error"]["message"]
     forced = runner.invoke(app, ["export", "km/act", "-o", str(out), "--repo", repo, "--force"])
     assert forced.exit_code == 0 and "KernelBench compatible" in forced.stdout
 

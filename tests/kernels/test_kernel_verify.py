@@ -204,6 +204,13 @@ def test_agent_without_kernelagent_prints_the_commands(repo: str, tmp_path: Path
     assert payload["kernelagent_available"] is False and payload["agent"] is None
     assert any("Fuser.auto_agent --problem" in c and "--test-paths" in c for c in payload["commands"])
     assert (tmp_path / "p" / "problem.py").exists()
+    # a second run keeps the first one's folder (its problem, an agent's kernel) unless --force
+    (tmp_path / "p" / "kernel.py").write_text("# the kernel an earlier run produced\n")
+    again = runner.invoke(app, ["kernel", "agent", "km/act", "-o", str(tmp_path / "p"), "--repo", repo, "--json"])
+    assert again.exit_code == 2 and "is not empty (use --force" in json.loads(again.stdout)["error"]["message"]
+    assert (tmp_path / "p" / "kernel.py").read_text() == "# the kernel an earlier run produced\n"
+    forced = runner.invoke(app, ["kernel", "agent", "km/act", "-o", str(tmp_path / "p"), "--force", "--repo", repo, "--json"])
+    assert forced.exit_code == 0, forced.output
 
 
 @needs_triton

@@ -93,6 +93,19 @@ class SeaweedServer:
 
     last_error = ""  # why the last readiness probe failed
 
+    def shell(self, *commands: str, timeout: float = 60.0) -> str:
+        """Run administration commands in ``weed shell`` (``s3.configure ... -apply`` adds users and
+        turns authentication on; ``s3.circuitBreaker ... -apply`` limits requests): their output."""
+        master = f"127.0.0.1:{self.ports['master']}.{self.ports['master.grpc']}"
+        filer = f"127.0.0.1:{self.ports['filer']}.{self.ports['filer.grpc']}"
+        done = subprocess.run([weed_binary(), "shell", f"-master={master}", f"-filer={filer}"],
+                              input="\n".join([*commands, "exit"]) + "\n", capture_output=True, text=True,
+                              timeout=timeout, cwd=self.directory, env={k: v for k, v in os.environ.items()
+                                                                        if not k.startswith("AWS_")})
+        if done.returncode != 0:
+            raise RuntimeError(f"weed shell {commands} exited {done.returncode}: {done.stderr[-2000:]}")
+        return done.stdout
+
     def stop(self) -> None:
         """Kill the server at once (like a network outage): SIGKILL to its process group."""
         if self.process is not None and self.process.poll() is None:

@@ -11,13 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
-from modulelens.errors import CorruptCaptureError, NothingCapturedError, UsageError
+from modulelens.errors import CorruptCaptureError, NothingCapturedError, RemoteRepoError, UsageError
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
 from modulelens.interfaces.listing import parse_duration
-from modulelens.interfaces.output import console, echo, emit, emit_json, err_console, rich_table, steps, text_table
+from modulelens.interfaces.output import console, echo, emit, emit_json, err_console, rich_table, safe_tree, steps, text_table
 
 app = typer.Typer()
 
@@ -425,13 +425,21 @@ def run_cmd(
                                        f"(exit code {outcome['exit_code']})")
         emit("run", as_json, {"roots": outcome["roots"], "exit_code": 0}, _render_modules)
         return
-    if outcome["exit_code"] == 0 and not outcome["saved"]:
+    if outcome["exit_code"] == 0 and not outcome["saved"] and not outcome["kept"]:
         reasons = [_missing_line(t, outcome) for t in outcome["missing_targets"]]
         reasons += [failure for process in outcome["processes"] for failure in process.get("failed", [])]
         if not outcome["processes"]:
             reasons.append("no Python process of the command started with capture on")
         raise NothingCapturedError("the command finished but no target was captured: "
                                    + ("; ".join(reasons) or "no capture was saved or uploaded"))
+    if outcome["kept"] and outcome["exit_code"] == 0:
+        # The job ran; captures did not reach the remote repo asked for: an error (exit 7), after the
+        # tables of what was saved and kept, whose message is how to finish their delivery.
+        if not as_json:
+            _render_run(safe_tree(outcome))
+        first = outcome["kept"][0]
+        raise RemoteRepoError(f"{first['reason']}: the job ran and {len(outcome['kept'])} capture(s) are kept in "
+                              f"{first['kept_in']}; push them with: {' && '.join(outcome['push_commands'])}")
     emit("run", as_json, outcome, _render_run)
     raise typer.Exit(outcome["exit_code"])
 
@@ -455,13 +463,16 @@ def _missing_line(pattern: str, outcome: dict[str, Any]) -> str:
 def _render_run(r: dict[str, Any]) -> None:
     from rich.markup import escape
 
-    if r["saved"]:
-        table = rich_table(title=f"captured into {r['repo']}")
+    for entries, title in ((r["saved"], f"captured into {r['repo']}"),
+                           (r["kept"], f"kept in {r['kept'][0]['kept_in']}" if r["kept"] else "")):
+        if not entries:
+            continue
+        table = rich_table(title=title)
         table.add_column("ref", no_wrap=True)
         table.add_column("module class")
         table.add_column("calls")
-        for s in r["saved"]:
-            table.add_row(s["ref"], s["module_class"].rsplit(":", 1)[-1], str(s.get("calls", "")))
+        for s in entries:
+            table.add_row(s["ref"], s.get("module_class", "").rsplit(":", 1)[-1], str(s.get("calls", "")))
         err_console.print(table)
     for pattern in r["missing_targets"]:
         err_console.print(f"[yellow]warning:[/yellow] {escape(_missing_line(pattern, r))}", highlight=False)

@@ -70,10 +70,11 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a KernelBench/KernelAgent problem folder (problem.py, test, manifest, real data)."""
-    from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.export import check_problem_folder, export_kernelbench
 
     if format != "kernelbench":
         raise UsageError(f"unknown export format {format!r} (available: kernelbench)")
+    check_problem_folder(output, overwrite=force)  # before loading: a refusal is immediate
     with _status(as_json) as step:
         step(f"loading {ref}")
         capture = session.load_capture(ref, repo, trust_source=trust_source)
@@ -288,7 +289,7 @@ def agent_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export the problem, run KernelAgent on it (if installed; extra args after -- go to it), verify and store its kernel."""
-    from modulelens.kernels.export import export_kernelbench
+    from modulelens.kernels.export import check_problem_folder, export_kernelbench
     from modulelens.kernels.options import CandidatePolicy
     from modulelens.kernels.process import worker_env
     from modulelens.kernels.verify import verify_kernel
@@ -296,8 +297,9 @@ def agent_cmd(
     store, ref = session.open_ref(ref, repo)
     name, version = session.resolve(store, ref)
     directory = output or Path("kernel-problems") / f"{name.replace('/', '__')}-v{version}"
+    check_problem_folder(directory, overwrite=force)  # an earlier run's problem and kernel stay unless --force
     exported = export_kernelbench(f"{name}:v{version}", directory, repo=store, calls=session.parse_int_list(calls, "--calls"),
-                                  overwrite=force or (directory / "manifest.json").exists())
+                                  overwrite=force)
     manifest = exported.manifest
     extra = [a for a in ctx.args if a != "--"]
     agent_command = [sys.executable, "-m", "Fuser.auto_agent", "--problem", str(exported.problem),

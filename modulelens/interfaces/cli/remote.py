@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import contextlib
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +16,9 @@ from modulelens.interfaces._errors import wandb_errors
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, steps
+
+if TYPE_CHECKING:
+    from modulelens.repo import Repo
 
 app = typer.Typer()
 
@@ -55,7 +62,9 @@ def push_cmd(
         return
     with steps(not as_json) as step:
         step(f"copying {ref} to {to} (only the payloads it lacks)")
-        report = session.open_repo(repo).push(ref, session.open_repo(to, create=True), aliases=aliases)
+        source = session.open_repo(repo)
+        session.resolve(source, ref)  # a misspelt ref fails here, before anything is created at the target
+        report = source.push(ref, session.open_repo(to, create=True), aliases=aliases)
     emit("push", as_json, report.to_dict(), _render)
 
 
@@ -74,12 +83,33 @@ def pull_cmd(
     if source.startswith("wandb://"):
         from modulelens.repo.wandb_registry import pull_from_wandb
 
-        with wandb_errors(), steps(not as_json) as step:
+        with wandb_errors(), steps(not as_json) as step, _repo_kept_only_if_used(repo) as target:
             step(f"downloading {source}:{ref} from W&B")
-            info = pull_from_wandb(f"{source}:{ref}", session.open_repo(repo, create=True))
+            info = pull_from_wandb(f"{source}:{ref}", target)
         emit("pull", as_json, info.to_dict(), lambda r: console.print(f"pulled {r['ref']}"))
         return
     with steps(not as_json) as step:
         step(f"copying {ref} from {source} (only the payloads this repo lacks)")
-        report = session.open_repo(repo, create=True).pull(session.open_repo(source), ref, aliases=aliases)
+        origin = session.open_repo(source)  # first: an unreachable source or a missing ref creates nothing here
+        session.resolve(origin, ref)
+        with _repo_kept_only_if_used(repo) as target:
+            report = target.pull(origin, ref, aliases=aliases)
     emit("pull", as_json, report.to_dict(), _render)
+
+
+@contextlib.contextmanager
+def _repo_kept_only_if_used(path: str | None) -> Iterator[Repo]:
+    """The local repo at ``path`` (default: ``$MODULELENS_REPO``), created when missing; one that
+    this command created is removed again when the command fails before a version landed in it,
+    so a failed pull leaves no empty repo behind."""
+    from modulelens.repo import default_repo_path
+
+    folder = None if path is not None and "://" in path else Path(path) if path is not None else default_repo_path()
+    new = folder is not None and not folder.exists()
+    target = session.open_repo(path, create=True)
+    try:
+        yield target
+    except BaseException:
+        if new and folder is not None and not target.names():
+            shutil.rmtree(folder, ignore_errors=True)
+        raise

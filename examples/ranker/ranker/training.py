@@ -1,4 +1,4 @@
-"""The training loop: ``python -m ranker.train [--steps N] [--config FILE]``.
+"""The training loop, and the job that runs it: ``python -m ranker [--steps N] [--config FILE]``.
 
 Runs as is on one process, and under ``torchrun`` (gloo, DistributedDataParallel) on several.
 """
@@ -33,7 +33,7 @@ def train(model: torch.nn.Module, steps: int = 20, batch_size: int = 64, lr: flo
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return float(loss)
+    return float(loss.detach())  # the number, not a scalar of the graph (torch warns on float() of one)
 
 
 def read_config(path: str | None) -> dict[str, float]:
