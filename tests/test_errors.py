@@ -158,18 +158,26 @@ def test_unsupported_constructor_argument_is_named_in_strict_mode(repo: modulele
             module(torch.randn(2, 4))
 
 
-def test_unsupported_constructor_argument_fails_open_then_errors_on_load(repo: modulelens.Repo) -> None:
+def test_unsupported_constructor_argument_is_recorded_by_attributes_and_said(repo: modulelens.Repo) -> None:
+    # An argument no codec stores: the capture warns naming it and records the module by its attributes
+    # (docs/fidelity.md "Rebuilt from recorded attributes"); the load rebuilds it without its constructor
     module = TakesOpaque(Opaque(3))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with modulelens.capture(module, targets="TakesOpaque", repo=repo, name="opaque"):
             module(torch.randn(2, 4))
-    assert any("Opaque" in str(w.message) for w in caught)
-    with pytest.raises(modulelens.RestoreError, match=r"args\[0\].*Opaque.*init_args"):
-        modulelens.load("opaque", repo=repo).module  # noqa: B018
-    restored = modulelens.load("opaque", repo=repo, init_args=(Opaque(3),)).module
-    assert restored.factor == 3
+    said = [str(w.message) for w in caught if "recorded by their attributes" in str(w.message)]
+    assert said and "Opaque" in said[0] and "args[0]" in said[0]
+    loaded = modulelens.load("opaque", repo=repo)
+    assert loaded.module.factor == 3
+    assert any("rebuilt from its recorded attributes" in note for note in loaded.notes)
+    assert loaded.replay().passed
+    # init_args still rebuilds it through its constructor
     assert modulelens.load("opaque", repo=repo, init_args=(Opaque(3),)).replay().passed
+    # a strict capture raises on the argument instead
+    with pytest.raises(modulelens.UnsupportedValueError, match=r"args\[0\].*Opaque"):
+        with modulelens.capture(module, targets="TakesOpaque", repo=repo, name="opaque-strict", strict=True):
+            module(torch.randn(2, 4))
 
 
 def test_module_built_before_tracking_needs_init_args(repo: modulelens.Repo) -> None:

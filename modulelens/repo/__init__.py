@@ -18,7 +18,7 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
     local leases
     index markers trust _objects
     layout packs location
-    store names files collector locks
+    store names files collector locks remote_errors
 
 ``store`` is the interface: the front end (``repository``, ``index``, ``fsck``) and both stores
 (``local``, ``remote``) depend on it, never on each other's internals.

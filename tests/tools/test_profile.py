@@ -104,6 +104,8 @@ def test_synthetic_inputs_follow_recorded_shapes_and_ranges(repo: Path) -> None:
     assert all("error" not in r for r in report.batch_sweep), report.batch_sweep
 
 
+# torch.compile may start multiprocessing's resource tracker (a process) in the first test that compiles
+@pytest.mark.subprocess
 def test_compile_path(repo: Path) -> None:
     report = modulelens.profile(modulelens.load("mlp/inner", repo=repo), compile="aot_eager", timing=TimingConfig(iters=5), store=False)
     assert report.compiled == "aot_eager" and report.compile_seconds is not None
