@@ -18,7 +18,7 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
     local leases
     index markers trust _objects
     layout packs location
-    store names files collector
+    store names files collector notes
 
 ``store`` is the interface: the front end (``repository``, ``index``, ``fsck``) and both stores
 (``local``, ``remote``) depend on it, never on each other's internals.
@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from modulelens.repo.location import default_repo_path
 from modulelens.repo.names import Ref, parse_ref
+from modulelens.repo.notes import VersionNotes
 from modulelens.repo.repository import GcReport, Repo, VersionInfo
 
 if TYPE_CHECKING:
     from modulelens.repo.transfer import TransferReport
 
-__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "VersionInfo", "default_repo_path", "parse_ref"]
+__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "VersionInfo", "VersionNotes", "default_repo_path", "parse_ref"]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,6 +28,7 @@ MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 SUMMARY_FILE = "summary.json"  # a name's index head (layout 3) or its summary (layout 2)
 REPORTS = "reports"
+NOTES_FILE = "notes.json"  # a name's descriptions and edited tags (repo/notes.py)
 _SUMMARY_LOG = re.compile(r"summary-[0-9]+\.log")
 
 
@@ -64,6 +65,10 @@ def capture_key(name: str, version: int) -> str:
 
 def reports_key(name: str, version: int) -> str:
     return f"{version_key(name, version)}/{REPORTS}"
+
+
+def notes_key(name: str) -> str:
+    return f"{name_key(name)}/{NOTES_FILE}"
 
 
 def aliases_key(name: str) -> str:
