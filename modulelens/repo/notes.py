@@ -164,13 +164,17 @@ def edited(current: VersionNotes, captured_tags: Iterable[str], *, description: 
 
     Raises:
         InvalidNameError: a tag to add that is not of :func:`validate_tag`'s form.
-        UsageError: a bad description, or more than :data:`MAX_TAGS` tags.
+        UsageError: a bad description, a tag to take off that it does not have, or more than
+            :data:`MAX_TAGS` tags.
     """
     added = [validate_tag(tag) for tag in add]
     removed = set(remove)
     tags = current.tags
     if added or removed:
         base = list(current.tags if current.tags is not None else captured_tags)
+        missing = sorted(removed - set(base))
+        if missing:
+            raise UsageError(f"no tag {missing[0]!r} to take off (its tags: {', '.join(base) or 'none'})")
         tags = tuple(dict.fromkeys(t for t in [*base, *added] if t not in removed))
         if len(tags) > MAX_TAGS:
             raise UsageError(f"a version has at most {MAX_TAGS} tags")
