@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ def editable(demo: dict[str, Any], tmp_path: Path) -> modulelens.Repo:
 
 def _form_token(page: str) -> str:
     return re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+
+
+def _poster(web: TestClient, ref: str) -> Callable[..., Any]:
+    """Posts an edit form as the capture page of ``ref`` would (with its form token), not following the redirect."""
+    token = _form_token(web.get(f"/capture/{ref}").text)
+    return lambda what, **fields: web.post(f"/edit/{what}", data={"csrf": token, **fields}, follow_redirects=False)
 
 
 def _tags_on(page: str) -> list[str]:
@@ -193,10 +200,7 @@ def test_editing_needs_the_write_option_the_form_token_and_this_origin(editable:
 def test_aliases_tags_and_descriptions_are_edited_from_the_pages(editable: modulelens.Repo) -> None:
     web = client(editable, allow_write=True)
     ref = "demo/top_mlp:v2"
-    token = _form_token(web.get(f"/capture/{ref}").text)
-
-    def post(what: str, **fields: str) -> Any:
-        return web.post(f"/edit/{what}", data={"csrf": token, **fields}, follow_redirects=False)
+    post = _poster(web, ref)
 
     done = post("tag", ref="demo/top_mlp:latest", value="reviewed")  # an alias is pinned to its version
     assert done.status_code == 303 and done.headers["location"] == f"/capture/{ref}#notes"
@@ -224,10 +228,7 @@ def test_aliases_tags_and_descriptions_are_edited_from_the_pages(editable: modul
 def test_bad_and_stale_edits_are_refused_and_change_nothing(editable: modulelens.Repo) -> None:
     web = client(editable, allow_write=True)
     ref = "demo/top_mlp:v2"
-    token = _form_token(web.get(f"/capture/{ref}").text)
-
-    def post(what: str, **fields: str) -> Any:
-        return web.post(f"/edit/{what}", data={"csrf": token, **fields}, follow_redirects=False)
+    post = _poster(web, ref)
 
     assert post("describe", ref=ref, value="alice's words", expected="").status_code == 303
     stale = post("describe", ref=ref, value="bob's words", expected="")  # bob's form was loaded before alice saved

@@ -28,21 +28,9 @@ from modulelens.interfaces.ui.shown import (
     href_with,
     listed,
     page_in_link,
+    when,
 )
 from modulelens.interfaces.value_text import short_class
-
-_STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")  # a report's "created" (tools' stamp)
-
-
-def when(stamp: Any) -> str:
-    """A stored time as ``2026-12-06 06:02:16Z`` (versions write ISO 8601, reports a compact stamp),
-    so the timeline sorts and reads one way; anything else as bounded text."""
-    text = as_text(stamp, 40) if stamp is not None else ""
-    found = _STAMP.fullmatch(text)
-    if found:
-        year, month, day, hour, minute, second = found.groups()
-        return f"{year}-{month}-{day} {hour}:{minute}:{second}Z"
-    return text.replace("T", " ", 1) if re.fullmatch(r"\d{4}-\d{2}-\d{2}T[\d:.]+Z?", text) else text
 
 
 def name_href(name: str) -> str:

@@ -304,11 +304,14 @@ class RepoView:
         return True
 
     def job_line(self, ref: str) -> dict[str, str] | None:
-        """:meth:`job` as the pages show it: ``host``, ``command``, ``commit`` as bounded text."""
+        """:meth:`job` as the pages show it: ``host``, ``command`` (its first 60 characters;
+        ``command_full`` up to 200), ``commit`` (its first ten characters) as text."""
         job = self._jobs.get(ref)
         if job is None:
             return None
-        return {"host": as_text(job.get("host") or "-", 100), "command": as_text(job.get("command") or "-", 60),
+        command = as_text(job.get("command") or "-", 200)
+        return {"host": as_text(job.get("host") or "-", 100), "command_full": command,
+                "command": command if len(command) <= 60 else command[:59] + "…",  # the whole one in its title
                 "commit": as_text(job.get("git_commit") or "-", 200)[:10]}  # a commit's first ten hex digits
 
     def scan_jobs(self) -> None:

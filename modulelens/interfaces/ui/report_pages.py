@@ -37,6 +37,7 @@ from modulelens.interfaces.ui.shown import (
     shown_number,
     shown_percent,
     shown_ratio,
+    when,
 )
 
 Reports = tuple[list[dict[str, Any]], list[str]]  # a version's reports and the files that are not reports
@@ -48,7 +49,7 @@ def report_line(report: Mapping[str, Any]) -> dict[str, Any]:
     passed = report.get("passed") if isinstance(report.get("passed"), bool) else None
     status = report.get("status") if report.get("status") in _VERDICTS else None
     candidate = mapping_or_empty(report.get("candidate"))
-    return {"kind": as_text(report.get("kind", "?"), 40), "created": as_text(report.get("created", ""), 40),
+    return {"kind": as_text(report.get("kind", "?"), 40), "created": when(report.get("created", "")),
             "passed": None if status == "UNVERIFIED" else passed,
             "verdict": status or ("passed" if passed else "failed" if passed is False else None),
             "file": str(report.get("path", "")).replace("\\", "/").rsplit("/", 1)[-1],

@@ -252,13 +252,9 @@ class _Ui:
     # ---------------------------------------------------------------------------- actions
 
     async def action(self, request: Request) -> Response:
-        if not self.settings.allow_run:
-            return self.page("error.html", {"title": "read-only", "heading": "this server is read-only",
-                                            "message": "start it with modulelens ui --allow-run to replay or profile"}, 403)
-        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
-        if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
-            return self.page("error.html", {"title": "refused", "heading": "refused",
-                                            "message": "the form is not from this server (reload the page)"}, 403)
+        form = await self._form(request, self.settings.allow_run, "--allow-run to replay or profile")
+        if isinstance(form, Response):
+            return form
         kind = request.path_params["kind"]
         if kind not in KINDS:
             return self.not_found(request, None)
@@ -267,18 +263,25 @@ class _Ui:
         job = self.runner.start(kind, refs)
         return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
-    async def edit(self, request: Request) -> Response:
-        """An alias, tag or description changed from a form (``--allow-write``; the form token and
-        the same-origin check as the actions), then back to the page the form was on."""
-        if not self.settings.allow_write:
+    async def _form(self, request: Request, allowed: bool, option: str) -> dict[str, str] | Response:
+        """A posted form's fields, or the 403 page when the server was not started with ``option``
+        or the form does not carry this server's form token (the guard checked its origin)."""
+        if not allowed:
             return self.page("error.html", {"title": "read-only", "heading": "this server is read-only",
-                                            "message": "start it with modulelens ui --allow-write to edit aliases, "
-                                                       "tags and descriptions"}, 403)
+                                            "message": f"start it with modulelens ui {option}"}, 403)
         form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"),
                                               keep_blank_values=True).items()}
         if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
             return self.page("error.html", {"title": "refused", "heading": "refused",
                                             "message": "the form is not from this server (reload the page)"}, 403)
+        return form
+
+    async def edit(self, request: Request) -> Response:
+        """An alias, tag or description changed from a form (``--allow-write``; the form token and
+        the same-origin check as the actions), then back to the page the form was on."""
+        form = await self._form(request, self.settings.allow_write, "--allow-write to edit aliases, tags and descriptions")
+        if isinstance(form, Response):
+            return form
         what = request.path_params["what"]
         if what not in _EDITS:
             return self.not_found(request, None)

@@ -12,6 +12,7 @@ shows as what it is instead of failing the page; numbers go through the one form
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -206,3 +207,17 @@ def shown_percent(value: Any) -> str:
 def shown_bytes(value: Any) -> str:
     number = real_number(value)
     return human_bytes(number) if number is not None else shown_number(value)
+
+
+_STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")  # a report's "created" (tools' stamp)
+
+
+def when(stamp: Any) -> str:
+    """A stored time as ``2026-12-06 06:02:16Z`` (versions write ISO 8601, reports a compact stamp),
+    so the timeline sorts and reads one way; anything else as bounded text."""
+    text = as_text(stamp, 40) if stamp is not None else ""
+    found = _STAMP.fullmatch(text)
+    if found:
+        year, month, day, hour, minute, second = found.groups()
+        return f"{year}-{month}-{day} {hour}:{minute}:{second}Z"
+    return text.replace("T", " ", 1) if re.fullmatch(r"\d{4}-\d{2}-\d{2}T[\d:.]+Z?", text) else text
