@@ -102,6 +102,10 @@ def main() -> None:
         _save(driver, "capture", url)
         driver.execute_script("document.getElementById('use').scrollIntoView()")
         _save(driver, "capture-use-lineage", url)
+        visit(f"/capture/{demo['top_v2']}/call/0", "call-title")
+        _save(driver, "call", url)
+        visit(f"/capture/{demo['top_v2']}/reports", "history-plot")
+        _save(driver, "reports", url)
         visit(f"/diff?a={demo['top_v1']}&b={demo['top_v2']}", "diff-weights")
         driver.execute_script("document.getElementById('diff-weights').scrollIntoView()")
         driver.execute_script("window.scrollBy(0, -60)")
@@ -113,6 +117,17 @@ def main() -> None:
         driver.find_element(By.ID, "run-diff").click()
         wait.until(lambda d: d.find_element(By.ID, "job-state").text in ("done", "failed"))
         _save(driver, "diff-action", url)
+        saved = work / "top_mlp.html"  # the saved file (`modulelens report`), opened from disk
+        driver.get(f"{url}/capture/{demo['top_v2']}")
+        from modulelens.interfaces.ui.export import standalone_html
+        from modulelens.interfaces.ui.repo_view import RepoView
+
+        view = RepoView(repo, scan_jobs=False)
+        saved.write_text(standalone_html(view, view.capture(*repo.resolve(demo["top_v2"]))), encoding="utf-8")
+        requested_urls(driver)
+        driver.get(saved.as_uri())
+        wait.until(ready.presence_of_element_located((By.ID, "capture-ref")))
+        _save(driver, "saved-file", "file://")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ def validate_tag(tag: str) -> str:
     return tag
 
 
+def same_description(given: str, stored: str) -> bool:
+    """Whether ``given`` (a description as a form or a caller sent it back) is ``stored``: line
+    endings and surrounding blank space aside (a browser sends a form's newlines as CRLF)."""
+    return given.replace("\r\n", "\n").replace("\r", "\n").strip() == stored
+
+
 def clean_description(text: str) -> str:
     """A description as stored: line endings made ``\\n``, surrounding blank space removed.
 

@@ -54,7 +54,7 @@ from modulelens.repo.local import LocalStore
 from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
-from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes
+from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes, same_description
 from modulelens.repo.packs import PACK_BELOW, Payloads, pack_payloads, referenced_blobs
 from modulelens.repo.store import Hold, Store, WrittenPayload
 
@@ -846,7 +846,7 @@ class Repo:
             UsageError: the text is too long or holds control characters.
         """
         def change(current: VersionNotes, captured: tuple[str, ...]) -> VersionNotes:
-            if expected is not None and expected != current.description:
+            if expected is not None and not same_description(expected, current.description):
                 raise RepoBusyError(f"{ref}: its description was changed by someone else meanwhile; "
                                     "nothing was written (read it again)")
             return edited(current, captured, description=text)

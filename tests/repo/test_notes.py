@@ -79,7 +79,7 @@ def test_a_stale_description_is_not_overwritten(repo: modulelens.Repo) -> None:
     """Two people edit the same description: the second, who saw the old text, is refused."""
     ref = _save(repo)
     repo.describe(ref, "first words")
-    repo.describe(ref, "alice's words", expected="first words")
+    repo.describe(ref, "alice's words", expected="first words\r\n")  # (a form's text: CRLF, a trailing newline)
     with pytest.raises(RepoBusyError, match="changed by someone else"):
         repo.describe(ref, "bob's words", expected="first words")
     assert repo.notes(ref).description == "alice's words"
