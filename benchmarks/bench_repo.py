@@ -9,6 +9,8 @@
 * a repo of --versions versions under --names names: Repo.list(), show (describe one version) and
   gc --dry-run vs the floor of reading what the layout stores for them: each name's index head and
   log of entries, parsed (_common.read_index; and, for reference, every capture file as layout 1 did).
+  gc again with something to free (an orphan blob), when it also reads every version's capture.json
+  before deleting (issue 35), vs that floor plus reading (not parsing) every capture file.
 * a fresh process: `modulelens ls --repo R` vs `python -c "import torch"`.
 * the pack threshold: writing payloads as blobs of their own vs into a pack, by payload size.
 
@@ -158,6 +160,24 @@ def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[l
     }, cheap)
     gc_times = interleaved({"floor: summaries + blob scan": floor_gc,
                             "gc --dry-run": lambda: modulelens.Repo(root).gc(dry_run=True)}, cheap)
+
+    def floor_gc_reading_captures() -> None:
+        floor_gc()
+        with os.scandir(root / "names") as found:
+            for entry in found:
+                with os.scandir(Path(entry.path, "versions")) as vs:
+                    for v in vs:
+                        if v.name.isdigit():
+                            Path(v.path, "capture.json").read_bytes()  # read, not parsed
+
+    # With something to free (an orphan blob, as a crashed save leaves), gc also reads every version's
+    # capture.json before deleting (issue 35: the index may lie): against the floor of reading them.
+    orphan = os.urandom(64)
+    modulelens.Repo(root).write_blob(hash_bytes(orphan), orphan)
+    freeing_times = interleaved({"floor: summaries + capture files read + blob scan": floor_gc_reading_captures,
+                                 "floor: summaries + blob scan": floor_gc,
+                                 "gc --dry-run, freeing": lambda: modulelens.Repo(root).gc(dry_run=True)}, cheap)
+    assert modulelens.Repo(root).gc(dry_run=True).removed_blobs == 1
     show_times = interleaved({"floor: one capture file": floor_show,
                               "show": lambda: describe(modulelens.Repo(root), show_ref)}, cheap)
     env = fresh_process_env()
@@ -171,6 +191,7 @@ def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[l
     ls_times = interleaved(fresh, rounds)
     assert len(modulelens.Repo(root).list()) == versions
     m = {k: median(v) for d in (times, gc_times, show_times, ls_times) for k, v in d.items()}
+    freeing = {k: median(v) for k, v in freeing_times.items()}
     ratios = {
         "list_vs_floor_summaries": m["Repo.list()"] / m["floor: summaries"],
         "list_right_after_saving_vs_floor_summaries": (median(unsettled["Repo.list() (right after saving)"])
@@ -178,11 +199,15 @@ def many_versions(work: Path, rounds: int, versions: int, names: int) -> tuple[l
         "list_vs_floor_capture_files": m["Repo.list()"] / m["floor: capture files"],
         "gc_dry_run_vs_floor": m["gc --dry-run"] / m["floor: summaries + blob scan"],
         "gc_dry_run_vs_floor_capture_files": m["gc --dry-run"] / m["floor: capture files"],
+        "gc_freeing_vs_floor_reading_captures": (freeing["gc --dry-run, freeing"]
+                                                 / freeing["floor: summaries + capture files read + blob scan"]),
+        "gc_freeing_vs_floor": freeing["gc --dry-run, freeing"] / freeing["floor: summaries + blob scan"],
         "show_vs_floor": m["show"] / m["floor: one capture file"],
         "ls_fresh_process_vs_import_torch": m["modulelens ls"] / m['python -c "import torch"'],
     }
     rows = (_rows(unsettled, f"list {versions} versions right after saving") + _rows(times, f"list {versions} versions")
-            + _rows(gc_times, "gc --dry-run") + _rows(show_times, "show one version") + _rows(ls_times, "fresh process"))
+            + _rows(gc_times, "gc --dry-run") + _rows(freeing_times, "gc --dry-run, freeing")
+            + _rows(show_times, "show one version") + _rows(ls_times, "fresh process"))
     return rows, ratios
 
 

@@ -21,7 +21,7 @@ code the CLI uses for it, so interfaces print one line and exit non-zero, while 
     ├── RepoError                     exit 1   a repo cannot be opened or written
     │   ├── StorageError              exit 8   the filesystem refused (disk full, read-only, permission denied)
     │   └── RemoteRepoError           exit 7   a remote repo is unreachable or lacks conditional writes
-    │       └── RepoBusyError         exit 7   gc is running, or an alias moved concurrently
+    │       └── RepoBusyError         exit 7   gc is running, an alias moved concurrently, or a lock was held past its wait
     ├── KernelError                   exit 1   a kernel problem cannot be exported or a candidate run
     ├── SigningKeyError               exit 1   the per-user signing key cannot be used (caught: nothing is signed)
     └── MissingDependencyError        exit 1   an optional dependency is not installed

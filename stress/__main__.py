@@ -23,12 +23,15 @@ import torch
 from stress.fuzz import fuzz_rows
 from stress.hostile import hostile_capture_row, hostile_repo_row
 from stress.hostile_export import hostile_export_row
+from stress.hostile_index import forged_heads_row, index_lies_row
 from stress.hostile_repo2 import hostile_repo2_rows
 from stress.hostile_terminal import hostile_terminal_row
 from stress.hostile_trust import hostile_trust_row
 from stress.hostile_ui import hostile_ui_row
+from stress.oversized import gigantic_shapes_row, junk_names_row, oversized_row
 from stress.repo_ops import kill_row, race_row, rm_race_row
 from stress.storage import storage_row
+from stress.stuck_locks import stuck_locks_row
 from stress.table import Row, render
 from stress.ui_rows import ui_errors_row, ui_links_row, ui_sizes_row, ui_token_row
 from stress.verdict_rows import export_forward_row, vacuous_verdict_row
@@ -61,6 +64,12 @@ def run(quick: bool, seed: int) -> list[Row]:
         hostile_terminal_row(tmp, colour=not quick),
         hostile_export_row(tmp, payload_count=1 if quick else None),
         storage_row(tmp, ("disk full", "permission denied"), ("api",)) if quick else storage_row(tmp),
+        index_lies_row(tmp),
+        forged_heads_row(tmp),
+        stuck_locks_row(tmp, quick),
+        oversized_row(tmp),
+        junk_names_row(tmp, 20_000 if quick else 100_000),
+        gigantic_shapes_row(tmp),
     ]
     return rows
 

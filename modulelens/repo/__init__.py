@@ -16,9 +16,9 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
     fsck transfer
     remote
     local leases
-    index markers trust _objects
+    index markers trust _objects notes
     layout packs location
-    store names files collector notes
+    store names files collector locks
 
 ``store`` is the interface: the front end (``repository``, ``index``, ``fsck``) and both stores
 (``local``, ``remote``) depend on it, never on each other's internals.

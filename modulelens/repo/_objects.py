@@ -18,11 +18,12 @@ import datetime
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import MissingDependencyError, RemoteRepoError
+from modulelens.errors import CorruptCaptureError, MissingDependencyError, RemoteRepoError
+from modulelens.repo.files import too_large
 
 # S3 puts above this size go through the multipart writer (bounded memory: one part at a time).
 _PART_BYTES = 64 << 20
@@ -57,6 +58,13 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
     while seen is not None:
         yield seen
         seen = seen.__cause__ or seen.__context__
+
+
+def _within(where: str, data: bytes, limit: int | None, hint: str = "") -> bytes:
+    """``data``, unless it is larger than ``limit`` (a backend that told its size only by sending it)."""
+    if limit is not None and len(data) > limit:
+        raise too_large(where, len(data), limit, hint)
+    return data
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -125,33 +133,44 @@ class ObjectStore:
 
     # ------------------------------------------------------------------------------ reads
 
-    def read(self, key: str) -> bytes | None:
+    def read(self, key: str, limit: int | None = None, hint: str = "") -> bytes | None:
         """The object's bytes, or ``None`` when there is none (on S3 one GET: s3fs's ``cat_file``
-        sent a HEAD first, which doubled the requests of a listing: one head read per name)."""
+        sent a HEAD first, which doubled the requests of a listing: one head read per name).
+
+        Raises:
+            CorruptCaptureError: the object is larger than ``limit`` (on S3 its body is not read);
+                ``hint`` is added to the message.
+        """
         if self.s3:
-            return self._s3_get_tagged(key)[0]
+            return self._s3_get_tagged(key, limit, hint)[0]
         try:
-            return bytes(self.fs.cat_file(key))
+            return _within(key, bytes(self.fs.cat_file(key)), limit, hint)
         except FileNotFoundError:
             return None
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self.fs.cat_file(key, start=start, end=end))
 
-    def read_many(self, keys: builtins.list[str]) -> dict[str, bytes]:
-        """Several small objects at once (fsspec fetches them concurrently); missing ones are left out."""
+    def read_many(self, keys: builtins.list[str], limit: Callable[[str], tuple[int, str]] | None = None) -> dict[str, bytes]:
+        """Several small objects at once (fsspec fetches them concurrently); missing ones, and those
+        larger than ``limit(key)`` bytes, are left out."""
         if not keys:
             return {}
         if self.s3:  # one GET each, concurrently (s3fs's ``cat`` sends a HEAD before each GET)
             from fsspec.asyn import sync
 
-            async def get_all() -> list[tuple[bytes | None, str | None]]:
-                return await asyncio.gather(*(self._s3_get(key) for key in keys))
+            async def get(key: str) -> bytes | None:
+                with contextlib.suppress(CorruptCaptureError):  # over its limit: left out, unread
+                    return (await self._s3_get(key, limit(key)[0] if limit else None))[0]
+                return None
 
-            return {key: data for key, (data, _) in zip(keys, sync(self.fs.loop, get_all), strict=True)
-                    if data is not None}
+            async def get_all() -> list[bytes | None]:
+                return await asyncio.gather(*(get(key) for key in keys))
+
+            return {key: data for key, data in zip(keys, sync(self.fs.loop, get_all), strict=True) if data is not None}
         found = self.fs.cat(keys, on_error="omit")
-        return {k: bytes(v) for k, v in found.items() if not isinstance(v, BaseException)}
+        return {k: bytes(v) for k, v in found.items()
+                if not isinstance(v, BaseException) and (limit is None or len(v) <= limit(k)[0])}
 
     def info(self, key: str) -> dict[str, Any] | None:
         """An object's metadata (size, ETag, modification time), ``None`` when there is none. On
@@ -189,6 +208,49 @@ class ObjectStore:
         except FileNotFoundError:
             return {}
         return {str(item["name"]).rstrip("/").rsplit("/", 1)[-1]: item.get("type", "file") for item in found}
+
+    def folders_holding(self, prefix: str, file: str, folder: str) -> builtins.list[str]:
+        """The folders directly under ``prefix`` that hold the object ``file`` or the folder
+        ``folder`` (the names of a repo: an index head, or versions), from one listing.
+
+        On S3 one ``ListObjectsV2`` (paged) whose delimiter is ``/<folder>/``: every object under a
+        ``<folder>/`` is rolled up into one prefix per parent, so the listing returns a few entries
+        per real name and one per other object, and nothing else is asked about other folders (a
+        LIST per folder before: 100,000 junk folders cost 100,000 requests). ``memory://`` looks at
+        its keys in one pass; other backends cannot be told the delimiter: every folder counts.
+        """
+        base = self.key(prefix).rstrip("/") + "/"
+        found: set[str] = set()
+        if self.s3:
+            bucket, path, _ = self.fs.split_path(base)
+            path = path.rstrip("/") + "/"
+            rolled = f"/{folder}/"
+            token: dict[str, str] = {}
+            while True:
+                page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=path, Delimiter=rolled, **token)
+                for entry in page.get("Contents", ()):
+                    parent, _, rest = str(entry["Key"])[len(path):].partition("/")
+                    if rest == file:
+                        found.add(parent)
+                for entry in page.get("CommonPrefixes", ()):
+                    parent, _, rest = str(entry["Prefix"])[len(path):].partition("/")
+                    if rest == f"{folder}/":
+                        found.add(parent)
+                if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                    break
+                token = {"ContinuationToken": page["NextContinuationToken"]}
+            return sorted(found)
+        if self.memory:
+            try:
+                keys = self.fs.find(base)
+            except FileNotFoundError:
+                return []
+            for key in keys:
+                parent, _, rest = self.relative(key)[len(prefix) + 1:].partition("/")
+                if rest == file or rest.startswith(f"{folder}/"):
+                    found.add(parent)
+            return sorted(found)
+        return sorted(name for name, kind in self.ls(prefix).items() if kind == "directory")
 
     def exists(self, key: str) -> bool:
         return self.info(key) is not None
@@ -258,27 +320,28 @@ class ObjectStore:
         self.fs.invalidate_cache(key)
         return str(response.get("ETag") or "") or None
 
-    def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+    def read_tagged(self, key: str, limit: int | None = None, hint: str = "") -> tuple[bytes | None, str | None]:
         """An object's bytes and the tag :meth:`replace` compares against (on S3 one GET, which
-        returns both)."""
+        returns both); refused as :meth:`read` is over ``limit``."""
         if self.memory:
             with self._exclusive():
-                data = self.read(key)
+                data = self.read(key, limit, hint)
                 return data, None if data is None else self._memory_tag(data)
         if self.s3:
-            return self._s3_get_tagged(key)
+            return self._s3_get_tagged(key, limit, hint)
         info = self.info(key)
         if info is None:
             return None, None
-        return self.read(key), self.tag(info)
+        return self.read(key, limit, hint), self.tag(info)
 
-    def _s3_get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+    def _s3_get_tagged(self, key: str, limit: int | None = None, hint: str = "") -> tuple[bytes | None, str | None]:
         from fsspec.asyn import sync
 
-        return sync(self.fs.loop, self._s3_get, key)
+        return sync(self.fs.loop, self._s3_get, key, limit, hint)
 
-    async def _s3_get(self, key: str) -> tuple[bytes | None, str | None]:
-        """One GET: the object's bytes and ETag, ``(None, None)`` when there is none."""
+    async def _s3_get(self, key: str, limit: int | None = None, hint: str = "") -> tuple[bytes | None, str | None]:
+        """One GET: the object's bytes and ETag, ``(None, None)`` when there is none; an object
+        larger than ``limit`` is refused from the length the response announces, its body unread."""
         bucket, path, _ = self.fs.split_path(key)
         try:
             response = await self.fs._call_s3("get_object", Bucket=bucket, Key=path)
@@ -286,10 +349,13 @@ class ObjectStore:
             return None, None
         body = response["Body"]
         try:
-            data = await body.read()
+            size = response.get("ContentLength")
+            if limit is not None and isinstance(size, int) and size > limit:
+                raise too_large(f"s3://{bucket}/{path}", size, limit, hint)
+            data = await body.read()  # (read(n) may return fewer bytes than there are: never a prefix)
         finally:
             body.close()
-        return bytes(data), response.get("ETag")
+        return _within(f"s3://{bucket}/{path}", bytes(data), limit, hint), response.get("ETag")
 
     @staticmethod
     def _memory_tag(data: bytes) -> str:

@@ -124,12 +124,21 @@ def _open_checked(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
     return fd, info
 
 
-def read_regular(path: str | os.PathLike[str]) -> bytes:
+def read_regular(path: str | os.PathLike[str], *, limit: int | None = None, hint: str = "") -> bytes:
     """The bytes of a regular file inside a repo (see :func:`open_regular`), in four system calls
     (open, fstat, read, close): ``open().read()`` makes nine (an ioctl, two seeks, a second fstat
     and a read to find the end), which cost a listing of 2,000 versions more than the two ``stat``
     calls that check each summary (strace, benchmarks/bench_repo.py). ``O_NONBLOCK`` does not apply
     to a regular file's reads, so the descriptor is read as it was opened.
+
+    Args:
+        path: a file inside a repo.
+        limit: the most bytes the caller takes: a larger file (or one that grows past it while it
+            is read) is refused before more than ``limit`` bytes are read (:func:`too_large`).
+        hint: added to that refusal (how to raise the limit).
+
+    Raises:
+        CorruptCaptureError: a link, not a regular file, or over ``limit``.
 
     Example::
 
@@ -137,15 +146,26 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
     """
     fd, info = _open_checked(path)
     try:
+        if limit is not None and info.st_size > limit:
+            raise too_large(path, info.st_size, limit, hint)
         data = os.read(fd, info.st_size + 1)  # a regular file reads short only at its end
         if len(data) > info.st_size:  # it grew meanwhile: read on to the end
             chunks = [data]
+            size = len(data)
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    raise too_large(path, size, limit, hint)
             data = b"".join(chunks)
         return data
     finally:
         os.close(fd)
+
+
+def too_large(where: object, size: int, limit: int, hint: str = "") -> CorruptCaptureError:
+    """The one-line refusal of a file of ``size`` bytes, over the ``limit`` its reader allows."""
+    return CorruptCaptureError(f"{where} is {size:,} bytes, more than the {limit:,} modulelens reads of such a file{hint}")
 
 
 def require_dir(path: str | os.PathLike[str]) -> os.stat_result:

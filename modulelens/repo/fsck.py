@@ -310,6 +310,10 @@ class _Checker:
         """The entries readers take from the name's stored index without reading capture files
         (repo/index.py) must agree with the versions on blobs: gc frees what they do not list."""
         key = f"{prefix}/{SUMMARY_FILE}"
+        why = self.repo.summary_problem(name)
+        if why is not None:
+            self.problem("summary", key, f"not used ({why}); readers rebuild the index from the folders")
+            return
         stored = self.repo.stored_summary(name)
         if stored is None:
             return  # nothing stored is trusted: readers rebuild it from the folders

@@ -40,7 +40,6 @@ import itertools
 import json
 import operator
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -50,8 +49,8 @@ from typing import Any, TypeVar
 import xxhash
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, RemoteRepoError, RepoBusyError
-from modulelens.repo.layout import CAPTURE_FILE, SUMMARY_FILE, summary_log
-from modulelens.repo.packs import referenced_blobs
+from modulelens.repo.layout import CAPTURE_FILE, MAX_VERSION, SUMMARY_FILE, max_metadata_bytes, summary_log
+from modulelens.repo.packs import mentioned_blobs, referenced_blobs
 from modulelens.repo.store import Store
 
 __all__ = ["SUMMARY_FILE", "NameIndex", "Summaries", "damaged_entry", "version_entry"]
@@ -93,7 +92,7 @@ def version_entry(metadata: dict[str, Any]) -> Entry:
 def damaged_entry(raw: bytes, problem: str) -> Entry:
     """The entry of a version whose metadata cannot be read: it still lists (with its problem),
     and gc keeps every payload hash its file mentions, in case a repair needs them."""
-    blobs = sorted({m.decode() for m in re.findall(rb"blake3:[0-9a-f]{64}", raw)})
+    blobs = sorted(mentioned_blobs([raw]))
     return {"created": "", "tags": [], "nbytes": 0, "module_class": "", "calls": 0, "blobs": blobs, "problem": problem}
 
 
@@ -152,30 +151,88 @@ def _line(number: int, entry: Entry) -> bytes:
 
 
 def _parse_head(raw: bytes | None, *, appends: bool) -> NameIndex | None:
-    """A stored head of this format, or ``None`` (missing, a layout-2 summary, damaged, or a read
-    torn by a concurrent rewrite in place: its checksum does not match)."""
-    if not raw or not raw.startswith(b'{"check":"') or raw[26:28] != b'",':
+    """A stored head of this format, or ``None`` (missing, a layout-2 summary, damaged, forged, or a
+    read torn by a concurrent rewrite in place: its checksum does not match)."""
+    try:
+        return _checked_head(raw, appends=appends)
+    except _BadHeadError:
         return None
-    if xxhash.xxh3_64_hexdigest(raw[28:].rstrip()).encode() != raw[10:26]:
+
+
+class _BadHeadError(Exception):
+    """Why a stored head is not used (:func:`head_problem` tells fsck)."""
+
+
+def head_problem(raw: bytes | None, *, appends: bool) -> str | None:
+    """Why a stored head would not be used (readers and writers rebuild the index from the folders
+    instead), ``None`` when it would be, or when there is none or it is a layout-2 summary."""
+    if not raw or not raw.startswith(b'{"check":"'):
         return None
     try:
+        _checked_head(raw, appends=appends)
+    except _BadHeadError as error:
+        return str(error)
+    return None
+
+
+def _checked_head(raw: bytes | None, *, appends: bool) -> NameIndex | None:
+    if not raw or not raw.startswith(b'{"check":"'):
+        return None  # missing, or a layout-2 summary (rebuilt, reusing its entries)
+    if raw[26:28] != b'",' or xxhash.xxh3_64_hexdigest(raw[28:].rstrip()).encode() != raw[10:26]:
+        raise _BadHeadError("its checksum does not match (damaged, or a read torn by a concurrent write)")
+    try:
         data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("summary") != FORMAT:
-            return None
-        index = NameIndex(used=int(data["used"]), latest=int(data["latest"]), count=int(data.get("count", 0)),
-                          aliases={str(k): int(v) for k, v in data["aliases"].items()},
-                          reserved={str(k): dict(v) for k, v in data.get("reserved", {}).items()},
-                          removing=[int(n) for n in data.get("removing", ())],
-                          changing={str(k): dict(v) for k, v in data.get("changing", {}).items()}, stored=True)
-        if appends:
-            index.log, index.log_bytes, index.dead = int(data["log"]), int(data["log_bytes"]), int(data.get("dead", 0))
-        else:
-            versions = data["versions"]
-            if not isinstance(versions, dict):
-                return None
-            index.versions = {int(k): dict(v) for k, v in versions.items()}
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return None
+    except (ValueError, RecursionError) as error:
+        raise _BadHeadError(f"not JSON ({error})") from None
+    if not isinstance(data, dict) or data.get("summary") != FORMAT:
+        raise _BadHeadError(f"not an index head of format {FORMAT}")
+    try:
+        index = _head_fields(data, appends=appends)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise _BadHeadError(str(error)[:200]) from None
+    return index
+
+
+def _number(data: dict[str, Any], key: str, *, high: int = MAX_VERSION, default: int | None = None) -> int:
+    """``data[key]``, a whole number in ``[0, high]`` (a bool, a float or a number out of range is a
+    forged or damaged head: ``used = 10**30`` would make the next save ``v1000...001``)."""
+    value = data.get(key, default) if default is not None else data[key]
+    if type(value) is not int or not 0 <= value <= high:
+        raise ValueError(f"{key} is {str(value)[:40]}, not a whole number from 0 to {high:,}")
+    return value
+
+
+def _version_number(value: Any, used: int, what: str) -> int:
+    """A version number the head names: 1 to ``used`` (the highest number ever taken)."""
+    number = int(value) if type(value) is str and value.isdigit() and len(value) <= 10 else value
+    if type(number) is not int or not 1 <= number <= used:
+        raise ValueError(f"{what} is {str(value)[:40]}, not a version from 1 to used ({used})")
+    return number
+
+
+def _head_fields(data: dict[str, Any], *, appends: bool) -> NameIndex:
+    """The head's fields, each checked for its type and range and against the others."""
+    used = _number(data, "used")
+    latest = _number(data, "latest", high=used)
+    aliases, reserved, changing = data["aliases"], data.get("reserved", {}), data.get("changing", {})
+    removing = data.get("removing", [])
+    if not (type(aliases) is dict and type(reserved) is dict and type(changing) is dict and type(removing) is list):
+        raise ValueError("aliases, reserved or changing is not a table, or removing not a list")
+    if not all(type(v) is dict for v in (*reserved.values(), *changing.values())):
+        raise ValueError("a reservation or an alias move is not a table")
+    index = NameIndex(used=used, latest=latest, count=_number(data, "count", default=0),
+                      aliases={str(k): _version_number(v, used, f"alias {str(k)[:40]!r}") for k, v in aliases.items()},
+                      reserved={str(_version_number(k, used, "a reserved number")): dict(v) for k, v in reserved.items()},
+                      removing=[_version_number(n, used, "a number being removed") for n in removing],
+                      changing={str(k): dict(v) for k, v in changing.items()}, stored=True)
+    if appends:
+        index.log, index.dead = _number(data, "log"), _number(data, "dead", default=0)
+        index.log_bytes = _number(data, "log_bytes", high=max_metadata_bytes())
+    else:
+        versions = data["versions"]
+        if type(versions) is not dict or not all(type(v) is dict for v in versions.values()):
+            raise ValueError("versions is not a table of entries")
+        index.versions = {_version_number(k, used, "a listed version"): dict(v) for k, v in versions.items()}
     return index
 
 
@@ -352,6 +409,22 @@ class Summaries:
         return ({str(k): e for k, e in entries.items() if k not in index.removing} | {k: {} for k in pending}
                 | removing), True
 
+    def head_problem(self, prefix: str) -> str | None:
+        """Why the stored head of the name at ``prefix`` is not used (damaged or forged: the index is
+        rebuilt from the folders instead), for fsck; ``None`` when it is used or there is none."""
+        for _attempt in range(2):  # (a read torn by a writer rewriting the head fails its checksum once)
+            try:
+                raw = self.store.read(f"{prefix}/{SUMMARY_FILE}")
+            except _UNREADABLE as error:
+                return str(error) if isinstance(error, CorruptCaptureError) else None
+            problem = head_problem(raw, appends=self._appends)
+            if problem is None or "checksum" not in problem:
+                break
+        if problem is None and raw and (index := _parse_head(raw, appends=self._appends)) is not None \
+                and index.versions is None and self._log_entries(prefix, index) is None:
+            return "its log cannot be read, or lists versions above the highest number the head says was used"
+        return problem
+
     def _stored(self, prefix: str, *, tagged: bool = False, raw: bytes | None = None) -> NameIndex | None:
         """The stored head, or ``None``; ``tagged`` (a writer about to swap it): with its tag (a
         reader reads without one, which also works offline from the mirror); ``raw``: read already."""
@@ -382,7 +455,13 @@ class Summaries:
             return None
         if data is None or len(data) < index.log_bytes:
             return None
-        return _parse_log(data[:index.log_bytes])
+        entries = _parse_log(data[:index.log_bytes])
+        # Each entry's number is one the head says was taken (a log of a forged or damaged head, or
+        # a forged line, is not used: the index is rebuilt from the folders). Checked in C passes:
+        # a listing of 100,000 versions reads them all.
+        if entries and (set(map(type, entries)) != {int} or min(entries) < 1 or max(entries) > index.used):
+            return None
+        return entries
 
     def _reader_view(self, name: str, prefix: str, index: NameIndex) -> None:
         """What a stored head says once writes in progress are looked at (never written back)."""
@@ -458,6 +537,7 @@ class Summaries:
         given up unused (taken by a writer the index did not know of: it is rebuilt)."""
         lines = b"".join(_line(n, e) for n, e in sorted(entries.items()))
         appended: dict[int, int] = {}  # log generation -> where our lines end in it
+        cancelled: dict[int, int] = {}  # log generation -> where the rm lines of versions removed meanwhile end
 
         def change(index: NameIndex) -> None:
             if self._appends:
@@ -469,12 +549,27 @@ class Summaries:
             else:
                 assert index.versions is not None
                 index.versions.update({n: _plain(e) for n, e in entries.items()})
+            # An rm that saw a version reserved and visible may have removed it between its publish
+            # and now; its entry must not bring it back (the race row found versions listed whose
+            # folders were gone). Looked at after our lines are in: an rm that removes it later
+            # appends its own line after ours.
+            gone = [n for n in entries if not self.store.exists(f"{prefix}/versions/{n}/{CAPTURE_FILE}")]
+            if gone and self._appends:
+                if index.log not in cancelled:
+                    cancelled[index.log] = self.store.append(f"{prefix}/{summary_log(index.log)}",
+                                                             b"".join(json.dumps({"rm": n}).encode() + b"\n" for n in gone))
+                index.log_bytes = max(index.log_bytes, cancelled[index.log])
+                index.dead += len(gone)
+            for number in gone:
+                (index.versions or {}).pop(number, None)
             for number in (*entries, *released):
                 index.reserved.pop(str(number), None)
-            index.count += len(entries)
+            kept = [n for n in entries if n not in gone]
+            index.count += len(kept)
             if entries:
                 index.used = max(index.used, *entries)
-                index.latest = max(index.latest, *entries)
+            if kept:
+                index.latest = max(index.latest, *kept)
         return self._update(name, prefix, change)[0]
 
     def begin_removal(self, name: str, prefix: str, numbers: Iterable[int]) -> NameIndex:
@@ -557,7 +652,19 @@ class Summaries:
 
     def _store_rebuilt(self, name: str, prefix: str, index: NameIndex, *, tag: str | None) -> NameIndex:
         """Store ``index`` (entries complete) over the head that had ``tag``: a new log generation
-        first, then the head; the old log goes once the head names the new one."""
+        first, then the head; the old log goes once the head names the new one.
+
+        Raises:
+            RepoBusyError: another writer changed the head meanwhile, or its lock was held past its deadline.
+        """
+        stored = self._try_store_rebuilt(prefix, index, tag=tag)
+        if stored is None:
+            raise RepoBusyError(f"the index of {name} changed while it was rebuilt; run again")
+        return stored
+
+    def _try_store_rebuilt(self, prefix: str, index: NameIndex, *, tag: str | None) -> NameIndex | None:
+        """:meth:`_store_rebuilt`, ``None`` when another writer changed the head meanwhile (a lock
+        held past its deadline still raises: trying again would wait as long again)."""
         old = index.log if index.stored else 0
         index.count = len(index.versions or {})
         index.latest = max(index.versions or {}, default=0)
@@ -571,7 +678,7 @@ class Summaries:
             if self._appends:
                 with contextlib.suppress(OSError, CorruptCaptureError):
                     self.store.remove(f"{prefix}/{summary_log(index.log)}")
-            raise RepoBusyError(f"the index of {name} changed while it was rebuilt; run again")
+            return None
         if self._appends:
             for stale in self._log_files(prefix):
                 if stale != summary_log(index.log):
@@ -600,11 +707,10 @@ class Summaries:
             if index is None:
                 rebuilt = self._rebuilt(name, prefix, None)
                 self.fill(name, rebuilt)
-                try:
-                    index = self._store_rebuilt(name, prefix, rebuilt, tag=tag)
-                except RepoBusyError:
-                    continue
-                tag, rebuild = index.tag, False
+                stored = self._try_store_rebuilt(prefix, rebuilt, tag=tag)
+                if stored is None:
+                    continue  # changed meanwhile: read it again
+                index, tag, rebuild = stored, stored.tag, False
             index.tag = tag
             try:
                 result = change(index)

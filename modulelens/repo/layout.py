@@ -9,6 +9,7 @@ staging, summaries, verification markers) is each store's own business.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,52 @@ SUMMARY_FILE = "summary.json"  # a name's index head (layout 3) or its summary (
 REPORTS = "reports"
 NOTES_FILE = "notes.json"  # a name's descriptions and edited tags (repo/notes.py)
 _SUMMARY_LOG = re.compile(r"summary-[0-9]+\.log")
+#: The highest version number a name can have: a folder or an index naming a higher one is not a
+#: version (a forged ``used = 10**30`` would otherwise make the next save ``v1000...001``).
+MAX_VERSION = 10**9
+_MAX_DIGITS = len(str(MAX_VERSION))
+
+# How large each kind of file a load or a listing parses may be (issue 35: one hostile file must not
+# cost gigabytes of memory before it is refused). Metadata (a capture.json, a name's index) grows with
+# what was captured: a call of a million tensors writes ~210 MiB of capture.json, under the default;
+# the others are small by construction.
+_METADATA_MIB = 512
+_ALIAS_BYTES = 64  # "<version number>\n"
+_MARKER_BYTES = 4 << 10  # modulelens-repo.json: {"layout_version": N}
+_REPORT_BYTES = 64 << 20  # a tool's report (profile, verify...)
+NOTES_BYTES = 4 << 20  # a name's notes (repo/notes.py: thousands of described versions)
+
+
+def max_metadata_bytes() -> int:
+    """The largest ``capture.json`` or index file (head or log) modulelens reads:
+    ``MODULELENS_MAX_METADATA_MIB`` MiB (default 512)."""
+    try:
+        return max(1, int(float(os.environ.get("MODULELENS_MAX_METADATA_MIB", _METADATA_MIB)) * (1 << 20)))
+    except ValueError:
+        return _METADATA_MIB << 20
+
+
+def read_limit(key: str) -> tuple[int, str]:
+    """The most bytes a store reads at ``key`` (by the kind of file it names), and what its refusal
+    adds (how to raise the limit, where one can): a larger file is refused before any of it is read
+    (:func:`modulelens.repo.files.too_large`)."""
+    parts = key.split("/")
+    if parts[-1] == MARKER:
+        return _MARKER_BYTES, ""
+    if len(parts) >= 2 and parts[-2] == "aliases":
+        return _ALIAS_BYTES, ""
+    if len(parts) >= 2 and parts[-2] == REPORTS:
+        return _REPORT_BYTES, ""
+    if parts[-1] == NOTES_FILE:
+        return NOTES_BYTES, ""
+    return max_metadata_bytes(), " (MODULELENS_MAX_METADATA_MIB raises the limit)"
+
+
+def is_version_number(text: str) -> bool:
+    """Whether a folder (or key segment) names a version: 1 to :data:`MAX_VERSION` in ASCII digits,
+    no leading zero (a number beyond it is not a version, so it never makes a save take it plus one)."""
+    return text.isascii() and text.isdigit() and text[0] != "0" and (
+        len(text) < _MAX_DIGITS or (len(text) == _MAX_DIGITS and int(text) <= MAX_VERSION))
 
 
 def summary_log(generation: int) -> str:

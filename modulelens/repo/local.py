@@ -51,7 +51,20 @@ from modulelens.repo.files import (
     require_dir,
     write_new_file,
 )
-from modulelens.repo.layout import CAPTURE_FILE, HEX64, MARKER, NOTES_FILE, REPORTS, SUMMARY_FILE, blob_key, is_summary_log
+from modulelens.repo.layout import (
+    CAPTURE_FILE,
+    HEX64,
+    MARKER,
+    MAX_VERSION,
+    NOTES_FILE,
+    REPORTS,
+    SUMMARY_FILE,
+    blob_key,
+    is_summary_log,
+    is_version_number,
+    read_limit,
+)
+from modulelens.repo.locks import busy, lock_wait_s, wait_for
 from modulelens.repo.markers import (
     MARK_MIN_BYTES,
     MARK_MIN_PACK_BYTES,
@@ -89,6 +102,9 @@ _TOMBSTONE_RE = re.compile(r"[0-9]+\.removed")
 _SHARD_RE = re.compile(r"[0-9a-f]{2}")
 _LOCK_FILES = ("lock", "lock-gate")
 _COPY_STEP = 8 << 20  # bytes read, hashed and written at a time by a copy from another repo
+# How long gc leaves lock-gate open between its turns: longer than a waiting save's longest pause
+# between two tries (locks.py), so the saves queued behind it pass.
+_GATE_PAUSE_S = 0.25
 
 
 class _Locked(Hold):
@@ -132,7 +148,7 @@ class LocalStore(Store):
 
     def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
         try:
-            return read_regular(self.root / marker)
+            return _read_key(self.root / marker, marker)
         except FileNotFoundError:
             if not create:
                 raise CaptureNotFoundError(f"no modulelens repo at {self.root}") from None
@@ -164,17 +180,19 @@ class LocalStore(Store):
             self._folder(folder, create=create_folder)
         return f"{self.location}/{key}"
 
-    def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False) -> str:
+    def _folder(self, prefix: str, *, create: bool = False, create_all: bool = False,
+                checked: set[str] | None = None) -> str:
         """The path of the folder ``prefix`` after checking each folder on the way with ``lstat``.
         ``create``: make it when missing (the one above must exist), and a missing top-level
         folder too (``names/`` that ``fsck --repair`` moved aside: a name's index is written before
         its first version); ``create_all``: make every missing one, each inside a folder just
-        checked (a name's first save), durably."""
+        checked (a name's first save), durably. ``checked``: folders a caller reading many keys
+        found to be real ones already (not looked at again; those found here are added)."""
         parts = prefix.split("/")
         path = self.location
         for index, part in enumerate(parts):
             parent, path = path, f"{path}/{part}"
-            if index == 0 and part in self._checked:
+            if (index == 0 and part in self._checked) or (checked is not None and path in checked):
                 continue
             try:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
@@ -191,6 +209,8 @@ class LocalStore(Store):
                 # names/, blobs/: checked once per store object (a listing reads a file in each of
                 # 200 name folders; re-checking names/ each time was a twentieth of it)
                 self._checked.add(part)
+            elif checked is not None:
+                checked.add(path)
         return path
 
     def _tmp_path(self, suffix: str = "") -> Path:
@@ -230,17 +250,20 @@ class LocalStore(Store):
 
     def read(self, key: str, *, immutable: bool = False) -> bytes | None:
         try:
-            return read_regular(self._file(key))  # json.loads decodes; undecodable bytes are a ValueError there
+            return _read_key(self._file(key), key)  # json.loads decodes; undecodable bytes are a ValueError there
         except FileNotFoundError:
             return None
 
     def read_many(self, keys: Collection[str], *, immutable: bool = False) -> dict[str, bytes]:
+        """Each folder on the way is checked once per call (the versions of a name share two: a gc
+        reading every capture file made three ``lstat`` per version)."""
         found = {}
+        checked: set[str] = set()
         for key in keys:
             with contextlib.suppress(OSError, CorruptCaptureError):  # a linked file is left out, never read
-                data = self.read(key)
-                if data is not None:
-                    found[key] = data
+                folder, _, leaf = key.rpartition("/")
+                path = f"{self._folder(folder, checked=checked)}/{leaf}" if folder else f"{self.location}/{key}"
+                found[key] = _read_key(path, key)
         return found
 
     def write(self, key: str, data: bytes, *, durable: bool = True) -> None:
@@ -248,19 +271,19 @@ class LocalStore(Store):
 
     def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
         try:
-            return self._tagged(self._file(key))
+            return self._tagged(self._file(key), key)
         except FileNotFoundError:
             return None, None
 
     @staticmethod
-    def _tagged(path: str) -> tuple[bytes | None, str | None]:
+    def _tagged(path: str, key: str) -> tuple[bytes | None, str | None]:
         try:
             info = os.lstat(path)
         except FileNotFoundError:
             return None, None
         if not stat.S_ISREG(info.st_mode):  # a link or other entry: replaced by the write, never written through
             return None, f"entry:{info.st_ino}:{info.st_mtime_ns}"
-        data = read_regular(path)
+        data = _read_key(path, key)
         return data, _content_tag(data)
 
     def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
@@ -273,10 +296,13 @@ class LocalStore(Store):
         machine against 8 us for the write. A reader may then see a torn write, which the caller's
         format must let it tell (the index head carries a checksum: repo/index.py)."""
         path = self._file(key, create_folder=True)
-        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        folder = os.path.dirname(path)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            current, current_tag = self._tagged(path)
+            waited = lock_wait_s()
+            if not wait_for(fd, exclusive=True, deadline=time.monotonic() + waited):
+                raise busy(folder, fd, waited, f"writing {self.where(key)}")
+            current, current_tag = self._tagged(path, key)
             if current_tag != tag:
                 return None
             if durable or current is None:  # (a new file: its rename overwrites nothing)
@@ -351,10 +377,13 @@ class LocalStore(Store):
     # ------------------------------------------------------------------------------ names, versions
 
     def names(self) -> list[str]:
-        """Raises ``CorruptCaptureError`` when ``names/`` is a link or not a folder."""
+        """One ``lstat`` per real name (its head), two per other folder: 100,000 empty folders
+        planted in ``names/`` made a listing read and scan each (25 s; now ~0.5 s, issue 35).
+        Raises ``CorruptCaptureError`` when ``names/`` is a link or not a folder."""
         try:
             with os.scandir(self._folder("names")) as found:
-                return [entry.name for entry in found if entry.is_dir(follow_symlinks=False)]
+                return [entry.name for entry in found if entry.is_dir(follow_symlinks=False)
+                        and (os.path.lexists(f"{entry.path}/{SUMMARY_FILE}") or os.path.lexists(f"{entry.path}/versions"))]
         except FileNotFoundError:
             return []
 
@@ -366,8 +395,8 @@ class LocalStore(Store):
         with contextlib.suppress(FileNotFoundError), os.scandir(self._folder(f"{prefix}/versions")) as found:
             for entry in found:
                 number = entry.name.removesuffix(TOMBSTONE)
-                if not number.isdigit():
-                    continue
+                if not is_version_number(number):
+                    continue  # (fsck reports it)
                 used = max(used, int(number))
                 if number == entry.name:
                     try:
@@ -385,7 +414,7 @@ class LocalStore(Store):
             for entry in found:
                 if not entry.name.startswith("."):  # a linked or odd alias is skipped here, reported by fsck
                     with contextlib.suppress(ValueError, OSError, CorruptCaptureError):
-                        result[entry.name] = int(read_regular(entry.path).decode().strip())
+                        result[entry.name] = int(_read_key(entry.path, f"{prefix}/aliases/{entry.name}").decode().strip())
         return dict(sorted(result.items()))
 
     def publish(self, prefix: str, files: Mapping[str, bytes], *, folders: Collection[str] = (),
@@ -583,11 +612,14 @@ class LocalStore(Store):
         if sampled is False:
             raise CorruptCaptureError(f"payload {path} is corrupted: a sampled chunk does not hash as recorded")
         if sampled is None:
-            actual = hash_file(path)
-            if actual != digest:
-                raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
-            if pack:
-                check_members(path)
+            try:
+                actual = hash_file(path)
+                if actual != digest:
+                    raise CorruptCaptureError(f"payload {path} is corrupted: its content hashes to {actual}")
+                if pack:
+                    check_members(path)
+            except FileNotFoundError:  # freed meanwhile by a gc (after an rm of the version being loaded)
+                raise CorruptCaptureError(f"payload {digest} is missing from {self.root}") from None
             if marked:
                 write_marker(path, self._markers(create=True), pack=pack)
         return path
@@ -693,7 +725,7 @@ class LocalStore(Store):
             finally:
                 self._held.depth = depth
             return
-        with self._lock(exclusive=False):
+        with self._shared_lock():
             self._held.depth = 1
             try:
                 yield _LOCKED
@@ -702,28 +734,48 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def exclusive(self, wait_s: float = 600.0) -> Iterator[float]:
-        with self._lock(exclusive=True):
+        """``lock`` exclusively, behind the turnstile (see :meth:`_shared_lock`), within ``wait_s``.
+
+        gc holds ``lock-gate`` while it waits for the saves in progress to leave ``lock``, but for
+        at most half of a save's own wait (:func:`~modulelens.repo.locks.lock_wait_s`) at a time:
+        a save stopped in a debugger would otherwise keep gc, and every save queued behind gc,
+        waiting; it then lets the queued saves pass and queues again."""
+        deadline = time.monotonic() + wait_s
+        with self._lock_file("lock-gate") as gate, self._lock_file("lock") as lock:
+            while True:
+                if not wait_for(gate, exclusive=True, deadline=deadline):
+                    raise busy(f"{self.root}/lock-gate", gate, wait_s, "gc (or fsck --repair) of " + self.location)
+                turn = min(deadline, time.monotonic() + lock_wait_s() / 2)
+                if wait_for(lock, exclusive=True, deadline=turn):
+                    break
+                if time.monotonic() >= deadline:
+                    raise busy(f"{self.root}/lock", lock, wait_s, "gc (or fsck --repair) of " + self.location)
+                fcntl.flock(gate, fcntl.LOCK_UN)  # let the saves queued behind this gc pass
+                time.sleep(_GATE_PAUSE_S)
             yield time.time()
 
     @contextlib.contextmanager
-    def _lock(self, exclusive: bool) -> Iterator[None]:
-        """Saves hold ``lock`` shared, gc and ``fsck --repair`` exclusively. Linux grants a shared
-        ``flock`` while an exclusive one waits, so saves run back to back kept gc waiting forever
-        (issue 12). A turnstile, ``lock-gate``, makes it fair: a saver passes it (held exclusively
-        for an instant) before taking ``lock``; gc holds it while it waits for ``lock``, so new saves
-        queue behind gc, saves in progress finish, and gc runs."""
-        with self._flock("lock-gate", exclusive=True) if exclusive else self._passing_gate():
-            with self._flock("lock", exclusive=exclusive):
-                yield
+    def _shared_lock(self) -> Iterator[None]:
+        """Saves hold ``lock`` shared, gc and ``fsck --repair`` exclusively (:meth:`exclusive`).
+        Linux grants a shared ``flock`` while an exclusive one waits, so saves run back to back
+        kept gc waiting forever (issue 12). A turnstile, ``lock-gate``, makes it fair: a saver
+        passes it (held exclusively for an instant) before taking ``lock``; gc holds it while it
+        waits for ``lock``, so new saves queue behind gc, saves in progress finish, and gc runs.
+        A saver waits for each at most :func:`~modulelens.repo.locks.lock_wait_s` (issue 35)."""
+        waited = lock_wait_s()
+        deadline = time.monotonic() + waited
+        doing = f"writing into {self.location}"
+        with self._lock_file("lock-gate") as gate:
+            if not wait_for(gate, exclusive=True, deadline=deadline):
+                raise busy(f"{self.root}/lock-gate", gate, waited, doing)
+        with self._lock_file("lock") as lock:
+            if not wait_for(lock, exclusive=False, deadline=deadline):
+                raise busy(f"{self.root}/lock", lock, waited, doing)
+            yield
 
     @contextlib.contextmanager
-    def _passing_gate(self) -> Iterator[None]:
-        with self._flock("lock-gate", exclusive=True):
-            pass
-        yield
-
-    @contextlib.contextmanager
-    def _flock(self, filename: str, *, exclusive: bool) -> Iterator[None]:
+    def _lock_file(self, filename: str) -> Iterator[int]:
+        """An open descriptor of the lock file ``filename`` (closing it releases its lock)."""
         path = f"{self.root}/{filename}"  # (pathlib's join was a third of a small repo's lock, cold)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -739,8 +791,7 @@ class LocalStore(Store):
             raise CorruptCaptureError(f"{path} is not a regular file (a link or other entry is never followed); "
                                       "`modulelens fsck --repair` moves it aside")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
+            yield fd
         finally:
             os.close(fd)  # releases the lock
 
@@ -774,6 +825,13 @@ class LocalStore(Store):
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+
+def _read_key(path: str | Path, key: str) -> bytes:
+    """The bytes of the file of ``key``, refused unread when it is larger than a file of its kind
+    may be (layout.read_limit: a hostile capture.json of gigabytes costs a stat, not the memory)."""
+    limit, hint = read_limit(key)
+    return read_regular(path, limit=limit, hint=hint)
 
 
 def _content_tag(data: bytes) -> str:
@@ -924,10 +982,10 @@ class _Auditor:
     def _versions(self, folder: Path) -> None:
         for entry in _scan(folder):
             path = folder / entry.name
-            if _TOMBSTONE_RE.fullmatch(entry.name):
+            if _TOMBSTONE_RE.fullmatch(entry.name) and is_version_number(entry.name.removesuffix(TOMBSTONE)):
                 self._entry_ok(path, want_dir=False)
-            elif not entry.name.isdigit():
-                self._foreign(path, "not a version number or tombstone")
+            elif not is_version_number(entry.name):
+                self._foreign(path, f"not a version number (1 to {MAX_VERSION:,}) or tombstone")
             elif self._entry_ok(path, want_dir=True):
                 self._version(path)
 

@@ -222,9 +222,7 @@ def _trusted_record(blob: Path, info: os.stat_result, key: MarkerKey) -> tuple[d
     """The marker's record and chunk hashes when this user made it for this repo and blob, and the
     blob is the very file (same inode, size, mtime and ctime) that was checked, less than a month ago."""
     try:
-        data = read_regular(marker_path(blob))
-        if len(data) > _MAX_MARKER_BYTES:
-            return None
+        data = read_regular(marker_path(blob), limit=_MAX_MARKER_BYTES)  # a larger file is not a marker
         record, mac, digests = split_marker(data)
         if not key.vouches(blob.name, record, digests, mac):
             return None  # another repo's, user's or modulelens's marker, or one made up: hash in full

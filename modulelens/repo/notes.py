@@ -31,12 +31,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from modulelens.errors import CorruptCaptureError, InvalidNameError, UsageError
+from modulelens.repo.layout import NOTES_BYTES
 
 FORMAT = 1
 MAX_DESCRIPTION = 10_000  # characters of one description
 MAX_TAGS = 64  # tags of one version
 MAX_TAG_TEXT = 300  # characters of a stored tag (one given at capture may be any string)
-MAX_BYTES = 4 << 20  # a name's notes file (4 MiB: thousands of described versions)
 _TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+=/@-]{0,63}")
 # Control characters other than tab and newline: a description is shown on terminals and pages.
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -112,8 +112,8 @@ def parse_notes(raw: bytes | None, where: str) -> dict[int, VersionNotes]:
     """
     if not raw:
         return {}
-    if len(raw) > MAX_BYTES:
-        raise CorruptCaptureError(f"{where}: {len(raw):,} bytes, more than the {MAX_BYTES:,} a notes file may hold")
+    if len(raw) > NOTES_BYTES:  # (a store refuses a larger file before reading it: read_limit)
+        raise CorruptCaptureError(f"{where}: {len(raw):,} bytes, more than the {NOTES_BYTES:,} a notes file may hold")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as error:

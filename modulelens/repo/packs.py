@@ -21,13 +21,15 @@ content address of every tensor is unchanged and identical small payloads are st
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import mmap
 import operator
 import os
+import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +52,13 @@ if TYPE_CHECKING:
 PACK_BELOW = 1 << 20
 # Bounds the memory a save needs to assemble one pack and the size of one upload to object storage.
 PACK_MAX_BYTES = 64 << 20
+# Bounds a pack's header, which a load parses whole: 64 MiB of 1-byte members made a header of a
+# million members (~95 MiB of JSON; parsing one took 1.3 GiB and 13 s, issue 35). A member's entry
+# is at most ~95 bytes, so a pack of at most this many has a header under PACK_HEADER_MAX_BYTES.
+PACK_MAX_MEMBERS = 65536
+# Larger headers are refused before they are parsed (also leaves room for packs written before the
+# member bound: up to ~170,000 members).
+PACK_HEADER_MAX_BYTES = 16 << 20
 _ALIGN = 64
 _FORMAT = "modulelens.pack"
 _LENGTH = struct.Struct("<Q")
@@ -73,6 +82,25 @@ def referenced_blobs(metadata: dict[str, Any]) -> dict[str, int]:
     return blobs
 
 
+_MENTION = re.compile(rb"blake3:[0-9a-f]{64}")
+
+
+def mentioned_blobs(raws: Iterable[bytes]) -> set[str]:
+    """Every payload hash the bytes of some ``capture.json`` files mention (``blake3:<hex>``), read
+    without parsing them: a superset of their :func:`referenced_blobs` (pack members too), also for
+    a file too damaged to parse. What gc keeps when an index may lie costs a scan in C per version,
+    not a parse (benchmarks/bench_repo.py); the versions of a name share most hashes, so they are
+    decoded once each. A hash written with JSON escapes (no writer does) is found by parsing such a file."""
+    mentions: set[bytes] = set()
+    found: set[str] = set()
+    for raw in raws:
+        mentions.update(_MENTION.findall(raw))
+        if b"\\u" in raw:
+            with contextlib.suppress(ValueError, RecursionError, TypeError, AttributeError, KeyError):
+                found.update(referenced_blobs(json.loads(raw)))
+    return found | {m.decode() for m in mentions}
+
+
 # ------------------------------------------------------------------------------------ writing
 
 
@@ -85,8 +113,8 @@ class PackPlan:
 
 
 def plan_packs(small: list[tuple[str, memoryview]]) -> list[PackPlan]:
-    """Group ``(digest, bytes)`` pairs into packs of at most :data:`PACK_MAX_BYTES` of members
-    (a payload already in a pack is stored once)."""
+    """Group ``(digest, bytes)`` pairs into packs of at most :data:`PACK_MAX_BYTES` of members and
+    :data:`PACK_MAX_MEMBERS` members (a payload already in a pack is stored once)."""
     plans: list[PackPlan] = []
     seen: set[str] = set()
     current = PackPlan({})
@@ -96,7 +124,7 @@ def plan_packs(small: list[tuple[str, memoryview]]) -> list[PackPlan]:
         if hexdigest in seen:
             continue
         seen.add(hexdigest)
-        if current.members and filled + len(data) > PACK_MAX_BYTES:
+        if current.members and (filled + len(data) > PACK_MAX_BYTES or len(current.members) >= PACK_MAX_MEMBERS):
             plans.append(current)
             current, filled = PackPlan({}), 0
         current.members[hexdigest] = (filled, data)
@@ -143,6 +171,9 @@ def read_header(data: memoryview | bytes | mmap.mmap, where: str) -> dict[str, t
         (length,) = _LENGTH.unpack_from(data, 0)
         if length > len(data) - _LENGTH.size:
             raise ValueError(f"a header of {length} bytes in a pack of {len(data)}")
+        if length > PACK_HEADER_MAX_BYTES:  # refused before it is parsed
+            raise ValueError(f"a header of {length:,} bytes, more than the {PACK_HEADER_MAX_BYTES:,} of a pack of "
+                             f"at most {PACK_MAX_MEMBERS:,} members")
         header = json.loads(bytes(data[_LENGTH.size:_LENGTH.size + length]))
         if not isinstance(header, dict) or header.get("format") != _FORMAT:
             raise ValueError("not a modulelens pack")
@@ -274,7 +305,11 @@ class Payloads:
                 info = self._packs[index]
             except (IndexError, TypeError):
                 raise CorruptCaptureError(f"a tensor refers to pack {index!r}, which the capture does not list") from None
-            pack = _Pack(self.store.blob_file(info["payload"], info["nbytes"], pack=True))
+            path = self.store.blob_file(info["payload"], info["nbytes"], pack=True)
+            try:
+                pack = _Pack(path)
+            except FileNotFoundError:  # freed meanwhile by a gc (after an rm of the version being loaded)
+                raise CorruptCaptureError(f"payload {info['payload']} is missing (freed since it was checked)") from None
             self._open[index] = pack
         return pack
 

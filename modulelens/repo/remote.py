@@ -37,8 +37,8 @@ from urllib.parse import quote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError, UsageError
 from modulelens.repo._objects import ObjectStore, is_network_error
-from modulelens.repo.files import hash_file
-from modulelens.repo.layout import CAPTURE_FILE, MARKER, SUMMARY_FILE, blob_key, marker_json
+from modulelens.repo.files import hash_file, too_large
+from modulelens.repo.layout import CAPTURE_FILE, MARKER, SUMMARY_FILE, blob_key, is_version_number, marker_json, read_limit
 from modulelens.repo.leases import Leases
 from modulelens.repo.local import LocalStore
 from modulelens.repo.location import cache_root, offline
@@ -95,7 +95,7 @@ class RemoteStore(Store):
         if not self._online or self._mirrored(marker) == initial:
             return self._mirrored(marker)
         try:
-            data = self.objects.read(self.objects.key(marker))
+            data = self.objects.read(self.objects.key(marker), *read_limit(marker))
         except Exception as error:  # any failure to reach the server: fall back to the cache
             if not is_network_error(error) or not self.mirror.exists():
                 raise
@@ -143,8 +143,15 @@ class RemoteStore(Store):
             raise RemoteRepoError(f"cannot {what}: {self.url} is offline")
 
     def _mirrored(self, key: str) -> bytes | None:
+        """The mirror's copy of ``key`` (kept after a read within its limit; a copy over the limit,
+        kept when the limit was higher, is refused as the server's object would be)."""
+        path = self.mirror / key
         try:
-            return (self.mirror / key).read_bytes()
+            size = path.stat().st_size
+            limit, hint = read_limit(key)
+            if size > limit:
+                raise too_large(self.where(key), size, limit, hint)
+            return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -166,7 +173,7 @@ class RemoteStore(Store):
             return kept  # never stale: the key never changes
         if self._online:
             try:
-                data = self.objects.read(self.objects.key(key))
+                data = self.objects.read(self.objects.key(key), *read_limit(key))
             except Exception as error:
                 if not is_network_error(error):
                     raise
@@ -183,11 +190,16 @@ class RemoteStore(Store):
         return kept
 
     def read_many(self, keys: Collection[str], *, immutable: bool = False) -> dict[str, bytes]:
-        found = {k: data for k in keys if (data := self._mirrored(k)) is not None} if immutable else {}
+        found = {}
+        if immutable:
+            for key in keys:
+                with contextlib.suppress(CorruptCaptureError):  # a copy over its limit: left out
+                    if (data := self._mirrored(key)) is not None:
+                        found[key] = data
         missing = [k for k in keys if k not in found]
         if missing and self._online:
             try:
-                fetched = self.objects.read_many([self.objects.key(k) for k in missing])
+                fetched = self.objects.read_many([self.objects.key(k) for k in missing], read_limit)
             except Exception as error:
                 if not is_network_error(error):
                     raise
@@ -208,7 +220,7 @@ class RemoteStore(Store):
 
     def read_tagged(self, key: str) -> tuple[bytes | None, str | None]:
         self._require_online(f"read {key} for a change")
-        return self.objects.read_tagged(self.objects.key(key))
+        return self.objects.read_tagged(self.objects.key(key), *read_limit(key))
 
     def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
         self._require_online(f"write {key}")
@@ -262,13 +274,11 @@ class RemoteStore(Store):
     def names(self) -> list[str]:
         if self._online:
             try:
-                found = self.objects.ls("names")
+                return self.objects.folders_holding("names", SUMMARY_FILE, "versions")
             except Exception as error:
                 if not is_network_error(error):
                     raise
                 self._went_unreachable(error)
-            else:
-                return [name for name, kind in found.items() if kind == "directory"]
         base = self.mirror / "names"
         return [p.name for p in base.iterdir() if (p / INDEX).exists() or (p / SUMMARY_FILE).exists()] \
             if base.is_dir() else []
@@ -302,14 +312,14 @@ class RemoteStore(Store):
         visible, used, alias_keys = set(), 0, {}
         for key in objects:
             parts = key.split("/")
-            if len(parts) >= 5 and parts[2] == "versions" and parts[3].isdigit():
+            if len(parts) >= 5 and parts[2] == "versions" and is_version_number(parts[3]):
                 used = max(used, int(parts[3]))
                 if parts[4] == CAPTURE_FILE and len(parts) == 5:
                     visible.add(int(parts[3]))
             elif len(parts) == 4 and parts[2] == "aliases":
                 alias_keys[parts[3]] = self.objects.key(key)
-        removed = {int(k.split("/")[3]) for k in objects if k.endswith("/" + REMOVED)}
-        contents = self.objects.read_many(list(alias_keys.values()))
+        removed = {int(k.split("/")[3]) for k in objects if k.endswith("/" + REMOVED) and is_version_number(k.split("/")[3])}
+        contents = self.objects.read_many(list(alias_keys.values()), read_limit)
         aliases = {}
         for alias, key in sorted(alias_keys.items()):
             with contextlib.suppress(KeyError, ValueError):

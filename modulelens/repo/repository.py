@@ -19,6 +19,7 @@ import operator
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from modulelens.errors import (
     CaptureNotFoundError,
+    CaptureWarning,
     CorruptCaptureError,
     InvalidNameError,
     RemoteRepoError,
@@ -44,6 +46,7 @@ from modulelens.repo.layout import (
     capture_json,
     capture_key,
     marker_json,
+    max_metadata_bytes,
     name_key,
     notes_key,
     reports_key,
@@ -55,7 +58,7 @@ from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes, same_description
-from modulelens.repo.packs import PACK_BELOW, Payloads, pack_payloads, referenced_blobs
+from modulelens.repo.packs import PACK_BELOW, Payloads, mentioned_blobs, pack_payloads, referenced_blobs
 from modulelens.repo.store import Hold, Store, WrittenPayload
 
 if TYPE_CHECKING:
@@ -212,10 +215,14 @@ class GcReport:
     removed_tmp: int = 0
     dry_run: bool = False
     removed: list[str] = field(default_factory=list)
+    #: blobs kept because a version's ``capture.json`` uses them though its index entry does not
+    #: list them (the index is wrong: ``modulelens fsck`` names it, ``--repair`` rebuilds it)
+    kept_unindexed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"removed_blobs": self.removed_blobs, "freed_bytes": self.freed_bytes,
-                "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run}
+                "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run,
+                "kept_unindexed": self.kept_unindexed}
 
 
 class Repo:
@@ -425,6 +432,11 @@ class Repo:
     def rebuild_summary(self, name: str) -> None:
         """Rebuild ``name``'s index from its folders, ignoring the stored one (fsck --repair)."""
         self._summaries.rebuild(name, name_key(name))
+
+    def summary_problem(self, name: str) -> str | None:
+        """Why ``name``'s stored index head is not used (damaged or forged: readers rebuild the
+        index from the folders, writers store the rebuilt one), for fsck; ``None`` when it is used."""
+        return self._summaries.head_problem(name_key(name))
 
     def stored_summary(self, name: str) -> tuple[dict[str, dict[str, Any]], bool] | None:
         """The entries of ``name`` that readers take from the stored index without reading capture
@@ -671,7 +683,13 @@ class Repo:
         for index, (metadata, number) in enumerate(zip(metadatas, numbers, strict=True)):
             metadata["version"] = number
             metadata["name"] = name
-            if self.store.publish(version_key(name, number), {CAPTURE_FILE: capture_json(metadata, seal)}, unused=unused):
+            document = capture_json(metadata, seal)
+            if len(document) > max_metadata_bytes():
+                warnings.warn(f"{name}:v{number}: its capture.json is {len(document):,} bytes, more than the "
+                              f"{max_metadata_bytes():,} a load reads by default; load it with "
+                              "MODULELENS_MAX_METADATA_MIB set higher (fewer recorded calls keep it smaller)",
+                              CaptureWarning, stacklevel=2)
+            if self.store.publish(version_key(name, number), {CAPTURE_FILE: document}, unused=unused):
                 entries[number] = version_entry(metadata)
                 if contents[index] is not None:
                     entries[number]["content"] = contents[index]
@@ -925,8 +943,9 @@ class Repo:
 
     def remove(self, ref: str) -> builtins.list[str]:
         """Remove one version (``name:v2`` / ``name:alias``) or, for a bare name, every version.
-        Each leaves a tombstone first, so its number is never reused (a ref someone noted down
-        never silently means a different capture); then its aliases go. Payloads stay until :meth:`gc`."""
+        Each is marked in the index first (readers stop showing it), its aliases go, then it leaves
+        a tombstone, so its number is never reused (a ref someone noted down never silently means a
+        different capture), and its folder goes. Payloads stay until :meth:`gc`."""
         parsed = parse_ref(ref)
         self._require_layout()
         if parsed.selector is None:
@@ -936,23 +955,25 @@ class Repo:
         else:
             targets = [self.resolve(parsed)[1]]
         removed = self._retire(parsed.name, targets)
-        for alias, version in self._head(parsed.name).aliases.items():
-            if version in targets:
-                with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
-                    self.remove_alias(parsed.name, alias)
         if not removed:
             raise CaptureNotFoundError(f"{ref} was removed meanwhile by another process")
         return [f"{parsed.name}:v{version}" for version in removed]
 
     def _retire(self, name: str, versions: builtins.list[int]) -> builtins.list[int]:
         """Remove ``versions`` (the index marks them first, so readers stop showing them at once and
-        a remover that stops midway leaves them hidden, finished by the next gc); returns those this
-        call removed (others were gone already)."""
+        a remover that stops midway leaves them hidden, finished by the next gc) and the aliases
+        pointing at them, before their folders: an rm killed between the two left an alias naming a
+        version that no longer existed (found by the stress suite's kill -9 row); now the gc that
+        finishes it removes them too. Returns the versions this call removed (others were gone already)."""
         prefix = name_key(name)
         self._summaries.begin_removal(name, prefix, versions)
         done: builtins.list[int] = []
         gone: builtins.list[int] = []
         try:
+            for alias, version in self._head(name).aliases.items():
+                if version in versions:
+                    with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
+                        self.remove_alias(name, alias)
             for version in versions:
                 if self.store.retire(version_key(name, version)):
                     done.append(version)
@@ -970,10 +991,12 @@ class Repo:
             tmp_age_s: staging older than this, left by writers that are gone, is removed.
             grace_s: keep unreferenced blobs younger than this (default: the store's; none in a
                 local repo, where gc excludes every save; an hour by server time in a remote one).
-            wait_s: how long a remote gc waits for saves in progress.
+            wait_s: how long gc waits for saves in progress (and, in a local repo, for the repo's
+                locks: a process holding one longer is named in the error).
 
         Raises:
-            RepoBusyError: (remote) another gc runs, or saves kept their leases longer than ``wait_s``.
+            RepoBusyError: another gc runs (remote), or saves kept their leases (remote) or the
+                repo's locks (local) longer than ``wait_s``.
         """
         grace = self.store.gc_grace_s if grace_s is None else grace_s
         if not dry_run:
@@ -985,19 +1008,47 @@ class Repo:
             if not dry_run:
                 for name, versions in unfinished:  # left by an rm that stopped midway (nothing saves now)
                     self._retire(name, versions)
-            doomed = []
-            for hexdigest, blob in self.store.blobs().items():
-                if hexdigest in referenced or (grace > 0 and blob.mtime > started - grace):
-                    report.kept_blobs += 1
-                    continue
-                doomed.append(blob.key)
+            blobs = self.store.blobs()
+            unreferenced = {h: b for h, b in blobs.items()
+                            if h not in referenced and not (grace > 0 and b.mtime > started - grace)}
+            if unreferenced:
+                # The index said what the versions use; before anything is deleted the versions
+                # themselves say it (issue 35: one changed hex digit in a log, bit rot that keeps the
+                # JSON valid, or a received repo's index, made gc delete a pack two versions used).
+                # Only when there is something to delete: a gc that frees nothing reads no capture.
+                mentioned = self._mentioned_by_versions(skip=dict(unfinished) if dry_run else {})
+                report.kept_unindexed = sum(1 for h in unreferenced if h in mentioned)
+                unreferenced = {h: b for h, b in unreferenced.items() if h not in mentioned}
+            report.kept_blobs = len(blobs) - len(unreferenced)
+            for hexdigest, blob in unreferenced.items():
                 report.removed_blobs += 1
                 report.freed_bytes += blob.size
                 report.removed.append(hexdigest)
             if not dry_run:
-                self.store.remove_blobs(doomed)
+                self.store.remove_blobs([blob.key for blob in unreferenced.values()])
             report.removed_tmp = self.store.clean_staging(time.time() - tmp_age_s, dry_run=dry_run)
         return report
+
+    def _mentioned_by_versions(self, *, skip: dict[str, builtins.list[int]]) -> set[str]:
+        """The blob hashes (hex) that some version's ``capture.json`` mentions, every version found
+        by listing the name folders (never by the index, which is what may lie); ``skip``: versions
+        an rm marked, per name (a dry run leaves them, a real gc removed them first). A version
+        whose file cannot be read (a link, over the size limit) keeps what its index entry lists.
+
+        Raises:
+            CorruptCaptureError: a name's folders cannot be listed (it might use any blob).
+        """
+        found: set[str] = set()
+        for quoted in self.store.names():
+            name = unquote_name(quoted)
+            if name is None:
+                continue
+            prefix = f"names/{quoted}"
+            gone = set(skip.get(name, ()))
+            keys = [f"{prefix}/versions/{number}/{CAPTURE_FILE}"
+                    for number in self.store.scan(prefix, aliases=False).versions if number not in gone]
+            found.update(mentioned_blobs(self.store.read_many(keys, immutable=True).values()))
+        return {digest.partition(":")[2] for digest in found}
 
     def _referenced(self, *, persist: bool) -> tuple[set[str], builtins.list[tuple[str, builtins.list[int]]]]:
         """The blob hashes (hex) every version references, and the versions an rm left unfinished,
@@ -1013,9 +1064,13 @@ class Repo:
                 unfinished.append((name, index.removing))
         return {digest.partition(":")[2] for digest in digests}, unfinished
 
-    def exclusive_lock(self) -> contextlib.AbstractContextManager[float]:
-        """Hold the repo against every save (what gc and ``fsck --repair`` do while they work)."""
-        return self.store.exclusive()
+    def exclusive_lock(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
+        """Hold the repo against every save (what gc and ``fsck --repair`` do while they work).
+
+        Raises:
+            RepoBusyError: saves (or a process holding the repo's locks) kept it longer than ``wait_s``.
+        """
+        return self.store.exclusive(wait_s)
 
     def fsck(self, *, repair: bool = False) -> FsckReport:
         """Check every version's metadata and payloads, aliases, summaries and the layout; with

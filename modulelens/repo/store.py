@@ -294,7 +294,10 @@ class Store(ABC):
 
     @abstractmethod
     def names(self) -> list[str]:
-        """The quoted names of the folders under ``names/`` (offline: the ones cached)."""
+        """The quoted names of the folders under ``names/`` that hold a name: an index head or a
+        ``versions`` folder (offline: the ones cached). Other folders are left out at a cost that
+        does not grow with them but for the listing itself (no read or request per folder: junk
+        planted in a bucket must not cost a listing one request each, issue 35)."""
 
     @abstractmethod
     def scan(self, prefix: str, *, aliases: bool = True) -> Scan:

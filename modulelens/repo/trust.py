@@ -54,7 +54,7 @@ def trusts_source(root: Path) -> bool:
             return False
         if info.st_size > 4096:
             return False
-        data = json.loads(read_regular(path))  # O_NOFOLLOW: no swap for a link after the lstat
+        data = json.loads(read_regular(path, limit=4096))  # O_NOFOLLOW: no swap for a link after the lstat
         return bool(isinstance(data, dict) and data.get("trust_source") is True
                     and {k: data.get(k) for k in ("path", "device", "inode", "uid")} == repo_identity(root))
     except (OSError, ValueError, CorruptCaptureError):

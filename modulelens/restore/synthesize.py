@@ -13,20 +13,59 @@ input generator of modulelens (kernel verification's random samples, profiling a
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from modulelens.errors import RestoreError
+from modulelens.format.human import human_bytes
 from modulelens.format.spec import TensorEntry
 from modulelens.format.tensors import dtype_from_name
 
 
 def synthesize(entry: TensorEntry, seed_text: str) -> torch.Tensor:
-    """A stand-in for a shape-only tensor record ``entry`` (dtype, shape, stats), seeded by ``seed_text``."""
+    """A stand-in for a shape-only tensor record ``entry`` (dtype, shape, stats), seeded by ``seed_text``.
+
+    Raises:
+        RestoreError: drawing it needs more memory than this machine has available (a shape is
+            whatever the capture says: one of ``[2**40, 4]`` asked torch for 32 TiB and failed with
+            its allocator's own error, or, within overcommit, got the process killed; issue 35).
+    """
+    dtype, shape = dtype_from_name(entry["dtype"]), list(entry["shape"])
+    needed = _draw_bytes(dtype, shape)
+    available = _available_bytes()
+    if available is not None and needed > available:
+        raise RestoreError(f"{seed_text}: a synthetic {entry['dtype']} tensor of shape {shape} needs about "
+                           f"{human_bytes(needed)} of memory to draw; {human_bytes(available)} is available")
     generator = torch.Generator().manual_seed(zlib.crc32(seed_text.encode()))
-    return _draw(dtype_from_name(entry["dtype"]), list(entry["shape"]), entry.get("stats", {}), generator)
+    return _draw(dtype, shape, entry.get("stats", {}), generator)
+
+
+def _draw_bytes(dtype: torch.dtype, shape: list[int]) -> int:
+    """The peak memory of :func:`_draw`: its float64 (int64) working copy and one more of its size
+    (the clamp, the zero mask), and the result."""
+    numel = math.prod(shape)
+    work = 16 if dtype.is_complex else 8
+    return numel * (2 * work + dtype.itemsize)
+
+
+def _available_bytes() -> int | None:
+    """Memory this process can still take without swapping (``MemAvailable``), ``None`` where it
+    cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def random_like(value: torch.Tensor, generator: torch.Generator, *,

@@ -5,25 +5,28 @@ The tracer only records; this step turns records into capture metadata + payload
 itself never touches storage.
 
 Saving fails open: when the repo cannot be written (disk full, quota, read-only, permission
-denied), the captures go to a fallback repo in the temp directory instead, one warning names the
-cause, the fallback and the command that copies them back, and the user's job goes on. When even
-that fails, the records stay in memory (``cap.save(repo=...)`` retries).
+denied, or a lock of it held past its deadline: repo/locks.py), the captures go to a fallback repo
+in the temp directory instead, one warning names the cause, the fallback and the commands that copy
+them back, and the user's job goes on. When even that fails, the records stay in memory
+(``cap.save(repo=...)`` retries).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shlex
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from modulelens.errors import CaptureWarning, InvalidNameError, RepoError, StorageError, UnsupportedValueError
+from modulelens.errors import CaptureWarning, InvalidNameError, RepoBusyError, RepoError, StorageError, UnsupportedValueError
 from modulelens.format.spec import CaptureMetadata
 from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.collector import collector_paused
+from modulelens.repo.location import default_repo_location
 from modulelens.repo.names import validate_name
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.distributed import capture_metadata, several_recorders
@@ -53,8 +56,11 @@ def save_records(
     the save to those qualified names. A remote repo is written here, synchronously; see
     :func:`save_captures` for the background upload a training job uses.
     """
-    return _save_into(SaveTarget(repo, strict=tracer.strict), tracer, name, tags=tags, metadata=metadata,
-                      policy=policy, only=only)
+    target = SaveTarget(repo, strict=tracer.strict)
+    try:
+        return _save_into(target, tracer, name, tags=tags, metadata=metadata, policy=policy, only=only)
+    finally:
+        target.finish()  # the warning of a fallback names the very versions saved there
 
 
 def save_captures(
@@ -80,7 +86,10 @@ def save_captures(
         return save_records(tracer, repo, name, tags=tags, metadata=metadata, policy=policy, only=only), None
     staging, remote = staged
     target = SaveTarget(staging, strict=tracer.strict)
-    infos = _save_into(target, tracer, name, tags=tags, metadata=metadata, policy=policy, only=only)
+    try:
+        infos = _save_into(target, tracer, name, tags=tags, metadata=metadata, policy=policy, only=only)
+    finally:
+        target.finish()
     if not infos or target.repo is None:
         return infos, None
     return infos, Upload(target.repo, remote, [info.ref for info in infos], strict=tracer.strict)
@@ -163,10 +172,15 @@ def fallback_repo() -> Repo:
     return Repo(tempfile.mkdtemp(prefix="modulelens-fallback-"))
 
 
-def copy_back_hint(fallback: Repo, original: object) -> str:
-    """The command that moves captures from a fallback repo to the one they were meant for."""
-    where = f" --to {original}" if original is not None else " --to <your repo>"
-    return f"modulelens push <name> --repo {fallback.root}{where} (for each name; see modulelens ls --repo {fallback.root})"
+def copy_back_hint(fallback: Repo, original: object, refs: Iterable[str] = ()) -> str:
+    """The command that moves captures from a fallback repo to the one they were meant for: one
+    ``modulelens push`` per version of ``refs`` (safe to run again: a version already in the target
+    is not copied twice), or, before anything was saved, the command with a placeholder."""
+    where = f" --to {shlex.quote(str(original))}" if original is not None else " --to <your repo>"
+    source = shlex.quote(str(fallback.root))
+    if refs:
+        return " && ".join(f"modulelens push {shlex.quote(ref)} --repo {source}{where}" for ref in refs)
+    return f"modulelens push <name> --repo {source}{where} (for each name; see modulelens ls --repo {source})"
 
 
 class SaveTarget:
@@ -182,6 +196,8 @@ class SaveTarget:
         self.strict = strict
         self.repo: Repo | None = None
         self.fell_back = False
+        self._cause: str | None = None  # why the captures went to the fallback repo
+        self._fallen_back: list[str] = []  # the versions saved there
         try:
             self.repo = repo if isinstance(repo, Repo) else Repo(repo)
         except (OSError, StorageError) as error:
@@ -193,28 +209,42 @@ class SaveTarget:
         while self.repo is not None:
             try:
                 # cast: Repo.save_version still takes the document as a plain dict (repo/ is typed on its own)
-                return self.repo.save_version(name, cast(dict[str, Any], meta), payloads)
-            except (OSError, StorageError) as error:
+                info = self.repo.save_version(name, cast(dict[str, Any], meta), payloads)
+            except (OSError, StorageError, RepoBusyError) as error:  # RepoBusyError: a lock held past its deadline
                 if self.fell_back:
                     self._give_up(error)
                     return None
                 self._fall_back(error)
+                continue
+            if self.fell_back:
+                self._fallen_back.append(info.ref)
+            return info
         return None
+
+    def finish(self) -> None:
+        """Warn once where the captures went, when they went to the fallback repo, with the commands
+        that copy those very versions back."""
+        if self.fell_back and self.repo is not None and self._fallen_back:
+            target = self.requested if self.requested is not None else default_repo_location()
+            warnings.warn(f"modulelens: cannot write captures to {self.requested or 'the default repo'} ({self._cause}); "
+                          f"saved {len(self._fallen_back)} to {self.repo.root} instead; copy them back with: "
+                          f"{copy_back_hint(self.repo, target, self._fallen_back)}", CaptureWarning, stacklevel=4)
+            self._fallen_back = []
 
     def _fall_back(self, error: BaseException) -> None:
         cause = describe_storage_error(error)
         if self.strict:
+            if isinstance(error, RepoBusyError):
+                raise error
             raise StorageError(f"cannot write captures to {self.requested or 'the default repo'}: {cause}",
                                getattr(error, "errno", None)) from error
         self.fell_back = True
+        self._cause = cause
         try:
             self.repo = fallback_repo()
         except (OSError, RepoError) as second:
             self._give_up(second, first=cause)
             return
-        warnings.warn(f"modulelens: cannot write captures to {self.requested or 'the default repo'} ({cause}); "
-                      f"saving them to {self.repo.root} instead; copy them back with: "
-                      f"{copy_back_hint(self.repo, self.requested)}", CaptureWarning, stacklevel=4)
 
     def _give_up(self, error: BaseException, first: str | None = None) -> None:
         self.repo = None

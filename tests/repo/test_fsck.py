@@ -288,6 +288,27 @@ def test_an_rm_killed_after_removing_a_folder_is_left_for_gc_not_a_problem(tmp_p
     assert [v.version for v in repo.list("lin")] == [2, 3]  # the removed number is never reused
 
 
+def test_an_rm_killed_before_it_dropped_the_aliases_leaves_none_dangling_after_gc(tmp_path: Path) -> None:
+    """kill -9 of an ``rm`` after it marked its version and before it removed the alias pointing at
+    it: the gc that finishes the removal removes the alias too (an rm killed after removing the
+    folder, its aliases then still there, left ``best -> v1`` naming nothing: found by the stress
+    suite's kill row, 2026-12-06)."""
+    from modulelens.repo.layout import name_key
+
+    repo = modulelens.Repo(tmp_path / "repo")
+    _save(repo)
+    _save(repo)
+    repo.set_alias("lin:v1", "best")
+    repo._summaries.begin_removal("lin", name_key("lin"), [1])  # what the killed rm had done
+    assert repo.fsck().clean  # marked, its folder and alias still there: left for gc
+    repo.gc(grace_s=0)
+    assert repo.fsck().clean
+    assert [v.version for v in repo.list("lin")] == [2] and repo.aliases("lin") == {}
+    repo.set_alias("lin:v2", "best")
+    repo.remove("lin:v2")  # an rm that completes: its alias goes first, then its folder
+    assert repo.aliases("lin") == {} and repo.fsck().clean
+
+
 def test_an_alias_set_while_its_version_is_removed_is_taken_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``alias`` resolves ``lin:v2``; another process's ``rm lin:v2`` runs before the alias is written
     (it looks for aliases to remove before this one exists): the alias is taken back and the call

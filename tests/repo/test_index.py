@@ -87,3 +87,27 @@ def test_listing_reads_the_summary_not_the_capture_files(repo: modulelens.Repo) 
     reader.remove("b:v1")
     _save(reader, "a")
     assert [i.ref for i in modulelens.Repo(repo.root).list()] == ["a:v1", "a:v2", "a:v3", "b:v2"]
+
+
+def test_a_version_removed_between_its_publish_and_its_index_entry_stays_removed(repo: modulelens.Repo) -> None:
+    """An ``rm`` sees a reserved version as soon as its folder is published and may remove it before
+    the save records its entry; that entry must not bring it back (the stress suite's race row
+    listed versions whose folders were gone, once waits for the index's lock polled)."""
+    from modulelens.repo.index import version_entry
+    from modulelens.repo.layout import capture_json, name_key, version_key
+
+    _save(repo, "lin")
+    meta = repo.read_metadata("lin", 1)
+    prefix = name_key("lin")
+    [number], unused = repo._summaries.reserve("lin", prefix)  # a save, up to its publish
+    meta["version"] = number
+    assert repo.store.publish(version_key("lin", number), {"capture.json": capture_json(meta)}, unused=unused)
+    other = modulelens.Repo(repo.root)
+    assert [i.version for i in other.list("lin")] == [1, 2]  # visible while reserved
+    assert other.remove("lin:v2") == ["lin:v2"]
+    repo._summaries.finish("lin", prefix, {number: version_entry(meta)})  # the save goes on
+    fresh = modulelens.Repo(repo.root)
+    assert [i.version for i in fresh.list("lin")] == [1] and fresh.resolve("lin") == ("lin", 1)
+    assert fresh.fsck().clean
+    _save(repo, "lin")
+    assert [i.version for i in modulelens.Repo(repo.root).list("lin")] == [1, 3]

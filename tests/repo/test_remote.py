@@ -522,3 +522,39 @@ def test_request_counts_are_per_name_not_per_version(env: dict[str, str], tmp_pa
         assert large[operation] == small[operation], (operation, small, large)
     # what one more version adds to a push (the issue's target: at most 4)
     assert (large["push_other_than_payloads"] - small["push_other_than_payloads"]) / (24 - 6) <= 4, (small, large)
+
+
+def test_junk_folders_in_a_bucket_cost_a_listing_no_request_each(env: dict[str, str]) -> None:
+    """Issue 35: 100,000 junk folders under names/ made `ls` read and list each one (a GET and a
+    LIST per folder on S3); now they cost the pages of one listing."""
+    from s3_requests import counting_s3_requests
+
+    url = _url()
+    _save(url, nn.Linear(4, 4), "real")
+    with counting_s3_requests() as sent:
+        assert [i.ref for i in modulelens.Repo(url).list()] == ["real:v1"]
+    clean = sent.total
+    objects = ObjectStore(url)
+    junk = {objects.key("names", f"junk{i}", "x"): b"" for i in range(2400)}
+    junk |= {objects.key("names", f"aliased{i}", "aliases", "golden"): b"1" for i in range(300)}
+    objects.fs.pipe(junk)
+    with counting_s3_requests() as sent:
+        repo = modulelens.Repo(url)
+        assert [i.ref for i in repo.list()] == ["real:v1"] and repo.names() == ["real"]
+    # the listing's pages (1,000 keys each), twice (list, names), and nothing per junk folder
+    assert sent.by_operation()["ListObjectsV2"] == 2 * 3, sent.by_operation()
+    assert sent.total - clean <= 2 * 3 + 1, (clean, sent.by_operation())
+
+
+def test_an_object_over_its_size_limit_is_refused_from_its_length(env: dict[str, str], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    url = _url()
+    info = _save(url, nn.Linear(4, 4), "lin")
+    objects = ObjectStore(url)
+    objects.put(objects.key("names", "lin", "versions", "1", "capture.json"), b" " * (2 << 20))
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "fresh-cache"))  # nothing cached: read from the server
+    monkeypatch.setenv("MODULELENS_MAX_METADATA_MIB", "1")
+    with pytest.raises(modulelens.CorruptCaptureError) as refused:
+        modulelens.load(info.ref, repo=url)
+    assert f"{url}/names/lin/versions/1/capture.json is 2,097,152 bytes, more than the 1,048,576" in str(refused.value)
+    assert [i.ref for i in modulelens.Repo(url).list()] == ["lin:v1"]  # the index still lists it

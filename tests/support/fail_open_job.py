@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import warnings
 
 import torch
@@ -18,6 +19,7 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     steps = 0
+    started = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with modulelens.capture(model, targets=["0", "2"], repo=sys.argv[1], name="job", record=modulelens.Recording(max_calls=2)) as cap:
@@ -26,7 +28,8 @@ def main() -> None:
                 model(torch.randn(8, 64)).square().mean().backward()
                 optimizer.step()
                 steps += 1
-    print(json.dumps({"steps": steps, "saved": [i.ref for i in cap.saved], "paths": [str(i.path) for i in cap.saved],
+    print(json.dumps({"steps": steps, "seconds": time.monotonic() - started,
+                      "saved": [i.ref for i in cap.saved], "paths": [str(i.path) for i in cap.saved],
                       "records": sorted(cap.records), "warnings": [str(w.message) for w in caught
                                                                if issubclass(w.category, modulelens.CaptureWarning)]}))
 
