@@ -93,12 +93,12 @@ class UiServer:
 
 
 @contextmanager
-def ui_server(repo: str | Path, *, allow_run: bool = False, host: str = "127.0.0.1",
+def ui_server(repo: str | Path, *, allow_run: bool = False, allow_write: bool = False, host: str = "127.0.0.1",
               env: dict[str, str] | None = None, timeout: float = 120.0) -> Iterator[UiServer]:
     """Start ``modulelens ui --repo REPO --port 0 --no-open`` and yield once it prints its address;
     stop it with SIGINT (as Ctrl+C would) afterwards."""
     command = [sys.executable, "-m", "modulelens", "ui", "--repo", str(repo), "--port", "0", "--no-open",
-               "--host", host, *(["--allow-run"] if allow_run else [])]
+               "--host", host, *(["--allow-run"] if allow_run else []), *(["--allow-write"] if allow_write else [])]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                stdin=subprocess.DEVNULL, env=env)
     lines: list[str] = []

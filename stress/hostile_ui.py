@@ -3,8 +3,9 @@
 Every hostile capture of :mod:`stress.hostile` (class paths, codec payloads and stored source that
 try to run code) and a capture whose every shown string is markup (tags, metadata keys and values,
 class path, environment, constructor arguments, call values, stored source, report text) are
-rendered through every page: the repo page (and a search for the markup), each capture page, its
-reports, a call tensor's histogram, the diff, and the saved self-contained file. A page fails the
+rendered through every page: the repo page (and a search for the markup), each name's page, each
+capture page (its description is markup too), its reports (a kernel report's too), a call tensor's
+histogram, the diff, and the saved self-contained file. A page fails the
 row when:
 
 * a script ran (the markup sets ``window.__ml_pwned``; the code of the hostile captures creates a
@@ -30,7 +31,8 @@ MARKUP = ('<script>window.__ml_pwned=true;fetch("BEACON/s")</script><img src="BE
           '<div hx-get="BEACON/h" hx-trigger="load">x</div><a href="javascript:window.__ml_pwned=true">x</a>'
           '{{ 7*7 }}{% raw %}"\'></textarea></pre></table><link rel="stylesheet" href="BEACON/l">')
 # Elements or attributes that only injected markup would create on these pages.
-INJECTED = ("script:not([src='/static/htmx.min.js']), [onerror], [onload], iframe, object, embed, base, "
+INJECTED = ("script:not([src='/static/htmx.min.js']):not([src='/static/ui.js']), [onerror], [onload], iframe, object, "
+            "embed, base, "
             "meta[http-equiv]:not([http-equiv='Content-Security-Policy']), "
             "link[rel=stylesheet]:not([href='/static/ui.css']), [hx-trigger='load'], a[href^='javascript']")
 
@@ -113,6 +115,12 @@ def _hostile_repo(tmp: Path, beacon: str, quick: bool) -> tuple[Any, list[str], 
                                      "device": text, "mode": text})
     repo.add_report(xss, "verify", {"candidate": text, "passed": False, "failures": [text],
                                     "calls": [{"index": 0, "passed": False, "error": text}]})
+    repo.add_report(xss, "kernel", {"candidate": {"path": text, "backend": text}, "passed": False, "failures": [text],
+                                    "samples": [{"sample": text, "kind": text, "passed": False, "error": text}],
+                                    "static": {"errors": [{"rule": text, "line": 1, "message": text}]},
+                                    "timing": {"measured": False, "reason": text}, "review_required": True,
+                                    "review_reasons": [text]})
+    repo.describe(xss, text)  # its description (notes.json) is markup too
     refs, markers = [xss, make_base_capture(repo, "xss/plain")], []
     cases = CASES[::4] if quick else CASES
     for i, case in enumerate(cases):
@@ -139,6 +147,7 @@ def _pages(repo: Any, refs: list[str]) -> list[str]:
             tensors = []
         pages += [f"/capture/{quote(ref, safe='/:')}/histogram/{quote(tid)}" for tid in tensors[:2]]
         pages.append(f"/diff?a={quote(refs[1])}&b={quote(ref)}")
+        pages.append(f"/name/{quote(name, safe='/')}")
     return pages
 
 

@@ -186,6 +186,53 @@ def histogram(values: torch.Tensor, bins: int = HISTOGRAM_BINS) -> dict[str, Any
             "min": smallest, "max": largest}
 
 
+def shared_histograms(first: torch.Tensor, second: torch.Tensor,
+                      bins: int = HISTOGRAM_BINS) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """:func:`histogram` of two tensors' finite values over the same bins (from the smaller of
+    their minimums to the larger of their maximums), so they can be drawn over each other (the web
+    UI's diff). A tensor without a finite value has ``None``.
+
+    Example::
+
+        a, b = shared_histograms(torch.randn(1000), torch.randn(1000) + 1)
+        a["low"] == b["low"] and len(a["counts"]) == len(b["counts"])   # True
+    """
+    import torch
+
+    flats = [_finite(values) for values in (first, second)]
+    present = [flat for flat in flats if flat.numel()]
+    if not present:
+        return None, None
+    low = smallest = min(float(flat.min()) for flat in present)
+    high = largest = max(float(flat.max()) for flat in present)
+    whole = all(not v.dtype.is_floating_point and not v.dtype.is_complex for v in (first, second))
+    if whole and high - low + 1 <= bins:
+        bins, low, high = int(high - low + 1), low - 0.5, high + 0.5  # one bin per integer value
+    elif low == high:
+        low, high, bins = low - 0.5, high + 0.5, 1
+    found: list[dict[str, Any] | None] = []
+    for flat in flats:
+        if not flat.numel():
+            found.append(None)
+            continue
+        counts = torch.histc(flat, bins=bins, min=low, max=high)
+        found.append({"low": low, "high": high, "counts": [int(c) for c in counts.tolist()], "total": int(flat.numel()),
+                      "min": float(flat.min()), "max": float(flat.max()), "span_min": smallest, "span_max": largest})
+    return found[0], found[1]
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor:
+    """The finite values of ``values`` as one flat float64 tensor (booleans as 0 and 1, complex as
+    their real and imaginary parts)."""
+    import torch
+
+    flat = values.detach().reshape(-1)
+    if flat.dtype.is_complex:
+        flat = torch.view_as_real(flat).reshape(-1)
+    flat = flat.to(torch.float64)
+    return flat[torch.isfinite(flat)]
+
+
 def tensor_summary(capture: RecordedTensors, tid: str, *, bins: int = HISTOGRAM_BINS, limit: int = SAMPLE_ELEMENTS,
                    sample: Callable[[str, int], torch.Tensor] | None = None) -> dict[str, Any]:
     """Statistics and a histogram of recorded tensor ``tid``, from a sample when it is big.

@@ -16,7 +16,7 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
     fsck transfer
     remote
     local leases
-    index markers trust _objects
+    index markers trust _objects notes
     layout packs location
     store names files collector locks remote_errors
 
@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from modulelens.repo.location import default_repo_path
 from modulelens.repo.names import Ref, parse_ref
+from modulelens.repo.notes import VersionNotes
 from modulelens.repo.repository import GcReport, Repo, VersionInfo
 
 if TYPE_CHECKING:
     from modulelens.repo.transfer import TransferReport
 
-__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "VersionInfo", "default_repo_path", "parse_ref"]
+__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "VersionInfo", "VersionNotes", "default_repo_path", "parse_ref"]
 
 
 def __getattr__(name: str) -> Any:

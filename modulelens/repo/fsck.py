@@ -44,8 +44,9 @@ from modulelens.errors import CorruptCaptureError, InvalidNameError, RemoteRepoE
 from modulelens.format.spec import FORMAT_VERSION
 from modulelens.format.validate import validate_capture
 from modulelens.repo.index import damaged_entry
-from modulelens.repo.layout import HEX64, MARKER, SUMMARY_FILE, blob_key, capture_key, unquote_name, version_key
+from modulelens.repo.layout import HEX64, MARKER, SUMMARY_FILE, blob_key, capture_key, notes_key, unquote_name, version_key
 from modulelens.repo.names import validate_alias
+from modulelens.repo.notes import parse_notes
 from modulelens.repo.packs import referenced_blobs
 from modulelens.repo.store import Quarantine
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from modulelens.repo.repository import Repo
 
 #: Problem kinds, for scripts (docs/cli-json.md).
-KINDS = ("metadata", "missing-payload", "corrupt-payload", "alias", "summary", "foreign", "symlink")
+KINDS = ("metadata", "missing-payload", "corrupt-payload", "alias", "summary", "notes", "foreign", "symlink")
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,7 @@ class _Checker:
     def _name(self, name: str, prefix: str) -> None:
         self.report.names += 1
         self.names[name] = prefix
+        self._notes(name)
         try:
             numbers = self.store.scan(prefix, aliases=False).versions
         except CorruptCaptureError:
@@ -230,6 +232,18 @@ class _Checker:
         version.members = [(packs[e["pack"]]["payload"], e["payload"], e["nbytes"])
                            for e in data["tensors"].values() if e.get("payload") and "pack" in e]
         self.mentioned.update(d.partition(":")[2] for d in version.blobs)
+
+    def _notes(self, name: str) -> None:
+        """The name's notes file (descriptions, edited tags: repo/notes.py) must be one: a damaged
+        one leaves listings with the captured tags and refuses edits; a repair moves it aside."""
+        key = notes_key(name)
+        try:
+            parse_notes(self.store.read(key), key)
+        except CorruptCaptureError as error:
+            self.problem("notes", key, str(error).replace(f"{key}: ", ""))
+            self.move.append(key)
+        except (OSError, RemoteRepoError) as error:
+            self.problem("notes", key, f"unreadable ({error})")
 
     def _numbers(self, name: str) -> set[int]:
         return {v.number for v in self.versions if v.name == name}

@@ -29,6 +29,7 @@ MARKER = "modulelens-repo.json"
 CAPTURE_FILE = "capture.json"
 SUMMARY_FILE = "summary.json"  # a name's index head (layout 3) or its summary (layout 2)
 REPORTS = "reports"
+NOTES_FILE = "notes.json"  # a name's descriptions and edited tags (repo/notes.py)
 _SUMMARY_LOG = re.compile(r"summary-[0-9]+\.log")
 #: The highest version number a name can have: a folder or an index naming a higher one is not a
 #: version (a forged ``used = 10**30`` would otherwise make the next save ``v1000...001``).
@@ -43,6 +44,7 @@ _METADATA_MIB = 512
 _ALIAS_BYTES = 64  # "<version number>\n"
 _MARKER_BYTES = 4 << 10  # modulelens-repo.json: {"layout_version": N}
 _REPORT_BYTES = 64 << 20  # a tool's report (profile, verify...)
+NOTES_BYTES = 4 << 20  # a name's notes (repo/notes.py: thousands of described versions)
 
 
 def max_metadata_bytes() -> int:
@@ -65,6 +67,8 @@ def read_limit(key: str) -> tuple[int, str]:
         return _ALIAS_BYTES, ""
     if len(parts) >= 2 and parts[-2] == REPORTS:
         return _REPORT_BYTES, ""
+    if parts[-1] == NOTES_FILE:
+        return NOTES_BYTES, ""
     return max_metadata_bytes(), " (MODULELENS_MAX_METADATA_MIB raises the limit)"
 
 
@@ -108,6 +112,10 @@ def capture_key(name: str, version: int) -> str:
 
 def reports_key(name: str, version: int) -> str:
     return f"{version_key(name, version)}/{REPORTS}"
+
+
+def notes_key(name: str) -> str:
+    return f"{name_key(name)}/{NOTES_FILE}"
 
 
 def aliases_key(name: str) -> str:

@@ -56,6 +56,7 @@ from modulelens.repo.layout import (
     HEX64,
     MARKER,
     MAX_VERSION,
+    NOTES_FILE,
     REPORTS,
     SUMMARY_FILE,
     blob_key,
@@ -968,10 +969,11 @@ class _Auditor:
             return
         for entry in _scan(folder):
             path = folder / entry.name
-            index_file = entry.name == SUMMARY_FILE or is_summary_log(entry.name)
-            if entry.name not in ("versions", "aliases") and not index_file:
+            # a file of the name's own: its index (head, logs) or its notes (repo/notes.py)
+            name_file = entry.name in (SUMMARY_FILE, NOTES_FILE) or is_summary_log(entry.name)
+            if entry.name not in ("versions", "aliases") and not name_file:
                 self._foreign(path, "not part of a name's layout")
-            elif self._entry_ok(path, want_dir=not index_file):
+            elif self._entry_ok(path, want_dir=not name_file):
                 if entry.name == "versions":
                     self._versions(path)
                 elif entry.name == "aliases":

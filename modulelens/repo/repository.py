@@ -48,6 +48,7 @@ from modulelens.repo.layout import (
     marker_json,
     max_metadata_bytes,
     name_key,
+    notes_key,
     reports_key,
     unquote_name,
     version_key,
@@ -56,6 +57,7 @@ from modulelens.repo.local import LocalStore
 from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
+from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes, same_description
 from modulelens.repo.packs import PACK_BELOW, Payloads, mentioned_blobs, pack_payloads, referenced_blobs
 from modulelens.repo.store import Hold, Store, WrittenPayload
 
@@ -98,6 +100,9 @@ class _NameListing:
         self.folder = folder  # numbered: the folder of the versions, each one's number appended
         self.aliases = aliases
         self.numbered = numbered
+
+
+_NOTES_ATTEMPTS = 20  # compare-and-swap tries of a notes edit before it gives up (RepoBusyError)
 
 
 class VersionInfo:
@@ -559,7 +564,7 @@ class Repo:
             raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
         head = self._head(name)
         index = NameIndex(latest=head.latest, aliases=head.aliases, versions={version: entry})
-        return self._infos(name, index)[0]
+        return self._with_notes(self._infos(name, index))[0]
 
     def _infos(self, name: str, index: NameIndex, *, prefix: str | None = None) -> list[VersionInfo]:
         """VersionInfos of every version in ``index`` (entries filled), in version order
@@ -591,11 +596,11 @@ class Repo:
     def list(self, name: str | None = None) -> list[VersionInfo]:
         with collector_paused():  # a few objects per version, no cycle (repo/collector.py)
             if name:
-                return self._infos(name, self._listing(name))
+                return self._with_notes(self._infos(name, self._listing(name)))
             infos: builtins.list[VersionInfo] = []
             for name, prefix, index in self._name_summaries():
                 infos += self._infos(name, index, prefix=prefix)
-            return infos
+            return self._with_notes(infos)
 
     # ---------------------------------------------------------------------------------- saving
 
@@ -818,6 +823,121 @@ class Repo:
                 raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
         finally:
             self._summaries.end_alias(name, prefix, alias)
+
+    # ---------------------------------------------------------------------------------- notes
+
+    def notes(self, ref: str) -> VersionNotes:
+        """The description and edited tags of the version ``ref`` resolves to (empty when nobody
+        wrote any; docs/repo-layout.md, "Notes").
+
+        Raises:
+            CorruptCaptureError: the name's notes file is damaged (``modulelens fsck`` names it).
+
+        Example::
+
+            repo.describe("ranker/top_mlp:v3", "golden run before the refactor")
+            repo.notes("ranker/top_mlp:v3").description   # 'golden run before the refactor'
+        """
+        name, version = self.resolve(ref)
+        return self.name_notes(name).get(version, VersionNotes())
+
+    def name_notes(self, name: str) -> dict[int, VersionNotes]:
+        """The notes of every version of ``name`` that has some, by version number.
+
+        Raises:
+            CorruptCaptureError: the name's notes file is damaged.
+        """
+        key = notes_key(name)
+        return parse_notes(self.store.read(key), str(self.store.where(key)))
+
+    def describe(self, ref: str, text: str, *, expected: str | None = None) -> VersionNotes:
+        """Set the description of the version ``ref`` resolves to (``""`` removes it).
+
+        Args:
+            text: plain text, at most 10,000 characters.
+            expected: the description the caller last saw; when it has changed since (another
+                editor), nothing is written and this raises, so no one's words are lost unseen.
+
+        Raises:
+            RepoBusyError: ``expected`` is not the stored description, or other writers kept
+                changing the notes meanwhile.
+            UsageError: the text is too long or holds control characters.
+        """
+        def change(current: VersionNotes, captured: tuple[str, ...]) -> VersionNotes:
+            if expected is not None and not same_description(expected, current.description):
+                raise RepoBusyError(f"{ref}: its description was changed by someone else meanwhile; "
+                                    "nothing was written (read it again)")
+            return edited(current, captured, description=text)
+        return self._edit_notes(ref, change)
+
+    def tag(self, ref: str, *tags: str) -> VersionNotes:
+        """Add tags to the version ``ref`` resolves to (listing, ``ls --tag`` and the UI show them).
+
+        Raises:
+            InvalidNameError: a tag that is not a letter or digit and up to 63 of ``A-Za-z0-9._:+=/@-``.
+
+        Example::
+
+            repo.tag("ranker/top_mlp:v3", "reviewed")
+            "reviewed" in repo.info("ranker/top_mlp", 3).tags   # True
+        """
+        return self._edit_notes(ref, lambda current, captured: edited(current, captured, add=tags))
+
+    def untag(self, ref: str, *tags: str) -> VersionNotes:
+        """Take tags off the version ``ref`` resolves to (a tag it was captured with too)."""
+        return self._edit_notes(ref, lambda current, captured: edited(current, captured, remove=tags))
+
+    def set_notes(self, ref: str, notes: VersionNotes, *, keep_existing: bool = False) -> VersionNotes:
+        """Replace the notes of the version ``ref`` resolves to as they are (who wrote them and when
+        included): push and pull copy a version's notes this way.
+
+        Args:
+            keep_existing: leave notes the version has already (returned instead).
+        """
+        given = checked_notes(notes, f"the notes given for {ref}")
+        return self._edit_notes(ref, lambda current, _: current if keep_existing and not current.empty else given)
+
+    def _edit_notes(self, ref: str, change: Callable[[VersionNotes, tuple[str, ...]], VersionNotes]) -> VersionNotes:
+        """Change one version's notes with compare-and-swap of the name's notes file: read, change,
+        write only if nobody wrote in between (else again). Notes of versions removed since are
+        dropped on the way (a new version has a higher number than any listed, so it is kept)."""
+        self._require_layout()
+        name, version = self.resolve(ref)
+        listing = self._listing(name)
+        entries = listing.versions or {}
+        if version not in entries:
+            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
+        captured = tuple(entries[version].get("tags") or ())
+        newest = max(entries)
+        key = notes_key(name)
+        for _ in range(_NOTES_ATTEMPTS):
+            raw, tag = self.store.read_tagged(key)
+            notes = {number: entry for number, entry in parse_notes(raw, str(self.store.where(key))).items()
+                     if number in entries or number > newest}
+            notes[version] = change(notes.get(version, VersionNotes()), captured)
+            if self.store.swap(key, notes_json(notes), tag) is not None:
+                return notes[version]
+        raise RepoBusyError(f"the notes of {name} were changed by other writers {_NOTES_ATTEMPTS} times meanwhile; "
+                            "nothing was written")
+
+    def _with_notes(self, infos: builtins.list[VersionInfo]) -> builtins.list[VersionInfo]:
+        """``infos`` with the tags people edited after capture (one notes file per name, read
+        together). A damaged notes file leaves its name's tags as captured (fsck names the file)."""
+        keys = {notes_key(name): name for name in dict.fromkeys(info.name for info in infos)}
+        found = self.store.read_many(list(keys)) if keys else {}
+        if not found:
+            return infos
+        edited_tags: dict[tuple[str, int], tuple[str, ...]] = {}
+        for key, raw in found.items():
+            with contextlib.suppress(CorruptCaptureError):
+                for number, entry in parse_notes(raw, key).items():
+                    if entry.tags is not None:
+                        edited_tags[(keys[key], number)] = entry.tags
+        for info in infos:
+            tags = edited_tags.get((info.name, info.version))
+            if tags is not None:  # (each info's entry is its own: a fresh dict per listing)
+                info._entry = {**info._entry, "tags": tags}
+        return infos
 
     # ---------------------------------------------------------------------------------- removal
 

@@ -39,7 +39,7 @@ class TransferReport:
     bytes_copied: int = 0
     aliases: list[str] = field(default_factory=list)
     versions: list[VersionInfo] = field(default_factory=list)  # the copied versions, as in the target
-    reports_skipped: list[str] = field(default_factory=list)  # reports not copied: not JSON or not a report
+    reports_skipped: list[str] = field(default_factory=list)  # reports (and notes) not copied: damaged
 
     def to_dict(self) -> dict[str, Any]:
         return {"copied": self.copied, "present": self.present, "blobs_copied": self.blobs_copied,
@@ -129,6 +129,7 @@ def copy_versions(source: Repo, target: Repo, ref: str, *, aliases: bool = False
         target_of[version] = existing[key]
         report.present.append(f"{name}:v{existing[key]}")
     target_aliases = target.aliases(name) if source_aliases else {}
+    _copy_notes(source, target, name, target_of, report)
     for version in versions:
         _copy_reports(source, target, name, version, target_of[version], report)
         for alias, aliased in source_aliases.items():
@@ -181,3 +182,15 @@ def _copy_reports(source: Repo, target: Repo, name: str, version: int, target_ve
                 target.put_report(name, target_version, filename, data)
             except CorruptCaptureError as error:
                 report.reports_skipped.append(str(error))
+
+
+def _copy_notes(source: Repo, target: Repo, name: str, target_of: dict[int, int], report: TransferReport) -> None:
+    """Copy the descriptions and edited tags of the copied versions (repo/notes.py), where the
+    target's versions have none of their own; a damaged notes file stays behind, named."""
+    try:
+        notes = {version: entry for version, entry in source.name_notes(name).items() if version in target_of}
+    except CorruptCaptureError as error:
+        report.reports_skipped.append(f"notes of {name} not copied: {error}")
+        return
+    for version, entry in sorted(notes.items()):
+        target.set_notes(f"{name}:v{target_of[version]}", entry, keep_existing=True)

@@ -197,3 +197,161 @@ def test_long_lists_page_through_in_the_browser(browser: Any, tmp_path: Path, ch
         driver.save_screenshot(str(screenshots / "10-call-leaves.png"))
         assert _only_from(server.url, requested_urls(driver)) == []
         assert [m for m in console_messages(driver) if "Content Security Policy" in m or "SEVERE" in m] == []
+
+
+# ------------------------------------------------------------------------ a home for each capture
+
+
+def test_a_name_page_picks_two_versions_for_a_visual_diff(demo: dict[str, Any], browser: Any, child_env: dict[str, str],
+                                                          screenshots: Path) -> None:
+    """Repo page → a name's page (versions, aliases, timeline) → the two versions picked there →
+    the diff with A and B's histograms over each other → another pair from the diff's own picker."""
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    with ui_server(demo["repo"].location, env=child_env) as server:
+        requested_urls(driver), console_messages(driver)
+        driver.get(server.url + "/")
+        row = next(r for r in driver.find_elements(By.CSS_SELECTOR, "#captures tbody tr")
+                   if r.find_element(By.CSS_SELECTOR, "a.ref").text == demo["top_v2"])
+        row.find_element(By.CSS_SELECTOR, "a.name-link").click()
+        _wait(driver).until(lambda d: d.find_element(By.ID, "name-title").text.startswith("demo/top_mlp"))
+        assert [r.get_attribute("data-ref") for r in driver.find_elements(By.CSS_SELECTOR, "#versions tbody tr")] == [
+            "demo/top_mlp:v2", "demo/top_mlp:v1"]
+        assert {r.get_attribute("data-alias") for r in driver.find_elements(By.CSS_SELECTOR, "#name-aliases tbody tr")} == {
+            "latest", "golden"}
+        events = [(li.get_attribute("data-kind"), li.find_element(By.CSS_SELECTOR, "a.mono").text)
+                  for li in driver.find_elements(By.CSS_SELECTOR, "#timeline li")]
+        # (an earlier test of this session may have replayed v1: its report is in the timeline too)
+        assert [kind for kind, ref in events if ref == "demo/top_mlp:v2"] == ["profile", "replay", "saved"]
+        assert [kind for kind, ref in events if ref == "demo/top_mlp:v1"][-1] == "saved"
+        driver.save_screenshot(str(screenshots / "11-name.png"))
+
+        driver.find_element(By.ID, "compare").click()  # A = v1, B = v2, as picked by default
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "diff-weights")))
+        assert "a=demo%2Ftop_mlp%3Av1" in driver.current_url and "b=demo%2Ftop_mlp%3Av2" in driver.current_url
+        overlays = driver.find_elements(By.CSS_SELECTOR, "#diff-weights svg.overlay")
+        assert len(overlays) == 6
+        drawn = overlays[0].find_elements(By.CSS_SELECTOR, "rect.a"), overlays[0].find_elements(By.CSS_SELECTOR, "rect.b")
+        assert len(drawn[0]) == len(drawn[1]) == 40 and any(float(r.get_attribute("height")) > 0 for r in drawn[1])
+        assert driver.find_element(By.CSS_SELECTOR, "#diff-inputs svg.overlay")
+        driver.save_screenshot(str(screenshots / "12-diff-overlay.png"))
+
+        Select(driver.find_element(By.ID, "diff-a")).select_by_value("demo/top_mlp:v2")  # the picker: v2 against itself
+        driver.find_element(By.ID, "diff-go").click()
+        _wait(driver).until(lambda d: "a=demo%2Ftop_mlp%3Av2" in d.current_url)
+        assert "6 of 6 identical" in driver.find_element(By.CSS_SELECTOR, "h3").text + driver.page_source
+        assert _only_from(server.url, requested_urls(driver)) == []
+        assert [m for m in console_messages(driver) if "Content Security Policy" in m or "SEVERE" in m] == []
+
+
+def test_aliases_tags_and_a_description_are_edited_in_the_browser(demo: dict[str, Any], browser: Any, tmp_path: Path,
+                                                                 child_env: dict[str, str], screenshots: Path) -> None:
+    """With --allow-write: a tag added and one taken off, a description written, an alias set and
+    then removed on the name's page, a snippet copied; the repo has them, and the pages show them."""
+    import shutil
+
+    shutil.copytree(demo["repo"].location, tmp_path / "repo", symlinks=True)
+    repo = modulelens.Repo(tmp_path / "repo")
+    driver = browser
+    ref = "demo/top_mlp:v2"
+    with ui_server(repo.location, env=child_env, allow_write=True) as server:
+        requested_urls(driver), console_messages(driver)
+        driver.get(f"{server.url}/capture/{ref}")
+
+        def tags() -> list[str]:
+            return [p.get_attribute("data-tag") for p in driver.find_elements(By.CSS_SELECTOR, "#tags span.pill")]
+
+        form = driver.find_element(By.ID, "add-tag")
+        form.find_element(By.NAME, "value").send_keys("reviewed")
+        form.find_element(By.TAG_NAME, "button").click()
+        _wait(driver).until(lambda d: "reviewed" in tags())
+        driver.find_element(By.CSS_SELECTOR, "#tags span.pill[data-tag=retrained] button").click()
+        _wait(driver).until(lambda d: tags() == ["demo", "reviewed"])
+
+        box = driver.find_element(By.CSS_SELECTOR, "#describe-form textarea")
+        box.send_keys("Retrained for 8 steps.\nThe candidate for the next release.")
+        driver.find_element(By.ID, "save-description").click()
+        _wait(driver).until(lambda d: d.find_elements(By.ID, "description"))
+        assert driver.find_element(By.ID, "description").text == "Retrained for 8 steps.\nThe candidate for the next release."
+        assert driver.find_element(By.ID, "description-lede").text == "Retrained for 8 steps."
+        box = driver.find_element(By.CSS_SELECTOR, "#describe-form textarea")  # edited again: the form's own text
+        box.send_keys(" Reviewed.")  # (a browser sends its newlines as CRLF: still the text it was shown)
+        driver.find_element(By.ID, "save-description").click()
+        _wait(driver).until(lambda d: d.find_element(By.ID, "description").text.endswith("release. Reviewed."))
+
+        form = driver.find_element(By.ID, "add-alias")
+        form.find_element(By.NAME, "value").send_keys("candidate")
+        form.find_element(By.TAG_NAME, "button").click()
+        _wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#aliases span.pill[data-alias=candidate]"))
+
+        # a snippet copied to the clipboard (the browser's clipboard, granted to this page)
+        driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": server.url,
+                                                            "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+        button = driver.find_element(By.CSS_SELECTOR, "button.copy[data-copy=snippet-python]")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
+        button.click()
+        _wait(driver).until(lambda d: button.get_attribute("data-state") in ("copied", "selected: press Ctrl+C"))
+        copied = driver.execute_async_script("navigator.clipboard.readText().then(arguments[0], () => arguments[0](null))")
+        assert button.get_attribute("data-state") == "copied", button.get_attribute("data-state")
+        assert copied == driver.find_element(By.ID, "snippet-python").text + "\n" or copied == driver.find_element(
+            By.ID, "snippet-python").text
+        assert f"modulelens.load('{ref}', repo=" in copied
+        driver.execute_script("window.scrollTo(0, 0)")
+        driver.save_screenshot(str(screenshots / "13-capture-home.png"))
+        driver.execute_script("document.getElementById('use').scrollIntoView()")
+        driver.save_screenshot(str(screenshots / "14-snippets-lineage.png"))
+
+        driver.find_element(By.ID, "name-link").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "name-aliases")))
+        assert driver.find_element(By.CSS_SELECTOR, "#versions tr[data-ref='demo/top_mlp:v2']").text.count("candidate") == 1
+        driver.find_element(By.CSS_SELECTOR, "#name-aliases tr[data-alias=golden] button").click()
+        _wait(driver).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#name-aliases tr[data-alias=golden]"))
+        assert _only_from(server.url, requested_urls(driver)) == []
+        assert [m for m in console_messages(driver) if "Content Security Policy" in m or "SEVERE" in m] == []
+    assert repo.info("demo/top_mlp", 2).tags == ("demo", "reviewed")
+    assert repo.notes(ref).description == "Retrained for 8 steps.\nThe candidate for the next release. Reviewed."
+    assert repo.aliases("demo/top_mlp") == {"candidate": 2}
+
+
+def test_the_job_column_fills_in_without_a_reload(browser: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
+    """A version saved after the server started: its job cell shows "…", then its job, as the page
+    asks the server again every 2 s (no reload)."""
+    import torch
+
+    repo = modulelens.Repo(tmp_path / "repo")
+    module = torch.nn.Linear(2, 2)
+    with modulelens.capture(module, targets="Linear", repo=repo, name="early"):
+        module(torch.randn(1, 2))
+    driver = browser
+    with ui_server(repo.location, env=child_env) as server:
+        driver.get(server.url + "/")
+        _wait(driver).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#captures [title='being read']"))
+        with modulelens.capture(module, targets="Linear", repo=repo, name="late"):
+            module(torch.randn(1, 2))
+        driver.get(server.url + "/")
+        row = next(r for r in driver.find_elements(By.CSS_SELECTOR, "#captures tbody tr")
+                   if r.find_element(By.CSS_SELECTOR, "a.ref").text == "late:v1")
+        cell = row.find_elements(By.CSS_SELECTOR, "td")[-1]
+        host = repo.read_metadata("late", 1)["environment"]["host"]
+        _wait(driver, 60).until(lambda d: cell.text.startswith(f"{host} · "))  # the same page, no reload
+        assert driver.find_element(By.ID, "job-poller").get_attribute("data-done") == "true"  # and it stopped asking
+
+
+def test_the_diff_action_shows_its_result_as_a_table(demo: dict[str, Any], browser: Any, child_env: dict[str, str],
+                                                     screenshots: Path) -> None:
+    driver = browser
+    with ui_server(demo["repo"].location, env=child_env, allow_run=True) as server:
+        driver.get(f"{server.url}/diff?a={demo['top_v1']}&b={demo['top_v2']}")
+        driver.find_element(By.ID, "run-diff").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "job-status")))
+        _wait(driver, 240).until(lambda d: d.find_element(By.ID, "job-state").text in ("done", "failed"))
+        assert _text(driver, "job-state") == "done", _text(driver, "job-status")
+        assert driver.find_element(By.CSS_SELECTOR, "#job-outcome .pill").text == "outputs differ"
+        assert not driver.find_elements(By.CSS_SELECTOR, "#job-status .pill.fail")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#job-calls tbody tr")
+        assert len(rows) == 2 and all(r.find_elements(By.TAG_NAME, "td")[1].text == "differs" for r in rows)
+        assert "{" not in _text(driver, "job-status")  # no raw JSON
+        driver.save_screenshot(str(screenshots / "15-diff-action.png"))
+        driver.find_element(By.ID, "job-diff").click()
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "diff-weights")))

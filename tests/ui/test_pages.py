@@ -77,7 +77,7 @@ def test_aliases_and_latest_lead_to_the_version(demo: dict[str, Any]) -> None:
 
 def test_reports_page_is_newest_first_with_plots(demo: dict[str, Any]) -> None:
     page = client(demo["repo"]).get(f"/capture/{demo['top_v2']}/reports").text
-    assert re.findall(r'<section class="report" data-kind="(\w+)">', page) == ["profile", "replay"]
+    assert re.findall(r'<section class="report" data-kind="(\w+)"', page) == ["profile", "replay"]
     assert page.count('src="data:image/png;base64,') == 2  # the history/roofline figure and the sweep
     assert "median" in page and "arithmetic intensity" in page
 

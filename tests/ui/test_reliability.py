@@ -16,7 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import modulelens
-from modulelens.interfaces.ui import discovery, pages
+from modulelens.interfaces.ui import discovery, pages, shown
 from modulelens.interfaces.ui.repo_view import RepoView
 from modulelens.interfaces.ui.server import UiSettings, create_app, host_of, same_origin_path
 from modulelens.interfaces.value_text import spec_leaf_paths, spec_leaf_window
@@ -62,7 +62,7 @@ def test_long_lists_are_paged_and_counted(huge: tuple[modulelens.Repo, dict[str,
     repo, refs = huge
     web = client(repo)
     first = web.get(f"/capture/{refs['calls']}").text
-    assert "20 of 50,000 recorded calls (1-20)" in first and first.count('<section class="call"') == pages.CALLS_PER_PAGE
+    assert "20 of 50,000 recorded calls (1-20)" in first and first.count('<section class="call"') == shown.CALLS_PER_PAGE
     assert f'href="/capture/{refs["calls"]}?calls=2"' in first and f'href="/capture/{refs["calls"]}?calls=2500"' in first
     last = web.get(f"/capture/{refs['calls']}?calls=2500").text
     assert "20 of 50,000 recorded calls (49,981-50,000)" in last and 'id="call-49999"' in last
@@ -76,11 +76,11 @@ def test_long_lists_are_paged_and_counted(huge: tuple[modulelens.Repo, dict[str,
     assert web.get(f"/capture/{refs['leaves']}/call/1").status_code == 400
 
     listed = web.get(f"/capture/{refs['reports']}").text
-    assert f"the newest {pages.REPORTS_LISTED} of 3000" in listed
+    assert f"the newest {shown.REPORTS_LISTED} of 3000" in listed
     reports = web.get(f"/capture/{refs['reports']}/reports?page=2").text
     assert "20 of 3,000 reports (21-40)" in reports and reports.count('<section class="report"') == 20
-    assert len(re.findall(r'class="plot sweep"', reports)) <= pages.SWEEP_PLOTS
-    assert web.get("/?per_page=all").text.count('class="ref"') <= pages.MAX_PER_PAGE
+    assert len(re.findall(r'class="plot sweep"', reports)) <= shown.SWEEP_PLOTS
+    assert web.get("/?per_page=all").text.count('class="ref"') <= shown.MAX_PER_PAGE
 
 
 def test_plot_text_is_plain_text(huge: tuple[modulelens.Repo, dict[str, str]]) -> None:
@@ -91,11 +91,11 @@ def test_plot_text_is_plain_text(huge: tuple[modulelens.Repo, dict[str, str]]) -
 
 
 def test_window_links_stay_few_and_name_the_current_page() -> None:
-    window = pages.Window.of(50_000, 1_234, 20)
+    window = shown.Window.of(50_000, 1_234, 20)
     links = window.links(lambda p: f"?calls={p}")
     assert len(links) <= 14 and ("1234", None) in links and ("1", "?calls=1") in links and ("2500", "?calls=2500") in links
     assert (window.start, window.stop) == (24_660, 24_680)
-    assert pages.Window.of(3, 1, 20).links(str) == [] and pages.Window.of(0, 5, 20).page == 1
+    assert shown.Window.of(3, 1, 20).links(str) == [] and shown.Window.of(0, 5, 20).page == 1
 
 
 def test_leaf_window_names_what_all_paths_name() -> None:

@@ -44,6 +44,10 @@ def ui_cmd(
     allow_run: Annotated[bool, typer.Option(
         "--allow-run", help="Offer replay and profile buttons: they rebuild modules and run them (in a child "
                             "process, under the repo's trust setting). Off by default: the UI is read-only.")] = False,
+    allow_write: Annotated[bool, typer.Option(
+        "--allow-write", help="Offer forms that set and remove aliases, add and remove tags and edit descriptions "
+                              "(they change the repo, and run nothing from it). Off by default: the UI is read-only.")]
+        = False,
     open_browser: Annotated[bool | None, typer.Option(
         "--open/--no-open", help="Open the browser (default: when run from a terminal).")] = None,
 ) -> None:
@@ -59,7 +63,7 @@ def ui_cmd(
     from modulelens.interfaces.ui.server import DEFAULT_PORT, UiSettings, is_loopback, new_token, serve
 
     settings = UiSettings(host=host, port=DEFAULT_PORT if port is None else port, allow_run=allow_run,
-                          token=None if is_loopback(host) else new_token())
+                          allow_write=allow_write, token=None if is_loopback(host) else new_token())
     view = RepoView(session.open_repo(repo, create=repo is None))
     interactive = session.interactive()
     serve(view, settings, explicit_port=port is not None, open_browser=interactive if open_browser is None else open_browser,

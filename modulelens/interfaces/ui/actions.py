@@ -19,6 +19,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from modulelens.interfaces.ui.shown import (
+    REPORT_ROWS,
+    as_text,
+    listed,
+    objects_in,
+    shown_bytes,
+    shown_ms,
+    shown_number,
+)
+
 KINDS = ("replay", "profile", "diff")
 _LOG_LINES = 200
 
@@ -49,13 +59,40 @@ class Job:
         return " → ".join(self.refs)
 
     def view(self) -> dict[str, Any]:
-        """What the job page shows."""
+        """What the job page shows: its state, and its result rendered for its kind (a verdict, the
+        profile's numbers formatted, the diff's calls as a table), never as raw JSON."""
         elapsed = (self.ended or time.time()) - self.started
-        summary = [(k, json.dumps(v, default=str) if not isinstance(v, str) else v) for k, v in self.result.items()]
-        return {"id": self.id, "kind": self.kind, "target": self.target, "ref": self.ref, "state": self.state,
+        return {"id": self.id, "kind": self.kind, "target": self.target, "ref": self.ref, "refs": list(self.refs), "state": self.state,
                 "stage": self.stage, "done": self.done, "total": self.total, "passed": self.passed,
-                "summary": summary, "log": "\n".join(self.log), "elapsed": f"{elapsed:.1f} s",
+                "result": _shown_result(self.kind, self.result) if self.result else None,
+                "log": "\n".join(self.log), "elapsed": f"{elapsed:.1f} s",
                 "started": time.strftime("%H:%M:%S", time.localtime(self.started))}
+
+
+def _shown_result(kind: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A finished action's result for the job page: ``facts`` (label, text), and for a diff the
+    per-call ``rows`` and whether B's outputs are the ``same`` as A's (a diff is no verdict: two
+    versions a training step apart differ as they should, so it is never shown as FAIL)."""
+    facts: list[tuple[str, str]] = []
+    shown: dict[str, Any] = {"facts": facts, "rows": [], "same": None, "notes": listed(result.get("notes") or [], 20)}
+    if kind == "replay":
+        facts += [("verdict", as_text(result.get("status") or "-", 40)), ("calls replayed", as_text(result.get("calls"), 20)),
+                  ("mode", as_text(result.get("mode") or "-", 60))]
+    elif kind == "profile":
+        facts += [("median latency (call 0)", shown_ms(result.get("median_ms"))),
+                  ("peak memory", shown_bytes(result.get("peak_bytes"))), ("FLOPs", shown_number(result.get("flops"), "FLOP"))]
+    elif kind == "diff":
+        outputs = objects_in(result.get("outputs"))
+        shown["same"] = result.get("same") if isinstance(result.get("same"), bool) else None
+        differ = [o for o in outputs if o.get("same") is not True]
+        facts += [("compared", f"{as_text(result.get('b'), 300)} on the recorded inputs of {as_text(result.get('a'), 300)}"),
+                  ("outputs", f"the same on all {len(outputs)} calls" if outputs and not differ else
+                              f"different on {len(differ)} of {len(outputs)} calls")]
+        shown["rows"] = [(as_text(o.get("call"), 20), o.get("same") is True, shown_number(o.get("max_abs_error")),
+                          as_text(o.get("error") or "", 500)) for o in outputs[:REPORT_ROWS]]
+    if result.get("report"):
+        facts.append(("report stored", as_text(str(result["report"]).replace("\\", "/").rsplit("/", 1)[-1], 200)))
+    return shown
 
 
 class JobRunner:

@@ -51,6 +51,43 @@ def histogram_bars(hist: dict[str, Any] | None, width: int = HIST_WIDTH, height:
             "low": labels[0], "high": labels[-1]}
 
 
+def overlay_bars(first: dict[str, Any] | None, second: dict[str, Any] | None, width: int = HIST_WIDTH,
+                 height: int = HIST_HEIGHT) -> dict[str, Any] | None:
+    """SVG geometry of two histograms over the same bins
+    (:func:`~modulelens.interfaces.tensor_info.shared_histograms`), drawn over each other: A and B.
+
+    Each is scaled by its own count (a share of its values per bin: two samples of different sizes
+    compare), on the square-root scale of :func:`histogram_bars`, against the larger peak of the two.
+
+    Returns:
+        ``{"width", "height", "a": bars, "b": bars, "low", "high", "total_a", "total_b"}`` (``bars``
+        as in :func:`histogram_bars`; empty for a side without values), or ``None`` when neither has one.
+    """
+    sides = [h for h in (first, second) if h and h.get("counts") and h.get("total")]
+    if not sides:
+        return None
+    ref = sides[0]
+    bins = len(ref["counts"])
+    shares = [[c / h["total"] for c in h["counts"]] if h in sides else [] for h in (first, second)]
+    peak = max(max(share) for share in shares if share) or 1.0
+    step = width / bins
+    span = (ref["high"] - ref["low"]) / bins
+
+    def bars(share: list[float], counts: list[int]) -> list[dict[str, Any]]:
+        drawn = []
+        for i, (part, count) in enumerate(zip(share, counts, strict=True)):
+            h = 0.0 if not count else max(1.0, (height - 2) * math.sqrt(part / peak))
+            low = ref["low"] + i * span
+            drawn.append({"x": round(i * step + 0.5, 2), "y": round(height - h, 2), "w": round(max(step - 1, 0.5), 2),
+                          "h": round(h, 2), "count": count, "low": human_number(low), "high": human_number(low + span)})
+        return drawn
+
+    drawn = [bars(share, h["counts"]) if share and h else [] for share, h in zip(shares, (first, second), strict=True)]
+    return {"width": width, "height": height, "a": drawn[0], "b": drawn[1],
+            "low": human_number(ref.get("span_min", ref["low"])), "high": human_number(ref.get("span_max", ref["high"])),
+            "total_a": (first or {}).get("total", 0), "total_b": (second or {}).get("total", 0)}
+
+
 def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 

@@ -12,7 +12,7 @@ opened anywhere, offline.
 
 from __future__ import annotations
 
-from modulelens.interfaces.ui import pages, render
+from modulelens.interfaces.ui import pages, render, report_pages
 from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
 
 
@@ -26,4 +26,4 @@ def standalone_html(view: RepoView, capture: StoredCapture) -> str:
     """
     found = view.reports(capture.ref)
     return render.standalone_page(pages.capture_page(view, capture, histograms=True, reports=found),
-                                  pages.reports_page(view, capture, found=found))
+                                  report_pages.reports_page(view, capture, found=found))

@@ -2,8 +2,8 @@
 
 Every value from a capture reaches HTML through a template with autoescape on (names, tags,
 metadata, stored source, report text): it renders as text, never as markup. The server sends
-``SERVER_CSP``: scripts, styles and connections only from the server itself (the vendored htmx and
-``ui.css``; no inline script, no inline style, no ``eval``), images only from it and ``data:``, no
+``SERVER_CSP``: scripts, styles and connections only from the server itself (the vendored htmx,
+``ui.js``'s copy buttons and ``ui.css``; no inline script, no inline style, no ``eval``), images only from it and ``data:``, no
 frames, no forms to elsewhere. The self-contained file (:func:`standalone_page`) carries its own
 policy in a ``<meta>`` tag: no script at all, its one inline stylesheet allowed by hash, images
 only ``data:``, so opening it fetches nothing.
@@ -26,7 +26,7 @@ TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 # The only files /static/ serves: named here, read from the package, never a path from a request.
 STATIC_TYPES = {"htmx.min.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8",
-                "htmx.LICENSE.txt": "text/plain; charset=utf-8"}
+                "htmx.LICENSE.txt": "text/plain; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
 SERVER_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 # htmx's settings, read from a <meta> tag: no eval (hx-on, js: values), no scripts from responses,
@@ -73,7 +73,7 @@ def environment() -> jinja2.Environment:
 
 
 def render(template: str, context: dict[str, Any], *, standalone: bool = False, allow_run: bool = False,
-           csrf: str = "") -> str:
+           allow_write: bool = False, csrf: str = "") -> str:
     """One page (or fragment) as HTML.
 
     Args:
@@ -82,9 +82,11 @@ def render(template: str, context: dict[str, Any], *, standalone: bool = False, 
         standalone: the self-contained form (no links to the server, no script); see
             :func:`standalone_page` for the whole file.
         allow_run: show the action buttons (the server runs with ``--allow-run``).
+        allow_write: show the forms that edit aliases, tags and descriptions (``--allow-write``).
         csrf: the server's form token, put into every form that changes something.
     """
-    page = {**context, "standalone": standalone, "allow_run": allow_run and not standalone, "csrf": csrf,
+    page = {**context, "standalone": standalone, "allow_run": allow_run and not standalone,
+            "allow_write": allow_write and not standalone, "csrf": csrf,
             "inline_style": Markup(_css()) if standalone else None, "csp": standalone_csp() if standalone else None}
     return environment().get_template(template).render(page)
 

@@ -19,16 +19,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from modulelens.errors import ModulelensError, RestoreError
+from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError
 from modulelens.interfaces import session
+from modulelens.interfaces.ui.shown import as_text
 from modulelens.repo.files import open_regular
 
 if TYPE_CHECKING:
     import torch
 
-    from modulelens.repo import Repo, VersionInfo
+    from modulelens.repo import Repo, VersionInfo, VersionNotes
 
 _OPEN_CAPTURES = 16
 _SUMMARIES = 4096
@@ -180,6 +181,55 @@ class RepoView:
     def version_numbers(self, name: str) -> list[int]:
         return self.repo.version_numbers(name)
 
+    def name_versions(self, name: str) -> list[VersionInfo]:
+        """Every version of ``name`` as the listing has it now (aliases and edited tags change).
+
+        Raises:
+            CaptureNotFoundError: ``name`` has no version (with the closest names).
+        """
+        found = self.repo.list(name)
+        if not found:
+            session.resolve(self.repo, name)  # raises with "did you mean"
+        return found
+
+    def name_notes(self, name: str) -> tuple[dict[int, VersionNotes], str | None]:
+        """The descriptions and edited tags of ``name``'s versions, and why they cannot be read
+        (a damaged notes file: the pages show the rest and say so), read afresh each time."""
+        try:
+            return self.repo.name_notes(name), None
+        except CorruptCaptureError as error:
+            return {}, str(error)
+
+    def provenance(self, capture: StoredCapture) -> tuple[bool, str]:
+        """Whether ``capture`` is the current user's own, signed in this repo (docs/security.md,
+        "Your own captures"), and why not."""
+        if self.repo.is_remote:
+            return False, "in an object store: captures there are never taken as your own"
+        from modulelens.repo.trust import own_capture
+
+        def check() -> tuple[bool, str]:  # (an HMAC over every field line: kept, a version never changes)
+            found = own_capture(self.repo.root, capture.name, capture.version, capture.metadata)
+            return found.own, found.why or ""
+
+        return cast("tuple[bool, str]", self.drawn(("provenance", capture.ref), check))
+
+    # ---------------------------------------------------------------------------- edits (--allow-write)
+
+    def set_alias(self, ref: str, alias: str) -> None:
+        self.repo.set_alias(ref, alias)
+
+    def remove_alias(self, ref: str, alias: str) -> None:
+        self.repo.remove_alias(self.resolve(ref)[0], alias)
+
+    def describe(self, ref: str, text: str, expected: str) -> None:
+        self.repo.describe(ref, text, expected=expected)
+
+    def tag(self, ref: str, tag: str) -> None:
+        self.repo.tag(ref, tag)
+
+    def untag(self, ref: str, tag: str) -> None:
+        self.repo.untag(ref, tag)
+
     # ---------------------------------------------------------------------------- captures
 
     def capture(self, name: str, version: int) -> StoredCapture:
@@ -218,7 +268,8 @@ class RepoView:
         return found
 
     def drawn(self, key: tuple[str, ...], draw: Callable[[], Any]) -> Any:
-        """``draw()`` once per ``key`` (a plot of stored reports: they do not change once written)."""
+        """``draw()`` once per ``key``: what is computed from data that never changes once written (a
+        plot of stored reports, a version's provenance, two tensors' overlaid histograms)."""
         with self._lock:
             if key in self._drawn:
                 return self._drawn[key]
@@ -240,8 +291,28 @@ class RepoView:
     # ---------------------------------------------------------------------------- jobs
 
     def job(self, ref: str) -> dict[str, Any] | None:
-        """The capturing job of ``name:vN`` (``host``, ``command``, ``git_commit``), once read."""
+        """The capturing job of ``name:vN`` (``host``, ``command``, ``git_commit``), once read;
+        ``None`` while it is not (:meth:`job_pending`) or when its metadata cannot be read."""
         return self._jobs.get(ref)
+
+    def job_pending(self, ref: str) -> bool:
+        """Whether the capturing job of ``ref`` is still to be read. A version saved after the scan
+        (the server was started before it) starts another scan, so its job does not stay unknown."""
+        if ref in self._jobs:
+            return False
+        self.scan_jobs()
+        return True
+
+    def job_line(self, ref: str) -> dict[str, str] | None:
+        """:meth:`job` as the pages show it: ``host``, ``command`` (its first 60 characters;
+        ``command_full`` up to 200), ``commit`` (its first ten characters) as text."""
+        job = self._jobs.get(ref)
+        if job is None:
+            return None
+        command = as_text(job.get("command") or "-", 200)
+        return {"host": as_text(job.get("host") or "-", 100), "command_full": command,
+                "command": command if len(command) <= 60 else command[:59] + "…",  # the whole one in its title
+                "commit": as_text(job.get("git_commit") or "-", 200)[:10]}  # a commit's first ten hex digits
 
     def scan_jobs(self) -> None:
         """Start reading every version's capturing job in a background thread (once at a time)."""
@@ -257,7 +328,10 @@ class RepoView:
 
     def _scan_all(self) -> None:
         for info in _safely(self.versions):
-            if info.ref in self._jobs or info.problem:
+            if info.ref in self._jobs:
+                continue
+            if info.problem:  # damaged: nothing to read (the row says why)
+                self._jobs[info.ref] = None
                 continue
             try:
                 self._remember_job(info.ref, self.repo.read_metadata(info.name, info.version))

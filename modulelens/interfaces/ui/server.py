@@ -8,11 +8,13 @@ Safe by default (docs/ui.md, "Security model"):
   does not carry it (``?token=`` once, which sets an HttpOnly same-site cookie, or
   ``Authorization: Bearer``);
 * it is read-only: GET pages only, unless ``--allow-run``, which adds the action forms (POST,
-  with a per-server form token and a same-origin check) that run replay/profile in a child process;
+  with a per-server form token and a same-origin check) that run replay/profile in a child process,
+  or ``--allow-write``, which adds the forms that edit aliases, tags and descriptions (POST, the
+  same token and check);
 * every response carries a strict Content-Security-Policy (:data:`.render.SERVER_CSP`), and every
   page escapes every string from a capture;
 * it serves no file by path: pages come from the repo through its API, and ``/static/`` only the
-  three files named in :data:`.render.STATIC_TYPES`.
+  files named in :data:`.render.STATIC_TYPES`.
 """
 
 from __future__ import annotations
@@ -38,13 +40,22 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, ModulelensError, UsageError
-from modulelens.interfaces.ui import discovery, pages, render
+from modulelens.errors import (
+    CaptureNotFoundError,
+    CorruptCaptureError,
+    InvalidNameError,
+    ModulelensError,
+    RepoBusyError,
+    UsageError,
+)
+from modulelens.interfaces.ui import diff_page, discovery, home, pages, render, report_pages
 from modulelens.interfaces.ui.actions import KINDS, JobRunner
 from modulelens.interfaces.ui.export import standalone_html
 from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
 
 TOKEN_COOKIE = "modulelens_ui_token"
+# The edits of a server started with --allow-write: POST /edit/<what>, each one call of the repo.
+_EDITS = ("alias", "unalias", "tag", "untag", "describe")
 DEFAULT_PORT = 8765
 _PORT_TRIES = 20
 
@@ -58,12 +69,15 @@ class UiSettings:
         port: the port (``0``: any free one).
         allow_run: offer replay/profile/diff-outputs actions (they run code from the repo's captures).
         token: the token every request must carry, or ``None`` (loopback only).
+        allow_write: offer the forms that set and remove aliases, add and remove tags and edit
+            descriptions (they change the repo; they run nothing from it).
     """
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     allow_run: bool = False
     token: str | None = None
+    allow_write: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -113,8 +127,12 @@ def create_app(view: RepoView, settings: UiSettings, runner: JobRunner | None = 
     ui = _Ui(view, settings, runner or JobRunner(view.location))
     routes = [
         Route("/", ui.repo),
+        Route("/job-cells", ui.job_cells),
+        Route("/name/{name:path}", ui.name),
         Route("/capture/{rest:path}", ui.capture_routes),
         Route("/diff", ui.diff),
+        Route("/diff/histogram", ui.diff_histogram),
+        Route("/edit/{what}", ui.edit, methods=["POST"]),
         Route("/static/{name}", ui.static),
         Route("/actions/{kind}", ui.action, methods=["POST"]),
         Route("/jobs", ui.jobs),
@@ -138,7 +156,7 @@ class _Ui:
 
     def page(self, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
         html = render.render(template, {"repo": self.view.location, **context}, allow_run=self.settings.allow_run,
-                             csrf=self.csrf)
+                             allow_write=self.settings.allow_write, csrf=self.csrf)
         return HTMLResponse(html, status_code=status)
 
     def _capture(self, ref: str) -> StoredCapture:
@@ -150,6 +168,17 @@ class _Ui:
     def repo(self, request: Request) -> Response:
         query = pages.RepoQuery.from_params(request.query_params)
         return self.page("repo.html", pages.repo_page(self.view, query))
+
+    def job_cells(self, request: Request) -> Response:
+        """The repo page's job column as it is known now (the page polls it while a cell is pending)."""
+        query = pages.RepoQuery.from_params(request.query_params)
+        return self.page("job_cells.html", pages.job_cells(self.view, query))
+
+    def name(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if ":" in name:  # a ref: its name's page
+            return RedirectResponse(home.name_href(self.view.resolve(name)[0]), status_code=302)
+        return self.page("name.html", home.name_page(self.view, name, pages.page_param(request.query_params, "page")))
 
     def capture_routes(self, request: Request) -> Response:
         """``/capture/REF``, and under it ``/reports``, ``/export``, ``/histogram/TENSOR``, ``/call/N``.
@@ -184,7 +213,7 @@ class _Ui:
                 raise UsageError(f"a call is numbered 0, 1, ...: not {tail[:40]!r}")
             return self.page("call.html", pages.call_page(self.view, capture, int(tail), params))
         if kind == "reports":
-            return self.page("reports.html", pages.reports_page(self.view, capture, pages.page_param(params, "page")))
+            return self.page("reports.html", report_pages.reports_page(self.view, capture, pages.page_param(params, "page")))
         if kind == "export":
             html = standalone_html(self.view, capture)
             filename = f"{name.replace('/', '_')}_v{version}.html"
@@ -194,10 +223,9 @@ class _Ui:
 
     def diff(self, request: Request) -> Response:
         a, b = request.query_params.get("a", "").strip(), request.query_params.get("b", "").strip()
-        context: dict[str, Any] = {"title": "diff", "a": a, "b": b,
-                                   "refs": [info.ref for info in self.view.versions()][:5000]}
+        context: dict[str, Any] = {"title": "diff", "a": a, "b": b, "picker": diff_page.picker(self.view, a, b)}
         if a and b:
-            context.update(pages.diff_page(self.view, self._capture(a), self._capture(b)))
+            context.update(diff_page.diff_page(self.view, self._capture(a), self._capture(b)))
         elif a and not b:  # one given: compare with the version before it
             first = self._capture(a)
             earlier = [v for v in self.view.version_numbers(first.name) if v < first.version]
@@ -205,6 +233,13 @@ class _Ui:
                 return RedirectResponse(f"/diff?a={quote(first.name)}:v{earlier[-1]}&b={quote(first.ref, safe='/:')}",
                                         status_code=302)
         return self.page("diff.html", context)
+
+    def diff_histogram(self, request: Request) -> Response:
+        """Two compared tensors' histograms over each other (a click on a diff row)."""
+        params = request.query_params
+        a, b = self._capture(params.get("a", "")), self._capture(params.get("b", ""))
+        overlay = diff_page.overlay_of(self.view, a, params.get("ta", ""), b, params.get("tb", ""))
+        return self.page("overlay.html", {"overlay": overlay})
 
     def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -217,13 +252,9 @@ class _Ui:
     # ---------------------------------------------------------------------------- actions
 
     async def action(self, request: Request) -> Response:
-        if not self.settings.allow_run:
-            return self.page("error.html", {"title": "read-only", "heading": "this server is read-only",
-                                            "message": "start it with modulelens ui --allow-run to replay or profile"}, 403)
-        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
-        if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
-            return self.page("error.html", {"title": "refused", "heading": "refused",
-                                            "message": "the form is not from this server (reload the page)"}, 403)
+        form = await self._form(request, self.settings.allow_run, "--allow-run to replay or profile")
+        if isinstance(form, Response):
+            return form
         kind = request.path_params["kind"]
         if kind not in KINDS:
             return self.not_found(request, None)
@@ -231,6 +262,46 @@ class _Ui:
         refs = tuple(self._capture(ref).ref for ref in wanted)  # each must exist; pinned to its version now
         job = self.runner.start(kind, refs)
         return RedirectResponse(f"/jobs/{job.id}", status_code=303)
+
+    async def _form(self, request: Request, allowed: bool, option: str) -> dict[str, str] | Response:
+        """A posted form's fields, or the 403 page when the server was not started with ``option``
+        or the form does not carry this server's form token (the guard checked its origin)."""
+        if not allowed:
+            return self.page("error.html", {"title": "read-only", "heading": "this server is read-only",
+                                            "message": f"start it with modulelens ui {option}"}, 403)
+        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"),
+                                              keep_blank_values=True).items()}
+        if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
+            return self.page("error.html", {"title": "refused", "heading": "refused",
+                                            "message": "the form is not from this server (reload the page)"}, 403)
+        return form
+
+    async def edit(self, request: Request) -> Response:
+        """An alias, tag or description changed from a form (``--allow-write``; the form token and
+        the same-origin check as the actions), then back to the page the form was on."""
+        form = await self._form(request, self.settings.allow_write, "--allow-write to edit aliases, tags and descriptions")
+        if isinstance(form, Response):
+            return form
+        what = request.path_params["what"]
+        if what not in _EDITS:
+            return self.not_found(request, None)
+        name, version = self.view.resolve(form.get("ref", ""))  # it must exist; an alias is pinned to its version now
+        ref = f"{name}:v{version}"
+        value = form.get("value", "").strip()
+        if what == "describe":
+            self.view.describe(ref, form.get("value", ""), form.get("expected", ""))
+        else:
+            if not value:
+                raise UsageError(f"{what}: give a name")
+            change = {"alias": self.view.set_alias, "unalias": self.view.remove_alias, "tag": self.view.tag,
+                      "untag": self.view.untag}[what]
+            try:
+                change(ref, value)
+            except InvalidNameError as error:  # a name typed into the form: the form's mistake (400), not a missing page
+                raise UsageError(str(error)) from None
+        target = home.name_href(name) if form.get("back") == "name" else f"/capture/{render.ref_path(ref)}"
+        return RedirectResponse(target + {"describe": "#notes", "tag": "#notes", "untag": "#notes"}.get(what, ""),
+                                status_code=303)
 
     def jobs(self, request: Request) -> Response:
         return self.page("jobs.html", {"title": "actions", "jobs": [j.view() for j in self.runner.jobs()]})
@@ -251,8 +322,9 @@ class _Ui:
 
     def error(self, request: Request, error: Exception) -> Response:
         status = 404 if isinstance(error, (CaptureNotFoundError, InvalidNameError)) else \
-            400 if isinstance(error, UsageError) else 422 if isinstance(error, CorruptCaptureError) else 500
-        heading = {404: "not found", 400: "bad request", 422: "damaged"}.get(status, "cannot show this")
+            400 if isinstance(error, UsageError) else 422 if isinstance(error, CorruptCaptureError) else \
+            409 if isinstance(error, RepoBusyError) else 500
+        heading = {404: "not found", 400: "bad request", 422: "damaged", 409: "changed meanwhile"}.get(status, "cannot show this")
         return self.page("error.html", {"title": heading, "heading": heading, "message": str(error)}, status)
 
     def not_found(self, request: Request, error: Exception | None) -> Response:
@@ -334,7 +406,7 @@ class _Guard:
         if scope["method"] not in ("GET", "HEAD", "POST"):
             return 405, "method not allowed"
         if scope["method"] == "POST":
-            if not scope.get("path", "").startswith("/actions/"):
+            if not scope.get("path", "").startswith(("/actions/", "/edit/")):
                 return 405, "method not allowed"
             # A form of another site posting here (CSRF) is refused by its origin, by the browser's
             # Sec-Fetch-Site, and, whatever the browser sends, by the form token (_Ui.action).
@@ -397,7 +469,7 @@ async def _plain(send: Any, status: int, message: str) -> None:
 def _warm_up() -> None:
     """Import what the first pages need while nobody waits: the templates, and matplotlib (about a
     second on its own; the first reports page paid it)."""
-    for template in ("repo.html", "capture.html", "reports.html", "call.html", "diff.html", "error.html"):
+    for template in ("repo.html", "name.html", "capture.html", "reports.html", "call.html", "diff.html", "error.html"):
         render.environment().get_template(template)
     with contextlib.suppress(ImportError):
         import matplotlib.figure  # noqa: F401
@@ -446,7 +518,8 @@ def serve(view: RepoView, settings: UiSettings, *, explicit_port: bool, open_bro
         marker = None
         announce(f"note: not announced for `modulelens show` to link to: {error}")
     visit = f"{url}/?token={settings.token}" if settings.token else f"{url}/"
-    mode = "actions enabled (--allow-run)" if settings.allow_run else "read-only"
+    mode = ", ".join([*(["actions enabled (--allow-run)"] if settings.allow_run else []),
+                      *(["editing enabled (--allow-write)"] if settings.allow_write else [])]) or "read-only"
     announce(f"modulelens ui: {view.location} at {visit} ({mode}; Ctrl+C to stop)")
     if settings.token:
         announce("serving beyond this machine: every request must carry the token in that address")
