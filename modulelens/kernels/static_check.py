@@ -30,7 +30,7 @@ warnings are reported. Rules (error unless noted):
 
 A static check is a filter, not a proof: the candidate worker also counts, at run time, the heavy
 aten ops (matmul, convolution, attention) the candidate's forward runs through PyTorch
-(:mod:`modulelens.kernels.op_watch`).
+(:mod:`modulelens.format.op_watch`).
 """
 
 from __future__ import annotations

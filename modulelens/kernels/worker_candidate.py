@@ -2,7 +2,7 @@
 
 Runs the candidate on the samples the reference process wrote. It runs as a plain script and
 imports nothing from the modulelens package: its torch-only helpers (:mod:`.exchange`,
-:mod:`.op_watch`, :mod:`modulelens.tools.timing`, and for a trace :mod:`modulelens.format.op_trace`
+:mod:`modulelens.format.op_watch`, :mod:`modulelens.tools.timing`, and for a trace :mod:`modulelens.format.op_trace`
 with the statistics of :mod:`modulelens.format.shape_only`) are loaded by file path before any
 candidate code runs. It then blocks imports of modulelens and of the reference's own module, never holds
 the reference module or any expected output, passes clones of the inputs and checks that they were
@@ -46,11 +46,11 @@ if TYPE_CHECKING:  # the same files, as the type checker sees them (it cannot fo
     from modulelens.format import op_trace as _op_trace
     from modulelens.format import shape_only as _shape_only
     from modulelens.kernels import exchange as _exchange
-    from modulelens.kernels import op_watch as _op_watch
+    from modulelens.format import op_watch as _op_watch
     from modulelens.tools import timing as _timing
 else:
     _exchange = _load_helper("_modulelens_kernel_exchange", _HERE / "exchange.py")
-    _op_watch = _load_helper("_modulelens_kernel_op_watch", _HERE / "op_watch.py")
+    _op_watch = _load_helper("_modulelens_op_watch", _HERE.parent / "format" / "op_watch.py")
     _timing = _load_helper("_modulelens_timing", _HERE.parent / "tools" / "timing.py")
     _shape_only = _load_helper("_modulelens_shape_only", _HERE.parent / "format" / "shape_only.py")
     _op_trace = _load_helper("_modulelens_op_trace", _HERE.parent / "format" / "op_trace.py")

@@ -107,7 +107,7 @@ def test_input_mutation_is_caught(repo: str) -> None:
 def test_heavy_torch_op_counter_sees_composite_and_direct_ops() -> None:
     import torch
 
-    from modulelens.kernels.op_watch import OpCounter
+    from modulelens.format.op_watch import OpCounter
 
     x, w = torch.randn(4, 8), torch.randn(3, 8)
     with OpCounter() as ops:
