@@ -20,8 +20,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import ToolError
-from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
+from modulelens.restore.oracle import Float64Oracle, OracleRun
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
@@ -261,6 +262,9 @@ def verify(
     store: bool = True,
     mode: str = "recorded",
     locate_divergence: bool = True,
+    ulps: UlpTolerance | None = None,
+    oracle: bool = False,
+    oracle_factor: float | None = None,
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
@@ -280,6 +284,12 @@ def verify(
         locate_divergence: on the first call whose outputs fail, run the rebuilt reference and the
             candidate again under an op trace and name the first op where the candidate diverges
             (``CallVerification.divergence``; docs/tools.md, "First divergence").
+        ulps: judge floating outputs within this many ULPs of the recorded ones instead of
+            ``rtol``/``atol``: one number, or ``{"bfloat16": 2, "float32": 64}`` per dtype.
+        oracle: judge floating outputs by their error against a float64 run of the reference,
+            within ``oracle_factor`` times the recording's own (docs/tools.md, "Verdicts in ULPs");
+            outputs it cannot cover fall back to ``ulps``, then to ``rtol``/``atol``.
+        oracle_factor: ``k`` of the oracle rule (default: 4 for float32, 3 for 16- and 8-bit floats).
 
     Returns:
         A :class:`VerifyReport`; ``report.passed`` is the verdict, ``report.failures`` says why not.
@@ -299,6 +309,9 @@ def verify(
     """
     if mode not in ("recorded", "eval", "train"):
         raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
+    if oracle_factor is not None and not oracle_factor > 0:
+        raise ToolError(f"oracle_factor must be > 0, got {oracle_factor}")
+    judging = _Judging(check_ulps(ulps), oracle, oracle_factor)
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type
@@ -339,7 +352,8 @@ def verify(
                                 f"and ran in {mode} mode: compared with the original module run in {mode} mode")
         note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
                          references if timing is not None else None, timing, training=training,
-                         expected_from=references if training != call.training else None)
+                         expected_from=references if training != call.training else None,
+                         judging=judging.with_oracle(references, call, device, dtype, training))
         if note:
             report.notes.append(note)
         if locate_divergence and result.error is None and any(not leaf.passed for leaf in result.leaves):
@@ -374,7 +388,7 @@ def _run_call(
     module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
     references: _References | None, timing: TimingConfig | None, *, training: bool,
-    expected_from: _References | None = None,
+    expected_from: _References | None = None, judging: _Judging | None = None,
 ) -> str | None:
     """Run, compare and time one call in ``training`` mode; returns a note if timing failed.
 
@@ -395,7 +409,9 @@ def _run_call(
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
-    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
+    judging = judging or _Judging()
+    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device,
+                            ulps=judging.ulps, oracle=judging.run, oracle_factor=judging.factor)
     result.mutated_inputs = _mutations(before, (args, kwargs))
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
@@ -419,6 +435,39 @@ def _run_call(
     result.timing = json_safe({"reference": timing_summary(ref_t), "candidate": timing_summary(cand_t),
                                **compare_timings(timing_summary(ref_t), timing_summary(cand_t))})
     return None
+
+
+@dataclass
+class _Judging:
+    """How :func:`verify` judges floating outputs beyond ``rtol``/``atol``: ULP tolerances, the float64
+    oracle (made per recorded state from the reference module, as the reference runs), its factor."""
+
+    ulps: UlpTolerance | None = None
+    oracle: bool = False
+    factor: float | None = None
+    run: OracleRun | None = None  # the current call's oracle
+    copies: dict[int, Float64Oracle] = field(default_factory=dict)
+
+    def with_oracle(self, references: _References, call: Any, device: torch.device, dtype: torch.dtype | None,
+                    training: bool) -> _Judging:
+        """This judging with ``call``'s float64 oracle (the reference in float64 on the call's inputs,
+        under its recorded RNG state). When the run is cast to another dtype than the recording, the
+        oracle rule measures the reference's own error in that dtype: the reference runs too."""
+        if not self.oracle:
+            return self
+        reference = references.get(call.state_index, training)
+        # one float64 copy at a time; afresh for a training-mode call, whose run changes its buffers
+        if call.state_index not in self.copies or (training and has_buffers(reference)):
+            self.copies = {call.state_index: Float64Oracle(reference)}
+        args, kwargs = call.fresh_inputs(device, dtype)
+        run = self.copies[call.state_index].run(args, kwargs, context=lambda: call_context(call, device),
+                                                training=training)
+        if dtype is not None and run.outputs is not None:
+            reference.train(training)
+            args, kwargs = call.fresh_inputs(device, dtype)
+            with call_context(call, device), torch.no_grad():
+                run.reference = reference(*args, **kwargs)
+        return _Judging(self.ulps, self.oracle, self.factor, run, self.copies)
 
 
 @dataclass

@@ -10,7 +10,18 @@ from modulelens.format.human import human_bytes
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt, TrustOpt
+from modulelens.interfaces.cli._options import (
+    AtolOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    OracleFactorOpt,
+    RepoOpt,
+    RtolOpt,
+    StoreOpt,
+    TrustOpt,
+    UlpsOpt,
+)
 from modulelens.interfaces.output import console, emit, rich_table, steps
 
 app = typer.Typer()
@@ -123,6 +134,11 @@ def verify_cmd(
     dtype: DtypeOpt = None,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    ulps: UlpsOpt = None,
+    oracle: Annotated[bool, typer.Option(
+        "--oracle", help="Judge float outputs by their error against a float64 run of the original, within k "
+                         "times the recording's own (docs/tools.md, \"Verdicts in ULPs\").")] = False,
+    oracle_factor: OracleFactorOpt = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
     eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
@@ -131,9 +147,11 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a candidate implementation against every recorded call (exit 0 only if it passes)."""
+    from modulelens.restore.compare import describe_ulps, parse_ulps
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
+    ulp_tolerance = None if ulps is None else parse_ulps(ulps)
     with steps(not as_json) as step:
         step(f"loading {ref}: importing torch and the module's code, rebuilding it")
         capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
@@ -141,13 +159,18 @@ def verify_cmd(
              + (f" and timing it against the original ({iters} iterations each)" if timing else ""))
         report = verify(capture, candidate, rtol=rtol, atol=atol,
                         timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
-                        mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+                        mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"),
+                        ulps=ulp_tolerance, oracle=oracle, oracle_factor=oracle_factor)
 
     def render(r: dict[str, Any]) -> None:
         from rich.markup import escape
 
         style = "green" if r["passed"] else "red"
         tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
+        if ulp_tolerance is not None:
+            tolerance = f"within {describe_ulps(ulp_tolerance)}"
+        if oracle:
+            tolerance = f"the float64 oracle rule, else {tolerance}"
         console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['candidate'])} "
                       f"(built with {r['built_with']}) against {escape(r['ref'])} on {r['device']} ({tolerance})",
                       highlight=False)
@@ -155,12 +178,13 @@ def verify_cmd(
             console.print(f"[red]{escape(r['error'])}[/red]")
         if r["calls"]:
             table = rich_table()
-            for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
+            for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "max ULPs", "ref ms", "cand ms",
+                        "speedup"):
                 table.add_column(col)
             for c in r["calls"]:
                 table.add_row(str(c["index"]), "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
-                              *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error",
-                                                     "reference_ms", "candidate_ms")),
+                              *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error")),
+                              _num(_max_ulps(c["leaves"])), _num(c["reference_ms"]), _num(c["candidate_ms"]),
                               "-" if c["speedup"] is None else f"{c['speedup']:.2f}x")
             console.print(table)
         for line in r["failures"]:
@@ -309,3 +333,9 @@ def diff_cmd(
             console.print(f"note: {escape(note)}", highlight=False)
 
     emit("diff", as_json, report.to_dict(), render)
+
+
+def _max_ulps(leaves: list[dict[str, Any]]) -> float | None:
+    """The largest error in ULPs over a call's output leaves (``None``: no floating leaf)."""
+    values = [float(leaf["max_ulps"]) for leaf in leaves if leaf.get("max_ulps") is not None]
+    return max(values) if values else None
