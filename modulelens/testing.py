@@ -43,7 +43,7 @@ def assert_matches(
     calls: Sequence[int] | None = None,
     repo: Any = None,
     ulps: float | Mapping[str, float] | None = None,
-    oracle: bool = False,
+    oracle: bool | None = None,
 ) -> VerifyReport:
     """Run ``module`` on every recorded call of ``capture`` and raise :class:`MatchError` unless
     every output leaf matches within tolerance and no input was modified.
@@ -71,7 +71,8 @@ def assert_matches(
             ``rtol``/``atol``: one number, or ``{"bfloat16": 2}`` per dtype.
         oracle: judge floating outputs against a float64 run of the original: the module's error
             within 3x (16-bit floats) or 4x (float32) the recording's own (docs/tools.md, "Verdicts in
-            ULPs"); a correct bfloat16/float16 rewrite passes where fixed tolerances fail it.
+            ULPs"); a correct bfloat16/float16 rewrite passes where fixed tolerances fail it. Default:
+            on for float16/bfloat16/float8 outputs when no ``rtol``/``atol``/``ulps`` is given.
 
     Returns:
         The :class:`~modulelens.tools.verify.VerifyReport` when it passes.
@@ -118,7 +119,8 @@ def assert_matches(
         from modulelens.restore.compare import check_ulps, describe_ulps
 
         tolerance = f"within {describe_ulps(check_ulps(ulps) or 0.0)}"
-    if oracle:
+    judged = report.calls[0].leaves if report.calls else []
+    if any(leaf.rule == "oracle" for leaf in judged):
         tolerance = "the float64 oracle rule" + (f", else {tolerance}" if tolerance != "per-dtype tolerances" else "")
     failed = sum(not c.passed for c in report.calls)
     checked = len(report.calls)

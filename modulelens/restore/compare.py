@@ -8,7 +8,8 @@ judged it. The rule, per floating leaf, is the first that applies:
 2. the **oracle rule** (:mod:`modulelens.restore.oracle`), when the caller ran the float64 oracle
    and it has this leaf: the candidate's error against the oracle within ``k`` times the
    reference's own;
-3. **ULPs**: ``|actual - expected| <= n * ulp(expected)`` elementwise, ``n`` given per dtype;
+3. **ULPs**: at most ``n`` ULPs apart elementwise (values of the dtype between them; a run in a
+   narrower dtype: ``|actual - expected| <= n * ulp(expected)`` in that dtype), ``n`` per dtype;
 4. **fixed tolerances**: ``|actual - expected| <= atol + rtol * |expected|`` (per-dtype tables).
 
 Integer and bool leaves are compared exactly under every rule.
@@ -30,7 +31,7 @@ from modulelens.format.tensors import dtype_name
 from modulelens.format.tree import expand_dataclasses, flatten_with_paths
 from modulelens.format.values import Unrecorded
 from modulelens.restore.oracle import OracleRun, judge, oracle_factor
-from modulelens.restore.ulp import supported, ulp_error
+from modulelens.restore.ulp import supported, ulp_distance, ulp_error
 
 # ULP tolerances: one number for every floating dtype, or a number per dtype name ("bfloat16": 2)
 UlpTolerance = float | Mapping[str, float]
@@ -193,6 +194,7 @@ class LeafResult:
     message: str = ""
     compared: bool = True  # False: the recorded leaf has no values (unrecorded, shape-only)
     max_ulps: float | None = None  # the largest elementwise error in ULPs of the judged dtype (floating leaves)
+    ulps_dtype: str | None = None  # whose ULPs: the recorded dtype, or the narrower one a run was cast to
     rule: str | None = None  # what judged a tensor leaf: "exact", "oracle", "ulps", "tolerance"
     ulps: float | None = None  # the ULP tolerance (rule "ulps")
     oracle: dict[str, Any] | None = None  # the oracle verdict (OracleVerdict.to_dict), or why there was none
@@ -347,7 +349,8 @@ def _compare_floating(result: LeafResult, want: torch.Tensor, got: torch.Tensor,
     judged = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
     nan_mismatch = torch.isnan(w) ^ torch.isnan(g)
     differ = (diff != 0) | nan_mismatch
-    result.max_ulps = float(ulp_error(got[differ], want[differ], judged).max()) if bool(differ.any()) else 0.0
+    result.max_ulps = float(_ulps(got[differ], want[differ], judged).max()) if bool(differ.any()) else 0.0
+    result.ulps_dtype = dtype_name(judged)
     if exact:
         equal = _bitwise_equal(want, got) | both_nan
         result.mismatched = int((~equal).sum())
@@ -367,7 +370,7 @@ def _compare_floating(result: LeafResult, want: torch.Tensor, got: torch.Tensor,
     limit = ulp_limit(rule.ulps, judged)
     if limit is not None:
         result.rule, result.ulps = "ulps", limit
-        errors = ulp_error(got, want, judged) if bool(differ.any()) else torch.zeros(1, dtype=torch.float64)
+        errors = _ulps(got, want, judged) if bool(differ.any()) else torch.zeros(1, dtype=torch.float64)
         result.mismatched = int((errors > limit).sum())
         return
     default_rtol, default_atol = tolerance_for(judged, rule.cross_device)
@@ -377,6 +380,15 @@ def _compare_floating(result: LeafResult, want: torch.Tensor, got: torch.Tensor,
     result.atol = default_atol if rule.atol is None else rule.atol
     bad = diff > (result.atol + result.rtol * w.abs())
     result.mismatched = int((bad | nan_mismatch).sum())
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor, judged: torch.dtype) -> torch.Tensor:
+    """Elementwise errors in ULPs: in one dtype, how many values lie between (``ulp_distance``: two
+    steps up are 2 ULPs, across a power of two too); a run in another dtype than the recording, its
+    error in ULPs of the narrower dtype at the recorded value (``ulp_error``)."""
+    if got.dtype == want.dtype:
+        return ulp_distance(got, want)
+    return ulp_error(got, want, judged)
 
 
 def _usable_oracle(value: torch.Tensor, like: torch.Tensor) -> str | None:
@@ -389,12 +401,12 @@ def _usable_oracle(value: torch.Tensor, like: torch.Tensor) -> str | None:
 
 
 def _mismatch_message(result: LeafResult) -> str:
-    dtype = result.dtype or ""
+    dtype = result.ulps_dtype or result.dtype or ""
     ulps = "" if result.max_ulps is None else f", max {result.max_ulps:.3g} ULPs of {dtype}"
     if result.rule == "oracle" and result.oracle is not None:
         verdict = result.oracle
-        return (f"{verdict.get('beyond', 0)}/{result.numel} elements beyond the oracle rule; "
-                f"{verdict.get('summary', '')} (max abs error {result.max_abs_error:.3g} against the reference{ulps})")
+        return (f"not within the oracle rule: {verdict.get('summary', '')} (max abs error {result.max_abs_error:.3g} "
+                f"against the reference{ulps})")
     if result.rule == "ulps":
         return (f"{result.mismatched}/{result.numel} elements differ by more than {result.ulps:g} ULPs of {dtype}"
                 f"{ulps.replace(f' of {dtype}', '')}, max abs error {result.max_abs_error:.3g}")

@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,6 +70,10 @@ ORACLE_FACTORS: dict[torch.dtype, float] = {
 SMALL_SAMPLE_Z = 3.1
 BIAS_MANTISSA_BITS = 10  # the median-bias test: float16 and narrower, where the final rounding dominates
 BIAS_MIN_ELEMENTS = 16  # fewer elements have no usable median
+# The bias a candidate may always have, in ULPs: rounding toward zero (`__float2bfloat16_rz`, and the
+# Triton interpreter's float32 -> bfloat16 conversion, which truncates) leaves a median error of half
+# an ULP toward zero, and is accepted; a whole ULP in one direction is not.
+BIAS_FLOOR_ULPS = 0.75
 _COMPONENTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
@@ -85,6 +89,12 @@ def oracle_factor(dtype: torch.dtype, factor: float | None = None) -> float | No
     if dtype not in ORACLE_FACTORS:
         return None
     return ORACLE_FACTORS[dtype] if factor is None else float(factor)
+
+
+def low_precision(dtypes: Iterable[torch.dtype]) -> bool:
+    """Whether any of ``dtypes`` is a floating dtype of 10 mantissa bits or fewer (float16, bfloat16,
+    float8): where fixed tolerances fail correct rewrites, so ``verify`` judges by the oracle unasked."""
+    return any(MANTISSA_BITS.get(_COMPONENTS.get(dtype, dtype), 99) <= BIAS_MANTISSA_BITS for dtype in dtypes)
 
 
 def small_sample_allowance(count: int) -> float:
@@ -227,7 +237,7 @@ def _bias(candidate: torch.Tensor, reference: torch.Tensor, factor: float) -> tu
     bias, reference_bias = float(candidate.median()), float(reference.median())
     spread = 1.4826 * float((candidate - bias).abs().median())  # a robust standard deviation (MAD)
     # the median of n values spreads by 1.2533 sigma / sqrt(n): the same z as the small-sample allowance
-    allowed = max(factor * abs(reference_bias), 0.5) + SMALL_SAMPLE_Z * 1.2533 * spread / math.sqrt(candidate.numel())
+    allowed = max(factor * abs(reference_bias), BIAS_FLOOR_ULPS) + SMALL_SAMPLE_Z * 1.2533 * spread / math.sqrt(candidate.numel())
     return allowed, bias, reference_bias
 
 
@@ -320,4 +330,4 @@ def _no_autocast() -> Iterator[None]:
         yield
 
 
-__all__ = ["ORACLE_FACTORS", "Float64Oracle", "OracleRun", "OracleVerdict", "judge", "oracle_factor"]
+__all__ = ["ORACLE_FACTORS", "Float64Oracle", "OracleRun", "OracleVerdict", "judge", "low_precision", "oracle_factor"]

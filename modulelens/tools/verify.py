@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from modulelens.errors import ToolError
 from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
-from modulelens.restore.oracle import Float64Oracle, OracleRun
+from modulelens.restore.oracle import Float64Oracle, OracleRun, low_precision
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
@@ -61,6 +61,12 @@ class CallVerification:
         return self.reference_ms / self.candidate_ms
 
     @property
+    def max_ulps(self) -> float | None:
+        """The largest error in ULPs over the floating output leaves (``None``: none)."""
+        values = [leaf.max_ulps for leaf in self.leaves if leaf.max_ulps is not None]
+        return max(values) if values else None
+
+    @property
     def failures(self) -> list[str]:
         """One readable line per problem: which output leaf, how far off; which input was modified."""
         lines = []
@@ -77,7 +83,7 @@ class CallVerification:
         return json_safe({
             "call": self.call, "index": self.index, "passed": self.passed, "error": self.error,
             "max_abs_error": self.max_abs_error, "mean_abs_error": self.mean_abs_error,
-            "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error,
+            "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error, "max_ulps": self.max_ulps,
             "reference_ms": self.reference_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
             "timing": self.timing, "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
             "leaves": [leaf.to_dict() for leaf in self.leaves],
@@ -135,6 +141,8 @@ class VerifyReport:
         tol = f"rtol={self.rtol}, atol={self.atol}"
         if self.rtol is None and self.atol is None:
             tol = "per-dtype tolerances"
+        if any(leaf.rule == "oracle" for c in self.calls for leaf in c.leaves):
+            tol = "the float64 oracle rule"
         lines = [f"verify {self.candidate} against {self.ref} on {self.device} ({tol}): "
                  f"{'PASS' if self.passed else 'FAIL'}"]
         if self.error:
@@ -143,8 +151,9 @@ class VerifyReport:
             timing = f"  {c.speedup:.2f}x" if c.speedup else ""
             if c.speedup and c.timing:
                 timing += f" ({c.timing['speedup_low']:.2f}-{c.timing['speedup_high']:.2f})"
+            ulps = "" if c.max_ulps is None else f"  max {c.max_ulps:.3g} ULPs"
             lines.append(f"  call {c.index}: {'pass' if c.passed else 'FAIL'}  max abs err {c.max_abs_error:.3g}"
-                         f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{timing}")
+                         f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{ulps}{timing}")
             lines.extend(f"    {line.split(': ', 1)[1]}" for line in c.failures)
         if self.speedup:
             lines.append(f"  speedup {self.speedup:.2f}x (reference median / candidate median, timed interleaved)"
@@ -263,7 +272,7 @@ def verify(
     mode: str = "recorded",
     locate_divergence: bool = True,
     ulps: UlpTolerance | None = None,
-    oracle: bool = False,
+    oracle: bool | None = None,
     oracle_factor: float | None = None,
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
@@ -288,7 +297,9 @@ def verify(
             ``rtol``/``atol``: one number, or ``{"bfloat16": 2, "float32": 64}`` per dtype.
         oracle: judge floating outputs by their error against a float64 run of the reference,
             within ``oracle_factor`` times the recording's own (docs/tools.md, "Verdicts in ULPs");
-            outputs it cannot cover fall back to ``ulps``, then to ``rtol``/``atol``.
+            outputs it cannot cover fall back to ``ulps``, then to ``rtol``/``atol``. Default: on
+            when the outputs (or the run, ``load(..., dtype=)``) are float16, bfloat16 or float8
+            and no ``rtol``/``atol``/``ulps`` is given.
         oracle_factor: ``k`` of the oracle rule (default: 4 for float32, 3 for 16- and 8-bit floats).
 
     Returns:
@@ -311,6 +322,8 @@ def verify(
         raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
     if oracle_factor is not None and not oracle_factor > 0:
         raise ToolError(f"oracle_factor must be > 0, got {oracle_factor}")
+    if oracle is None:
+        oracle = rtol is None and atol is None and ulps is None and low_precision(_output_dtypes(capture, calls))
     judging = _Judging(check_ulps(ulps), oracle, oracle_factor)
     device = run_device(capture)
     dtype = capture.dtype
@@ -515,6 +528,14 @@ def _divergence(candidate: _Traced, references: _References, call: Any, device: 
         if stopped is not None:
             divergence.notes.append(f"the {side}'s trace stopped early: {stopped}")
     return divergence
+
+
+def _output_dtypes(capture: Capture, calls: Sequence[int] | None) -> set[torch.dtype]:
+    """The dtypes the checked calls' floating outputs have here (the run's, when ``load`` cast them)."""
+    positions = range(len(capture.calls)) if calls is None else calls
+    dtypes = {leaf.dtype for position in positions for leaf in pytree.tree_leaves(capture.calls[position].output)
+              if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()}
+    return {capture.dtype} | dtypes if capture.dtype is not None else dtypes
 
 
 def _shapes(call: Any) -> str:

@@ -135,9 +135,10 @@ def verify_cmd(
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
     ulps: UlpsOpt = None,
-    oracle: Annotated[bool, typer.Option(
-        "--oracle", help="Judge float outputs by their error against a float64 run of the original, within k "
-                         "times the recording's own (docs/tools.md, \"Verdicts in ULPs\").")] = False,
+    oracle: Annotated[bool | None, typer.Option(
+        "--oracle/--no-oracle", help="Judge float outputs by their error against a float64 run of the original, within "
+                                     "k times the recording's own (docs/tools.md, \"Verdicts in ULPs\"); default: on "
+                                     "for float16/bfloat16/float8 outputs unless --rtol/--atol/--ulps.")] = None,
     oracle_factor: OracleFactorOpt = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
@@ -169,7 +170,7 @@ def verify_cmd(
         tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
         if ulp_tolerance is not None:
             tolerance = f"within {describe_ulps(ulp_tolerance)}"
-        if oracle:
+        if any(leaf.get("rule") == "oracle" for c in r["calls"] for leaf in c["leaves"]):
             tolerance = f"the float64 oracle rule, else {tolerance}"
         console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['candidate'])} "
                       f"(built with {r['built_with']}) against {escape(r['ref'])} on {r['device']} ({tolerance})",
@@ -184,7 +185,7 @@ def verify_cmd(
             for c in r["calls"]:
                 table.add_row(str(c["index"]), "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
                               *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error")),
-                              _num(_max_ulps(c["leaves"])), _num(c["reference_ms"]), _num(c["candidate_ms"]),
+                              _num(c.get("max_ulps")), _num(c["reference_ms"]), _num(c["candidate_ms"]),
                               "-" if c["speedup"] is None else f"{c['speedup']:.2f}x")
             console.print(table)
         for line in r["failures"]:
@@ -334,8 +335,3 @@ def diff_cmd(
 
     emit("diff", as_json, report.to_dict(), render)
 
-
-def _max_ulps(leaves: list[dict[str, Any]]) -> float | None:
-    """The largest error in ULPs over a call's output leaves (``None``: no floating leaf)."""
-    values = [float(leaf["max_ulps"]) for leaf in leaves if leaf.get("max_ulps") is not None]
-    return max(values) if values else None

@@ -394,8 +394,8 @@ def _report(view: RepoView, report: Mapping[str, Any]) -> dict[str, Any]:
             verdict = c.get("passed", c.get("status"))
             rows.append((c.get("index"), "pass" if verdict is True else "FAIL" if verdict is False else str(verdict),
                          human_number(c.get("max_abs_error")), human_number(c.get("max_rel_error")),
-                         c.get("error") or c.get("detail") or ""))
-        shown["tables"].append(_table("calls", ("call", "result", "max abs err", "max rel err", "detail"), rows))
+                         human_number(c.get("max_ulps")), c.get("error") or c.get("detail") or ""))
+        shown["tables"].append(_table("calls", ("call", "result", "max abs err", "max rel err", "max ULPs", "detail"), rows))
         shown["tables"].append(_divergence_table([(c.get("index"), c.get("divergence")) for c in report["calls"]
                                                   if isinstance(c, dict)]))
     if isinstance(report.get("divergence"), dict) and not isinstance(report.get("calls"), list):  # kernel verify
