@@ -38,6 +38,7 @@ RUNS: list[tuple[str, list[str], list[str]]] = [
     ("bench_call_inputs.py", ["--rounds", "15"], ["--rounds", "3"]),
     ("bench_metadata.py", ["--rounds", "9"], ["--rounds", "2"]),
     ("bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
+    ("bench_verdicts.py", ["--rounds", "7"], ["--rounds", "2", "--sizes", "4096", "--tokens", "16"]),
 ]
 
 
