@@ -306,6 +306,8 @@ def test_block_runs_as_written(block: Block, sessions: dict[str, Session],
     _run(block, _session(block, sessions, tmp_path_factory, request), request)
 
 
+# every doc's blocks once more: ~10 minutes on 2 busy cores, up to twice that while other suites share them
+@pytest.mark.timeout(2400)
 def test_walkthroughs_in_sequence_on_one_repo(tmp_path_factory: pytest.TempPathFactory,
                                               request: pytest.FixtureRequest) -> None:
     """Every doc's blocks, one doc after another in one checkout and one repo: each walkthrough runs
