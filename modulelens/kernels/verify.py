@@ -63,7 +63,7 @@ from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo import Repo
-from modulelens.restore.compare import compare, default_tolerance, tolerance_table, ulp_limit
+from modulelens.restore.compare import compare, default_tolerance, nothing_to_compare, tolerance_table, ulp_limit
 from modulelens.restore.context import call_context
 from modulelens.restore.divergence import LOCATE_LIMITS, DivergenceRule, locate, trace_call
 from modulelens.restore.loader import Capture, load
@@ -685,6 +685,10 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
         # a leaf with no recorded values (stored shape-only) can contradict the recording, never prove it
         entry["unverified"] = [f"{leaf['path']}: {leaf.get('message')}" for leaf in leaves
                                if leaf["passed"] and leaf.get("compared") is False]
+        if not problems and not entry["unverified"] and entry.get("expected_from") == "recorded output":
+            # NaN matches NaN and None matches None: a recording with nothing else proves nothing
+            nothing = nothing_to_compare([value for _, value in want])
+            entry["unverified"] = [nothing] if nothing else []
         entry["status"] = "fail" if problems else "unverified" if entry["unverified"] else "pass"
         entry["passed"] = entry["status"] == "pass"
         passed_count += entry["passed"]

@@ -1,7 +1,8 @@
 """`kernel verify` judges a recorded output stored shape-only as `verify` does (issue 35 item 4):
 shape, dtype and recorded statistics are checked; agreement is UNVERIFIED ("cannot verify: ..."),
 never PASS; a candidate that contradicts them FAILS on them (not on a leaf count, which would fail a
-correct candidate too). CPU, Triton kernels under the interpreter."""
+correct candidate too). A recorded output that is NaN throughout is UNVERIFIED too (NaN matches
+NaN). CPU, Triton kernels under the interpreter."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from modulelens.format.shape_only import ShapeOnly
 from modulelens.interfaces.cli import app
 from modulelens.kernels.options import CandidatePolicy, KernelChecks
 from modulelens.kernels.verify import verify_kernel
+from stress.verdict_rows import vacuous_captures
 
 CANDIDATES = Path(__file__).resolve().parent.parent / "support" / "kernel_candidates"
 CHECKS = KernelChecks(random_samples=1)
@@ -87,3 +89,17 @@ def test_cli_says_cannot_verify_and_exits_1(repo: str) -> None:
     as_json = runner.invoke(app, [*base, "--candidate", str(CANDIDATES / "linear_relu_zeros.py"), "--json"])
     result = json.loads(as_json.stdout)["result"]
     assert as_json.exit_code == 1 and result["status"] == "FAIL" and result["passed"] is False
+
+
+def test_a_recorded_output_of_nan_only_is_unverified_a_wrong_one_fails(tmp_path: Path) -> None:
+    repo = modulelens.Repo(tmp_path / "repo")
+    ref = vacuous_captures(repo)["nan"]
+    report = verify_kernel(ref, CANDIDATES / "nan_out.py", repo=repo, checks=CHECKS,
+                           policy=CandidatePolicy(timeout=120), store=False)
+    assert report.status == "UNVERIFIED" and report.failures == []
+    assert report.unverified == ["call 0 (recorded): every recorded output value is NaN or infinite: any candidate "
+                                 "that returns them matches"]
+    zeros = verify_kernel(ref, CANDIDATES / "nan_out_zeros.py", repo=repo, checks=CHECKS,
+                          policy=CandidatePolicy(timeout=120), store=False)
+    assert zeros.status == "FAIL" and zeros.unverified == []
+    assert zeros.failures[0].startswith("call 0 (recorded): output: ")
