@@ -123,3 +123,15 @@ async def test_mcp_locate_divergence_reports_the_status(vacuous, monkeypatch: py
                                                                 "candidate": "stress.verdict_rows:NoneOut"})).structured_content
         assert rewrite["status"] == "UNVERIFIED" and rewrite["passed"] is False
         assert rewrite["unverified"] == ["call 0: the recorded output is None: nothing to compare"]
+
+
+def test_a_divergence_with_no_op_paired_does_not_claim_agreement() -> None:
+    """The locator's summary when nothing diverges counts the ops it compared, and says so when it
+    compared none (it used to say "no op of the <reference's op count> compared diverges")."""
+    from modulelens.restore.divergence import Divergence
+
+    none = Divergence(compared="c", rule="bit-exact", reference_ops=12, candidate_ops=3)
+    assert none.summary() == "no op could be compared: none of the reference's 12 ops was paired with one of the candidate's 3"
+    some = Divergence(compared="c", rule="bit-exact", candidate="this replay", reference_ops=12, candidate_ops=12,
+                      paired_ops=10)
+    assert some.summary() == "no op of the 10 compared (of 12) diverges (bit-exact)"
