@@ -62,3 +62,22 @@ def test_json_stays_complete(huge) -> None:
     assert len(result["calls"][0]["outputs"]) == LEAVES
     result = json.loads(_show(huge, "calls", "--json"))["result"]
     assert len(result["calls"]) == CALLS and len(result["reports"]) == REPORTS
+
+
+def test_op_traces_are_listed_for_the_calls_printed(tmp_path: Path) -> None:
+    """``--ops`` reads and prints the op trace of the calls shown only (each trace is a blob of its own)."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with modulelens.capture(model, targets=["0"], repo=tmp_path, name="traced",
+                            record=modulelens.Recording(op_trace=True, max_calls=SHOWN_CALLS + 5)), torch.no_grad():
+        for _ in range(SHOWN_CALLS + 5):
+            model(torch.randn(1, 2))
+    runner = CliRunner()
+    text = runner.invoke(app, ["show", "traced/0", "--repo", str(tmp_path), "--ops"]).stdout
+    assert sum(line.startswith("op trace of call ") for line in text.splitlines()) == SHOWN_CALLS
+    assert "aten::addmm" in text and "... and 5 more recorded calls, not shown" in text
+    everything = runner.invoke(app, ["show", "traced/0", "--repo", str(tmp_path), "--ops", "--all"]).stdout
+    assert sum(line.startswith("op trace of call ") for line in everything.splitlines()) == SHOWN_CALLS + 5
+    result = json.loads(runner.invoke(app, ["show", "traced/0", "--repo", str(tmp_path), "--ops", "--json"]).stdout)
+    assert all(call["ops"] for call in result["result"]["calls"]) and len(result["result"]["calls"]) == SHOWN_CALLS + 5

@@ -106,8 +106,9 @@ def show(
     name, version = session.resolve(store, ref)
     meta = store.read_metadata(name, version)
     result = describe(store, f"{name}:v{version}", metadata=meta)
-    if ops:  # read only when asked: a trace of thousands of ops is a blob of its own
-        for position, call in enumerate(result["calls"]):
+    if ops:  # read only when asked (a trace of thousands of ops is a blob of its own), for the calls printed
+        listed = result["calls"] if as_json or show_all else result["calls"][:SHOWN_CALLS]
+        for position, call in enumerate(listed):
             document = op_trace_document(store, f"{name}:v{version}", position)
             call["ops"] = op_rows(document) if document is not None else None
     if as_json:
@@ -169,7 +170,7 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
     if len(shown) < len(raw["calls"]):
         echo(f"  ... and {len(raw['calls']) - len(shown):,} more recorded calls, not shown (show --all or --json lists "
              "them)")
-    _render_op_traces(d["calls"])
+    _render_op_traces(d["calls"][:len(shown)])
     env = d["environment"]
     echo(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
          f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
