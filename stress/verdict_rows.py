@@ -4,7 +4,7 @@
 * **vacuous verdicts**: ``verify`` of captures with nothing real to compare (an output stored
   shape-only, as large outputs are by design; a ``None`` output; an output that is NaN throughout;
   no recorded calls), each with the true implementation and with one that is wrong (zeros, a tensor
-  where ``None`` was recorded), through the Python API, ``assert_matches``, ``modulelens verify
+  where ``None`` was recorded), through the Python API (``verify`` and ``diverge``), ``assert_matches``, ``modulelens verify
   --json`` and its human output, and the MCP ``verify_candidate`` tool. **wrong**: a PASS; a wrong
   candidate that is not a FAIL (zeros against a shape-only output contradict its recorded
   statistics); a true one that FAILS; an exit code of 0; a human output without ``cannot verify:``.
@@ -131,6 +131,7 @@ def _check(row: Row, label: str, got: str, want: str) -> None:
 
 def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
     """Verdicts on captures with nothing real to compare, through every way of asking for one."""
+    from modulelens.tools.diverge import find_divergence
     from modulelens.tools.verify import verify
 
     row = Row("verify on vacuous captures: shape-only, None, NaN outputs, no calls (issue 35.4)")
@@ -145,6 +146,10 @@ def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
             _check(row, f"API {label}", _verdict(report.to_dict()), want)
         except ModulelensError as error:
             _check(row, f"API {label}", f"{type(error).__name__}: {error}"[:120], want)
+        try:  # diverge runs the candidate through verify: the same verdict, never a vacuous PASS
+            _check(row, f"diverge {label}", _verdict(find_divergence(capture, candidate, store=False)), want)
+        except ModulelensError as error:
+            _check(row, f"diverge {label}", f"{type(error).__name__}: {error}"[:120], want)
         try:
             assert_matches(_candidate_class(candidate), capture)
             row.record(f"assert_matches {label}: passed")

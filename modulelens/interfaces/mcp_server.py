@@ -301,7 +301,8 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         store: StoreArg = False,
     ) -> dict[str, Any]:
         """Name the first op where a rewrite (or this machine's replay) parts from the reference: module path,
-        op, source line, error in ULPs, and the last op that still agreed. ``passed`` false is a result."""
+        op, source line, error in ULPs, and the last op that still agreed. ``passed`` false is a result; ``status``
+        UNVERIFIED (never a pass): nothing could be compared (outputs shape-only, None, only NaN, no calls)."""
         if candidate is None:
             from modulelens.tools.diverge import find_divergence
 
@@ -333,7 +334,9 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
     ) -> dict[str, Any]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
         random inputs in worker processes with a timeout, judged in ULPs against a float64 oracle and
-        probed for known exploits (``failed_checks`` names what failed); ``passed`` false is a result."""
+        probed for known exploits (``failed_checks`` names what failed); ``passed`` false is a result.
+        ``status`` UNVERIFIED (never a pass): a recorded output had no values to compare (stored shape-only,
+        only NaN); ``unverified`` says which."""
         from modulelens.kernels.options import CandidatePolicy, KernelChecks
         from modulelens.kernels.verify import verify_kernel as run_verify_kernel
         from modulelens.restore.compare import parse_ulps

@@ -44,6 +44,7 @@ import torch.utils._pytree as pytree
 
 from modulelens.errors import CandidateError, UsageError
 from modulelens.format.op_trace import OpTrace
+from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.format.validate import validate_op_trace
 from modulelens.kernels.exchange import decode_arg, load_tensors, save_tensors
@@ -62,7 +63,7 @@ from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo import Repo
-from modulelens.restore.compare import compare, default_tolerance, tolerance_table, ulp_limit
+from modulelens.restore.compare import compare, default_tolerance, nothing_to_compare, tolerance_table, ulp_limit
 from modulelens.restore.context import call_context
 from modulelens.restore.divergence import LOCATE_LIMITS, DivergenceRule, locate, trace_call
 from modulelens.restore.loader import Capture, load
@@ -85,7 +86,18 @@ class KernelReport:
 
     @property
     def passed(self) -> bool:
+        """True only for ``status`` ``"PASS"``."""
         return bool(self.data.get("passed"))
+
+    @property
+    def status(self) -> str:
+        """``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"`` (nothing failed, but a recorded output had no
+        values to compare: ``unverified`` says which)."""
+        return str(self.data.get("status") or ("PASS" if self.passed else "FAIL"))
+
+    @property
+    def unverified(self) -> list[str]:
+        return list(self.data.get("unverified", []))
 
     @property
     def failures(self) -> list[str]:
@@ -96,8 +108,9 @@ class KernelReport:
 
     def __str__(self) -> str:
         d = self.data
-        lines = [f"kernel verify {d['ref']} {d['candidate']['path']}: {'PASS' if self.passed else 'FAIL'}"]
+        lines = [f"kernel verify {d['ref']} {d['candidate']['path']}: {self.status}"]
         lines += [f"  failure: {f}" for f in d.get("failures", [])]
+        lines += [f"  cannot verify: {reason}" for reason in self.unverified]
         if d.get("divergence"):
             lines.append(f"  {d['divergence']['sample']}: {d['divergence']['summary']}")
         timing = d.get("timing", {})
@@ -213,12 +226,24 @@ def verify_kernel(
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             report["notes"].append(f"work directory kept at {workdir}")
-    report["passed"] = not report["failures"] and report["correctness"].get("passed", False)
+    report["status"] = _status(report)
+    report["passed"] = report["status"] == "PASS"
     if store:
         say("storing the report")
         path = store_repo.add_report(capture.ref, "kernel", report)
         report["report_path"] = str(path)
     return KernelReport(report)
+
+
+def _status(report: dict[str, Any]) -> str:
+    """``FAIL`` on any failure; ``UNVERIFIED`` when nothing failed but some recorded output had no
+    values to compare (stored shape-only: ``report["unverified"]`` says which); else ``PASS`` when
+    every sample passed."""
+    if report["failures"]:
+        return "FAIL"
+    if report["unverified"]:
+        return "UNVERIFIED"
+    return "PASS" if report["correctness"].get("passed", False) else "FAIL"
 
 
 @dataclass(frozen=True)
@@ -251,7 +276,9 @@ def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str
         "candidate": {"path": str(Path(candidate).expanduser().absolute()), "origin": origin,
                       "hash": hash_bytes(source.encode()), "entry": None, "backend": static.backend,
                       "source": source if len(source) <= _SOURCE_LIMIT else None},
+        "status": "FAIL",
         "passed": False,
+        "unverified": [],
         "failures": [],
         "failed_checks": [],
         "notes": [],
@@ -565,16 +592,17 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], che
                         "message": f"{len(got)} output value(s), expected {len(want)}"})
         return results, False, False
     for (path, w), (_, g) in zip(want, got, strict=True):
-        if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and w.dtype != g.dtype:
+        tensor_like = isinstance(w, (torch.Tensor, ShapeOnly))
+        if tensor_like and isinstance(g, torch.Tensor) and w.dtype != g.dtype:
             results.append({"path": path, "passed": False, "kind": "tensor", "dtype": dtype_name(w.dtype),
                             "shape": list(w.shape), "message": f"dtype {dtype_name(g.dtype)} != reference {dtype_name(w.dtype)}"})
             all_ok = loose_ok = False
             continue
-        dtype = dtype_name(w.dtype) if isinstance(w, torch.Tensor) else ""
-        base = default_tolerance(w.dtype, "kernel") if isinstance(w, torch.Tensor) else None
+        dtype = dtype_name(w.dtype) if tensor_like else ""
+        base = default_tolerance(w.dtype, "kernel") if tensor_like else None
         r = 0.0 if base is None else (base[0] if checks.rtol is None else checks.rtol)
         a = 0.0 if base is None else (base[1] if checks.atol is None else checks.atol)
-        exact = isinstance(w, torch.Tensor) and base is None
+        exact = tensor_like and base is None
         leaf = compare(w, g, exact=exact, rtol=r, atol=a, ulps=checks.ulps,
                        oracle=_oracle_run(oracle, path) if checks.uses_oracle else None,
                        oracle_factor=checks.oracle_factor)[0]
@@ -604,9 +632,9 @@ def _oracle_run(oracle: dict[str, torch.Tensor] | str | None, path: str) -> Orac
 
 
 def _compared(value: Any) -> bool:
-    """An output leaf that is compared: a tensor or plain data (not None, not an object or the
-    ``{"repr": ...}`` a worker writes for one)."""
-    return isinstance(value, (torch.Tensor, bool, int, float, str)) or (
+    """An output leaf that is compared: a tensor (or a recorded one stored shape-only) or plain data
+    (not None, not an object or the ``{"repr": ...}`` a worker writes for one)."""
+    return isinstance(value, (torch.Tensor, ShapeOnly, bool, int, float, str)) or (
         isinstance(value, (list, dict)) and not (isinstance(value, dict) and "repr" in value))
 
 
@@ -614,7 +642,7 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
                      result: dict[str, Any], outputs: dict[str, torch.Tensor], settings: _Settings) -> None:
     checks, backend = settings.checks, settings.backend
     ran = {s["id"]: s for s in result.get("samples", [])}
-    passed_count = compared = 0
+    passed_count = compared = unverified_count = 0
     loose_all = True
     wanted: dict[str, list[tuple[str, Any]]] = {}  # by sample label
     returned: dict[str, list[tuple[str, Any]]] = {}
@@ -622,11 +650,11 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
         sid = sample["id"]
         label = f"{sid} ({sample['kind']})"
         entry: dict[str, Any] = {"sample": sid, "kind": sample["kind"], "call_index": sample["call_index"],
-                                 "randomized": sample.get("randomized", []), "passed": False}
+                                 "randomized": sample.get("randomized", []), "status": "fail", "passed": False}
         report["samples"].append(entry)
         reference = sample.get("reference", {})
         if sample.get("skip"):
-            entry["passed"] = None
+            entry["passed"], entry["status"] = None, "skipped"
             entry["skipped"] = sample["skip"]
             report["notes"].append(f"{sid} skipped: {sample['skip']}")
             continue
@@ -654,8 +682,18 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
         problems += sample_findings(record, reference, backend)
         for check, problem in problems:
             fail(report, check, f"{label}: {problem}")
-        entry["passed"] = not problems
+        # a leaf with no recorded values (stored shape-only) can contradict the recording, never prove it
+        entry["unverified"] = [f"{leaf['path']}: {leaf.get('message')}" for leaf in leaves
+                               if leaf["passed"] and leaf.get("compared") is False]
+        if not problems and not entry["unverified"] and entry.get("expected_from") == "recorded output":
+            # NaN matches NaN and None matches None: a recording with nothing else proves nothing
+            nothing = nothing_to_compare([value for _, value in want])
+            entry["unverified"] = [nothing] if nothing else []
+        entry["status"] = "fail" if problems else "unverified" if entry["unverified"] else "pass"
+        entry["passed"] = entry["status"] == "pass"
         passed_count += entry["passed"]
+        unverified_count += entry["status"] == "unverified"
+        report["unverified"] += [f"{label}: {reason}" for reason in entry["unverified"]]
         loose_all = loose_all and loose_ok
     labels = [{"sample": f"{s['sample']} ({s['kind']})"} for s in report["samples"]]
     for label, problem in cached_outputs(labels, returned, wanted):
@@ -665,7 +703,7 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
     _refill(report, result, outputs, settings, by_index)
     report["correctness"] = {
         "passed": compared > 0 and passed_count == compared and not _probe_failed(report),
-        "samples": compared, "passed_samples": passed_count,
+        "samples": compared, "passed_samples": passed_count, "unverified_samples": unverified_count,
         "recorded_samples": sum(1 for s in info["samples"] if s["kind"] == "recorded"),
         "random_samples": sum(1 for s in info["samples"] if s["kind"] == "random"),
         "skipped_samples": sum(1 for s in info["samples"] if s.get("skip")),
@@ -696,7 +734,7 @@ def _describe_sample(entry: dict[str, Any], record: dict[str, Any], reference: d
 def _mark_failed(report: dict[str, Any], label: str) -> None:
     for entry in report["samples"]:
         if f"{entry['sample']} ({entry['kind']})" == label:
-            entry["passed"] = False
+            entry["passed"], entry["status"] = False, "fail"
 
 
 def _probe_failed(report: dict[str, Any]) -> bool:

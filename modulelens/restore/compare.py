@@ -511,6 +511,36 @@ def statistics_contradiction(want: ShapeOnly, got: torch.Tensor, rtol: float, at
     return f"{', '.join(off)} (bound {bound:.3g})" if off else None
 
 
+def nothing_to_compare(want: Any) -> str | None:
+    """Why a recorded output holds nothing a candidate could get wrong by its values, or ``None``.
+
+    Every leaf may have been compared and matched, yet prove nothing: ``None`` matches ``None``,
+    an empty tensor matches any empty tensor, and NaN matches NaN (an output with no finite value
+    is matched by any candidate that returns NaN). At least one leaf must hold a finite value or a
+    non-``None`` plain value for a verdict to be PASS."""
+    leaves, _ = flatten_with_paths(expand_dataclasses(want))
+    kinds = set()
+    for _, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if leaf.numel() == 0:
+                kinds.add("empty")
+            elif leaf.is_floating_point() or leaf.is_complex():
+                if bool(torch.isfinite(leaf.detach()).any()):
+                    return None
+                kinds.add("non-finite")
+            else:
+                return None
+        elif leaf is None or isinstance(leaf, (Unrecorded, ShapeOnly)):
+            kinds.add("none")
+        else:
+            return None
+    if not leaves or kinds == {"none"}:
+        return "the recorded output is None: nothing to compare"
+    if "non-finite" in kinds:
+        return "every recorded output value is NaN or infinite: any candidate that returns them matches"
+    return "the recorded output is empty (no elements): nothing to compare"
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 

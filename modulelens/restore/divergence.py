@@ -144,7 +144,10 @@ class Divergence:
             if self.first_difference is not None:
                 return (f"no op diverges beyond the tolerance ({self.rule}); the first that differs at all is "
                         f"{self.first_difference.reference.describe()} ({_size(self.first_difference)})")
-            return f"no op of the {self.reference_ops} compared diverges ({self.rule})"
+            if not self.paired_ops:  # nothing was compared: not evidence that nothing diverges
+                return (f"no op could be compared: none of the reference's {self.reference_ops} ops was paired with "
+                        f"one of {self.candidate}'s {self.candidate_ops}")
+            return f"no op of the {self.paired_ops} compared (of {self.reference_ops}) diverges ({self.rule})"
         first = self.first
         where = first.reference.describe()
         if first.reference.index < 0:

@@ -28,10 +28,12 @@ def _leaf_summaries(tree: dict[str, Any] | None, tensors: dict[str, Any], prefix
     return out
 
 
-def describe(repo: Repo, ref: str) -> dict[str, Any]:
-    """Metadata, state size, per-call input/output shapes, environment and report history."""
+def describe(repo: Repo, ref: str, *, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Metadata, state size, per-call input/output shapes, environment and report history.
+    ``metadata``: the version's, already read (parsing and checking it is most of the time on a
+    capture of 50,000 calls: ``show`` reads it once for this and its own rendering)."""
     name, version = repo.resolve(ref)
-    meta = repo.read_metadata(name, version)
+    meta = repo.read_metadata(name, version) if metadata is None else metadata
     info = repo.info(name, version, metadata=meta)
     tensors = meta.get("tensors", {})
     states = meta.get("states", [])

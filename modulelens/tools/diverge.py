@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import UsageError
+from modulelens.restore.compare import nothing_to_compare
 from modulelens.tools.candidates import Candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
 from modulelens.tools.verify import verify
@@ -34,8 +35,11 @@ def find_divergence(capture: Capture, candidate: Candidate | None = None, *, cal
         store: keep the result with the capture's version as a ``diverge`` report.
 
     Returns:
-        The ``diverge`` result of docs/cli-json.md: ``passed``, per call its verdict and
-        ``divergence`` (the first failing call's), and ``divergence`` (that one, or ``None``).
+        The ``diverge`` result of docs/cli-json.md: ``status`` (``"PASS"``, ``"FAIL"``, or
+        ``"UNVERIFIED"`` when nothing contradicts the recording but there was nothing real to
+        compare: outputs stored shape-only, ``None``, only NaN, no calls; ``unverified`` says what),
+        ``passed`` (true only for ``"PASS"``), per call its verdict and ``divergence`` (the first
+        failing call's), and ``divergence`` (that one, or ``None``).
 
     Raises:
         UsageError: ``call`` is not a recorded call, or there is no candidate and no recorded op trace.
@@ -52,6 +56,9 @@ def find_divergence(capture: Capture, candidate: Candidate | None = None, *, cal
     calls: Sequence[int] = range(len(capture.calls)) if call is None else [call]
     if candidate is not None:
         result = _against_candidate(capture, candidate, list(calls), rtol, atol)
+    elif not capture.calls:  # nothing ran, so nothing can have diverged: never a vacuous PASS
+        result = _result(capture, None, "this replay against the recorded job's trace", "UNVERIFIED",
+                         [f"{capture.ref} has no recorded calls to compare"], [], list(capture.notes))
     elif not any(capture.calls[position].has_op_trace for position in calls):
         raise UsageError(f"{capture.ref} holds no op trace to compare a replay with: record it with "
                          "Recording(op_trace=True) (modulelens run --op-trace), or compare a rewrite with --candidate")
@@ -65,26 +72,40 @@ def find_divergence(capture: Capture, candidate: Candidate | None = None, *, cal
 def _against_candidate(capture: Capture, candidate: Candidate, calls: list[int], rtol: float | None,
                        atol: float | None) -> dict[str, Any]:
     report = verify(capture, candidate, rtol=rtol, atol=atol, calls=calls, timing=None, store=False)
-    rows = [_row(c.call, c.index, c.passed, c.error, c.divergence) for c in report.calls]
+    rows = [_row(c.call, c.index, c.status, c.error, c.divergence, c.unverified) for c in report.calls]
     notes = ([report.error] if report.error else []) + list(report.notes)
     return _result(capture, describe_candidate(candidate), "the candidate against the rebuilt reference",
-                   report.passed, rows, notes)
+                   report.status, report.unverified, rows, notes)
 
 
 def _against_recording(capture: Capture, calls: list[int], rtol: float | None, atol: float | None) -> dict[str, Any]:
     report = capture.replay(calls=calls, rtol=rtol, atol=atol)
-    rows = [_row(c.call, c.index, c.status != "fail", c.error, c.divergence) for c in report.calls]
-    return _result(capture, None, f"this replay against the recorded job's trace ({report.mode})",
-                   report.status != "FAIL", rows, list(report.notes))
+    rows = []
+    for c in report.calls:
+        status, reasons = c.status, [f"{leaf.path}: {leaf.message}" for leaf in c.not_compared]
+        # a replay matches a None, empty or all-NaN output whatever it computes: that proves nothing
+        nothing = nothing_to_compare(capture.calls[c.call].output) if status == "pass" else None
+        if nothing:
+            status, reasons = "unverified", [nothing]
+        rows.append(_row(c.call, c.index, status, c.error, c.divergence, reasons if status == "unverified" else []))
+    if any(row["status"] == "fail" for row in rows):
+        status = "FAIL"
+    else:
+        status = "PASS" if rows and all(row["status"] == "pass" for row in rows) else "UNVERIFIED"
+    unverified = [f"call {row['index']}: {reason}" for row in rows for reason in row["unverified"]]
+    return _result(capture, None, f"this replay against the recorded job's trace ({report.mode})", status,
+                   unverified, rows, list(report.notes))
 
 
-def _row(position: int, index: int, passed: bool, error: str | None, divergence: Divergence | None) -> dict[str, Any]:
-    return {"call": position, "index": index, "passed": passed, "error": error,
-            "divergence": divergence.to_dict() if divergence is not None else None}
+def _row(position: int, index: int, status: str, error: str | None, divergence: Divergence | None,
+         unverified: list[str]) -> dict[str, Any]:
+    return {"call": position, "index": index, "passed": status == "pass", "status": status, "error": error,
+            "unverified": list(unverified), "divergence": divergence.to_dict() if divergence is not None else None}
 
 
-def _result(capture: Capture, candidate: str | None, compared: str, passed: bool, rows: list[dict[str, Any]],
-            notes: list[str]) -> dict[str, Any]:
+def _result(capture: Capture, candidate: str | None, compared: str, status: str, unverified: list[str],
+            rows: list[dict[str, Any]], notes: list[str]) -> dict[str, Any]:
     first = next((row["divergence"] for row in rows if row["divergence"] is not None), None)
-    return json_safe({"ref": capture.ref, "candidate": candidate, "compared": compared, "passed": passed,
+    return json_safe({"ref": capture.ref, "candidate": candidate, "compared": compared, "status": status,
+                      "passed": status == "PASS", "unverified": unverified if status == "UNVERIFIED" else [],
                       "calls": rows, "divergence": first, "notes": notes, "report_path": None})

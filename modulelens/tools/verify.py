@@ -20,10 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import ToolError
-from modulelens.format.shape_only import ShapeOnly
-from modulelens.format.tree import expand_dataclasses, flatten_with_paths
-from modulelens.format.values import Unrecorded
-from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare
+from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare, nothing_to_compare
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.oracle import Float64Oracle, OracleRun, low_precision
 from modulelens.restore.replay import call_context, recorded_device_type
@@ -482,7 +479,7 @@ def _run_call(
     result.mean_abs_error, result.mean_rel_error = error_means(want, output)
     result.unverified = [f"{leaf.path}: {leaf.message}" for leaf in result.leaves if not leaf.compared]
     if not result.unverified:
-        nothing = _nothing_to_compare(want)
+        nothing = nothing_to_compare(want)
         result.unverified = [nothing] if nothing else []
     result.passed = result.status == "pass"
     del output
@@ -504,36 +501,6 @@ def _run_call(
     result.timing = json_safe({"reference": timing_summary(ref_t), "candidate": timing_summary(cand_t),
                                **compare_timings(timing_summary(ref_t), timing_summary(cand_t))})
     return None
-
-
-def _nothing_to_compare(want: Any) -> str | None:
-    """Why a recorded output holds nothing a candidate could get wrong by its values, or ``None``.
-
-    Every leaf may have been compared and matched, yet prove nothing: ``None`` matches ``None``,
-    an empty tensor matches any empty tensor, and NaN matches NaN (an output with no finite value
-    is matched by any candidate that returns NaN). At least one leaf must hold a finite value or a
-    non-``None`` plain value for a verdict to be PASS."""
-    leaves, _ = flatten_with_paths(expand_dataclasses(want))
-    kinds = set()
-    for _, leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            if leaf.numel() == 0:
-                kinds.add("empty")
-            elif leaf.is_floating_point() or leaf.is_complex():
-                if bool(torch.isfinite(leaf.detach()).any()):
-                    return None
-                kinds.add("non-finite")
-            else:
-                return None
-        elif leaf is None or isinstance(leaf, (Unrecorded, ShapeOnly)):
-            kinds.add("none")
-        else:
-            return None
-    if not leaves or kinds == {"none"}:
-        return "the recorded output is None: nothing to compare"
-    if "non-finite" in kinds:
-        return "every recorded output value is NaN or infinite: any candidate that returns them matches"
-    return "the recorded output is empty (no elements): nothing to compare"
 
 
 @dataclass

@@ -41,8 +41,8 @@ def test_correct_triton_kernel_function_passes_and_is_stored(repo: str) -> None:
     kinds = [s["kind"] for s in d["samples"]]
     assert kinds.count("recorded") == 2 and kinds.count("random") == 5
     assert all(s["passed"] and s["triton_launches"] == 1 for s in d["samples"])
-    assert d["correctness"] == {"passed": True, "samples": 7, "passed_samples": 7, "recorded_samples": 2,
-                                "random_samples": 5, "skipped_samples": 0, "fp32_passes_at_1e-3": True}
+    assert d["correctness"] == {"passed": True, "samples": 7, "passed_samples": 7, "unverified_samples": 0,
+                                "recorded_samples": 2, "random_samples": 5, "skipped_samples": 0, "fp32_passes_at_1e-3": True}
     assert d["samples"][2]["randomized"][0]["arg"] == "x"
     assert d["runtime"]["triton_interpret"] is True
     assert d["timing"]["measured"] is False and "TRITON_INTERPRET=1" in d["timing"]["reason"]

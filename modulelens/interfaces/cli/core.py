@@ -31,6 +31,12 @@ from modulelens.interfaces.output import console, echo, emit, emit_json, err_con
 
 app = typer.Typer()
 
+# What `show` prints without --all (docs/cli.md): the UI's capture page shows 20 calls and 16 leaves
+# of each (docs/ui.md, "Limits"); a terminal gets a little more of the calls.
+SHOWN_CALLS = 50
+SHOWN_LEAVES = 16
+SHOWN_REPORTS = 10
+
 
 # ------------------------------------------------------------------------------------- browse
 
@@ -86,16 +92,23 @@ def show(
     repo: RepoOpt = None,
     ops: Annotated[bool, typer.Option(
         "--ops", help="List each recorded call's op trace: every aten op, its module, source line and outputs.")] = False,
+    show_all: Annotated[bool, typer.Option(
+        "--all", help=f"Print every recorded call, input and output leaf and report (default: the first "
+                      f"{SHOWN_CALLS} calls, {SHOWN_LEAVES} leaves of each call's inputs and outputs, the newest "
+                      f"{SHOWN_REPORTS} reports, and a count of the rest; --json always has them all).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show one capture: class, constructor arguments, state, calls, environment, reports."""
+    """Show one capture: class, constructor arguments, state, calls, environment, reports (bounded: a count says what
+    is not printed; --all prints it, --json has it all)."""
     from modulelens.restore.summary import describe, op_rows, op_trace_document
 
     store, ref = session.open_ref(ref, repo)
     name, version = session.resolve(store, ref)
-    result = describe(store, f"{name}:v{version}")
-    if ops:  # read only when asked: a trace of thousands of ops is a blob of its own
-        for position, call in enumerate(result["calls"]):
+    meta = store.read_metadata(name, version)
+    result = describe(store, f"{name}:v{version}", metadata=meta)
+    if ops:  # read only when asked (a trace of thousands of ops is a blob of its own), for the calls printed
+        listed = result["calls"] if as_json or show_all else result["calls"][:SHOWN_CALLS]
+        for position, call in enumerate(listed):
             document = op_trace_document(store, f"{name}:v{version}", position)
             call["ops"] = op_rows(document) if document is not None else None
     if as_json:
@@ -103,18 +116,21 @@ def show(
         return
     # the whole metadata only for people: constructor arguments that are modules or tensors are
     # written out from its constructions and tensors tables
-    meta = store.read_metadata(name, version)
-    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {})))
+    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {}),
+                                                       bounded=not show_all))
     from modulelens.interfaces.ui.discovery import capture_url  # a running `modulelens ui` of this repo
 
     if url := capture_url(store.location, result["ref"]):
         echo(f"in the browser: {url}")
 
 
-def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str, Any], tensors: dict[str, Any]) -> None:
+def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str, Any], tensors: dict[str, Any],
+                 bounded: bool = True) -> None:
     """``show`` for people: plain text, like ls (show starts without rich). ``d`` is the result with
     its text made safe for the terminal; recorded values are rendered from ``raw`` (Python-like
-    text quotes strings with ``repr``, which writes out every control character itself)."""
+    text quotes strings with ``repr``, which writes out every control character itself).
+    ``bounded``: at most ``SHOWN_CALLS`` calls, ``SHOWN_LEAVES`` leaves a cell and ``SHOWN_REPORTS``
+    reports, each cut counted (a call returning a million leaves printed 7.9 MB, issue 35)."""
     from modulelens.interfaces.value_text import call_text, python_like
 
     def value(v: Any, limit: int | None = None) -> str:
@@ -146,16 +162,25 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
     echo(f"parameters: {d['parameter_count']:,} in {len(d['parameters'])} tensors; "
          f"buffers: {len(d['buffers'])}; states: {d['states']}; payload {human_bytes(d['payload_bytes'])}")
     echo("recorded calls", bold=True)
+    shown = raw["calls"][:SHOWN_CALLS] if bounded else raw["calls"]
+    leaves = SHOWN_LEAVES if bounded else None
     calls = [[str(c["index"]), ("train" if c["training"] else "eval") + ("" if c["grad_enabled"] else ", no_grad"),
-              _leaves_text(c["inputs"], value), _leaves_text(c["outputs"], value)] for c in raw["calls"]]
+              _leaves_text(c["inputs"], value, leaves), _leaves_text(c["outputs"], value, leaves)] for c in shown]
     echo("\n".join("  " + line for line in text_table(["call", "mode", "inputs", "outputs"], calls, fit=False)))
-    _render_op_traces(d["calls"])
+    if len(shown) < len(raw["calls"]):
+        echo(f"  ... and {len(raw['calls']) - len(shown):,} more recorded calls, not shown (show --all or --json lists "
+             "them)")
+    _render_op_traces(d["calls"][:len(shown)])
     env = d["environment"]
     echo(f"environment: torch {env.get('torch')} python {env.get('python')} on {env.get('host')}"
          f" rank {env.get('rank')}/{env.get('world_size')} git {env.get('git_commit') or '-'} at {env.get('time')}")
     if raw["metadata"]:
         echo("metadata: " + ", ".join(f"{k}={value(v, 80)}" for k, v in raw["metadata"].items()))
-    for r in d["reports"]:
+    in_time = sorted(d["reports"], key=lambda r: str(r.get("created") or ""))  # stored by kind, then time
+    reports = in_time[-SHOWN_REPORTS:] if bounded else in_time
+    if len(reports) < len(d["reports"]):
+        echo(f"... {len(d['reports']) - len(reports):,} older reports, not shown (show --all or --json lists them)")
+    for r in reports:
         echo(f"report: {r['kind']} {r['created']} passed={r['passed']}")
 
 
@@ -190,10 +215,11 @@ def _op_output_text(out: dict[str, Any]) -> str:
     return text + (f" mean {mean:.4g}" if isinstance(mean, (int, float)) else "")
 
 
-def _leaves_text(leaves: list[dict[str, Any]], value: Any) -> str:
-    """A call's inputs or outputs in one cell: ``float32[3, 8], 4, <unrecorded mylib.Cache>``."""
+def _leaves_text(leaves: list[dict[str, Any]], value: Any, limit: int | None = None) -> str:
+    """A call's inputs or outputs in one cell: ``float32[3, 8], 4, <unrecorded mylib.Cache>``; past
+    ``limit`` leaves, a count of the rest (``... and 999,984 more leaves``)."""
     parts = []
-    for leaf in leaves:
+    for leaf in leaves[:limit]:
         if leaf["kind"] in ("tensor", "shape-only"):
             shape = ", ".join(str(s) for s in leaf["shape"])
             parts.append(f"{leaf['dtype']}[{shape}]" + (" (shape only)" if leaf["kind"] == "shape-only" else ""))
@@ -201,6 +227,8 @@ def _leaves_text(leaves: list[dict[str, Any]], value: Any) -> str:
             parts.append(f"<unrecorded {leaf['type']}>")
         else:
             parts.append(value(leaf["value"], 40))
+    if limit is not None and len(leaves) > limit:
+        parts.append(f"... and {len(leaves) - limit:,} more leaves")
     return ", ".join(parts)
 
 

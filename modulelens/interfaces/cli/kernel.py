@@ -147,7 +147,9 @@ def kernel_verify_cmd(
     repo: RepoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
+    """Check a kernel candidate on the recorded calls and random inputs (exit 0 only on PASS; 1 when it fails, or
+    when a recorded output stored shape-only agrees in shape, dtype and statistics but has no values to compare:
+    UNVERIFIED, "cannot verify: ...")."""
     from modulelens.kernels.options import CandidatePolicy, KernelChecks
     from modulelens.kernels.verify import verify_kernel
     from modulelens.restore.compare import parse_ulps
@@ -182,10 +184,15 @@ def _status(as_json: bool) -> Iterator[Callable[[str], None]]:
 
 def render_kernel_report(d: dict[str, Any]) -> None:
     """The verification report as rich tables."""
-    style = "green" if d["passed"] else "red"
+    from rich.markup import escape
+
+    status = d.get("status") or ("PASS" if d["passed"] else "FAIL")  # reports stored before UNVERIFIED existed
+    style = {"PASS": "green", "FAIL": "red", "UNVERIFIED": "yellow"}[status]
     cand = d["candidate"]
-    console.print(f"[{style}]{'PASS' if d['passed'] else 'FAIL'}[/{style}] {cand['entry'] or '?'} ({cand['backend']}) "
+    console.print(f"[{style}]{status}[/{style}] {cand['entry'] or '?'} ({cand['backend']}) "
                   f"from {cand['origin']} against {d['ref']} on {d['runtime']['device']}", highlight=False)
+    for reason in d.get("unverified", []):
+        console.print(f"[yellow]cannot verify:[/yellow] {escape(reason)}", highlight=False, soft_wrap=True)
     static = d["static"]
     if static["errors"] or static["warnings"]:
         table = rich_table(title="static check")
@@ -205,9 +212,11 @@ def render_kernel_report(d: dict[str, Any]) -> None:
     for col in columns:
         table.add_column(col)
     for s in d["samples"]:
-        result = ("[yellow]skip[/yellow]" if s["passed"] is None else "[green]pass[/green]" if s["passed"] else "[red]FAIL[/red]")
+        result = ("[yellow]skip[/yellow]" if s["passed"] is None else "[green]pass[/green]" if s["passed"]
+                  else "[yellow]UNVERIFIED[/yellow]" if s.get("status") == "unverified" else "[red]FAIL[/red]")
         detail = s.get("skipped") or (s.get("error") or "").split("\n")[0] or next(
-            (f"{x['path']}: {x.get('message')}" for x in s.get("leaves", []) if not x["passed"]), "") or (
+            (f"{x['path']}: {x.get('message')}" for x in s.get("leaves", []) if not x["passed"] or x.get("compared") is False),
+            "") or (
             f"modified {', '.join(s['mutated_inputs'])}" if s.get("mutated_inputs") else "")
         row = [s["sample"], s["kind"], result, _num(s.get("max_abs_error")), _num(s.get("max_rel_error")),
                _num(s.get("max_ulps")), "-" if s.get("passes_at_1e-3") is None else ("yes" if s["passes_at_1e-3"] else "no")]

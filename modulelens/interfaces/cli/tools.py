@@ -227,7 +227,8 @@ def diverge_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Name the first op where a rewrite (or this machine's replay) parts from the reference: module, op, source
-    line, error in ULPs, and the last op that agreed (exit 1 when the outputs differ)."""
+    line, error in ULPs, and the last op that agreed (exit 0 only on PASS; 1 when the outputs differ, or when nothing
+    recorded could be compared: UNVERIFIED, "cannot verify: ...")."""
     from modulelens.tools.diverge import find_divergence
 
     with steps(not as_json) as step:
@@ -239,11 +240,15 @@ def diverge_cmd(
     def render(r: dict[str, Any]) -> None:
         from rich.markup import escape
 
-        style = "green" if r["passed"] else "red"
-        console.print(f"[{style}]{'PASS' if r['passed'] else 'FAIL'}[/{style}] {escape(r['compared'])} "
+        styles = {"PASS": "green", "FAIL": "red", "UNVERIFIED": "yellow"}
+        style = styles[r["status"]]
+        console.print(f"[{style}]{r['status']}[/{style}] {escape(r['compared'])} "
                       f"({escape(r['ref'])}, {len(r['calls'])} call(s))", highlight=False)
+        for reason in r["unverified"]:
+            console.print(f"[yellow]cannot verify:[/yellow] {escape(reason)}", highlight=False)
         for c in r["calls"]:
-            line = "pass" if c["passed"] else (c["error"] or (c["divergence"] or {}).get("summary") or "FAIL")
+            line = {"pass": "pass", "unverified": "UNVERIFIED"}.get(c["status"]) or (
+                c["error"] or (c["divergence"] or {}).get("summary") or "FAIL")
             console.print(f"  call {c['index']}: {escape(line)}", highlight=False, soft_wrap=True)
             for detail in (c.get("divergence") or {}).get("details", []):
                 console.print(f"    {escape(detail)}", highlight=False, soft_wrap=True)
