@@ -61,6 +61,9 @@ class RemoteStore(Store):
     Args:
         url: the fsspec URL.
         storage_options: fsspec options (endpoint, credentials) for URLs that need them.
+        objects: the server operations of the URL's protocol (the store registry picks them:
+            :class:`~modulelens.repo._objects_s3.S3Objects` for ``s3://``, any fsspec backend's
+            :class:`~modulelens.repo._objects.ObjectStore` otherwise).
 
     Raises:
         RemoteRepoError: ``MODULELENS_OFFLINE`` is set and the cache has nothing from ``url``.
@@ -70,9 +73,10 @@ class RemoteStore(Store):
     gc_grace_s = 3600.0  # a blob just uploaded by a writer whose lease were misjudged survives
     can_repair = False
 
-    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None,
+                 objects: type[ObjectStore] = ObjectStore) -> None:
         self.url = self.location = url
-        self.objects = ObjectStore(url, storage_options)
+        self.objects = objects(url, storage_options)
         self.leases = Leases(self.objects, url)
         self.cache = LocalStore(cache_root())  # a local store holding only blobs: same checks, same mmap
         self.cache.open(MARKER, marker_json(), create=True)

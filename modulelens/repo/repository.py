@@ -1,7 +1,8 @@
 """``Repo``: captures as names, immutable numbered versions, aliases and reports, over any store.
 
-``Repo(location)`` opens the store a location names (:func:`open_store`: a directory, or an fsspec
-URL) and holds everything a repo means once, in terms of the keys of :mod:`modulelens.repo.layout`:
+``Repo(location)`` opens the store registered for the location's scheme
+(:func:`~modulelens.repo.registry.open_store`) and holds everything a repo means once, in terms of
+the keys of :mod:`modulelens.repo.layout`:
 saving (payloads hashed and written in a pipeline, small ones packed, then the version published
 in one step), listing from per-name summaries (:mod:`modulelens.repo.index`), resolving refs,
 aliases, removal with tombstones, reports, gc, fsck (:mod:`modulelens.repo.fsck`) and push/pull
@@ -33,7 +34,6 @@ from modulelens.errors import (
     RemoteRepoError,
     RepoBusyError,
     RepoError,
-    UsageError,
 )
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo.collector import collector_paused
@@ -53,13 +53,12 @@ from modulelens.repo.layout import (
     unquote_name,
     version_key,
 )
-from modulelens.repo.local import LocalStore
-from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes, same_description
 from modulelens.repo.packs import PACK_BELOW, Payloads, mentioned_blobs, pack_payloads, referenced_blobs
-from modulelens.repo.store import Hold, Store, WrittenPayload
+from modulelens.repo.registry import open_store
+from modulelens.repo.store import Hold, WrittenPayload
 from modulelens.repo.trust import TrustPolicy, set_trust_source, trusts_source
 
 if TYPE_CHECKING:
@@ -68,27 +67,6 @@ if TYPE_CHECKING:
     from modulelens.repo.fsck import FsckReport
     from modulelens.repo.markers import ChunkDigests
     from modulelens.repo.transfer import TransferReport
-
-
-def open_store(location: str | os.PathLike[str] | None = None, *,
-               storage_options: dict[str, Any] | None = None) -> Store:
-    """The store a repo location names: an fsspec URL (``s3://``, ``memory://``, ``gs://``...) is a
-    :class:`~modulelens.repo.remote.RemoteStore`; a path or ``file://`` URL a
-    :class:`~modulelens.repo.local.LocalStore`. ``None``: ``$MODULELENS_REPO`` or the default.
-
-    Raises:
-        UsageError: ``storage_options`` for a local directory.
-        MissingDependencyError: a URL whose fsspec backend is not installed.
-    """
-    text = default_repo_location() if location is None else os.fspath(location)
-    if is_url(text):
-        from modulelens.repo.remote import RemoteStore  # here: listing a local repo needs no fsspec
-
-        return RemoteStore(text, storage_options=storage_options)
-    if storage_options:
-        raise UsageError(f"storage_options apply to repos at URLs, not to the directory {text}")
-    text = text.removeprefix("file://")
-    return LocalStore(Path(text).expanduser().absolute())
 
 
 class _NameListing:
