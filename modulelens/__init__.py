@@ -45,7 +45,7 @@ from modulelens.errors import (
 if _TYPE_CHECKING:
     from modulelens import testing as testing
     from modulelens.format import FORMAT_VERSION, ShapeOnly, Unrecorded, register_codec, register_state_codec
-    from modulelens.repo import Repo, VersionInfo
+    from modulelens.repo import Repo, VersionInfo, register_store
     from modulelens.restore import Call, Capture, ReplayReport, load
     from modulelens.tools.profile import profile
     from modulelens.tools.timing import TimingConfig
@@ -57,7 +57,7 @@ if _TYPE_CHECKING:
 _LAZY = {
     "FORMAT_VERSION": "modulelens.format", "ShapeOnly": "modulelens.format", "Unrecorded": "modulelens.format",
     "register_codec": "modulelens.format", "register_state_codec": "modulelens.format",
-    "Repo": "modulelens.repo", "VersionInfo": "modulelens.repo",
+    "Repo": "modulelens.repo", "VersionInfo": "modulelens.repo", "register_store": "modulelens.repo",
     "Call": "modulelens.restore", "Capture": "modulelens.restore", "ReplayReport": "modulelens.restore",
     "load": "modulelens.restore", "profile": "modulelens.tools.profile", "TimingConfig": "modulelens.tools.timing",
     "verify": "modulelens.tools.verify", "capture": "modulelens.tracing", "get_init_record": "modulelens.tracing",
@@ -128,6 +128,7 @@ __all__ = [
     "profile",
     "register_codec",
     "register_state_codec",
+    "register_store",
     "track_init",
     "unload_ipython_extension",
     "verify",

@@ -3,8 +3,9 @@
 One :class:`Repo` holds what a repo means (names, versions, aliases, summaries, reports, save,
 gc, fsck, push/pull); one :class:`~modulelens.repo.store.Store` interface holds how its files are
 kept, implemented by a directory (:class:`~modulelens.repo.local.LocalStore`) and an object store
-with a local cache (:class:`~modulelens.repo.remote.RemoteStore`). ``Repo(location)`` picks the
-store in :func:`~modulelens.repo.repository.open_store`. Layout: docs/repo-layout.md.
+with a local cache (:class:`~modulelens.repo.remote.RemoteStore`). ``Repo(location)`` opens the
+store registered for the location's scheme (:func:`register_store`, :mod:`modulelens.repo.registry`).
+Layout, and how to add a store: docs/repo-layout.md.
 
 Its modules in layers, each importing only from the layers below it (``tests/repo/test_structure.py``
 reads this table and checks it against every import, those inside functions included; imports for
@@ -13,15 +14,16 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
 
     wandb_registry
     repository
-    fsck transfer
+    fsck transfer registry
     remote
-    local leases
+    local leases _objects_s3 _objects_memory
     index markers trust _objects notes
     layout packs location
     store names files collector locks remote_errors
 
 ``store`` is the interface: the front end (``repository``, ``index``, ``fsck``) and both stores
-(``local``, ``remote``) depend on it, never on each other's internals.
+(``local``, ``remote``) depend on it, never on each other's internals; ``registry`` alone names the
+stores (and the per-protocol server operations of ``_objects_s3`` and ``_objects_memory``) to build them.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 from modulelens.repo.location import default_repo_path
 from modulelens.repo.names import Ref, parse_ref
 from modulelens.repo.notes import VersionNotes
+from modulelens.repo.registry import register_store
 from modulelens.repo.repository import GcReport, Repo, VersionInfo
+from modulelens.repo.trust import TrustPolicy
 
 if TYPE_CHECKING:
     from modulelens.repo.transfer import TransferReport
 
-__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "VersionInfo", "VersionNotes", "default_repo_path", "parse_ref"]
+__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "TrustPolicy", "VersionInfo", "VersionNotes", "default_repo_path",
+           "parse_ref", "register_store"]
 
 
 def __getattr__(name: str) -> Any:

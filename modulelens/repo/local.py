@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, SigningKeyError
@@ -88,7 +88,7 @@ from modulelens.repo.store import (
     Staged,
     Store,
 )
-from modulelens.repo.trust import TRUST_FILE, capture_sealer, repo_identity, set_trust_source, trusts_source
+from modulelens.repo.trust import TRUST_FILE, repo_identity
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -122,29 +122,22 @@ class LocalStore(Store):
 
     Args:
         root: the repo's directory (absolute).
-        trust_source: run stored source by default for loads through this object, in addition to
-            the persistent setting (:attr:`trust_source`).
     """
 
     is_remote = False
     appends = True  # a name's index appends each version's entry to its log (repo/index.py)
     gc_grace_s = 0.0  # gc holds the lock exclusively: no save is in flight, every unreferenced blob is garbage
     can_repair = True
-    signs_captures = True  # your own captures, saved here (docs/security.md)
 
-    def __init__(self, root: Path, *, trust_source: bool = False) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
         self.location = str(root)
-        self._trusted = trust_source
         self._held = threading.local()  # how deep this thread is in writing()
         self._checked: set[str] = set()  # top-level folders found to be real folders
         self._marker_key: MarkerKey | None = None  # found once, then kept (markers.py)
 
     def __fspath__(self) -> str:
         return self.location
-
-    def sealer(self) -> Callable[[list[str]], dict[str, Any]] | None:
-        return capture_sealer(self.root)
 
     def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
         try:
@@ -157,16 +150,6 @@ class LocalStore(Store):
             self._folder(sub, create=True)  # a link or a file already there is refused, never written through
         self._atomic_write(self.root / marker, initial)
         return initial
-
-    @property
-    def trust_source(self) -> bool:
-        """The setting bound to this directory and user (repo/trust.py), or this object's own."""
-        return self._trusted or trusts_source(self.root)
-
-    @trust_source.setter
-    def trust_source(self, value: bool) -> None:
-        set_trust_source(self.root, bool(value))
-        self._trusted = self._trusted and bool(value)
 
     # ------------------------------------------------------------------------------ paths
 

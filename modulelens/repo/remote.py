@@ -61,9 +61,9 @@ class RemoteStore(Store):
     Args:
         url: the fsspec URL.
         storage_options: fsspec options (endpoint, credentials) for URLs that need them.
-        trust_source: run the source stored with its captures by default (docs/security.md). Off
-            unless given: a shared store holds captures written by other people, and the setting
-            is never persisted for a remote repo (it lives only in this object).
+        objects: the server operations of the URL's protocol (the store registry picks them:
+            :class:`~modulelens.repo._objects_s3.S3Objects` for ``s3://``, any fsspec backend's
+            :class:`~modulelens.repo._objects.ObjectStore` otherwise).
 
     Raises:
         RemoteRepoError: ``MODULELENS_OFFLINE`` is set and the cache has nothing from ``url``.
@@ -73,10 +73,10 @@ class RemoteStore(Store):
     gc_grace_s = 3600.0  # a blob just uploaded by a writer whose lease were misjudged survives
     can_repair = False
 
-    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None,
+                 objects: type[ObjectStore] = ObjectStore) -> None:
         self.url = self.location = url
-        self._trust_source = trust_source
-        self.objects = ObjectStore(url, storage_options)
+        self.objects = objects(url, storage_options)
         self.leases = Leases(self.objects, url)
         self.cache = LocalStore(cache_root())  # a local store holding only blobs: same checks, same mmap
         self.cache.open(MARKER, marker_json(), create=True)
@@ -117,19 +117,6 @@ class RemoteStore(Store):
         self.mirror.mkdir(parents=True, exist_ok=True)
         self._keep(marker, data)
         return data
-
-    @property
-    def trust_source(self) -> bool:
-        """Only if this object was made with ``trust_source=True`` (never from a file: the local
-        cache is not where trust is decided)."""
-        return self._trust_source
-
-    @trust_source.setter
-    def trust_source(self, value: bool) -> None:
-        if value:
-            raise RemoteRepoError(f"{self.url} cannot be marked trusted for later loads (a shared store holds other "
-                                  "people's captures); pass trust_source=True (--trust-source) to one load instead")
-        self._trust_source = False
 
     # ------------------------------------------------------------------------------ the server, the mirror
 

@@ -1,7 +1,8 @@
 """``Repo``: captures as names, immutable numbered versions, aliases and reports, over any store.
 
-``Repo(location)`` opens the store a location names (:func:`open_store`: a directory, or an fsspec
-URL) and holds everything a repo means once, in terms of the keys of :mod:`modulelens.repo.layout`:
+``Repo(location)`` opens the store registered for the location's scheme
+(:func:`~modulelens.repo.registry.open_store`) and holds everything a repo means once, in terms of
+the keys of :mod:`modulelens.repo.layout`:
 saving (payloads hashed and written in a pipeline, small ones packed, then the version published
 in one step), listing from per-name summaries (:mod:`modulelens.repo.index`), resolving refs,
 aliases, removal with tombstones, reports, gc, fsck (:mod:`modulelens.repo.fsck`) and push/pull
@@ -33,7 +34,6 @@ from modulelens.errors import (
     RemoteRepoError,
     RepoBusyError,
     RepoError,
-    UsageError,
 )
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo.collector import collector_paused
@@ -53,13 +53,13 @@ from modulelens.repo.layout import (
     unquote_name,
     version_key,
 )
-from modulelens.repo.local import LocalStore
-from modulelens.repo.location import default_repo_location, is_url
 from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
 from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
 from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes, same_description
 from modulelens.repo.packs import PACK_BELOW, Payloads, mentioned_blobs, pack_payloads, referenced_blobs
-from modulelens.repo.store import Hold, Store, WrittenPayload
+from modulelens.repo.registry import open_store
+from modulelens.repo.store import Hold, WrittenPayload
+from modulelens.repo.trust import TrustPolicy, set_trust_source, trusts_source
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -67,27 +67,6 @@ if TYPE_CHECKING:
     from modulelens.repo.fsck import FsckReport
     from modulelens.repo.markers import ChunkDigests
     from modulelens.repo.transfer import TransferReport
-
-
-def open_store(location: str | os.PathLike[str] | None = None, *, storage_options: dict[str, Any] | None = None,
-               trust_source: bool = False) -> Store:
-    """The store a repo location names: an fsspec URL (``s3://``, ``memory://``, ``gs://``...) is a
-    :class:`~modulelens.repo.remote.RemoteStore`; a path or ``file://`` URL a
-    :class:`~modulelens.repo.local.LocalStore`. ``None``: ``$MODULELENS_REPO`` or the default.
-
-    Raises:
-        UsageError: ``storage_options`` for a local directory.
-        MissingDependencyError: a URL whose fsspec backend is not installed.
-    """
-    text = default_repo_location() if location is None else os.fspath(location)
-    if is_url(text):
-        from modulelens.repo.remote import RemoteStore  # here: listing a local repo needs no fsspec
-
-        return RemoteStore(text, storage_options=storage_options, trust_source=trust_source)
-    if storage_options:
-        raise UsageError(f"storage_options apply to repos at URLs, not to the directory {text}")
-    text = text.removeprefix("file://")
-    return LocalStore(Path(text).expanduser().absolute(), trust_source=trust_source)
 
 
 class _NameListing:
@@ -251,7 +230,8 @@ class Repo:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
                  storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
-        self.store = open_store(path, storage_options=storage_options, trust_source=trust_source)
+        self.store = open_store(path, storage_options=storage_options)
+        self._trust_source = trust_source  # this object's own: never stored (see trust_source)
         self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
         self._layout_problem: str | None = None
         try:
@@ -307,11 +287,19 @@ class Repo:
         mirror in the cache (where cached ``capture.json`` files are)."""
         return self.store.root
 
+    def _directory(self) -> Path | None:
+        """The repo's directory on this machine, ``None`` for a store that is not one (an object
+        store): where a trust setting and this user's signatures can be bound (repo/trust.py)."""
+        try:
+            return Path(os.fspath(self.store))
+        except TypeError:
+            return None
+
     @property
     def signs_captures(self) -> bool:
         """Whether captures saved here are signed as this user's own (docs/security.md, "Your own
         captures"): a local directory yes, an object store no (its captures always need trust)."""
-        return self.store.signs_captures
+        return self._directory() is not None
 
     @property
     def is_remote(self) -> bool:
@@ -326,11 +314,27 @@ class Repo:
         ``modulelens trust --repo DIR``, bound to that directory and user, so a copied or
         downloaded repo never arrives trusted) or opened it with ``trust_source=True``; a remote
         repo is never marked trusted for later loads (docs/security.md)."""
-        return self.store.trust_source
+        directory = self._directory()
+        return self._trust_source or (directory is not None and trusts_source(directory))
 
     @trust_source.setter
     def trust_source(self, value: bool) -> None:
-        self.store.trust_source = value
+        directory = self._directory()
+        if directory is None:
+            if value:
+                raise RemoteRepoError(f"{self.location} cannot be marked trusted for later loads (a shared store "
+                                      "holds other people's captures); pass trust_source=True (--trust-source) to "
+                                      "one load instead")
+        else:
+            set_trust_source(directory, bool(value))
+        self._trust_source = self._trust_source and bool(value)
+
+    def trust_policy(self, trust_source: bool | None = None) -> TrustPolicy:
+        """What loading a capture from this repo may run (repo/trust.py, docs/security.md):
+        ``trust_source`` when given, else this repo's setting (:attr:`trust_source`); the user's own
+        signed captures count as theirs only in a local directory."""
+        return TrustPolicy(stored_source=self.trust_source if trust_source is None else bool(trust_source),
+                           own_repo=self._directory())
 
     # ---------------------------------------------------------------------------------- blobs
 
@@ -616,7 +620,7 @@ class Repo:
             with self.store.writing() as hold:
                 self._store_payloads(metadata, payloads)
                 if hold.intact():
-                    return self._commit(name, metadata, seal=self.store.sealer())  # yours: signed (repo/trust.py)
+                    return self._commit(name, metadata, seal=TrustPolicy(own_repo=self._directory()).sealer())  # yours: signed
             # The hold lapsed (a lease left unrenewed by a stalled process or a slow server): a gc
             # may have run and removed a blob this save found present. Take a new hold and check
             # again (blobs already there are skipped).

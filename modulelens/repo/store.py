@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -159,7 +159,6 @@ class Store(ABC):
             uploaded in the background: tracing/upload.py).
         gc_grace_s: gc keeps unreferenced blobs younger than this by default.
         can_repair: ``fsck --repair`` can move damaged entries aside here.
-        signs_captures: captures saved here are signed as this user's own (:meth:`sealer`).
         appends: :meth:`append` works (a directory): a name's index keeps its entries in a log
             that each save appends to, instead of in its head (repo/index.py).
     """
@@ -167,7 +166,6 @@ class Store(ABC):
     location: str
     root: Path
     is_remote: bool = False
-    signs_captures: bool = False
     gc_grace_s: float = 0.0
     can_repair: bool = False
     appends: bool = False
@@ -179,7 +177,7 @@ class Store(ABC):
     def __fspath__(self) -> str:
         """The repo's directory. Raises ``TypeError`` for a store that is not a local directory."""
 
-    # ------------------------------------------------------------------------------ opening, trust
+    # ------------------------------------------------------------------------------ opening
 
     @abstractmethod
     def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
@@ -189,20 +187,6 @@ class Store(ABC):
         Raises:
             CaptureNotFoundError: there is no repo here and ``create`` is false.
         """
-
-    @property
-    @abstractmethod
-    def trust_source(self) -> bool:
-        """Whether loads run the source stored with captures by default (docs/security.md)."""
-
-    @trust_source.setter
-    @abstractmethod
-    def trust_source(self, value: bool) -> None: ...
-
-    def sealer(self) -> Callable[[list[str]], dict[str, Any]] | None:
-        """What signs a capture saved here as this user's own (``capture.json``'s ``provenance``,
-        repo/trust.py), or ``None`` where captures are not signed (:attr:`signs_captures` false)."""
-        return None
 
     # ------------------------------------------------------------------------------ files by key
 

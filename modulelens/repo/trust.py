@@ -1,4 +1,5 @@
-"""Trust in a local repo: the "trust stored source" setting, and the provenance of your own captures.
+"""Trust in a local repo: the "trust stored source" setting, the provenance of your own captures,
+and the :class:`TrustPolicy` one load decides them into.
 
 Both are bound to the repo's directory (real path, device, inode) and the current user, so neither
 travels with a copy (docs/security.md).
@@ -19,6 +20,11 @@ identity: :func:`capture_sealer` makes it when the repo saves a new capture, and
 capture's own classes. A copied, pulled, pushed or downloaded capture (another directory), one
 saved by another user (another key), one edited or moved to another name or version, verifies as
 not yours.
+
+**The policy.** Storage knows nothing of trust: ``load()`` resolves one :class:`TrustPolicy` per
+load (:meth:`modulelens.repo.repository.Repo.trust_policy`: the ``trust_source=`` argument, else the
+``Repo(..., trust_source=True)`` of that object, else this setting) and hands it to class
+resolution (:class:`modulelens.restore.classes.ClassResolver`), where its one decision is made.
 """
 
 from __future__ import annotations
@@ -72,6 +78,38 @@ def set_trust_source(root: Path, value: bool) -> None:
     write_new_file(tmp, json.dumps({"trust_source": True, **repo_identity(root)}).encode(), mode=0o644)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """What loading a capture may run, decided once per load (docs/security.md).
+
+    Attributes:
+        stored_source: the source stored with the capture may run (``trust_source``).
+        own_repo: the local repo directory where this user's signed captures count as their own
+            (their classes need no trust there); ``None``: no capture counts as the user's own
+            (an object store, whose captures always need trust).
+
+    Example::
+
+        policy = modulelens.Repo("/data/captures").trust_policy()   # the repo's own setting
+        policy.stored_source, policy.own_repo
+    """
+
+    stored_source: bool = False
+    own_repo: Path | None = None
+
+    def provenance(self, name: str, version: int, metadata: Mapping[str, Any]) -> Provenance:
+        """Whether ``metadata``, read from ``name:v<version>``, is a capture this user saved into
+        :attr:`own_repo` (:func:`own_capture`), and if not why not."""
+        if self.own_repo is None:
+            return Provenance(False, "it is not in a local repo")
+        return own_capture(self.own_repo, name, version, metadata)
+
+    def sealer(self) -> Callable[[list[str]], dict[str, Any]] | None:
+        """What signs a capture saved into :attr:`own_repo` as this user's own (:func:`capture_sealer`);
+        ``None`` where captures are not signed (no own repo, or no key to be had)."""
+        return None if self.own_repo is None else capture_sealer(self.own_repo)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from modulelens.format.imports import Kind, check_kind, import_checked
 from modulelens.format.sources import source_hash
 from modulelens.format.spec import Construction
 from modulelens.format.values import DecodeContext, decode_value
-from modulelens.repo.trust import Provenance
+from modulelens.repo.trust import Provenance, TrustPolicy
 from modulelens.restore.source import lookup, module_from_source, source_changes
 
 TRUST_HINT = ("load(..., trust_source=True), --trust-source on the command line, or "
@@ -41,20 +41,22 @@ class ClassResolver:
     Args:
         sources: the capture's ``sources`` (stored source text per module).
         ref: the capture's reference, for messages.
-        trust_source: whether stored source may run.
+        trust: what may run (:class:`~modulelens.repo.trust.TrustPolicy`, resolved once by ``load()``):
+            here, whether stored source may run.
         forbidden: folders nothing is imported from (the repo).
         read_text: reads a stored source file by its ``text_id`` (a blob of the capture).
-        provenance: checks whether the capture is the user's own (:func:`modulelens.repo.trust.own_capture`),
-            called at most once, when that decides; ``None``: never (not a local repo).
+        provenance: checks whether the capture is the user's own (the policy's
+            :meth:`~modulelens.repo.trust.TrustPolicy.provenance` of this capture), called at most
+            once, when that decides; ``None``: never (not a local repo).
     """
 
-    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust_source: bool = False,
+    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust: TrustPolicy = TrustPolicy(),
                  forbidden: Iterable[str | os.PathLike[str]] = (),
                  read_text: Callable[[str], str] | None = None,
                  provenance: Callable[[], Provenance] | None = None) -> None:
         self.sources = sources if isinstance(sources, dict) else {}
         self.ref = ref
-        self.trust_source = trust_source
+        self.trust = trust
         self.forbidden = [os.fspath(f) for f in forbidden]
         self.notes: list[str] = []
         self._cache: dict[str, Any] = {}
@@ -101,6 +103,11 @@ class ClassResolver:
                 self._cache[path] = self._resolve(path)
             except Exception:  # the use of this path raises it, with its context
                 continue
+
+    @property
+    def trust_source(self) -> bool:
+        """Whether stored source may run (the policy's ``stored_source``)."""
+        return self.trust.stored_source
 
     def provenance(self) -> Provenance:
         """Whether the capture is the user's own, saved into this repo (checked once, when asked)."""

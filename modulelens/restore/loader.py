@@ -29,7 +29,7 @@ from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_s
 from modulelens.format.validate import validate_op_trace
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo import Repo
-from modulelens.repo.trust import own_capture
+from modulelens.repo.trust import TrustPolicy
 from modulelens.restore.classes import ClassResolver
 from modulelens.restore.context import call_context
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs, with_recorded_grad
@@ -305,7 +305,7 @@ class Capture:
         init_kwargs: dict[str, Any] | None = None,
         verify: bool = False,
         synthesize: bool = False,
-        trust_source: bool | None = None,
+        trust: TrustPolicy | None = None,
         init_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.repo = repo
@@ -329,13 +329,10 @@ class Capture:
         self.notes: list[str] = []
         self.synthesize = synthesize
         self._synthetic: dict[str, torch.Tensor] = {}
-        if trust_source is None:
-            trust_source = bool(getattr(repo, "trust_source", False))
-        local = isinstance(repo, Repo) and repo.signs_captures  # your own captures: only where you saved them
-        self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust_source=trust_source,
-                                      forbidden=[repo.root] if isinstance(repo, Repo) else [],
-                                      read_text=self._read_text, provenance=functools.partial(
-                                          own_capture, repo.root, name, version, self.metadata) if local else None)
+        trust = repo.trust_policy() if trust is None else trust  # load() resolves it; else the repo's own
+        self._sources = ClassResolver(self.metadata.get("sources", {}), self.ref, trust=trust, forbidden=[repo.root],
+                                      read_text=self._read_text,
+                                      provenance=functools.partial(trust.provenance, name, version, self.metadata))
         self._rebuilder = Rebuilder(
             self.ref, self.metadata, self._sources, self._open_tensor, self._decode_context, self.notes,
             RebuildOptions(init_args=tuple(init_args) if init_args is not None else None,
@@ -851,12 +848,13 @@ def load(
     repo = repo if isinstance(repo, Repo) else Repo(repo, create=False)
     name, version = repo.resolve(ref)
     repo.fetch_version(name, version)  # a remote repo downloads the payloads into its cache, in parallel
-    # trust_source=None: Capture asks repo.trust_source, which a remote repo never takes from a file
-    # (off unless Repo(url, trust_source=True)), so a remote's stored source runs only when asked.
+    # Trust is decided here, once (repo/trust.py): trust_source=None is the repo's setting, which a
+    # remote repo never takes from a file (off unless Repo(url, trust_source=True)).
+    trust = repo.trust_policy(trust_source)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return Capture(repo, name, version, device=device, dtype=dtype, init_args=init_args,
-                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust_source=trust_source,
+                       init_kwargs=init_kwargs, verify=verify, synthesize=synthesize, trust=trust,
                        init_overrides=init_overrides)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 import modulelens
 from modulelens.errors import RestoreError
 from modulelens.format.hashing import hash_bytes
-from modulelens.repo._objects import ObjectStore
+from modulelens.repo._objects_s3 import S3Objects
 from modulelens.repo.layout import blob_key
 from modulelens.repo.packs import referenced_blobs
 
@@ -99,7 +99,7 @@ def test_versions_aliases_reports_and_removal(kind: str, request: pytest.Fixture
 
 
 def test_alias_compare_and_swap_on_s3(env: dict[str, str]) -> None:
-    store = ObjectStore(_url())
+    store = S3Objects(_url())
     key = store.key("names", "x", "aliases", "golden")
     assert store.create(key, b"1") and not store.create(key, b"2")  # If-None-Match: *
     _, tag = store.read_tagged(key)
@@ -182,7 +182,7 @@ def test_push_killed_midway_leaves_no_version_and_rerun_completes(env: dict[str,
             module.weight.add_(1.0)
         _save(local, module, f"big{attempt}")
         url = _url()
-        store = ObjectStore(url)
+        store = S3Objects(url)
         modulelens.Repo(url)
         proc = subprocess.Popen([PYTHON, "-m", "remote_worker", "push", str(local.root), f"big{attempt}", url],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(**env))
@@ -269,7 +269,7 @@ def test_cache_downloads_each_blob_once_and_resumes(env: dict[str, str], tmp_pat
     blobs = referenced_blobs(meta)  # the 1 MiB weight and the pack of the small payloads
     weight = max(blobs, key=blobs.get)
     # An interrupted download: the first 100 KiB are in the cache's partial file.
-    objects = ObjectStore(url)
+    objects = S3Objects(url)
     full = objects.read(objects.key(blob_key(weight)))
     part = repo.store.cache.root / "tmp" / f"{weight.partition(':')[2]}.part"
     part.parent.mkdir(parents=True, exist_ok=True)
@@ -332,7 +332,7 @@ def test_a_killed_savers_lease_expires_while_a_live_one_is_renewed(env: dict[str
     monkeypatch.setenv("MODULELENS_LEASE_TTL_S", str(ttl))
     url = _url()
     repo = modulelens.Repo(url)
-    store = ObjectStore(url)
+    store = S3Objects(url)
     holding = threading.Event()
 
     def live_save() -> None:
@@ -536,7 +536,7 @@ def test_junk_folders_in_a_bucket_cost_a_listing_no_request_each(env: dict[str, 
     with counting_s3_requests() as sent:
         assert [i.ref for i in modulelens.Repo(url).list()] == ["real:v1"]
     clean = sent.total
-    objects = ObjectStore(url)
+    objects = S3Objects(url)
     junk = {objects.key("names", f"junk{i}", "x"): b"" for i in range(2400)}
     junk |= {objects.key("names", f"aliased{i}", "aliases", "golden"): b"1" for i in range(300)}
     objects.fs.pipe(junk)
@@ -552,7 +552,7 @@ def test_an_object_over_its_size_limit_is_refused_from_its_length(env: dict[str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     url = _url()
     info = _save(url, nn.Linear(4, 4), "lin")
-    objects = ObjectStore(url)
+    objects = S3Objects(url)
     objects.put(objects.key("names", "lin", "versions", "1", "capture.json"), b" " * (2 << 20))
     monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "fresh-cache"))  # nothing cached: read from the server
     monkeypatch.setenv("MODULELENS_MAX_METADATA_MIB", "1")

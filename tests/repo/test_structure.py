@@ -97,6 +97,16 @@ def test_the_interface_is_the_only_thing_the_stores_share() -> None:
         assert store.__mro__[1] is Store, f"{store.__name__} must implement Store, not extend another store"
 
 
+def test_storage_knows_nothing_of_trust() -> None:
+    """Trust is policy (repo/trust.py's ``TrustPolicy``, resolved by ``load()``): no store has a trust or
+    provenance member, and no store module imports the trust module."""
+    for store in (Store, LocalStore, RemoteStore):
+        members = [name for name in dir(store) if any(word in name for word in ("trust", "seal", "sign", "provenance"))]
+        assert not members, f"{store.__name__}: {members}"
+    graph = _graph()
+    assert all("modulelens.repo.trust" not in graph[f"modulelens.repo.{m}"] for m in ("store", "remote")), graph
+
+
 @pytest.mark.parametrize("filename", FRONT_END)
 def test_the_front_end_never_asks_which_store_it_has(filename: str) -> None:
     """No ``isinstance`` on a store, no store class named, no ``is_remote`` branch: what differs

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import modulelens
 from modulelens.format.imports import resolve_import
 from modulelens.interfaces.cli import app
+from modulelens.repo.trust import TrustPolicy
 from stress.hostile import CASES, Case, make_base_capture, plant, probe
 
 
@@ -74,6 +75,30 @@ def test_repo_trust_setting_is_bound_to_the_directory(repo: modulelens.Repo, tmp
     assert (copy / "trust.json").exists() and modulelens.Repo(copy).trust_source is False
     repo.trust_source = False
     assert modulelens.Repo(repo.root).trust_source is False
+
+
+def test_load_resolves_one_trust_policy_from_argument_object_and_setting(repo: modulelens.Repo, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order load() decides in (repo/trust.py): its argument, then ``Repo(..., trust_source=True)``,
+    then the directory's setting; your signatures count only in a repo that is a directory."""
+    ref = make_base_capture(repo)
+    assert repo.trust_policy() == TrustPolicy(stored_source=False, own_repo=repo.root)
+    assert modulelens.load(ref, repo=repo).trust_source is False
+    assert modulelens.load(ref, repo=repo, trust_source=True).trust_source is True
+    assert modulelens.Repo(repo.root, trust_source=True).trust_policy().stored_source is True
+    repo.trust_source = True  # the setting, bound to the directory
+    assert modulelens.load(ref, repo=repo.root).trust_source is True
+    assert modulelens.load(ref, repo=repo.root, trust_source=False).trust_source is False  # the argument wins
+    policy = repo.trust_policy()
+    assert policy.provenance(*modulelens.Repo(repo.root).resolve(ref), repo.read_metadata(*repo.resolve(ref))).own
+    repo.trust_source = False
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    remote = modulelens.Repo("memory://trust-policy")
+    assert remote.trust_policy() == TrustPolicy(stored_source=False, own_repo=None)
+    assert remote.trust_policy().provenance("x", 1, {}).why == "it is not in a local repo"
+    with pytest.raises(modulelens.RemoteRepoError, match="cannot be marked trusted"):
+        remote.trust_source = True
+    assert modulelens.Repo("memory://trust-policy", trust_source=True).trust_policy().stored_source is True
 
 
 def test_run_source_is_a_deprecated_alias(repo: modulelens.Repo) -> None:
