@@ -189,15 +189,28 @@ def _wait_at_exit() -> None:
 
 def stage(repo: Repo | str | os.PathLike[str] | None) -> tuple[Repo, Repo | str] | None:
     """For a remote ``repo`` (a URL or a remote :class:`Repo`), the staging repo and the target;
-    ``None`` for a local repo (saved directly)."""
-    from modulelens.repo.location import default_repo_location, is_url
+    ``None`` for a local repo (saved directly).
+
+    Whether a location is remote is the store registry's answer, not its spelling: a scheme
+    registered for a local directory (``register_store("team", ...)``) is saved directly. Only the
+    store is built here, which sends no request (the repo itself is opened in the upload's thread,
+    so an unreachable server never delays the job); a location whose store cannot be built here
+    (an unknown scheme, a missing backend, offline with nothing cached) is staged, so the capture
+    is kept locally and the upload's warning names the failure, as for any failed upload.
+    """
+    from modulelens.repo.location import default_repo_location
+    from modulelens.repo.registry import LOCAL_SCHEME, open_store, scheme_of
 
     if isinstance(repo, Repo):
         return (staging_repo(repo.location), repo) if repo.is_remote else None
     location = default_repo_location() if repo is None else os.fspath(repo)
-    if not is_url(location):
-        return None
-    return staging_repo(location), location
+    if scheme_of(location) == LOCAL_SCHEME:
+        return None  # a directory path: no store to build to know that
+    try:
+        remote = open_store(location).is_remote
+    except Exception:  # fail open: decided as remote, the upload reports why it cannot proceed
+        remote = True
+    return (staging_repo(location), location) if remote else None
 
 
 at_main_thread_exit(_wait_at_exit)

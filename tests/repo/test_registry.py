@@ -75,6 +75,31 @@ def test_a_registered_scheme_opens_its_store_for_save_and_load(tmp_path: Path) -
     assert [v["ref"] for v in json.loads(listing.output)["result"]] == [ref]
 
 
+def test_a_capture_into_a_registered_local_scheme_is_saved_directly_not_staged(tmp_path: Path) -> None:
+    """Staging is decided by the store the location opens to, not by the ``://`` in its spelling:
+    ``team://`` names a local directory, so a capture given that string is saved there at once
+    (no staging repo, no background upload); ``memory://`` is remote, so it is staged and uploaded."""
+    def team_store(location: str, storage_options: dict[str, object] | None) -> Store:
+        return LocalStore(tmp_path / "shared" / location.removeprefix("team://"))
+
+    register_store("team", team_store)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    with modulelens.capture(model, targets="Linear", repo="team://ranking", name="head", strict=True) as cap:
+        model(torch.randn(2, 4))
+    assert cap.upload is None
+    assert not (tmp_path / "cache" / "staging").exists()
+    refs = [v.ref for v in cap.saved]
+    assert len(refs) == 1 and [v.ref for v in cap.wait()] == refs
+    assert [v.ref for v in modulelens.Repo(tmp_path / "shared" / "ranking").list()] == refs
+
+    url = f"memory://staged-{uuid.uuid4().hex[:8]}"
+    with modulelens.capture(model, targets="Linear", repo=url, name="head", strict=True) as remote_cap:
+        model(torch.randn(2, 4))
+    assert remote_cap.upload is not None
+    assert [v.ref for v in remote_cap.wait(timeout=60)] == refs
+    assert [v.ref for v in modulelens.Repo(url).list()] == refs
+
+
 def test_an_unknown_scheme_is_one_line_naming_the_registered_ones(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as raised:
         modulelens.Repo("nosuch://bucket/captures")
