@@ -302,3 +302,18 @@ def test_architecture_map_marks_exactly_the_public_modules() -> None:
     marked = {row[1].strip("`") for row in _map_rows() if row[2].startswith("public")}
     assert {row[2].split(":")[0] for row in _map_rows()} == {"public", "internal"}
     assert marked == public, {"marked but not public": sorted(marked - public), "public but not marked": sorted(public - marked)}
+
+
+#: Modules over the limit outside ``repo/`` when the test was written (issue 39 split ``repo/``), with
+#: their line counts then: each may only shrink, and leaves this table once it is at most 800 lines.
+_OVER_800_YET = {"kernels/verify.py": 866, "repo/local.py": 1090, "restore/loader.py": 864, "tracing/tracer.py": 916}
+
+
+def test_no_module_is_over_800_lines() -> None:
+    """Issue 39: a file over 800 lines holds more than one job; split it along its jobs."""
+    package = Path(modulelens.__file__).parent
+    lines = {str(path.relative_to(package)): len(path.read_text().splitlines()) for path in sorted(package.rglob("*.py"))}
+    too_long = {module: n for module, n in lines.items() if n > _OVER_800_YET.get(module, 800)}
+    assert not too_long, f"over 800 lines (or longer than when listed in _OVER_800_YET): {too_long}"
+    fixed = [module for module in _OVER_800_YET if lines.get(module, 0) <= 800]
+    assert not fixed, f"at most 800 lines now: remove {fixed} from _OVER_800_YET"

@@ -14,10 +14,10 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
 
     wandb_registry
     repository
-    fsck transfer registry
+    fsck transfer registry garbage publish payload_writes note_edits reports
     remote
     local leases _objects_s3 _objects_memory
-    index markers trust _objects notes
+    index markers trust _objects notes versions
     layout packs location
     store names files collector locks remote_errors
 

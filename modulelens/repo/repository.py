@@ -18,190 +18,49 @@ import itertools
 import json
 import operator
 import os
-import time
-import uuid
-import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+import modulelens.repo.reports as stored_reports
 from modulelens.errors import (
     CaptureNotFoundError,
-    CaptureWarning,
     CorruptCaptureError,
     InvalidNameError,
     RemoteRepoError,
     RepoBusyError,
     RepoError,
 )
-from modulelens.format.hashing import hash_bytes
 from modulelens.repo.collector import collector_paused
+from modulelens.repo.garbage import GcReport, collect, retire
 from modulelens.repo.index import NameIndex, Summaries, damaged_entry, version_entry
 from modulelens.repo.layout import (
-    CAPTURE_FILE,
     LAYOUT_VERSION,
     MARKER,
     alias_key,
-    capture_json,
     capture_key,
     marker_json,
-    max_metadata_bytes,
     name_key,
     notes_key,
-    reports_key,
     unquote_name,
     version_key,
 )
-from modulelens.repo.markers import MARK_MIN_BYTES, chunk_digests
-from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name, validate_report_file
-from modulelens.repo.notes import VersionNotes, checked_notes, edited, notes_json, parse_notes, same_description
-from modulelens.repo.packs import PACK_BELOW, Payloads, mentioned_blobs, pack_payloads, referenced_blobs
+from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
+from modulelens.repo.note_edits import edit_notes, with_edited_tags
+from modulelens.repo.notes import VersionNotes, checked_notes, edited, parse_notes, same_description
+from modulelens.repo.packs import Payloads, referenced_blobs
+from modulelens.repo.payload_writes import store_payloads
+from modulelens.repo.publish import publish
 from modulelens.repo.registry import open_store
 from modulelens.repo.store import Hold, WrittenPayload
 from modulelens.repo.trust import TrustPolicy, set_trust_source, trusts_source
+from modulelens.repo.versions import NameListing, VersionInfo
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
 
     from modulelens.repo.fsck import FsckReport
     from modulelens.repo.markers import ChunkDigests
     from modulelens.repo.transfer import TransferReport
-
-
-class _NameListing:
-    """What the versions of one name in one listing share: built once per name, not per version."""
-
-    __slots__ = ("aliases", "folder", "name", "numbered")
-
-    def __init__(self, name: str, folder: str, aliases: dict[int, tuple[str, ...]], *, numbered: bool) -> None:
-        self.name = name
-        self.folder = folder  # numbered: the folder of the versions, each one's number appended
-        self.aliases = aliases
-        self.numbered = numbered
-
-
-_NOTES_ATTEMPTS = 20  # compare-and-swap tries of a notes edit before it gives up (RepoBusyError)
-
-
-class VersionInfo:
-    """One stored version, as a listing describes it: a snapshot (changing it changes nothing
-    stored).
-
-    Example:
-        >>> [info.ref for info in modulelens.Repo().list("ranker/0")]  # doctest: +SKIP
-        ['ranker/0:v1', 'ranker/0:v2']
-
-    A listing builds one per version, up to hundreds of thousands at a time, so one holds only its
-    number, the index entry it was read from (a fresh dict per listing, shared with nothing) and
-    what its name's versions share; every other field is read from those when asked. Building each
-    field eagerly cost 40% of reading the index itself at 10,000 versions (benchmarks/bench_scale.py).
-    """
-
-    __slots__ = ("_entry", "_of", "version")
-
-    def __init__(self, name: str, version: int, folder: str, created: str, tags: tuple[str, ...] = (),
-                 aliases: tuple[str, ...] = (), nbytes: int = 0, module_class: str = "", calls: int = 0,
-                 problem: str | None = None) -> None:
-        self.version = version
-        self._of = _NameListing(name, folder, {version: tuple(aliases)}, numbered=False)
-        self._entry: dict[str, Any] = {"created": created, "tags": tuple(tags), "nbytes": nbytes,
-                                       "module_class": module_class, "calls": calls, "problem": problem}
-
-    @property
-    def name(self) -> str:
-        return self._of.name
-
-    @property
-    def folder(self) -> str:
-        """The version's folder, or its URL in a remote repo (a str: building thousands of Paths
-        was most of a listing)."""
-        return f"{self._of.folder}{self.version}" if self._of.numbered else self._of.folder
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        return self._of.aliases.get(self.version, ())
-
-    # The fields below are read from the entry as stored, as the listing used to copy them; a
-    # field an entry lacks (a hand-edited or hostile log line) reads as empty, never as a KeyError
-    # raised far from the listing.
-    @property
-    def created(self) -> str:
-        return cast(str, self._entry.get("created", ""))
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        tags = self._entry.get("tags")
-        return tuple(tags) if isinstance(tags, (list, tuple)) else ()
-
-    @property
-    def nbytes(self) -> int:
-        return cast(int, self._entry.get("nbytes", 0))
-
-    @property
-    def module_class(self) -> str:
-        return cast(str, self._entry.get("module_class", ""))
-
-    @property
-    def calls(self) -> int:
-        return cast(int, self._entry.get("calls", 0))
-
-    @property
-    def problem(self) -> str | None:
-        """Why its metadata cannot be read (a damaged version still lists); ``None`` when it can."""
-        return cast("str | None", self._entry.get("problem"))
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}:v{self.version}"
-
-    @property
-    def path(self) -> Path:
-        """The version's folder (``capture.json``, ``reports/``) in a local repo; for a remote repo
-        use :attr:`folder` (its URL) or ``repo.version_path()`` (the cached copy)."""
-        return Path(self.folder)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "version": self.version, "ref": self.ref, "path": self.folder,
-            "created": self.created, "tags": list(self.tags), "aliases": list(self.aliases),
-            "payload_bytes": self.nbytes, "module_class": self.module_class, "calls": self.calls,
-            "problem": self.problem,
-        }
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, VersionInfo):
-            return NotImplemented
-        return self.to_dict() == other.to_dict()
-
-    __hash__ = None  # type: ignore[assignment]  # equal by value and changeable: unhashable, as the dataclass was
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{key}={value!r}" for key, value in (
-            ("name", self.name), ("version", self.version), ("folder", self.folder), ("created", self.created),
-            ("tags", self.tags), ("aliases", self.aliases), ("nbytes", self.nbytes),
-            ("module_class", self.module_class), ("calls", self.calls), ("problem", self.problem)))
-        return f"VersionInfo({fields})"
-
-
-@dataclass
-class GcReport:
-    """What :meth:`Repo.gc` removed (or, with ``dry_run``, would remove) and kept."""
-
-    removed_blobs: int = 0
-    freed_bytes: int = 0
-    kept_blobs: int = 0
-    removed_tmp: int = 0
-    dry_run: bool = False
-    removed: list[str] = field(default_factory=list)
-    #: blobs kept because a version's ``capture.json`` uses them though its index entry does not
-    #: list them (the index is wrong: ``modulelens fsck`` names it, ``--repair`` rebuilds it)
-    kept_unindexed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"removed_blobs": self.removed_blobs, "freed_bytes": self.freed_bytes,
-                "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run,
-                "kept_unindexed": self.kept_unindexed}
 
 
 class Repo:
@@ -584,7 +443,7 @@ class Repo:
         folder = f"{self.location.rstrip('/')}/{prefix or name_key(name)}/versions/"
         # The hot loop of a listing, one VersionInfo per version: the object made and its three
         # slots set here, with no call per version (VersionInfo's docstring).
-        shared = _NameListing(name, folder, by_version, numbered=True)
+        shared = NameListing(name, folder, by_version, numbered=True)
         new, infos = VersionInfo.__new__, builtins.list[VersionInfo]()
         add = infos.append
         numbers = builtins.list(entries)
@@ -618,7 +477,7 @@ class Repo:
         self._require_layout()
         while True:
             with self.store.writing() as hold:
-                self._store_payloads(metadata, payloads)
+                store_payloads(self.store, metadata, payloads, self._upgrade_layout)
                 if hold.intact():
                     return self._commit(name, metadata, seal=TrustPolicy(own_repo=self._directory()).sealer())  # yours: signed
             # The hold lapsed (a lease left unrenewed by a stalled process or a slow server): a gc
@@ -666,53 +525,12 @@ class Repo:
         self._require_layout()
         if not metadatas:
             return []
-        return self._publish(name, metadatas, None, contents or [None] * len(metadatas))
+        return publish(self, name, metadatas, None, contents or [None] * len(metadatas))
 
     def _commit(self, name: str, metadata: dict[str, Any],
                 seal: Callable[[builtins.list[str]], dict[str, Any]] | None = None) -> VersionInfo:
-        """Publish one new version of ``name`` (see :meth:`_publish`)."""
-        return self._publish(name, [metadata], seal, [None])[0]
-
-    def _publish(self, name: str, metadatas: builtins.list[dict[str, Any]],
-                 seal: Callable[[builtins.list[str]], dict[str, Any]] | None,
-                 contents: builtins.list[str | None], depth: int = 0) -> builtins.list[VersionInfo]:
-        """Reserve numbers in the name's index (above every number ever used), publish each
-        version in one step (a rename, or a conditional create), then record them in the index
-        (repo/index.py). A number the index did not know was taken (a writer it never saw) makes
-        the index be rebuilt from the folders, and that version tries again."""
-        prefix = name_key(name)
-        numbers, unused = self._summaries.reserve(name, prefix, len(metadatas))
-        entries: dict[int, dict[str, Any]] = {}
-        retry: builtins.list[int] = []
-        for index, (metadata, number) in enumerate(zip(metadatas, numbers, strict=True)):
-            metadata["version"] = number
-            metadata["name"] = name
-            document = capture_json(metadata, seal)
-            if len(document) > max_metadata_bytes():
-                warnings.warn(f"{name}:v{number}: its capture.json is {len(document):,} bytes, more than the "
-                              f"{max_metadata_bytes():,} a load reads by default; load it with "
-                              "MODULELENS_MAX_METADATA_MIB set higher (fewer recorded calls keep it smaller)",
-                              CaptureWarning, stacklevel=2)
-            if self.store.publish(version_key(name, number), {CAPTURE_FILE: document}, unused=unused):
-                entries[number] = version_entry(metadata)
-                if contents[index] is not None:
-                    entries[number]["content"] = contents[index]
-            else:
-                retry.append(index)
-        released = [numbers[i] for i in retry]
-        head = self._summaries.finish(name, prefix, entries, released=released)
-        infos = {number: self._infos(name, NameIndex(latest=head.latest, aliases=head.aliases,
-                                                      versions={number: entry}))[0]
-                 for number, entry in entries.items()}
-        if retry:
-            if depth >= 10:
-                raise RepoError(f"could not allocate a version for {name!r} in {self.location}: every number "
-                                "the index reserved was taken")
-            self._summaries.rebuild(name, prefix)
-            for index in retry:
-                [info] = self._publish(name, [metadatas[index]], seal, [contents[index]], depth + 1)
-                infos[info.version] = info
-        return [infos[metadata["version"]] for metadata in metadatas]
+        """Publish one new version of ``name`` (:func:`~modulelens.repo.publish.publish`)."""
+        return publish(self, name, [metadata], seal, [None])[0]
 
     def _upgrade_layout(self) -> None:
         """Mark an older repo with this layout before writing anything only it reads (packs, the
@@ -722,61 +540,6 @@ class Repo:
         if self._layout < LAYOUT_VERSION:
             self.store.write(MARKER, marker_json())
             self._layout = LAYOUT_VERSION
-
-    def _store_payloads(self, metadata: dict[str, Any], payloads: dict[str, memoryview | WrittenPayload]) -> None:
-        """Hash and store every payload: small ones into packs, large ones as their own blobs, and
-        those already written and hashed (:class:`WrittenPayload`) moved (or copied) in as they are."""
-        written = {tid: p for tid, p in payloads.items() if isinstance(p, WrittenPayload)}
-        for tid, payload in written.items():
-            metadata["tensors"][tid]["payload"] = payload.digest
-            if not self.store.has_blob(payload.digest) and \
-                    not (payload.staged and self.store.adopt_file(payload.path, payload.digest, payload.chunks)):
-                # copied: re-hashing skipped only for this process's own staging file (issue 21)
-                self.store.put_blob_file(payload.digest, payload.path, verified=payload.staged, missing=True)
-            payload.path, payload.staged = self.store.blob_path(payload.digest), False  # (a second save)
-        views = {tid: memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
-                 for tid, data in payloads.items() if not isinstance(data, WrittenPayload)}
-        small = {tid: data for tid, data in views.items() if len(data) < PACK_BELOW}
-        self._write_payloads(metadata["tensors"], {t: d for t, d in views.items() if t not in small})
-        if small:
-            self._upgrade_layout()
-            for digest, pack in pack_payloads(metadata, small):
-                self.store.write_blob(digest, pack)
-
-    def _write_payloads(self, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
-        # A pipeline of three threads: the hashing thread hashes payload k+1 (blake3 itself uses
-        # every core for large payloads) while this thread stages payload k and the publishing
-        # thread waits for the disk (or the network) to take payload k-1. All three release the
-        # GIL, so a save costs about the slowest of hashing, writing and flushing rather than their
-        # sum (benchmarks/bench_save_load.py).
-        from concurrent.futures import ThreadPoolExecutor  # here: listing a repo does not need threads
-
-        store = self.store
-        items = list(payloads.items())
-        try:
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-hash") as hasher, \
-                    ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-flush") as flusher:
-                fingerprints = [hasher.submit(_fingerprint, data) for _, data in items]
-                published: dict[str, Future[None]] = {}
-                for (tid, data), fingerprint in zip(items, fingerprints, strict=True):
-                    digest, chunks = fingerprint.result()
-                    entries[tid]["payload"] = digest
-                    if digest not in published and not store.has_blob(digest):
-                        published[digest] = flusher.submit(store.publish_blob, store.stage_blob(data), digest, chunks,
-                                                           flush=False)
-                for future in published.values():
-                    future.result()
-        except RuntimeError as error:
-            # A save from an atexit handler (`modulelens run` saving what a job recorded before it
-            # ended) runs after concurrent.futures has shut down: "cannot schedule new futures
-            # after interpreter shutdown". Do each step in this thread instead.
-            if "interpreter shutdown" not in str(error):
-                raise
-            for tid, data in items:
-                entries[tid]["payload"], chunks = _fingerprint(data)
-                store.write_blob(entries[tid]["payload"], data, chunks=chunks)
-            return
-        store.flush_blobs(published)
 
     # ---------------------------------------------------------------------------------- aliases
 
@@ -872,7 +635,7 @@ class Repo:
                 raise RepoBusyError(f"{ref}: its description was changed by someone else meanwhile; "
                                     "nothing was written (read it again)")
             return edited(current, captured, description=text)
-        return self._edit_notes(ref, change)
+        return edit_notes(self, ref, change)
 
     def tag(self, ref: str, *tags: str) -> VersionNotes:
         """Add tags to the version ``ref`` resolves to (listing, ``ls --tag`` and the UI show them).
@@ -885,11 +648,11 @@ class Repo:
             repo.tag("ranker/top_mlp:v3", "reviewed")
             "reviewed" in repo.info("ranker/top_mlp", 3).tags   # True
         """
-        return self._edit_notes(ref, lambda current, captured: edited(current, captured, add=tags))
+        return edit_notes(self, ref, lambda current, captured: edited(current, captured, add=tags))
 
     def untag(self, ref: str, *tags: str) -> VersionNotes:
         """Take tags off the version ``ref`` resolves to (a tag it was captured with too)."""
-        return self._edit_notes(ref, lambda current, captured: edited(current, captured, remove=tags))
+        return edit_notes(self, ref, lambda current, captured: edited(current, captured, remove=tags))
 
     def set_notes(self, ref: str, notes: VersionNotes, *, keep_existing: bool = False) -> VersionNotes:
         """Replace the notes of the version ``ref`` resolves to as they are (who wrote them and when
@@ -899,49 +662,11 @@ class Repo:
             keep_existing: leave notes the version has already (returned instead).
         """
         given = checked_notes(notes, f"the notes given for {ref}")
-        return self._edit_notes(ref, lambda current, _: current if keep_existing and not current.empty else given)
-
-    def _edit_notes(self, ref: str, change: Callable[[VersionNotes, tuple[str, ...]], VersionNotes]) -> VersionNotes:
-        """Change one version's notes with compare-and-swap of the name's notes file: read, change,
-        write only if nobody wrote in between (else again). Notes of versions removed since are
-        dropped on the way (a new version has a higher number than any listed, so it is kept)."""
-        self._require_layout()
-        name, version = self.resolve(ref)
-        listing = self._listing(name)
-        entries = listing.versions or {}
-        if version not in entries:
-            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}")
-        captured = tuple(entries[version].get("tags") or ())
-        newest = max(entries)
-        key = notes_key(name)
-        for _ in range(_NOTES_ATTEMPTS):
-            raw, tag = self.store.read_tagged(key)
-            notes = {number: entry for number, entry in parse_notes(raw, str(self.store.where(key))).items()
-                     if number in entries or number > newest}
-            notes[version] = change(notes.get(version, VersionNotes()), captured)
-            if self.store.swap(key, notes_json(notes), tag) is not None:
-                return notes[version]
-        raise RepoBusyError(f"the notes of {name} were changed by other writers {_NOTES_ATTEMPTS} times meanwhile; "
-                            "nothing was written")
+        return edit_notes(self, ref, lambda current, _: current if keep_existing and not current.empty else given)
 
     def _with_notes(self, infos: builtins.list[VersionInfo]) -> builtins.list[VersionInfo]:
-        """``infos`` with the tags people edited after capture (one notes file per name, read
-        together). A damaged notes file leaves its name's tags as captured (fsck names the file)."""
-        keys = {notes_key(name): name for name in dict.fromkeys(info.name for info in infos)}
-        found = self.store.read_many(list(keys)) if keys else {}
-        if not found:
-            return infos
-        edited_tags: dict[tuple[str, int], tuple[str, ...]] = {}
-        for key, raw in found.items():
-            with contextlib.suppress(CorruptCaptureError):
-                for number, entry in parse_notes(raw, key).items():
-                    if entry.tags is not None:
-                        edited_tags[(keys[key], number)] = entry.tags
-        for info in infos:
-            tags = edited_tags.get((info.name, info.version))
-            if tags is not None:  # (each info's entry is its own: a fresh dict per listing)
-                info._entry = {**info._entry, "tags": tags}
-        return infos
+        """``infos`` with the tags people edited after capture (:func:`~modulelens.repo.note_edits.with_edited_tags`)."""
+        return with_edited_tags(self.store, infos)
 
     # ---------------------------------------------------------------------------------- removal
 
@@ -958,33 +683,10 @@ class Repo:
                 raise CaptureNotFoundError(f"no capture named {parsed.name!r} in {self.location}")
         else:
             targets = [self.resolve(parsed)[1]]
-        removed = self._retire(parsed.name, targets)
+        removed = retire(self, parsed.name, targets)
         if not removed:
             raise CaptureNotFoundError(f"{ref} was removed meanwhile by another process")
         return [f"{parsed.name}:v{version}" for version in removed]
-
-    def _retire(self, name: str, versions: builtins.list[int]) -> builtins.list[int]:
-        """Remove ``versions`` (the index marks them first, so readers stop showing them at once and
-        a remover that stops midway leaves them hidden, finished by the next gc) and the aliases
-        pointing at them, before their folders: an rm killed between the two left an alias naming a
-        version that no longer existed (found by the stress suite's kill -9 row); now the gc that
-        finishes it removes them too. Returns the versions this call removed (others were gone already)."""
-        prefix = name_key(name)
-        self._summaries.begin_removal(name, prefix, versions)
-        done: builtins.list[int] = []
-        gone: builtins.list[int] = []
-        try:
-            for alias, version in self._head(name).aliases.items():
-                if version in versions:
-                    with contextlib.suppress(CaptureNotFoundError):  # a concurrent rm removed it first
-                        self.remove_alias(name, alias)
-            for version in versions:
-                if self.store.retire(version_key(name, version)):
-                    done.append(version)
-                gone.append(version)
-        finally:  # a version that could not be removed (an error) is shown again
-            self._summaries.end_removal(name, prefix, gone, cancelled=[v for v in versions if v not in gone])
-        return done
 
     def gc(self, *, dry_run: bool = False, tmp_age_s: float = 3600.0, grace_s: float | None = None,
            wait_s: float = 600.0) -> GcReport:
@@ -1002,71 +704,8 @@ class Repo:
             RepoBusyError: another gc runs (remote), or saves kept their leases (remote) or the
                 repo's locks (local) longer than ``wait_s``.
         """
-        grace = self.store.gc_grace_s if grace_s is None else grace_s
-        if not dry_run:
-            self._require_layout()  # (an unknown layout might reference blobs in ways this one cannot see)
-        report = GcReport(dry_run=dry_run)
-        with self.store.exclusive(wait_s) as started, collector_paused():
-            # (a dry run stores no rebuilt index: it writes nothing, even to a repo it may not write to)
-            referenced, unfinished = self._referenced(persist=not dry_run)
-            if not dry_run:
-                for name, versions in unfinished:  # left by an rm that stopped midway (nothing saves now)
-                    self._retire(name, versions)
-            blobs = self.store.blobs()
-            unreferenced = {h: b for h, b in blobs.items()
-                            if h not in referenced and not (grace > 0 and b.mtime > started - grace)}
-            if unreferenced:
-                # The index said what the versions use; before anything is deleted the versions
-                # themselves say it (issue 35: one changed hex digit in a log, bit rot that keeps the
-                # JSON valid, or a received repo's index, made gc delete a pack two versions used).
-                # Only when there is something to delete: a gc that frees nothing reads no capture.
-                mentioned = self._mentioned_by_versions(skip=dict(unfinished) if dry_run else {})
-                report.kept_unindexed = sum(1 for h in unreferenced if h in mentioned)
-                unreferenced = {h: b for h, b in unreferenced.items() if h not in mentioned}
-            report.kept_blobs = len(blobs) - len(unreferenced)
-            for hexdigest, blob in unreferenced.items():
-                report.removed_blobs += 1
-                report.freed_bytes += blob.size
-                report.removed.append(hexdigest)
-            if not dry_run:
-                self.store.remove_blobs([blob.key for blob in unreferenced.values()])
-            report.removed_tmp = self.store.clean_staging(time.time() - tmp_age_s, dry_run=dry_run)
-        return report
+        return collect(self, dry_run=dry_run, tmp_age_s=tmp_age_s, grace_s=grace_s, wait_s=wait_s)
 
-    def _mentioned_by_versions(self, *, skip: dict[str, builtins.list[int]]) -> set[str]:
-        """The blob hashes (hex) that some version's ``capture.json`` mentions, every version found
-        by listing the name folders (never by the index, which is what may lie); ``skip``: versions
-        an rm marked, per name (a dry run leaves them, a real gc removed them first). A version
-        whose file cannot be read (a link, over the size limit) keeps what its index entry lists.
-
-        Raises:
-            CorruptCaptureError: a name's folders cannot be listed (it might use any blob).
-        """
-        found: set[str] = set()
-        for quoted in self.store.names():
-            name = unquote_name(quoted)
-            if name is None:
-                continue
-            prefix = f"names/{quoted}"
-            gone = set(skip.get(name, ()))
-            keys = [f"{prefix}/versions/{number}/{CAPTURE_FILE}"
-                    for number in self.store.scan(prefix, aliases=False).versions if number not in gone]
-            found.update(mentioned_blobs(self.store.read_many(keys, immutable=True).values()))
-        return {digest.partition(":")[2] for digest in found}
-
-    def _referenced(self, *, persist: bool) -> tuple[set[str], builtins.list[tuple[str, builtins.list[int]]]]:
-        """The blob hashes (hex) every version references, and the versions an rm left unfinished,
-        per name. The indexes read die when this returns, inside gc's pause of the collector: kept
-        until after it, the collector's next run looked at every entry (60-110 ms at 100,000)."""
-        digests: set[str] = set()
-        unfinished: builtins.list[tuple[str, builtins.list[int]]] = []
-        for name, _prefix, index in self._name_summaries(persist=persist, strict=True):
-            # one C-level update per name: versions share most of their blobs, so the set stays
-            # small and is stripped of the hash name once per distinct blob, not per version
-            digests.update(*map(operator.itemgetter("blobs"), (index.versions or {}).values()))
-            if index.removing:
-                unfinished.append((name, index.removing))
-        return {digest.partition(":")[2] for digest in digests}, unfinished
 
     def exclusive_lock(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
         """Hold the repo against every save (what gc and ``fsck --repair`` do while they work).
@@ -1129,12 +768,7 @@ class Repo:
     def add_report(self, ref: str, kind: str, data: dict[str, Any]) -> Path | str:
         """Store a tool's report (profile, verify, ...) with the version it was made on; returns
         where it is (a path, or a URL)."""
-        name, version = self.resolve(ref)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        key = f"{reports_key(name, version)}/{kind}-{stamp}-{uuid.uuid4().hex[:8]}.json"
-        self._write_report(name, version, key,
-                           json.dumps({"kind": kind, "created": stamp, **data}, indent=1, default=str).encode())
-        return self.store.where(key)
+        return stored_reports.add_report(self, ref, kind, data)
 
     def put_report(self, name: str, version: int, filename: str, data: bytes) -> None:
         """Store a report file under its original name (push/pull), once it is checked like a
@@ -1143,26 +777,12 @@ class Repo:
         Raises:
             CorruptCaptureError: the report is not JSON or not a report (nothing is written).
         """
-        _parse_report(data, f"report {filename} of {name}:v{version}")
-        self._write_report(name, version, f"{reports_key(name, version)}/{validate_report_file(filename)}", data)
-
-    def _write_report(self, name: str, version: int, key: str, data: bytes) -> None:
-        self._require_layout()
-        try:
-            self.store.write(key, data)
-        except FileNotFoundError:  # the version's folder is gone (removed meanwhile)
-            raise CaptureNotFoundError(f"{name}:v{version} does not exist in {self.location}") from None
+        stored_reports.put_report(self, name, version, filename, data)
 
     def report_files(self, name: str, version: int) -> dict[str, bytes]:
         """A version's report files by file name (for copying them to another repo); a report that
         cannot be read safely (a link) is left out, never copied from outside the repo."""
-        folder = reports_key(name, version)
-        try:
-            files = self.store.files(folder)
-        except CorruptCaptureError:
-            return {}  # reports/ is a link or not a folder: never copied from outside the repo (fsck reports it)
-        found = self.store.read_many([f"{folder}/{f}" for f in files if f.endswith(".json")])
-        return {key.rsplit("/", 1)[1]: data for key, data in sorted(found.items())}
+        return stored_reports.report_files(self, name, version)
 
     def reports(self, ref: str, kind: str | None = None, *,
                 problems: builtins.list[str] | None = None) -> builtins.list[dict[str, Any]]:
@@ -1171,45 +791,4 @@ class Repo:
         A report that cannot be read or is not a report (:func:`~modulelens.format.reports.validate_report`)
         is left out; ``problems``, when given, gets one line per report left out, naming it and why.
         """
-        name, version = self.resolve(ref)
-        folder = reports_key(name, version)
-        try:
-            files = self.store.files(folder)
-        except CorruptCaptureError as error:
-            if problems is not None:
-                problems.append(str(error))
-            return []  # reports/ is a link or not a folder: skipped like an unreadable report (fsck reports it)
-        keys = [f"{folder}/{f}" for f in files if f.endswith(".json") and (kind is None or f.startswith(kind + "-"))]
-        found = self.store.read_many(keys)
-        reports = []
-        for key in keys:
-            if key in found:
-                try:
-                    data = _parse_report(found[key], f"report {key.rsplit('/', 1)[-1]}")
-                except CorruptCaptureError as error:
-                    if problems is not None:
-                        problems.append(str(error))
-                    continue
-                reports.append({"path": str(self.store.where(key)), **data})
-        return reports
-
-
-def _parse_report(data: bytes, where: str) -> dict[str, Any]:
-    """A report file's JSON, checked (:func:`~modulelens.format.reports.validate_report`).
-
-    Raises:
-        CorruptCaptureError: not JSON (or nested past what the parser takes), or not a report.
-    """
-    from modulelens.format.reports import validate_report
-
-    try:
-        parsed = json.loads(data)
-    except (ValueError, RecursionError) as error:
-        raise CorruptCaptureError(f"{where}: not JSON ({type(error).__name__})") from None
-    return validate_report(parsed, where)
-
-
-def _fingerprint(data: memoryview) -> tuple[str, ChunkDigests | None]:
-    """A payload's content hash, and its marker's chunk hashes when it gets a marker."""
-    view = memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
-    return hash_bytes(view), chunk_digests(view) if len(view) >= MARK_MIN_BYTES else None
+        return stored_reports.reports(self, ref, kind, problems=problems)

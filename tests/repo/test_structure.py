@@ -18,7 +18,8 @@ from modulelens.repo.remote import RemoteStore
 from modulelens.repo.store import Store
 
 REPO_PACKAGE = Path(__file__).resolve().parents[2] / "modulelens" / "repo"
-FRONT_END = ("repository.py", "index.py", "fsck.py", "transfer.py", "layout.py", "packs.py", "wandb_registry.py")
+FRONT_END = ("repository.py", "index.py", "fsck.py", "transfer.py", "layout.py", "packs.py", "wandb_registry.py",
+             "garbage.py", "publish.py", "payload_writes.py", "note_edits.py", "reports.py", "versions.py")
 
 
 def _module(path: Path) -> str:
