@@ -17,8 +17,8 @@ from modulelens.format.values import attributes_of, rebuilt_from_attributes, reg
 def install_sentence_transformers() -> None:
     try:
         from sentence_transformers.sentence_transformer.modules.tokenizer.word import WordTokenizer
-    except ImportError:  # older sentence-transformers keep it in sentence_transformers.models (an alias now)
-        from sentence_transformers.models.tokenizer import WordTokenizer  # type: ignore[no-redef]
+    except ImportError:  # a sentence-transformers before 5 keeps it elsewhere: its tokenizers stay without a codec
+        return
 
     register_codec(WordTokenizer, attributes_of, rebuilt_from_attributes, name="sentence_transformers.WordTokenizer")
 
