@@ -611,5 +611,6 @@ register_lazy_codec("accelerate.ModelHook", "accelerate", "modulelens.format.acc
 register_lazy_codec("sentence_transformers.WordTokenizer", "sentence_transformers",
                     "modulelens.format.library_object_codecs:install_sentence_transformers")
 register_lazy_codec("kornia.ColorMap", "kornia", "modulelens.format.library_object_codecs:install_kornia")
+register_lazy_codec("tensordict.TensorDict", "tensordict", "modulelens.format.library_object_codecs:install_tensordict")
 for _name in ("torch.fx.Graph", "torch.memory_format", "torch.layout"):
     register_lazy_codec(_name, "torch.fx", "modulelens.format.fx_codecs:install")

@@ -73,3 +73,33 @@ def test_apply_color_map_is_rebuilt_from_its_color_map(tmp_path: Path) -> None:
     assert torch.equal(rebuilt.colormap.colors, colormap.colors)
     results = _replay_fresh(tmp_path / "repo", {"colors": saved.ref})
     assert results["colors"]["status"] == "PASS" and results["colors"]["differing"] == 0, results
+
+
+def test_torchrl_multi_agent_mlp_is_rebuilt_with_its_stacked_parameters(tmp_path: Path) -> None:
+    """MultiAgentMLP stacks its agents' parameters into a TensorDict of nn.Parameters and hands it to
+    TensorDictParams, which registers a parameter as a parameter and a plain tensor as a buffer."""
+    from torchrl.modules import MultiAgentMLP
+
+    with modulelens.track_init():
+        model = MultiAgentMLP(n_agent_inputs=4, n_agent_outputs=2, n_agents=3, centralized=False, share_params=False,
+                              depth=1, num_cells=8)
+    observations = torch.randn(2, 3, 4)
+    saved = _capture_strictly(model, tmp_path / "repo", "agents", lambda: model(observations))
+    rebuilt = modulelens.load(saved.ref, repo=tmp_path / "repo").module
+    assert [n for n, _ in rebuilt.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert not list(rebuilt.named_buffers())
+    results = _replay_fresh(tmp_path / "repo", {"agents": saved.ref})
+    assert results["agents"]["status"] == "PASS" and results["agents"]["differing"] == 0, results
+
+
+def test_tensordict_ensemble_module_is_rebuilt_from_its_tensordict(tmp_path: Path) -> None:
+    from tensordict import TensorDict
+    from tensordict.nn import EnsembleModule, TensorDictModule
+
+    with modulelens.track_init():
+        member = TensorDictModule(torch.nn.Linear(4, 2), in_keys=["obs"], out_keys=["value"])
+        model = EnsembleModule(member, num_copies=3)
+    batch = TensorDict({"obs": torch.randn(5, 4)}, batch_size=[5])
+    saved = _capture_strictly(model, tmp_path / "repo", "ensemble", lambda: model(batch))
+    results = _replay_fresh(tmp_path / "repo", {"ensemble": saved.ref})
+    assert results["ensemble"]["status"] == "PASS" and results["ensemble"]["differing"] == 0, results
