@@ -20,6 +20,7 @@ from typing import Any, cast
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
 from modulelens.format.spec import (
+    ADDRESS_ALIGNMENT,
     FORMAT_NAME,
     FORMAT_VERSION,
     NESTED_LAYOUTS,
@@ -149,6 +150,9 @@ class _Checker:
         if self.field(entry, "requires_grad", bool, where, optional=True) and not can_require_grad(dtype):
             raise self.fail(f"{where}.requires_grad", f"requires_grad with dtype {dtype} (only floating point "
                                                       "and complex tensors can require gradients)")
+        offset = self.field(entry, "address_offset", int, where, optional=True)
+        if offset is not None and not 0 <= offset < ADDRESS_ALIGNMENT:
+            raise self.fail(f"{where}.address_offset", f"{offset} is not in [0, {ADDRESS_ALIGNMENT})")
         quantized = self.field(entry, "quantized", dict, where, optional=True)
         if quantized is not None:
             self.quantized(quantized, dtype, f"{where}.quantized")
@@ -210,7 +214,7 @@ class _Checker:
         if (type(shape) is not list or type(stride) is not list or len(stride) != len(shape) or len(shape) > MAX_NDIM
                 or type(dtype) is not str or dtype not in self.dtypes or type(nbytes) is not int
                 or type(entry.get("payload")) is not str or "view_of" in entry or "shape_only" in entry
-                or "requires_grad" in entry or "quantized" in entry):
+                or "requires_grad" in entry or "quantized" in entry or "address_offset" in entry):
             return False
         dims = shape + stride
         if set(map(type, dims)) - {int} or (dims and (min(dims) < 0 or max(dims) > MAX_NUMEL)):
