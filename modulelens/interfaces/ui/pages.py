@@ -249,10 +249,9 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
     base = "/capture/" + quote(capture.ref, safe="/:")
     here = query.params()
     parameters, parameter_window, parameter_count = _parameters(view, capture, query) if states else ([], None, 0)
-    calls = meta.get("calls", [])
-    call_window = Window.of(len(calls), query.calls_page, CALLS_PER_PAGE)
+    call_window = Window.of(capture.call_count, query.calls_page, CALLS_PER_PAGE)
     budget = [STANDALONE_HISTOGRAMS] if histograms else None
-    shown_calls = [_call(view, capture, position, calls[position], LEAVES_PREVIEW, {}, budget)
+    shown_calls = [_call(view, capture, position, capture.call(position), LEAVES_PREVIEW, {}, budget)
                    for position in range(call_window.start, call_window.stop)]
     versions = view.version_numbers(capture.name)
     earlier = [v for v in versions if v < capture.version]
@@ -274,13 +273,13 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
         "parameters": parameters, "parameter_count": parameter_count,
         "parameters_counted": parameter_window.counted("parameters and buffers") if parameter_window else "",
         "parameters_pager": parameter_window.links(lambda p: href_with(base, here, parameters=page_in_link(p))) if parameter_window else [],
-        "calls": shown_calls, "call_count": len(calls), "calls_counted": call_window.counted("recorded calls"),
+        "calls": shown_calls, "call_count": capture.call_count, "calls_counted": call_window.counted("recorded calls"),
         "calls_pager": call_window.links(lambda p: href_with(base, here, calls=page_in_link(p))),
         "environment": _environment(meta.get("environment") or {}),
         "distributed": shown_pairs(meta.get("distributed")),
         "capture_settings": shown_pairs(meta.get("capture")),
         "user_metadata": shown_pairs(meta.get("metadata")),
-        "shape_only": listed(meta.get("shape_only") or []), "warnings": _warnings(meta),
+        "shape_only": listed(meta.get("shape_only") or []), "warnings": _warnings(capture),
         "sources": _sources(capture), "versions": versions[-LISTED:], "versions_more": max(len(versions) - LISTED, 0),
         "previous": f"{capture.name}:v{earlier[-1]}" if earlier else None,
         "next": f"{capture.name}:v{later[0]}" if later else None,
@@ -422,16 +421,16 @@ def call_page(view: RepoView, capture: StoredCapture, position: int, params: Map
     Raises:
         UsageError: no call at ``position``, or a page that is not a number.
     """
-    calls = capture.metadata.get("calls", [])
-    if not 0 <= position < len(calls):
-        raise UsageError(f"{capture.ref} has calls 0-{len(calls) - 1}, not {position}" if calls
+    count = capture.call_count
+    if not 0 <= position < count:
+        raise UsageError(f"{capture.ref} has calls 0-{count - 1}, not {position}" if count
                          else f"{capture.ref} has no recorded calls")
     pages = {key: page_param(params, key) for key, _, _ in _PARTS}
-    call = _call(view, capture, position, calls[position], LEAVES_PER_PAGE, pages, None,
+    call = _call(view, capture, position, capture.call(position), LEAVES_PER_PAGE, pages, None,
                  params={key: page_in_link(page) for key, page in pages.items()})
     return {"title": f"call {call['index']} of {capture.ref}", "ref": capture.ref, "call": call,
-            "call_count": len(calls), "previous": position - 1 if position else None,
-            "next": position + 1 if position + 1 < len(calls) else None}
+            "call_count": count, "previous": position - 1 if position else None,
+            "next": position + 1 if position + 1 < count else None}
 
 
 _OP_ROWS = 500  # ops listed on a call's page (``modulelens show --ops`` lists them all)
@@ -487,9 +486,10 @@ def _environment(env: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _warnings(meta: Mapping[str, Any]) -> list[str]:
+def _warnings(capture: StoredCapture) -> list[str]:
     """What a reader of this capture should know: incomplete records, missing constructor,
     values that were not recorded, calls that raised, tensors kept shape-only (each list bounded)."""
+    meta = capture.metadata
     found = []
     settings = meta.get("capture") or {}
     if isinstance(settings, dict) and settings.get("complete") is False:
@@ -504,8 +504,10 @@ def _warnings(meta: Mapping[str, Any]) -> list[str]:
                      f"{as_text(entry.get('reason'), 500)}")
     if len(unrecorded) > LISTED:
         found.append(f"… and {len(unrecorded) - LISTED:,} more values not recorded")
-    raised = [call for call in meta.get("calls") or [] if call.get("finished", True) is False]
-    for call in raised[:LISTED]:
+    # one pass over the records without checking them (50,000 calls: milliseconds); the calls listed
+    # are checked as any call a page shows (a damaged one is refused, naming its field)
+    raised = [i for i, call in enumerate(meta["calls"]) if isinstance(call, dict) and call.get("finished", True) is False]
+    for call in (capture.call(i) for i in raised[:LISTED]):
         found.append(f"call {as_text(call.get('index'), 40)} raised in the original job: {as_text(call.get('error') or 'no message', 500)}")
     if len(raised) > LISTED:
         found.append(f"… and {len(raised) - LISTED:,} more calls that raised")
