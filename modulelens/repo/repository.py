@@ -547,6 +547,17 @@ class Repo:
         """
         return self._parse(self._capture(name, version), capture_key(name, version), calls=calls)
 
+    def read_capture(self, name: str, version: int, *, calls: bool = True) -> tuple[dict[str, Any], bytes]:
+        """:meth:`read_metadata`, with the bytes of ``capture.json`` it was parsed from (what a
+        provenance check verifies as they are: :func:`modulelens.repo.trust.own_capture`).
+
+        Raises:
+            CaptureNotFoundError: there is no such version.
+            CorruptCaptureError: its ``capture.json`` is missing, damaged or not a capture.
+        """
+        text = self._capture(name, version)
+        return self._parse(text, capture_key(name, version), calls=calls), text
+
     def version_path(self, name: str, version: int) -> Path:
         """The version's folder on this machine (for a remote repo, its cached copy in the mirror)."""
         if not self.store.is_folder(version_key(name, version)):  # a linked version folder is refused

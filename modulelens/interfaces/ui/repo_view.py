@@ -49,7 +49,8 @@ class StoredCapture:
         self.version = version
         # Everything but the calls is checked now; a call when a page uses it (:meth:`call`): a page
         # shows at most 20 of them, and checking all 50,000 of a long job's took 0.55 s of a first view.
-        self.metadata: dict[str, Any] = repo.read_metadata(name, version, calls=False)
+        self.metadata: dict[str, Any]
+        self.metadata, self._text = repo.read_capture(name, version, calls=False)
         self.info: VersionInfo = repo.info(name, version, metadata=self.metadata)
         self._payloads: Any = None
         self._tensors: dict[str, torch.Tensor] = {}
@@ -59,6 +60,11 @@ class StoredCapture:
     @property
     def ref(self) -> str:
         return f"{self.name}:v{self.version}"
+
+    @property
+    def text(self) -> bytes:
+        """The bytes of ``capture.json`` :attr:`metadata` was parsed from."""
+        return self._text
 
     @property
     def call_count(self) -> int:
@@ -231,7 +237,8 @@ class RepoView:
         from modulelens.repo.trust import own_capture
 
         def check() -> tuple[bool, str]:  # (an HMAC over every field line: kept, a version never changes)
-            found = own_capture(self.repo.root, capture.name, capture.version, capture.metadata)
+            found = own_capture(self.repo.root, capture.name, capture.version, capture.metadata,
+                                text=capture.text)
             return found.own, found.why or ""
 
         return cast("tuple[bool, str]", self.drawn(("provenance", capture.ref), check))
