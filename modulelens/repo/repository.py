@@ -42,6 +42,8 @@ from modulelens.repo.layout import (
     CAPTURE_FILE,
     LAYOUT_VERSION,
     MARKER,
+    NOTES_FILE,
+    SUMMARY_FILE,
     alias_key,
     capture_json,
     capture_key,
@@ -610,6 +612,29 @@ class Repo:
             info.version, info._entry, info._of = number, entry, shared
             add(info)
         return infos
+
+    def listing_stamp(self) -> str:
+        """A digest of what :meth:`list` reads besides the version entries: the names, each one's
+        index head (its versions, aliases and writes in progress) and notes (edited tags). It changes
+        whenever the listing may, so a reader that keeps a listing (the web UI) lists again only
+        then: one small read per name, where a listing of 100,000 versions took 0.2-0.8 s.
+
+        Example::
+
+            stamp = repo.listing_stamp()
+            infos = repo.list()  # a stamp read before the listing: a change meanwhile changes the next stamp
+        """
+        import hashlib
+
+        folders = sorted(f"names/{quoted}" for quoted in self.store.names() if unquote_name(quoted) is not None)
+        keys = [f"{folder}/{file}" for folder in folders for file in (SUMMARY_FILE, NOTES_FILE)]
+        found = self.store.read_many(keys) if keys else {}
+        digest = hashlib.blake2b(digest_size=16)
+        for key in keys:
+            data = (found.get(key) or b"").rstrip()  # a head is padded with spaces, to be rewritten in place
+            digest.update(f"{key}\0{len(data) if key in found else -1}\0".encode())
+            digest.update(data)
+        return digest.hexdigest()
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
         with collector_paused():  # a few objects per version, no cycle (repo/collector.py)

@@ -288,3 +288,31 @@ def test_a_damaged_call_is_refused_on_the_pages_that_show_it(tmp_path: Path) -> 
         repo.read_metadata(*repo.resolve(ref))
     with pytest.raises(modulelens.CorruptCaptureError, match=r"calls\[30\]"):
         modulelens.load(ref, repo=repo)
+
+
+def test_the_repo_page_keeps_its_listing_until_the_repo_changes(tmp_path: Path) -> None:
+    """The repo page lists again only when the listing stamp changes (issue 37: a 500-row page in
+    O(page) at 100,000 versions), so every change any process makes shows on the next request:
+    a new version, an alias, an edited tag, a removed version. The page is streamed with the headers."""
+    root = tmp_path / "repo"
+    ref = make_base_capture(modulelens.Repo(root), "kept/a")
+    web = client(modulelens.Repo(root))
+    view = web.app.state.ui.view  # type: ignore[attr-defined]
+    first = web.get("/")
+    assert first.status_code == 200 and all(h in first.headers for h in HEADERS)
+    assert refs_on(first.text) == [ref]
+    kept = view.listing()
+    assert web.get("/").status_code == 200 and view.listing() is kept  # nothing changed: not listed again
+    other = modulelens.Repo(root)  # another process's repo object
+    second = make_base_capture(other, "kept/b")
+    assert refs_on(web.get("/").text) == [second, ref]
+    other.set_alias(ref, "golden")
+    assert "golden" in web.get("/?q=golden").text
+    other.tag(second, "picked")
+    assert refs_on(web.get("/?tag=picked").text) == [second]
+    other.remove(second)
+    assert refs_on(web.get("/").text) == [ref]
+
+
+def refs_on(html: str) -> list[str]:
+    return re.findall(r'class="ref">([^<]+)</a>', html)
