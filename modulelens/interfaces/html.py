@@ -159,11 +159,12 @@ def replay_html(report: ReplayReport) -> str:
     for c in report.calls:
         abs_err = max((leaf.max_abs_error for leaf in c.leaves), default=0.0)
         rel_err = max((leaf.max_rel_error for leaf in c.leaves), default=0.0)
+        ulps = max((leaf.max_ulps for leaf in c.leaves if leaf.max_ulps is not None), default=None)
         worst = c.worst
         detail = c.error or (f"{worst.path}: {worst.message}" if worst else f"{len(c.leaves)} output leaves match")
         rows.append([esc(c.index), badge(c.passed, "pass" if c.passed else "FAIL"), esc(fmt_number(abs_err)),
-                     esc(fmt_number(rel_err)), esc(f"{c.seconds * 1e3:.2f} ms"), esc(detail)])
-    body = table(("call", "result", "max abs err", "max rel err", "time", "detail"), rows, raw=True)
+                     esc(fmt_number(rel_err)), esc(fmt_number(ulps)), esc(f"{c.seconds * 1e3:.2f} ms"), esc(detail)])
+    body = table(("call", "result", "max abs err", "max rel err", "max ULPs", "time", "detail"), rows, raw=True)
     located = "".join(f"<div>call {esc(c.index)}: {esc(c.divergence.summary())}</div>"  # docs/tools.md, "First divergence"
                       for c in report.calls if c.divergence is not None)
     notes = "".join(f"<div>note: {esc(n)}</div>" for n in report.notes)
@@ -213,9 +214,10 @@ def verify_html(d: dict[str, Any]) -> str:
             f"on {esc(d['device'])}{speed}</div>")
     cannot = "".join(f"<div>cannot verify: {esc(reason)}</div>" for reason in d["unverified"])
     rows = [[esc(c["index"]), badge({"pass": True, "fail": False}.get(c["status"]), c["status"]),
-             *(esc(fmt_number(c.get(k))) for k in ("max_abs_error", "max_rel_error", "reference_ms", "candidate_ms")),
+             *(esc(fmt_number(c.get(k))) for k in ("max_abs_error", "max_rel_error", "max_ulps", "reference_ms",
+                                                   "candidate_ms")),
              esc("-" if c.get("speedup") is None else f"{c['speedup']:.2f}x")] for c in d["calls"]]
-    body = table(("call", "result", "max abs err", "max rel err", "ref ms", "cand ms", "speedup"), rows, raw=True)
+    body = table(("call", "result", "max abs err", "max rel err", "max ULPs", "ref ms", "cand ms", "speedup"), rows, raw=True)
     return _wrap(head + _failures(d["failures"]) + cannot + (body if rows else "") + _notes(d["notes"]))
 
 

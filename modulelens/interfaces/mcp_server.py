@@ -4,7 +4,7 @@ Tools (results are structured JSON, the same data as the CLI's ``--json`` ``resu
 
     list_captures(prefix?)                                  versions in the repo
     show_capture(ref, stats?, max_parameters?)              metadata, shapes, tensor statistics
-    replay_capture(ref, device?, dtype?, rtol?, atol?)      replay report (a mismatch is a result, not an error)
+    replay_capture(ref, device?, dtype?, rtol?, atol?, ulps?)  replay report (a mismatch is a result, not an error)
     profile_capture(ref, device?, dtype?, call?, ...)       latency, memory, FLOPs, top operators
     verify_candidate(ref, candidate, ..., timeout_s?)       a rewrite checked in a child process
     verify_kernel(ref, candidate, ..., timeout_s?)          ``modulelens kernel verify``
@@ -59,6 +59,12 @@ DeviceArg = Annotated[str | None, Field(description="Device to run on, e.g. cpu,
 DtypeArg = Annotated[str | None, Field(description="Cast floating weights and inputs, e.g. bfloat16.")]
 RtolArg = Annotated[float | None, Field(description="Relative tolerance (default: by dtype; bit-exact for replay).")]
 AtolArg = Annotated[float | None, Field(description="Absolute tolerance (default: by dtype).")]
+UlpsArg = Annotated[str | None, Field(description=(
+    "Judge float outputs within this many ULPs instead of rtol/atol: \"4\", or per dtype \"bfloat16=2,float32=64\"."))]
+OracleArg = Annotated[bool | None, Field(description=(
+    "Judge float outputs by their error against a float64 run of the reference, within k times the reference's "
+    "own (docs/tools.md, \"Verdicts in ULPs\"). Default: on for verify_kernel, and for verify_candidate when the "
+    "outputs are float16/bfloat16/float8; off when rtol/atol/ulps are given."))]
 CallsArg = Annotated[list[int] | None, Field(description="Recorded calls to use, by position (default: all).")]
 StoreArg = Annotated[bool, Field(description="Keep the report with the capture's version in the repo.")]
 TimeoutArg = Annotated[float, Field(gt=0, description="Seconds before the candidate's process is killed.")]
@@ -106,7 +112,7 @@ def _check_candidate_path(candidate: str) -> None:
 
 def verify_in_subprocess(repo: str | None, ref: str, candidate: str, *, device: str | None, dtype: str | None,
                          rtol: float | None, atol: float | None, timing: bool, store: bool,
-                         timeout_s: float) -> dict[str, Any]:
+                         timeout_s: float, ulps: str | None = None, oracle: bool | None = None) -> dict[str, Any]:
     """``modulelens verify --json`` in a child process: the candidate's crash or hang stays there.
 
     Returns:
@@ -115,8 +121,10 @@ def verify_in_subprocess(repo: str | None, ref: str, candidate: str, *, device: 
     Raises:
         ToolError: the child timed out, died before reporting, or reported a known error.
     """
-    return run_cli_json(["verify", ref, "--candidate", candidate, "--timing" if timing else "--no-timing"], repo,
-                        device=device, dtype=dtype, rtol=rtol, atol=atol, store=store, timeout_s=timeout_s)
+    verdicts = ([] if ulps is None else ["--ulps", ulps]) + ([] if oracle is None else
+                                                            ["--oracle" if oracle else "--no-oracle"])
+    return run_cli_json(["verify", ref, "--candidate", candidate, "--timing" if timing else "--no-timing", *verdicts],
+                        repo, device=device, dtype=dtype, rtol=rtol, atol=atol, store=store, timeout_s=timeout_s)
 
 
 def run_cli_json(arguments: list[str], repo: str | None, *, device: str | None, dtype: str | None, rtol: float | None,
@@ -200,11 +208,14 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
     @server.tool(annotations=_READS)
     @_one_line_errors
     def replay_capture(ref: RefArg, device: DeviceArg = None, dtype: DtypeArg = None, rtol: RtolArg = None,
-                       atol: AtolArg = None) -> dict[str, Any]:
-        """Rebuild the module and run every recorded call, comparing with the recorded outputs.
-        ``passed`` is false on a mismatch (that is a result, not an error)."""
+                       atol: AtolArg = None, ulps: UlpsArg = None) -> dict[str, Any]:
+        """Rebuild the module and run every recorded call, comparing with the recorded outputs (each
+        float leaf's error in ULPs: ``max_ulps``). ``passed`` is false on a mismatch (that is a result,
+        not an error)."""
+        from modulelens.restore.compare import parse_ulps
+
         capture = session.load_capture(ref, repo, device=device, dtype=dtype)
-        return _result(capture.replay(rtol=rtol, atol=atol))
+        return _result(capture.replay(rtol=rtol, atol=atol, ulps=None if ulps is None else parse_ulps(ulps)))
 
     @server.tool(annotations=_READS)
     @_one_line_errors
@@ -257,18 +268,20 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         dtype: DtypeArg = None,
         rtol: RtolArg = None,
         atol: AtolArg = None,
+        ulps: UlpsArg = None,
+        oracle: OracleArg = None,
         timing: Annotated[bool, Field(description="Time reference and candidate.")] = True,
         timeout_s: TimeoutArg = 300.0,
         store: StoreArg = False,
     ) -> dict[str, Any]:
         """Run a candidate implementation on every recorded call, in a child process with a timeout,
-        and compare with the recorded outputs. ``passed`` false is a result: ``status`` FAIL with
-        ``failures``, or UNVERIFIED with ``unverified`` (nothing recorded could be compared by value:
-        shape-only or None outputs, only NaN, no calls; never a pass)."""
+        and compare with the recorded outputs (each float leaf's error in ULPs). ``passed`` false is a
+        result: ``status`` FAIL with ``failures``, or UNVERIFIED with ``unverified`` (nothing recorded
+        could be compared by value: shape-only or None outputs, only NaN, no calls; never a pass)."""
         _check_candidate_path(candidate)
         session.resolve(*session.open_ref(ref, repo))  # an unknown ref fails here, with suggestions
         return verify_in_subprocess(repo, ref, candidate, device=device, dtype=dtype, rtol=rtol, atol=atol,
-                                    timing=timing, store=store, timeout_s=timeout_s)
+                                    timing=timing, store=store, timeout_s=timeout_s, ulps=ulps, oracle=oracle)
 
 
     @server.tool(annotations=_RUNS_CANDIDATE)
@@ -313,16 +326,21 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
         seed: Annotated[int, Field(description="Seed of the random inputs.")] = 0,
         rtol: RtolArg = None,
         atol: AtolArg = None,
+        ulps: UlpsArg = None,
+        oracle: OracleArg = None,
         timeout_s: TimeoutArg = 300.0,
         store: StoreArg = False,
     ) -> dict[str, Any]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
-        random inputs in worker processes with a timeout; ``passed`` false is a result."""
+        random inputs in worker processes with a timeout, judged in ULPs against a float64 oracle and
+        probed for known exploits (``failed_checks`` names what failed); ``passed`` false is a result."""
         from modulelens.kernels.options import CandidatePolicy, KernelChecks
         from modulelens.kernels.verify import verify_kernel as run_verify_kernel
+        from modulelens.restore.compare import parse_ulps
 
         _check_candidate_path(candidate)
-        checks = KernelChecks(calls=calls, random_samples=random_samples, seed=seed, rtol=rtol, atol=atol)
+        checks = KernelChecks(calls=calls, random_samples=random_samples, seed=seed, rtol=rtol, atol=atol,
+                              ulps=None if ulps is None else parse_ulps(ulps), oracle=oracle is not False)
         store_repo, ref = session.open_ref(ref, repo)
         name, version = session.resolve(store_repo, ref)
         return _result(run_verify_kernel(f"{name}:v{version}", candidate, repo=store_repo, device=device,

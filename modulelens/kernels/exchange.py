@@ -105,14 +105,45 @@ def flatten_output(output: Any, prefix: str, tensors: dict[str, torch.Tensor]) -
     return {"spec": str(spec), "leaves": leaves}
 
 
+# bound when this file loads, before any candidate code runs: a candidate that replaces torch.equal
+# (to blind the input-mutation check) does not reach this one
+_equal = torch.equal
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Identical shape, dtype and bytes (NaN payloads included)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.numel() == 0:
         return True
-    return torch.equal(a.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8),
-                       b.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8))
+    return _equal(a.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8),
+                  b.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8))
+
+
+def max_difference(x: Any, y: Any) -> float:
+    """The largest absolute difference between two output leaves (tensors or plain values): 0.0 when
+    bit-identical (equal), inf for another shape, a NaN against a number, or unequal plain values."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return 0.0 if not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y else math.inf
+    if same_bits(x, y):
+        return 0.0
+    if x.shape != y.shape or x.numel() == 0:
+        return math.inf
+    wide = torch.complex128 if x.dtype.is_complex or y.dtype.is_complex else torch.float64
+    return float((x.detach().to("cpu", wide) - y.detach().to("cpu", wide)).abs().nan_to_num(nan=math.inf).max())
+
+
+def aliased_inputs(output: Any, named: list[tuple[str, Any]]) -> list[str]:
+    """The names in ``named`` (``(name, value)``, values possibly nested) whose tensors share memory
+    with a tensor of ``output``: an output that aliases an input (or a weight) changes when it does."""
+    storages = {leaf.untyped_storage().data_ptr() for leaf in pytree.tree_leaves(output)
+                if isinstance(leaf, torch.Tensor) and leaf.numel()}
+    found = []
+    for name, value in named:
+        if any(isinstance(leaf, torch.Tensor) and leaf.numel() and leaf.untyped_storage().data_ptr() in storages
+               for leaf in pytree.tree_leaves(value)):
+            found.append(name)
+    return found
 
 
 def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor]) -> None:

@@ -39,11 +39,11 @@ import torch.utils._pytree as pytree
 from safetensors.torch import save_file
 
 from modulelens.errors import KernelError, RestoreError, UnsupportedValueError, UsageError
+from modulelens.format.op_watch import OpCounter
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.format.values import is_state_object, state_attributes
 from modulelens.kernels.exchange import load_tensors
 from modulelens.kernels.inline import ClassSource, inlined_class_source
-from modulelens.kernels.op_watch import OpCounter
 from modulelens.kernels.problems import (
     MAX_CALLS,
     CallBinding,

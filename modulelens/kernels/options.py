@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from modulelens.errors import UsageError
 from modulelens.kernels.problems import MAX_CALLS
+from modulelens.restore.compare import UlpTolerance, check_ulps
 from modulelens.tools.timing import TimingConfig
 
 DEFAULT_TIMEOUT = 300.0
@@ -26,21 +27,34 @@ KERNEL_TIMING = TimingConfig(warmup=10, iters=100)
 class KernelChecks:
     """Which inputs a kernel candidate runs on, and how closely its outputs must match.
 
+    By default a floating output is judged against a float64 oracle of the reference (the oracle
+    rule of docs/kernels.md, "Verdicts in ULPs"): its error within ``k`` times the reference's own
+    (``k`` = ``oracle_factor``, default 4 for float32, 3 for 16- and 8-bit floats). Where there is no
+    oracle (float64 outputs, a reference that draws random numbers or cannot run in float64), or when
+    ``rtol``/``atol`` or ``ulps`` are given, fixed tolerances judge it instead.
+
     Args:
         calls: recorded call positions to use (default: all, up to ``max_calls``).
         max_calls: the most recorded calls used (>= 1).
         random_samples: seeded random inputs of the recorded shapes and dtypes, added to the
             recorded calls (>= 0).
         seed: seed of the random inputs and of ``ModelNew``'s construction.
-        rtol: overrides the per-dtype relative tolerance of floating outputs.
-        atol: overrides the per-dtype absolute tolerance.
+        rtol: overrides the per-dtype relative tolerance of floating outputs (and turns the oracle off).
+        atol: overrides the per-dtype absolute tolerance (and turns the oracle off).
+        ulps: judge floating outputs within this many ULPs of the reference's, elementwise: one
+            number, or ``{"bfloat16": 2, "float32": 64}`` (turns the oracle off).
+        oracle: judge by the float64 oracle when no tolerance is given (``False``: KernelBench's
+            fixed per-dtype tolerances).
+        oracle_factor: ``k`` of the oracle rule for every dtype (> 0).
 
     Raises:
-        UsageError: ``max_calls < 1``, ``random_samples < 0`` or a negative tolerance.
+        UsageError: ``max_calls < 1``, ``random_samples < 0``, a negative tolerance, ``ulps`` with
+            ``rtol``/``atol``, or ``oracle_factor <= 0``.
 
     Example::
 
         verify_kernel("ranker/top_mlp:v3", "kernel.py", checks=KernelChecks(max_calls=2, atol=1e-4))
+        verify_kernel("ranker/top_mlp:v3", "kernel.py", checks=KernelChecks(ulps={"bfloat16": 2}))
     """
 
     calls: Sequence[int] | None = None
@@ -49,8 +63,16 @@ class KernelChecks:
     seed: int = 0
     rtol: float | None = None
     atol: float | None = None
+    ulps: UlpTolerance | None = None
+    oracle: bool = True
+    oracle_factor: float | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ulps", check_ulps(self.ulps))
+        if self.ulps is not None and (self.rtol is not None or self.atol is not None):
+            raise UsageError("give ULP tolerances or rtol/atol, not both")
+        if self.oracle_factor is not None and not self.oracle_factor > 0:
+            raise UsageError(f"oracle_factor must be > 0, got {self.oracle_factor}")
         if self.calls is not None:
             object.__setattr__(self, "calls", tuple(self.calls))  # frozen and hashable, whatever came in
         if self.max_calls < 1 or self.random_samples < 0:
@@ -60,6 +82,11 @@ class KernelChecks:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UsageError(f"{name} must be >= 0, got {value}")
+
+    @property
+    def uses_oracle(self) -> bool:
+        """Whether floating outputs are judged by the float64 oracle (no tolerance given, oracle on)."""
+        return self.oracle and self.rtol is None and self.atol is None and self.ulps is None
 
 
 @dataclass(frozen=True)

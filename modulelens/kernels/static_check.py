@@ -30,7 +30,7 @@ warnings are reported. Rules (error unless noted):
 
 A static check is a filter, not a proof: the candidate worker also counts, at run time, the heavy
 aten ops (matmul, convolution, attention) the candidate's forward runs through PyTorch
-(:mod:`modulelens.kernels.op_watch`).
+(:mod:`modulelens.format.op_watch`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ WARNING = "warning"
 
 _THREAD_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "asyncio", "subprocess")
 _NETWORK_MODULES = ("socket", "urllib", "http", "requests", "httpx", "aiohttp", "ftplib", "smtplib")
-_INTROSPECTION_MODULES = ("inspect", "gc", "ctypes", "builtins", "traceback")
+_INTROSPECTION_MODULES = ("inspect", "gc", "ctypes", "builtins", "traceback", "__main__")
 _DYNAMIC_MODULES = ("importlib", "runpy", "code", "codeop")
 _SERIALIZATION_MODULES = ("pickle", "cPickle", "dill", "marshal", "shelve", "joblib", "cloudpickle")
 _MOCK_MODULES = ("unittest.mock", "mock", "pytest")

@@ -16,8 +16,11 @@ Verification:
    modified, that outputs are plain tensors on the device, that Triton kernels really launch,
    that no threads are left running and no timer is replaced, and that two runs agree;
 4. this process compares the outputs: recorded calls against the recorded outputs, random inputs
-   against the reference, with tolerances by output dtype; on CUDA it reports CUDA-event timings
-   (L2 flushed before each trial) and the speedups.
+   against the reference, each floating output judged in ULPs against a float64 oracle of the
+   reference (:mod:`modulelens.restore.oracle`; fixed per-dtype tolerances where there is none, or
+   when ``rtol``/``atol``/``ulps`` are given); it turns the candidate worker's exploit probes into
+   named failures (:mod:`modulelens.kernels.exploits`); on CUDA it reports CUDA-event timings (L2
+   flushed before each trial) and the speedups.
 
 The report is stored with the capture version (``repo.add_report(ref, "kernel", ...)``), so every
 candidate tried on a module is kept as its kernel history.
@@ -44,15 +47,26 @@ from modulelens.format.op_trace import OpTrace
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.format.validate import validate_op_trace
 from modulelens.kernels.exchange import decode_arg, load_tensors, save_tensors
+from modulelens.kernels.exploits import (
+    cached_outputs,
+    degenerate,
+    difference,
+    environment_findings,
+    fail,
+    refill_findings,
+    repeat_findings,
+    sample_findings,
+)
 from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
 from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo import Repo
-from modulelens.restore.compare import compare, default_tolerance, tolerance_table
+from modulelens.restore.compare import compare, default_tolerance, tolerance_table, ulp_limit
 from modulelens.restore.context import call_context
 from modulelens.restore.divergence import LOCATE_LIMITS, DivergenceRule, locate, trace_call
 from modulelens.restore.loader import Capture, load
+from modulelens.restore.oracle import OracleRun, oracle_factor
 from modulelens.tools.timing import TimingConfig, compare_timings, timing_noise, timing_stats
 
 SCHEMA = "modulelens.kernel-verify/1"
@@ -190,7 +204,7 @@ def verify_kernel(
                          progress=say)
     report = _new_report(capture, candidate, source, origin, static, output_dtypes, settings)
     for finding in static.errors:
-        report["failures"].append(f"static check: {finding.rule} (line {finding.line}): {finding.message}")
+        fail(report, "static", f"static check: {finding.rule} (line {finding.line}): {finding.message}")
     workdir = Path(tempfile.mkdtemp(prefix="modulelens-kernel-"))
     try:
         _run_workers(report, capture, store_repo, positions, workdir, source, settings)
@@ -239,10 +253,12 @@ def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str
                       "source": source if len(source) <= _SOURCE_LIMIT else None},
         "passed": False,
         "failures": [],
+        "failed_checks": [],
         "notes": [],
         "static": static.to_dict(),
-        "tolerances": tolerance_table(output_dtypes or ["float32"], checks.rtol, checks.atol),
-        "tolerance_overrides": {"rtol": checks.rtol, "atol": checks.atol},
+        "tolerances": _verdict_table(output_dtypes or ["float32"], checks),
+        "tolerance_overrides": {"rtol": checks.rtol, "atol": checks.atol, "ulps": checks.ulps,
+                                "oracle": checks.uses_oracle, "oracle_factor": checks.oracle_factor},
         "settings": {"device": settings.device, "timeout_s": policy.timeout,
                      "reference_timeout_s": policy.reference_seconds, "max_calls": checks.max_calls,
                      "random_samples": checks.random_samples, "seed": checks.seed, "warmup": settings.warmup,
@@ -257,6 +273,20 @@ def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str
         "review_reasons": [],
         "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "triton": _triton_version()},
     }
+
+
+def _verdict_table(dtypes: list[str], checks: KernelChecks) -> dict[str, dict[str, Any]]:
+    """Per output dtype, the rule that judges it (``oracle``, ``ulps``, ``tolerance``, ``exact``) with
+    its numbers; ``rtol``/``atol`` are also the fallback where a sample has no oracle."""
+    table = tolerance_table(dtypes, checks.rtol, checks.atol)
+    for name, row in table.items():
+        dtype = getattr(torch, name)
+        factor = oracle_factor(dtype, checks.oracle_factor) if checks.uses_oracle and not row["exact"] else None
+        limit = None if row["exact"] else ulp_limit(checks.ulps, dtype)
+        row["rule"] = ("exact" if row["exact"] else "oracle" if factor is not None
+                       else "ulps" if limit is not None else "tolerance")
+        row["oracle_factor"], row["ulps"] = factor, limit
+    return table
 
 
 def _silent(step: str) -> None:
@@ -280,10 +310,10 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
     data_dir, problem_data = _candidate_data(workdir, info)
     result, outputs = _run_candidate(report, capture, workdir, source, data_dir, problem_data, settings)
     settings.progress("comparing the candidate's outputs with the recorded and reference outputs")
-    _compare_samples(report, capture, info, expected, result, outputs, settings.backend)
+    _compare_samples(report, capture, info, expected, result, outputs, settings)
     if settings.device == "cpu" and not result.get("load_error"):
         _locate(report, capture, info, workdir, data_dir, settings)
-    _runtime_checks(report, result)
+    _runtime_checks(report, result, settings.backend)
     _torch_ops_check(report, result, settings.policy.allow_torch_ops)
     if settings.timing_on:
         _timing(report, info, result)
@@ -294,8 +324,9 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
 
 
 def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
-                   settings: _Settings) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
-    """The reference process: samples and expected outputs (``None`` with a failure when it fails)."""
+                   settings: _Settings) -> tuple[dict[str, Any] | None, _Expected]:
+    """The reference process: samples, expected outputs and their float64 oracles (``None`` with a
+    failure when it fails)."""
     ref_out = workdir / "reference"
     ref_out.mkdir()
     spec_path = workdir / "reference-spec.json"
@@ -303,7 +334,8 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
         "repo": store_repo.location, "ref": capture.ref, "trust_source": capture.trust_source,
         "calls": positions, "max_calls": len(positions),
         "random": settings.checks.random_samples, "seed": settings.checks.seed, "device": settings.device,
-        "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out)}))
+        "timing": settings.timing_on, "warmup": settings.warmup, "trials": settings.trials, "out_dir": str(ref_out),
+        "oracle": settings.checks.uses_oracle}))
     checks = settings.checks
     settings.progress(f"reference process: rebuilding {capture.module_class.rpartition(':')[2]}, running "
                       f"{len(positions)} recorded call(s) and {checks.random_samples} random input(s)"
@@ -314,11 +346,11 @@ def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, p
     report["runtime"]["reference_process"] = {k: v for k, v in run.items() if k != "stdout_tail"}
     if run["timed_out"] or run["returncode"] != 0 or not (ref_out / "reference.json").exists():
         why = "timed out" if run["timed_out"] else f"exited with {run['returncode']}"
-        report["failures"].append(f"the reference process {why}: {run['stderr_tail'][-600:].strip()}")
+        fail(report, "reference_failed", f"the reference process {why}: {run['stderr_tail'][-600:].strip()}")
         report["correctness"] = {"passed": False}
-        return None, {}
+        return None, _Expected({}, {})
     info = json.loads((ref_out / "reference.json").read_text())
-    expected = load_tensors(ref_out / "expected.safetensors")
+    expected = _Expected(load_tensors(ref_out / "expected.safetensors"), load_tensors(ref_out / "oracle.safetensors"))
     report["runtime"]["device_name"] = info.get("device_name")
     report["notes"].extend(info.get("notes", []))
     return info, expected
@@ -350,7 +382,6 @@ def _candidate_data(workdir: Path, info: dict[str, Any]) -> tuple[Path, Path]:
 def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, source: str, data_dir: Path,
                    problem_data: Path, settings: _Settings) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The candidate process: its result (``candidate.json``) and outputs; failures of the process noted."""
-    failures: list[str] = report["failures"]
     candidate_dir = workdir / "candidate"
     candidate_dir.mkdir()
     (candidate_dir / "kernel.py").write_text(source)
@@ -364,10 +395,10 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
         phase = progress.get("phase", "start")
         where = f"while running {progress['sample']}" if phase == "call" else (
             f"during {phase}" + (f" of {progress['sample']}" if progress.get("sample") else ""))
-        failures.append(f"the candidate timed out after {settings.policy.timeout:g} s (killed {where})")
+        fail(report, "timeout", f"the candidate timed out after {settings.policy.timeout:g} s (killed {where})")
     elif result is None:
-        failures.append(f"the candidate process died (exit {run['returncode']}) during {progress.get('phase', 'start')}: "
-                        f"{run['stderr_tail'][-600:].strip()}")
+        fail(report, "process_died", f"the candidate process died (exit {run['returncode']}) during "
+                                     f"{progress.get('phase', 'start')}: {run['stderr_tail'][-600:].strip()}")
     outputs = load_tensors(cand_out / "outputs.safetensors") if (cand_out / "outputs.safetensors").exists() else {}
     result = result or {"samples": [], "checks": {}}
     _note_load(report, result)
@@ -389,7 +420,7 @@ def _candidate_process(capture: Capture, workdir: Path, data_dir: Path, problem_
         "candidate": str(candidate_dir / "kernel.py"), "entry": settings.entry, "data_dir": str(data_dir),
         "device": settings.device, "blocked_modules": blocked, "seed": settings.checks.seed, "warmup": settings.warmup,
         "trials": settings.trials, "timing": settings.timing_on, "out_dir": str(out_dir),
-        "count_triton_launches": "triton" in settings.backend, **extra}))
+        "repeat": max(settings.warmup, 1), "count_triton_launches": "triton" in settings.backend, **extra}))
     env = worker_env(settings.device, candidate=True)
     env["MODULELENS_PROBLEM_DATA"] = str(problem_data)
     if settings.candidate_home is not None:  # helper modules next to the candidate stay importable
@@ -461,7 +492,7 @@ def _candidate_step(cand_out: Path) -> str:
 def _note_load(report: dict[str, Any], result: dict[str, Any]) -> None:
     report["candidate"]["entry"] = result.get("entry")
     if result.get("load_error"):
-        report["failures"].append(f"the candidate could not be loaded: {result['load_error'].splitlines()[0]}")
+        fail(report, "load", f"the candidate could not be loaded: {result['load_error'].splitlines()[0]}")
         report["candidate"]["load_error"] = result["load_error"]
     weights = result.get("weights")
     if weights:
@@ -486,8 +517,9 @@ def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bo
     if allowed:
         report["notes"].append(f"the candidate runs heavy ops through PyTorch ({ops}); accepted (allow_torch_ops)")
     else:
-        report["failures"].append(f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own kernels; "
-                                  "pass --allow-torch-ops (CandidatePolicy(allow_torch_ops=True)) to accept a mixed candidate")
+        fail(report, "torch_heavy_ops", f"the candidate's forward ran heavy ops through PyTorch ({ops}), not its own "
+                                        "kernels; pass --allow-torch-ops (CandidatePolicy(allow_torch_ops=True)) to "
+                                        "accept a mixed candidate")
 
 
 def _json_or_none(path: Path) -> Any:
@@ -501,9 +533,26 @@ def _leaves(flat: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[tupl
     return [(leaf["path"], tensors[leaf["key"]] if "key" in leaf else leaf.get("value")) for leaf in flat["leaves"]]
 
 
-def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rtol: float | None,
-                    atol: float | None) -> tuple[list[dict[str, Any]], bool, bool]:
-    """Leaf results, whether all pass, and whether all pass with fp32 at 1e-3."""
+@dataclass
+class _Expected:
+    """What the reference process computed: its outputs and its float64 oracle's, by tensor key."""
+
+    outputs: dict[str, torch.Tensor]
+    oracles: dict[str, torch.Tensor]
+
+    def oracle(self, reference: dict[str, Any]) -> dict[str, torch.Tensor] | str:
+        """A sample's oracle tensors by output path, or why it has none."""
+        flat = reference.get("oracle")
+        if flat is None:
+            return reference.get("oracle_reason") or "the reference process computed no float64 oracle"
+        return {leaf["path"]: self.oracles[leaf["key"]] for leaf in flat["leaves"] if "key" in leaf}
+
+
+def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], checks: KernelChecks,
+                    oracle: dict[str, torch.Tensor] | str | None = None) -> tuple[list[dict[str, Any]], bool, bool]:
+    """Leaf results, whether all pass, and whether all pass with fp32 at 1e-3. ``oracle``: the
+    sample's float64 outputs by path (or why there are none) for the oracle rule; ``None`` compares
+    by tolerances only (the reference against its recording)."""
     results = []
     all_ok = True
     loose_ok = True
@@ -523,10 +572,12 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rto
             continue
         dtype = dtype_name(w.dtype) if isinstance(w, torch.Tensor) else ""
         base = default_tolerance(w.dtype, "kernel") if isinstance(w, torch.Tensor) else None
-        r = 0.0 if base is None else (base[0] if rtol is None else rtol)
-        a = 0.0 if base is None else (base[1] if atol is None else atol)
+        r = 0.0 if base is None else (base[0] if checks.rtol is None else checks.rtol)
+        a = 0.0 if base is None else (base[1] if checks.atol is None else checks.atol)
         exact = isinstance(w, torch.Tensor) and base is None
-        leaf = compare(w, g, exact=exact, rtol=r, atol=a)[0]
+        leaf = compare(w, g, exact=exact, rtol=r, atol=a, ulps=checks.ulps,
+                       oracle=_oracle_run(oracle, path) if checks.uses_oracle else None,
+                       oracle_factor=checks.oracle_factor)[0]
         leaf.path = path
         data = leaf.to_dict()
         if dtype == "float32" and not leaf.passed and leaf.kind == "tensor" and leaf.mismatched:
@@ -536,9 +587,20 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], rto
         else:
             data["passes_at_1e-3"] = leaf.passed if dtype == "float32" else None
             loose_ok = loose_ok and leaf.passed
+        if oracle is not None:  # the candidate's output (never the reference's) may be degenerate
+            data["degenerate"] = degenerate(w, g)
         results.append(data)
         all_ok = all_ok and leaf.passed
     return results, all_ok, loose_ok
+
+
+def _oracle_run(oracle: dict[str, torch.Tensor] | str | None, path: str) -> OracleRun | None:
+    if oracle is None:
+        return None
+    if isinstance(oracle, str):
+        return OracleRun(reason=oracle)
+    value = oracle.get(path)
+    return OracleRun(outputs=value) if value is not None else OracleRun(reason="the float64 run has no such output")
 
 
 def _compared(value: Any) -> bool:
@@ -548,13 +610,14 @@ def _compared(value: Any) -> bool:
         isinstance(value, (list, dict)) and not (isinstance(value, dict) and "repr" in value))
 
 
-def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, Any], expected: dict[str, torch.Tensor],
-                     result: dict[str, Any], outputs: dict[str, torch.Tensor], backend: str) -> None:
-    failures: list[str] = report["failures"]
-    rtol, atol = report["tolerance_overrides"]["rtol"], report["tolerance_overrides"]["atol"]
+def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, Any], expected: _Expected,
+                     result: dict[str, Any], outputs: dict[str, torch.Tensor], settings: _Settings) -> None:
+    checks, backend = settings.checks, settings.backend
     ran = {s["id"]: s for s in result.get("samples", [])}
     passed_count = compared = 0
     loose_all = True
+    wanted: dict[str, list[tuple[str, Any]]] = {}  # by sample label
+    returned: dict[str, list[tuple[str, Any]]] = {}
     for sample in info["samples"]:
         sid = sample["id"]
         label = f"{sid} ({sample['kind']})"
@@ -568,46 +631,40 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
             report["notes"].append(f"{sid} skipped: {sample['skip']}")
             continue
         record = ran.get(sid)
+        compared += 1
         if record is None:
             entry["error"] = ("not run: the candidate could not be loaded" if result.get("load_error")
                               else "not run: the candidate process stopped before it")
-            compared += 1
             continue
-        compared += 1
         if record.get("error"):
             entry["error"] = record["error"]
-            failures.append(f"{label}: the candidate raised {record['error'].splitlines()[0]}")
+            fail(report, "raised", f"{label}: the candidate raised {record['error'].splitlines()[0]}")
             continue
         got = _leaves(record["output"], outputs)
-        want = _expected_leaves(report, capture, sample, entry, expected, rtol, atol)
-        leaves, ok, loose_ok = _compare_leaves(want, got, rtol, atol)
-        entry["leaves"] = leaves
-        entry["max_abs_error"] = _max_abs(leaves)
-        entry["max_rel_error"] = max((float(x.get("max_rel_error", 0) or 0) for x in leaves
-                                      if isinstance(x.get("max_rel_error"), (int, float))), default=0.0)
-        entry["passes_at_1e-3"] = loose_ok
-        entry["seconds"] = record.get("seconds")
-        entry["triton_launches"] = record.get("triton_launches")
-        entry["mutated_inputs"] = record.get("mutated_inputs", [])
-        entry["output_problems"] = record.get("output_problems", [])
-        if record["output"]["spec"] != reference.get("spec", record["output"]["spec"]):
-            entry["note"] = f"output container {record['output']['spec']} differs from the reference's {reference.get('spec')}"
-        problems = []
+        want = _expected_leaves(report, capture, sample, entry, expected.outputs, checks)
+        wanted[label], returned[label] = want, got
+        leaves, ok, loose_ok = _compare_leaves(want, got, checks, expected.oracle(reference))
+        _describe_sample(entry, record, reference, leaves, loose_ok)
+        problems: list[tuple[str, str]] = []
         if not ok:
             bad = next(x for x in leaves if not x["passed"])
-            problems.append(f"{bad['path']}: {bad.get('message') or 'mismatch'}")
-        if entry["mutated_inputs"]:
-            problems.append(f"modified its input(s) in place: {', '.join(entry['mutated_inputs'])}")
-        problems.extend(entry["output_problems"])
-        if "triton" in backend and record.get("triton_launches") == 0:
-            problems.append("no Triton kernel was launched (the result came from somewhere else)")
-        for problem in problems:
-            failures.append(f"{label}: {problem}")
+            problems.append(("correctness", f"{bad['path']}: {bad.get('message') or 'mismatch'}"))
+        problems += [("degenerate_output", f"{leaf['path']}: {leaf['degenerate']}") for leaf in leaves
+                     if leaf.get("degenerate")]
+        problems += sample_findings(record, reference, backend)
+        for check, problem in problems:
+            fail(report, check, f"{label}: {problem}")
         entry["passed"] = not problems
         passed_count += entry["passed"]
         loose_all = loose_all and loose_ok
+    labels = [{"sample": f"{s['sample']} ({s['kind']})"} for s in report["samples"]]
+    for label, problem in cached_outputs(labels, returned, wanted):
+        fail(report, "cached_output", f"{label}: {problem}")
+        _mark_failed(report, label)
+    by_index = {j: returned.get(f"{s['id']} ({s['kind']})") for j, s in enumerate(info["samples"])}
+    _refill(report, result, outputs, settings, by_index)
     report["correctness"] = {
-        "passed": compared > 0 and passed_count == compared,
+        "passed": compared > 0 and passed_count == compared and not _probe_failed(report),
         "samples": compared, "passed_samples": passed_count,
         "recorded_samples": sum(1 for s in info["samples"] if s["kind"] == "recorded"),
         "random_samples": sum(1 for s in info["samples"] if s["kind"] == "random"),
@@ -616,8 +673,54 @@ def _compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, A
     }
 
 
+def _describe_sample(entry: dict[str, Any], record: dict[str, Any], reference: dict[str, Any],
+                     leaves: list[dict[str, Any]], loose_ok: bool) -> None:
+    """The sample's entry in the report: its leaves, error sizes and what the worker saw."""
+    entry["leaves"] = leaves
+    entry["max_abs_error"] = _max_abs(leaves)
+    entry["max_rel_error"] = max((float(x.get("max_rel_error", 0) or 0) for x in leaves
+                                  if isinstance(x.get("max_rel_error"), (int, float))), default=0.0)
+    entry["max_ulps"] = max((float(x["max_ulps"]) for x in leaves if x.get("max_ulps") is not None), default=None)
+    entry["passes_at_1e-3"] = loose_ok
+    entry["seconds"] = record.get("seconds")
+    entry["triton_launches"] = record.get("triton_launches")
+    for key in ("mutated_inputs", "mutated_parameters", "output_problems", "output_aliases"):
+        entry[key] = record.get(key, [])
+    for key in ("same_output_memory_as", "changed_after_return"):
+        if record.get(key):
+            entry[key] = record[key]
+    if record["output"]["spec"] != reference.get("spec", record["output"]["spec"]):
+        entry["note"] = f"output container {record['output']['spec']} differs from the reference's {reference.get('spec')}"
+
+
+def _mark_failed(report: dict[str, Any], label: str) -> None:
+    for entry in report["samples"]:
+        if f"{entry['sample']} ({entry['kind']})" == label:
+            entry["passed"] = False
+
+
+def _probe_failed(report: dict[str, Any]) -> bool:
+    return any(check in report["failed_checks"] for check in ("cached_output", "skipped_work"))
+
+
+def _refill(report: dict[str, Any], result: dict[str, Any], outputs: dict[str, torch.Tensor], settings: _Settings,
+            returned: dict[int, list[tuple[str, Any]] | None]) -> None:
+    """The batch-and-skip probe: the output on refilled buffers against the candidate's own output on
+    the other sample (fresh buffers, the same values)."""
+    refill = result.get("checks", {}).get("refill")
+
+    def gap(index: int, flat: dict[str, Any]) -> float:
+        own = returned.get(index)
+        return 0.0 if own is None else difference(_leaves(flat, outputs), own)
+
+    for problem in refill_findings(refill, settings.backend, gap, _stable_limit(report, result)):
+        fail(report, "skipped_work", f"work skipped on repeated inputs: {problem}")
+    if refill:
+        report["checks"]["refill"] = {k: v for k, v in refill.items() if k != "output"}
+
+
 def _expected_leaves(report: dict[str, Any], capture: Capture, sample: dict[str, Any], entry: dict[str, Any],
-                     expected: dict[str, torch.Tensor], rtol: float | None, atol: float | None) -> list[tuple[str, Any]]:
+                     expected: dict[str, torch.Tensor], checks: KernelChecks) -> list[tuple[str, Any]]:
     """What a sample's output is compared with: the recorded output for a recorded call (or the
     reference's run when the reference itself does not reproduce it on this device), the
     reference's run for a random sample."""
@@ -630,7 +733,7 @@ def _expected_leaves(report: dict[str, Any], capture: Capture, sample: dict[str,
     entry["expected_from"] = "recorded output"
     if "leaves" in reference:
         ref_leaves = _leaves(reference, expected)
-        ref_results, ref_ok, _ = _compare_leaves(want, ref_leaves, rtol, atol)
+        ref_results, ref_ok, _ = _compare_leaves(want, ref_leaves, KernelChecks(rtol=checks.rtol, atol=checks.atol))
         entry["reference_vs_recorded"] = {"passed": ref_ok, "max_abs_error": _max_abs(ref_results)}
         if not ref_ok:
             entry["expected_from"] = "reference run (the reference itself does not reproduce the recorded output here)"
@@ -648,27 +751,37 @@ def _max_abs(leaves: list[dict[str, Any]]) -> float:
     return max(values, default=0.0)
 
 
-def _runtime_checks(report: dict[str, Any], result: dict[str, Any]) -> None:
-    failures: list[str] = report["failures"]
+def _runtime_checks(report: dict[str, Any], result: dict[str, Any], backend: str) -> None:
     checks = result.get("checks", {})
-    report["checks"].update({k: v for k, v in checks.items()})
-    if checks.get("timers_patched"):
-        where, names = next(iter(checks["timers_patched"].items()))
-        failures.append(f"the candidate replaced timing functions ({', '.join(names)}) during {where}")
-    if checks.get("threads_left_running"):
-        where, names = next(iter(checks["threads_left_running"].items()))
-        failures.append(f"the candidate left threads running after {where}: {', '.join(names)}")
+    report["checks"].update({k: v for k, v in checks.items() if k != "refill"})
+    for check, line in environment_findings(checks):
+        fail(report, check, line)
+    limit = max((t["atol"] for t in report["tolerances"].values()), default=0.0)
     determinism = checks.get("determinism")
     if determinism and determinism.get("error"):
-        failures.append(f"a second run of {determinism['sample']} raised: {determinism['error'].splitlines()[0]}")
+        fail(report, "nondeterministic", f"a second run of {determinism['sample']} raised: "
+                                         f"{determinism['error'].splitlines()[0]}")
     elif determinism and not determinism.get("identical"):
-        limit = max((t["atol"] for t in report["tolerances"].values()), default=0.0)
         if determinism["max_abs_diff"] > limit:
-            failures.append(f"two runs of {determinism['sample']} differ by {determinism['max_abs_diff']:.3g} "
-                            "(non-deterministic: uninitialised memory or a race?)")
+            fail(report, "nondeterministic", f"two runs of {determinism['sample']} differ by "
+                                             f"{determinism['max_abs_diff']:.3g} (non-deterministic: uninitialised "
+                                             "memory or a race?)")
         else:
             report["notes"].append(f"two runs of {determinism['sample']} differ slightly "
                                    f"({determinism['max_abs_diff']:.3g}, within tolerance)")
+    for problem in repeat_findings(checks.get("repeat"), backend, _stable_limit(report, result)):
+        fail(report, "warmup_gaming", f"warm-up gaming: {problem}")
+
+
+def _stable_limit(report: dict[str, Any], result: dict[str, Any]) -> float | None:
+    """How far two runs on the same values may differ (the largest fallback ``atol``), or ``None``
+    when the candidate's second run of a sample already differs further: it is not deterministic,
+    and the probes that compare runs cannot tell exploits from noise."""
+    limit = max((t["atol"] for t in report["tolerances"].values()), default=0.0)
+    determinism = result.get("checks", {}).get("determinism") or {}
+    if determinism.get("error") or determinism.get("max_abs_diff", 0.0) > limit:
+        return None
+    return limit
 
 
 def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]) -> None:

@@ -2,13 +2,18 @@
 
 Runs the candidate on the samples the reference process wrote. It runs as a plain script and
 imports nothing from the modulelens package: its torch-only helpers (:mod:`.exchange`,
-:mod:`.op_watch`, :mod:`modulelens.tools.timing`, and for a trace :mod:`modulelens.format.op_trace`
+:mod:`modulelens.format.op_watch`, :mod:`modulelens.tools.timing`, and for a trace :mod:`modulelens.format.op_trace`
 with the statistics of :mod:`modulelens.format.shape_only`) are loaded by file path before any
 candidate code runs. It then blocks imports of modulelens and of the reference's own module, never holds
 the reference module or any expected output, passes clones of the inputs and checks that they were
 not modified, counts Triton launches, counts the heavy aten ops (matmul, convolution, attention)
-the candidate's forward runs through PyTorch, watches threads and timer functions, and writes the
-candidate's outputs. The parent process compares them.
+the candidate's forward runs through PyTorch, watches threads and every function of torch, the
+timers and its own helpers for replacement, and writes the candidate's outputs. Per call it notes
+outputs that share memory with an input or with an earlier call's output, and parameters a
+ModelNew wrote to; afterwards it runs the exploit probes of docs/kernels.md ("Known exploits"): the
+same input buffers refilled with another sample's values (work skipped on repeated inputs), the
+first sample ten times more (warm-up gaming), and every returned output compared with the copy
+taken when its call returned (work still running). The parent process compares and judges.
 """
 
 from __future__ import annotations
@@ -44,17 +49,18 @@ def _load_helper(name: str, path: Path) -> ModuleType:
 
 if TYPE_CHECKING:  # the same files, as the type checker sees them (it cannot follow a by-path load)
     from modulelens.format import op_trace as _op_trace
+    from modulelens.format import op_watch as _op_watch
     from modulelens.format import shape_only as _shape_only
     from modulelens.kernels import exchange as _exchange
-    from modulelens.kernels import op_watch as _op_watch
     from modulelens.tools import timing as _timing
 else:
     _exchange = _load_helper("_modulelens_kernel_exchange", _HERE / "exchange.py")
-    _op_watch = _load_helper("_modulelens_kernel_op_watch", _HERE / "op_watch.py")
+    _op_watch = _load_helper("_modulelens_op_watch", _HERE.parent / "format" / "op_watch.py")
     _timing = _load_helper("_modulelens_timing", _HERE.parent / "tools" / "timing.py")
     _shape_only = _load_helper("_modulelens_shape_only", _HERE.parent / "format" / "shape_only.py")
     _op_trace = _load_helper("_modulelens_op_trace", _HERE.parent / "format" / "op_trace.py")
 decode_arg, flatten_output, same_bits = _exchange.decode_arg, _exchange.flatten_output, _exchange.same_bits
+aliased_inputs, max_difference = _exchange.aliased_inputs, _exchange.max_difference
 to_device, write_json, error_text = _exchange.to_device, _exchange.write_json, _exchange.error_text
 load_tensors, save_tensors = _exchange.load_tensors, _exchange.save_tensors
 OpCounter, CudaTimer = _op_watch.OpCounter, _timing.CudaTimer
@@ -84,6 +90,45 @@ def _lookup(dotted: str) -> Any:
     for part in rest:
         obj = getattr(obj, part, None)
     return obj
+
+
+# The functions the worker's checks and the timings rest on, and what a candidate would replace to fool
+# them (METR saw models overwrite their graders' equality operators and timers): every attribute of these
+# modules and classes, by identity. Additions are not replacements and are ignored.
+_WATCHED_MODULES = ("torch", "torch.nn.functional", "torch.cuda", "torch.testing", "time", "threading",
+                    "safetensors.torch")
+_WATCHED_CLASSES = ("torch.Tensor", "torch.nn.Module", "torch.cuda.Event")
+
+
+class _Watch:
+    """Which watched functions were replaced since it was made (``replaced()``)."""
+
+    def __init__(self, helpers: list[ModuleType]) -> None:
+        self.helpers = helpers
+        self.before = self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        """Callables by dotted name: public ones of the library modules (their private state, such as
+        ``torch.cuda._initialized``, changes by itself), all of the worker's own helpers, and every
+        method of the classes (dunders included: ``Tensor.__eq__``)."""
+        found: dict[str, Any] = {}
+        modules = [(name, sys.modules.get(name), False) for name in _WATCHED_MODULES]
+        modules += [(module.__name__, module, True) for module in self.helpers]
+        for name, module, private in modules:
+            if module is not None:
+                found.update((f"{name}.{attr}", value) for attr, value in list(vars(module).items())
+                             if callable(value) and not attr.startswith("__") and (private or not attr.startswith("_")))
+        for dotted in _WATCHED_CLASSES:
+            cls = _lookup(dotted)
+            if isinstance(cls, type):
+                for klass in reversed(cls.__mro__):  # later (more derived) classes win, as in attribute lookup
+                    found.update((f"{dotted}.{attr}", value) for attr, value in vars(klass).items()
+                                 if callable(value) or hasattr(value, "__get__"))
+        return found
+
+    def replaced(self) -> list[str]:
+        now = self._snapshot()
+        return sorted(name for name, value in self.before.items() if name in now and now[name] is not value)
 
 
 class _LaunchCounter:
@@ -151,22 +196,29 @@ class _CandidateRun:
         self.result["checks"]["triton_launches_counted"] = self.counter.installed
         self.timer = CudaTimer(self.device) if spec.get("timing") and self.device.type == "cuda" else None
         self.synchronize = torch.cuda.synchronize if self.device.type == "cuda" else None
-        self.timers_before = {name: _lookup(name) for name in _TIMER_NAMES}
         self.info = json.loads((data_dir / "samples.json").read_text())
         self.inputs = load_tensors(data_dir / "inputs.safetensors")
         self.weights = load_tensors(data_dir / "weights.safetensors")
+        with OpCounter():  # entering a dispatch mode imports torch._dynamo, which wraps torch.manual_seed:
+            torch.zeros(1).add_(1)  # torch's own patching happens before the snapshot, not inside a call
+        self.watch = _Watch([_exchange, _op_watch, _timing, _shape_only, _op_trace, sys.modules[__name__]])
         self.threads_before = {t.ident for t in threading.enumerate()}
         self.entry: Any = None
         self.model: Any = None
+        self.returned: list[tuple[int, list[torch.Tensor]]] = []  # every sample's output tensors, kept alive
 
     def progress(self, phase: str, sample: str | None = None) -> None:
         write_json(self.out_dir / "progress.json", {"phase": phase, **({"sample": sample} if sample else {})})
 
     def check_environment(self, where: str) -> None:
-        """Timer functions replaced, or threads left running, since the start."""
-        patched = [n for n, obj in self.timers_before.items() if _lookup(n) is not obj]
-        if patched:
-            self.result["checks"].setdefault("timers_patched", {})[where] = patched
+        """Timer or other watched functions replaced, or threads left running, since the start."""
+        replaced = self.watch.replaced()
+        timers = [name for name in replaced if name in _TIMER_NAMES]
+        if timers:
+            self.result["checks"].setdefault("timers_patched", {})[where] = timers
+        others = [name for name in replaced if name not in _TIMER_NAMES]
+        if others:
+            self.result["checks"].setdefault("patched", {})[where] = others
         extra = [t.name for t in threading.enumerate() if t.ident not in self.threads_before and t.is_alive()]
         if extra:
             self.result["checks"].setdefault("threads_left_running", {})[where] = extra
@@ -266,6 +318,8 @@ class _CandidateRun:
     def _run_one(self, j: int, sample: dict[str, Any], record: dict[str, Any], names: list[str]) -> bool:
         passed, run = self.prepare(sample)
         originals = [to_device(v, torch.device("cpu")) for v in passed]
+        parameters = self._parameters()
+        parameters_before = {name: value.detach().to("cpu", copy=True) for name, value in parameters}
         launches = self.counter.count
         ops = OpCounter()
         try:
@@ -282,10 +336,124 @@ class _CandidateRun:
         record["triton_launches"] = self.counter.count - launches if self.counter.installed else None
         record["torch_heavy_ops"] = ops.heavy()
         record["mutated_inputs"] = _mutated(passed, originals, names)
+        record["mutated_parameters"] = [name for name, value in parameters
+                                        if not same_bits(value.detach(), parameters_before[name])]
         record["output_problems"] = _output_problems(output, self.device)
-        record["output"] = flatten_output(output, f"s{j}", self.outputs)
+        own = [(f"parameter {name}", value) for name, value in parameters]
+        record["output_aliases"] = aliased_inputs(output, list(zip(names, passed, strict=False)) + own)
+        record["output"] = flatten_output(output, f"s{j}", self.outputs)  # a copy taken as the call returns
+        tensors = [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)]
+        earlier = [self.info["samples"][k]["id"] for k, kept in self.returned
+                   if any(_same_memory(t, other) for t in tensors for other in kept)]
+        if earlier:
+            record["same_output_memory_as"] = earlier
+        self.returned.append((j, tensors))
         self.check_environment(sample["id"])
         return True
+
+    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """ModelNew's parameters (a forward that writes into its own weights changes the next call)."""
+        if not isinstance(self.model, torch.nn.Module):
+            return []
+        return list(self.model.named_parameters())
+
+    def late_writes(self) -> None:
+        """Every returned output against the copy taken when its call returned: a change means work
+        still ran after the return (a thread, another stream) or a later call wrote into it (an output
+        buffer reused across calls). GPU MODE's harness fingerprints outputs at return for the same
+        reason (reference-kernels PR 104)."""
+        time.sleep(0.05)  # a thread started by the last call gets the time to land its write
+        if self.synchronize is not None:
+            self.synchronize(self.device)
+        for j, tensors in self.returned:
+            record = self.result["samples"][j]
+            keys = [leaf["key"] for leaf in record["output"]["leaves"] if "key" in leaf]
+            for key, tensor in zip(keys, tensors, strict=False):
+                if same_bits(tensor.detach().to("cpu"), self.outputs[key]):
+                    continue
+                later = [self.info["samples"][k]["id"] for k, kept in self.returned
+                         if k > j and any(_same_memory(tensor, other) for other in kept)]
+                record["changed_after_return"] = {"leaf": key, "overwritten_by": later}
+                break
+        self.check_environment("the late-write check")
+
+    def refill(self, first_ok: int) -> None:
+        """Batch-and-skip: call the candidate on one sample, then again on the *same* input tensors
+        refilled in place with another sample's values (same shapes): work keyed on the buffers
+        (their address, ``id()``) rather than on their values returns the first sample's result, or
+        launches nothing. The parent judges the second output against the other sample's expected one."""
+        samples = self.info["samples"]
+        sample = samples[first_ok]
+        ran = {k for k, _ in self.returned}
+        others = [k for k, other in enumerate(samples) if k != first_ok and k in ran and other["state"] == sample["state"]
+                  and _signature(other["args"], self.inputs) == _signature(sample["args"], self.inputs)]
+        if not others:
+            self.result["checks"]["refill"] = {"sample": sample["id"], "skipped": "no other sample has the same shapes"}
+            return
+        other = samples[others[0]]
+        self.progress("refill", sample["id"])
+        try:
+            if self.model is not None:
+                self.load_state(sample["state"])
+            passed, run = self.prepare(sample)
+            launches = [self.counter.count]
+            run()
+            self._sync()
+            launches.append(self.counter.count)
+            fresh = [decode_arg(a, self.inputs) for a in other["args"]]
+            with torch.no_grad():
+                for target, value in zip(pytree.tree_leaves(passed[:len(fresh)]), pytree.tree_leaves(fresh), strict=False):
+                    if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor):
+                        target.copy_(value)
+            again = flatten_output(run(), "refill", self.outputs)
+            self._sync()
+            launches.append(self.counter.count)
+            counted = self.counter.installed
+            self.result["checks"]["refill"] = {
+                "sample": sample["id"], "refilled_with": other["id"], "index": others[0], "output": again,
+                "launches": [launches[1] - launches[0], launches[2] - launches[1]] if counted else None}
+        except BaseException as error:
+            self.result["checks"]["refill"] = {"sample": sample["id"], "refilled_with": other["id"],
+                                               "error": error_text(error)}
+        self.check_environment("the refill check")
+
+    def repeat(self, first_ok: int, times: int) -> None:
+        """Warm-up gaming: the first sample that ran, ``times`` more times on fresh copies of its
+        inputs, each output against the first (and each call's Triton launches): a candidate honest
+        for the calls a harness checks and not for the ones it times differs here."""
+        sample = self.info["samples"][first_ok]
+        first = self.result["samples"][first_ok]["output"]
+        self.progress("repeat", sample["id"])
+        differing: list[int] = []
+        no_launch: list[int] = []
+        worst = 0.0
+        try:
+            for n in range(1, times + 1):
+                if self.model is not None:
+                    self.load_state(sample["state"])
+                _, run = self.prepare(sample)
+                launches = self.counter.count
+                scratch: dict[str, torch.Tensor] = {}
+                again = flatten_output(run(), "repeat", scratch)
+                self._sync()
+                if self.counter.installed and self.counter.count == launches:
+                    no_launch.append(n)
+                diffs = [_leaf_difference(a, b, self.outputs, scratch)
+                         for a, b in zip(first["leaves"], again["leaves"], strict=False)]
+                if len(first["leaves"]) != len(again["leaves"]):
+                    diffs.append(math.inf)
+                if any(d != 0.0 for d in diffs):
+                    differing.append(n)
+                    worst = max(worst, *diffs)
+            self.result["checks"]["repeat"] = {"sample": sample["id"], "calls": times, "differing_calls": differing,
+                                               "max_abs_diff": worst, "calls_without_launch": no_launch}
+        except BaseException as error:
+            self.result["checks"]["repeat"] = {"sample": sample["id"], "calls": times, "error": error_text(error)}
+        self.check_environment("the repeat check")
+
+    def _sync(self) -> None:
+        if self.synchronize is not None:
+            self.synchronize(self.device)
 
     def determinism(self, first_ok: int) -> None:
         """Run the first sample that ran again and record how far the two results differ."""
@@ -352,11 +520,21 @@ class _CandidateRun:
             if isinstance(self.model, torch.nn.Module):
                 self.model.train(sample["training"])
             _, run = self.prepare(sample)
+            launches = self.counter.count
             try:
                 with torch.no_grad():  # as the reference is timed (worker_reference.py)
                     record["timing"] = timer.time(run, self.spec["warmup"], self.spec["trials"])
+                    # the output of one more call on the timed inputs, against the checked one
+                    scratch: dict[str, torch.Tensor] = {}
+                    after = flatten_output(run(), "timed", scratch)
+                    self._sync()
+                record["timed_output_difference"] = max(
+                    (_leaf_difference(a, b, self.outputs, scratch)
+                     for a, b in zip(record["output"]["leaves"], after["leaves"], strict=False)), default=0.0)
             except BaseException as error:
                 record["timing_error"] = error_text(error)
+            if self.counter.installed:
+                record["timing_launches"] = self.counter.count - launches
         self.check_environment("timing")
 
 
@@ -371,6 +549,9 @@ def run_candidate(spec: dict[str, Any]) -> int:
     first_ok = run.run_samples()
     if first_ok is not None:
         run.determinism(first_ok)
+        run.refill(first_ok)
+        run.repeat(first_ok, int(spec.get("repeat", 10)))
+    run.late_writes()
     if run.timer is not None:
         run.time_samples(run.timer)
     run.progress("done")
@@ -389,6 +570,16 @@ def _mutated(passed: list[Any], originals: list[Any], names: list[str]) -> list[
     return changed
 
 
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(a.numel() and b.numel()) and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _signature(args: list[Any], inputs: dict[str, torch.Tensor]) -> list[Any]:
+    """A sample's arguments as shapes and dtypes (tensors) and values (the rest)."""
+    return [(tuple(leaf.shape), str(leaf.dtype)) if isinstance(leaf, torch.Tensor) else repr(leaf)
+            for leaf in pytree.tree_leaves([decode_arg(a, inputs) for a in args])]
+
+
 def _output_problems(output: Any, device: torch.device) -> list[str]:
     problems = []
     for leaf in pytree.tree_leaves(output):
@@ -405,16 +596,8 @@ def _output_problems(output: Any, device: torch.device) -> list[str]:
 def _leaf_difference(a: dict[str, Any], b: dict[str, Any], first: dict[str, torch.Tensor],
                      second: dict[str, torch.Tensor]) -> float:
     """Largest absolute difference between two flattened output leaves (0.0 when bit-identical)."""
-    if "key" not in a or "key" not in b:
-        return 0.0 if a.get("value") == b.get("value") else math.inf
-    x, y = first[a["key"]], second[b["key"]]
-    if same_bits(x, y):
-        return 0.0
-    if x.shape != y.shape or x.numel() == 0:
-        return math.inf
-    if x.dtype.is_complex or y.dtype.is_complex:
-        return float((x.to(torch.complex128) - y.to(torch.complex128)).abs().nan_to_num(nan=math.inf).max())
-    return float((x.to(torch.float64) - y.to(torch.float64)).abs().nan_to_num(nan=math.inf).max())
+    return max_difference(first[a["key"]] if "key" in a else a.get("value"),
+                          second[b["key"]] if "key" in b else b.get("value"))
 
 
 def main(argv: list[str]) -> int:

@@ -2,9 +2,10 @@
 
 Loads the capture, builds the samples (recorded calls plus seeded random inputs of the same shapes
 and dtypes, drawn by :func:`modulelens.restore.synthesize.random_like`), runs the restored
-reference module on them (timing it on CUDA), and writes the inputs, the weights and the reference
-outputs for :mod:`modulelens.kernels.verify`, which hands the inputs and weights (never the
-outputs) to the candidate process.
+reference module on them (timing it on CUDA) and a float64 copy of it (the oracle of the ULP
+verdicts, :mod:`modulelens.restore.oracle`), and writes the inputs, the weights, the reference
+outputs and the oracle's for :mod:`modulelens.kernels.verify`, which hands the inputs and weights
+(never an output) to the candidate process.
 """
 
 from __future__ import annotations
@@ -17,9 +18,19 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from modulelens.kernels.exchange import encode_arg, error_text, flatten_output, same_bits, save_tensors, to_device, write_json
+from modulelens.kernels.exchange import (
+    aliased_inputs,
+    encode_arg,
+    error_text,
+    flatten_output,
+    same_bits,
+    save_tensors,
+    to_device,
+    write_json,
+)
 from modulelens.kernels.problems import CallBinding, bind_calls, select_calls
 from modulelens.restore.loader import Capture, load
+from modulelens.restore.oracle import Float64Oracle
 from modulelens.restore.replay import call_context
 from modulelens.restore.synthesize import random_like
 from modulelens.tools.timing import CudaTimer
@@ -48,7 +59,9 @@ def run_reference(spec: dict[str, Any]) -> int:
     timer = CudaTimer(device) if spec.get("timing") and device.type == "cuda" else None
     inputs: dict[str, torch.Tensor] = {}
     expected: dict[str, torch.Tensor] = {}
+    oracles: dict[str, torch.Tensor] = {}
     samples: list[dict[str, Any]] = []
+    float64: dict[int, Float64Oracle] = {}  # per recorded state, made when a sample of it first needs one
     for j, (sample_id, kind, position, args, notes) in enumerate(_plan(capture, binding, positions, spec)):
         call = capture.calls[position]
         prefix = f"s{j}"
@@ -59,6 +72,8 @@ def run_reference(spec: dict[str, Any]) -> int:
                                  "randomized": notes, "reference": {}}
         samples.append(entry)
         _run_sample(capture, binding, entry, args, prefix, expected, device, timer, spec)
+        if spec.get("oracle", True) and "leaves" in entry["reference"]:
+            _run_oracle(capture, binding, entry, args, prefix, oracles, float64, device)
     weights: dict[str, torch.Tensor] = {}
     states = sorted({s["state"] for s in samples})
     for index in states:
@@ -67,6 +82,7 @@ def run_reference(spec: dict[str, Any]) -> int:
     save_tensors(out_dir / "inputs.safetensors", inputs)
     save_tensors(out_dir / "weights.safetensors", weights)
     save_tensors(out_dir / "expected.safetensors", expected)
+    save_tensors(out_dir / "oracle.safetensors", oracles)
     write_json(out_dir / "reference.json", {
         "ref": capture.ref, "device": str(device), "samples": samples, "states": states,
         "weight_names": binding.weight_names, "arg_names": binding.names, "kw_names": binding.kw_names,
@@ -104,20 +120,25 @@ def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], a
     module.train(call.training)
     kind = entry["kind"]
 
-    def run_once() -> Any:
+    def run_once() -> tuple[Any, list[Any]]:
+        """The output, and the arguments it was computed from."""
         positional = to_device(list(args), device)
         n = len(positional) - len(binding.kw_names)
         with call_context(call, device), torch.no_grad():
             out = module(*positional[:n], **dict(zip(binding.kw_names, positional[n:], strict=True)))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return out
+        return out, positional
 
     try:
-        entry["reference"] = flatten_output(run_once(), prefix, expected)
+        output, passed = run_once()
+        entry["reference"] = flatten_output(output, prefix, expected)
+        # an output sharing memory with an input is the module's own doing (a view): a candidate may too
+        entry["reference"]["aliases"] = aliased_inputs(output, list(zip(binding.names, passed, strict=False)))
+        del output, passed
         if kind == "random":
             scratch: dict[str, torch.Tensor] = {}
-            again = flatten_output(run_once(), prefix + "again", scratch)
+            again = flatten_output(run_once()[0], prefix + "again", scratch)
             deterministic = all(
                 same_bits(expected[a["key"]], scratch[b["key"]]) if "key" in a and "key" in b
                 else a.get("value") == b.get("value")
@@ -136,6 +157,23 @@ def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], a
         entry["reference"]["error"] = error_text(error)
         if kind == "random":
             entry["skip"] = "the reference module raised on this input"
+
+
+def _run_oracle(capture: Capture, binding: CallBinding, entry: dict[str, Any], args: list[Any], prefix: str,
+                oracles: dict[str, torch.Tensor], float64: dict[int, Float64Oracle], device: torch.device) -> None:
+    """The float64 oracle of one sample (``entry["reference"]["oracle"]``, its tensors into
+    ``oracles``), or why there is none (``oracle_reason``)."""
+    call = capture.calls[entry["position"]]
+    if call.state_index not in float64:
+        float64[call.state_index] = Float64Oracle(capture.use_state(call.state_index))
+    positional = to_device(list(args), device)
+    n = len(positional) - len(binding.kw_names)
+    run = float64[call.state_index].run(positional[:n], dict(zip(binding.kw_names, positional[n:], strict=True)),
+                                        context=lambda: call_context(call, device), training=call.training)
+    if run.outputs is None:
+        entry["reference"]["oracle_reason"] = run.reason
+    else:
+        entry["reference"]["oracle"] = flatten_output(run.outputs, prefix + "oracle", oracles)
 
 
 def shape_key(args: list[Any]) -> str:

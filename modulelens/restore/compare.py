@@ -1,18 +1,40 @@
-"""Leaf-by-leaf comparison of outputs: bit-exact, or within per-dtype tolerances."""
+"""Leaf-by-leaf comparison of outputs: bit-exact, within per-dtype tolerances, within so many ULPs,
+or against a float64 oracle (docs/tools.md, "Verdicts in ULPs").
+
+Every floating leaf reports its largest error in ULPs of its dtype (``max_ulps``), whichever rule
+judged it. The rule, per floating leaf, is the first that applies:
+
+1. ``exact``: identical bits;
+2. the **oracle rule** (:mod:`modulelens.restore.oracle`), when the caller ran the float64 oracle
+   and it has this leaf: the candidate's error against the oracle within ``k`` times the
+   reference's own;
+3. **ULPs**: at most ``n`` ULPs apart elementwise (values of the dtype between them; a run in a
+   narrower dtype: ``|actual - expected| <= n * ulp(expected)`` in that dtype), ``n`` per dtype;
+4. **fixed tolerances**: ``|actual - expected| <= atol + rtol * |expected|`` (per-dtype tables).
+
+Integer and bool leaves are compared exactly under every rule.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
+from modulelens.errors import UsageError
 from modulelens.format.shape_only import ShapeOnly, tensor_stats
+from modulelens.format.tensors import dtype_name
 from modulelens.format.tree import expand_dataclasses, flatten_with_paths
 from modulelens.format.values import Unrecorded
+from modulelens.restore.oracle import OracleRun, judge, oracle_factor
+from modulelens.restore.ulp import supported, ulp_distance, ulp_error
+
+# ULP tolerances: one number for every floating dtype, or a number per dtype name ("bfloat16": 2)
+UlpTolerance = float | Mapping[str, float]
 
 # (rtol, atol) per dtype, as torch.testing.assert_close uses them.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -92,6 +114,68 @@ def tolerance_for(dtype: torch.dtype, cross_device: bool = False) -> tuple[float
     return default_tolerance(dtype, "cross_device" if cross_device else "replay") or (0.0, 0.0)
 
 
+def check_ulps(ulps: UlpTolerance | None) -> UlpTolerance | None:
+    """``ulps`` validated: a number >= 0, or ``{dtype name: number >= 0}`` naming floating dtypes.
+
+    Raises:
+        UsageError: a negative count or a name that is not a floating dtype with ULPs.
+
+    Example::
+
+        check_ulps({"bfloat16": 2, "float32": 64})
+        check_ulps(-1)        # UsageError
+    """
+    if ulps is None:
+        return None
+    if isinstance(ulps, Mapping):
+        for name, count in ulps.items():
+            dtype = getattr(torch, str(name), None)
+            if not isinstance(dtype, torch.dtype) or not supported(dtype):
+                raise UsageError(f"ULP tolerance for {name!r}: not a floating dtype (float32, bfloat16, float16, ...)")
+            if not count >= 0:
+                raise UsageError(f"ULP tolerance for {name}: must be >= 0, got {count}")
+        return {str(name): float(count) for name, count in ulps.items()}
+    if not ulps >= 0:
+        raise UsageError(f"ULP tolerance must be >= 0, got {ulps}")
+    return float(ulps)
+
+
+def parse_ulps(text: str) -> UlpTolerance:
+    """A ULP tolerance from the command line: ``"4"`` (every dtype) or ``"bfloat16=2,float32=64"``.
+
+    Raises:
+        UsageError: text that is neither.
+
+    Example::
+
+        parse_ulps("bfloat16=2,float32=64")   # {"bfloat16": 2.0, "float32": 64.0}
+    """
+    try:
+        if "=" not in text:
+            return check_ulps(float(text)) or 0.0
+        pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+        return check_ulps({name.strip(): float(count) for name, count in pairs}) or {}
+    except ValueError:
+        raise UsageError(f"--ulps {text!r}: give a number, or dtype=number pairs (bfloat16=2,float32=64)") from None
+
+
+def describe_ulps(ulps: UlpTolerance) -> str:
+    """``"4 ULPs"``, or ``"bfloat16: 2, float32: 64 ULPs"``."""
+    if isinstance(ulps, Mapping):
+        return ", ".join(f"{name}: {count:g}" for name, count in ulps.items()) + " ULPs"
+    return f"{ulps:g} ULPs"
+
+
+def ulp_limit(ulps: UlpTolerance | None, dtype: torch.dtype) -> float | None:
+    """The ULP tolerance ``ulps`` sets for ``dtype`` (``None``: none for it)."""
+    if ulps is None or not supported(dtype):
+        return None
+    if isinstance(ulps, Mapping):
+        limit = ulps.get(dtype_name(dtype))
+        return None if limit is None else float(limit)
+    return float(ulps)
+
+
 @dataclass
 class LeafResult:
     """How one output leaf compared."""
@@ -109,11 +193,16 @@ class LeafResult:
     atol: float | None = None
     message: str = ""
     compared: bool = True  # False: the recorded leaf has no values (unrecorded, shape-only)
+    max_ulps: float | None = None  # the largest elementwise error in ULPs of the judged dtype (floating leaves)
+    ulps_dtype: str | None = None  # whose ULPs: the recorded dtype, or the narrower one a run was cast to
+    rule: str | None = None  # what judged a tensor leaf: "exact", "oracle", "ulps", "tolerance"
+    ulps: float | None = None  # the ULP tolerance (rule "ulps")
+    oracle: dict[str, Any] | None = None  # the oracle verdict (OracleVerdict.to_dict), or why there was none
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("max_abs_error", "max_rel_error"):
-            if not math.isfinite(data[key]):
+        for key in ("max_abs_error", "max_rel_error", "max_ulps"):
+            if isinstance(data[key], float) and not math.isfinite(data[key]):
                 data[key] = str(data[key])
         return data
 
@@ -128,13 +217,24 @@ def compare(
     cross_device: bool = False,
     synthetic: bool = False,
     root: str = "output",
+    ulps: UlpTolerance | None = None,
+    oracle: OracleRun | None = None,
+    oracle_factor: float | None = None,
 ) -> list[LeafResult]:
-    """Compare two output trees. ``exact`` demands identical bits; otherwise ``rtol``/``atol``
-    (default: per dtype) bound ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN.
-    When the replay ran in another dtype than the recording, the default ``atol`` grows to
+    """Compare two output trees. ``exact`` demands identical bits; otherwise a floating leaf is
+    judged by the float64 ``oracle`` when one is given and covers it (``k = oracle_factor``, default
+    per dtype), else by ``ulps`` when it sets a tolerance for the leaf's dtype, else by
+    ``rtol``/``atol`` (default: per dtype): ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching
+    NaN. When the replay ran in another dtype than the recording, the default ``atol`` grows to
     ``rtol * max|e|``: rounding errors of the lower precision scale with the values' magnitude.
     ``synthetic=True`` (the replay ran on synthetic inputs) checks shapes only: no leaf counts as
-    compared. ``root`` names the compared tree in leaf paths and messages."""
+    compared. ``root`` names the compared tree in leaf paths and messages.
+
+    Example::
+
+        leaves = compare(call.output, candidate_output, exact=False, ulps={"bfloat16": 2})
+        leaves[0].max_ulps, leaves[0].rule          # 1.0, "ulps"
+    """
     expected_leaves, expected_spec = flatten_with_paths(expand_dataclasses(expected))
     actual_leaves, actual_spec = flatten_with_paths(expand_dataclasses(actual))
     if expected_spec != actual_spec:
@@ -142,16 +242,49 @@ def compare(
             path=f"<{root}>", passed=False, kind="structure",
             message=f"{root} structure differs: expected {_describe(expected_spec)}, got {_describe(actual_spec)}",
         )]
+    rule = _Rule(exact, rtol, atol, cross_device, check_ulps(ulps), oracle_factor)
+    oracles, references = _oracle_leaves(oracle, expected_spec, len(expected_leaves))
     results = []
-    for (key, want), (_, got) in zip(expected_leaves, actual_leaves, strict=False):
+    for position, ((key, want), (_, got)) in enumerate(zip(expected_leaves, actual_leaves, strict=False)):
         path = root + key
         if synthetic:
             results.append(_compare_synthetic(path, want, got))
         elif isinstance(want, ShapeOnly):
             results.append(_compare_shape_only(path, want, got, rtol, atol, cross_device))
         else:
-            results.append(_compare_leaf(path, want, got, exact, rtol, atol, cross_device))
+            results.append(_compare_leaf(path, want, got, rule, (oracles[position], references[position])))
     return results
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """How :func:`compare` judges floating leaves (its keyword arguments, validated)."""
+
+    exact: bool
+    rtol: float | None
+    atol: float | None
+    cross_device: bool
+    ulps: UlpTolerance | None
+    oracle_factor: float | None
+
+
+def _oracle_leaves(oracle: OracleRun | None, spec: pytree.TreeSpec, count: int) -> tuple[list[Any], list[Any]]:
+    """Per expected leaf: its oracle (a tensor, or a string saying why there is none, or ``None``
+    when no oracle was asked for) and the reference's leaf the oracle rule measures (``None``: the
+    expected one)."""
+    if oracle is None:
+        return [None] * count, [None] * count
+    if oracle.outputs is None:
+        return [oracle.reason or "no float64 oracle"] * count, [None] * count
+    leaves, oracle_spec = flatten_with_paths(expand_dataclasses(oracle.outputs))
+    if oracle_spec != spec:
+        return ["the float64 run returned another output structure"] * count, [None] * count
+    references: list[Any] = [None] * count
+    if oracle.reference is not None:
+        reference_leaves, reference_spec = flatten_with_paths(expand_dataclasses(oracle.reference))
+        if reference_spec == spec:
+            references = [leaf for _, leaf in reference_leaves]
+    return [leaf for _, leaf in leaves], references
 
 
 def _describe(spec: pytree.TreeSpec) -> str:
@@ -159,9 +292,7 @@ def _describe(spec: pytree.TreeSpec) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
-def _compare_leaf(
-    path: str, want: Any, got: Any, exact: bool, rtol: float | None, atol: float | None, cross_device: bool
-) -> LeafResult:
+def _compare_leaf(path: str, want: Any, got: Any, rule: _Rule, oracle: tuple[Any, Any]) -> LeafResult:
     if isinstance(want, Unrecorded):
         return LeafResult(path, True, "unrecorded", message=f"not recorded ({want.type_name}); NOT compared",
                           compared=False)
@@ -180,49 +311,111 @@ def _compare_leaf(
         return result
     got = got.detach().to("cpu")
     want = want.detach().to("cpu")
-    if exact and want.dtype != got.dtype:
-        exact = False
+    exact = rule.exact and want.dtype == got.dtype
+    result.rule = "exact" if exact else "tolerance"
     if want.numel() == 0:
         return result
     if want.dtype.is_floating_point or want.dtype.is_complex:
-        w = want.to(torch.complex128 if want.dtype.is_complex else torch.float64)
-        g = got.to(w.dtype)
-        diff = (g - w).abs()
-        both_nan = torch.isnan(w) & torch.isnan(g)
-        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-        if diff.dtype.is_complex:
-            diff = diff.real
-        rel = diff / w.abs().clamp_min(torch.finfo(torch.float64).tiny)
-        if rel.dtype.is_complex:
-            rel = rel.real
-        result.max_abs_error = float(diff.max())
-        result.max_rel_error = float(torch.where(diff == 0, torch.zeros_like(rel), rel).max())
-        if exact:
-            equal = _bitwise_equal(want, got) | both_nan
-            result.mismatched = int((~equal).sum())
-        else:
-            # a run in lower precision than recorded is judged by the lower precision's tolerance
-            judged = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
-            default_rtol, default_atol = tolerance_for(judged, cross_device)
-            if got.dtype != want.dtype:  # another precision: its rounding errors scale with the magnitude
-                default_atol = max(default_atol, default_rtol * float(w.abs().max()))
-            result.rtol = default_rtol if rtol is None else rtol
-            result.atol = default_atol if atol is None else atol
-            bad = diff > (result.atol + result.rtol * w.abs())
-            bad = bad | (torch.isnan(w) ^ torch.isnan(g))
-            result.mismatched = int(bad.sum())
+        _compare_floating(result, want, got, exact, rule, oracle)
     else:
         equal = want == got.to(want.dtype)
+        result.rule = "exact"
         result.mismatched = int((~equal).sum())
         if result.mismatched:
             diff = (want.to(torch.float64) - got.to(torch.float64)).abs()
             result.max_abs_error = float(diff.max())
-    if result.mismatched:
+    if result.mismatched or (result.rule == "oracle" and not result.passed):
         result.passed = False
-        mode = "bit-exact" if exact else f"rtol={result.rtol:g}, atol={result.atol:g}"
-        result.message = (f"{result.mismatched}/{result.numel} elements differ ({mode}); "
-                          f"max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}")
+        result.message = _mismatch_message(result)
     return result
+
+
+def _compare_floating(result: LeafResult, want: torch.Tensor, got: torch.Tensor, exact: bool, rule: _Rule,
+                      oracle: tuple[Any, Any]) -> None:
+    """Errors of a floating leaf (absolute, relative, in ULPs) and its verdict by the first rule that applies."""
+    w = want.to(torch.complex128 if want.dtype.is_complex else torch.float64)
+    g = got.to(w.dtype)
+    diff = (g - w).abs()
+    both_nan = torch.isnan(w) & torch.isnan(g)
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    if diff.dtype.is_complex:
+        diff = diff.real
+    rel = diff / w.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    if rel.dtype.is_complex:
+        rel = rel.real
+    result.max_abs_error = float(diff.max())
+    result.max_rel_error = float(torch.where(diff == 0, torch.zeros_like(rel), rel).max())
+    # a run in lower precision than recorded is judged by (and in ULPs of) the lower precision
+    judged = got.dtype if got.dtype != want.dtype and _lower(got.dtype, want.dtype) else want.dtype
+    nan_mismatch = torch.isnan(w) ^ torch.isnan(g)
+    differ = (diff != 0) | nan_mismatch
+    result.max_ulps = float(_ulps(got[differ], want[differ], judged).max()) if bool(differ.any()) else 0.0
+    result.ulps_dtype = dtype_name(judged)
+    if exact:
+        equal = _bitwise_equal(want, got) | both_nan
+        result.mismatched = int((~equal).sum())
+        return
+    oracle_value, reference = oracle
+    if isinstance(oracle_value, torch.Tensor):
+        reason = _usable_oracle(oracle_value, want)
+        if reason is None and oracle_factor(judged, rule.oracle_factor) is not None:
+            verdict = judge(got, want if reference is None else reference, oracle_value, dtype=judged,
+                            factor=rule.oracle_factor)
+            result.rule, result.oracle = "oracle", {**verdict.to_dict(), "summary": verdict.describe()}
+            result.passed, result.mismatched = verdict.passed, verdict.beyond
+            return
+        oracle_value = reason or f"the oracle rule does not judge {dtype_name(judged)} outputs"
+    if isinstance(oracle_value, str):
+        result.oracle = {"available": False, "reason": oracle_value}
+    limit = ulp_limit(rule.ulps, judged)
+    if limit is not None:
+        result.rule, result.ulps = "ulps", limit
+        errors = _ulps(got, want, judged) if bool(differ.any()) else torch.zeros(1, dtype=torch.float64)
+        result.mismatched = int((errors > limit).sum())
+        return
+    default_rtol, default_atol = tolerance_for(judged, rule.cross_device)
+    if got.dtype != want.dtype:  # another precision: its rounding errors scale with the magnitude
+        default_atol = max(default_atol, default_rtol * float(w.abs().max()))
+    result.rtol = default_rtol if rule.rtol is None else rule.rtol
+    result.atol = default_atol if rule.atol is None else rule.atol
+    bad = diff > (result.atol + result.rtol * w.abs())
+    result.mismatched = int((bad | nan_mismatch).sum())
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor, judged: torch.dtype) -> torch.Tensor:
+    """Elementwise errors in ULPs: in one dtype, how many values lie between (``ulp_distance``: two
+    steps up are 2 ULPs, across a power of two too); a run in another dtype than the recording, its
+    error in ULPs of the narrower dtype at the recorded value (``ulp_error``)."""
+    if got.dtype == want.dtype:
+        return ulp_distance(got, want)
+    return ulp_error(got, want, judged)
+
+
+def _usable_oracle(value: torch.Tensor, like: torch.Tensor) -> str | None:
+    """Why ``value`` cannot be the oracle of the recorded leaf ``like`` (``None``: it can)."""
+    if value.shape != like.shape:
+        return f"the float64 run returned shape {list(value.shape)}, not {list(like.shape)}"
+    if value.dtype not in (torch.float64, torch.complex128):
+        return f"the module returns {dtype_name(value.dtype)} when run in float64 (it casts, or runs its own kernel)"
+    return None
+
+
+def _mismatch_message(result: LeafResult) -> str:
+    dtype = result.ulps_dtype or result.dtype or ""
+    ulps = "" if result.max_ulps is None else f", max {result.max_ulps:.3g} ULPs of {dtype}"
+    if result.rule == "oracle" and result.oracle is not None:
+        verdict = result.oracle
+        return (f"not within the oracle rule: {verdict.get('summary', '')} (max abs error {result.max_abs_error:.3g} "
+                f"against the reference{ulps})")
+    if result.rule == "ulps":
+        return (f"{result.mismatched}/{result.numel} elements differ by more than {result.ulps:g} ULPs of {dtype}"
+                f"{ulps.replace(f' of {dtype}', '')}, max abs error {result.max_abs_error:.3g}")
+    mode = "bit-exact" if result.rule == "exact" else f"rtol={result.rtol:g}, atol={result.atol:g}"
+    text = (f"{result.mismatched}/{result.numel} elements differ ({mode}); "
+            f"max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}{ulps}")
+    if result.oracle is not None and not result.oracle.get("available", True):
+        text += f" (no float64 oracle: {result.oracle['reason']})"
+    return text
 
 
 def _compare_synthetic(path: str, want: Any, got: Any) -> LeafResult:

@@ -12,7 +12,7 @@ import json
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -734,6 +734,7 @@ class Capture:
         weights: str = "recorded",
         backward: bool = False,
         locate_divergence: bool = True,
+        ulps: float | Mapping[str, float] | None = None,
     ) -> ReplayReport:
         """Run the module on every recorded call and compare with the recorded outputs; see
         :func:`modulelens.restore.replay.replay` for the arguments.
@@ -746,7 +747,7 @@ class Capture:
         from modulelens.restore.replay import replay
 
         return replay(self, calls=calls, exact=exact, rtol=rtol, atol=atol, module=module, weights=weights,
-                      backward=backward, locate_divergence=locate_divergence)
+                      backward=backward, locate_divergence=locate_divergence, ulps=ulps)
 
 
 # call.args copies a payload up to this size from one mapping opened once; a larger one gets a new

@@ -14,7 +14,7 @@ from modulelens.errors import CorruptCaptureError, UsageError
 from modulelens.format.spec import cpu_capability
 from modulelens.format.tree import flatten_with_paths, mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
-from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare, describe_ulps
 from modulelens.restore.context import call_context  # noqa: F401 - tools and kernels import it from here
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.inputs import describe_input_path
@@ -68,7 +68,7 @@ class CallReplay:
 @dataclass
 class ReplayReport:
     ref: str
-    mode: str  # "bit-exact" or "tolerance"
+    mode: str  # "bit-exact", "tolerance" or "within N ULPs"
     device: str
     dtype: str | None
     weights: str = "recorded"  # "recorded" (each call's recorded state) or "current" (the module as it is)
@@ -162,6 +162,7 @@ def replay(
     weights: str = "recorded",
     backward: bool = False,
     locate_divergence: bool = True,
+    ulps: UlpTolerance | None = None,
 ) -> ReplayReport:
     """Run the module on every recorded call (or ``calls``) and compare with the recorded outputs.
 
@@ -178,6 +179,9 @@ def replay(
         locate_divergence: when a call fails and the capture holds its op trace
             (``Recording(op_trace=True)``), run it again under a trace and name the first op that
             differs from the recorded job's (``CallReplay.divergence``; the first failing call only).
+        ulps: compare floating outputs within this many ULPs of the recorded ones instead of
+            ``rtol``/``atol`` (one number, or ``{"bfloat16": 2, "float32": 64}``). Every floating
+            leaf reports its largest error in ULPs (``LeafResult.max_ulps``) whatever the rule.
 
     Returns:
         A :class:`ReplayReport`; ``report.status`` is ``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"``.
@@ -196,10 +200,12 @@ def replay(
     # Recorded from sharded (DTensor) computation: its reductions ran in another order across ranks.
     sharded = bool(capture.metadata.get("distributed", {}).get("sharded"))
     other_kernels = None if cross_device else _other_kernels(capture, device)
+    ulps = check_ulps(ulps)
     if exact is None:
         exact = (not cross_device and not sharded and other_kernels is None and capture.dtype is None
-                 and rtol is None and atol is None)
-    report = ReplayReport(ref=capture.ref, mode="bit-exact" if exact else "tolerance", device=str(device),
+                 and rtol is None and atol is None and ulps is None)
+    mode = "bit-exact" if exact else ("tolerance" if ulps is None else f"within {describe_ulps(ulps)}")
+    report = ReplayReport(ref=capture.ref, mode=mode, device=str(device),
                           dtype=str(capture.dtype).removeprefix("torch.") if capture.dtype else None, weights=weights)
     target = module if module is not None else capture.module
     report.notes.extend(capture.notes)
@@ -207,7 +213,7 @@ def replay(
         report.notes.append(f"{other_kernels}: compared within tolerance (exact=True asks for bit-exact)")
     if sharded:
         report.notes.append("recorded from sharded (DTensor) computation: compared within tolerance")
-    how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded)
+    how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded, ulps=ulps)
     held = capture.held_state if module is None else None  # the recorded weights the module holds, if any
     located = not locate_divergence
     with capture.module_kept(target):  # each call's state loaded in turn, then the module as it was
@@ -253,10 +259,11 @@ class _Comparison:
     rtol: float | None
     atol: float | None
     cross_device: bool
+    ulps: UlpTolerance | None = None
 
     def leaves(self, expected: Any, actual: Any, synthetic: bool) -> list[LeafResult]:
         return compare(expected, actual, exact=self.exact, rtol=self.rtol, atol=self.atol,
-                       cross_device=self.cross_device, synthetic=synthetic)
+                       cross_device=self.cross_device, synthetic=synthetic, ulps=self.ulps)
 
 
 def _replay_call(capture: Capture, position: int, target: torch.nn.Module, device: torch.device, how: _Comparison,
@@ -292,7 +299,7 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     synthetic = call.shape_only_in("inputs")
     result.leaves = how.leaves(call.output, output, synthetic)
     result.leaves += _compare_mutated(call, (args, kwargs), exact=how.exact, rtol=how.rtol, atol=how.atol,
-                                      cross_device=how.cross_device, synthetic=synthetic)
+                                      cross_device=how.cross_device, synthetic=synthetic, ulps=how.ulps)
     if grads_wanted:
         grad_leaves = how.leaves(expected_grads, actual_grads, synthetic or call.shape_only_in("backward.output_grads"))
         result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]

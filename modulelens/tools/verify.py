@@ -23,8 +23,9 @@ from modulelens.errors import ToolError
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.tree import expand_dataclasses, flatten_with_paths
 from modulelens.format.values import Unrecorded
-from modulelens.restore.compare import LeafResult, compare
+from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
+from modulelens.restore.oracle import Float64Oracle, OracleRun, low_precision
 from modulelens.restore.replay import call_context, recorded_device_type
 from modulelens.tools.candidates import Candidate, build_candidate, describe_candidate
 from modulelens.tools.recorded import refuse_ensemble
@@ -81,6 +82,12 @@ class CallVerification:
         return "unverified" if self.unverified else "pass"
 
     @property
+    def max_ulps(self) -> float | None:
+        """The largest error in ULPs over the floating output leaves (``None``: none)."""
+        values = [leaf.max_ulps for leaf in self.leaves if leaf.max_ulps is not None]
+        return max(values) if values else None
+
+    @property
     def failures(self) -> list[str]:
         """One readable line per problem: which output leaf, how far off; which input was modified."""
         lines = []
@@ -98,7 +105,7 @@ class CallVerification:
             "call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
             "error": self.error, "unverified": self.unverified,
             "max_abs_error": self.max_abs_error, "mean_abs_error": self.mean_abs_error,
-            "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error,
+            "max_rel_error": self.max_rel_error, "mean_rel_error": self.mean_rel_error, "max_ulps": self.max_ulps,
             "reference_ms": self.reference_ms, "candidate_ms": self.candidate_ms, "speedup": self.speedup,
             "timing": self.timing, "mutated_inputs": [leaf.to_dict() for leaf in self.mutated_inputs],
             "leaves": [leaf.to_dict() for leaf in self.leaves],
@@ -174,6 +181,8 @@ class VerifyReport:
         tol = f"rtol={self.rtol}, atol={self.atol}"
         if self.rtol is None and self.atol is None:
             tol = "per-dtype tolerances"
+        if any(leaf.rule == "oracle" for c in self.calls for leaf in c.leaves):
+            tol = "the float64 oracle rule"
         lines = [f"verify {self.candidate} against {self.ref} on {self.device} ({tol}): {self.status}"]
         if self.error:
             lines.append(f"  {self.error}")
@@ -183,8 +192,9 @@ class VerifyReport:
             if c.speedup and c.timing:
                 timing += f" ({c.timing['speedup_low']:.2f}-{c.timing['speedup_high']:.2f})"
             status = {"pass": "pass", "fail": "FAIL", "unverified": "UNVERIFIED"}[c.status]
+            ulps = "" if c.max_ulps is None else f"  max {c.max_ulps:.3g} ULPs"
             lines.append(f"  call {c.index}: {status}  max abs err {c.max_abs_error:.3g}"
-                         f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{timing}")
+                         f"  mean abs err {c.mean_abs_error:.3g}  max rel err {c.max_rel_error:.3g}{ulps}{timing}")
             lines.extend(f"    {line.split(': ', 1)[1]}" for line in c.failures)
         if self.speedup:
             lines.append(f"  speedup {self.speedup:.2f}x (reference median / candidate median, timed interleaved)"
@@ -302,6 +312,9 @@ def verify(
     store: bool = True,
     mode: str = "recorded",
     locate_divergence: bool = True,
+    ulps: UlpTolerance | None = None,
+    oracle: bool | None = None,
+    oracle_factor: float | None = None,
 ) -> VerifyReport:
     """Run ``candidate`` on every recorded call of ``capture`` and compare with the recorded outputs.
 
@@ -321,6 +334,14 @@ def verify(
         locate_divergence: on the first call whose outputs fail, run the rebuilt reference and the
             candidate again under an op trace and name the first op where the candidate diverges
             (``CallVerification.divergence``; docs/tools.md, "First divergence").
+        ulps: judge floating outputs within this many ULPs of the recorded ones instead of
+            ``rtol``/``atol``: one number, or ``{"bfloat16": 2, "float32": 64}`` per dtype.
+        oracle: judge floating outputs by their error against a float64 run of the reference,
+            within ``oracle_factor`` times the recording's own (docs/tools.md, "Verdicts in ULPs");
+            outputs it cannot cover fall back to ``ulps``, then to ``rtol``/``atol``. Default: on
+            when the outputs (or the run, ``load(..., dtype=)``) are float16, bfloat16 or float8
+            and no ``rtol``/``atol``/``ulps`` is given.
+        oracle_factor: ``k`` of the oracle rule (default: 4 for float32, 3 for 16- and 8-bit floats).
         mode: ``"recorded"`` runs each call in its recorded mode; ``"eval"``/``"train"`` runs every
             call in that mode instead, and a call recorded in the other mode is then compared with
             the original module run in that mode on the same inputs.
@@ -347,6 +368,11 @@ def verify(
     if mode not in ("recorded", "eval", "train"):
         raise ToolError(f"mode must be recorded, eval or train, not {mode!r}")
     refuse_ensemble(capture, "verify")
+    if oracle_factor is not None and not oracle_factor > 0:
+        raise ToolError(f"oracle_factor must be > 0, got {oracle_factor}")
+    if oracle is None:
+        oracle = rtol is None and atol is None and ulps is None and low_precision(_output_dtypes(capture, calls))
+    judging = _Judging(check_ulps(ulps), oracle, oracle_factor)
     device = run_device(capture)
     dtype = capture.dtype
     cross_device = recorded_device_type(capture) != device.type
@@ -388,7 +414,8 @@ def verify(
                                 f"and ran in {mode} mode: compared with the original module run in {mode} mode")
         note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
                          references if timing is not None else None, timing, training=training,
-                         expected_from=references if training != call.training else None)
+                         expected_from=references if training != call.training else None,
+                         judging=judging.with_oracle(references, call, device, dtype, training))
         if note:
             report.notes.append(note)
         if locate_divergence and result.error is None and any(not leaf.passed for leaf in result.leaves):
@@ -423,7 +450,7 @@ def _run_call(
     module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
     references: _References | None, timing: TimingConfig | None, *, training: bool,
-    expected_from: _References | None = None,
+    expected_from: _References | None = None, judging: _Judging | None = None,
 ) -> str | None:
     """Run, compare and time one call in ``training`` mode; returns a note if timing failed.
 
@@ -446,7 +473,9 @@ def _run_call(
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
-    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device)
+    judging = judging or _Judging()
+    result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device,
+                            ulps=judging.ulps, oracle=judging.run, oracle_factor=judging.factor)
     result.mutated_inputs = _mutations(before, (args, kwargs))
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
@@ -508,6 +537,39 @@ def _nothing_to_compare(want: Any) -> str | None:
 
 
 @dataclass
+class _Judging:
+    """How :func:`verify` judges floating outputs beyond ``rtol``/``atol``: ULP tolerances, the float64
+    oracle (made per recorded state from the reference module, as the reference runs), its factor."""
+
+    ulps: UlpTolerance | None = None
+    oracle: bool = False
+    factor: float | None = None
+    run: OracleRun | None = None  # the current call's oracle
+    copies: dict[int, Float64Oracle] = field(default_factory=dict)
+
+    def with_oracle(self, references: _References, call: Any, device: torch.device, dtype: torch.dtype | None,
+                    training: bool) -> _Judging:
+        """This judging with ``call``'s float64 oracle (the reference in float64 on the call's inputs,
+        under its recorded RNG state). When the run is cast to another dtype than the recording, the
+        oracle rule measures the reference's own error in that dtype: the reference runs too."""
+        if not self.oracle:
+            return self
+        reference = references.get(call.state_index, training)
+        # one float64 copy at a time; afresh for a training-mode call, whose run changes its buffers
+        if call.state_index not in self.copies or (training and has_buffers(reference)):
+            self.copies = {call.state_index: Float64Oracle(reference)}
+        args, kwargs = call.fresh_inputs(device, dtype)
+        run = self.copies[call.state_index].run(args, kwargs, context=lambda: call_context(call, device),
+                                                training=training)
+        if dtype is not None and run.outputs is not None:
+            reference.train(training)
+            args, kwargs = call.fresh_inputs(device, dtype)
+            with call_context(call, device), torch.no_grad():
+                run.reference = reference(*args, **kwargs)
+        return _Judging(self.ulps, self.oracle, self.factor, run, self.copies)
+
+
+@dataclass
 class _Traced:
     """The candidate as verify built it, for running one call again under an op trace."""
 
@@ -554,6 +616,14 @@ def _divergence(candidate: _Traced, references: _References, call: Any, device: 
         if stopped is not None:
             divergence.notes.append(f"the {side}'s trace stopped early: {stopped}")
     return divergence
+
+
+def _output_dtypes(capture: Capture, calls: Sequence[int] | None) -> set[torch.dtype]:
+    """The dtypes the checked calls' floating outputs have here (the run's, when ``load`` cast them)."""
+    positions = range(len(capture.calls)) if calls is None else calls
+    dtypes = {leaf.dtype for position in positions for leaf in pytree.tree_leaves(capture.calls[position].output)
+              if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()}
+    return {capture.dtype} | dtypes if capture.dtype is not None else dtypes
 
 
 def _shapes(call: Any) -> str:

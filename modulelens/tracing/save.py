@@ -300,7 +300,10 @@ def _warn_by_attributes(capture_name: str, meta: CaptureMetadata) -> None:
     """Modules recorded by their attributes because an argument of theirs cannot be stored are named:
     a load builds them without running their constructor (docs/fidelity.md, "Rebuilt from recorded
     attributes"); a strict capture raises instead."""
-    found = [entry for entry in meta["constructions"].values() if "state" in entry]
+    # torch's containers (ModuleList, Sequential, ModuleDict...) hold nothing but their children: rebuilt
+    # from the recorded tree they are what the constructor made (``nn.ModuleList(gen)`` is common)
+    found = [entry for entry in meta["constructions"].values()
+             if "state" in entry and not str(entry.get("class", "")).startswith("torch.nn.modules.container:")]
     if found:
         shown = "; ".join(f"{entry['class']} ({entry.get('why', '')})" for entry in found[:3])
         more = f" and {len(found) - 3} more" if len(found) > 3 else ""

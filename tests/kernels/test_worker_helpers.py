@@ -1,7 +1,7 @@
 """The kernel workers' by-path helpers import nothing from modulelens (issue 24).
 
 ``kernels/worker_candidate.py`` and ``kernels/worker_problem.py`` run as plain scripts and load their
-torch-only helpers by file path (``exchange.py``, ``op_watch.py``, ``tools/timing.py``, and for the op
+torch-only helpers by file path (``exchange.py``, ``format/op_watch.py``, ``tools/timing.py``, and for the op
 trace of a failing sample ``format/op_trace.py`` and ``format/shape_only.py``): importing the
 modulelens package there would hand a kernel candidate the reference and the recorded data. No
 import check sees a by-path load, so this test is that dependency's check: each helper, loaded the
@@ -21,7 +21,7 @@ import modulelens
 
 PACKAGE = Path(modulelens.__file__).resolve().parent
 WORKERS = [PACKAGE / "kernels" / "worker_candidate.py", PACKAGE / "kernels" / "worker_problem.py"]
-HELPERS = {PACKAGE / "kernels" / "exchange.py", PACKAGE / "kernels" / "op_watch.py", PACKAGE / "tools" / "timing.py",
+HELPERS = {PACKAGE / "kernels" / "exchange.py", PACKAGE / "format" / "op_watch.py", PACKAGE / "tools" / "timing.py",
            PACKAGE / "format" / "shape_only.py", PACKAGE / "format" / "op_trace.py"}
 
 PROBE = r"""

@@ -23,7 +23,7 @@ def _save(repo: modulelens.Repo, name: str = "lin", tags: tuple[str, ...] = ("ni
     module = nn.Linear(3, 2)
     with modulelens.capture(module, targets="Linear", repo=repo, name=name, tags=list(tags)) as cap:
         module(torch.randn(2, 3))
-    return cap.saved[0].ref
+    return cap.wait()[0].ref  # a remote repo's captures are uploaded in the background: wait until they are there
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -28,6 +28,9 @@ from modulelens.repo.wandb_registry import (
     push_to_wandb,
 )
 
+# wandb's artifact code may start multiprocessing's resource tracker (a process) in the first test that uses it
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture
 def source(tmp_path: Path) -> modulelens.Repo:

@@ -116,3 +116,31 @@ class AlwaysDropMLP(DropMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(F.gelu(self.fc(x)), self.drop.p, training=True)
+
+
+class SwiGLU(nn.Module):
+    """silu(x @ W1.T) * (x @ W3.T): the gated MLP of LLaMA-style blocks (before the down projection)."""
+
+    def __init__(self, features: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(features, hidden, bias=False)
+        self.w3 = nn.Linear(features, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.w1(x)) * self.w3(x)
+
+
+def capture_bfloat16(repo: str, name: str = "kb16") -> None:
+    """Capture SwiGLU(64, 128) run in bfloat16 over two calls of 8 x 64 inputs into ``repo``
+    (``kb16``): the reference rounds to bfloat16 after every op."""
+    import modulelens
+
+    torch.manual_seed(0)
+    with modulelens.track_init():
+        model = SwiGLU(64, 128)
+    model = model.to(torch.bfloat16).eval()
+    generator = torch.Generator().manual_seed(1)
+    with modulelens.capture(model, targets=["SwiGLU"], repo=repo, name=name,
+                            record=modulelens.Recording(max_calls=2)), torch.no_grad():
+        for _ in range(2):
+            model((torch.randn(8, 64, generator=generator) * 4).to(torch.bfloat16))

@@ -3,6 +3,7 @@ diff, pytest plugin). Captures record classes by import path, so they live in a 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,51 @@ def capture_training(repo: Path, name: str, steps: int = 3) -> str:
             optimizer.step()
             optimizer.zero_grad()
     return cap.saved[0].ref
+
+
+# ------------------------------------------------------------------------------------- low precision
+
+
+class Block(torch.nn.Module):
+    """LayerNorm, a GELU MLP and the residual; captured in bfloat16 or float16, it rounds after every op."""
+
+    def __init__(self, features: int = 64, hidden: int = 256) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(features)
+        self.up = torch.nn.Linear(features, hidden)
+        self.down = torch.nn.Linear(hidden, features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def capture_low_precision(repo: Path, dtype: torch.dtype, name: str) -> str:
+    """Capture a Block run in ``dtype`` over two calls of 8 x 64 inputs; return the ref."""
+    torch.manual_seed(0)
+    return capture(lambda: Block().to(dtype), [((torch.randn(8, 64) * 4).to(dtype),) for _ in range(2)], repo, name)
+
+
+class FusedBlock(torch.nn.Module):
+    """A correct rewrite of a low-precision Block: float32 inside, rounded to the input's dtype once."""
+
+    def __init__(self, original: Block) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = original.norm, original.up, original.down
+
+    @classmethod
+    def from_original(cls, original: Block) -> FusedBlock:
+        return cls(copy.deepcopy(original))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.float()
+        h = F.layer_norm(wide, self.norm.normalized_shape, self.norm.weight.float(), self.norm.bias.float(), self.norm.eps)
+        h = F.gelu(F.linear(h, self.up.weight.float(), self.up.bias.float()))
+        return (wide + F.linear(h, self.down.weight.float(), self.down.bias.float())).to(x.dtype)
+
+
+class OneUlpUpBlock(FusedBlock):
+    """A wrong rewrite: the original's own result, moved one ULP up everywhere."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x + self.down(F.gelu(self.up(self.norm(x))))
+        return torch.nextafter(out, torch.full_like(out, float("inf")))

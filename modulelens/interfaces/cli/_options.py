@@ -19,6 +19,12 @@ DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="Cast floating weights and inputs (float32, bfloat16, ...).")]
 RtolOpt = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance (default: by dtype).")]
 AtolOpt = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default: by dtype).")]
+UlpsOpt = Annotated[str | None, typer.Option(
+    "--ulps", help="Floating outputs within N ULPs of the expected ones, elementwise: one number, or "
+                   "bfloat16=2,float32=64 per dtype (instead of --rtol/--atol).")]
+OracleFactorOpt = Annotated[float | None, typer.Option(
+    "--oracle-factor", help="k of the oracle rule: the candidate's error against a float64 run within k times the "
+                            "reference's own (default: 4 for float32, 3 for 16- and 8-bit floats).")]
 StoreOpt = Annotated[bool, typer.Option("--store/--no-store", help="Keep the report with the capture's version.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 TrustOpt = Annotated[bool | None, typer.Option(

@@ -15,7 +15,17 @@ from modulelens.errors import CorruptCaptureError, NothingCapturedError, RemoteR
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, TrustOpt, YesOpt
+from modulelens.interfaces.cli._options import (
+    AtolOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    RepoOpt,
+    RtolOpt,
+    TrustOpt,
+    UlpsOpt,
+    YesOpt,
+)
 from modulelens.interfaces.listing import parse_duration
 from modulelens.interfaces.output import console, echo, emit, emit_json, err_console, rich_table, safe_tree, steps, text_table
 
@@ -206,6 +216,7 @@ def replay_cmd(
     dtype: DtypeOpt = None,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    ulps: UlpsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
@@ -213,7 +224,9 @@ def replay_cmd(
         step(f"loading {ref}: importing torch and the module's code, rebuilding it")
         capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
         step(f"replaying the {len(capture.calls)} recorded call(s) of {capture.ref}")
-        report = capture.replay(rtol=rtol, atol=atol)
+        from modulelens.restore.compare import parse_ulps
+
+        report = capture.replay(rtol=rtol, atol=atol, ulps=None if ulps is None else parse_ulps(ulps))
     styles = {"PASS": "green", "pass": "green", "FAIL": "red", "fail": "red", "UNVERIFIED": "yellow", "unverified": "yellow"}
 
     def render(r: dict[str, Any]) -> None:
@@ -222,12 +235,13 @@ def replay_cmd(
         style = styles[r["status"]]
         console.print(f"[{style}]{r['status']}[/{style}] replay of {escape(r['ref'])} on {r['device']} ({r['mode']})")
         table = rich_table()
-        for col in ("call", "result", "max abs err", "max rel err", "time", "detail"):
+        for col in ("call", "result", "max abs err", "max rel err", "max ULPs", "time", "detail"):
             table.add_column(col)
         for c in r["calls"]:
             leaves = [*c["leaves"], *c["grad_leaves"]]
             abs_err = max((float(leaf["max_abs_error"]) for leaf in leaves), default=0.0)  # "nan" in a dict
             rel_err = max((float(leaf["max_rel_error"]) for leaf in leaves), default=0.0)
+            ulps_err = max((float(leaf["max_ulps"]) for leaf in leaves if leaf.get("max_ulps") is not None), default=None)
             worst = next((leaf for leaf in leaves if not leaf["passed"]), None)
             not_compared = [leaf for leaf in leaves if not leaf["compared"]]
             if c["error"]:
@@ -240,7 +254,8 @@ def replay_cmd(
             else:
                 detail = f"{len(leaves)} leaves match"
             table.add_row(str(c["index"]), f"[{styles[c['status']]}]{c['status']}[/{styles[c['status']]}]",
-                          f"{abs_err:.3g}", f"{rel_err:.3g}", f"{c['seconds'] * 1e3:.2f} ms", escape(detail))
+                          f"{abs_err:.3g}", f"{rel_err:.3g}", "-" if ulps_err is None else f"{ulps_err:.3g}",
+                          f"{c['seconds'] * 1e3:.2f} ms", escape(detail))
         console.print(table)
         for c in r["calls"]:
             if c.get("divergence"):  # docs/tools.md, "First divergence"

@@ -20,7 +20,7 @@ from modulelens.errors import UsageError
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import JsonOpt, RepoOpt, TrustOpt
+from modulelens.interfaces.cli._options import JsonOpt, OracleFactorOpt, RepoOpt, TrustOpt, UlpsOpt
 from modulelens.interfaces.output import console, emit, err_console, rich_table
 
 app = typer.Typer()
@@ -131,6 +131,11 @@ def kernel_verify_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    ulps: UlpsOpt = None,
+    oracle: Annotated[bool, typer.Option(
+        "--oracle/--no-oracle", help="Judge float outputs by their error against a float64 run of the reference "
+                                     "(docs/kernels.md, \"Verdicts in ULPs\"); --no-oracle: fixed tolerances.")] = True,
+    oracle_factor: OracleFactorOpt = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up calls before timing (CUDA).")] = 10,
     trials: Annotated[int, typer.Option("--trials", help="Timed trials per sample (CUDA).")] = 100,
     entry: Annotated[str, typer.Option("--entry", help="auto, ModelNew or kernel_function.")] = "auto",
@@ -145,10 +150,12 @@ def kernel_verify_cmd(
     """Check a kernel candidate on the recorded calls and random inputs (exit 1 when it fails)."""
     from modulelens.kernels.options import CandidatePolicy, KernelChecks
     from modulelens.kernels.verify import verify_kernel
+    from modulelens.restore.compare import parse_ulps
     from modulelens.tools.timing import TimingConfig
 
     checks = KernelChecks(calls=session.parse_int_list(calls, "--calls"), max_calls=max_calls, random_samples=random,
-                          seed=seed, rtol=rtol, atol=atol)
+                          seed=seed, rtol=rtol, atol=atol, ulps=None if ulps is None else parse_ulps(ulps),
+                          oracle=oracle, oracle_factor=oracle_factor)
     policy = CandidatePolicy(timeout=timeout, reference_timeout=reference_timeout, allow=allow or (),
                       allow_torch_ops=allow_torch_ops)
     with _status(as_json) as step:
@@ -191,7 +198,7 @@ def render_kernel_report(d: dict[str, Any]) -> None:
     timing = d.get("timing", {})
     by_sample = {row["sample"]: row for row in timing.get("samples", [])} if timing.get("measured") else {}
     table = rich_table(title="samples")
-    columns = ["sample", "kind", "result", "max abs err", "max rel err", "ok at 1e-3"]
+    columns = ["sample", "kind", "result", "max abs err", "max rel err", "max ULPs", "ok at 1e-3"]
     if by_sample:
         columns += ["reference ms (p10-p90)", "candidate ms (p10-p90)", "speedup (range)"]
     columns.append("detail")
@@ -203,7 +210,7 @@ def render_kernel_report(d: dict[str, Any]) -> None:
             (f"{x['path']}: {x.get('message')}" for x in s.get("leaves", []) if not x["passed"]), "") or (
             f"modified {', '.join(s['mutated_inputs'])}" if s.get("mutated_inputs") else "")
         row = [s["sample"], s["kind"], result, _num(s.get("max_abs_error")), _num(s.get("max_rel_error")),
-               "-" if s.get("passes_at_1e-3") is None else ("yes" if s["passes_at_1e-3"] else "no")]
+               _num(s.get("max_ulps")), "-" if s.get("passes_at_1e-3") is None else ("yes" if s["passes_at_1e-3"] else "no")]
         if by_sample:
             t = by_sample.get(s["sample"], {})
             row += [_spread(t.get("reference")), _spread(t.get("candidate")),
@@ -229,13 +236,24 @@ def render_kernel_report(d: dict[str, Any]) -> None:
     if d.get("review_required"):
         for reason in d["review_reasons"]:
             console.print(f"[yellow]review:[/yellow] {reason}", highlight=False)
-    tol = ", ".join(f"{k}: exact" if v["exact"] else f"{k}: rtol={v['rtol']:g} atol={v['atol']:g}"
-                    for k, v in d["tolerances"].items())
-    console.print(f"tolerances: {tol}", highlight=False)
+    console.print(f"verdicts: {', '.join(f'{k}: {_rule(v)}' for k, v in d['tolerances'].items())}", highlight=False)
+    if d.get("failed_checks"):
+        console.print(f"failed checks: {', '.join(d['failed_checks'])}", highlight=False)
     for note in d["notes"]:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if d.get("report_path"):
         console.print(f"report stored: {d['report_path']}", highlight=False)
+
+
+def _rule(row: dict[str, Any]) -> str:
+    """How one output dtype is judged, in words (the report's ``tolerances`` row)."""
+    rule = row.get("rule", "exact" if row["exact"] else "tolerance")
+    fixed = f"rtol={row['rtol']:g} atol={row['atol']:g}"
+    if rule == "oracle":
+        return f"within {row['oracle_factor']:g}x the reference's error against a float64 oracle (else {fixed})"
+    if rule == "ulps":
+        return f"within {row['ulps']:g} ULPs"
+    return "exact" if rule == "exact" else fixed
 
 
 def _spread(stats: dict[str, Any] | None) -> str:

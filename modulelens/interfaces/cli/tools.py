@@ -10,7 +10,18 @@ from modulelens.format.human import human_bytes
 from modulelens.format.human import human_number as _num
 from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
-from modulelens.interfaces.cli._options import AtolOpt, DeviceOpt, DtypeOpt, JsonOpt, RepoOpt, RtolOpt, StoreOpt, TrustOpt
+from modulelens.interfaces.cli._options import (
+    AtolOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    OracleFactorOpt,
+    RepoOpt,
+    RtolOpt,
+    StoreOpt,
+    TrustOpt,
+    UlpsOpt,
+)
 from modulelens.interfaces.output import console, emit, rich_table, steps
 
 app = typer.Typer()
@@ -123,6 +134,12 @@ def verify_cmd(
     dtype: DtypeOpt = None,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
+    ulps: UlpsOpt = None,
+    oracle: Annotated[bool | None, typer.Option(
+        "--oracle/--no-oracle", help="Judge float outputs by their error against a float64 run of the original, within "
+                                     "k times the recording's own (docs/tools.md, \"Verdicts in ULPs\"); default: on "
+                                     "for float16/bfloat16/float8 outputs unless --rtol/--atol/--ulps.")] = None,
+    oracle_factor: OracleFactorOpt = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per call for reference and candidate.")] = 20,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time reference and candidate.")] = True,
     eval_mode: Annotated[bool | None, typer.Option("--eval/--train",
@@ -132,9 +149,11 @@ def verify_cmd(
 ) -> None:
     """Check a candidate implementation against every recorded call (exit 0 only on PASS; 1 on FAIL, or when nothing
     recorded could be compared: UNVERIFIED, "cannot verify: ...")."""
+    from modulelens.restore.compare import describe_ulps, parse_ulps
     from modulelens.tools.timing import TimingConfig
     from modulelens.tools.verify import verify
 
+    ulp_tolerance = None if ulps is None else parse_ulps(ulps)
     with steps(not as_json) as step:
         step(f"loading {ref}: importing torch and the module's code, rebuilding it")
         capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
@@ -142,7 +161,8 @@ def verify_cmd(
              + (f" and timing it against the original ({iters} iterations each)" if timing else ""))
         report = verify(capture, candidate, rtol=rtol, atol=atol,
                         timing=TimingConfig(warmup=3, iters=iters) if timing else None, store=store,
-                        mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"))
+                        mode="recorded" if eval_mode is None else ("eval" if eval_mode else "train"),
+                        ulps=ulp_tolerance, oracle=oracle, oracle_factor=oracle_factor)
 
     def render(r: dict[str, Any]) -> None:
         from rich.markup import escape
@@ -150,6 +170,10 @@ def verify_cmd(
         styles = {"PASS": "green", "FAIL": "red", "UNVERIFIED": "yellow"}
         style = styles[r["status"]]
         tolerance = "per-dtype tolerances" if rtol is None and atol is None else f"rtol={rtol}, atol={atol}"
+        if ulp_tolerance is not None:
+            tolerance = f"within {describe_ulps(ulp_tolerance)}"
+        if any(leaf.get("rule") == "oracle" for c in r["calls"] for leaf in c["leaves"]):
+            tolerance = f"the float64 oracle rule, else {tolerance}"
         console.print(f"[{style}]{r['status']}[/{style}] {escape(r['candidate'])} "
                       f"(built with {r['built_with']}) against {escape(r['ref'])} on {r['device']} ({tolerance})",
                       highlight=False)
@@ -159,13 +183,14 @@ def verify_cmd(
             console.print(f"[yellow]cannot verify:[/yellow] {escape(reason)}", highlight=False)
         if r["calls"]:
             table = rich_table()
-            for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "ref ms", "cand ms", "speedup"):
+            for col in ("call", "result", "max abs err", "mean abs err", "max rel err", "max ULPs", "ref ms", "cand ms",
+                        "speedup"):
                 table.add_column(col)
             for c in r["calls"]:
                 status = c["status"].upper() if c["status"] != "pass" else "pass"
                 table.add_row(str(c["index"]), f"[{styles[c['status'].upper()]}]{status}[/{styles[c['status'].upper()]}]",
-                              *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error",
-                                                     "reference_ms", "candidate_ms")),
+                              *(_num(c[k]) for k in ("max_abs_error", "mean_abs_error", "max_rel_error")),
+                              _num(c.get("max_ulps")), _num(c["reference_ms"]), _num(c["candidate_ms"]),
                               "-" if c["speedup"] is None else f"{c['speedup']:.2f}x")
             console.print(table)
         for line in r["failures"]:
@@ -314,3 +339,4 @@ def diff_cmd(
             console.print(f"note: {escape(note)}", highlight=False)
 
     emit("diff", as_json, report.to_dict(), render)
+

@@ -150,8 +150,8 @@ def _calls(report: Mapping[str, Any], shown: dict[str, Any]) -> None:
         verdict = c.get("status", c.get("passed"))
         rows.append((c.get("index"), "pass" if verdict in (True, "pass") else "FAIL" if verdict in (False, "fail")
                      else as_text(verdict, 40), shown_number(c.get("max_abs_error")), shown_number(c.get("max_rel_error")),
-                     c.get("error") or c.get("detail") or ""))
-    shown["tables"].append(_table("calls", ("call", "result", "max abs err", "max rel err", "detail"), rows))
+                     shown_number(c.get("max_ulps")), c.get("error") or c.get("detail") or ""))
+    shown["tables"].append(_table("calls", ("call", "result", "max abs err", "max rel err", "max ULPs", "detail"), rows))
     shown["tables"].append(_divergence_table([(c.get("index"), c.get("divergence")) for c in objects_in(report["calls"])]))
     for key in ("candidate", "device", "mode"):
         if key in report:

@@ -2,8 +2,9 @@
 
 Used at run time, where static checks cannot see (``getattr(F, "lin" + "ear")``, ``exec``, a
 lambda in a dict, ``torch.ops.aten.mm``, ``@``): the kernel candidate worker counts the *heavy*
-ops (matmul, convolution, attention) a candidate's forward sends through PyTorch, and the exporter
-finds the random ops (dropout, ``bernoulli``) a training-mode module runs. A dispatch mode sees
+ops (matmul, convolution, attention) a candidate's forward sends through PyTorch; the exporter and
+the float64 oracle (:mod:`modulelens.restore.oracle`) find the random ops (dropout, ``bernoulli``)
+a module runs. A dispatch mode sees
 every op that reaches aten, on CPU and CUDA alike; a Triton or CUDA-source kernel launch does not
 go through aten, so a candidate doing its own compute shows none of these.
 
