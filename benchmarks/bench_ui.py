@@ -132,8 +132,12 @@ def first_byte(web: TestClient, path: str) -> float:
 
 def repo_page(root: Path, versions: int, names: int, rounds: int) -> tuple[list[dict], dict]:
     start = time.perf_counter()
-    repo = many_versions_repo(root, versions, names) if versions <= 10_000 else \
-        committed_versions_repo(root, versions, names)
+    if (root / "made").exists():  # --work: made by an earlier run (the same builder and sizes)
+        repo = modulelens.Repo(root)
+    else:
+        repo = many_versions_repo(root, versions, names) if versions <= 10_000 else \
+            committed_versions_repo(root, versions, names)
+        (root / "made").touch()
     print(f"made {versions} versions in {time.perf_counter() - start:.1f} s")
     time.sleep(1.1)  # then a writer stores every name's summary with its key: the listing of a repo at rest
     repo.gc()
@@ -277,17 +281,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--versions", default="2000", help="versions of the repo page, or several: 1000,100000")
     parser.add_argument("--repo-only", action="store_true", help="the repo page only (no capture page)")
+    parser.add_argument("--work", type=Path, help="make the repos here and keep them: a later run with the same "
+                                                  "--names reuses them (100,000 versions take minutes to make)")
     parser.add_argument("--names", type=int, default=200)
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--huge", action="store_true", help="time the pages of captures bigger than a page (issue 35)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="ml-bench-ui-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="ml-bench-ui-"))
     if args.huge:
         try:
             rows, extra = huge_pages(work, args.rounds)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if not args.work:
+                shutil.rmtree(work, ignore_errors=True)
         report("ui_huge", f"UI pages of huge captures, server side (median of {args.rounds} interleaved rounds)",
                rows, ["case", "contender", "median_s", "best_s", "cold_s", "html_mib"],
                {**extra, "load_average": os.getloadavg()})
@@ -301,13 +308,18 @@ def main() -> None:
     big: dict = {"ratios": {}}
     try:
         for versions in sizes:
-            rows, by_size[versions] = repo_page(work / f"many-{versions}", versions, args.names, args.rounds)
+            rows, by_size[versions] = repo_page(work / f"many-{versions}-{args.names}", versions, args.names,
+                                                args.rounds)
             listing_rows += rows
-            shutil.rmtree(work / f"many-{versions}", ignore_errors=True)
+            if not args.work:
+                shutil.rmtree(work / f"many-{versions}-{args.names}", ignore_errors=True)
         if not args.repo_only:
             capture_rows, big = capture_page(work / "big", args.gib, args.rounds)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            shutil.rmtree(work / "big", ignore_errors=True)
     listing = by_size[sizes[-1]]  # the largest size is the headline; each size's figures under "sizes"
     extra = {**listing, **big, "ratios": {**listing["ratios"], **big["ratios"]}, "load_average": os.getloadavg(),
              "sizes": {str(v): {k: f for k, f in by_size[v].items() if k != "ratios"} for v in sizes},
