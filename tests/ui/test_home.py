@@ -387,7 +387,10 @@ def test_report_numbers_are_formatted_and_kernel_reports_rendered(tmp_path: Path
     candidates = Path(__file__).resolve().parent.parent / "support" / "kernel_candidates"
     kernel = verify_kernel("km/act", candidates / "scaled_gelu.py", repo=repo, policy=CandidatePolicy(timeout=120))
     assert kernel.passed, kernel.failures
-    gpu = dict(kernel.to_dict(), timing={
+    # stored later than the CPU report: both are made within a second, and reports of the same second
+    # are ordered by their files' random suffixes (this test failed half its runs)
+    later = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() + 60))
+    gpu = dict(kernel.to_dict(), created=later, timing={
         "measured": True, "method": "cuda_event", "speedup_geomean": 0.6895053317060889, "speedup_samples": 2,
         "speedup_p10": 0.61234567, "speedup_p90": 0.7456789, "trusted": True,
         "samples": [{"sample": "call0", "reference": {"median_ms": 0.0123456}, "candidate": {"median_ms": 0.0179012},
