@@ -76,7 +76,8 @@ def test_a_name_has_a_page_of_versions_aliases_a_picker_and_a_timeline(demo: dic
     assert '<form method="get" action="/diff" id="pick-form">' in text
     # the timeline: each version saved by its job, the reports of v2 with their verdicts, newest first
     timeline = re.findall(r'<li data-kind="(\w+)"><span class="mono small when">([^<]*)</span> <a [^>]+>([^<]+)</a>', text)
-    assert [(kind, ref) for kind, _, ref in timeline] == [
+    # (v1's reports left out: the session's demo repo is shared, and the browser test replays v1 from a page)
+    assert [(kind, ref) for kind, _, ref in timeline if kind == "saved" or ref.endswith(":v2")] == [
         ("profile", "demo/top_mlp:v2"), ("replay", "demo/top_mlp:v2"), ("saved", "demo/top_mlp:v2"),
         ("saved", "demo/top_mlp:v1")]
     assert [when for _, when, _ in timeline] == sorted((when for _, when, _ in timeline), reverse=True)
