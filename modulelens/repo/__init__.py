@@ -14,7 +14,7 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
 
     wandb_registry
     repository
-    fsck transfer registry garbage publish payload_writes note_edits reports
+    fsck transfer registry garbage publish payload_writes note_edits reports aliases
     remote
     local leases _objects_s3 _objects_memory
     index markers trust _objects notes versions

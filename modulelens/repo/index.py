@@ -36,6 +36,7 @@ name's folders (reading never writes: readers rebuild in memory; writers store w
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import operator
@@ -49,11 +50,19 @@ from typing import Any, TypeVar
 import xxhash
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, RemoteRepoError, RepoBusyError
-from modulelens.repo.layout import CAPTURE_FILE, MAX_VERSION, SUMMARY_FILE, max_metadata_bytes, summary_log
+from modulelens.repo.layout import (
+    CAPTURE_FILE,
+    MAX_VERSION,
+    NOTES_FILE,
+    SUMMARY_FILE,
+    max_metadata_bytes,
+    summary_log,
+    unquote_name,
+)
 from modulelens.repo.packs import mentioned_blobs, referenced_blobs
 from modulelens.repo.store import Store
 
-__all__ = ["SUMMARY_FILE", "NameIndex", "Summaries", "damaged_entry", "version_entry"]
+__all__ = ["SUMMARY_FILE", "NameIndex", "Summaries", "damaged_entry", "listing_stamp", "version_entry"]
 
 Entry = dict[str, Any]
 #: Reads the entries of ``versions`` of a name: number -> entry, or ``None`` for one removed meanwhile.
@@ -764,3 +773,17 @@ class Summaries:
             if number not in removing and self.store.exists(f"{prefix}/versions/{number}/{CAPTURE_FILE}"):
                 return number
         return 0
+
+
+def listing_stamp(store: Store) -> str:
+    """A digest of every name's index head and notes file (``Repo.listing_stamp``): it changes
+    whenever a listing may."""
+    folders = sorted(f"names/{quoted}" for quoted in store.names() if unquote_name(quoted) is not None)
+    keys = [f"{folder}/{file}" for folder in folders for file in (SUMMARY_FILE, NOTES_FILE)]
+    found = store.read_many(keys) if keys else {}
+    digest = hashlib.blake2b(digest_size=16)
+    for key in keys:
+        data = (found.get(key) or b"").rstrip()  # a head is padded with spaces, to be rewritten in place
+        digest.update(f"{key}\0{len(data) if key in found else -1}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()

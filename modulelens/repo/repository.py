@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import modulelens.repo.aliases as stored_aliases
 import modulelens.repo.reports as stored_reports
 from modulelens.errors import (
     CaptureNotFoundError,
@@ -33,12 +34,10 @@ from modulelens.errors import (
 )
 from modulelens.repo.collector import collector_paused
 from modulelens.repo.garbage import GcReport, collect, retire
-from modulelens.repo.index import NameIndex, Summaries, damaged_entry, version_entry
+from modulelens.repo.index import NameIndex, Summaries, damaged_entry, listing_stamp, version_entry
 from modulelens.repo.layout import (
     LAYOUT_VERSION,
     MARKER,
-    NOTES_FILE,
-    SUMMARY_FILE,
     alias_key,
     capture_key,
     marker_json,
@@ -47,7 +46,7 @@ from modulelens.repo.layout import (
     unquote_name,
     version_key,
 )
-from modulelens.repo.names import LATEST, Ref, parse_ref, validate_alias, validate_name
+from modulelens.repo.names import LATEST, Ref, parse_ref, validate_name
 from modulelens.repo.note_edits import edit_notes, with_edited_tags
 from modulelens.repo.notes import VersionNotes, checked_notes, edited, parse_notes, same_description
 from modulelens.repo.packs import Payloads, referenced_blobs
@@ -487,17 +486,7 @@ class Repo:
             stamp = repo.listing_stamp()
             infos = repo.list()  # a stamp read before the listing: a change meanwhile changes the next stamp
         """
-        import hashlib
-
-        folders = sorted(f"names/{quoted}" for quoted in self.store.names() if unquote_name(quoted) is not None)
-        keys = [f"{folder}/{file}" for folder in folders for file in (SUMMARY_FILE, NOTES_FILE)]
-        found = self.store.read_many(keys) if keys else {}
-        digest = hashlib.blake2b(digest_size=16)
-        for key in keys:
-            data = (found.get(key) or b"").rstrip()  # a head is padded with spaces, to be rewritten in place
-            digest.update(f"{key}\0{len(data) if key in found else -1}\0".encode())
-            digest.update(data)
-        return digest.hexdigest()
+        return listing_stamp(self.store)
 
     def list(self, name: str | None = None) -> list[VersionInfo]:
         with collector_paused():  # a few objects per version, no cycle (repo/collector.py)
@@ -595,44 +584,15 @@ class Repo:
             RepoBusyError: the alias changed concurrently (run again to move it anyway).
             RemoteRepoError: a remote backend without conditional writes (move aliases locally and push).
         """
-        validate_alias(alias)
-        self._require_layout()
-        if alias == LATEST:
-            raise InvalidNameError("'latest' is maintained automatically and cannot be set")
-        name, version = self.resolve(ref)
-        key = alias_key(name, alias)
-        prefix = name_key(name)
-        # The index says the alias is moving first (readers read its file until it says where it
-        # went), so a writer that stops between the two writes leaves no listing wrong.
-        self._summaries.begin_alias(name, prefix, alias)
-        try:
-            _, tag = self.store.read_tagged(key)
-            if not self.store.swap(key, str(version).encode(), tag):
-                raise RepoBusyError(f"alias {name}:{alias} was moved by another writer meanwhile; nothing changed")
-            # An rm of this version that ran meanwhile removed the aliases pointing at it before this
-            # one did (it marks its versions first, then looks at the aliases): take it back, or the
-            # alias would point at nothing (found by the stress suite's race row). One head read and
-            # one look, not the name's whole listing: an rm keeps the version in ``removing`` until
-            # its folder is gone.
-            if version in self._head(name).removing or not self.store.exists(capture_key(name, version)):
-                data, _ = self.store.read_tagged(key)
-                if data is not None and data.strip() == str(version).encode():
-                    self.store.remove(key)
-                raise CaptureNotFoundError(f"{name}:v{version} was removed by another process meanwhile; "
-                                           f"alias {alias!r} not set")
-        finally:
-            self._summaries.end_alias(name, prefix, alias)
-        return self.info(name, version)
+        return stored_aliases.set_alias(self, ref, alias)
 
     def remove_alias(self, name: str, alias: str) -> None:
-        self._require_layout()
-        prefix = name_key(name)
-        self._summaries.begin_alias(name, prefix, alias)
-        try:
-            if not self.store.remove(alias_key(name, alias)):  # never there, or removed meanwhile by a concurrent rm
-                raise CaptureNotFoundError(f"{name} has no alias {alias!r}")
-        finally:
-            self._summaries.end_alias(name, prefix, alias)
+        """Remove the alias ``name:alias``.
+
+        Raises:
+            CaptureNotFoundError: ``name`` has no such alias.
+        """
+        stored_aliases.remove_alias(self, name, alias)
 
     # ---------------------------------------------------------------------------------- notes
 

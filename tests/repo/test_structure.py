@@ -19,7 +19,7 @@ from modulelens.repo.store import Store
 
 REPO_PACKAGE = Path(__file__).resolve().parents[2] / "modulelens" / "repo"
 FRONT_END = ("repository.py", "index.py", "fsck.py", "transfer.py", "layout.py", "packs.py", "wandb_registry.py",
-             "garbage.py", "publish.py", "payload_writes.py", "note_edits.py", "reports.py", "versions.py")
+             "garbage.py", "publish.py", "payload_writes.py", "note_edits.py", "reports.py", "versions.py", "aliases.py")
 
 
 def _module(path: Path) -> str:
