@@ -247,7 +247,8 @@ def replay_cmd(
     ulps: UlpsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on mismatch)."""
+    """Rebuild the module, run every recorded call, compare with the recorded outputs (exit 1 on a mismatch, and
+    when nothing recorded could be compared: UNVERIFIED, "cannot verify: ...")."""
     with steps(not as_json) as step:
         step(f"loading {ref}: importing torch and the module's code, rebuilding it")
         capture = session.load_capture(ref, repo, device=device, dtype=dtype, trust_source=trust_source)
@@ -262,6 +263,8 @@ def replay_cmd(
 
         style = styles[r["status"]]
         console.print(f"[{style}]{r['status']}[/{style}] replay of {escape(r['ref'])} on {r['device']} ({r['mode']})")
+        for reason in r["unverified"]:  # nothing failed, and nothing real was compared: never a pass
+            console.print(f"cannot verify: {escape(reason)}", highlight=False, soft_wrap=True)
         table = rich_table()
         for col in ("call", "result", "max abs err", "max rel err", "max ULPs", "time", "detail"):
             table.add_column(col)
@@ -279,6 +282,8 @@ def replay_cmd(
             elif not_compared:
                 detail = (f"not compared: {', '.join(leaf['path'] for leaf in not_compared)} "
                           f"({not_compared[0]['message']})")
+            elif c.get("unverified"):  # every leaf matched, and proves nothing (None, empty, NaN)
+                detail = "; ".join(c["unverified"])
             else:
                 detail = f"{len(leaves)} leaves match"
             table.add_row(str(c["index"]), f"[{styles[c['status']]}]{c['status']}[/{styles[c['status']]}]",
