@@ -60,6 +60,28 @@ class NanOut(nn.Module):
         return self.lin(x) * float("nan")
 
 
+class EmptyOut(nn.Module):
+    """Returns a tensor with no elements (a batch filtered down to nothing)."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)[:0]
+
+
+class WritesInPlace(nn.Module):
+    """Returns ``None`` and writes its result into the buffer it was given (a cache update)."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(self.lin(x))
+
+
 class ZerosLinear(nn.Linear):
     """A wrong rewrite of ``nn.Linear``: zeros of the right shape."""
 
