@@ -133,7 +133,8 @@ def test_within_tolerance_is_a_wrong_value() -> None:
 
 
 @pytest.mark.parametrize("category", [oc.DROPPED, oc.JOB_BROKE, oc.CAPTURE_TIMEOUT, oc.CAPTURE_CRASH,
-                                      oc.UNVERIFIED, oc.REPLAY_CRASH, "load: class not importable"])
+                                      oc.UNVERIFIED, oc.NOTHING_TO_COMPARE, oc.REPLAY_CRASH,
+                                      "load: class not importable"])
 def test_a_failure_after_the_probe_is_never_a_census_limitation(category: str) -> None:
     # every family has limitation entries for the categories before capture; none reaches these
     failure = Outcome("transformers", "llama", category, "llama:model@eval", message="whatever")
