@@ -28,9 +28,10 @@ from census.run import CPU, Options, run
 FAMILIES = ["transformers", "timm", "torch_geometric", "kornia", "monai", "torch_nn", "tools", "diffusers", "torchdiffeq",
             "peft", "torchrl", "sentence_transformers", "torchaudio", "e3nn", "torchrec", "neuralop", "x_transformers",
             "vector_quantize", "normflows", "methods"]
-# The whole census (CI) runs every target of every family: 36 CPU minutes measured (docs/fidelity.md; issue 34's
-# eleven families about 6 of them), so about 18 minutes on CI's 2 free cores. --limit style sampling stays
-# available: FAMILY -> a seeded sample of N targets.
+# The whole census (CI) runs every target of every family: 36.5 CPU minutes measured (full.json's
+# family_cpu_seconds, docs/fidelity.md; the eleven library families beyond the registries about 5.5 of them),
+# so about 18 minutes on CI's 2 free cores. --limit style sampling stays available: FAMILY -> a seeded sample
+# of N targets.
 FULL_LIMITS: dict[str, int] = {}
 DOC = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -33,7 +33,8 @@ NOT_RUN = (BUILD, INPUTS, RUN)
 
 # load errors by what they say (first match), so the table groups them by cause
 _LOAD_REASONS = [
-    (r"missing key|unexpected key|Missing key|Unexpected key", "state dict does not match the rebuilt module"),
+    (r"missing key|unexpected key|Missing key|Unexpected key|does not match the captured state",
+     "state dict does not match the rebuilt module"),
     (r"unknown dtype", "unknown dtype"),
     (r"cannot be imported|not importable|No module named|has no attribute", "class not importable"),
     (r"structure|submodules that differ|changed after construction", "structure changed after construction"),

@@ -177,6 +177,15 @@ class CallEntry(TypedDict):
     op_trace: NotRequired[OpTraceSummary]  # recorded with Recording(op_trace=True)
 
 
+# CPU kernels pick their vector loops by the data's address: MKL's matrix-vector product (a
+# Linear with one output) sums a weight that starts 4 or 8 bytes past a 64-byte boundary in
+# another order than an aligned one, a 1-ULP difference (sentence-transformers' CrossEncoder head:
+# transformers maps its safetensors weights at such addresses, a copy lands on a boundary). A
+# recorded tensor keeps its address modulo this many bytes (AVX-512's vector width), and the load
+# puts it at the same offset.
+ADDRESS_ALIGNMENT = 64
+
+
 class TensorEntry(TypedDict):
     """One tensor of the table: a payload, a view of another entry, a shape-only record, or a
     tensor subclass made of other entries (format/layouts.py)."""
@@ -194,6 +203,7 @@ class TensorEntry(TypedDict):
     stats: NotRequired[dict[str, Any]]
     quantized: NotRequired[dict[str, Any]]  # format 2: scheme, scale(s), zero point(s) (docs/format.md)
     requires_grad: NotRequired[bool]  # a call value that required grad in the job (kernels choose by it)
+    address_offset: NotRequired[int]  # where the job's tensor started past a 64-byte boundary (kernels round by it)
     subclass: NotRequired[dict[str, Any]]  # a tensor subclass made of inner tensors: class, parts, context
 
 

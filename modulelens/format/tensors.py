@@ -19,6 +19,7 @@ from modulelens.format.dtypes import DTYPE_SIZES
 from modulelens.format.hashing import HASH_ALGORITHM, hash_bytes
 from modulelens.format.layouts import layout_name
 from modulelens.format.layouts import parts as layout_parts
+from modulelens.format.spec import ADDRESS_ALIGNMENT
 
 __all__ = ["HASH_ALGORITHM", "check_storable", "contiguous_strides", "dtype_from_name", "dtype_name", "dtype_names",
            "hash_bytes", "quantization", "quantized", "tensor_bytes"]
@@ -101,6 +102,28 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     # makes one of these per tensor, so every intermediate tensor saved shows (bench_repo.py).
     # numpy's stubs declare the buffer protocol (__buffer__) for Python 3.12+ only; ndarray has it on every version
     return memoryview(flat.view(-1).view(torch.uint8).numpy()).toreadonly()  # type: ignore[arg-type]
+
+
+def address_offset(tensor: torch.Tensor) -> int:
+    """Where ``tensor``'s data starts past a 64-byte boundary (0 for no data)."""
+    return tensor.data_ptr() % ADDRESS_ALIGNMENT if tensor.numel() else 0
+
+
+def at_address_offset(tensor: torch.Tensor, offset: int) -> torch.Tensor:
+    """``tensor`` itself when its data starts ``offset`` bytes past a 64-byte boundary, or a copy
+    that does (a CPU tensor that is contiguous; anything else is returned as it is)."""
+    size = tensor.element_size()
+    if (address_offset(tensor) == offset or tensor.device.type != "cpu" or not tensor.is_contiguous()
+            or tensor.layout != torch.strided or tensor.is_quantized or offset % size):
+        return tensor
+    nbytes = tensor.numel() * size
+    room = torch.empty(nbytes + ADDRESS_ALIGNMENT, dtype=torch.uint8)
+    start = (offset - room.data_ptr()) % ADDRESS_ALIGNMENT
+    # set_ rather than a slice: the result is no view (a view of a parameter refuses in-place ops)
+    placed = torch.empty(0, dtype=tensor.dtype).set_(room.untyped_storage(), start // size, tensor.shape,
+                                                     tensor.stride())
+    placed.copy_(tensor)
+    return placed
 
 
 def contiguous_strides(shape: list[int] | tuple[int, ...]) -> list[int]:

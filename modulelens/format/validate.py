@@ -20,6 +20,7 @@ from typing import Any, cast
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
 from modulelens.format.spec import (
+    ADDRESS_ALIGNMENT,
     FORMAT_NAME,
     FORMAT_VERSION,
     NESTED_LAYOUTS,
@@ -47,9 +48,10 @@ _FLOATS = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
 
 
 class _Checker:
-    def __init__(self, meta: dict[str, Any], where: str) -> None:
+    def __init__(self, meta: dict[str, Any], where: str, *, calls: bool = True) -> None:
         self.meta = meta
         self.where = where
+        self.check_calls = calls  # False: each call is checked when it is used (validate_call)
         self.dtypes = DTYPE_SIZES
 
     def fail(self, field: str, problem: str) -> CorruptCaptureError:
@@ -149,6 +151,9 @@ class _Checker:
         if self.field(entry, "requires_grad", bool, where, optional=True) and not can_require_grad(dtype):
             raise self.fail(f"{where}.requires_grad", f"requires_grad with dtype {dtype} (only floating point "
                                                       "and complex tensors can require gradients)")
+        offset = self.field(entry, "address_offset", int, where, optional=True)
+        if offset is not None and not 0 <= offset < ADDRESS_ALIGNMENT:
+            raise self.fail(f"{where}.address_offset", f"{offset} is not in [0, {ADDRESS_ALIGNMENT})")
         quantized = self.field(entry, "quantized", dict, where, optional=True)
         if quantized is not None:
             self.quantized(quantized, dtype, f"{where}.quantized")
@@ -210,7 +215,7 @@ class _Checker:
         if (type(shape) is not list or type(stride) is not list or len(stride) != len(shape) or len(shape) > MAX_NDIM
                 or type(dtype) is not str or dtype not in self.dtypes or type(nbytes) is not int
                 or type(entry.get("payload")) is not str or "view_of" in entry or "shape_only" in entry
-                or "requires_grad" in entry or "quantized" in entry):
+                or "requires_grad" in entry or "quantized" in entry or "address_offset" in entry):
             return False
         dims = shape + stride
         if set(map(type, dims)) - {int} or (dims and (min(dims) < 0 or max(dims) > MAX_NUMEL)):
@@ -415,7 +420,10 @@ class _Checker:
                 self.field(entry, "why", str, where, optional=True)
         self.acyclic(constructions)
         self.states()
-        self.calls()
+        if self.check_calls:
+            self.calls()
+        else:
+            self.field(meta, "calls", list, "capture")
         for key, kind in (("unrecorded", list), ("shape_only", list), ("sources", dict), ("capture", dict),
                           ("environment", dict), ("metadata", dict), ("tags", list), ("provenance", dict)):
             self.field(meta, key, kind, "capture", optional=True)
@@ -532,31 +540,35 @@ class _Checker:
                     self.field(entry, key, str, f"{where}.rebuilt_buffers[{name}]")
 
     def calls(self) -> None:
-        states = len(self.meta["states"])
         for i, call in enumerate(self.field(self.meta, "calls", list, "capture")):
-            where = f"calls[{i}]"
-            self.expect(call, dict, where)
-            self.field(call, "index", int, where)
-            state = self.field(call, "state", int, where)
-            if states and not 0 <= state < states:
-                raise self.fail(f"{where}.state", f"{state} is not one of the {states} recorded states")
-            for flag in ("training", "grad_enabled"):
-                self.field(call, flag, bool, where)
-            self.tree(call.get("inputs"), f"{where}.inputs")
-            self.inputs_shape(call["inputs"]["spec"], f"{where}.inputs")
-            if call.get("output") is not None:
-                self.tree(call["output"], f"{where}.output")
-            backward = self.field(call, "backward", (dict, type(None)), where, optional=True)
-            for key in ("output_grads", "input_grads", "param_grads") if backward else ():
-                self.tree(backward.get(key), f"{where}.backward.{key}")
-            for device, tid in (self.field(call, "rng", dict, where, optional=True) or {}).items():
-                if not isinstance(tid, str) or tid not in self.meta["tensors"]:
-                    raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
-            self.field(call, "autocast", dict, where, optional=True)
-            self.vmap(self.field(call, "vmap", dict, where, optional=True), f"{where}.vmap")
-            trace = self.field(call, "op_trace", dict, where, optional=True)
-            if trace is not None:
-                self.op_trace_summary(trace, f"{where}.op_trace")
+            self.call(i, call)
+
+    def call(self, i: int, call: Any) -> None:
+        """``calls[i]``: its flags, state, trees, gradients, RNG states, vmap and op trace summary."""
+        states = len(self.meta["states"])
+        where = f"calls[{i}]"
+        self.expect(call, dict, where)
+        self.field(call, "index", int, where)
+        state = self.field(call, "state", int, where)
+        if states and not 0 <= state < states:
+            raise self.fail(f"{where}.state", f"{state} is not one of the {states} recorded states")
+        for flag in ("training", "grad_enabled"):
+            self.field(call, flag, bool, where)
+        self.tree(call.get("inputs"), f"{where}.inputs")
+        self.inputs_shape(call["inputs"]["spec"], f"{where}.inputs")
+        if call.get("output") is not None:
+            self.tree(call["output"], f"{where}.output")
+        backward = self.field(call, "backward", (dict, type(None)), where, optional=True)
+        for key in ("output_grads", "input_grads", "param_grads") if backward else ():
+            self.tree(backward.get(key), f"{where}.backward.{key}")
+        for device, tid in (self.field(call, "rng", dict, where, optional=True) or {}).items():
+            if not isinstance(tid, str) or tid not in self.meta["tensors"]:
+                raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
+        self.field(call, "autocast", dict, where, optional=True)
+        self.vmap(self.field(call, "vmap", dict, where, optional=True), f"{where}.vmap")
+        trace = self.field(call, "op_trace", dict, where, optional=True)
+        if trace is not None:
+            self.op_trace_summary(trace, f"{where}.op_trace")
 
     def vmap(self, batched: dict[str, Any] | None, where: str) -> None:
         """``calls[i].vmap`` (format 3): what replay hands ``torch.func.vmap``."""
@@ -763,12 +775,15 @@ def validate_op_trace(data: Any, where: str, value_entry: Any) -> OpTraceDocumen
     return cast(OpTraceDocument, data)
 
 
-def validate_capture(data: Any, where: str) -> CaptureMetadata:
+def validate_capture(data: Any, where: str, *, calls: bool = True) -> CaptureMetadata:
     """``data`` as capture metadata, after checking it against the format.
 
     Args:
         data: the parsed ``capture.json``.
         where: names the document in errors (its path or ref).
+        calls: check every recorded call too. ``False`` checks only that ``calls`` is a list, for a
+            reader that shows a few calls of many and checks each one it uses with
+            :func:`validate_call` (the web UI: 50,000 calls took 0.55 s to check, a page shows 20).
 
     Returns:
         The same object, typed (of a document of a newer format version, only what a repo reads of
@@ -788,7 +803,35 @@ def validate_capture(data: Any, where: str) -> CaptureMetadata:
         _Checker(data, where).stored()  # a newer format: the loader refuses it by name
         return cast(CaptureMetadata, data)
     try:
-        _Checker(data, where).document()
+        _Checker(data, where, calls=calls).document()
     except RecursionError:
         raise CorruptCaptureError(f"{where}: nested too deeply") from None
     return cast(CaptureMetadata, data)
+
+
+def validate_call(data: CaptureMetadata | dict[str, Any], position: int, where: str) -> dict[str, Any]:
+    """Recorded call ``position`` of metadata checked by ``validate_capture(..., calls=False)``,
+    after checking it as :func:`validate_capture` checks every call.
+
+    Args:
+        data: the capture's metadata (the tensor table and states it refers to are checked).
+        position: the call's place in ``calls`` (0-based; the caller checks the range).
+        where: names the document in errors.
+
+    Returns:
+        The call's record.
+
+    Raises:
+        CorruptCaptureError: the call's first problem, naming its field.
+
+    Example::
+
+        meta = validate_capture(json.loads(text), "mlp:v3", calls=False)
+        first = validate_call(meta, 0, "mlp:v3")
+    """
+    call = data["calls"][position]
+    try:
+        _Checker(cast(dict[str, Any], data), where).call(position, call)
+    except RecursionError:
+        raise CorruptCaptureError(f"{where}: calls[{position}]: nested too deeply") from None
+    return cast(dict[str, Any], call)

@@ -186,16 +186,18 @@ def register_state_codec(
         modulelens.register_state_codec(RunningStats)
     """
     codec_name = name or f"{type_.__module__}.{type_.__qualname__}"
-    _CODECS[codec_name] = Codec(codec_name, type_, attributes or _encode_state, rebuild or _decode_state, subclasses,
+    _CODECS[codec_name] = Codec(codec_name, type_, attributes or attributes_of, rebuild or rebuilt_from_attributes, subclasses,
                                 state=True, stored_class=stored_class)
     _STATE_CODECS.clear()
 
 
-def _encode_state(value: Any) -> dict[str, Any]:
+def attributes_of(value: Any) -> dict[str, Any]:
+    """A plain object's attributes (``vars()``): what a codec by attributes stores."""
     return dict(vars(value))
 
 
-def _decode_state(cls: type, attributes: dict[str, Any]) -> Any:
+def rebuilt_from_attributes(cls: type, attributes: dict[str, Any]) -> Any:
+    """A ``cls`` made without ``__init__``, its attributes set back: what a codec by attributes decodes."""
     value = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     value.__dict__.update(attributes)
     return value
@@ -605,5 +607,10 @@ register_lazy_codec("gpytorch.MultivariateNormal", "gpytorch", "modulelens.forma
 for _name in ("torch.ao.quantization._PartialWrapper", "torch.qscheme"):
     register_lazy_codec(_name, "torch.ao.quantization", "modulelens.format.torch_codecs:install")
 register_lazy_codec("accelerate.ModelHook", "accelerate", "modulelens.format.accelerate_codecs:install")
+# plain objects libraries pass to their modules' constructors (the census found them)
+register_lazy_codec("sentence_transformers.WordTokenizer", "sentence_transformers",
+                    "modulelens.format.library_object_codecs:install_sentence_transformers")
+register_lazy_codec("kornia.ColorMap", "kornia", "modulelens.format.library_object_codecs:install_kornia")
+register_lazy_codec("tensordict.TensorDict", "tensordict", "modulelens.format.library_object_codecs:install_tensordict")
 for _name in ("torch.fx.Graph", "torch.memory_format", "torch.layout"):
     register_lazy_codec(_name, "torch.fx", "modulelens.format.fx_codecs:install")

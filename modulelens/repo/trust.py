@@ -133,16 +133,18 @@ def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
     return lambda lines: seal(lines, binding, key)
 
 
-def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, Any]) -> Provenance:
+def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, Any], *,
+                text: bytes | None = None) -> Provenance:
     """Whether ``metadata``, read from ``name:v<version>`` of the repo at ``root``, is a capture
     the current user saved there (its provenance verifies under the user's key for this directory,
-    and it sits where it was saved)."""
+    and it sits where it was saved). ``text``: the bytes ``metadata`` was parsed from, when the
+    caller has them (checked as they are, without encoding the metadata again: format.provenance.check)."""
     try:
         key = user_key()
         binding = repo_identity(root)
     except (SigningKeyError, OSError) as error:
         return Provenance(False, f"no usable signing key here ({error})")
-    why = check(metadata, binding, key)
+    why = check(metadata, binding, key, text=text)
     if why is not None:
         return Provenance(False, why)
     if metadata.get("name") != name or metadata.get("version") != version:

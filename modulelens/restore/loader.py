@@ -24,7 +24,7 @@ from modulelens.format.layouts import is_plain, rebuild_subclass
 from modulelens.format.op_trace import OpTrace
 from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.spec import FORMAT_VERSION, CallEntry, CaptureMetadata, EncodedTree, TensorEntry
-from modulelens.format.tensors import contiguous_strides, dtype_from_name, layout_digest, quantized
+from modulelens.format.tensors import at_address_offset, contiguous_strides, dtype_from_name, layout_digest, quantized
 from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
 from modulelens.format.validate import validate_op_trace
 from modulelens.format.values import DecodeContext, decode_value
@@ -511,7 +511,9 @@ class Capture:
                 flat = strided
             except RuntimeError:
                 pass  # an overlapping layout cannot be rebuilt; the contiguous tensor is equal in value
-        return flat
+        # where the job's tensor started past a 64-byte boundary (0 unless recorded): a blob's map
+        # starts on one, a pack member anywhere; kernels round by it (format/tensors.py)
+        return at_address_offset(flat, entry.get("address_offset", 0))
 
     def _subclass_tensor(self, entry: TensorEntry) -> torch.Tensor:
         """A tensor subclass (torchao's quantized weights) from its recorded parts and context, by its
@@ -543,7 +545,7 @@ class Capture:
                 self._handed_once.add(tid)
                 return self._open_tensor(tid)
             template = self._templates[tid] = self._open_tensor(tid)
-        return template.clone(memory_format=torch.preserve_format)
+        return at_address_offset(template.clone(memory_format=torch.preserve_format), entry.get("address_offset", 0))
 
     def _shape_only_tensor(self, tid: str, *, synthesize: bool, strict: bool = False) -> Any:
         entry = self.metadata["tensors"][tid]

@@ -35,7 +35,7 @@ from modulelens.tracing.lazy_modules import is_lazy_class, materialised_argument
 from modulelens.tracing.module_tree import TreeNode, constructed_class
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
-from modulelens.tracing.snapshot import BASE_ATTR, GRAD_ATTR
+from modulelens.tracing.snapshot import ADDRESS_ATTR, BASE_ATTR, GRAD_ATTR
 from modulelens.tracing.source import collect_sources
 from modulelens.tracing.weights import written_payload
 
@@ -106,6 +106,8 @@ class TensorTable:
             data = tensor_bytes(tensor)
             self.payloads[tid] = data
             entry.update(payload=None, nbytes=len(data))  # payload: content hash, set by Repo.save_version
+        if "payload" in entry and (offset := getattr(tensor, ADDRESS_ATTR, 0)):
+            entry["address_offset"] = offset  # the job's address past a 64-byte boundary (kernels round by it)
         self.entries[tid] = entry
         self._ids[id(tensor)] = tid
         self._keepalive.append(tensor)

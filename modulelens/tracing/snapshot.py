@@ -21,6 +21,7 @@ from torch._C import _functorch
 
 from modulelens.errors import CaptureError
 from modulelens.format.layouts import clone, is_plain
+from modulelens.format.tensors import address_offset
 from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leaves
 from modulelens.format.values import Unrecorded
 
@@ -29,9 +30,23 @@ BASE_ATTR = "_modulelens_base"
 # because some kernels choose their path by it (CPU attention with a position bias that requires
 # grad computes other roundings: a census wrong value, transformers' udop) and replay sets it again.
 GRAD_ATTR = "_modulelens_requires_grad"
+# Where the job's tensor started past a 64-byte boundary (format/tensors.py ADDRESS_ALIGNMENT: CPU
+# kernels round by it), set on a copy of a CPU tensor that did not start on one; the load puts the
+# recorded tensor at the same offset.
+ADDRESS_ATTR = "_modulelens_address_offset"
 # Share a storage span only when it is at most this many times the bytes of the views in it, so a
 # small slice of a huge activation is never copied with the whole activation.
 _MAX_SPAN_RATIO = 2
+
+
+def _address_offset(tensor: torch.Tensor) -> int:
+    """The job's tensor's offset past a 64-byte boundary; 0 for one without plain strided data."""
+    if not is_plain(tensor):
+        return 0
+    try:
+        return address_offset(tensor)
+    except RuntimeError:  # no storage to point at (a functorch wrapper, a tensor subclass)
+        return 0
 
 
 def _memo_key(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -62,6 +77,8 @@ class Snapshotter:
         copy = self._copy(tensor)
         if tensor.device.type != "cpu":
             copy._modulelens_device = str(tensor.device)  # type: ignore[attr-defined]
+        elif offset := _address_offset(tensor):
+            setattr(copy, ADDRESS_ATTR, offset)
         try:
             if key is not None:
                 self._memo[key] = (weakref.ref(tensor), copy)

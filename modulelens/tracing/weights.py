@@ -47,10 +47,12 @@ import xxhash
 
 from modulelens.errors import CaptureWarning
 from modulelens.format.hashing import HASH_ALGORITHM
+from modulelens.format.tensors import address_offset
 from modulelens.repo.files import durable
 from modulelens.repo.markers import chunk_size
 from modulelens.repo.store import WrittenPayload
 from modulelens.tracing.fingerprint import bit_sum_width, sums_bits
+from modulelens.tracing.snapshot import ADDRESS_ATTR
 
 #: Parameters of this size or smaller are copied (one file each would cost more than the copy; the
 #: same bound as the fingerprints hashed in place, so every streamed weight's is a sum of its bits).
@@ -386,6 +388,8 @@ def mark_written(tensor: torch.Tensor, payload: WrittenPayload) -> torch.Tensor:
     mapped = torch.from_file(str(payload.path), shared=False, size=tensor.numel(), dtype=tensor.dtype)
     mapped = mapped.view(tensor.shape) if tensor.dim() else mapped.reshape(())
     setattr(mapped, _STORED_ATTR, payload)
+    if tensor.device.type == "cpu" and (offset := address_offset(tensor)):
+        setattr(mapped, ADDRESS_ATTR, offset)  # where the job's weight started (tracing/snapshot.py)
     return mapped
 
 

@@ -59,6 +59,7 @@ CASES: dict[str, Callable[[dict[str, Any]], None]] = {
     "shape larger than the payload": lambda m: m["tensors"][payload_ids(m)[0]].update(shape=[1000]),
     "huge stride": lambda m: m["tensors"][payload_ids(m)[0]].update(stride=[1 << 40]),
     "unknown dtype": lambda m: m["tensors"][payload_ids(m)[0]].update(dtype="float128"),
+    "address offset past its boundary": lambda m: m["tensors"][payload_ids(m)[0]].update(address_offset=64),
     "negative size": lambda m: m["tensors"][payload_ids(m)[0]].update(shape=[-12]),
     "boolean size": lambda m: m["tensors"][payload_ids(m)[0]].update(shape=[True]),
     "huge rank": lambda m: m["tensors"][payload_ids(m)[0]].update(shape=[1] * 1000),
@@ -174,7 +175,7 @@ def test_the_fast_check_of_usual_tensor_entries_accepts_only_what_the_full_check
                          [32, 1], [1, 32], [16, -32], [16, True], [16, 32.0], [16, 1 << 51], [0, 32], [64, 64],
                          [1] * 65, {}, 2048, 1024, 4096, 1 << 60, "blake3:" + "cd" * 32]
     outcomes = {"accepted": 0, "refused": 0}
-    for key in [*good, "view_of", "shape_only", "requires_grad", "quantized", "storage_offset"]:
+    for key in [*good, "view_of", "shape_only", "requires_grad", "quantized", "storage_offset", "address_offset"]:
         for value in [*values, "absent"]:
             entry = dict(good)
             if value == "absent":

@@ -26,7 +26,7 @@ import pytest
 
 import modulelens
 from modulelens.errors import CaptureWarning, SigningKeyError, UntrustedCodeError
-from modulelens.format.provenance import PROVENANCE_FIELD, field_lines, key_file, seal, user_key
+from modulelens.format.provenance import PROVENANCE_FIELD, field_lines, key_file, seal, stored_field_lines, user_key
 from modulelens.repo.trust import Provenance, own_capture, repo_identity
 from modulelens.restore.classes import ClassResolver
 
@@ -293,6 +293,32 @@ def test_a_saved_capture_is_your_own_until_edited(config: Path, repo: modulelens
                 {**good, "repo": {"a": 1}, "mac": "0" * 64}):
         verdict = own_capture(repo.root, name, version, {**meta, PROVENANCE_FIELD: odd})
         assert not verdict.own and verdict.why, odd  # a hostile field is a refusal, never a traceback
+
+
+def test_the_stored_lines_verify_as_they_are_and_hide_nothing(config: Path, repo: modulelens.Repo) -> None:
+    """A reader that has the file's bytes checks its own lines (no second encoding: the UI's first
+    view of a 50,000-call capture); a line skipped as the provenance field may hold nothing else."""
+    ref, path = _linear_capture(repo)
+    name, version = repo.resolve(ref)
+    text = path.read_bytes()
+    meta = json.loads(text)
+    assert stored_field_lines(text) == field_lines(meta)
+    assert own_capture(repo.root, name, version, meta, text=text) == Provenance(True)
+    lines = text.decode().split("\n")
+    # a field hidden behind the provenance key on its line: the parsed capture has it, the stored
+    # lines would not cover it; the lines are refused and the parsed fields do not verify
+    smuggled = [line + ', "module": {"class": "evil:Module"}' if line.startswith('"provenance"') else line
+                for line in lines]
+    hidden = "\n".join(smuggled).encode()
+    assert json.loads(hidden)["module"] == {"class": "evil:Module"} and stored_field_lines(hidden) is None
+    verdict = own_capture(repo.root, name, version, json.loads(hidden), text=hidden)
+    assert not verdict.own and "does not match" in verdict.why
+    edited = text.replace(b'"training":true', b'"training":false', 1)  # one value changed on its line
+    assert edited != text and stored_field_lines(edited) is not None
+    assert not own_capture(repo.root, name, version, json.loads(edited), text=edited).own
+    reformatted = json.dumps(meta, indent=4).encode()  # reformatting is still not editing
+    assert stored_field_lines(reformatted) is None
+    assert own_capture(repo.root, name, version, json.loads(reformatted), text=reformatted).own
 
 
 def test_without_a_usable_key_nothing_is_signed(config: Path, repo: modulelens.Repo) -> None:

@@ -76,7 +76,8 @@ def test_a_name_has_a_page_of_versions_aliases_a_picker_and_a_timeline(demo: dic
     assert '<form method="get" action="/diff" id="pick-form">' in text
     # the timeline: each version saved by its job, the reports of v2 with their verdicts, newest first
     timeline = re.findall(r'<li data-kind="(\w+)"><span class="mono small when">([^<]*)</span> <a [^>]+>([^<]+)</a>', text)
-    assert [(kind, ref) for kind, _, ref in timeline] == [
+    # (v1's reports left out: the session's demo repo is shared, and the browser test replays v1 from a page)
+    assert [(kind, ref) for kind, _, ref in timeline if kind == "saved" or ref.endswith(":v2")] == [
         ("profile", "demo/top_mlp:v2"), ("replay", "demo/top_mlp:v2"), ("saved", "demo/top_mlp:v2"),
         ("saved", "demo/top_mlp:v1")]
     assert [when for _, when, _ in timeline] == sorted((when for _, when, _ in timeline), reverse=True)
@@ -387,7 +388,10 @@ def test_report_numbers_are_formatted_and_kernel_reports_rendered(tmp_path: Path
     candidates = Path(__file__).resolve().parent.parent / "support" / "kernel_candidates"
     kernel = verify_kernel("km/act", candidates / "scaled_gelu.py", repo=repo, policy=CandidatePolicy(timeout=120))
     assert kernel.passed, kernel.failures
-    gpu = dict(kernel.to_dict(), timing={
+    # stored later than the CPU report: both are made within a second, and reports of the same second
+    # are ordered by their files' random suffixes (this test failed half its runs)
+    later = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() + 60))
+    gpu = dict(kernel.to_dict(), created=later, timing={
         "measured": True, "method": "cuda_event", "speedup_geomean": 0.6895053317060889, "speedup_samples": 2,
         "speedup_p10": 0.61234567, "speedup_p90": 0.7456789, "trusted": True,
         "samples": [{"sample": "call0", "reference": {"median_ms": 0.0123456}, "candidate": {"median_ms": 0.0179012},

@@ -71,8 +71,7 @@ def diff_page(view: RepoView, a: StoredCapture, b: StoredCapture) -> dict[str, A
     tensors = [{**t, "max_abs": human_number(t["max_abs_diff"]), "rel": human_number(t["rel_norm"]),
                 "pair": _pair(state_a.get(t["name"]), state_b.get(t["name"]))} for t in tensor_changes(a, b)]
     changed_first = sorted(tensors, key=lambda t: t["status"] == "same")[:DIFF_ROWS]  # what changed, then the rest
-    pooled = [f"{c.ref}: the first {DIFF_CALLS} of {len(c.metadata.get('calls', [])):,} calls"
-              for c in (a, b) if len(c.metadata.get("calls", [])) > DIFF_CALLS]
+    pooled = [f"{c.ref}: the first {DIFF_CALLS} of {c.call_count:,} calls" for c in (a, b) if c.call_count > DIFF_CALLS]
     inputs, outputs = _drift(view, a, b, "inputs"), _drift(view, a, b, "output")
     for rows in (changed_first, inputs[:DIFF_ROWS], outputs[:DIFF_ROWS]):
         _draw_overlays(view, a, b, rows)
@@ -149,7 +148,7 @@ def _pooled(view: RepoView, capture: StoredCapture, part: str) -> dict[str, dict
     """Per leaf path, statistics pooled over the first recorded calls (from each tensor's summary),
     and the tensor of the first call that has that leaf (``first``: the one drawn in the overlay)."""
     pooled: dict[str, dict[str, Any]] = {}
-    for call in capture.metadata.get("calls", [])[:DIFF_CALLS]:
+    for call in (capture.call(i) for i in range(min(capture.call_count, DIFF_CALLS))):
         tree = call.get("inputs" if part == "inputs" else "output")
         if not isinstance(tree, dict) or not isinstance(tree.get("leaves"), list):
             continue

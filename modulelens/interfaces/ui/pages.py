@@ -11,6 +11,7 @@ autoescape), and nothing here builds HTML.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ from modulelens.format.human import human_bytes, human_number
 from modulelens.interfaces.tensor_info import state_rows, tree_rows
 from modulelens.interfaces.ui import charts
 from modulelens.interfaces.ui.home import capture_home, name_href
-from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
+from modulelens.interfaces.ui.repo_view import Listing, RepoView, StoredCapture
 from modulelens.interfaces.ui.report_pages import Reports, report_line
 from modulelens.interfaces.ui.shown import (
     CALLS_PER_PAGE,
@@ -140,9 +141,17 @@ def _job_cell(ref: str) -> str:
     return "job-" + hashlib.blake2s(ref.encode(), digest_size=8).hexdigest()
 
 
-def _matching(view: RepoView, query: RepoQuery) -> tuple[list[Any], list[Any], Window]:
-    """Every version, the ones matching ``query`` in its order, and the window of its page."""
-    infos = view.versions()
+def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[Any], Window]:
+    """Every version, the ones matching ``query`` in its order (worked out once per listing), and
+    the window of its page."""
+    listing = view.listing()
+    key = (query.text, query.module_class, query.tag, query.since, query.until, query.sort, query.descending)
+    chosen = listing.chosen(key, functools.partial(_search, query))
+    return listing, chosen, Window.of(len(chosen), query.page, query.per_page)
+
+
+def _search(query: RepoQuery, infos: list[Any]) -> list[Any]:
+    """The versions of ``infos`` that match ``query``, in its order."""
     needle = query.text.lower()
     chosen = []
     for info in infos:
@@ -160,14 +169,12 @@ def _matching(view: RepoView, query: RepoQuery) -> tuple[list[Any], list[Any], W
            "class": lambda i: (short_class(i.module_class), i.name, i.version),
            "size": lambda i: (i.nbytes, i.name, i.version), "calls": lambda i: (i.calls, i.name, i.version)}[query.sort]
     chosen.sort(key=key, reverse=query.descending)
-    return infos, chosen, Window.of(len(chosen), query.page, query.per_page)
+    return chosen
 
 
 def repo_page(view: RepoView, query: RepoQuery) -> dict[str, Any]:
     """The repo page: every version matching ``query``, from the listing summaries alone."""
-    infos, chosen, window = _matching(view, query)
-    classes = sorted({short_class(i.module_class) for i in infos if i.module_class})
-    tags = sorted({t for i in infos for t in i.tags})
+    listing, chosen, window = _matching(view, query)
     shown = chosen[window.start:window.stop]
     tag_links: dict[str, str] = {}  # one link per tag, not one per row (2,000 rows: a third of the page's time)
     for tag in {t for i in shown for t in i.tags}:
@@ -179,9 +186,9 @@ def repo_page(view: RepoView, query: RepoQuery) -> dict[str, Any]:
                     _job_cell(i.ref))
             for i in shown]
     pager = window.links(lambda p: "/?" + urlencode(query.params(page=p)))
-    return {"title": "captures", "repo": view.location, "rows": rows, "total": len(infos), "matched": len(chosen),
-            "page": window.page, "pages": window.pages, "pager": pager, "classes": classes[:MAX_PER_PAGE],
-            "tags": tags[:MAX_PER_PAGE], "query": query, "sorts": SORTS, "names": len({i.name for i in infos}),
+    return {"title": "captures", "repo": view.location, "rows": rows, "total": len(listing.infos), "matched": len(chosen),
+            "page": window.page, "pages": window.pages, "pager": pager, "classes": listing.classes[:MAX_PER_PAGE],
+            "tags": listing.tags[:MAX_PER_PAGE], "query": query, "sorts": SORTS, "names": listing.names,
             "max_per_page": MAX_PER_PAGE, "jobs_pending": any(r.job_pending for r in rows),
             "job_cells_href": "/job-cells" + ("?" + urlencode(query.params()) if query.params() else "")}
 
@@ -249,10 +256,9 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
     base = "/capture/" + quote(capture.ref, safe="/:")
     here = query.params()
     parameters, parameter_window, parameter_count = _parameters(view, capture, query) if states else ([], None, 0)
-    calls = meta.get("calls", [])
-    call_window = Window.of(len(calls), query.calls_page, CALLS_PER_PAGE)
+    call_window = Window.of(capture.call_count, query.calls_page, CALLS_PER_PAGE)
     budget = [STANDALONE_HISTOGRAMS] if histograms else None
-    shown_calls = [_call(view, capture, position, calls[position], LEAVES_PREVIEW, {}, budget)
+    shown_calls = [_call(view, capture, position, capture.call(position), LEAVES_PREVIEW, {}, budget)
                    for position in range(call_window.start, call_window.stop)]
     versions = view.version_numbers(capture.name)
     earlier = [v for v in versions if v < capture.version]
@@ -274,13 +280,13 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
         "parameters": parameters, "parameter_count": parameter_count,
         "parameters_counted": parameter_window.counted("parameters and buffers") if parameter_window else "",
         "parameters_pager": parameter_window.links(lambda p: href_with(base, here, parameters=page_in_link(p))) if parameter_window else [],
-        "calls": shown_calls, "call_count": len(calls), "calls_counted": call_window.counted("recorded calls"),
+        "calls": shown_calls, "call_count": capture.call_count, "calls_counted": call_window.counted("recorded calls"),
         "calls_pager": call_window.links(lambda p: href_with(base, here, calls=page_in_link(p))),
         "environment": _environment(meta.get("environment") or {}),
         "distributed": shown_pairs(meta.get("distributed")),
         "capture_settings": shown_pairs(meta.get("capture")),
         "user_metadata": shown_pairs(meta.get("metadata")),
-        "shape_only": listed(meta.get("shape_only") or []), "warnings": _warnings(meta),
+        "shape_only": listed(meta.get("shape_only") or []), "warnings": _warnings(capture),
         "sources": _sources(capture), "versions": versions[-LISTED:], "versions_more": max(len(versions) - LISTED, 0),
         "previous": f"{capture.name}:v{earlier[-1]}" if earlier else None,
         "next": f"{capture.name}:v{later[0]}" if later else None,
@@ -422,16 +428,16 @@ def call_page(view: RepoView, capture: StoredCapture, position: int, params: Map
     Raises:
         UsageError: no call at ``position``, or a page that is not a number.
     """
-    calls = capture.metadata.get("calls", [])
-    if not 0 <= position < len(calls):
-        raise UsageError(f"{capture.ref} has calls 0-{len(calls) - 1}, not {position}" if calls
+    count = capture.call_count
+    if not 0 <= position < count:
+        raise UsageError(f"{capture.ref} has calls 0-{count - 1}, not {position}" if count
                          else f"{capture.ref} has no recorded calls")
     pages = {key: page_param(params, key) for key, _, _ in _PARTS}
-    call = _call(view, capture, position, calls[position], LEAVES_PER_PAGE, pages, None,
+    call = _call(view, capture, position, capture.call(position), LEAVES_PER_PAGE, pages, None,
                  params={key: page_in_link(page) for key, page in pages.items()})
     return {"title": f"call {call['index']} of {capture.ref}", "ref": capture.ref, "call": call,
-            "call_count": len(calls), "previous": position - 1 if position else None,
-            "next": position + 1 if position + 1 < len(calls) else None}
+            "call_count": count, "previous": position - 1 if position else None,
+            "next": position + 1 if position + 1 < count else None}
 
 
 _OP_ROWS = 500  # ops listed on a call's page (``modulelens show --ops`` lists them all)
@@ -487,9 +493,10 @@ def _environment(env: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _warnings(meta: Mapping[str, Any]) -> list[str]:
+def _warnings(capture: StoredCapture) -> list[str]:
     """What a reader of this capture should know: incomplete records, missing constructor,
     values that were not recorded, calls that raised, tensors kept shape-only (each list bounded)."""
+    meta = capture.metadata
     found = []
     settings = meta.get("capture") or {}
     if isinstance(settings, dict) and settings.get("complete") is False:
@@ -504,8 +511,10 @@ def _warnings(meta: Mapping[str, Any]) -> list[str]:
                      f"{as_text(entry.get('reason'), 500)}")
     if len(unrecorded) > LISTED:
         found.append(f"… and {len(unrecorded) - LISTED:,} more values not recorded")
-    raised = [call for call in meta.get("calls") or [] if call.get("finished", True) is False]
-    for call in raised[:LISTED]:
+    # one pass over the records without checking them (50,000 calls: milliseconds); the calls listed
+    # are checked as any call a page shows (a damaged one is refused, naming its field)
+    raised = [i for i, call in enumerate(meta["calls"]) if isinstance(call, dict) and call.get("finished", True) is False]
+    for call in (capture.call(i) for i in raised[:LISTED]):
         found.append(f"call {as_text(call.get('index'), 40)} raised in the original job: {as_text(call.get('error') or 'no message', 500)}")
     if len(raised) > LISTED:
         found.append(f"… and {len(raised) - LISTED:,} more calls that raised")

@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, quote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from modulelens.errors import (
@@ -166,8 +166,12 @@ class _Ui:
     # ---------------------------------------------------------------------------- pages
 
     def repo(self, request: Request) -> Response:
+        """The repo page, streamed: up to 500 rows, and its first bytes before the rows are rendered."""
         query = pages.RepoQuery.from_params(request.query_params)
-        return self.page("repo.html", pages.repo_page(self.view, query))
+        context = {"repo": self.view.location, **pages.repo_page(self.view, query)}
+        return StreamingResponse(render.stream("repo.html", context, allow_run=self.settings.allow_run,
+                                               allow_write=self.settings.allow_write, csrf=self.csrf),
+                                 media_type="text/html; charset=utf-8")
 
     def job_cells(self, request: Request) -> Response:
         """The repo page's job column as it is known now (the page polls it while a cell is pending)."""
