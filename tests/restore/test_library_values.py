@@ -30,7 +30,12 @@ def _whisper() -> torch.nn.Module:
 
     dims = ModelDimensions(n_mels=8, n_audio_ctx=8, n_audio_state=16, n_audio_head=2, n_audio_layer=1, n_vocab=64,
                            n_text_ctx=8, n_text_state=16, n_text_head=2, n_text_layer=2)
-    return Whisper(dims)
+    model = Whisper(dims)
+    # The decoder's positional embedding is torch.empty until a checkpoint fills it: uninitialised
+    # memory can be all NaN, and a NaN-only output is (rightly) UNVERIFIED. Fill it as a load would.
+    with torch.no_grad():
+        model.decoder.positional_embedding.normal_(generator=torch.Generator().manual_seed(0))
+    return model
 
 
 def _capture_strictly(model: torch.nn.Module, targets: list[str], repo: Path, name: str, job: Any,
