@@ -27,6 +27,9 @@ LOAD = "load"
 REPLAY_ERROR = "replay error"
 REPLAY_FAIL = "replay FAIL"
 UNVERIFIED = "replay UNVERIFIED"
+# ran and matched, but the recorded outputs hold nothing a module could get wrong (None, empty,
+# only NaN or infinite; no calls): not bit-exact, as replay never PASSes vacuously (docs/tools.md)
+NOTHING_TO_COMPARE = "replay UNVERIFIED: nothing to compare"
 TOLERANCE = "replay PASS only within tolerance"
 REPLAY_CRASH = "replay process crashed"
 NOT_RUN = (BUILD, INPUTS, RUN)
@@ -87,6 +90,8 @@ def from_replay(base: Outcome, result: dict[str, Any]) -> Outcome:
         base.category = BIT_EXACT
     elif status == "PASS":
         base.category, base.message = TOLERANCE, f"mode {result.get('mode')}: {result.get('report', '')}"
+    elif status == "UNVERIFIED" and result.get("nothing_to_compare"):
+        base.category, base.message = NOTHING_TO_COMPARE, "; ".join(result.get("unverified") or [])
     elif status == "UNVERIFIED":
         base.category, base.message = UNVERIFIED, f"unrecorded {result.get('unrecorded')}: {result.get('report', '')}"
     else:

@@ -5,7 +5,9 @@
   shape-only, as large outputs are by design; a ``None`` output; an output that is NaN throughout;
   no recorded calls), each with the true implementation and with one that is wrong (zeros, a tensor
   where ``None`` was recorded), through the Python API (``verify`` and ``diverge``), ``assert_matches``, ``modulelens verify
-  --json`` and its human output, and the MCP ``verify_candidate`` tool. **wrong**: a PASS; a wrong
+  --json`` and its human output, and the MCP ``verify_candidate`` tool; and ``replay`` of the same
+  captures (the API, ``modulelens replay --json`` and its human output, the MCP ``replay_capture``
+  tool), which must say UNVERIFIED too. **wrong**: a PASS; a wrong
   candidate that is not a FAIL (zeros against a shape-only output contradict its recorded
   statistics); a true one that FAILS; an exit code of 0; a human output without ``cannot verify:``.
 * **export of a module whose forward raises**: a capture whose recorded ``functools.partial``
@@ -58,6 +60,28 @@ class NanOut(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x) * float("nan")
+
+
+class EmptyOut(nn.Module):
+    """Returns a tensor with no elements (a batch filtered down to nothing)."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)[:0]
+
+
+class WritesInPlace(nn.Module):
+    """Returns ``None`` and writes its result into the buffer it was given (a cache update)."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(self.lin(x))
 
 
 class ZerosLinear(nn.Linear):
@@ -134,7 +158,7 @@ def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
     from modulelens.tools.diverge import find_divergence
     from modulelens.tools.verify import verify
 
-    row = Row("verify on vacuous captures: shape-only, None, NaN outputs, no calls (issue 35.4)")
+    row = Row("verify and replay on vacuous captures: shape-only, None, NaN outputs, no calls (issue 35.4)")
     start = time.perf_counter()
     repo = modulelens.Repo(tmp / "vacuous-repo")
     refs = vacuous_captures(repo)
@@ -175,8 +199,44 @@ def vacuous_verdict_row(tmp: Path, quick: bool = False) -> Row:
     bad = human.returncode == 0 or "cannot verify:" not in human.stdout or human.stdout.strip() == "}"
     row.record(f"CLI human output (exit {human.returncode}): {human.stdout[-160:]!r}" if bad else None)
     _mcp(row, repo, refs, env, CASES[:2] if quick else CASES)
+    _replays(row, repo, refs, env, quick)
     row.seconds = time.perf_counter() - start
     return row
+
+
+def _replays(row: Row, repo: modulelens.Repo, refs: dict[str, str], env: dict[str, str], quick: bool) -> None:
+    """``replay`` of the vacuous captures: UNVERIFIED (never PASS) through the API, the CLI and MCP."""
+    import anyio
+
+    for capture_kind, ref in refs.items():
+        try:
+            _check(row, f"replay API {capture_kind}", modulelens.load(ref, repo=repo).replay().status, "UNVERIFIED")
+        except ModulelensError as error:
+            _check(row, f"replay API {capture_kind}", f"{type(error).__name__}: {error}"[:120], "UNVERIFIED")
+    for capture_kind in ["none"] if quick else list(refs):
+        done = _cli(["replay", refs[capture_kind], "--json", "--repo", repo.location], env)
+        try:
+            envelope = json.loads(done.stdout)
+            got = _verdict(envelope["result"]) if envelope["ok"] else f"error {envelope['error']['message'][:80]}"
+        except (ValueError, KeyError):
+            got = f"no JSON (exit {done.returncode}): {done.stdout[-80:]!r} {done.stderr[-120:]!r}"
+        _check(row, f"replay CLI --json {capture_kind}", f"{got} with exit code 0" if done.returncode == 0 else got,
+               "UNVERIFIED")
+    human = _cli(["replay", refs["nan"], "--repo", repo.location], env)
+    bad = human.returncode == 0 or "cannot verify:" not in human.stdout
+    row.record(f"replay CLI human output (exit {human.returncode}): {human.stdout[-160:]!r}" if bad else None)
+
+    async def replay_tool(ref: str) -> str:
+        from mcp import Client
+
+        from modulelens.interfaces.mcp_server import build_server
+
+        async with Client(build_server(repo.location), raise_exceptions=True) as client:
+            result = await client.call_tool("replay_capture", {"ref": ref})
+        return _verdict(result.structured_content or {}) if not result.is_error else "a tool error"
+
+    for capture_kind in ["shape-only"] if quick else list(refs):
+        _check(row, f"replay MCP {capture_kind}", anyio.run(replay_tool, refs[capture_kind]), "UNVERIFIED")
 
 
 def _candidate_class(spec: str) -> type[nn.Module]:

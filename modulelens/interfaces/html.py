@@ -153,22 +153,25 @@ def capture_html(capture: Capture) -> str:
 
 def replay_html(report: ReplayReport) -> str:
     """HTML for a replay report: a coloured verdict and one row per call."""
-    head = (f"<div>{badge(report.passed)} replay of <b>{esc(report.ref)}</b> on {esc(report.device)} "
+    verdict = {"PASS": True, "FAIL": False}.get(report.status)  # UNVERIFIED: grey, neither
+    head = (f"<div>{badge(verdict, report.status)} replay of <b>{esc(report.ref)}</b> on {esc(report.device)} "
             f"({esc(report.mode)}{', ' + esc(report.dtype) if report.dtype else ''})</div>")
+    cannot = "".join(f"<div>cannot verify: {esc(reason)}</div>" for reason in report.unverified)
     rows = []
     for c in report.calls:
         abs_err = max((leaf.max_abs_error for leaf in c.leaves), default=0.0)
         rel_err = max((leaf.max_rel_error for leaf in c.leaves), default=0.0)
         ulps = max((leaf.max_ulps for leaf in c.leaves if leaf.max_ulps is not None), default=None)
         worst = c.worst
-        detail = c.error or (f"{worst.path}: {worst.message}" if worst else f"{len(c.leaves)} output leaves match")
-        rows.append([esc(c.index), badge(c.passed, "pass" if c.passed else "FAIL"), esc(fmt_number(abs_err)),
+        detail = c.error or (f"{worst.path}: {worst.message}" if worst else "; ".join(c.unverified)
+                             or f"{len(c.leaves)} output leaves match")
+        rows.append([esc(c.index), badge({"pass": True, "fail": False}.get(c.status), c.status), esc(fmt_number(abs_err)),
                      esc(fmt_number(rel_err)), esc(fmt_number(ulps)), esc(f"{c.seconds * 1e3:.2f} ms"), esc(detail)])
     body = table(("call", "result", "max abs err", "max rel err", "max ULPs", "time", "detail"), rows, raw=True)
     located = "".join(f"<div>call {esc(c.index)}: {esc(c.divergence.summary())}</div>"  # docs/tools.md, "First divergence"
                       for c in report.calls if c.divergence is not None)
     notes = "".join(f"<div>note: {esc(n)}</div>" for n in report.notes)
-    return _wrap(head + body + located + notes)
+    return _wrap(head + cannot + body + located + notes)
 
 
 def result_html(title: str, data: Any, passed: bool | None = None) -> str:

@@ -210,8 +210,9 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
     def replay_capture(ref: RefArg, device: DeviceArg = None, dtype: DtypeArg = None, rtol: RtolArg = None,
                        atol: AtolArg = None, ulps: UlpsArg = None) -> dict[str, Any]:
         """Rebuild the module and run every recorded call, comparing with the recorded outputs (each
-        float leaf's error in ULPs: ``max_ulps``). ``passed`` is false on a mismatch (that is a result,
-        not an error)."""
+        float leaf's error in ULPs: ``max_ulps``). ``status``: PASS, FAIL on a mismatch (a result, not an
+        error), or UNVERIFIED (never a pass) with ``unverified`` naming why nothing could be compared
+        (outputs shape-only, None, empty or only NaN, no calls). ``passed`` is true only for PASS."""
         from modulelens.restore.compare import parse_ulps
 
         capture = session.load_capture(ref, repo, device=device, dtype=dtype)

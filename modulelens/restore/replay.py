@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
@@ -14,7 +14,14 @@ from modulelens.errors import CorruptCaptureError, UsageError
 from modulelens.format.spec import cpu_capability
 from modulelens.format.tree import flatten_with_paths, mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
-from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare, describe_ulps
+from modulelens.restore.compare import (
+    LeafResult,
+    UlpTolerance,
+    check_ulps,
+    compare,
+    describe_ulps,
+    nothing_to_compare,
+)
 from modulelens.restore.context import call_context  # noqa: F401 - tools and kernels import it from here
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.inputs import describe_input_path
@@ -25,9 +32,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class CallReplay:
-    """How one call replayed. ``status``: ``"pass"`` (every leaf compared and matching), ``"fail"``,
-    or ``"unverified"`` (it ran and nothing contradicts the recording, but some leaves had no
-    recorded values to compare: shape-only or unrecorded). ``passed`` is ``status == "pass"``."""
+    """How one call replayed. ``status``: ``"pass"`` (every leaf compared and matching, and at least
+    one of them holds a value the module could get wrong), ``"fail"`` (a leaf differs or contradicts
+    its recorded statistics, or the call raised), or ``"unverified"``: nothing contradicts the
+    recording, but ``unverified`` names what had no values to compare (a shape-only or unrecorded
+    leaf, an output that is ``None``, empty or only NaN, a call that raised when recorded), as
+    :class:`~modulelens.tools.verify.CallVerification` judges a candidate. ``passed`` is
+    ``status == "pass"``."""
 
     call: int  # position in capture.calls
     index: int  # the module's call number in the original job
@@ -38,6 +49,7 @@ class CallReplay:
     grad_leaves: list[LeafResult] = field(default_factory=list)  # replay(backward=True)
     # the first failing call of a capture recorded with its op trace: where this replay first differs
     divergence: Divergence | None = None
+    unverified: list[str] = field(default_factory=list)  # why nothing here could prove the replay right
 
     @property
     def all_leaves(self) -> list[LeafResult]:
@@ -47,7 +59,7 @@ class CallReplay:
     def status(self) -> str:
         if self.error is not None or not all(leaf.passed for leaf in self.all_leaves):
             return "fail"
-        return "pass" if all(leaf.compared for leaf in self.all_leaves) else "unverified"
+        return "unverified" if self.unverified else "pass"
 
     @property
     def not_compared(self) -> list[LeafResult]:
@@ -60,13 +72,20 @@ class CallReplay:
 
     def to_dict(self) -> dict[str, Any]:
         return {"call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
-                "error": self.error, "seconds": self.seconds, "leaves": [leaf.to_dict() for leaf in self.leaves],
+                "error": self.error, "unverified": self.unverified, "seconds": self.seconds,
+                "leaves": [leaf.to_dict() for leaf in self.leaves],
                 "grad_leaves": [leaf.to_dict() for leaf in self.grad_leaves],
                 "divergence": self.divergence.to_dict() if self.divergence is not None else None}
 
 
 @dataclass
 class ReplayReport:
+    """The verdict of :func:`replay`: ``status`` is ``"PASS"`` (every call ran and matched its
+    recording with something real to compare), ``"FAIL"`` (a call differs or raised) or
+    ``"UNVERIFIED"``: nothing contradicts the recording, but nothing real was compared
+    (``unverified`` names it: no recorded calls, outputs stored shape-only, ``None``, empty or only
+    NaN). ``passed`` is true only for ``"PASS"``, as for ``verify`` (docs/tools.md)."""
+
     ref: str
     mode: str  # "bit-exact", "tolerance" or "within N ULPs"
     device: str
@@ -74,27 +93,37 @@ class ReplayReport:
     weights: str = "recorded"  # "recorded" (each call's recorded state) or "current" (the module as it is)
     calls: list[CallReplay] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    no_calls: str | None = None  # why no call was replayed (a capture without recorded calls)
+
+    @property
+    def status(self) -> Literal["PASS", "FAIL", "UNVERIFIED"]:
+        """``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"`` (nothing failed, nothing real was compared)."""
+        if any(c.status == "fail" for c in self.calls):
+            return "FAIL"
+        return "PASS" if self.calls and all(c.status == "pass" for c in self.calls) else "UNVERIFIED"
 
     @property
     def passed(self) -> bool:
-        """Every call ran and every output leaf was compared and matched (see ``status``)."""
-        return bool(self.calls) and all(c.status == "pass" for c in self.calls)
+        """The status is PASS: every call ran and matched, with something real to compare."""
+        return self.status == "PASS"
 
     @property
-    def status(self) -> str:
-        """``"PASS"``, ``"FAIL"`` or ``"UNVERIFIED"`` (ran, but some outputs had no recorded values)."""
-        if not self.calls or any(c.status == "fail" for c in self.calls):
-            return "FAIL"
-        return "PASS" if self.passed else "UNVERIFIED"
+    def unverified(self) -> list[str]:
+        """Why the verdict cannot be PASS although nothing failed: one line per reason."""
+        if not self.calls:
+            return [self.no_calls or f"{self.ref}: no call was replayed"]
+        return [f"call {c.index}: {reason}" for c in self.calls if c.status == "unverified" for reason in c.unverified]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ref": self.ref, "passed": self.passed, "status": self.status, "mode": self.mode,
+        return {"ref": self.ref, "passed": self.passed, "status": self.status, "unverified": self.unverified,
+                "mode": self.mode,
                 "device": self.device, "dtype": self.dtype, "weights": self.weights, "notes": self.notes,
                 "calls": [c.to_dict() for c in self.calls]}
 
     def __str__(self) -> str:
         weights = "recorded weights" if self.weights == "recorded" else "the module's current weights"
         lines = [f"replay {self.ref} on {self.device} ({self.mode}, {weights}): {self.status}"]
+        lines.extend(f"  cannot verify: {reason}" for reason in self.unverified)
         for c in self.calls:
             status = {"pass": "pass", "fail": "FAIL", "unverified": "UNVERIFIED"}[c.status]
             compared = len(c.all_leaves) - len(c.not_compared)
@@ -102,6 +131,8 @@ class ReplayReport:
             if c.not_compared and c.error is None:
                 kinds = sorted({leaf.kind for leaf in c.not_compared})
                 detail += f"; {len(c.not_compared)} NOT compared ({', '.join(kinds)}: no recorded values)"
+            elif c.status == "unverified":  # every leaf matched, and proves nothing (None, empty, NaN)
+                detail = "; ".join(c.unverified)
             worst_abs = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
             lines.append(f"  call {c.index}: {status}  max abs err {worst_abs:.3g}  {detail}")
             if c.grad_leaves:
@@ -216,8 +247,12 @@ def replay(
     how = _Comparison(exact=exact, rtol=rtol, atol=atol, cross_device=cross_device or sharded, ulps=ulps)
     held = capture.held_state if module is None else None  # the recorded weights the module holds, if any
     located = not locate_divergence
+    selected = list(range(len(capture.calls))) if calls is None else list(calls)
+    if not selected:
+        report.no_calls = (f"{capture.ref} has no recorded calls to replay" if not capture.calls
+                           else "no recorded call was selected (calls=[])")
     with capture.module_kept(target):  # each call's state loaded in turn, then the module as it was
-        for position in range(len(capture.calls)) if calls is None else calls:
+        for position in selected:
             first = not report.calls
             result = _replay_call(capture, position, target, device, how, weights=weights, backward=backward,
                                   reload=first)
@@ -271,8 +306,8 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     """Run recorded call ``position`` on ``target`` and compare; errors go into the result, not up."""
     call = capture.calls[position]
     result = CallReplay(call=position, index=call.index, passed=False)
-    if not call.finished:
-        result.error = "the recorded call did not finish (it raised in the original job)"
+    if not call.finished:  # as verify judges it: nothing recorded to compare, not a wrong replay
+        result.unverified.append("the recorded call raised in the original job: no output to compare")
         return result
     grads_wanted = backward and call.has_backward
     if backward and not call.has_backward:
@@ -303,6 +338,12 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     if grads_wanted:
         grad_leaves = how.leaves(expected_grads, actual_grads, synthetic or call.shape_only_in("backward.output_grads"))
         result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
+    # a leaf with no recorded values (shape-only, unrecorded) can contradict the recording, never prove it
+    result.unverified = [f"{leaf.path}: {leaf.message}" for leaf in result.all_leaves if not leaf.compared]
+    if not result.unverified:  # None matches None, NaN matches NaN: a match that proves nothing
+        recorded = [call.output, *(call.mutated_inputs or {}).values(), *([expected_grads] if grads_wanted else [])]
+        nothing = nothing_to_compare(recorded)
+        result.unverified = [nothing] if nothing else []
     result.passed = result.status == "pass"
     return result
 

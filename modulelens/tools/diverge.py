@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import UsageError
-from modulelens.restore.compare import nothing_to_compare
 from modulelens.tools.candidates import Candidate, describe_candidate
 from modulelens.tools.reports import json_safe, store_report
 from modulelens.tools.verify import verify
@@ -80,21 +79,10 @@ def _against_candidate(capture: Capture, candidate: Candidate, calls: list[int],
 
 def _against_recording(capture: Capture, calls: list[int], rtol: float | None, atol: float | None) -> dict[str, Any]:
     report = capture.replay(calls=calls, rtol=rtol, atol=atol)
-    rows = []
-    for c in report.calls:
-        status, reasons = c.status, [f"{leaf.path}: {leaf.message}" for leaf in c.not_compared]
-        # a replay matches a None, empty or all-NaN output whatever it computes: that proves nothing
-        nothing = nothing_to_compare(capture.calls[c.call].output) if status == "pass" else None
-        if nothing:
-            status, reasons = "unverified", [nothing]
-        rows.append(_row(c.call, c.index, status, c.error, c.divergence, reasons if status == "unverified" else []))
-    if any(row["status"] == "fail" for row in rows):
-        status = "FAIL"
-    else:
-        status = "PASS" if rows and all(row["status"] == "pass" for row in rows) else "UNVERIFIED"
-    unverified = [f"call {row['index']}: {reason}" for row in rows for reason in row["unverified"]]
-    return _result(capture, None, f"this replay against the recorded job's trace ({report.mode})", status,
-                   unverified, rows, list(report.notes))
+    # replay judges a None, empty or all-NaN output UNVERIFIED itself (it proves nothing), as verify does
+    rows = [_row(c.call, c.index, c.status, c.error, c.divergence, c.unverified) for c in report.calls]
+    return _result(capture, None, f"this replay against the recorded job's trace ({report.mode})", report.status,
+                   report.unverified, rows, list(report.notes))
 
 
 def _row(position: int, index: int, status: str, error: str | None, divergence: Divergence | None,

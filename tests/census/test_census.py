@@ -133,11 +133,20 @@ def test_within_tolerance_is_a_wrong_value() -> None:
 
 
 @pytest.mark.parametrize("category", [oc.DROPPED, oc.JOB_BROKE, oc.CAPTURE_TIMEOUT, oc.CAPTURE_CRASH,
-                                      oc.UNVERIFIED, oc.REPLAY_CRASH, "load: class not importable"])
+                                      oc.UNVERIFIED, oc.REPLAY_CRASH,
+                                      "load: class not importable"])
 def test_a_failure_after_the_probe_is_never_a_census_limitation(category: str) -> None:
     # every family has limitation entries for the categories before capture; none reaches these
     failure = Outcome("transformers", "llama", category, "llama:model@eval", message="whatever")
     assert not known.accepted(failure)
+
+
+def test_nothing_to_compare_is_listed_not_counted_and_not_a_failure() -> None:
+    # a module whose outputs under the census's inputs are None, empty or only NaN: the replay matched
+    # and no value could be wrong, so it is neither bit-exact nor a failure of the rebuild
+    vacuous = Outcome("torch_nn", "Dropout", oc.NOTHING_TO_COMPARE, "Dropout:model@eval",
+                      message="the recorded output is None: nothing to compare")
+    assert not vacuous.passed and known.accepted(vacuous) and not known.wrong_value(vacuous)
 
 
 # -- "could not build" cannot hide a modulelens failure -------------------------------------------

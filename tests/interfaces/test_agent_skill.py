@@ -231,7 +231,8 @@ def test_template_and_check_candidate_for_a_class_only_in_stored_source(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout)
     assert list(summary)[:2] == ["passed", "ref"] and summary["passed"] is True  # verdict first
-    assert summary["replay"] == {"passed": True, "mode": "bit-exact", "calls": 1, "failures": []}
+    assert summary["replay"] == {"passed": True, "status": "PASS", "mode": "bit-exact", "calls": 1, "failures": [],
+                                 "cannot_verify": []}
     assert summary["verify"]["passed"] is True and summary["verify"]["failures"] == []
     assert summary["profile"]["median_ms"] > 0
     assert len(proc.stdout) < 1000  # compact: no per-leaf tables

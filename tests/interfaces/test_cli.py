@@ -135,11 +135,11 @@ print(json.dumps({"heavy": heavy, "command_modules": commands}))
 
 
 @pytest.mark.parametrize("args, command_modules", [
-    ("--help", ["agents", "app", "core", "kernel", "remote", "tools", "ui"]),  # lists every command, builds none
-    ("--version", ["app"]),
-    ("ls", ["app", "core"]),
-    ("show ranker/attn", ["app", "core"]),
-    ("show ranker/attn --json", ["app", "core"]),
+    ("--help", ["agents", "browse", "core", "kernel", "remote", "root", "tools", "ui"]),  # lists every command, builds none
+    ("--version", ["root"]),
+    ("ls", ["browse", "core", "root"]),
+    ("show ranker/attn", ["browse", "core", "root"]),
+    ("show ranker/attn --json", ["browse", "core", "root"]),
 ])
 def test_fast_commands_import_only_what_they_use(populated: Path, args: str, command_modules: list[str]) -> None:
     """Issue 14: --help, --version, ls and show start without torch, numpy, pydantic (typer's

@@ -66,7 +66,9 @@ def test_result_envelopes(repo: Path) -> None:
     result = runner.invoke(app, ["replay", "toy/gate", "--repo", str(repo), "--json"])
     assert result.exit_code == 0
     replay = json.loads(result.stdout)["result"]
-    assert {"ref", "passed", "status", "mode", "device", "dtype", "weights", "notes", "calls"} == set(replay)
-    assert {"call", "index", "passed", "status", "error", "seconds", "leaves", "grad_leaves",
+    assert {"ref", "passed", "status", "unverified", "mode", "device", "dtype", "weights", "notes",
+            "calls"} == set(replay)
+    assert {"call", "index", "passed", "status", "error", "unverified", "seconds", "leaves", "grad_leaves",
             "divergence"} == set(replay["calls"][0])
+    assert replay["status"] == "PASS" and replay["unverified"] == [] == replay["calls"][0]["unverified"]
     assert replay["calls"][0]["divergence"] is None  # a passing call (docs/cli-json.md, "Divergence")

@@ -300,7 +300,7 @@ def test_cli_push_pull_and_ls_with_urls(env: dict[str, str], tmp_path: Path) -> 
 def test_reading_a_missing_repo_never_creates_it(env: dict[str, str], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from modulelens.interfaces.cli.app import app
+    from modulelens.interfaces.cli import app
 
     for location in (str(tmp_path / "typo"), _url()):
         result = CliRunner().invoke(app, ["ls", "--repo", location, "--json"])

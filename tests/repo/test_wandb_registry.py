@@ -106,7 +106,7 @@ def test_load_and_show_by_wandb_url_from_a_downloaded_artifact(source: modulelen
     step that follows ``artifact.download()``), load and ``show`` work from the cache alone."""
     from typer.testing import CliRunner
 
-    from modulelens.interfaces.cli.app import app
+    from modulelens.interfaces.cli import app
 
     monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
     artifact, aliases = build_artifact(source, "ranker/0:golden", tmp_path / "stage")

@@ -9,14 +9,12 @@ dropped or unrecorded) and replayed in a fresh process.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from child_process import PYTHON, subprocess_env
+from child_process import replay_in_fresh_process
 
 import modulelens
 
@@ -24,13 +22,6 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 WORDS = ["[PAD]", "the", "a", "cat", "dog", "sat", "on", "mat"]
 
 
-def _replay_fresh(repo: Path, refs: dict[str, str]) -> dict[str, Any]:
-    manifest = repo.parent / "manifest.json"
-    manifest.write_text(json.dumps(refs))
-    result = subprocess.run([PYTHON, str(SUPPORT / "fidelity_replay.py"), str(repo), str(manifest)],
-                            capture_output=True, text=True, env=subprocess_env(), timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])["results"]
 
 
 def _capture_strictly(model: torch.nn.Module, repo: Path, name: str, job: Any) -> modulelens.VersionInfo:
@@ -56,7 +47,7 @@ def test_word_embeddings_with_a_whitespace_tokenizer_is_rebuilt_from_its_argumen
     assert vars(rebuilt.tokenizer) == vars(tokenizer)  # vocabulary, its index, stop words, lower-casing
     assert rebuilt.tokenize(["The cat sat on a mat"])["input_ids"].tolist() == \
         model.tokenize(["The cat sat on a mat"])["input_ids"].tolist()
-    results = _replay_fresh(tmp_path / "repo", {"words": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"words": saved.ref})
     assert results["words"]["status"] == "PASS" and results["words"]["differing"] == 0, results
 
 
@@ -71,7 +62,7 @@ def test_apply_color_map_is_rebuilt_from_its_color_map(tmp_path: Path) -> None:
     rebuilt = modulelens.load(saved.ref, repo=tmp_path / "repo").module
     assert type(rebuilt.colormap) is ColorMap and rebuilt.colormap.name == "viridis"
     assert torch.equal(rebuilt.colormap.colors, colormap.colors)
-    results = _replay_fresh(tmp_path / "repo", {"colors": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"colors": saved.ref})
     assert results["colors"]["status"] == "PASS" and results["colors"]["differing"] == 0, results
 
 
@@ -88,7 +79,7 @@ def test_torchrl_multi_agent_mlp_is_rebuilt_with_its_stacked_parameters(tmp_path
     rebuilt = modulelens.load(saved.ref, repo=tmp_path / "repo").module
     assert [n for n, _ in rebuilt.named_parameters()] == [n for n, _ in model.named_parameters()]
     assert not list(rebuilt.named_buffers())
-    results = _replay_fresh(tmp_path / "repo", {"agents": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"agents": saved.ref})
     assert results["agents"]["status"] == "PASS" and results["agents"]["differing"] == 0, results
 
 
@@ -101,5 +92,5 @@ def test_tensordict_ensemble_module_is_rebuilt_from_its_tensordict(tmp_path: Pat
         model = EnsembleModule(member, num_copies=3)
     batch = TensorDict({"obs": torch.randn(5, 4)}, batch_size=[5])
     saved = _capture_strictly(model, tmp_path / "repo", "ensemble", lambda: model(batch))
-    results = _replay_fresh(tmp_path / "repo", {"ensemble": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"ensemble": saved.ref})
     assert results["ensemble"]["status"] == "PASS" and results["ensemble"]["differing"] == 0, results

@@ -9,14 +9,12 @@ copied onto boundaries (the census found it). Each case is replayed in a fresh p
 
 from __future__ import annotations
 
-import json
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from child_process import PYTHON, subprocess_env
+from child_process import replay_in_fresh_process
 
 import modulelens
 from modulelens.format.tensors import address_offset, at_address_offset
@@ -25,13 +23,6 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat runs".split()]
 
 
-def _replay_fresh(repo: Path, refs: dict[str, str]) -> dict[str, Any]:
-    manifest = repo.parent / "manifest.json"
-    manifest.write_text(json.dumps(refs))
-    result = subprocess.run([PYTHON, str(SUPPORT / "fidelity_replay.py"), str(repo), str(manifest)],
-                            capture_output=True, text=True, env=subprocess_env(), timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])["results"]
 
 
 def _capture(model: torch.nn.Module, repo: Path, name: str, job: Any) -> modulelens.VersionInfo:
@@ -69,7 +60,7 @@ def test_a_cross_encoder_from_its_checkpoint_replays_bit_exact(tmp_path: Path) -
     entry = capture.metadata["tensors"][capture.metadata["states"][0]["parameters"]["0.model.classifier.weight"]["tensor"]]
     assert entry.get("address_offset", 0) == address_offset(head)  # what the job's head weight had, recorded
     assert address_offset(capture.module[0].model.classifier.weight) == address_offset(head)
-    results = _replay_fresh(tmp_path / "repo", {"cross": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"cross": saved.ref})
     assert results["cross"]["status"] == "PASS" and results["cross"]["differing"] == 0, results
 
 
@@ -84,7 +75,7 @@ def test_a_weight_off_a_boundary_is_loaded_at_the_same_offset(tmp_path: Path) ->
     assert address_offset(capture.module.bias) == 0  # an aligned tensor records nothing and comes back aligned
     [given] = capture.calls[0].args
     assert address_offset(given) == address_offset(x) == 0
-    results = _replay_fresh(tmp_path / "repo", {"head": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"head": saved.ref})
     assert results["head"]["status"] == "PASS" and results["head"]["differing"] == 0, results
 
 
@@ -95,6 +86,6 @@ def test_a_call_input_off_a_boundary_comes_back_at_its_offset(tmp_path: Path) ->
     capture = modulelens.load(saved.ref, repo=tmp_path / "repo")
     [given] = capture.calls[0].args
     assert torch.equal(given, x) and address_offset(given) == address_offset(x) != 0
-    results = _replay_fresh(tmp_path / "repo", {"sliced": saved.ref})
+    results = replay_in_fresh_process(tmp_path / "repo", {"sliced": saved.ref})
     assert results["sliced"]["status"] == "PASS", results
 

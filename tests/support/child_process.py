@@ -4,9 +4,12 @@ checkout, the test support modules (``tests/support``) and the distributed examp
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 TESTS_DIR = SUPPORT_DIR.parent
@@ -27,3 +30,18 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
+
+
+def replay_in_fresh_process(repo: Path, refs: dict[str, str], extra_path: list[str] | None = None) -> dict[str, Any]:
+    """Replay ``refs`` (label -> ref) of ``repo`` in one fresh process (``fidelity_replay.py``), each
+    label's result; ``extra_path`` goes first on the child's ``PYTHONPATH``."""
+    manifest = repo.parent / "manifest.json"
+    manifest.write_text(json.dumps(refs))
+    env = subprocess_env()
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join([*extra_path, env["PYTHONPATH"]])
+    result = subprocess.run([PYTHON, str(SUPPORT_DIR / "fidelity_replay.py"), str(repo), str(manifest)],
+                            capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])["results"]
+    return results

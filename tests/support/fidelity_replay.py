@@ -35,6 +35,10 @@ def replay_one(ref: str, repo: str, trust_source: bool = False) -> dict[str, Any
     differing = sum(not leaf.passed for call in report.calls for leaf in call.all_leaves)
     return {
         "ref": ref, "status": report.status, "mode": report.mode, "calls": len(report.calls), "differing": differing,
+        # UNVERIFIED with every leaf compared: the outputs hold nothing to compare (None, empty, only
+        # NaN, no calls), a category of its own in the census (census/outcomes.py)
+        "unverified": report.unverified,
+        "nothing_to_compare": report.status == "UNVERIFIED" and not any(c.not_compared for c in report.calls),
         "raised": sum(call.error is not None for call in report.calls),
         "tensor_leaves": sum(leaf.kind == "tensor" and leaf.compared for leaf in leaves),
         "leaves": len(leaves), "class": capture.module_class,

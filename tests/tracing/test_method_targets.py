@@ -13,11 +13,10 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from child_process import PYTHON, subprocess_env
+from child_process import PYTHON, replay_in_fresh_process, subprocess_env
 from method_models import OwnCall, Pipeline, TinyVAE
 
 import modulelens
@@ -29,19 +28,6 @@ SUPPORT = ROOT / "tests" / "support"
 sys.path.insert(0, str(ROOT))
 
 from census.families import methods as library_targets  # noqa: E402
-
-
-def _replay_fresh(repo: Path, refs: dict[str, str], extra_path: list[str] | None = None) -> dict[str, Any]:
-    """Replay ``refs`` (label -> ref) in one fresh process (tests/support/fidelity_replay.py)."""
-    manifest = repo.parent / "manifest.json"
-    manifest.write_text(json.dumps(refs))
-    env = subprocess_env()
-    if extra_path:
-        env["PYTHONPATH"] = ":".join([*extra_path, env["PYTHONPATH"]])
-    result = subprocess.run([PYTHON, str(SUPPORT / "fidelity_replay.py"), str(repo), str(manifest)],
-                            capture_output=True, text=True, env=env, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])["results"]
 
 
 def test_a_method_target_records_its_calls_and_replays_through_the_method(tmp_path: Path) -> None:
@@ -64,7 +50,7 @@ def test_a_method_target_records_its_calls_and_replays_through_the_method(tmp_pa
     with encode.calls[0].context():
         out = encode.entry_point()(*encode.calls[0].args, **encode.calls[0].kwargs)
     assert torch.equal(out[0], encode.calls[0].output[0])
-    results = _replay_fresh(tmp_path / "repo", {v.name: v.ref for v in cap.saved})
+    results = replay_in_fresh_process(tmp_path / "repo", {v.name: v.ref for v in cap.saved})
     assert {label: r["status"] for label, r in results.items()} == dict.fromkeys(results, "PASS")
     assert all(r["mode"] == "bit-exact" for r in results.values())
 
@@ -107,7 +93,7 @@ def test_library_entry_points_are_captured(tmp_path: Path, name: str) -> None:
                 job(model)
         refs.update({f"{mode}:{v.name}": v.ref for v in cap.saved})
         assert len(cap.saved) == len(labels), (mode, [v.name for v in cap.saved])
-    results = _replay_fresh(tmp_path / "repo", refs)
+    results = replay_in_fresh_process(tmp_path / "repo", refs)
     assert {label: r["status"] for label, r in results.items()} == dict.fromkeys(refs, "PASS"), \
         {label: r.get("report", r.get("error")) for label, r in results.items()}
     assert all(r["mode"] == "bit-exact" for r in results.values())
@@ -123,7 +109,7 @@ def test_timm_rope_get_embed(tmp_path: Path) -> None:
     with modulelens.capture(rope, [":get_embed"], repo=tmp_path / "repo", name="rope") as cap:
         rope.get_embed(shape=[4, 4])
     assert [v.name for v in cap.saved] == ["rope.get_embed"]
-    results = _replay_fresh(tmp_path / "repo", {"rope": cap.saved[0].ref}, extra_path=[SHIMS])
+    results = replay_in_fresh_process(tmp_path / "repo", {"rope": cap.saved[0].ref}, extra_path=[SHIMS])
     assert results["rope"]["status"] == "PASS" and results["rope"]["mode"] == "bit-exact", results
 
 
@@ -196,7 +182,7 @@ def test_run_captures_methods_and_a_submodule_called_before_its_model(tmp_path: 
     assert sorted(s["name"] for s in out["result"]["saved"]) == [
         "BartForConditionalGeneration/model.encoder", "TinyVAE.decode", "TinyVAE.encode"]
     assert "matches no module" not in result.stderr and "END" in result.stderr
-    results = _replay_fresh(tmp_path / "repo", {s["name"]: s["ref"] for s in out["result"]["saved"]})
+    results = replay_in_fresh_process(tmp_path / "repo", {s["name"]: s["ref"] for s in out["result"]["saved"]})
     assert {label: r["status"] for label, r in results.items()} == dict.fromkeys(results, "PASS")
 
 

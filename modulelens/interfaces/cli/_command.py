@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperCommand
 
 from modulelens.interfaces._errors import KNOWN_ERRORS
-from modulelens.interfaces.cli._errors import DebugState, report_error
+from modulelens.interfaces.cli._errors import DebugState, report_error, silence_stdout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,19 +62,6 @@ def _strings_param() -> type:
     return Strings
 
 
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail again
-    on the closed pipe (the recipe of Python's ``signal`` documentation, "Note on SIGPIPE")."""
-    import os
-    import sys
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
-
 class GivenValues:
     """Mixin for a typer command or group whose parameters, ``--help`` included, are
     :func:`take_as_given` (click makes the help option when first asked for the parameters)."""
@@ -96,7 +83,7 @@ def command(group: typer.Typer, name: str, *, json_name: str | None = None, **se
     """Register a command on ``group`` whose known errors become one line (or a JSON error) and an exit code.
 
     Args:
-        group: the typer app of the command's module (assembled into the root app by ``app.py``).
+        group: the typer app of the command's module (assembled into the root app by ``root.py``).
         name: the command name (``modulelens <name>`` or ``modulelens <group> <name>``).
         json_name: the ``command`` field of its JSON envelope (default: ``name``).
         **settings: passed to ``typer.Typer.command`` (``context_settings``...).
@@ -119,7 +106,7 @@ def command(group: typer.Typer, name: str, *, json_name: str | None = None, **se
             try:
                 return func(*args, **kwargs)
             except BrokenPipeError:  # `modulelens ls | head`: the reader left; end quietly, like other tools
-                _silence_stdout()
+                silence_stdout()
                 raise typer.Exit(1) from None
             except KNOWN_ERRORS as error:
                 if DebugState.enabled:

@@ -7,10 +7,13 @@ it. ``--debug`` re-raises instead, for a traceback.
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
 from modulelens.interfaces._errors import as_modulelens_error, error_message, exit_code
 from modulelens.interfaces.output import emit_json, err_console
+
+if TYPE_CHECKING:
+    import typer
 
 
 class DebugState:
@@ -30,6 +33,14 @@ def report_error(label: str, error: BaseException, as_json: bool) -> typer.Exit:
     Returns:
         ``typer.Exit`` carrying the error's exit code.
     """
+    import typer  # here: the direct path (_direct.py) prints errors without importing typer
+
+    return typer.Exit(print_error(label, error, as_json))
+
+
+def print_error(label: str, error: BaseException, as_json: bool) -> int:
+    """Print ``error`` for command ``label`` (one red line on stderr, or one JSON error object on
+    stdout) and return its exit code; :func:`report_error` without typer."""
     code = exit_code(error)
     message = error_message(error)
     if as_json:
@@ -40,4 +51,17 @@ def report_error(label: str, error: BaseException, as_json: bool) -> typer.Exit:
 
         # escape(): a message such as "pip install 'modulelens[agents]'" must keep its brackets.
         err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
+    return code
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail again
+    on the closed pipe (the recipe of Python's ``signal`` documentation, "Note on SIGPIPE")."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -1,6 +1,6 @@
 """Kernel commands: ``modulelens export --format kernelbench`` and ``modulelens kernel verify|agent``.
 
-``app`` holds the top-level ``export``; ``kernel_app`` is the ``kernel`` group (both assembled by ``app.py``).
+``app`` holds the top-level ``export``; ``kernel_app`` is the ``kernel`` group (both assembled by ``root.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Commands that move captures between repos: ``push`` and ``pull`` (assembled into the root app by ``app.py``)."""
+"""Commands that move captures between repos: ``push`` and ``pull`` (assembled into the root app by ``root.py``)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ def replay_summary(step: dict[str, Any]) -> dict[str, Any]:
         return {"passed": False, "error": step["error"]["message"]}
     r = step["result"]
     failed = [f"call {c['index']}: {c['error'] or c['status']}" for c in r["calls"] if not c["passed"]]
-    return {"passed": r["passed"], "mode": r["mode"], "calls": len(r["calls"]), "failures": failed[:MAX_FAILURES]}
+    return {"passed": r["passed"], "status": r.get("status"), "mode": r["mode"], "calls": len(r["calls"]),
+            "failures": failed[:MAX_FAILURES], "cannot_verify": r.get("unverified", [])[:MAX_FAILURES]}
 
 
 def verify_summary(step: dict[str, Any]) -> dict[str, Any]:

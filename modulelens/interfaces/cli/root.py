@@ -18,7 +18,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-import sys
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -27,7 +26,6 @@ from typer.core import TyperGroup
 
 from modulelens.interfaces.cli._command import GivenValues
 from modulelens.interfaces.cli._errors import DebugState
-from modulelens.interfaces.output import err_console
 
 # Where the commands are defined, in the order ``--help`` lists them: (module, its typer app, the
 # group name, or None when its commands are top-level commands).
@@ -137,12 +135,3 @@ def _root(
 ) -> None:
     del version  # handled by its eager callback
     DebugState.enabled = debug
-
-
-def main() -> None:
-    """The ``modulelens`` console script."""
-    try:
-        app()
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
