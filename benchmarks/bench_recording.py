@@ -9,7 +9,9 @@ the four targets.
   * modulelens:  a capture of the targets (Recording(max_calls=steps)); each timed forward records
                  every target (snapshot copies of its tensors, kept in memory; saving is not timed)
   * nnsight:     with NNsight(model).trace(x): target.input.save(); target.output.save() for each target
-Each contender has its own copy of the model (same weights); every step runs the three in a
+  * done:        model(x) under a capture whose targets have all their calls (Recording(max_calls=1),
+                 recorded before timing starts): what the rest of a job pays once recording is over
+Each contender has its own copy of the model (same weights); every step runs the four in a
 rotating order, --steps steps per round (a fresh capture each round), and the ratios are medians of
 per-step ratios. The models run with their default settings (a transformers model built from a
 config is in train mode, with caches on), on 1 thread.
@@ -82,15 +84,21 @@ def _envoy(wrapped: Any, name: str) -> Any:
 
 def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list[str], steps: int, rounds: int,
             repo: Path) -> dict[str, Any]:
-    """Three copies of one model (same weights), one per contender, stepped in turn: each step runs
-    all three in a rotating order, so a slow spell of the machine (this one's clock varies by a
-    third over seconds) falls on all three alike. The ratios are medians of per-step ratios."""
-    plain, traced, wrapped = model, copy.deepcopy(model), copy.deepcopy(model)
+    """Four copies of one model (same weights), one per contender, stepped in turn: each step runs
+    all four in a rotating order, so a slow spell of the machine (this one's clock varies by a
+    third over seconds) falls on all four alike. The ratios are medians of per-step ratios."""
+    plain, traced, wrapped, finished = model, copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
     nnsight_record = _nnsight_recorder(wrapped, inputs, targets)
+    # The capture stays open (as in a job's `with` block) after its targets have their one call.
+    done = modulelens.capture(finished, targets=targets, repo=repo, name="bench-done",
+                              record=modulelens.Recording(max_calls=1))
+    finished(*inputs)
+    assert done.complete and done.tracer.active_hooks == 0, "the done capture still has hooks"
     contenders: dict[str, Callable[[], Any]] = {
         "untraced": lambda: plain(*inputs),
         "modulelens": lambda: traced(*inputs),
         "nnsight": nnsight_record,
+        "done": lambda: finished(*inputs),
     }
     times: dict[str, list[float]] = {k: [] for k in contenders}
     order = list(contenders)
@@ -111,6 +119,7 @@ def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list
             assert recorded == [steps + 1] * len(targets), f"not every call was recorded: {recorded}"
             capture.stop()
             capture.tracer.records.clear()  # nothing is saved: recording alone is measured
+    done.stop()
     ml, nn_, base = (median(times[k]) for k in ("modulelens", "nnsight", "untraced"))
 
     def paired(a: str, b: str) -> float:
@@ -119,7 +128,8 @@ def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list
     return {"model": label, "targets": len(targets), "untraced_ms": base * 1e3, "modulelens_ms": ml * 1e3,
             "nnsight_ms": nn_ * 1e3, "modulelens_vs_untraced": paired("modulelens", "untraced"),
             "nnsight_vs_untraced": paired("nnsight", "untraced"),
-            "modulelens_vs_nnsight": paired("modulelens", "nnsight"), "steps_timed": len(times["untraced"])}
+            "modulelens_vs_nnsight": paired("modulelens", "nnsight"), "done_ms": median(times["done"]) * 1e3,
+            "done_vs_untraced": paired("done", "untraced"), "steps_timed": len(times["untraced"])}
 
 
 def main() -> None:
@@ -137,7 +147,7 @@ def main() -> None:
             model, inputs, targets = build()
             rows.append(measure(label, model, inputs, targets, args.steps, args.rounds, Path(repo)))
     report("recording", "forward pass while recording every call's inputs and output of 4 submodules", rows,
-           ["model", "untraced_ms", "modulelens_ms", "nnsight_ms", "modulelens_vs_nnsight"],
+           ["model", "untraced_ms", "modulelens_ms", "nnsight_ms", "modulelens_vs_nnsight", "done_vs_untraced"],
            {"steps": args.steps, "rounds": args.rounds, "threads": 1, "paired": "per step"})
 
 

@@ -361,53 +361,97 @@ def _fields(leaf: Any) -> dict[str, Any] | None:
     return None
 
 
-def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True,
-               paths: bool = True) -> Any:
+def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True) -> Any:
     """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves
     and state objects (a state object is always rebuilt as a new object). With
     ``state_objects=False`` a state object is a leaf like any other (the job's own object kept).
-    With ``paths=False`` every leaf's path is ``""`` and the tree is walked as :class:`Flattened`
-    walks it: building key paths costs most of a walk of a state object such as a transformers
-    cache (~100 leaves), and a snapshot does not need them."""
+    A walk that needs no paths is :func:`deep_flatten`'s (one walk, no key paths)."""
 
     def visit(where: str, leaf: Any) -> Any:
         fields = _fields(leaf) if state_objects or not is_state_object(leaf) else None
         if fields is None:
             return fn(where, leaf)
-        mapped = {name: map_leaves(fn, old, f"{where}.{name}" if paths else "", state_objects=state_objects,
-                                   paths=paths)
+        mapped = {name: map_leaves(fn, old, f"{where}.{name}", state_objects=state_objects)
                   for name, old in fields.items()}
-        if is_state_object(leaf):
-            return with_state_attributes(leaf, mapped)
-        changed = {name: new for name, new in mapped.items() if new is not fields[name]}
-        if not changed:
-            return leaf
-        result = copy.copy(leaf)
-        for name, value in changed.items():
-            object.__setattr__(result, name, value)
-        return result
+        return _with_fields(leaf, fields, mapped)
 
-    if not paths:  # leaves with nothing to look inside go straight to fn
-        if type(tree) in _ATOMS:  # most attributes of a state object: no flatten at all
-            return fn("", tree)
-        flat = Flattened.of(tree)
-        return flat.unflatten([fn("", leaf) if type(leaf) in _ATOMS else visit("", leaf) for leaf in flat.leaves])
     if pytree.tree_is_leaf(tree):  # a single leaf (most attributes of a state object): no pytree walk
         return visit(path, tree)
     found, spec = flatten_with_paths(tree)
     return pytree.tree_unflatten([visit(path + key, leaf) for key, leaf in found], spec)
 
 
-def deep_leaves(tree: Any, *, state_objects: bool = True, paths: bool = True) -> list[tuple[str, Any]]:
+def _with_fields(leaf: Any, fields: dict[str, Any], mapped: dict[str, Any]) -> Any:
+    """``leaf`` (a state object or a dataclass leaf) holding ``mapped`` instead of ``fields``: a
+    state object always as a new object, a dataclass as a copy only if a field changed."""
+    if is_state_object(leaf):
+        return with_state_attributes(leaf, mapped)
+    changed = {name: new for name, new in mapped.items() if new is not fields[name]}
+    if not changed:
+        return leaf
+    result = copy.copy(leaf)
+    for name, value in changed.items():
+        object.__setattr__(result, name, value)
+    return result
+
+
+def deep_flatten(tree: Any | Flattened) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """``(leaves, rebuild)``: the leaves :func:`map_leaves` would visit (dataclass fields and state
+    attributes included, in the same order), and a function that builds the same tree holding
+    other leaves, as ``map_leaves`` would (a state object always a new object).
+
+    One walk and one rebuild, without key paths: the tracer snapshots every recorded call's inputs
+    and output this way, and walking a transformers cache (~100 leaves) twice with ``map_leaves``
+    (once to find the tensors that share a storage, once to copy them) was most of a GPT-2 block's
+    recording cost (benchmarks/bench_recording.py).
+    """
+    leaves: list[Any] = []
+    build = _deep_builder(tree, leaves)
+
+    def rebuild(new_leaves: list[Any]) -> Any:
+        if len(new_leaves) != len(leaves):
+            raise ValueError(f"deep_flatten: {len(new_leaves)} leaves for a tree of {len(leaves)}")
+        return build(iter(new_leaves))
+    return leaves, rebuild
+
+
+_Builder = Callable[[Iterator[Any]], Any]
+
+
+def _deep_builder(tree: Any | Flattened, leaves: list[Any]) -> _Builder:
+    """Append ``tree``'s deep leaves to ``leaves``; return what rebuilds it from an iterator of leaves."""
+    if type(tree) in _ATOMS:  # most attributes of a state object: no flatten at all
+        leaves.append(tree)
+        return next
+    flat = Flattened.of(tree)
+    parts: list[_Builder] = []
+    for leaf in flat.leaves:
+        fields = _fields(leaf) if type(leaf) not in _ATOMS else None
+        if fields is None:
+            leaves.append(leaf)
+            parts.append(next)
+        else:
+            builders = {name: _deep_builder(value, leaves) for name, value in fields.items()}
+            parts.append(functools.partial(_build_fields, leaf, fields, builders))
+    if not any(part is not next for part in parts):
+        return lambda new: flat.unflatten([next(new) for _ in parts])
+    return lambda new: flat.unflatten([part(new) for part in parts])
+
+
+def _build_fields(leaf: Any, fields: dict[str, Any], builders: dict[str, _Builder], new: Iterator[Any]) -> Any:
+    return _with_fields(leaf, fields, {name: build(new) for name, build in builders.items()})
+
+
+def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any]]:
     """``(path, leaf)`` for every leaf, dataclass fields and (unless ``state_objects=False``)
-    state attributes included, in a stable order (every path ``""`` with ``paths=False``)."""
+    state attributes included, in a stable order."""
     found: list[tuple[str, Any]] = []
 
     def collect(where: str, leaf: Any) -> Any:
         found.append((where, leaf))
         return leaf
 
-    map_leaves(collect, tree, state_objects=state_objects, paths=paths)
+    map_leaves(collect, tree, state_objects=state_objects)
     return found
 
 

@@ -132,7 +132,12 @@ def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
 def dtensor_type() -> type[DTensor] | None:
     """The DTensor class, or ``None`` when no DTensor can exist: importing
     ``torch.distributed.tensor`` (sympy, symbolic shapes) took ~4 s of a first capture (issue 11),
-    and a job that has DTensors has imported it already."""
+    and a job that has DTensors has imported it already. Once found the class is kept: the tracer
+    asks several times per recorded call, and an import statement each time cost more than the
+    check it guards (benchmarks/bench_recording.py)."""
+    global _DTENSOR
+    if _DTENSOR is not None:
+        return _DTENSOR
     if not torch.distributed.is_available():
         return None
     if "torch.distributed.tensor" not in sys.modules and "torch.distributed._tensor" not in sys.modules:
@@ -144,7 +149,11 @@ def dtensor_type() -> type[DTensor] | None:
             from torch.distributed._tensor import DTensor
         except ImportError:
             return None
+    _DTENSOR = DTensor
     return DTensor
+
+
+_DTENSOR: type[DTensor] | None = None  # dtensor_type(), once the job imported it
 
 
 def is_dtensor(value: Any) -> TypeGuard[DTensor]:

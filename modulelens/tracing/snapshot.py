@@ -22,7 +22,7 @@ from torch._C import _functorch
 from modulelens.errors import CaptureError
 from modulelens.format.layouts import clone, is_plain
 from modulelens.format.tensors import address_offset
-from modulelens.format.tree import Flattened, deep_leaves, has_fields, map_leaves
+from modulelens.format.tree import Flattened, deep_flatten
 from modulelens.format.values import Unrecorded
 
 BASE_ATTR = "_modulelens_base"
@@ -113,21 +113,15 @@ class Snapshotter:
         return target
 
     def tree(self, tree: Any | Flattened) -> Any:
-        """``tree`` with each tensor replaced by its copy."""
-        flat = Flattened.of(tree)
-        leaves = flat.leaves
-        if any(has_fields(leaf) for leaf in leaves):  # dataclasses, state objects: the walker that looks inside
-            tree = flat.tree
-            self._copy_shared_storages([leaf for _, leaf in deep_leaves(tree, paths=False)
-                                        if isinstance(leaf, torch.Tensor)])
-            return map_leaves(lambda _path, leaf: self._call_value(leaf) if isinstance(leaf, torch.Tensor) else leaf,
-                              tree, paths=False)
-        # The common case in one flatten, without the key paths that map_leaves builds: this runs on
-        # every recorded call's inputs and output (benchmarks/bench_recording.py).
+        """``tree`` with each tensor replaced by its copy (dataclass fields and state objects
+        included, a state object as a new object)."""
+        # One walk and one rebuild: this runs on every recorded call's inputs and output
+        # (benchmarks/bench_recording.py).
+        leaves, rebuild = deep_flatten(tree)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         if len(tensors) > 1:  # one tensor shares a storage with no other
             self._copy_shared_storages(tensors)
-        return flat.unflatten([self._call_value(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
+        return rebuild([self._call_value(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
 
     def _call_value(self, tensor: torch.Tensor) -> Any:
         """A call tensor's copy, or an explicit :class:`Unrecorded` marker for one that has no
@@ -234,6 +228,11 @@ def vmap_batch(tensors: list[Any]) -> tuple[int, str, list[int]] | None:
     if any(_functorch.is_functorch_wrapped_tensor(_functorch.get_unwrapped(tensors[i])) for i in positions):
         return None  # a batch of a batch: nested transforms
     return current.batch_size(), current.randomness(), positions
+
+
+def inside_functorch() -> bool:
+    """Whether a ``torch.func`` transform (vmap, grad, jvp...) is running."""
+    return _functorch.peek_interpreter_stack() is not None
 
 
 @contextlib.contextmanager
