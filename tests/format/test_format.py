@@ -12,7 +12,15 @@ import pytest
 import torch
 
 import modulelens
-from modulelens.format.tree import Flattened, decode_tree, deep_leaves, encode_tree, map_leaves, mutable_leaves
+from modulelens.format.tree import (
+    Flattened,
+    decode_tree,
+    deep_flatten,
+    deep_leaves,
+    encode_tree,
+    map_leaves,
+    mutable_leaves,
+)
 from modulelens.format.values import DecodeContext, EncodeContext, decode_value, encode_value
 
 Point = collections.namedtuple("Point", "x y")
@@ -161,9 +169,10 @@ class _Batch:
     note: str
 
 
-def test_walking_without_paths_maps_every_leaf_as_walking_with_them() -> None:
-    """map_leaves(paths=False), the snapshot's walk, recurses through plain containers itself:
-    it must give what the pytree walk with key paths gives, node types and all."""
+def test_deep_flatten_gives_the_leaves_and_rebuild_of_map_leaves() -> None:
+    """deep_flatten, the snapshot's walk, recurses through plain containers itself: its leaves
+    must be map_leaves' in the same order, and its rebuild what map_leaves gives, node types and
+    all (a state object a new object)."""
     modulelens.register_state_codec(_Stats)
     point = collections.namedtuple("point", "x y")
     tree = ((torch.ones(2), point(torch.zeros(1), 2.5)), {"stats": _Stats(), "batch": _Batch(torch.arange(3), "a"),
@@ -172,17 +181,21 @@ def test_walking_without_paths_maps_every_leaf_as_walking_with_them() -> None:
     def double(_path: str, leaf: object) -> object:
         return leaf * 2 if isinstance(leaf, torch.Tensor) else leaf
 
-    with_paths, without = map_leaves(double, tree), map_leaves(double, tree, paths=False)
+    leaves, rebuild = deep_flatten(tree)
     assert [path for path, _ in deep_leaves(tree)][:3] == ["[0][0]", "[0][1].x", "[0][1].y"]
-    assert all(path == "" for path, _ in deep_leaves(tree, paths=False))
+    assert [id(leaf) for leaf in leaves] == [id(leaf) for _, leaf in deep_leaves(tree)]
+    with_paths, without = map_leaves(double, tree), rebuild([double("", leaf) for leaf in leaves])
     flat_a, flat_b = deep_leaves(with_paths), deep_leaves(without)
-    assert len(flat_a) == len(flat_b) == len(deep_leaves(tree))
-    for (_, a), (_, b) in zip(flat_a, flat_b, strict=True):
-        assert type(a) is type(b)
+    assert len(flat_a) == len(flat_b) == len(leaves)
+    for (path_a, a), (path_b, b) in zip(flat_a, flat_b, strict=True):
+        assert path_a == path_b and type(a) is type(b)
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
     assert type(without[0][1]) is point and type(without[1]["nested"][1]) is collections.OrderedDict
     assert type(without[1]["stats"]) is _Stats and without[1]["stats"] is not tree[1]["stats"]
     assert torch.equal(without[1]["batch"].ids, torch.arange(3) * 2)
+    assert [id(leaf) for leaf in deep_flatten(Flattened.of(tree))[0]] == [id(leaf) for leaf in leaves]  # flattened already
+    with pytest.raises(ValueError, match="leaves for a tree of"):
+        rebuild(leaves[:-1])
 
 
 def test_paths_of_changed_inputs_are_the_same_when_memoised() -> None:
