@@ -196,6 +196,9 @@ def targets_table(results: Path = RESULTS) -> str:
     ]
     for row in recording.get("rows", []):
         rows.append((f"recording, {row['model']}: modulelens / nnsight", row.get("modulelens_vs_nnsight"), 1.0))
+        if "done_vs_untraced" in row:
+            rows.append((f"after recording (targets have their calls), {row['model']}: / untraced",
+                         row["done_vs_untraced"], 1.05))
     for row in _load(results, "cli").get("rows", []):
         if row["command"].startswith(("modulelens ls (", "modulelens show")) and "(baseline" not in row["command"] \
                 and "(this checkout" not in row["command"]:
@@ -403,7 +406,8 @@ def _recording(results: Path, record: dict[str, Any]) -> str:
     if not data:
         return _missing(title, "bench_recording.py")
     rows = [[row["model"], _ms(row["untraced_ms"]), _ms(row["modulelens_ms"]), _ms(row["nnsight_ms"]),
-             f"{row['modulelens_vs_untraced']:.2f}", f"{row['nnsight_vs_untraced']:.2f}", f"{row['modulelens_vs_nnsight']:.2f}"]
+             f"{row['modulelens_vs_untraced']:.2f}", f"{row['nnsight_vs_untraced']:.2f}", f"{row['modulelens_vs_nnsight']:.2f}",
+             f"{row['done_vs_untraced']:.2f}" if "done_vs_untraced" in row else "-"]
             for row in data["rows"]]
     return f"""## {title}
 
@@ -412,10 +416,11 @@ and output of 4 submodules are recorded, models at their default settings, one t
 has its own copy of the model and every step runs the three in a rotating order; ratios are medians
 of the per-step ratios. nnsight's `.save()` keeps references to the live tensors; a modulelens
 recording copies every input and output, fingerprints the weights and keeps the RNG and autocast
-state, so that a replay is exact.
+state, so that a replay is exact. "After recording" runs a fourth copy of the model under a capture
+whose targets have all their calls (its hooks are gone), against the untraced model.
 
 {_table(["model", "untraced", "modulelens", f"nnsight {record.get('versions', {}).get('nnsight', '')}".strip(),
-         "modulelens / untraced", "nnsight / untraced", "modulelens / nnsight"], rows)}"""
+         "modulelens / untraced", "nnsight / untraced", "modulelens / nnsight", "after recording / untraced"], rows)}"""
 
 
 def _capture(results: Path, record: dict[str, Any]) -> str:
