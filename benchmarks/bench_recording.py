@@ -12,8 +12,8 @@ the four targets.
   * done:        model(x) under a capture whose targets have all their calls (Recording(max_calls=1),
                  recorded before timing starts): what the rest of a job pays once recording is over
 Each contender has its own copy of the model (same weights); every step runs the four in a
-rotating order, --steps steps per round (a fresh capture each round), and the ratios are medians of
-per-step ratios. The models run with their default settings (a transformers model built from a
+different order (all 24 in turn), --steps steps per round (a fresh capture each round), and the
+ratios are medians of per-step ratios. The models run with their default settings (a transformers model built from a
 config is in train mode, with caches on), on 1 thread.
 nnsight is in the `bench` extra (pip install -e ".[bench]").
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import sys
 import tempfile
 import time
@@ -85,7 +86,7 @@ def _envoy(wrapped: Any, name: str) -> Any:
 def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list[str], steps: int, rounds: int,
             repo: Path) -> dict[str, Any]:
     """Four copies of one model (same weights), one per contender, stepped in turn: each step runs
-    all four in a rotating order, so a slow spell of the machine (this one's clock varies by a
+    all four, in each order in turn, so a slow spell of the machine (this one's clock varies by a
     third over seconds) falls on all four alike. The ratios are medians of per-step ratios."""
     plain, traced, wrapped, finished = model, copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
     nnsight_record = _nnsight_recorder(wrapped, inputs, targets)
@@ -101,15 +102,16 @@ def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list
         "done": lambda: finished(*inputs),
     }
     times: dict[str, list[float]] = {k: [] for k in contenders}
-    order = list(contenders)
+    # Every order of the four in turn, not a rotation of one: a rotation keeps who follows whom, so
+    # one contender would always run right after nnsight's trace and pay for what it leaves behind.
+    orders = list(itertools.permutations(contenders))
     for r in range(rounds + 1):  # round 0 warms every path up and is not kept
         capture = modulelens.capture(traced, targets=targets, repo=repo, name="bench",
                                      record=modulelens.Recording(max_calls=steps + 1))
         try:
             traced(*inputs)  # the first recorded call of each target (imports, first snapshots): not timed
             for step in range(steps):
-                turn = (r * steps + step) % len(order)
-                for key in order[turn:] + order[:turn]:
+                for key in orders[(r * steps + step) % len(orders)]:
                     start = time.perf_counter()
                     contenders[key]()
                     if r:

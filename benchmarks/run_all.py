@@ -445,7 +445,7 @@ def _recording(results: Path, record: dict[str, Any]) -> str:
 
 {_command(record, 'bench_recording.py', data)}: a forward pass while every call's inputs
 and output of 4 submodules are recorded, models at their default settings, one thread; each contender
-has its own copy of the model and every step runs the three in a rotating order; ratios are medians
+has its own copy of the model and every step runs them all, each step in another order; ratios are medians
 of the per-step ratios. nnsight's `.save()` keeps references to the live tensors; a modulelens
 recording copies every input and output, fingerprints the weights and keeps the RNG and autocast
 state, so that a replay is exact. "After recording" runs a fourth copy of the model under a capture
