@@ -230,11 +230,6 @@ def vmap_batch(tensors: list[Any]) -> tuple[int, str, list[int]] | None:
     return current.batch_size(), current.randomness(), positions
 
 
-def inside_functorch() -> bool:
-    """Whether a ``torch.func`` transform (vmap, grad, jvp...) is running."""
-    return _functorch.peek_interpreter_stack() is not None
-
-
 @contextlib.contextmanager
 def outside_functorch() -> Iterator[None]:
     """torch operations as outside any ``torch.func`` transform (its interpreters set aside)."""

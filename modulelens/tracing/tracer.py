@@ -56,7 +56,7 @@ from modulelens.tracing.module_tree import constructed_class, module_tree, not_r
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
-from modulelens.tracing.snapshot import Snapshotter, inside_functorch, vmap_batch
+from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
 _WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
@@ -829,8 +829,6 @@ def _vmapped(inputs: Flattened, weights: LiveState) -> dict[str, Any] | None:
     """What a call inside one ``torch.func.vmap`` batches (model ensembling: ``functional_call``
     over ``stack_module_state``'s weights): the batch size, vmap's ``randomness``, the paths of the
     batched inputs and the names of the batched parameters and buffers; ``None`` outside vmap."""
-    if not inside_functorch():  # nearly every call: no list of every input and weight to build
-        return None
     params, buffers, _ = weights
     state = {**params, **buffers}
     found = vmap_batch([*inputs.leaves, *state.values()])
