@@ -41,6 +41,7 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, SigningKeyError
 from modulelens.format.hashing import ContentHasher, hash_bytes
 from modulelens.format.provenance import user_key
+from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.repo.files import (
     flush_and_rename,
     flush_file,
@@ -77,17 +78,7 @@ from modulelens.repo.markers import (
 )
 from modulelens.repo.names import validate_alias, validate_name
 from modulelens.repo.packs import check_members, read_header
-from modulelens.repo.store import (
-    Audit,
-    BlobCheck,
-    BlobStat,
-    Finding,
-    Hold,
-    Quarantine,
-    Scan,
-    Staged,
-    Store,
-)
+from modulelens.repo.store import Audit, BlobCheck, BlobStat, BlobWriter, Finding, Hold, Quarantine, Scan, Staged, Store
 from modulelens.repo.trust import TRUST_FILE, repo_identity
 
 if TYPE_CHECKING:
@@ -512,14 +503,14 @@ class LocalStore(Store):
         for folder in {self.blob_path(digest).parent for digest in digests}:
             flush_folder(folder)
 
-    def staging_file(self) -> Path:
-        return self._tmp_path(".weight")  # tmp/<pid>-...: gc never frees it while this process runs
+    def blob_writer(self, nbytes: int) -> BlobWriter:
+        return FileBlobWriter(self._tmp_path(".weight"), nbytes)  # tmp/<pid>-...: gc keeps it while we run
 
     def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
-        """Rename this process's own staging file (written, flushed and hashed as it was written:
-        tracing/weights.py) into place as blob ``digest``, over a blob of that name that did not
-        verify. Only a regular file directly in this repo's real ``tmp/`` is adopted; anything else
-        (another repo's file) is copied, every byte hashed, by :meth:`put_blob_file`."""
+        """Rename this process's own staging file (sealed by :meth:`blob_writer`) into place as blob
+        ``digest``, over a blob of that name that did not verify. Only a regular file directly in
+        this repo's real ``tmp/`` is adopted; anything else (another repo's file) is copied, every
+        byte hashed, by :meth:`put_blob_file`."""
         try:
             tmp = self._folder("tmp")  # a linked tmp/ is refused: its files are outside the repo
         except (FileNotFoundError, CorruptCaptureError):

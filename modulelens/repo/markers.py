@@ -151,13 +151,19 @@ class ChunkHasher:
         self._pending = bytearray()
 
     def update(self, data: memoryview | bytes) -> None:
-        self._pending += data
-        whole = len(self._pending) // self.chunk * self.chunk
-        if whole:
-            view = memoryview(self._pending)
-            self._digests.extend(_chunk_digest(view[i:i + self.chunk]) for i in range(0, whole, self.chunk))
-            view.release()
-            del self._pending[:whole]
+        view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+        if self._pending:  # a chunk begun by an earlier piece: completed from this one first
+            take = min(self.chunk - len(self._pending), len(view))
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) < self.chunk:
+                return
+            self._digests.append(_chunk_digest(self._pending))
+            self._pending.clear()
+        # whole chunks hashed where they are (a weight streamed in pieces of whole chunks is never copied)
+        whole = len(view) // self.chunk * self.chunk
+        self._digests.extend(_chunk_digest(view[i:i + self.chunk]) for i in range(0, whole, self.chunk))
+        self._pending += view[whole:]
 
     def digests(self) -> ChunkDigests:
         tail = [_chunk_digest(self._pending)] if self._pending else []

@@ -7,6 +7,7 @@ no copy of the whole module is kept in memory. Failures of the writer never brea
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from torch import nn
 import modulelens
 from modulelens.errors import CaptureWarning, RestoreError
 from modulelens.repo import Repo
+from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.tracing import weights
 from modulelens.tracing.weights import STREAM_MIN_BYTES, written_payload
 
@@ -154,25 +156,28 @@ def test_weights_for_a_remote_repo_are_streamed_into_its_staging_repo(tmp_path: 
 
 def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Staging files that cannot be created (a folder that is not there): each weight is copied
-    at the end of its call, with a warning, and the capture is still exact."""
-    missing = tmp_path / "not-there"
-    monkeypatch.setattr(Repo, "staging_file", lambda self: missing / f"{uuid.uuid4().hex}.weight")
+    """The disk fills while weights are streamed: each weight is copied at the end of its call,
+    with a warning, its half-written staging file is removed, and the capture is still exact."""
+    def disk_full(self: FileBlobWriter, data: memoryview) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FileBlobWriter, "write", disk_full)
     repo = Repo(tmp_path / "repo")
     model = _model()
-    with pytest.warns(CaptureWarning, match="copied instead"), \
+    with pytest.warns(CaptureWarning, match="No space left on device.*copied instead"), \
             modulelens.capture(model, targets="Sequential", repo=repo, name="m",
                                record=modulelens.Recording(max_calls=2)) as cap:
         seen = _train(model, 2)
     assert cap.wait()
     _assert_states(modulelens.load("m", repo=repo), seen)
+    assert not [f for f in (repo.root / "tmp").iterdir() if f.name.endswith(".weight")]
 
 
 def test_a_staging_area_that_raises_means_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: Repo) -> Path:
+    def broken(self: Repo, nbytes: int) -> FileBlobWriter:
         raise RuntimeError("no staging here")
 
-    monkeypatch.setattr(Repo, "staging_file", broken)
+    monkeypatch.setattr(Repo, "blob_writer", broken)
     repo = Repo(tmp_path / "repo")
     model = _model()
     with modulelens.capture(model, targets="Sequential", repo=repo, name="m") as cap:
@@ -209,7 +214,7 @@ def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_
         changed.set()
         return output
 
-    def write_after_the_change(streamed: weights.StreamedWeight) -> int:
+    def write_after_the_change(streamed: weights.StreamedWeight) -> bool:
         changed.wait(30)
         return write(streamed)
 
