@@ -485,11 +485,16 @@ class LocalStore(Store):
                            flush=flush)
 
     def _publish_file(self, staged: Path, digest: str, chunks: Callable[[], ChunkDigests | None], size: int, *,
-                      flush: bool = True) -> None:
+                      flush: bool = True, sealed: bool = False) -> None:
         path = self.blob_path(digest)
         try:
             self._shard(digest, create=True)  # a shard folder planted as a link or a file is refused
-            flush_and_rename(staged, path, flush_target_folder=flush)
+            if sealed:  # flushed by its blob writer already: only the rename is left to flush
+                os.replace(staged, path)
+                if flush:
+                    flush_folder(path.parent)
+            else:
+                flush_and_rename(staged, path, flush_target_folder=flush)
         except BaseException as error:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
@@ -506,7 +511,7 @@ class LocalStore(Store):
     def blob_writer(self, nbytes: int) -> BlobWriter:
         return FileBlobWriter(self._tmp_path(".weight"), nbytes)  # tmp/<pid>-...: gc keeps it while we run
 
-    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> bool:
         """Rename this process's own staging file (sealed by :meth:`blob_writer`) into place as blob
         ``digest``, over a blob of that name that did not verify. Only a regular file directly in
         this repo's real ``tmp/`` is adopted; anything else (another repo's file) is copied, every
@@ -517,7 +522,7 @@ class LocalStore(Store):
             return False
         if str(path.parent) != tmp or not _is_regular(path):
             return False
-        self._publish_file(path, digest, lambda: chunks, os.path.getsize(path))
+        self._publish_file(path, digest, lambda: chunks, os.path.getsize(path), flush=flush, sealed=True)
         return True
 
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:

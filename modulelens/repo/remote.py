@@ -387,7 +387,7 @@ class RemoteStore(Store):
         (in multipart parts, as any file) and keeps it as the cached copy."""
         return self.cache.blob_writer(nbytes)
 
-    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> bool:
         """Upload a file sealed by :meth:`blob_writer` (hashed as it was written), unless the blob is
         there already, then move it into the cache as the blob's local copy; ``False`` for any other
         file (then :meth:`put_blob_file` hashes it as it uploads it)."""
@@ -397,7 +397,7 @@ class RemoteStore(Store):
         key = self._blob_key(digest)
         if not self.objects.exists(key):
             self.objects.upload_file(path, key)
-        if not self.cache.adopt_file(path, digest, chunks):  # (the cache's tmp/ replaced meanwhile)
+        if not self.cache.adopt_file(path, digest, chunks, flush=False):  # (the cache's tmp/ replaced meanwhile)
             path.unlink(missing_ok=True)
         return True
 

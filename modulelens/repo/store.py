@@ -393,10 +393,11 @@ class Store(ABC):
             OSError: nothing can be staged here now (the caller copies the bytes instead).
         """
 
-    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> bool:
         """Make the staging file ``path`` (sealed by a :meth:`blob_writer` of this store: written,
         flushed and hashed to ``digest``) the blob ``digest``, durably; ``False`` when ``path`` is
-        not this store's own staging file (then :meth:`put_blob_file` copies it)."""
+        not this store's own staging file (then :meth:`put_blob_file` copies it). ``flush=False``
+        leaves the flush of the blob's folder to :meth:`flush_blobs` (once for many blobs)."""
         return False
 
     @abstractmethod

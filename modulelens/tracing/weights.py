@@ -37,7 +37,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,12 +48,17 @@ from modulelens.repo.store import BlobWriter, WrittenPayload
 from modulelens.tracing.fingerprint import bit_sum_width, sums_bits
 from modulelens.tracing.snapshot import ADDRESS_ATTR
 
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future
+
 #: Parameters of this size or smaller are copied (one file each would cost more than the copy; the
 #: same bound as the fingerprints hashed in place, so every streamed weight's is a sum of its bits).
 STREAM_MIN_BYTES = 1 << 20
 #: At the end of a recorded call at most this fraction of its streamed weights is left unwritten
-#: (and copied), and at most :data:`SETTLE_BUDGET_MAX` bytes.
-SETTLE_BUDGET_FRACTION = 1 / 16
+#: (and copied), and at most :data:`SETTLE_BUDGET_MAX` bytes. The copy is the memory a capture adds
+#: to the job: 1/32 keeps it under issue 37's 5% of the weights with room for the rest (at 1/16 a
+#: 1 GiB module's call copied 64 MiB, 6.25%).
+SETTLE_BUDGET_FRACTION = 1 / 32
 SETTLE_BUDGET_MAX = 64 << 20
 #: Large weights are copied, as small ones are, until the copies one capture holds would pass this
 #: many bytes; only then are they streamed. Streaming costs a staging file, a thread and a flush
@@ -218,10 +223,12 @@ class StreamedWeight:
             if copy is not None:
                 self._copy = copy
 
-    def write(self) -> bool:
+    def write(self, beside: Executor | None = None) -> bool:
         """Stream the whole weight into its writer (the background thread's work); ``True`` when
         every byte was written, for :meth:`flush` (by a second thread, so the disk flushes this
-        weight while the next is written); ``False`` after an error (the writer aborted)."""
+        weight while the next is written); ``False`` after an error (the writer aborted).
+        ``beside``: sums each piece's bits (the fingerprint check) on that thread while the writer
+        writes and hashes it, instead of after (the write waits on the disk; the sum on nothing)."""
         try:
             piece = self.writer.chunk * max(1, _PIECE // self.writer.chunk)  # whole chunks: hashed in place
             bit_sum = 0
@@ -229,9 +236,14 @@ class StreamedWeight:
                 with self.lock:
                     start, end = self.written, min(self.written + piece, self.nbytes)
                     view = self._read(start, end)
-                    self.writer.write(view)
-                    if self.fingerprint is not None:
-                        bit_sum += int(np.frombuffer(view, dtype=self._width).sum(dtype=np.int64))
+                    summed = self._sum_bits(view, beside)
+                    try:
+                        self.writer.write(view)
+                    finally:
+                        if summed is not None:
+                            bit_sum += summed.result()  # (the piece's memory may be reused from here on)
+                    if self.fingerprint is not None and summed is None:
+                        bit_sum += self._bits(view)
                     self.written = end
                     self.progress.notify_all()
             if self.fingerprint is not None and not self.changed and _wrapped(bit_sum) != self.fingerprint:
@@ -248,6 +260,17 @@ class StreamedWeight:
                 self._copy = None
                 self.read_all = True
                 self.progress.notify_all()
+
+    def _bits(self, view: memoryview) -> int:
+        return int(np.frombuffer(view, dtype=self._width).sum(dtype=np.int64))
+
+    def _sum_bits(self, view: memoryview, beside: Executor | None) -> Future[int] | None:
+        if self.fingerprint is None or beside is None:
+            return None
+        try:
+            return beside.submit(self._bits, view)
+        except RuntimeError:  # interpreter shutdown: summed after the write
+            return None
 
     def flush(self, written: bool) -> None:
         """Seal what was written (durable, as a save is), then mark the weight done."""
@@ -341,16 +364,20 @@ class WeightWriter:
 
 
 def _write_all(jobs: list[StreamedWeight]) -> None:
-    """Write the jobs one after the other; a second thread flushes each written file meanwhile."""
+    """Write the jobs one after the other; a second thread flushes each written file meanwhile, and
+    a third sums the bits of each piece while it is written (StreamedWeight.write)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    flusher: ThreadPoolExecutor | None = None
+    summer: ThreadPoolExecutor | None = None
     try:
         flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-weights-flush")
-    except RuntimeError:  # interpreter shutdown: flush in this thread
-        flusher = None
+        summer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-weights-sum")
+    except RuntimeError:  # interpreter shutdown: flush and sum in this thread
+        pass
     try:
         for job in jobs:
-            written = job.write()
+            written = job.write(summer)
             if flusher is None:
                 job.flush(written)
             else:
@@ -359,6 +386,8 @@ def _write_all(jobs: list[StreamedWeight]) -> None:
                 except RuntimeError:  # shutting down meanwhile
                     job.flush(written)
     finally:
+        if summer is not None:
+            summer.shutdown(wait=False)
         if flusher is not None:
             flusher.shutdown(wait=True)
 
