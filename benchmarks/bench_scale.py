@@ -26,9 +26,9 @@ the same run, and the growth curves plotted (benchmarks/results/scale.png).
   4096) layers), in a fresh process per run: capture + forward + the save on leaving the block
   (durable), against forward + safetensors ``save_file`` + fsync of the file and its folder; wall
   time and the peak resident memory added (VmHWM after, over VmRSS before, the peak reset with
-  /proc/self/clear_refs). Targets: <= 1.2x the time (the median of the per-round ratios: each
-  round runs both, one right after the other; the ratio of the medians is reported beside it),
-  <= 10% of the weights in memory. Every round at up to 2 GiB, half of them plus one at 4 GiB.
+  /proc/self/clear_refs). Targets (issue 37): <= 1.1x the time (the median of the per-round ratios:
+  each round runs both, one right after the other; the ratio of the medians is reported beside it),
+  <= 5% of the weights in memory at every size. Every round at up to 2 GiB, half of them plus one at 4 GiB.
 
 The machine is shared (2 cores, other jobs): every comparison runs in interleaved rounds with a
 rotating order, medians are reported with the load average before and after each section, and the
