@@ -206,7 +206,7 @@ class Tracer:
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
         self._snap = Snapshotter()
-        # Large parameters of recorded calls go straight from the live tensors to staging files of
+        # Large parameters of recorded calls go straight from the live tensors into blob writers of
         # the repo the capture is saved into (tracing/weights.py); without one they are copied.
         self._weights = WeightWriter(blob_sink) if blob_sink is not None else None
         self._streamed: dict[int, StreamedWeight] = {}  # id of the placeholder in a state -> its write

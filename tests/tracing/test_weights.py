@@ -154,6 +154,29 @@ def test_weights_for_a_remote_repo_are_streamed_into_its_staging_repo(tmp_path: 
     _assert_states(modulelens.load("m", repo=url), seen)
 
 
+def test_the_repo_argument_is_opened_once_for_the_weights_and_the_save(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture(repo=PATH) opens the repo once (tracing/upload.py's Destination): the weights
+    streamed during the job and the save at its end go to the same Repo, not three conversions."""
+    opened: list[str] = []
+    init = Repo.__init__
+
+    def counting(self: Repo, *args: Any, **kwargs: Any) -> None:
+        opened.append(str(args[0] if args else kwargs.get("location")))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Repo, "__init__", counting)
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=tmp_path / "repo", name="m",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        seen = _train(model, 2)
+    states = cap.tracer.records[""].states
+    assert all(written_payload(state.parameters["0.weight"]) is not None for state in states)  # streamed
+    assert opened == [str(tmp_path / "repo")]
+    monkeypatch.setattr(Repo, "__init__", init)
+    _assert_states(modulelens.load("m", repo=tmp_path / "repo"), seen)
+
+
 def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The disk fills while weights are streamed: each weight is copied at the end of its call,
