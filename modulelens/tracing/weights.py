@@ -261,6 +261,18 @@ class StreamedWeight:
                 self.read_all = True
                 self.progress.notify_all()
 
+    def fail(self, error: BaseException) -> None:
+        """Give up on this weight (its writer thread stopped before it): nothing is published, and
+        whoever waits on it is woken (settle() returns it for a copy; the save leaves it out)."""
+        with self.lock:
+            if self.error is None:
+                self.error = error
+            self.payload = None
+            self.read_all = True
+            self.progress.notify_all()
+        self.writer.abort()
+        self.done.set()
+
     def _bits(self, view: memoryview) -> int:
         return int(np.frombuffer(view, dtype=self._width).sum(dtype=np.int64))
 
@@ -375,9 +387,12 @@ def _write_all(jobs: list[StreamedWeight]) -> None:
         summer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-weights-sum")
     except RuntimeError:  # interpreter shutdown: flush and sum in this thread
         pass
+    left = list(jobs)
     try:
-        for job in jobs:
+        while left:
+            job = left[0]
             written = job.write(summer)
+            del left[0]
             if flusher is None:
                 job.flush(written)
             else:
@@ -385,6 +400,9 @@ def _write_all(jobs: list[StreamedWeight]) -> None:
                     flusher.submit(job.flush, written)
                 except RuntimeError:  # shutting down meanwhile
                     job.flush(written)
+    except BaseException as error:  # write() catches its own; anything else must not leave settle() waiting
+        for job in left:            # forever: each weight left fails (copied by settle(), or named at the save)
+            job.fail(error)
     finally:
         if summer is not None:
             summer.shutdown(wait=False)

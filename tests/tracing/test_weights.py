@@ -196,6 +196,36 @@ def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
     assert not [f for f in (repo.root / "tmp").iterdir() if f.name.endswith(".weight")]
 
 
+def test_a_writer_thread_that_dies_never_hangs_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever stops the writer thread (here its write raising past its own handler), the end of
+    the recorded call does not wait for it forever: the weights are copied, with a warning."""
+    def dies(self: weights.StreamedWeight, beside: Any = None) -> bool:
+        raise RuntimeError("writer thread died")
+
+    monkeypatch.setattr(weights.StreamedWeight, "write", dies)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                                    record=modulelens.Recording(max_calls=2)) as cap:
+                outcome["seen"] = _train(model, 2)
+            outcome["versions"] = cap.wait()
+        outcome["warnings"] = [str(w.message) for w in caught]
+
+    runner = threading.Thread(target=job, daemon=True)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "the job hung on a dead writer thread"
+    assert any("writer thread died" in w and "copied instead" in w for w in outcome["warnings"]), outcome["warnings"]
+    assert outcome["versions"]
+    _assert_states(modulelens.load("m", repo=repo), outcome["seen"])
+    assert not [f for f in (repo.root / "tmp").iterdir() if f.name.endswith(".weight")]  # aborted: removed
+
+
 def test_a_staging_area_that_raises_means_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: Repo, nbytes: int) -> FileBlobWriter:
         raise RuntimeError("no staging here")
@@ -237,9 +267,9 @@ def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_
         changed.set()
         return output
 
-    def write_after_the_change(streamed: weights.StreamedWeight) -> bool:
+    def write_after_the_change(streamed: weights.StreamedWeight, beside: Any = None) -> bool:
         changed.wait(30)
-        return write(streamed)
+        return write(streamed, beside)
 
     monkeypatch.setattr(SelfUpdating, "forward", forward_then_signal)
     monkeypatch.setattr(weights.StreamedWeight, "write", write_after_the_change)
