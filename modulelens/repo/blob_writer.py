@@ -41,24 +41,20 @@ class FileBlobWriter(BlobWriter):
         nbytes: how many bytes will be written (more is refused; fewer fails :meth:`seal`).
 
     Raises:
-        OSError: the file cannot be created (a missing folder, a full disk at preallocation).
+        OSError: the file cannot be created (a missing folder, no permission, a file or link there).
     """
 
     def __init__(self, path: Path, nbytes: int) -> None:
         self.path = path
         self.nbytes = nbytes
         self.written = 0
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-        try:
-            if hasattr(os, "posix_fallocate"):
-                with contextlib.suppress(OSError):  # not every filesystem supports it
-                    os.posix_fallocate(self._fd, 0, nbytes)
-        except BaseException:
-            self.abort()
-            raise
         self._hasher = ContentHasher()
         self._chunks = ChunkHasher(nbytes)
         self._hashing: ThreadPoolExecutor | None = None  # hashes a piece while it is being written
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        if hasattr(os, "posix_fallocate"):
+            with contextlib.suppress(OSError):  # not every filesystem supports it (a full disk fails the write)
+                os.posix_fallocate(self._fd, 0, nbytes)
 
     @property
     def chunk(self) -> int:
