@@ -254,16 +254,18 @@ class RepoView:
                 self._quiet.notify_all()
 
     def wait_until_quiet(self, most: float = _QUIET_WAIT_S) -> None:
-        """Return once no page is in flight and none has been for :data:`QUIET_S` seconds, or after
-        ``most`` seconds (what background work calls before each step)."""
+        """Return once no page is in flight and none has been for :data:`QUIET_S` seconds; after
+        ``most`` seconds, as soon as no page is in flight (what background work calls before each
+        step: never in the middle of a page, where a first view of a 50,000-call capture's saved
+        file took 10.4 s instead of 7 s at load 9 when the job read and the warm-up started in it)."""
         deadline = time.monotonic() + most
         with self._quiet:
             while True:
                 now = time.monotonic()
                 quiet_at = self._last_page + QUIET_S
-                if (self._pages_in_flight == 0 and now >= quiet_at) or now >= deadline:
+                if self._pages_in_flight == 0 and (now >= quiet_at or now >= deadline):
                     return
-                self._quiet.wait(min(deadline, quiet_at if self._pages_in_flight == 0 else deadline) - now)
+                self._quiet.wait(max(min(deadline, quiet_at) - now, 0.05) if self._pages_in_flight == 0 else None)
 
     # ---------------------------------------------------------------------------- listings
 
