@@ -395,7 +395,7 @@ class Repo:
                 metadata = json.loads(data)
             except (ValueError, RecursionError) as error:
                 raise CorruptCaptureError(f"{where} is not valid JSON (truncated or damaged): {error}") from None
-            validate_capture(metadata, where, calls=calls)
+            validate_capture(metadata, where, calls=calls, source=data)
         return metadata
 
     def read_metadata(self, name: str, version: int, *, calls: bool = True) -> dict[str, Any]:
