@@ -3,7 +3,8 @@ lets go (stress/lock_holder.py), while a training job captures into it (stress/j
 
 Held: ``lock`` and ``lock-gate`` through a read-only descriptor, a name's folder (the index's lock),
 ``lock`` by a process stopped with SIGSTOP, and a writer stopped in the middle of a save (its shared
-lock) while gc runs; also ``modulelens rm`` on a held name folder.
+lock) while gc runs; also ``modulelens rm`` on a held name folder, and the lock of a payload's
+partial download in a remote repo's cache, held by a stopped process while a load downloads it.
 
 **survived**: the job finished every step and its capture block ended within the wait plus 10 s
 (the default wait, 20 s, within 30 s), or the command exited with its one-line error in that time;
@@ -162,6 +163,54 @@ def _cli_case(row: Row, tmp: Path) -> None:
         row.lost += 1
 
 
+def _download_case(row: Row, tmp: Path) -> None:
+    """A load from a remote repo (fsspec's memory://, the same code as s3://) whose payload's partial
+    download in the cache is locked by a stopped process: the load ends with the one-line error."""
+    from modulelens.repo.packs import referenced_blobs
+
+    row.tried += 1
+    saved = {key: os.environ.get(key) for key in ("MODULELENS_CACHE", "MODULELENS_LOCK_WAIT_S")}
+    url = f"memory://stuck-download-{os.getpid()}"
+    os.environ["MODULELENS_CACHE"] = str(tmp / "stuck-download" / "saving-cache")
+    module = torch.nn.Linear(512, 512)  # a 1 MiB weight: a blob of its own
+    with modulelens.capture(module, targets="", repo=url, name="big") as cap:
+        module(torch.ones(1, 512))
+    cap.wait()
+    digest = max(referenced_blobs(modulelens.Repo(url).read_metadata("big", 1)).items(), key=lambda i: i[1])[0]
+    os.environ.update(MODULELENS_CACHE=str(tmp / "stuck-download" / "cache"), MODULELENS_LOCK_WAIT_S="2")
+    part = modulelens.Repo(url).store.cache.partial_path(digest)
+    part.touch()
+    holder = LockHolder("flock", str(part), "--stop")
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            modulelens.load("big:v1", repo=url).module  # noqa: B018
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    loading = threading.Thread(target=load, daemon=True)
+    try:
+        loading.start()
+        loading.join(60)
+    finally:
+        holder.release()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    if not outcome:
+        row.notes.append("a load behind a stuck download lock hung")
+        return
+    row.survived += 1
+    error = outcome[0]
+    if not isinstance(error, RepoBusyError) or "\n" in str(error) or f"process {holder.pid} (" not in str(error):
+        row.wrong += 1
+        row.notes.append(f"stuck download: the load ended with {error!r}"[:200])
+
+
 def stuck_locks_row(tmp: Path, quick: bool) -> Row:
     row = Row("stuck locks (held through a read-only descriptor, stopped holders) while a job captures")
     start = time.perf_counter()
@@ -172,5 +221,6 @@ def stuck_locks_row(tmp: Path, quick: bool) -> Row:
         _job_case(row, tmp, "lock, holder stopped", "lock", 5.0, stop=True)
         _stopped_writer_case(row, tmp)
     _cli_case(row, tmp)
+    _download_case(row, tmp)
     row.seconds = time.perf_counter() - start
     return row

@@ -22,11 +22,11 @@ the last listing of each name, and the last value read of anything else, so ``MO
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import sys
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -42,6 +42,7 @@ from modulelens.repo.layout import CAPTURE_FILE, MARKER, SUMMARY_FILE, blob_key,
 from modulelens.repo.leases import Leases
 from modulelens.repo.local import LocalStore
 from modulelens.repo.location import cache_root, offline
+from modulelens.repo.locks import busy, lock_wait_s, wait_for
 from modulelens.repo.remote_errors import is_network_error
 from modulelens.repo.store import Audit, BlobCheck, BlobStat, Hold, Quarantine, Scan, Staged, Store
 
@@ -423,7 +424,7 @@ class RemoteStore(Store):
             raise RemoteRepoError(f"payload {digest} is not in the cache ({cache_root()}) and {self.url} is offline")
         part = self.cache.partial_path(digest)
         with open(part, "ab") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # another process may be fetching it too
+            _lock_while_it_grows(handle.fileno(), part)  # another process may be fetching it too
             if target.exists():
                 return 0
             offset = handle.seek(0, os.SEEK_END)
@@ -502,3 +503,19 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
                   TransferSpeedColumn(), transient=True) as progress:
         task = progress.add_task(label, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+def _lock_while_it_grows(fd: int, part: Path) -> None:
+    """Take the lock of the download ``part`` (open as ``fd``). Another process fetching the same
+    payload holds it for as long as its download takes, which no fixed deadline fits; so wait while
+    the file grows, and give up with a one-line error naming the holder once it has not grown for
+    ``MODULELENS_LOCK_WAIT_S`` seconds (a stuck or stopped fetcher, or a reader holding the lock,
+    would otherwise hang every load of this payload with no message: issue 35)."""
+    stalled_after = lock_wait_s()
+    size, grew_at = -1, time.monotonic()
+    while not wait_for(fd, exclusive=True, deadline=time.monotonic() + min(1.0, stalled_after)):
+        now, current = time.monotonic(), os.fstat(fd).st_size
+        if current != size:
+            size, grew_at = current, now
+        elif now - grew_at >= stalled_after:
+            raise busy(str(part), fd, now - grew_at, "downloading a payload into the cache (it stopped growing)")

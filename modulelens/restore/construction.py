@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,7 @@ from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-def
 from modulelens.format.host_rng import host_states, set_host_states
 
 _META = torch.device("meta")
+_META_COPY_WARNING = r"for .*: copying from a non-meta parameter in the checkpoint to a meta parameter"
 # What constructors initialise weights with, by name (``torch.nn.init``'s, and the copies libraries
 # keep, such as transformers' ``initialization.normal_``), and the in-place random and fill methods.
 _INITIALISERS = frozenset({
@@ -135,7 +137,12 @@ def empty_weights() -> Iterator[EmptyWeights]:
     handles = [register_module_parameter_registration_hook(parameter),  # type: ignore[arg-type]
                register_module_buffer_registration_hook(buffer)]  # type: ignore[arg-type]
     try:
-        yield changed
+        with warnings.catch_warnings():
+            # A constructor that loads a state dict into its own new layers (sentence-transformers'
+            # WordEmbeddings) copies into meta parameters here: a no-op torch warns about, harmless
+            # because the recorded state replaces every parameter after construction.
+            warnings.filterwarnings("ignore", message=_META_COPY_WARNING, category=UserWarning)
+            yield changed
     finally:
         for handle in handles:
             handle.remove()

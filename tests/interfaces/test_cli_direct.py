@@ -53,16 +53,17 @@ def test_the_direct_table_matches_the_typer_command(name: str) -> None:
 
 @pytest.mark.parametrize("argv", [
     ["ls", "--help"], ["ls", "-h"], ["show"], ["show", "a", "b"], ["ls", "a", "b"], ["ls", "--repo"],
-    ["ls", "--json=yes"], ["ls", "--", "x"], ["ls", "--no-such-option"], ["--debug", "ls"], ["replay", "x"],
-    ["lss"], [],
+    ["ls", "--json=yes"], ["ls", "--", "x"], ["ls", "--no-such-option"], ["ls", "-1"], ["ls", "--rep", "r"],
+    ["--debug", "ls"], ["replay", "x"], ["lss"], [],
 ])
 def test_the_direct_path_declines_what_typer_answers(argv: list[str]) -> None:
     assert parse(argv) is None
 
 
 def test_the_direct_path_reads_options_as_click_does() -> None:
-    assert parse(["ls", "team/", "--tag", "a", "--tag=b", "--repo", "--json", "--sort=created"]) == (
-        "ls", {"name": "team/", "tag": ["a", "b"], "repo": "--json", "sort": "created"})  # a value, whatever it looks like
+    assert parse(["ls", "team/", "--tag", "a", "--tag=b", "--repo", "r", "--json", "--sort=created"]) == (
+        "ls", {"name": "team/", "tag": ["a", "b"], "repo": "r", "as_json": True, "sort": "created"})
+    assert parse(["ls", "--repo", "--json"]) is None  # click takes `--json` as the value: typer runs it, as click reads it
     assert parse(["show", "--all", "m:v2", "--ops", "--json", "--repo", "r1", "--repo", "r2"]) == (
         "show", {"show_all": True, "ref": "m:v2", "ops": True, "as_json": True, "repo": "r2"})  # the last one wins
 

@@ -5,6 +5,7 @@ back from. Every holder is a real second process (stress/lock_holder.py)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import modulelens
 from modulelens.errors import RepoBusyError
 from modulelens.interfaces.cli import app
 from modulelens.repo.locks import holder
+from modulelens.repo.packs import referenced_blobs
 from stress.lock_holder import LockHolder
 
 
@@ -150,3 +152,69 @@ def test_the_holder_is_named_from_proc_locks(tmp_path: Path, held: list[LockHold
         assert holder(fd).endswith(f", stopped) on {os.uname().nodename}")
     finally:
         os.close(fd)
+
+
+def _remote_with_a_weight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, int]:
+    """A memory:// repo holding one capture whose 1 MiB weight is its own blob, and an empty cache
+    to load it through: (url, the weight's digest, its size)."""
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "saving-cache"))
+    url = f"memory://download-lock-{tmp_path.name}"
+    module = torch.nn.Linear(512, 512)
+    with modulelens.capture(module, targets="", repo=url, name="big") as cap:
+        module(torch.randn(2, 512))
+    cap.wait()
+    blobs = referenced_blobs(modulelens.Repo(url).read_metadata("big", 1))
+    digest, nbytes = max(blobs.items(), key=lambda item: item[1])
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))  # loads download from nothing
+    return url, digest, nbytes
+
+
+def test_a_stuck_download_lock_ends_the_load_with_a_one_line_error(tmp_path: Path, held: list[LockHolder],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a process holding the lock of a payload's partial download (a fetcher stopped in a
+    debugger, or any reader of the cache) hung every load of it with no message."""
+    url, digest, _ = _remote_with_a_weight(tmp_path, monkeypatch)
+    part = modulelens.Repo(url).store.cache.partial_path(digest)
+    part.touch()
+    held.append(LockHolder("flock", str(part), "--stop"))
+    monkeypatch.setenv("MODULELENS_LOCK_WAIT_S", "1")
+    started = time.monotonic()
+    with pytest.raises(RepoBusyError) as raised:
+        modulelens.load("big:v1", repo=url).module  # noqa: B018
+    assert time.monotonic() - started < 15
+    message = str(raised.value)
+    assert "\n" not in message and "it stopped growing" in message and str(part) in message
+    assert f"process {held[0].pid} (" in message and "stopped)" in message
+    held[0].release()
+    assert modulelens.load("big:v1", repo=url).replay().passed  # nothing left behind that blocks the next load
+
+
+def test_a_download_that_grows_is_waited_for_past_the_lock_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another fetcher of the same payload holds its lock for as long as the download takes, longer
+    than MODULELENS_LOCK_WAIT_S: the load waits while the file grows, then resumes from it."""
+    url, digest, nbytes = _remote_with_a_weight(tmp_path, monkeypatch)
+    store = modulelens.Repo(url).store
+    payload = store.objects.read_range(store._blob_key(digest), 0, nbytes)
+    part = store.cache.partial_path(digest)
+    monkeypatch.setenv("MODULELENS_LOCK_WAIT_S", "1")
+    holding = threading.Event()
+
+    def slow_fetcher() -> None:  # its own open file, so its flock excludes the load's (as another process's)
+        with open(part, "ab") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            holding.set()
+            for step in range(6):  # 3 s in all, three times the wait, growing every 0.5 s
+                handle.write(payload[step * nbytes // 8:(step + 1) * nbytes // 8])
+                handle.flush()
+                time.sleep(0.5)
+
+    fetcher = threading.Thread(target=slow_fetcher)
+    fetcher.start()
+    holding.wait(30)
+    started = time.monotonic()
+    try:
+        loaded = modulelens.load("big:v1", repo=url)
+        assert time.monotonic() - started >= 2  # it waited for the holder rather than give up after 1 s
+        assert loaded.replay().passed
+    finally:
+        fetcher.join(30)

@@ -145,3 +145,16 @@ async def test_mcp_replay_tool_reports_the_status(vacuous) -> None:
     assert not r.is_error  # a verdict, not an error
     assert r.structured_content["status"] == "UNVERIFIED" and r.structured_content["passed"] is False
     assert r.structured_content["unverified"] == [REASONS["nan"]]
+
+
+@pytest.mark.subprocess
+def test_the_ui_replay_action_on_a_capture_without_calls_reports_unverified(vacuous) -> None:
+    """The UI's action worker replays one call at a time; with no calls it raised IndexError."""
+    repo, refs = vacuous
+    ran = subprocess.run([sys.executable, "-m", "modulelens.interfaces.ui._action_worker", "replay", refs["no calls"],
+                          "--repo", repo.location], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = json.loads(ran.stdout.strip().splitlines()[-1])["result"]
+    assert result["status"] == "UNVERIFIED" and not result["passed"] and result["calls"] == 0, result
+

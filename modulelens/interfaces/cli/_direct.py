@@ -13,9 +13,10 @@ the typer commands' and that both paths print the same thing.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 # Each command's options as the direct path reads them: option -> (keyword, what it takes), where it
 # takes "flag" (True when given), "value" (the next argument) or "values" (repeatable, a list); and
@@ -31,8 +32,32 @@ COMMANDS: dict[str, tuple[_Options, tuple[str, ...], int]] = {
 }
 
 
+class _DeclinedError(Exception):
+    """The command line is typer's to answer (help, a usage error, anything the table lacks)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would print usage and exit: typer does that
+        raise _DeclinedError(message)
+
+
+def _parser(command: str) -> _Parser:
+    options, positionals, required = COMMANDS[command]
+    # no abbreviations, no -h: an option is spelled exactly as the typer command spells it
+    parser = _Parser(prog=f"modulelens {command}", add_help=False, allow_abbrev=False)
+    for spelling, (keyword, takes) in options.items():
+        action = {"flag": "store_true", "value": "store", "values": "append"}[takes]
+        parser.add_argument(spelling, dest=keyword, action=action, default=argparse.SUPPRESS)
+    for index, keyword in enumerate(positionals):
+        parser.add_argument(keyword, nargs=None if index < required else "?", default=argparse.SUPPRESS)
+    return parser
+
+
 def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     """``(command, keyword arguments)`` when ``argv`` is a plain ``ls``/``show`` command line, else None.
+
+    Read with argparse from :data:`COMMANDS`; whatever argparse would refuse, and any option the
+    table lacks (``--help``, ``--``, ``-1``), is declined for typer to answer as usual.
 
     Args:
         argv: the arguments after the program name.
@@ -47,39 +72,14 @@ def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     """
     if not argv or argv[0] not in COMMANDS:
         return None
-    command, rest = argv[0], argv[1:]
-    options, positionals, required = COMMANDS[command]
-    values: dict[str, Any] = {}
-    given: list[str] = []
-    index = 0
-    while index < len(rest):
-        token = rest[index]
-        index += 1
-        if not token.startswith("-") or token == "-":
-            given.append(token)
-            continue
-        option, has_value, inline = token.partition("=")
-        if option not in options:
-            return None  # --help, --, an unknown or short option: typer's to answer
-        keyword, takes = options[option]
-        if takes == "flag":
-            if has_value:
-                return None  # click refuses a value for a flag
-            values[keyword] = True
-            continue
-        if not has_value:
-            if index == len(rest):
-                return None  # the option lacks its value: typer's usage error
-            inline = rest[index]  # click takes the next argument as the value, whatever it looks like
-            index += 1
-        if takes == "values":
-            values.setdefault(keyword, []).append(inline)
-        else:
-            values[keyword] = inline  # given twice: click keeps the last
-    if not required <= len(given) <= len(positionals):
+    options = COMMANDS[argv[0]][0]
+    # argparse reads `--` and a number such as `-1` as positional; click calls them an option
+    if any(token.startswith("-") and token != "-" and token.partition("=")[0] not in options for token in argv[1:]):
         return None
-    values.update(zip(positionals, given, strict=False))  # an optional one may be left out
-    return command, values
+    try:
+        return argv[0], vars(_parser(argv[0]).parse_args(argv[1:]))
+    except _DeclinedError:
+        return None
 
 
 def run(argv: list[str]) -> bool:

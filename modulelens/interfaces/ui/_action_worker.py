@@ -30,6 +30,8 @@ def _replay(ref: str, repo: str) -> dict[str, Any]:
     for position in range(total):  # one call at a time, so the page shows how far it is
         _say(stage=f"replaying call {position + 1} of {total}", done=position, total=total)
         reports.append(capture.replay(calls=[position]))
+    if not reports:  # a capture without calls: the report says so (UNVERIFIED), as `modulelens replay` does
+        reports.append(capture.replay())
     combined = reports[0]
     combined.calls = [call for report in reports for call in report.calls]
     combined.notes = list(dict.fromkeys(note for report in reports for note in report.notes))
