@@ -17,8 +17,6 @@ import operator
 import re
 from typing import Any, cast
 
-import xxhash
-
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
 from modulelens.format.spec import (
@@ -47,11 +45,6 @@ _TAGS_WITH: dict[str, dict[str, type | tuple[type, ...]]] = {  # "$type" -> requ
 }
 _DTYPE_VALUE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _FLOATS = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
-
-# (xxh3-128 of a capture.json's bytes, whether its calls were checked) of documents this process
-# found valid (validate_capture's ``source``); cleared when full.
-_VALID_SOURCES: set[tuple[bytes, bool]] = set()
-_VALID_SOURCES_MAX = 4096
 
 
 class _Checker:
@@ -782,7 +775,7 @@ def validate_op_trace(data: Any, where: str, value_entry: Any) -> OpTraceDocumen
     return cast(OpTraceDocument, data)
 
 
-def validate_capture(data: Any, where: str, *, calls: bool = True, source: bytes | None = None) -> CaptureMetadata:
+def validate_capture(data: Any, where: str, *, calls: bool = True) -> CaptureMetadata:
     """``data`` as capture metadata, after checking it against the format.
 
     Args:
@@ -791,11 +784,6 @@ def validate_capture(data: Any, where: str, *, calls: bool = True, source: bytes
         calls: check every recorded call too. ``False`` checks only that ``calls`` is a list, for a
             reader that shows a few calls of many and checks each one it uses with
             :func:`validate_call` (the web UI: 50,000 calls took 0.55 s to check, a page shows 20).
-        source: the bytes ``data`` was parsed from, when the caller has them: bytes this process
-            found valid already (their xxh3-128 hash, ``_VALID_SOURCES``) are not checked again.
-            The check is a function of the bytes, so this skips only a repetition; it was three
-            quarters of reading a 1 GiB capture's metadata on every load (220 of 285 us,
-            benchmarks/bench_save_load.py).
 
     Returns:
         The same object, typed (of a document of a newer format version, only what a repo reads of
@@ -809,9 +797,6 @@ def validate_capture(data: Any, where: str, *, calls: bool = True, source: bytes
 
         meta = validate_capture(json.loads(path.read_text()), str(path))
     """
-    seen = None if source is None else (xxhash.xxh3_128_digest(source), calls)
-    if seen is not None and seen in _VALID_SOURCES:
-        return cast(CaptureMetadata, data)
     if not isinstance(data, dict) or "format_version" not in data:
         raise CorruptCaptureError(f"{where}: not a modulelens capture")
     if isinstance(data["format_version"], int) and data["format_version"] > FORMAT_VERSION:
@@ -821,10 +806,6 @@ def validate_capture(data: Any, where: str, *, calls: bool = True, source: bytes
         _Checker(data, where, calls=calls).document()
     except RecursionError:
         raise CorruptCaptureError(f"{where}: nested too deeply") from None
-    if seen is not None:
-        if len(_VALID_SOURCES) >= _VALID_SOURCES_MAX:
-            _VALID_SOURCES.clear()
-        _VALID_SOURCES.add(seen)
     return cast(CaptureMetadata, data)
 
 
