@@ -75,8 +75,13 @@ def main() -> None:
         _write(output, performance_page(results))
         return
     results.mkdir(parents=True, exist_ok=True)
-    record = {"quick": args.quick, "machine": machine(), "versions": versions(),
-              "started": _now(), "runs": _load(results, "all").get("runs", []) if args.only else []}
+    earlier = _load(results, "all") if args.only else {}
+    commit = _commit()
+    # a partial run (--only) keeps the other scripts' results, and each run says what it ran on, so
+    # the page never stamps this machine, these versions or this commit onto an earlier run's numbers
+    record = {"quick": args.quick, "machine": machine(), "versions": versions(), "commit": commit,
+              "started": min([_now(), *([earlier["started"]] if "started" in earlier else [])]),
+              "runs": earlier.get("runs", [])}
     order = [name for name, _, _, _ in RUNS]
     for name, script, full, quick in RUNS:
         if args.only and name not in args.only and script not in args.only:
@@ -88,7 +93,8 @@ def main() -> None:
                "MODULELENS_BENCH_RESULTS": str(results)}
         done = subprocess.run([sys.executable, str(HERE / script), *argv], env=env)
         run = {"script": name, "args": argv, "exit_code": done.returncode, "started": started,
-               "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg()}
+               "wall_s": time.perf_counter() - start, "load_before": load_before, "load_after": os.getloadavg(),
+               "machine": record["machine"], "versions": record["versions"], "commit": commit}
         record["runs"] = sorted([r for r in record["runs"] if r["script"] != name] + [run],
                                 key=lambda r: order.index(r["script"]) if r["script"] in order else len(order))
         if done.returncode != 0:
@@ -130,6 +136,17 @@ def machine() -> dict[str, Any]:
         gpus = [line.split(" (UUID")[0] for line in listed.stdout.splitlines() if line.strip()]
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2**20, 1), "gpus": gpus,
             "os": f"{platform.system()} {platform.release()}", "python": platform.python_version()}
+
+
+def _commit() -> str:
+    """The checkout's commit (with ``+changes`` when its tracked files differ from it), or why not."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "not a git checkout"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def versions() -> dict[str, str]:
@@ -256,18 +273,33 @@ def _the_run(record: dict[str, Any]) -> str:
             ["machine", described],
             ["versions", (", ".join(f"{name} {version}" for name, version in v.items()) + f", Python {m.get('python', '?')}")
                          if v else "not recorded"],
+            ["commit", record.get("commit", "not recorded")],
             ["when", f"{record.get('started', '?')} to {record.get('ended', '?')} (UTC)"
                      + (" — **quick run: small sizes, not the real numbers**" if record.get("quick") else "")],
         ]),
         "",
-        "Load average (1, 5, 15 minutes) before and after each script:",
+        "Load average (1, 5, 15 minutes) before and after each script, and what a script ran on where",
+        "that is not the machine, versions and commit above (a later partial run, `--only`):",
         "",
-        _table(["script", "arguments", "started (UTC)", "wall time", "load before", "load after", "exit"],
+        _table(["script", "arguments", "started (UTC)", "wall time", "load before", "load after", "exit", "ran on"],
                [[f"`{r['script']}`", " ".join(r["args"]) or "(defaults)", r["started"], _s(r["wall_s"]),
-                 _load_average(r["load_before"]), _load_average(r["load_after"]), str(r["exit_code"])]
+                 _load_average(r["load_before"]), _load_average(r["load_after"]), str(r["exit_code"]),
+                 _differences(record, r)]
                 for r in record.get("runs", [])]),
     ]
     return "\n".join(lines)
+
+
+def _differences(record: dict[str, Any], run: dict[str, Any]) -> str:
+    """How what ``run`` ran on differs from the page's machine, versions and commit ("as above" if not)."""
+    if "machine" not in run:
+        return "not recorded"
+    found = [f"{key} {value}" for key, value in run["machine"].items() if record.get("machine", {}).get(key) != value]
+    found += [f"{name} {version}" for name, version in run["versions"].items()
+              if record.get("versions", {}).get(name) != version]
+    if run.get("commit") != record.get("commit"):
+        found.append(f"commit {run.get('commit')}")
+    return "; ".join(found) or "as above"
 
 
 def _missing(title: str, script: str) -> str:
