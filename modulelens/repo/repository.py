@@ -384,7 +384,7 @@ class Repo:
 
     def _parse(self, data: bytes, key: str, *, calls: bool = True) -> dict[str, Any]:
         where = str(self.store.where(key))
-        from modulelens.format.validate import validate_capture  # here: `ls` starts without the validator
+        from modulelens.format.validated import validated_capture  # here: `ls` starts without the validator
 
         # Parsing and checking make a few objects per call and tensor and no cycle: with the collector
         # on, the 45 MiB capture.json of 50,000 calls took 1.8 s to parse, 0.46 s paused (bench_ui.py --huge).
@@ -393,7 +393,7 @@ class Repo:
                 metadata = json.loads(data)
             except (ValueError, RecursionError) as error:
                 raise CorruptCaptureError(f"{where} is not valid JSON (truncated or damaged): {error}") from None
-            validate_capture(metadata, where, calls=calls)
+            validated_capture(metadata, data, where, calls=calls)
         return metadata
 
     def read_metadata(self, name: str, version: int, *, calls: bool = True) -> dict[str, Any]:
