@@ -318,3 +318,60 @@ def test_no_module_is_over_800_lines() -> None:
     assert not too_long, f"over 800 lines (or longer than when listed in _OVER_800_YET): {too_long}"
     fixed = [module for module in _OVER_800_YET if lines.get(module, 0) <= 800]
     assert not fixed, f"at most 800 lines now: remove {fixed} from _OVER_800_YET"
+
+
+#: Calls that write a file (or make one appear) by their dotted name; ``open()`` counts with a mode
+#: that writes. Directories may be made (``tempfile.mkdtemp``: a fallback repo's folder).
+_WRITING_CALLS = {"os.write", "os.pwrite", "os.writev", "os.replace", "os.rename", "os.link", "os.symlink",
+                  "os.truncate", "os.ftruncate", "os.posix_fallocate", "os.fsync", "os.fdatasync", "shutil.copy",
+                  "shutil.copy2", "shutil.copyfile", "shutil.move", "tempfile.mkstemp", "tempfile.NamedTemporaryFile",
+                  "tempfile.TemporaryFile", "tempfile.SpooledTemporaryFile", "torch.save", "np.save", "numpy.save",
+                  "np.savez", "numpy.savez"}
+_WRITING_METHODS = {"write_bytes", "write_text", "tofile", "touch"}
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def _file_writes(source: str) -> list[tuple[int, str]]:
+    """Where ``source`` opens or makes a file for writing: ``(line, call)``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _dotted(node.func)
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        if name in _WRITING_CALLS or method in _WRITING_METHODS:
+            found.append((node.lineno, name or method))
+        elif name == "os.open":
+            flags = ast.unparse(node.args[1]) if len(node.args) > 1 else ""
+            if not flags or any(flag in flags for flag in ("O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC")):
+                found.append((node.lineno, f"os.open(..., {flags})"))
+        elif name in ("open", "io.open") or method == "open":  # open(path, mode) or path.open(mode)
+            at = 1 if name in ("open", "io.open") else 0
+            mode = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            if mode is not None and not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)
+                                         and not set(mode.value) & set("wax+")):
+                found.append((node.lineno, f"{name or method}(..., mode={ast.unparse(mode)})"))
+    return found
+
+
+def test_tracing_writes_no_file_itself() -> None:
+    """Issue 39: captured bytes take one path to disk, the store's blob writer (repo/blob_writer.py,
+    ``Repo.blob_writer``). ``tracing/`` only records and hands bytes to ``repo/``; a file written
+    here would re-implement the blob protocol (durable writes, hashing, markers) beside the store."""
+    writes = {f"tracing/{path.name}:{line}": call for path in sorted((PACKAGE / "tracing").rglob("*.py"))
+              for line, call in _file_writes(path.read_text())}
+    assert not writes, ("modulelens/tracing/ writes files itself; stream the bytes through the repo's blob writer "
+                        f"(Repo.blob_writer) or a helper of repo/files.py instead: {writes}")
+
+
+def test_the_file_write_check_sees_writes() -> None:
+    sample = ("import os\nfd = os.open(p, os.O_WRONLY)\nopen(p, 'wb')\nopen(p, mode='a')\nPath(p).write_bytes(b'')\n"
+              "open(p)\nopen(p, 'rb')\npath.open('w')\nos.replace(a, b)\nopen(p, m)\nos.open(p, os.O_RDONLY)\n")
+    assert [line for line, _ in _file_writes(sample)] == [2, 3, 4, 5, 8, 9, 10]

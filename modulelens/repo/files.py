@@ -23,6 +23,7 @@ import errno
 import mmap
 import os
 import stat
+import threading
 from pathlib import Path
 
 from modulelens.errors import CorruptCaptureError
@@ -52,6 +53,21 @@ def write_new_file(path: Path, data: memoryview | bytes, *, mode: int = 0o444) -
             written += os.write(fd, view[written:])
     finally:
         os.close(fd)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` atomically (readers see the old file or the new one, never a part), through
+    a new file beside it; not flushed (for reports another process reads, such as a run's summary)."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staged)  # left by this very thread before (a crash between write and rename)
+    try:
+        write_new_file(staged, data, mode=0o644)
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+        raise
 
 
 def flush_file(path: Path) -> None:

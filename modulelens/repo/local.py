@@ -41,6 +41,7 @@ from urllib.parse import quote, unquote
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, SigningKeyError
 from modulelens.format.hashing import ContentHasher, hash_bytes
 from modulelens.format.provenance import user_key
+from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.repo.files import (
     flush_and_rename,
     flush_file,
@@ -77,17 +78,7 @@ from modulelens.repo.markers import (
 )
 from modulelens.repo.names import validate_alias, validate_name
 from modulelens.repo.packs import check_members, read_header
-from modulelens.repo.store import (
-    Audit,
-    BlobCheck,
-    BlobStat,
-    Finding,
-    Hold,
-    Quarantine,
-    Scan,
-    Staged,
-    Store,
-)
+from modulelens.repo.store import Audit, BlobCheck, BlobStat, BlobWriter, Finding, Hold, Quarantine, Scan, Staged, Store
 from modulelens.repo.trust import TRUST_FILE, repo_identity
 
 if TYPE_CHECKING:
@@ -494,11 +485,16 @@ class LocalStore(Store):
                            flush=flush)
 
     def _publish_file(self, staged: Path, digest: str, chunks: Callable[[], ChunkDigests | None], size: int, *,
-                      flush: bool = True) -> None:
+                      flush: bool = True, sealed: bool = False) -> None:
         path = self.blob_path(digest)
         try:
             self._shard(digest, create=True)  # a shard folder planted as a link or a file is refused
-            flush_and_rename(staged, path, flush_target_folder=flush)
+            if sealed:  # flushed by its blob writer already: only the rename is left to flush
+                os.replace(staged, path)
+                if flush:
+                    flush_folder(path.parent)
+            else:
+                flush_and_rename(staged, path, flush_target_folder=flush)
         except BaseException as error:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
@@ -512,21 +508,21 @@ class LocalStore(Store):
         for folder in {self.blob_path(digest).parent for digest in digests}:
             flush_folder(folder)
 
-    def staging_file(self) -> Path:
-        return self._tmp_path(".weight")  # tmp/<pid>-...: gc never frees it while this process runs
+    def blob_writer(self, nbytes: int) -> BlobWriter:
+        return FileBlobWriter(self._tmp_path(".weight"), nbytes)  # tmp/<pid>-...: gc keeps it while we run
 
-    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
-        """Rename this process's own staging file (written, flushed and hashed as it was written:
-        tracing/weights.py) into place as blob ``digest``, over a blob of that name that did not
-        verify. Only a regular file directly in this repo's real ``tmp/`` is adopted; anything else
-        (another repo's file) is copied, every byte hashed, by :meth:`put_blob_file`."""
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> bool:
+        """Rename this process's own staging file (sealed by :meth:`blob_writer`) into place as blob
+        ``digest``, over a blob of that name that did not verify. Only a regular file directly in
+        this repo's real ``tmp/`` is adopted; anything else (another repo's file) is copied, every
+        byte hashed, by :meth:`put_blob_file`."""
         try:
             tmp = self._folder("tmp")  # a linked tmp/ is refused: its files are outside the repo
         except (FileNotFoundError, CorruptCaptureError):
             return False
         if str(path.parent) != tmp or not _is_regular(path):
             return False
-        self._publish_file(path, digest, lambda: chunks, os.path.getsize(path))
+        self._publish_file(path, digest, lambda: chunks, os.path.getsize(path), flush=flush, sealed=True)
         return True
 
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:

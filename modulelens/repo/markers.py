@@ -26,14 +26,18 @@ the sampled chunks. Without a usable key (no home directory, a key others could 
 is trusted or written: every load hashes in full.
 
 So damage that keeps size, mtime and ctime (bit rot) is caught on every load of a blob of up to
-4 MiB, on each load with probability ``SAMPLED_CHUNKS / chunks`` for a larger one, within a month
+4 MiB, on each load with probability ``SAMPLED_CHUNKS / chunks`` (2/1,024 from 64 MiB) for a larger one, within a month
 at the latest, and always by ``load(..., verify=True)`` / ``fsck``; a change made through the file
 system, on the next load.
 
-Why these sizes: the sampled check is on the path to a runnable module, which issue 15 wants
-within 1.1x of building it on the meta device and memory-mapping ``torch.load``. Sampling four 1 MiB
-chunks per blob made a 1 GiB load of 16 blobs 2.1x that recipe (64 MiB hashed, ~15 ms);
-8 chunks of 64 KiB hash 512 KiB per large blob (benchmarks/bench_save_load.py).
+Why these sizes: the sampled check is on the path to a runnable module, which issue 37 wants
+within 1.2x of building it on the meta device and memory-mapping ``torch.load``, flat in the number
+of weight files. Sampling four 1 MiB chunks per blob made a 1 GiB load of 16 blobs 2.1x that recipe
+(64 MiB hashed, ~15 ms); 8 chunks of 64 KiB (512 KiB a blob) cost 30 us a blob with the blobs in
+the page cache, most of the per-file cost of a load, and 8 random disk reads a blob without;
+2 chunks (128 KiB, one read) cost 8 us. The sample is a net for damage between full checks, not the
+check itself: the marker's identity (inode, size, mtime, ctime) catches every change made through
+the file system, and the monthly full hash, ``fsck`` and ``verify=True`` catch bit rot for sure.
 
 Chunk hashes are xxh3-64, not blake3: they detect accidental damage, not tampering (the MAC keeps
 anyone without the key from writing a marker; the blake3 content hash is what names the payload).
@@ -76,7 +80,7 @@ MARK_MIN_PACK_BYTES = 64 << 10
 MIN_CHUNK = 64 << 10
 MAX_CHUNKS = 1024
 WHOLE_CHECK_MAX_BYTES = 4 << 20
-SAMPLED_CHUNKS = 8
+SAMPLED_CHUNKS = 2
 FULL_CHECK_EVERY_S = 30 * 24 * 3600
 CHUNK_HASH = "xxh3_64"
 MARKER_VERSION = 3  # 3: hashes as raw bytes after the MAC; 2 (hashes in the JSON) and 1 (no MAC) are never trusted
@@ -87,6 +91,10 @@ _SAMPLE_STARTS = random.Random()
 _MAX_MARKER_BYTES = 64 << 10  # 1,024 chunk hashes and the record: a larger file is not a marker
 _DIGEST_BYTES = 8  # one xxh3-64 chunk hash
 ChunkDigests = tuple[int, bytes]  # (chunk size, the chunks' hashes one after the other, 8 bytes each)
+# Marker records whose MAC this process checked, by blob and marker identity (see _trusted_record);
+# cleared when full (a record and up to 8 KiB of hashes each).
+_VOUCHED: dict[tuple[Any, ...], tuple[dict[str, Any], bytes]] = {}
+_VOUCHED_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -151,13 +159,19 @@ class ChunkHasher:
         self._pending = bytearray()
 
     def update(self, data: memoryview | bytes) -> None:
-        self._pending += data
-        whole = len(self._pending) // self.chunk * self.chunk
-        if whole:
-            view = memoryview(self._pending)
-            self._digests.extend(_chunk_digest(view[i:i + self.chunk]) for i in range(0, whole, self.chunk))
-            view.release()
-            del self._pending[:whole]
+        view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+        if self._pending:  # a chunk begun by an earlier piece: completed from this one first
+            take = min(self.chunk - len(self._pending), len(view))
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) < self.chunk:
+                return
+            self._digests.append(_chunk_digest(self._pending))
+            self._pending.clear()
+        # whole chunks hashed where they are (a weight streamed in pieces of whole chunks is never copied)
+        whole = len(view) // self.chunk * self.chunk
+        self._digests.extend(_chunk_digest(view[i:i + self.chunk]) for i in range(0, whole, self.chunk))
+        self._pending += view[whole:]
 
     def digests(self) -> ChunkDigests:
         tail = [_chunk_digest(self._pending)] if self._pending else []
@@ -220,13 +234,28 @@ def split_marker(data: bytes) -> tuple[bytes, bytes, bytes]:
 
 def _trusted_record(blob: Path, info: os.stat_result, key: MarkerKey) -> tuple[dict[str, Any], bytes] | None:
     """The marker's record and chunk hashes when this user made it for this repo and blob, and the
-    blob is the very file (same inode, size, mtime and ctime) that was checked, less than a month ago."""
+    blob is the very file (same inode, size, mtime and ctime) that was checked, less than a month ago.
+
+    A record whose MAC this process checked is kept (``_VOUCHED``) under the identity of the blob
+    and of the marker file (inode, size, mtime, ctime) and the key: a load of a 16-blob capture
+    read, MAC'd and parsed 16 markers again each time (16 us a blob, a fifth of the sampled check,
+    benchmarks/bench_save_load.py). A changed blob or marker misses the memo and is read afresh; a
+    memo hit is a record this key vouched for, for this very blob file."""
     try:
-        data = read_regular(marker_path(blob), limit=_MAX_MARKER_BYTES)  # a larger file is not a marker
-        record, mac, digests = split_marker(data)
-        if not key.vouches(blob.name, record, digests, mac):
-            return None  # another repo's, user's or modulelens's marker, or one made up: hash in full
-        found = json.loads(record)
+        marker = os.lstat(marker_path(blob))
+        memo_key = (str(blob), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, marker.st_ino,
+                    marker.st_size, marker.st_mtime_ns, marker.st_ctime_ns, key.secret, key.binding)
+        found_digests = _VOUCHED.get(memo_key)
+        if found_digests is None:
+            data = read_regular(marker_path(blob), limit=_MAX_MARKER_BYTES)  # a larger file is not a marker
+            record, mac, digests = split_marker(data)
+            if not key.vouches(blob.name, record, digests, mac):
+                return None  # another repo's, user's or modulelens's marker, or one made up: hash in full
+            found_digests = json.loads(record), digests
+            if len(_VOUCHED) >= _VOUCHED_MAX:
+                _VOUCHED.clear()
+            _VOUCHED[memo_key] = found_digests
+        found, digests = found_digests
         if (found["marker"], found["size"], found["mtime_ns"], found["ctime_ns"], found["ino"]) != \
                 (MARKER_VERSION, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino):
             return None

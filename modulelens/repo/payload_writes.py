@@ -23,13 +23,17 @@ def store_payloads(store: Store, metadata: dict[str, Any], payloads: dict[str, m
     """Hash and store every payload: small ones into packs, large ones as their own blobs, and
     those already written and hashed (:class:`WrittenPayload`) moved (or copied) in as they are."""
     written = {tid: p for tid, p in payloads.items() if isinstance(p, WrittenPayload)}
+    adopted = []  # their folders flushed once, after every rename (one journal commit, not one each)
     for tid, payload in written.items():
         metadata["tensors"][tid]["payload"] = payload.digest
-        if not store.has_blob(payload.digest) and \
-                not (payload.staged and store.adopt_file(payload.path, payload.digest, payload.chunks)):
-            # copied: re-hashing skipped only for this process's own staging file (issue 21)
+        if store.has_blob(payload.digest):
+            pass
+        elif payload.staged and store.adopt_file(payload.path, payload.digest, payload.chunks, flush=False):
+            adopted.append(payload.digest)
+        else:  # copied: re-hashing skipped only for this process's own staging file (issue 21)
             store.put_blob_file(payload.digest, payload.path, verified=payload.staged, missing=True)
         payload.path, payload.staged = store.blob_path(payload.digest), False  # (a second save)
+    store.flush_blobs(adopted)
     views = {tid: memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
              for tid, data in payloads.items() if not isinstance(data, WrittenPayload)}
     small = {tid: data for tid, data in views.items() if len(data) < PACK_BELOW}

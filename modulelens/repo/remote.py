@@ -44,7 +44,7 @@ from modulelens.repo.local import LocalStore
 from modulelens.repo.location import cache_root, offline
 from modulelens.repo.locks import busy, lock_wait_s, wait_for
 from modulelens.repo.remote_errors import is_network_error
-from modulelens.repo.store import Audit, BlobCheck, BlobStat, Hold, Quarantine, Scan, Staged, Store
+from modulelens.repo.store import Audit, BlobCheck, BlobStat, BlobWriter, Hold, Quarantine, Scan, Staged, Store
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -382,6 +382,25 @@ class RemoteStore(Store):
 
     def flush_blobs(self, digests: Collection[str]) -> None:
         pass
+
+    def blob_writer(self, nbytes: int) -> BlobWriter:
+        """Streamed into the local cache's staging area: :meth:`adopt_file` uploads it at the save
+        (in multipart parts, as any file) and keeps it as the cached copy."""
+        return self.cache.blob_writer(nbytes)
+
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> bool:
+        """Upload a file sealed by :meth:`blob_writer` (hashed as it was written), unless the blob is
+        there already, then move it into the cache as the blob's local copy; ``False`` for any other
+        file (then :meth:`put_blob_file` hashes it as it uploads it)."""
+        if path.parent != self.cache.root / "tmp" or not path.name.startswith(f"{os.getpid()}-"):
+            return False
+        self._require_online("save")
+        key = self._blob_key(digest)
+        if not self.objects.exists(key):
+            self.objects.upload_file(path, key)
+        if not self.cache.adopt_file(path, digest, chunks, flush=False):  # (the cache's tmp/ replaced meanwhile)
+            path.unlink(missing_ok=True)
+        return True
 
     def put_blob_file(self, digest: str, source: Path, *, verified: bool = False, missing: bool = False) -> int:
         key = self._blob_key(digest)

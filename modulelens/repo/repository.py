@@ -53,7 +53,7 @@ from modulelens.repo.packs import Payloads, referenced_blobs
 from modulelens.repo.payload_writes import store_payloads
 from modulelens.repo.publish import publish
 from modulelens.repo.registry import open_store
-from modulelens.repo.store import Hold, WrittenPayload
+from modulelens.repo.store import BlobWriter, Hold, WrittenPayload
 from modulelens.repo.trust import TrustPolicy, set_trust_source, trusts_source
 from modulelens.repo.versions import NameListing, VersionInfo
 
@@ -229,12 +229,10 @@ class Repo:
         ``pack``: the blob is a pack, whose members are checked against their hashes too."""
         return self.store.blob_file(digest, nbytes, full=full, pack=pack)
 
-    def staging_file(self) -> Path | None:
-        """A new file name in this repo's staging area, for a payload written before its save
-        (tracing/weights.py) and then handed to :meth:`save_version` as a
-        :class:`~modulelens.repo.store.WrittenPayload`; ``None`` for a repo that stages no files
-        (a remote one: captures for it are staged in a local repo)."""
-        return self.store.staging_file()
+    def blob_writer(self, nbytes: int) -> BlobWriter:
+        """Streams a payload of ``nbytes`` bytes into this repo before its save (tracing/weights.py);
+        :meth:`save_version` takes what it seals and moves it in unread (``Store.blob_writer``)."""
+        return self.store.blob_writer(nbytes)
 
     def download(self, blobs: dict[str, int], *, label: str = "") -> int:
         """Make ``{digest: nbytes}`` available locally; returns bytes downloaded (0 for a local repo)."""
@@ -386,7 +384,7 @@ class Repo:
 
     def _parse(self, data: bytes, key: str, *, calls: bool = True) -> dict[str, Any]:
         where = str(self.store.where(key))
-        from modulelens.format.validate import validate_capture  # here: `ls` starts without the validator
+        from modulelens.format.validated import validated_capture  # here: `ls` starts without the validator
 
         # Parsing and checking make a few objects per call and tensor and no cycle: with the collector
         # on, the 45 MiB capture.json of 50,000 calls took 1.8 s to parse, 0.46 s paused (bench_ui.py --huge).
@@ -395,7 +393,7 @@ class Repo:
                 metadata = json.loads(data)
             except (ValueError, RecursionError) as error:
                 raise CorruptCaptureError(f"{where} is not valid JSON (truncated or damaged): {error}") from None
-            validate_capture(metadata, where, calls=calls)
+            validated_capture(metadata, data, where, calls=calls)
         return metadata
 
     def read_metadata(self, name: str, version: int, *, calls: bool = True) -> dict[str, Any]:

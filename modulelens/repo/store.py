@@ -82,6 +82,58 @@ class WrittenPayload:
     staged: bool = True
 
 
+class BlobWriter(ABC):
+    """A payload streamed into a store in pieces (:meth:`Store.blob_writer`): each piece is written
+    and hashed as it comes (the content hash and the verification marker's chunk hashes);
+    :meth:`seal` makes the bytes durable and gives the :class:`WrittenPayload` that a save publishes
+    as the blob (``Repo.save_version`` takes it in place of the bytes: moved in with a rename, or
+    uploaded, never hashed again); :meth:`abort` removes what was written. One thread writes;
+    :meth:`seal` may run on another once the last piece is written.
+
+    Attributes:
+        nbytes: the payload's size, announced when the writer was made.
+        written: bytes written so far.
+        chunk: the size of the pieces a writer hashes without copying (write whole multiples of it).
+
+    Example::
+
+        writer = repo.blob_writer(len(data))
+        for start in range(0, len(data), writer.chunk):
+            writer.write(data[start:start + writer.chunk])
+        payload = writer.seal()    # durable; payload.digest names the blob
+    """
+
+    nbytes: int
+    written: int
+
+    @property
+    @abstractmethod
+    def chunk(self) -> int:
+        """Pieces that are whole multiples of this many bytes are hashed where they are."""
+
+    @abstractmethod
+    def write(self, data: memoryview) -> None:
+        """Append ``data`` and hash it.
+
+        Raises:
+            OSError: the write failed (a full disk): :meth:`abort`, then copy the bytes instead.
+            ValueError: more bytes than announced, or the writer is sealed.
+        """
+
+    @abstractmethod
+    def seal(self) -> WrittenPayload:
+        """Flush what was written to the disk (as a save does) and return it as a payload to save.
+
+        Raises:
+            OSError: the flush failed (the file is removed).
+            ValueError: fewer bytes were written than announced (the file is removed).
+        """
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Remove what was written (nothing is published); safe to call more than once."""
+
+
 class Finding(NamedTuple):
     """An entry that is not part of the repo's layout (``foreign``) or a link (``symlink``)."""
 
@@ -331,16 +383,21 @@ class Store(ABC):
     def flush_blobs(self, digests: Collection[str]) -> None:
         """Make the blobs published with ``flush=False`` durable."""
 
-    def staging_file(self) -> Path | None:
-        """A new, not yet created, file name in this store's staging area (on the filesystem of its
-        blobs, so :meth:`adopt_file` moves it in with a rename); ``None`` where nothing is staged
-        in files (object storage)."""
-        return None
+    @abstractmethod
+    def blob_writer(self, nbytes: int) -> BlobWriter:
+        """A writer that streams a payload of ``nbytes`` bytes into this store's staging area (on the
+        filesystem of its blobs, or of its local cache), hashing it as it goes; the save publishes
+        what it sealed with :meth:`adopt_file` (repo/blob_writer.py).
 
-    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None) -> bool:
-        """Make the staging file ``path`` (from :meth:`staging_file`, written, flushed and hashed to
-        ``digest`` by the caller) the blob ``digest``, durably; ``False`` when ``path`` is not this
-        store's own staging file (then :meth:`put_blob_file` copies it)."""
+        Raises:
+            OSError: nothing can be staged here now (the caller copies the bytes instead).
+        """
+
+    def adopt_file(self, path: Path, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> bool:
+        """Make the staging file ``path`` (sealed by a :meth:`blob_writer` of this store: written,
+        flushed and hashed to ``digest``) the blob ``digest``, durably; ``False`` when ``path`` is
+        not this store's own staging file (then :meth:`put_blob_file` copies it). ``flush=False``
+        leaves the flush of the blob's folder to :meth:`flush_blobs` (once for many blobs)."""
         return False
 
     @abstractmethod

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import CorruptCaptureError, SigningKeyError
-from modulelens.format.provenance import check, seal, user_key, warn_once
+from modulelens.format.provenance import NOT_CHECKED, check, seal, user_key, warn_once
 from modulelens.repo.files import read_regular, write_new_file
 
 TRUST_FILE = "trust.json"
@@ -118,6 +118,7 @@ class Provenance:
 
     own: bool
     why: str = ""
+    settled: bool = True  # False: not checked yet (``own_capture(encode=False)``), ``own`` is False meanwhile
 
 
 def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
@@ -134,17 +135,21 @@ def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
 
 
 def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, Any], *,
-                text: bytes | None = None) -> Provenance:
+                text: bytes | None = None, encode: bool = True) -> Provenance:
     """Whether ``metadata``, read from ``name:v<version>`` of the repo at ``root``, is a capture
     the current user saved there (its provenance verifies under the user's key for this directory,
     and it sits where it was saved). ``text``: the bytes ``metadata`` was parsed from, when the
-    caller has them (checked as they are, without encoding the metadata again: format.provenance.check)."""
+    caller has them (checked as they are, without encoding the metadata again: format.provenance.check).
+    ``encode=False``: when only encoding the metadata again could tell, answer at once with
+    ``settled=False`` (a page that shows the verdict later)."""
     try:
         key = user_key()
         binding = repo_identity(root)
     except (SigningKeyError, OSError) as error:
         return Provenance(False, f"no usable signing key here ({error})")
-    why = check(metadata, binding, key, text=text)
+    why = check(metadata, binding, key, text=text, encode=encode)
+    if why == NOT_CHECKED:
+        return Provenance(False, why, settled=False)
     if why is not None:
         return Provenance(False, why)
     if metadata.get("name") != name or metadata.get("version") != version:

@@ -14,9 +14,9 @@ from modulelens.repo import Repo, VersionInfo
 from modulelens.repo.names import validate_name
 from modulelens.tracing.options import PayloadPolicy, Recording
 from modulelens.tracing.records import ModuleRecord
-from modulelens.tracing.save import save_captures, weights_sink
+from modulelens.tracing.save import save_captures
 from modulelens.tracing.tracer import Tracer
-from modulelens.tracing.upload import Upload
+from modulelens.tracing.upload import Destination, Upload
 
 
 class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(model, ...)`
@@ -89,8 +89,10 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         self.policy = payload
         # Large weights are written to the repo while the job runs (tracing/weights.py), unless they
         # may go shape-only (then they are copied, and dropped if the budget says so).
+        # The repo is converted once, for both (tracing/upload.py's Destination).
+        self.destination = Destination(repo)
         self.tracer = Tracer(model, targets, record=record, on_complete=on_complete, strict=strict,
-                             staging_file=None if payload.shape_only_params else weights_sink(repo))
+                             blob_sink=None if payload.shape_only_params else self.destination.blob_writer)
         self.repo = repo
         self.name = name
         self.tags = list(tags)
@@ -139,7 +141,7 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
             :meth:`wait` gives the uploaded ones.
         """
         self._saved_once = True
-        self.saved, self.upload = save_captures(self.tracer, repo if repo is not None else self.repo, self.name,
+        self.saved, self.upload = save_captures(self.tracer, repo if repo is not None else self.destination, self.name,
                                                 tags=self.tags, metadata=self.metadata, policy=self.policy)
         return self.saved
 

@@ -273,12 +273,23 @@ class _Session:
         self._parents = _Parents()
         self._attached_late: dict[str, str] = {}  # pattern -> the method call under way when it attached
         self._done = False
+        self._destination_of_repo: Any = None  # config.repo, converted once (_destination)
         self.stopped: str | None = None  # why --strict ended the job early
         track_init()
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call)
         from modulelens.tracing.upload import at_main_thread_exit
 
         at_main_thread_exit(self.finish)  # before thread pools stop: the last saves may upload
+
+    def _destination(self) -> Any:
+        """``config.repo`` as every tracer's weights and every save use it: converted once
+        (tracing/upload.py's ``Destination``)."""
+        from modulelens.tracing.upload import Destination
+
+        with self._lock:
+            if self._destination_of_repo is None:
+                self._destination_of_repo = Destination(self.config.repo)
+            return self._destination_of_repo
 
     def _on_module_call(self, module: Any, inputs: Any) -> None:
         if id(module) in self._seen:
@@ -329,7 +340,6 @@ class _Session:
 
     def _attach(self, module: Any, found: dict[str, Any], patterns: list[str]) -> Any:
         from modulelens.tracing.methods import split_target
-        from modulelens.tracing.save import weights_sink
         from modulelens.tracing.tracer import Tracer, unwrap_model
 
         with self._lock:
@@ -338,7 +348,7 @@ class _Session:
             targets = patterns if self.config.depth is None else [_exact_target(n) for n in found]
             tracer = Tracer(module, targets, record=self.config.recording(), on_complete=self._on_tracer_complete,
                             on_target_complete=self._on_target_complete, strict=self.config.strict,
-                            staging_file=weights_sink(self.config.repo))  # tracing/weights.py
+                            blob_sink=self._destination().blob_writer)  # tracing/weights.py
             self.tracers.append(tracer)
             self._prefixes[id(tracer)] = self.config.name or type(unwrap_model(module)).__name__
             self._patterns[id(tracer)] = patterns
@@ -428,7 +438,7 @@ class _Session:
                 continue
             self._saved_targets.add((id(tracer), qualified))
             try:
-                infos, upload = save_captures(tracer, self.config.repo, self._prefixes[id(tracer)],
+                infos, upload = save_captures(tracer, self._destination(), self._prefixes[id(tracer)],
                                               tags=self.config.tags, policy=self.config.policy(), only=[qualified])
             except Exception as error:
                 if self.config.strict:
@@ -510,10 +520,9 @@ class _Session:
         summary = {"pid": os.getpid(), "rank": self.rank, "resolved": sorted(self.resolved),
                    "captured": sorted(self.captured), "saved": self.saved, "kept": self.kept, "failed": self.failed,
                    "roots": self.roots, "stopped": self.stopped, "not_captured": self._not_captured()}
-        target = Path(folder) / f"{os.getpid()}.json"
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary))
-        os.replace(tmp, target)
+        from modulelens.repo.files import replace_file
+
+        replace_file(Path(folder) / f"{os.getpid()}.json", json.dumps(summary).encode())
 
 
 def _record_root_call(tracer: Any, module: Any, inputs: tuple[Any, ...]) -> None:

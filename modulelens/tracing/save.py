@@ -18,8 +18,7 @@ import os
 import shlex
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, cast
 
 from modulelens.errors import CaptureWarning, InvalidNameError, RepoBusyError, RepoError, StorageError, UnsupportedValueError
@@ -36,7 +35,7 @@ from modulelens.tracing.methods import target_capture_name
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
 from modulelens.tracing.tracer import Tracer, unwrap_model
-from modulelens.tracing.upload import Upload, stage
+from modulelens.tracing.upload import Destination, Upload, stage
 
 
 def save_records(
@@ -65,7 +64,7 @@ def save_records(
 
 def save_captures(
     tracer: Tracer,
-    repo: Repo | str | os.PathLike[str] | None = None,
+    repo: Destination | Repo | str | os.PathLike[str] | None = None,
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
@@ -77,14 +76,25 @@ def save_captures(
     repo and uploaded by a background :class:`~modulelens.tracing.upload.Upload` (the job does not
     wait for the network; see ``modulelens/tracing/upload.py``).
 
+    ``repo`` may be the :class:`~modulelens.tracing.upload.Destination` the tracer streamed its
+    weights into: the repo is then the one already opened for them (converted once).
+
     Returns:
         The saved versions (for a remote repo: as staged locally) and the upload, or ``None`` when
         the repo is local or nothing was saved.
     """
-    staged = stage(repo)
-    if staged is None:
-        return save_records(tracer, repo, name, tags=tags, metadata=metadata, policy=policy, only=only), None
-    staging, remote = staged
+    destination = repo if isinstance(repo, Destination) else Destination(repo)
+    try:
+        local, remote = destination.open()
+    except (OSError, StorageError):
+        if isinstance(destination.requested, Repo) or stage(destination.requested) is not None:
+            raise  # a remote repo's staging repo cannot be made: nowhere to keep the captures locally
+        # a local repo: SaveTarget tries once more, then falls back to a repo in the temp directory
+        return save_records(tracer, destination.requested, name, tags=tags, metadata=metadata, policy=policy,
+                            only=only), None
+    if remote is None:
+        return save_records(tracer, local, name, tags=tags, metadata=metadata, policy=policy, only=only), None
+    staging = local
     target = SaveTarget(staging, strict=tracer.strict)
     try:
         infos = _save_into(target, tracer, name, tags=tags, metadata=metadata, policy=policy, only=only)
@@ -144,27 +154,6 @@ def _save_into(
             break  # nowhere to write: the records stay in memory (warned once)
         saved.append(info)
     return saved
-
-
-def weights_sink(repo: Repo | str | os.PathLike[str] | None) -> Callable[[], Path | None]:
-    """New staging file names of the local repo a capture for ``repo`` will be saved into (a remote
-    repo's staging repo), where recorded weights are written while the job runs
-    (tracing/weights.py). The repo is opened when the first large weight is recorded, not before;
-    ``None`` (each call) when it cannot be: the weights are then copied, and the save falls back as
-    usual (the tracer fails open)."""
-    opened: list[Repo | None] = []
-
-    def next_file() -> Path | None:
-        if not opened:
-            try:
-                staged = stage(repo)
-                opened.append(staged[0] if staged is not None else repo if isinstance(repo, Repo) else Repo(repo))
-            except Exception:  # any failure here means "copy the weights", never a crash
-                opened.append(None)
-        sink = opened[0]
-        return sink.staging_file() if sink is not None else None
-
-    return next_file
 
 
 def fallback_repo() -> Repo:

@@ -18,7 +18,6 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,7 +56,7 @@ from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.snapshot import Snapshotter, vmap_batch
-from modulelens.tracing.weights import StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
+from modulelens.tracing.weights import BlobSink, StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
 _WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
 _WRAPPER_CLASSES = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
@@ -187,7 +186,7 @@ class Tracer:
         on_complete: Callable[[Tracer], Any] | None = None,
         strict: bool = False,
         on_target_complete: Callable[[Tracer, str], Any] | None = None,
-        staging_file: Callable[[], Path | None] | None = None,
+        blob_sink: BlobSink | None = None,
     ) -> None:
         if isinstance(targets, str):
             targets = [targets]
@@ -207,9 +206,9 @@ class Tracer:
         self.records: dict[str, ModuleRecord] = {}
         self.environment = describe_environment()
         self._snap = Snapshotter()
-        # Large parameters of recorded calls go straight from the live tensors to staging files of
+        # Large parameters of recorded calls go straight from the live tensors into blob writers of
         # the repo the capture is saved into (tracing/weights.py); without one they are copied.
-        self._weights = WeightWriter(staging_file) if staging_file is not None else None
+        self._weights = WeightWriter(blob_sink) if blob_sink is not None else None
         self._streamed: dict[int, StreamedWeight] = {}  # id of the placeholder in a state -> its write
         self._handles: dict[str, list[Any]] = {}
         # Pending calls per target *and thread*: a forward entered on one thread is exited on that

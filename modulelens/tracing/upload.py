@@ -34,6 +34,7 @@ from urllib.parse import quote
 
 from modulelens.errors import CaptureWarning, ModulelensError, StorageError
 from modulelens.repo import Repo, VersionInfo
+from modulelens.repo.store import BlobWriter
 
 _EXIT_WAIT_S = 600.0
 _pending: set[Upload] = set()
@@ -185,6 +186,57 @@ def _wait_at_exit() -> None:
         if not upload.done:
             print(f"modulelens: the upload to {upload.url} did not finish before exit; the captures are kept in "
                   f"{upload.staging.location}; complete it with: {upload.retry_command}", file=sys.stderr, flush=True)
+
+
+class Destination:
+    """Where a capture goes, from the ``repo`` argument of ``capture()`` (a :class:`Repo`, a path, a
+    URL, or ``None`` for the default), converted once and shared by the two that write there: the
+    weights streamed while the job runs (tracing/weights.py) and the save at its end. A remote repo
+    is written through its local staging repo (:func:`stage`) and uploaded after the save.
+
+    The repo is opened on first use (the first large weight recorded, or the save), not before;
+    a failure to open it is not kept (each use tries again, so the save falls back as usual).
+
+    Example::
+
+        destination = Destination("s3://team/captures")
+        local, remote = destination.open()   # the staging repo, and "s3://team/captures"
+    """
+
+    def __init__(self, repo: Repo | str | os.PathLike[str] | None) -> None:
+        self.requested = repo
+        self._lock = threading.Lock()
+        self._opened: tuple[Repo, Repo | str | None] | None = None
+        self._no_writer = False  # opening failed for a weight: the next weights are copied without trying again
+
+    def open(self) -> tuple[Repo, Repo | str | None]:
+        """The local repo captures are saved into, and for a remote repo the target they are then
+        uploaded to (``None`` for a local repo).
+
+        Raises:
+            OSError, StorageError: the local repo cannot be opened or created.
+        """
+        with self._lock:
+            if self._opened is None:
+                staged = stage(self.requested)
+                if staged is not None:
+                    self._opened = staged
+                else:
+                    self._opened = (self.requested if isinstance(self.requested, Repo) else Repo(self.requested), None)
+            return self._opened
+
+    def blob_writer(self, nbytes: int) -> BlobWriter | None:
+        """A blob writer of the repo saved into (:meth:`Repo.blob_writer`), for a weight streamed
+        while the job runs; ``None`` when the repo cannot be opened (the weights are then copied,
+        and the save falls back as usual: the tracer fails open)."""
+        if self._no_writer:
+            return None
+        try:
+            local, _ = self.open()
+        except Exception:  # any failure here means "copy the weights", never a crash
+            self._no_writer = True
+            return None
+        return local.blob_writer(nbytes)
 
 
 def stage(repo: Repo | str | os.PathLike[str] | None) -> tuple[Repo, Repo | str] | None:

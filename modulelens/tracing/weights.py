@@ -2,11 +2,13 @@
 
 Copying a module's weights when a call is recorded doubled the job's memory for as long as the
 capture was kept (+1 GiB for a 1 GiB module) and made that call 3-4x slower (the copy). Instead,
-each large parameter of a recorded call's state is written to a staging file of the repo the
-capture goes to (:meth:`~modulelens.repo.repository.Repo.staging_file`) by a background thread,
-straight from the tensor's own memory, hashed as it goes (the content hash that names the blob and
-the verification marker's chunk hashes), then flushed; the save moves the file in as the blob
-without reading it again (:class:`~modulelens.repo.store.WrittenPayload`). A small module's large
+each large parameter of a recorded call's state is streamed by a background thread, straight from
+the tensor's own memory, into a blob writer of the repo the capture goes to
+(:meth:`~modulelens.repo.repository.Repo.blob_writer`, repo/blob_writer.py), which hashes it as it
+goes (the content hash that names the blob and the verification marker's chunk hashes) and flushes
+it when sealed; the save moves the file in as the blob without reading it again
+(:class:`~modulelens.repo.store.WrittenPayload`). This module opens no file for writing: the
+store's writer is the one byte path of blobs (tests/test_architecture.py keeps it so). A small module's large
 weights are still copied, until a capture's copies reach :data:`COPY_BUDGET`: for a few MiB the
 copy costs the job less than a file, a thread and a flush per recorded call.
 
@@ -32,34 +34,31 @@ tests, with the same buffer logic; it has not run on a GPU.)
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import warnings
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import blake3
 import numpy as np
 import torch
-import xxhash
 
 from modulelens.errors import CaptureWarning
-from modulelens.format.hashing import HASH_ALGORITHM
 from modulelens.format.tensors import address_offset
-from modulelens.repo.files import durable
-from modulelens.repo.markers import chunk_size
-from modulelens.repo.store import WrittenPayload
+from modulelens.repo.store import BlobWriter, WrittenPayload
 from modulelens.tracing.fingerprint import bit_sum_width, sums_bits
 from modulelens.tracing.snapshot import ADDRESS_ATTR
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future
 
 #: Parameters of this size or smaller are copied (one file each would cost more than the copy; the
 #: same bound as the fingerprints hashed in place, so every streamed weight's is a sum of its bits).
 STREAM_MIN_BYTES = 1 << 20
 #: At the end of a recorded call at most this fraction of its streamed weights is left unwritten
-#: (and copied), and at most :data:`SETTLE_BUDGET_MAX` bytes.
-SETTLE_BUDGET_FRACTION = 1 / 16
+#: (and copied), and at most :data:`SETTLE_BUDGET_MAX` bytes. The copy is the memory a capture adds
+#: to the job: 1/32 keeps it under issue 37's 5% of the weights with room for the rest (at 1/16 a
+#: 1 GiB module's call copied 64 MiB, 6.25%).
+SETTLE_BUDGET_FRACTION = 1 / 32
 SETTLE_BUDGET_MAX = 64 << 20
 #: Large weights are copied, as small ones are, until the copies one capture holds would pass this
 #: many bytes; only then are they streamed. Streaming costs a staging file, a thread and a flush
@@ -69,9 +68,12 @@ SETTLE_BUDGET_MAX = 64 << 20
 #: weights never add more than that to the job's memory, whatever the module's size.
 COPY_BUDGET = SETTLE_BUDGET_MAX
 _PIECE = 16 << 20  # bytes written (and, on a device, copied to the pinned buffer) at a time
-_HASH_THREADS_FROM = 1 << 22  # as format/hashing.py: blake3 on every core for large payloads
 _STORED_ATTR = "_modulelens_written"  # the WrittenPayload of a streamed weight, once written
 _INT64 = 1 << 64
+
+#: Gives a blob writer of the repo a capture is saved into for a payload of so many bytes
+#: (``Repo.blob_writer``), or ``None`` when nothing can be staged (the weights are then copied).
+BlobSink = Callable[[int], BlobWriter | None]
 
 
 def written_payload(tensor: torch.Tensor) -> WrittenPayload | None:
@@ -164,11 +166,11 @@ class _BufferedReader:
 
 
 class StreamedWeight:
-    """One weight on its way to a staging file.
+    """One weight on its way into the repo.
 
     Args:
         tensor: the live parameter (its bytes are read, never copied, until the call ends).
-        path: the staging file (:meth:`Repo.staging_file`).
+        writer: the repo's blob writer it streams into (:meth:`Repo.blob_writer`).
         fingerprint: the weight's fingerprint when the call started (tracing/fingerprint.py), to
             check what was written against.
         name: the parameter's name, for messages.
@@ -176,10 +178,10 @@ class StreamedWeight:
             it on CPU tensors, where no GPU is available).
     """
 
-    def __init__(self, tensor: torch.Tensor, path: Path, fingerprint: int | None, name: str, *,
+    def __init__(self, tensor: torch.Tensor, writer: BlobWriter, fingerprint: int | None, name: str, *,
                  buffered: bool | None = None) -> None:
         self.name = name
-        self.path = path
+        self.writer = writer
         self.alias = tensor.detach()  # the storage as the call started (a later `p.data = x` leaves it)
         flat = self.alias.reshape(-1).view(torch.uint8)
         self.nbytes = flat.numel()
@@ -221,75 +223,89 @@ class StreamedWeight:
             if copy is not None:
                 self._copy = copy
 
-    def write(self) -> int:
-        """Write and hash the whole weight (the background thread's work); returns the open file,
-        for :meth:`flush` (by a second thread, so the disk flushes this file while the next is
-        written), or -1 after an error."""
-        fd = -1
+    def write(self, beside: Executor | None = None) -> bool:
+        """Stream the whole weight into its writer (the background thread's work); ``True`` when
+        every byte was written, for :meth:`flush` (by a second thread, so the disk flushes this
+        weight while the next is written); ``False`` after an error (the writer aborted).
+        ``beside``: sums each piece's bits (the fingerprint check) on that thread while the writer
+        writes and hashes it, instead of after (the write waits on the disk; the sum on nothing)."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-            with contextlib.suppress(OSError):
-                os.posix_fallocate(fd, 0, self.nbytes)
-            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if self.nbytes > _HASH_THREADS_FROM \
-                else blake3.blake3()
-            chunk = chunk_size(self.nbytes)
-            piece = chunk * max(1, _PIECE // chunk)
-            chunks: list[bytes] = []
+            piece = self.writer.chunk * max(1, _PIECE // self.writer.chunk)  # whole chunks: hashed in place
             bit_sum = 0
             while self.written < self.nbytes:
                 with self.lock:
                     start, end = self.written, min(self.written + piece, self.nbytes)
                     view = self._read(start, end)
-                    done = 0
-                    while done < len(view):
-                        done += os.write(fd, view[done:])
-                    hasher.update(view)
-                    chunks.extend(xxhash.xxh3_64_digest(view[i:i + chunk]) for i in range(0, len(view), chunk))
-                    if self.fingerprint is not None:
-                        bit_sum += int(np.frombuffer(view, dtype=self._width).sum(dtype=np.int64))
+                    summed = self._sum_bits(view, beside)
+                    try:
+                        self.writer.write(view)
+                    finally:
+                        if summed is not None:
+                            bit_sum += summed.result()  # (the piece's memory may be reused from here on)
+                    if self.fingerprint is not None and summed is None:
+                        bit_sum += self._bits(view)
                     self.written = end
                     self.progress.notify_all()
             if self.fingerprint is not None and not self.changed and _wrapped(bit_sum) != self.fingerprint:
                 self.changed = "what was written does not match its fingerprint at the start of the call " \
                                "(changed in place during the call)"
-            self.payload = WrittenPayload(self.path, f"{HASH_ALGORITHM}:{hasher.hexdigest()}", self.nbytes,
-                                          (chunk, b"".join(chunks)))
+            return True
         except BaseException as error:  # reported by settle() or at the save: the job goes on
             self.error = error
-            if fd >= 0:
-                os.close(fd)
-                fd = -1
+            self.writer.abort()
+            return False
         finally:
             with self.lock:
                 self._reader.close()
                 self._copy = None
                 self.read_all = True
                 self.progress.notify_all()
-        return fd
 
-    def flush(self, fd: int) -> None:
-        """Make the written file durable (as a save is), then mark the weight done."""
+    def fail(self, error: BaseException) -> None:
+        """Give up on this weight (its writer thread stopped before it): nothing is published, and
+        whoever waits on it is woken (settle() returns it for a copy; the save leaves it out)."""
+        with self.lock:
+            if self.error is None:
+                self.error = error
+            self.payload = None
+            self.read_all = True
+            self.progress.notify_all()
+        self.writer.abort()
+        self.done.set()
+
+    def _bits(self, view: memoryview) -> int:
+        return int(np.frombuffer(view, dtype=self._width).sum(dtype=np.int64))
+
+    def _sum_bits(self, view: memoryview, beside: Executor | None) -> Future[int] | None:
+        if self.fingerprint is None or beside is None:
+            return None
         try:
-            if fd >= 0 and durable():
-                os.fsync(fd)
-        except OSError as error:
+            return beside.submit(self._bits, view)
+        except RuntimeError:  # interpreter shutdown: summed after the write
+            return None
+
+    def flush(self, written: bool) -> None:
+        """Seal what was written (durable, as a save is), then mark the weight done."""
+        try:
+            if written:
+                self.payload = self.writer.seal()
+        except BaseException as error:  # (the writer removed its file)
             self.error, self.payload = error, None
         finally:
-            if fd >= 0:
-                os.close(fd)
             self.done.set()
 
 
 class WeightWriter:
-    """Writes the large parameters of recorded calls to staging files, one thread per call's state.
+    """Streams the large parameters of recorded calls into the repo, one thread per call's state.
 
     Args:
-        staging_file: gives a new staging file name (``Repo.staging_file``), or ``None`` when
-            nothing can be staged (then weights are copied, as before).
+        blob_writer: gives a blob writer of the repo for a payload of so many bytes
+            (``Repo.blob_writer``), or ``None`` when nothing can be staged (then weights are
+            copied, as before).
     """
 
-    def __init__(self, staging_file: Callable[[], Path | None]) -> None:
-        self._staging_file = staging_file
+    def __init__(self, blob_writer: BlobSink) -> None:
+        self._blob_writer = blob_writer
         self._pending: list[StreamedWeight] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -298,7 +314,7 @@ class WeightWriter:
     def start(self, weights: dict[str, tuple[torch.Tensor, int | None]]) -> dict[str, StreamedWeight]:
         """Start writing ``{name: (live tensor, fingerprint)}``, one call's large weights; returns
         the streamed ones by name. The others are for the caller to copy: all of them while the
-        copies fit in :data:`COPY_BUDGET`, and those after a staging file could not be had."""
+        copies fit in :data:`COPY_BUDGET`, and those after a blob writer could not be had."""
         nbytes = sum(tensor.numel() * tensor.element_size() for tensor, _ in weights.values())
         with self._lock:
             if self._copied + nbytes <= COPY_BUDGET:
@@ -307,11 +323,15 @@ class WeightWriter:
         streamed: dict[str, StreamedWeight] = {}
         for name, (tensor, fingerprint) in weights.items():
             try:
-                path = self._staging_file()
-                if path is None:
-                    break
-                streamed[name] = StreamedWeight(tensor, path, fingerprint, name)
+                writer = self._blob_writer(tensor.numel() * tensor.element_size())
             except Exception:  # fail open: this weight and the rest are copied instead
+                break
+            if writer is None:
+                break
+            try:
+                streamed[name] = StreamedWeight(tensor, writer, fingerprint, name)
+            except Exception:
+                writer.abort()
                 break
         if streamed:
             jobs = list(streamed.values())
@@ -319,6 +339,8 @@ class WeightWriter:
             try:
                 thread.start()
             except RuntimeError:  # no new threads (interpreter shutdown): copied instead
+                for job in jobs:
+                    job.writer.abort()
                 return {}
             with self._lock:
                 self._pending.extend(jobs)
@@ -354,24 +376,36 @@ class WeightWriter:
 
 
 def _write_all(jobs: list[StreamedWeight]) -> None:
-    """Write the jobs one after the other; a second thread flushes each written file meanwhile."""
+    """Write the jobs one after the other; a second thread flushes each written file meanwhile, and
+    a third sums the bits of each piece while it is written (StreamedWeight.write)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    flusher: ThreadPoolExecutor | None = None
+    summer: ThreadPoolExecutor | None = None
     try:
         flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-weights-flush")
-    except RuntimeError:  # interpreter shutdown: flush in this thread
-        flusher = None
+        summer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modulelens-weights-sum")
+    except RuntimeError:  # interpreter shutdown: flush and sum in this thread
+        pass
+    left = list(jobs)
     try:
-        for job in jobs:
-            fd = job.write()
+        while left:
+            job = left[0]
+            written = job.write(summer)
+            del left[0]
             if flusher is None:
-                job.flush(fd)
+                job.flush(written)
             else:
                 try:
-                    flusher.submit(job.flush, fd)
+                    flusher.submit(job.flush, written)
                 except RuntimeError:  # shutting down meanwhile
-                    job.flush(fd)
+                    job.flush(written)
+    except BaseException as error:  # write() catches its own; anything else must not leave settle() waiting
+        for job in left:            # forever: each weight left fails (copied by settle(), or named at the save)
+            job.fail(error)
     finally:
+        if summer is not None:
+            summer.shutdown(wait=False)
         if flusher is not None:
             flusher.shutdown(wait=True)
 

@@ -85,6 +85,18 @@ def test_damaged_metadata_is_a_corrupt_capture_error(views_capture: tuple[module
         _ = [(c.args, c.output) for c in cap.calls]
 
 
+def test_metadata_checked_once_is_checked_again_when_its_bytes_change(
+        views_capture: tuple[modulelens.Repo, str, Path]) -> None:
+    """A load skips checking a capture.json this process found valid (the same bytes); the same
+    file damaged afterwards is checked again and refused."""
+    repo, ref, path = views_capture
+    assert modulelens.load(ref, repo=repo).replay().passed  # checked, and remembered as valid
+    assert modulelens.load(ref, repo=repo).replay().passed  # the same bytes: not checked again
+    edit(path, CASES["view reaches past its base"])
+    with pytest.raises(modulelens.CorruptCaptureError, match=r"capture\.json"):
+        modulelens.load(ref, repo=repo)
+
+
 def test_views_load_as_recorded(views_capture: tuple[modulelens.Repo, str, Path]) -> None:
     repo, ref, _path = views_capture
     cap = modulelens.load(ref, repo=repo)

@@ -93,6 +93,21 @@ def test_a_marker_is_bound_to_its_repo_and_user(setup: Setup) -> None:
     assert elsewhere.mac(blob.name, record, digests) != mac
 
 
+def test_a_marker_vouched_for_once_is_read_again_when_it_changes(setup: Setup) -> None:
+    """A load keeps the marker records whose MAC it checked (by blob and marker identity): a marker
+    replaced afterwards by one no key of this user made is read again and not trusted, whatever
+    this process trusted before."""
+    repo = modulelens.Repo(setup.root)
+    _, blob = _weight(repo)
+    assert modulelens.load("big", repo=repo).module is not None  # a received repo: hashed, then marked
+    key = MarkerKey.derive(user_key(), repo_identity(setup.root))
+    assert sampled_check(blob, os.stat(blob), key) is True  # vouched for, and remembered
+    record, mac, digests = split_marker(marker_path(blob).read_bytes())
+    forged = json.dumps({**json.loads(record), "checked": 0.0}).encode()
+    marker_path(blob).write_bytes(b"\n".join((forged, mac, digests)))  # the old MAC: not this record's
+    assert sampled_check(blob, os.stat(blob), key) is None
+
+
 def test_a_marker_that_came_with_the_repo_is_not_trusted(setup: Setup) -> None:
     """The sender alters a blob and records a marker for it with their own key and repo; the user's
     load hashes it in full and refuses it, on every load, and so do pull and fsck."""

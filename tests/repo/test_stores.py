@@ -17,6 +17,7 @@ from modulelens.errors import CorruptCaptureError, RepoBusyError, UsageError
 from modulelens.format.hashing import hash_bytes
 from modulelens.repo.layout import MARKER, blob_key, marker_json
 from modulelens.repo.local import LocalStore
+from modulelens.repo.markers import MIN_CHUNK, chunk_digests
 from modulelens.repo.remote import RemoteStore
 from modulelens.repo.repository import open_store
 from modulelens.repo.store import Store
@@ -99,6 +100,40 @@ def test_blobs(store: Store) -> None:
     assert "expected 999" in store.verify_blobs({digest: 999}, {}).damaged[digest]
     store.remove_blobs([blob_key(digest)])
     assert not store.has_blob(digest) and store.blobs() == {}
+
+
+def test_a_streamed_blob_is_hashed_as_written_and_published_unread(store: Store) -> None:
+    """The blob writer (repo/blob_writer.py): pieces of any size, the content hash and the marker's
+    chunk hashes computed on the way, sealed durably, then published by the save's adopt_file (a
+    rename, or an upload) as a blob every later read checks like any other."""
+    data = bytes(range(256)) * (17 * MIN_CHUNK // 256 + 7)  # over MARK_MIN_BYTES: published with its marker
+    writer = store.blob_writer(len(data))
+    for start, end in ((0, 5), (5, MIN_CHUNK + 3), (MIN_CHUNK + 3, 2 * MIN_CHUNK), (2 * MIN_CHUNK, len(data))):
+        writer.write(memoryview(data)[start:end])  # a chunk split across pieces, and whole chunks
+    payload = writer.seal()
+    assert (payload.digest, payload.nbytes, payload.chunks) == (hash_bytes(data), len(data),
+                                                                chunk_digests(memoryview(data)))
+    assert payload.path.read_bytes() == data and payload.path.stat().st_mode & 0o777 == 0o444  # read-only
+    assert store.adopt_file(payload.path, payload.digest, payload.chunks)
+    assert not payload.path.exists() and store.has_blob(payload.digest)
+    assert store.blob_file(payload.digest, len(data)).read_bytes() == data  # (a local blob: sampled by its marker)
+    assert store.blob_file(payload.digest, len(data), full=True).read_bytes() == data
+
+
+def test_a_blob_writer_refuses_wrong_sizes_and_abort_leaves_nothing(store: Store) -> None:
+    writer = store.blob_writer(10)
+    writer.write(memoryview(b"12345"))
+    with pytest.raises(ValueError, match="11 bytes written, 10 announced"):
+        writer.write(memoryview(b"123456"))
+    with pytest.raises(ValueError, match="5 bytes written, 10 announced"):
+        writer.seal()  # too short: removed
+    writer.abort()  # twice is fine
+    second = store.blob_writer(4)
+    second.write(memoryview(b"abcd"))
+    sealed = second.seal()
+    second.abort()  # a sealed payload the save never took: removed
+    assert not sealed.path.exists() and store.blobs() == {}
+    assert not [f for f in sealed.path.parent.iterdir() if f.name.endswith(".weight")]
 
 
 def test_writing_is_reentrant_and_exclusive_yields_a_time(store: Store) -> None:

@@ -7,6 +7,7 @@ no copy of the whole module is kept in memory. Failures of the writer never brea
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from torch import nn
 import modulelens
 from modulelens.errors import CaptureWarning, RestoreError
 from modulelens.repo import Repo
+from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.tracing import weights
 from modulelens.tracing.weights import STREAM_MIN_BYTES, written_payload
 
@@ -152,27 +154,83 @@ def test_weights_for_a_remote_repo_are_streamed_into_its_staging_repo(tmp_path: 
     _assert_states(modulelens.load("m", repo=url), seen)
 
 
+def test_the_repo_argument_is_opened_once_for_the_weights_and_the_save(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture(repo=PATH) opens the repo once (tracing/upload.py's Destination): the weights
+    streamed during the job and the save at its end go to the same Repo, not three conversions."""
+    opened: list[str] = []
+    init = Repo.__init__
+
+    def counting(self: Repo, *args: Any, **kwargs: Any) -> None:
+        opened.append(str(args[0] if args else kwargs.get("location")))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Repo, "__init__", counting)
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=tmp_path / "repo", name="m",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        seen = _train(model, 2)
+    states = cap.tracer.records[""].states
+    assert all(written_payload(state.parameters["0.weight"]) is not None for state in states)  # streamed
+    assert opened == [str(tmp_path / "repo")]
+    monkeypatch.setattr(Repo, "__init__", init)
+    _assert_states(modulelens.load("m", repo=tmp_path / "repo"), seen)
+
+
 def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Staging files that cannot be created (a folder that is not there): each weight is copied
-    at the end of its call, with a warning, and the capture is still exact."""
-    missing = tmp_path / "not-there"
-    monkeypatch.setattr(Repo, "staging_file", lambda self: missing / f"{uuid.uuid4().hex}.weight")
+    """The disk fills while weights are streamed: each weight is copied at the end of its call,
+    with a warning, its half-written staging file is removed, and the capture is still exact."""
+    def disk_full(self: FileBlobWriter, data: memoryview) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FileBlobWriter, "write", disk_full)
     repo = Repo(tmp_path / "repo")
     model = _model()
-    with pytest.warns(CaptureWarning, match="copied instead"), \
+    with pytest.warns(CaptureWarning, match="No space left on device.*copied instead"), \
             modulelens.capture(model, targets="Sequential", repo=repo, name="m",
                                record=modulelens.Recording(max_calls=2)) as cap:
         seen = _train(model, 2)
     assert cap.wait()
     _assert_states(modulelens.load("m", repo=repo), seen)
+    assert not [f for f in (repo.root / "tmp").iterdir() if f.name.endswith(".weight")]
+
+
+def test_a_writer_thread_that_dies_never_hangs_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever stops the writer thread (here its write raising past its own handler), the end of
+    the recorded call does not wait for it forever: the weights are copied, with a warning."""
+    def dies(self: weights.StreamedWeight, beside: Any = None) -> bool:
+        raise RuntimeError("writer thread died")
+
+    monkeypatch.setattr(weights.StreamedWeight, "write", dies)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                                    record=modulelens.Recording(max_calls=2)) as cap:
+                outcome["seen"] = _train(model, 2)
+            outcome["versions"] = cap.wait()
+        outcome["warnings"] = [str(w.message) for w in caught]
+
+    runner = threading.Thread(target=job, daemon=True)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "the job hung on a dead writer thread"
+    assert any("writer thread died" in w and "copied instead" in w for w in outcome["warnings"]), outcome["warnings"]
+    assert outcome["versions"]
+    _assert_states(modulelens.load("m", repo=repo), outcome["seen"])
+    assert not [f for f in (repo.root / "tmp").iterdir() if f.name.endswith(".weight")]  # aborted: removed
 
 
 def test_a_staging_area_that_raises_means_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: Repo) -> Path:
+    def broken(self: Repo, nbytes: int) -> FileBlobWriter:
         raise RuntimeError("no staging here")
 
-    monkeypatch.setattr(Repo, "staging_file", broken)
+    monkeypatch.setattr(Repo, "blob_writer", broken)
     repo = Repo(tmp_path / "repo")
     model = _model()
     with modulelens.capture(model, targets="Sequential", repo=repo, name="m") as cap:
@@ -209,9 +267,9 @@ def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_
         changed.set()
         return output
 
-    def write_after_the_change(streamed: weights.StreamedWeight) -> int:
+    def write_after_the_change(streamed: weights.StreamedWeight, beside: Any = None) -> bool:
         changed.wait(30)
-        return write(streamed)
+        return write(streamed, beside)
 
     monkeypatch.setattr(SelfUpdating, "forward", forward_then_signal)
     monkeypatch.setattr(weights.StreamedWeight, "write", write_after_the_change)

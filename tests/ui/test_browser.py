@@ -355,3 +355,22 @@ def test_the_diff_action_shows_its_result_as_a_table(demo: dict[str, Any], brows
         driver.save_screenshot(str(screenshots / "15-diff-action.png"))
         driver.find_element(By.ID, "job-diff").click()
         _wait(driver).until(ready.presence_of_element_located((By.ID, "diff-weights")))
+
+
+def test_the_provenance_cell_fills_in_after_the_page(browser: Any, tmp_path: Path, child_env: dict[str, str]) -> None:
+    """A capture whose file is not the lines that were signed (reformatted): the page comes without
+    waiting for its signature check, and its provenance cell fills in ("yours") with no reload."""
+    from stress.hostile import make_base_capture
+    from stress.huge_captures import rewrite
+
+    repo = modulelens.Repo(tmp_path / "repo")
+    ref = make_base_capture(repo, "reformatted")
+    rewrite(repo, ref, lambda meta: None)
+    driver = browser
+    with ui_server(repo.location, env=child_env) as server:
+        requested_urls(driver), console_messages(driver)
+        driver.get(f"{server.url}/capture/{ref}")
+        _wait(driver).until(ready.presence_of_element_located((By.ID, "capture-ref")))
+        _wait(driver).until(lambda d: d.find_element(By.ID, "provenance").text.startswith("yours saved by you"))
+        assert driver.find_element(By.ID, "provenance").get_attribute("hx-get") is None  # the answer replaced the cell
+        assert not console_messages(driver) and not _only_from(server.url, requested_urls(driver))

@@ -117,9 +117,11 @@ def _timeline(view: RepoView, infos: list[Any], notes: Mapping[int, Any]) -> lis
 # --------------------------------------------------------------------------------------- capture
 
 
-def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]]) -> dict[str, Any]:
+def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]], *,
+                 settle: bool = False) -> dict[str, Any]:
     """What a capture page shows beside the capture itself: its aliases and tags as they are now,
-    its description, where it came from (lineage), and the snippets that use it."""
+    its description, where it came from (lineage), and the snippets that use it. ``settle``: check
+    whether it is the user's own now, whatever it costs (a saved file has no server to ask later)."""
     listing = {info.version: info for info in view.name_versions(capture.name)}
     info = listing.get(capture.version, capture.info)
     notes, notes_problem = view.name_notes(capture.name)
@@ -130,14 +132,25 @@ def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str,
             "captured_tags": listed(capture.metadata.get("tags") or []),
             "description": note.description if note else "", "notes_by": as_text(note.by, 300) if note else "",
             "notes_updated": when(note.updated) if note and note.updated else "", "notes_problem": notes_problem,
-            "name_href": name_href(capture.name), "lineage": lineage(view, capture, reports),
-            "snippets": snippets(capture, view.location, own=view.provenance(capture)[0])}
+            "name_href": name_href(capture.name), "lineage": lineage(view, capture, reports, settle=settle),
+            "snippets": snippets(capture, view.location, own=_own_source(view, capture))}
 
 
-def lineage(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]]) -> dict[str, Any]:
+def _own_source(view: RepoView, capture: StoredCapture) -> bool:
+    """Whether the capture's stored source loads without trust (its snippet says so): only a capture
+    with stored source asks whether it is the user's own."""
+    if not capture.metadata.get("sources"):
+        return False
+    own = view.provenance(capture)
+    return own is not None and own[0]
+
+
+def lineage(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]], *,
+            settle: bool = False) -> dict[str, Any]:
     """Where a version came from and what used it: the capturing job (command, host, process, rank,
     git commit), the software, the repo it was copied from, whether it is this user's own signed
-    capture, and the reports made on it (newest first)."""
+    capture (``None`` until the page asks ``provenance_href``, when only encoding its metadata again
+    can tell and ``settle`` is false), and the reports made on it (newest first)."""
     meta = capture.metadata
     env: dict[str, Any] = meta["environment"] if isinstance(meta.get("environment"), dict) else {}
     argv = env.get("argv")
@@ -151,7 +164,8 @@ def lineage(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]
     return {"saved": when(meta.get("created") or capture.info.created), "job": job, "software": software or "-",
             "device": as_text(env.get("platform") or "-", 300),
             "origin": (as_text(origin.get("ref"), 300), as_text(origin.get("repo"), 500)) if origin else None,
-            "own": view.provenance(capture),
+            "own": view.provenance(capture, settle=settle),
+            "provenance_href": f"/capture/{quote(capture.ref, safe='/:')}/provenance",
             "reports": [{**line, "created": when(line["created"]),
                          "href": f"/capture/{quote(capture.ref, safe='/:')}/reports#{report_anchor(line)}"}
                         for line in (report_line(r) for r in reports[:LISTED])],

@@ -239,7 +239,8 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
         capture: the stored version.
         query: which recorded state's parameters, and which page of calls and of parameters.
         histograms: include the histogram of the call tensors shown (the self-contained file,
-            which has no server to ask when one is clicked; at most :data:`STANDALONE_HISTOGRAMS`).
+            which has no server to ask when one is clicked; at most :data:`STANDALONE_HISTOGRAMS`),
+            and whether it is the user's own, however long that takes to check.
         reports: the version's reports, when the caller has read them (:meth:`RepoView.reports`).
 
     Raises:
@@ -266,7 +267,7 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
     arguments = list(argument_texts(construction, meta).items()) if construction else []
     later = [v for v in versions if v > capture.version]
     return {
-        **capture_home(view, capture, found),  # aliases and tags as they are now, notes, lineage, snippets
+        **capture_home(view, capture, found, settle=histograms),  # aliases, tags, notes, lineage, snippets
         "title": capture.ref, "ref": capture.ref, "name": capture.name, "version": capture.version,
         "created": info.created, "size": human_bytes(info.nbytes),
         "module_class": as_text(module.get("class", ""), 500), "cls": short_class(module.get("class", "")),

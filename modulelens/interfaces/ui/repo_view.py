@@ -9,6 +9,12 @@ Versions are immutable (a removed version's number is never reused), so what is 
 kept: a bounded cache of opened captures and of tensor summaries, and the capturing job's facts
 (host, command, git commit) for the repo page, which the listing summaries do not carry; a
 background thread reads those once per version, so a repo page never reads a capture file.
+
+Background work (that read, the server's warm-up) waits for the pages: it runs only once no page
+has been served for :data:`QUIET_S` (:meth:`RepoView.serving` marks a page in flight). Sharing the
+interpreter with it, a fresh server's first view of a 50,000-call capture took 2.5-4.3 s at load 1.3
+instead of about 1 s: the read parsed that capture's 45 MiB and the warm-up imported matplotlib
+while the page was made (benchmarks/bench_ui.py --huge, "first view in a fresh server").
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
 _OPEN_CAPTURES = 16
 _SUMMARIES = 4096
 _QUERIES = 8  # searches and orders of the repo page kept per listing (each a list of references)
+QUIET_S = 1.0  # background work starts once no page has been served for this long...
+_QUIET_WAIT_S = 10.0  # ...or after waiting this long for it (a busy UI does not starve the job column)
 
 
 class Listing:
@@ -220,12 +228,44 @@ class RepoView:
         self._drawn: OrderedDict[tuple[str, ...], Any] = OrderedDict()
         self._scan: threading.Thread | None = None
         self._listing: Listing | None = None
+        self._pages_in_flight = 0
+        self._last_page = time.monotonic()  # a server starting counts as busy: its first page is near
+        self._quiet = threading.Condition()
         if scan_jobs:
             self.scan_jobs()
 
     @property
     def location(self) -> str:
         return self.repo.location
+
+    # ---------------------------------------------------------------------------- pages and background work
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Mark a page in flight: background work (:meth:`wait_until_quiet`) waits for it."""
+        with self._quiet:
+            self._pages_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._quiet:
+                self._pages_in_flight -= 1
+                self._last_page = time.monotonic()
+                self._quiet.notify_all()
+
+    def wait_until_quiet(self, most: float = _QUIET_WAIT_S) -> None:
+        """Return once no page is in flight and none has been for :data:`QUIET_S` seconds; after
+        ``most`` seconds, as soon as no page is in flight (what background work calls before each
+        step: never in the middle of a page, where a first view of a 50,000-call capture's saved
+        file took 10.4 s instead of 7 s at load 9 when the job read and the warm-up started in it)."""
+        deadline = time.monotonic() + most
+        with self._quiet:
+            while True:
+                now = time.monotonic()
+                quiet_at = self._last_page + QUIET_S
+                if self._pages_in_flight == 0 and (now >= quiet_at or now >= deadline):
+                    return
+                self._quiet.wait(max(min(deadline, quiet_at) - now, 0.05) if self._pages_in_flight == 0 else None)
 
     # ---------------------------------------------------------------------------- listings
 
@@ -279,19 +319,24 @@ class RepoView:
         except CorruptCaptureError as error:
             return {}, str(error)
 
-    def provenance(self, capture: StoredCapture) -> tuple[bool, str]:
+    def provenance(self, capture: StoredCapture, *, settle: bool = True) -> tuple[bool, str] | None:
         """Whether ``capture`` is the current user's own, signed in this repo (docs/security.md,
-        "Your own captures"), and why not."""
+        "Your own captures"), and why not. ``settle=False``: ``None`` when only encoding its whole
+        metadata again could tell (a file that is not the lines that were signed: 0.4 s idle for a
+        50,000-call capture), for a page that asks for it afterwards (:meth:`_Ui.provenance`)."""
         if self.repo.is_remote:
             return False, "in an object store: captures there are never taken as your own"
         from modulelens.repo.trust import own_capture
 
-        def check() -> tuple[bool, str]:  # (an HMAC over every field line: kept, a version never changes)
-            found = own_capture(self.repo.root, capture.name, capture.version, capture.metadata,
-                                text=capture.text)
-            return found.own, found.why or ""
-
-        return cast("tuple[bool, str]", self.drawn(("provenance", capture.ref), check))
+        key = ("provenance", capture.ref)
+        with self._lock:  # (an HMAC over every field line: kept, a version never changes)
+            if key in self._drawn:
+                return cast("tuple[bool, str]", self._drawn[key])
+        found = own_capture(self.repo.root, capture.name, capture.version, capture.metadata, text=capture.text,
+                            encode=settle)
+        if not found.settled:
+            return None
+        return cast("tuple[bool, str]", self.drawn(key, lambda: (found.own, found.why or "")))
 
     # ---------------------------------------------------------------------------- edits (--allow-write)
 
@@ -329,7 +374,7 @@ class RepoView:
             self._captures[key] = found
             while len(self._captures) > _OPEN_CAPTURES:
                 self._captures.popitem(last=False)
-        self._remember_job(found.ref, found.metadata)
+        self._remember_job(found.ref, found.metadata.get("environment"))
         return found
 
     def summary(self, capture: StoredCapture, tid: str) -> dict[str, Any]:
@@ -407,20 +452,35 @@ class RepoView:
             self._scan.join(timeout)
 
     def _scan_all(self) -> None:
+        self.wait_until_quiet()
         for info in _safely(self.versions):
             if info.ref in self._jobs:
                 continue
             if info.problem:  # damaged: nothing to read (the row says why)
                 self._jobs[info.ref] = None
                 continue
+            self.wait_until_quiet()
             try:
-                self._remember_job(info.ref, self.repo.read_metadata(info.name, info.version))
+                self._remember_job(info.ref, self._environment(info.name, info.version))
             except (ModulelensError, OSError):
                 self._jobs[info.ref] = None
-            time.sleep(0)  # let page requests have the interpreter between files
 
-    def _remember_job(self, ref: str, metadata: dict[str, Any]) -> None:
-        env = metadata.get("environment") or {}
+    def _environment(self, name: str, version: int) -> Any:
+        """The ``environment`` field of ``name:vN``'s metadata. A ``capture.json`` laid out as the repo
+        writes it gives it from its own line (format.provenance.stored_field): parsing and checking
+        the whole 45 MiB of a 50,000-call capture for it took 0.6 s idle; any other file is read and
+        checked whole (its calls left to a page that shows them, as the capture page does)."""
+        from modulelens.format.provenance import stored_field
+        from modulelens.repo.layout import capture_key
+
+        text = self.repo.store.read(capture_key(name, version), immutable=True)
+        found = stored_field(text, "environment") if text is not None else None
+        if found is not None:
+            return found
+        return self.repo.read_metadata(name, version, calls=False).get("environment")
+
+    def _remember_job(self, ref: str, environment: Any) -> None:
+        env = environment if isinstance(environment, dict) else {}
         argv = env.get("argv")
         command = " ".join(str(a) for a in argv) if isinstance(argv, list) else None
         self._jobs[ref] = {"host": env.get("host"), "command": command, "git_commit": env.get("git_commit"),

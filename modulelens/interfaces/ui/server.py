@@ -140,6 +140,7 @@ def create_app(view: RepoView, settings: UiSettings, runner: JobRunner | None = 
         Route("/jobs/{job_id:int}/status", ui.job_status),
     ]
     app = Starlette(routes=routes, exception_handlers={ModulelensError: ui.error, 404: ui.not_found, 405: ui.not_allowed})
+    app.add_middleware(_Serving, view=view)
     app.add_middleware(_Guard, settings=settings)
     app.state.ui = ui
     return app
@@ -185,7 +186,7 @@ class _Ui:
         return self.page("name.html", home.name_page(self.view, name, pages.page_param(request.query_params, "page")))
 
     def capture_routes(self, request: Request) -> Response:
-        """``/capture/REF``, and under it ``/reports``, ``/export``, ``/histogram/TENSOR``, ``/call/N``.
+        """``/capture/REF``, and under it ``/reports``, ``/export``, ``/provenance``, ``/histogram/TENSOR``, ``/call/N``.
 
         A name may hold ``/call/`` itself (``team/call/ranker``): the pages under a version are taken
         as such only after a ref with a selector (``NAME:vN``, ``NAME:alias``), as every link writes it."""
@@ -194,7 +195,7 @@ class _Ui:
             ref, found, tail = rest.rpartition(marker)
             if found and ":" in ref.rpartition("/")[2]:
                 return self._version_page(request, ref, kind, tail)
-        for suffix in ("/reports", "/export"):
+        for suffix in ("/reports", "/export", "/provenance"):
             head = rest[: -len(suffix)]
             if rest.endswith(suffix) and ":" in head:
                 return self._version_page(request, head, suffix[1:])
@@ -204,7 +205,8 @@ class _Ui:
         name, version = self.view.resolve(ref)
         canonical = f"{name}:v{version}"
         if canonical != ref:  # an alias or no selector: send the reader to the version it is now
-            after = {"capture": "", "reports": "/reports", "export": "/export", "histogram": f"/histogram/{quote(tail)}",
+            after = {"capture": "", "reports": "/reports", "export": "/export", "provenance": "/provenance",
+                     "histogram": f"/histogram/{quote(tail)}",
                      "call": f"/call/{quote(tail)}"}[kind]
             target = f"/capture/{render.ref_path(canonical)}{after}" + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(target, status_code=302)
@@ -216,6 +218,8 @@ class _Ui:
             if not tail.isdigit() or len(tail) > 9:
                 raise UsageError(f"a call is numbered 0, 1, ...: not {tail[:40]!r}")
             return self.page("call.html", pages.call_page(self.view, capture, int(tail), params))
+        if kind == "provenance":  # the capture page's cell, asked for once the page is shown
+            return self.page("provenance_cell.html", {"own": self.view.provenance(capture)})
         if kind == "reports":
             return self.page("reports.html", report_pages.reports_page(self.view, capture, pages.page_param(params, "page")))
         if kind == "export":
@@ -353,6 +357,25 @@ _HEADERS = [
 ]
 
 
+class _Serving:
+    """ASGI middleware that marks each page in flight (:meth:`RepoView.serving`), so that background
+    work waits for it. Style sheets, scripts and the repo page's polls of its job column are not
+    pages: the job column's background read must not wait for its own polls."""
+
+    _NOT_PAGES = ("/static/", "/job-cells", "/jobs/")
+
+    def __init__(self, app: Callable[..., Awaitable[None]], view: RepoView) -> None:
+        self.app = app
+        self.view = view
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or str(scope.get("path", "")).startswith(self._NOT_PAGES):
+            await self.app(scope, receive, send)
+            return
+        with self.view.serving():
+            await self.app(scope, receive, send)
+
+
 class _Guard:
     """ASGI middleware in front of every route: the host check, the token, the methods, and the
     security headers on every response (error pages included)."""
@@ -470,11 +493,14 @@ async def _plain(send: Any, status: int, message: str) -> None:
 # ------------------------------------------------------------------------------------------ serve
 
 
-def _warm_up() -> None:
+def _warm_up(view: RepoView) -> None:
     """Import what the first pages need while nobody waits: the templates, and matplotlib (about a
-    second on its own; the first reports page paid it)."""
+    second on its own; the first reports page paid it), once no page is being served (a first page
+    that shared the interpreter with the import took that much longer)."""
+    view.wait_until_quiet()
     for template in ("repo.html", "name.html", "capture.html", "reports.html", "call.html", "diff.html", "error.html"):
         render.environment().get_template(template)
+    view.wait_until_quiet()
     with contextlib.suppress(ImportError):
         import matplotlib.figure  # noqa: F401
 
@@ -529,7 +555,7 @@ def serve(view: RepoView, settings: UiSettings, *, explicit_port: bool, open_bro
         announce("serving beyond this machine: every request must carry the token in that address")
     if open_browser:
         threading.Timer(0.5, lambda: webbrowser.open(visit)).start()
-    threading.Thread(target=_warm_up, name="modulelens-ui-warm-up", daemon=True).start()
+    threading.Thread(target=_warm_up, args=(view,), name="modulelens-ui-warm-up", daemon=True).start()
     try:
         server.run(sockets=[sock])
     finally:
