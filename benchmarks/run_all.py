@@ -652,18 +652,23 @@ def _ui_huge(results: Path, record: dict[str, Any]) -> str:
     if not data:
         return _missing(title, "bench_ui.py --huge")
     rows = [[row["case"], row["contender"], _s(row["median_s"]), _s(row["best_s"]), _s(row.get("cold_s")),
-             "" if row.get("html_mib") is None else f"{row['html_mib']:.2f} MiB"] for row in data["rows"]]
+             _s(row.get("fresh_s")), "" if row.get("html_mib") is None else f"{row['html_mib']:.2f} MiB"]
+            for row in data["rows"]]
+    fresh = [(row["fresh_s"], row["contender"]) for row in data["rows"] if row.get("fresh_s") is not None]
+    slowest_fresh = (f" Slowest first view in a fresh server: {_s(max(fresh)[0])} ({max(fresh)[1]})."
+                     if fresh else "")
     return f"""## {title}
 
 {_command(record, 'bench_ui.py --huge', data)}: every page of captures bigger than a page (many calls, a
 call of many leaves, many reports, plot titles of deep mathtext), in-process, in interleaved rounds
 once the capture is open; "cold" is the first request, which reads and checks the capture's
-`capture.json`.
+`capture.json`; "fresh server" (at the full size) is the page as the first request of a new
+`modulelens ui` process, what a user who starts the UI and opens that page waits.
 
-{_table(["capture", "page", "median", "best", "cold", "HTML"], rows)}
+{_table(["capture", "page", "median", "best", "cold", "fresh server", "HTML"], rows)}
 
 Slowest page once open: {_s(data.get("slowest_page_s"))} ({data.get("slowest_page", "")}); largest page:
-{data.get("largest_page_mib", 0):.2f} MiB ({data.get("largest_page", "")})."""
+{data.get("largest_page_mib", 0):.2f} MiB ({data.get("largest_page", "")}).{slowest_fresh}"""
 
 
 if __name__ == "__main__":
