@@ -57,6 +57,9 @@ def run_backward(
     for path, value in deep_leaves(inputs):
         grad = input_grads.get(path)
         if isinstance(grad, (torch.Tensor, ShapeOnly)):
+            if not isinstance(value, torch.Tensor):
+                raise RestoreError(f"input {path} has a recorded gradient but is a {type(value).__name__}, "
+                                   "not a tensor: no gradient can be taken for it")
             expected["inputs"][path] = grad
             targets.append(value)
             slots.append(("inputs", path))

@@ -57,7 +57,9 @@ def separate_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tupl
     def view(_path: str, value: Any) -> Any:
         return value.view_as(value) if isinstance(value, torch.Tensor) and value.requires_grad else value
 
-    new_args, new_kwargs = map_leaves(view, (args, kwargs), state_objects=False)
+    viewed = map_leaves(view, (args, kwargs), state_objects=False)
+    assert isinstance(viewed, tuple)  # map_leaves keeps the containers: (args, kwargs) again
+    new_args, new_kwargs = viewed
     return tuple(new_args), dict(new_kwargs)
 
 
