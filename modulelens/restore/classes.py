@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -222,7 +222,7 @@ def module_class(resolver: ClassResolver, path: str) -> type[torch.nn.Module]:
 
 
 def decode_construction(entry: Construction, resolver: ClassResolver,
-                        ctx: DecodeContext) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+                        ctx: DecodeContext) -> tuple[type[torch.nn.Module], tuple[object, ...], dict[str, object]]:
     """The class and decoded constructor arguments of a recorded construction; the class is
     resolved (and checked to be an ``nn.Module`` subclass) before any argument is decoded, and
     nothing is called.
@@ -244,7 +244,7 @@ def decode_construction(entry: Construction, resolver: ClassResolver,
 
 
 
-def construction_paths(constructions: dict[str, Any], mid: str | None) -> list[str]:
+def construction_paths(constructions: Mapping[str, object], mid: str | None) -> list[str]:
     """Every import path that building construction record ``mid`` names: its class, what its
     arguments name, and the same for the modules among its arguments (their own records)."""
     paths: list[str] = []
@@ -260,7 +260,7 @@ def construction_paths(constructions: dict[str, Any], mid: str | None) -> list[s
     return paths
 
 
-def _module_refs(encoded: Any) -> Iterator[str]:
+def _module_refs(encoded: object) -> Iterator[str]:
     if isinstance(encoded, list):
         for item in encoded:
             yield from _module_refs(item)
@@ -272,7 +272,7 @@ def _module_refs(encoded: Any) -> Iterator[str]:
                 yield from _module_refs(value)
 
 
-def named_paths(encoded: Any) -> Iterator[str]:
+def named_paths(encoded: object) -> Iterator[str]:
     """Every import path an encoded value (or construction record, or a document of them) names:
     ``import`` values, the classes of namedtuples, dataclasses and codec values, construction classes."""
     if isinstance(encoded, list):
@@ -289,7 +289,7 @@ def named_paths(encoded: Any) -> Iterator[str]:
                 yield from named_paths(value)
 
 
-def holds_graph(encoded: Any) -> bool:
+def holds_graph(encoded: object) -> bool:
     """Whether an encoded value holds an fx graph (format/fx_codecs.py)."""
     if isinstance(encoded, list):
         return any(holds_graph(item) for item in encoded)

@@ -13,7 +13,7 @@ import functools
 import inspect
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -88,7 +88,7 @@ class Rebuilder:
         finally:
             self.collect_source_notes()
 
-    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    def init_arguments(self) -> tuple[tuple[object, ...], dict[str, object]] | None:
         """See :attr:`modulelens.Capture.init_arguments`."""
         options = self.options
         if options.given_arguments:
@@ -101,7 +101,7 @@ class Rebuilder:
             return override_arguments(cls, args, kwargs, options.init_overrides, self.ref)
         return args, kwargs
 
-    def decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+    def decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[object, ...], dict[str, object]]:
         try:
             return decode_construction(self.metadata["constructions"][mid], self.resolver, self.decode_context())
         finally:
@@ -546,8 +546,8 @@ class Rebuilder:
                 "its constructor can, or rebuild it yourself and load module.load_state_dict(cap.fresh_state_dict())")
 
 
-def override_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], overrides: dict[str, Any],
-                       ref: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def override_arguments(cls: type, args: tuple[object, ...], kwargs: Mapping[str, object], overrides: Mapping[str, object],
+                       ref: str) -> tuple[tuple[object, ...], dict[str, object]]:
     """``(args, kwargs)`` with the arguments named in ``overrides`` replaced (a positional one in
     place, by its parameter name); a name the constructor does not take is a :class:`UsageError`."""
     try:
@@ -762,13 +762,13 @@ def _has_meta_tensors(module: torch.nn.Module) -> bool:
 _MODULE_BOOKKEEPING = frozenset(vars(torch.nn.Module()))
 
 
-def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
+def _holds_meta_tensor(value: object, depth: int = 0) -> bool:
     """A meta tensor in ``value`` or in the lists, tuples and dicts it holds: peft's prompt and
     prefix tuning keep ``prompt_tokens = {adapter: arange(...)}``, which a meta-device construction
     leaves without data (replay then failed with "Cannot copy out of meta tensor", found by the census)."""
     if isinstance(value, torch.Tensor):
         return value.is_meta
-    if depth < 4 and type(value) in (list, tuple):
+    if depth < 4 and (type(value) is list or type(value) is tuple):
         return any(_holds_meta_tensor(item, depth + 1) for item in value)
     if depth < 4 and type(value) is dict:
         return any(_holds_meta_tensor(item, depth + 1) for item in value.values())
