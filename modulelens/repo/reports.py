@@ -95,7 +95,7 @@ def reports(repo: Repo, ref: str, kind: str | None = None, *,
     return reports
 
 
-def parse_report(data: bytes, where: str) -> dict[str, Any]:
+def parse_report(data: bytes, where: str) -> dict[str, object]:
     """A report file's JSON, checked (:func:`~modulelens.format.reports.validate_report`).
 
     Raises:

@@ -41,7 +41,7 @@ class TransferReport:
     versions: list[VersionInfo] = field(default_factory=list)  # the copied versions, as in the target
     reports_skipped: list[str] = field(default_factory=list)  # reports (and notes) not copied: damaged
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"copied": self.copied, "present": self.present, "blobs_copied": self.blobs_copied,
                 "bytes_copied": self.bytes_copied, "aliases": self.aliases, "reports_skipped": self.reports_skipped}
 
