@@ -207,6 +207,27 @@ class TensorEntry(TypedDict):
     subclass: NotRequired[dict[str, Any]]  # a tensor subclass made of inner tensors: class, parts, context
 
 
+class ClassSource(TypedDict, total=False):
+    """``sources[module].classes[qualname]``: a captured class's source hash, and its text for a
+    class defined inside a function (rebuilt from that text alone)."""
+
+    hash: str | None
+    text: str | None
+
+
+class SourceFile(TypedDict, total=False):
+    """``sources[module]``: a captured user module's file and source hash; its text as a blob
+    (``text_id``), inline (``text``, captures made before source blobs), or why it was left out
+    (``omitted``); and its captured classes."""
+
+    file: str | None
+    hash: str | None
+    text: str | None
+    text_id: str
+    omitted: str
+    classes: dict[str, ClassSource]
+
+
 class UnrecordedEntry(TypedDict):
     path: str
     type: str
@@ -229,7 +250,7 @@ class CaptureMetadata(TypedDict):
     calls: list[CallEntry]
     unrecorded: NotRequired[list[UnrecordedEntry]]
     shape_only: NotRequired[list[str]]
-    sources: NotRequired[dict[str, dict[str, Any]]]
+    sources: NotRequired[dict[str, SourceFile]]
     capture: dict[str, Any]
     environment: dict[str, Any]
     distributed: NotRequired[dict[str, Any]]

@@ -26,7 +26,7 @@ import torch
 from modulelens.errors import RestoreError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.imports import Kind, check_kind, import_checked
 from modulelens.format.sources import source_hash
-from modulelens.format.spec import Construction
+from modulelens.format.spec import Construction, SourceFile
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.trust import Provenance, TrustPolicy
 from modulelens.restore.source import lookup, module_from_source, source_changes
@@ -50,7 +50,7 @@ class ClassResolver:
             once, when that decides; ``None``: never (not a local repo).
     """
 
-    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust: TrustPolicy = TrustPolicy(),
+    def __init__(self, sources: dict[str, SourceFile], ref: str, *, trust: TrustPolicy = TrustPolicy(),
                  forbidden: Iterable[str | os.PathLike[str]] = (),
                  read_text: Callable[[str], str] | None = None,
                  provenance: Callable[[], Provenance] | None = None) -> None:
@@ -184,7 +184,7 @@ class ClassResolver:
         checked = self._provenance
         return f"; it is not one you saved into this repo: {checked.why}" if checked and not checked.own else ""
 
-    def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any], *, own: bool) -> Any:
+    def _from_source(self, module_name: str, qualname: str, entry: SourceFile, *, own: bool) -> object:
         text = self.text(module_name)
         if own and text is not None and source_hash(text) != entry.get("hash"):
             # The signature covers the hash, not the text: a blob changed after the save is not yours.
@@ -203,12 +203,13 @@ class ClassResolver:
         return obj
 
     @staticmethod
-    def _running_captured_script(entry: dict[str, Any] | None) -> bool:
+    def _running_captured_script(entry: SourceFile | None) -> bool:
         main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-        if entry is None or not entry.get("file") or not main_file:
+        file = entry.get("file") if entry is not None else None
+        if entry is None or not file or not main_file:
             return entry is None
         try:
-            return os.path.samefile(main_file, entry["file"])
+            return os.path.samefile(main_file, file)
         except (OSError, TypeError, ValueError):
             return False
 
