@@ -22,7 +22,7 @@ from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-def
 
 from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
 from modulelens.format.module_state import REREGISTERED_HOOKS, reproducible_compile, structure, structure_difference
-from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, hooks_not_rebuilt
+from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, TreeEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.restore.classes import (
     ClassResolver,
@@ -308,7 +308,7 @@ class Rebuilder:
             self.notes.append(f"structure changed after construction rebuilt from the recorded submodules: {shown}")
         self._note_tool_made(tree)
 
-    def _note_tool_made(self, tree: dict[str, dict[str, Any]]) -> None:
+    def _note_tool_made(self, tree: dict[str, TreeEntry]) -> None:
         """Say which submodules a tool made from an eager module are rebuilt as that module
         (TorchScript: the same operations, run eagerly; init_tracking._record_scripted)."""
         made: dict[str, list[str]] = {}
@@ -359,13 +359,13 @@ class Rebuilder:
         except ModulelensError:  # not resolvable here: the piece is built from its record, which says why
             return False
 
-    def _built_as_recorded(self, module: torch.nn.Module, entry: dict[str, Any]) -> bool:
+    def _built_as_recorded(self, module: torch.nn.Module, entry: TreeEntry) -> bool:
         """Whether ``module`` is of the class the piece's own construction record builds (a graph a
         tool made is rebuilt as a GraphModule: tracing/graph_modules.py)."""
         construction = self.metadata.get("constructions", {}).get(entry.get("construction") or "")
         return construction is not None and _class_path(module) == construction["class"]
 
-    def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
+    def _piece(self, entry: TreeEntry, path: str) -> torch.nn.Module:
         """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
         mid = entry.get("construction")
         if mid is None:
@@ -376,7 +376,7 @@ class Rebuilder:
                 "module.load_state_dict(cap.fresh_state_dict())")
         return self.construct(mid)
 
-    def _put_back(self, module: torch.nn.Module, entry: dict[str, Any], path: str, changed: list[str]) -> None:
+    def _put_back(self, module: torch.nn.Module, entry: TreeEntry, path: str, changed: list[str]) -> None:
         """Apply the recorded parametrizations and norm hooks that ``module`` does not have yet
         (its constructor may apply some itself, e.g. ``parametrizations.weight_norm`` in ``__init__``)."""
         from torch.nn.utils import parametrize

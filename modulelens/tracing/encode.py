@@ -22,9 +22,11 @@ from modulelens.format.spec import (
     CallEntry,
     CaptureMetadata,
     Construction,
+    HookEntry,
     ModuleInfo,
     StateEntry,
     TensorEntry,
+    TreeEntry,
 )
 from modulelens.format.tensors import check_storable, dtype_name, quantization, tensor_bytes
 from modulelens.format.tree import encode_tree
@@ -347,19 +349,19 @@ def encode_record(
     return meta, tensors.payloads
 
 
-def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) -> dict[str, dict[str, object]]:
+def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) -> dict[str, TreeEntry]:
     """``module.tree`` (docs/format.md): per submodule path, the class its construction built and
     that construction, or why there is none; parametrizations, norm hooks to apply again, hooks."""
 
-    def built(module: torch.nn.Module, cls: type, path: str) -> dict[str, object]:
-        entry: dict[str, object] = {"class": class_path(cls)}
+    def built(module: torch.nn.Module, cls: type, path: str) -> TreeEntry:
+        entry: TreeEntry = {"class": class_path(cls)}
         try:
             entry["construction"] = constructions.add(module, path)
         except UnsupportedValueError as error:  # only a rebuild that needs this piece fails, naming it
-            entry.update(construction=None, missing=str(error))
+            entry["construction"], entry["missing"] = None, str(error)
         return entry
 
-    tree: dict[str, dict[str, object]] = {}
+    tree: dict[str, TreeEntry] = {}
     for node in record.tree:
         if node.same_as is not None:
             tree[node.path] = {"same_as": node.same_as}
@@ -379,7 +381,7 @@ def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) 
                 name: {"unsafe": unsafe, "modules": [built(m, constructed_class(m), f"tree[{node.path!r}].{name}[{i}].")
                                                      for i, m in enumerate(chain)]}
                 for name, (chain, unsafe) in node.parametrizations.items()}
-        hooks = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
+        hooks: list[HookEntry] = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
         reapply = _encode_reapply(node, constructions, hooks, f"tree[{node.path!r}].reapply")
         if reapply:
             entry["reapply"] = reapply
@@ -391,7 +393,7 @@ def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) 
     return tree
 
 
-def _encode_reapply(node: TreeNode, constructions: ConstructionTable, hooks: list[dict[str, object]],
+def _encode_reapply(node: TreeNode, constructions: ConstructionTable, hooks: list[HookEntry],
                    where: str) -> list[dict[str, object]]:
     """A tree node's ``reapply`` list as stored: accelerate hooks encoded through the codecs (one
     that cannot be is listed among the hooks not rebuilt, with the reason, and a warning says so)."""
