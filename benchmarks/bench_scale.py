@@ -64,7 +64,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
-from _common import RESULTS, fresh_process_env, read_index, report
+from _common import RESULTS, fresh_process_env, machine, read_index, report
 
 import modulelens
 
@@ -559,6 +559,24 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _earlier_sections(ran: set[str], quick: bool) -> dict[str, Any]:
+    """The sections of the last full-size results file that this run (``--only``) did not rerun,
+    each with the machine stamp it ran under, so a partial run does not erase the others."""
+    path = RESULTS / "scale.json"
+    if quick or not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    if earlier.get("quick"):
+        return {}
+    kept: dict[str, Any] = {}
+    for name, section in earlier.get("results", {}).items():
+        if name in ran:
+            continue
+        kept[name] = {**section, "rows": [row for row in earlier.get("rows", []) if row.get("section") == name]}
+        kept[name].setdefault("ran", earlier.get("machine"))
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--local", default="100,1000,10000,100000")
@@ -584,6 +602,9 @@ def main() -> None:
             results["big"] = big_section(work, [float(g) for g in args.gib.split(",")], args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for section in results.values():
+        section["ran"] = {**machine(), "load_average": os.getloadavg()}
+    results = {**_earlier_sections(sections, args.quick), **results}
     rows = [row for section in results.values() for row in section["rows"]]
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(results, RESULTS / "scale.png")
