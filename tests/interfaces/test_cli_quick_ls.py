@@ -219,15 +219,58 @@ def test_filters_and_orders_are_the_repo_paths(healthy: Path, keywords: dict[str
     assert listing_text({**keywords, "repo": str(healthy)}) is None
 
 
-def test_a_terminal_a_size_limit_and_a_missing_repo_are_the_repo_paths(
-        healthy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_size_limit_and_a_missing_repo_are_the_repo_paths(healthy: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     assert listing_text({"repo": str(tmp_path / "nothing")}) is None  # Repo says there is no repo there
     monkeypatch.setenv("MODULELENS_MAX_METADATA_MIB", "1")
     assert listing_text({"repo": str(healthy)}) is None
-    monkeypatch.delenv("MODULELENS_MAX_METADATA_MIB")
+
+
+@pytest.mark.parametrize("columns", ["200", "60", "30", "5"])
+def test_on_a_terminal_the_columns_fit_and_the_header_is_bold(healthy: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch, columns: str) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
-    assert listing_text({"repo": str(healthy)}) is None  # the width to fit and the bold header: output.py's
-    assert listing_text({"repo": str(healthy), "as_json": True}) is not None  # JSON is the same on a terminal
+    quick = listing_text({"repo": str(healthy)})
+    assert quick is not None and "\x1b[1mref" in quick
+    assert quick == _full_path(capsys, repo=str(healthy))
+
+
+@pytest.mark.parametrize("columns", [200, 40])
+def test_on_a_real_terminal_both_paths_print_the_same_bytes(healthy: Path, columns: int) -> None:
+    """Through a pseudo-terminal of ``columns`` columns: the quick path and the typer command."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    def on_terminal(launcher: list[str]) -> tuple[bytes, bytes]:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        env = {k: v for k, v in subprocess_env().items() if k not in ("COLUMNS", "LINES")}
+        with subprocess.Popen([*launcher, "ls", "--repo", str(healthy)], stdout=follower, stderr=subprocess.PIPE,
+                              env=env) as process:
+            os.close(follower)
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(leader, 1 << 16)
+                except OSError:  # the terminal closed with the process
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            assert process.wait(timeout=120) == 0
+            imports = process.stderr.read() if process.stderr else b""
+        os.close(leader)
+        return b"".join(chunks), imports
+
+    quick, imports = on_terminal([PYTHON, "-X", "importtime", "-m", "modulelens"])
+    through_typer, _ = on_terminal([PYTHON, "-c", "import sys\nfrom modulelens.interfaces.cli import app\n"
+                                    "app(sys.argv[1:], prog_name='modulelens')"])
+    assert b"\x1b[1mref" in quick and b"team/mlp:v3" in quick
+    assert b"modulelens.interfaces.cli._quick_ls" in imports and b"modulelens.repo" not in imports  # the quick path
+    assert quick == through_typer
 
 
 FRESH = """

@@ -10,7 +10,7 @@ of entries) and prints what ``browse.list_captures`` prints, byte for byte, but 
 the plain state a healthy repo is in: a local directory of the current layout, every head intact
 (its checksum, every field of the type and range the repo's reader checks), no write in progress
 (no reservation, removal or alias move), no edited notes, every entry complete and plainly typed,
-every printed string printable, stdout not a terminal (no width to fit, no bold). Anything else
+every printed string printable. Anything else
 (a URL, a damaged or forged head, a link where a file belongs, a name to be skipped, a filter
 other than a name prefix) is *declined*: :func:`listing_text` returns ``None`` having printed
 nothing, and the command runs through ``Repo`` as before, which repairs, skips, refuses or explains
@@ -62,12 +62,12 @@ def listing_text(keywords: dict[str, Any]) -> str | None:
     """
     if set(keywords) - {"name", "repo", "as_json", "sort"} or keywords.get("sort", "name") != "name":
         return None  # --class, --tag, --since and the other orders: listing.py's, through Repo
-    if "MODULELENS_MAX_METADATA_MIB" in os.environ or (not keywords.get("as_json") and sys.stdout.isatty()):
-        return None  # another size limit; a terminal (width to fit, bold header: output.text_table, echo)
+    if "MODULELENS_MAX_METADATA_MIB" in os.environ:
+        return None  # another size limit: layout.max_metadata_bytes()
     try:
         location = _location(keywords.get("repo"))
         rows = _rows(location, keywords.get("name"))
-        return _json_text(rows) if keywords.get("as_json") else _table_text(location, rows)
+        return _json_text(rows) if keywords.get("as_json") else _table_text(location, rows, sys.stdout.isatty())
     except (_DeclinedError, OSError, ValueError, RecursionError):
         return None
 
@@ -255,12 +255,15 @@ def _json_text(rows: list[dict[str, Any]]) -> str:
     return json.dumps({"schema": JSON_SCHEMA, "command": "ls", "ok": True, "result": rows}, indent=1) + "\n"
 
 
-def _table_text(location: str, rows: list[dict[str, Any]]) -> str:
-    """What ``browse.list_captures`` prints to a pipe: a title line and ``output.text_table``'s lines."""
+def _table_text(location: str, rows: list[dict[str, Any]], terminal: bool) -> str:
+    """What ``browse.list_captures`` prints: a title line and ``output.text_table``'s lines; on a
+    ``terminal``, the last columns dropped until a line fits its width and the header bold (as
+    ``output.echo`` styles it there, through click's ``secho``)."""
     from modulelens.format.human import human_bytes
 
     if not rows:
         lines = [f"no captures in {location}"]
+        bold = None
     else:
         cells = [["ref", "aliases", "module class", "calls", "tags", "payload", "created"]]
         cells += [[row["ref"], ", ".join(row["aliases"]),
@@ -268,8 +271,18 @@ def _table_text(location: str, rows: list[dict[str, Any]]) -> str:
                    str(row["calls"]), ", ".join(row["tags"]), human_bytes(row["payload_bytes"]), row["created"]]
                   for row in rows]
         widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
+        if terminal:
+            import shutil  # here: only a terminal has a width (shutil imports bz2 and lzma: 2 ms)
+
+            fits = shutil.get_terminal_size().columns
+            while len(widths) > 1 and sum(widths) + 2 * (len(widths) - 1) > fits:
+                widths.pop()
         lines = [f"captures in {location}"]
-        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
+                  for row in cells]
+        bold = 1
     if not all(line.isprintable() for line in lines):
         raise _DeclinedError  # output.safe_text would escape something: Repo's path does
+    if terminal and bold is not None:
+        lines[bold] = f"\x1b[1m{lines[bold]}\x1b[0m"  # click.style(bold=True)
     return "\n".join(lines) + "\n"
