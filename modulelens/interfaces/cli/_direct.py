@@ -91,7 +91,8 @@ def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
 
 
 def run(argv: list[str]) -> bool:
-    """Run ``argv`` on the direct path when :func:`parse` accepts it, exiting as the typer command would.
+    """Run ``argv`` on the direct path when :func:`parse` accepts it (or it is ``--version`` alone),
+    exiting as the typer command would.
 
     Args:
         argv: the arguments after the program name.
@@ -99,6 +100,10 @@ def run(argv: list[str]) -> bool:
     Returns:
         False when the command line is typer's to run (nothing was done); otherwise it exits.
     """
+    if argv == ["--version"]:  # what the root callback prints (root.py), without building the app
+        from modulelens import __version__
+
+        sys.exit(_write(f"modulelens {__version__}\n"))
     parsed = parse(argv)
     if parsed is None:
         return False
