@@ -45,7 +45,8 @@ JSON_SCHEMA = "modulelens.cli/1"  # interfaces/output.py
 LATEST = "latest"
 _NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _NAME_REST = _NAME_FIRST | frozenset(".-")
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# getattr: these are POSIX's (elsewhere the reader declines: see listing_text)
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 class _DeclinedError(Exception):
@@ -62,8 +63,8 @@ def listing_text(keywords: dict[str, Any]) -> str | None:
     """
     if set(keywords) - {"name", "repo", "as_json", "sort"} or keywords.get("sort", "name") != "name":
         return None  # --class, --tag, --since and the other orders: listing.py's, through Repo
-    if "MODULELENS_MAX_METADATA_MIB" in os.environ:
-        return None  # another size limit: layout.max_metadata_bytes()
+    if "MODULELENS_MAX_METADATA_MIB" in os.environ or os.name != "posix":
+        return None  # another size limit (layout.max_metadata_bytes()); a system without O_NOFOLLOW
     try:
         location = _location(keywords.get("repo"))
         rows = _rows(location, keywords.get("name"))
