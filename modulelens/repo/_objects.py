@@ -161,9 +161,14 @@ class FsspecObjects(ObjectBackend):
 
     @remote_call
     def delete(self, keys: builtins.list[str]) -> None:
-        if keys:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(keys)
+        if not keys:
+            return
+        try:
+            self.fs.rm(keys)
+        except FileNotFoundError:  # fsspec expands the whole list first: one missing key deleted none
+            for key in keys:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(key)
 
     @remote_call
     def make_base(self) -> None:

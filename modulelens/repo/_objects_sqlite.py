@@ -62,9 +62,9 @@ class SqliteObjects(ObjectBackend):
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         super().__init__(url, storage_options)
-        path = Path(url.removeprefix("sqlite://")).expanduser()
+        path = Path(url.split("://", 1)[-1]).expanduser()  # (under any scheme it is registered for)
         if not path.is_absolute():
-            raise UsageError(f"{url}: a SQLite repo is named by its absolute path, as sqlite:///path/to/repo.db")
+            raise UsageError(f"{url}: a SQLite repo is named by its absolute path, as {self.protocol}:///path/to/repo.db")
         if storage_options:
             raise UsageError(f"storage_options apply to repos on servers, not to the SQLite file {path}")
         self.path = path
