@@ -295,3 +295,13 @@ def test_sqlite_a_large_object_appears_whole_and_a_killed_writers_staging_is_swe
     with sqlite3.connect(tmp_path / "backend.db") as db:
         left = [key for (key,) in db.execute("SELECT key FROM parts WHERE key < 'A'")]
     assert len(left) == 1 and left[0].endswith("/y")  # an upload still going on is left alone
+
+
+def test_a_backend_is_at_most_twelve_methods_and_the_store_interface_shrank() -> None:
+    """Issue 39's measure, kept true: the primitives a backend must write, the methods the SQLite
+    backend (the worked example) defines in all, and the members a Store must implement."""
+    assert sorted(ObjectBackend.__abstractmethods__) == ["create", "delete", "get", "list", "make_base",
+                                                         "put_stream", "replace", "stat"]
+    defined = [name for name, value in vars(SqliteObjects).items() if callable(value)]
+    assert len(defined) <= 12, defined
+    assert len(Store.__abstractmethods__) <= 22, sorted(Store.__abstractmethods__)
