@@ -8,14 +8,19 @@ Two implement it:
 * :class:`~modulelens.repo.local.LocalStore`: a directory. Files are published by rename, made
   durable with fsync, never opened through a symbolic link; locks are ``flock``; large blobs carry
   verification markers; summaries are trusted by two ``stat`` calls; fsck can quarantine.
-* :class:`~modulelens.repo.remote.RemoteStore`: an fsspec URL (``s3://``, ``memory://``...). No
-  rename and no lock: a version appears with a conditional create, an alias moves with
+* :class:`~modulelens.repo.remote.RemoteStore`: every operation written once over an object
+  backend (:mod:`modulelens.repo.backend`: ``s3://``, ``memory://``, ``sqlite://``, any fsspec
+  URL). No rename and no lock: a version appears with a conditional create, an alias moves with
   compare-and-swap, writers hold leases; reads go through a local cache and mirror, which also
   answer offline.
 
 Every operation below is one the repo needs; where a store cannot do one (a compare-and-swap on a
 backend without conditional writes, quarantine in a bucket) it raises a :class:`ModulelensError`
 that says so. The repo never asks which store it has: a capability is a method or attribute here.
+The abstract ones are what a store must implement; the others are written here once over them
+(a store of keys, without folders, staging or links, needs none of them) and overridden where a
+store does better (a directory hashes its blobs in ``verify_blobs``; an object store deletes many
+blobs in one request).
 """
 
 from __future__ import annotations
