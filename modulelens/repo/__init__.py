@@ -34,18 +34,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from modulelens.repo.backend import ObjectBackend, ObjectInfo
 from modulelens.repo.location import default_repo_path
 from modulelens.repo.names import Ref, parse_ref
 from modulelens.repo.notes import VersionNotes
-from modulelens.repo.registry import register_store
+from modulelens.repo.registry import object_store, register_store
 from modulelens.repo.repository import GcReport, Repo, VersionInfo
 from modulelens.repo.trust import TrustPolicy
 
 if TYPE_CHECKING:
     from modulelens.repo.transfer import TransferReport
 
-__all__ = ["GcReport", "Ref", "Repo", "TransferReport", "TrustPolicy", "VersionInfo", "VersionNotes", "default_repo_path",
-           "parse_ref", "register_store"]
+__all__ = ["GcReport", "ObjectBackend", "ObjectInfo", "Ref", "Repo", "TransferReport", "TrustPolicy", "VersionInfo",
+           "VersionNotes", "default_repo_path", "object_store", "parse_ref", "register_store"]
 
 
 def __getattr__(name: str) -> Any:
