@@ -261,7 +261,7 @@ def test_push_killed_midway_leaves_no_version_and_rerun_completes(env: dict[str,
     assert killed, "every push finished before it could be killed"
 
 
-def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Path) -> None:
+def test_push_pull_round_trip_local_s3_memory_sqlite(env: dict[str, str], tmp_path: Path) -> None:
     local = modulelens.Repo(tmp_path / "local")
     module = nn.Linear(512, 512)  # a 1 MiB weight (its own blob) and small payloads (one pack per save)
     _save(local, module, "ranker/mlp", tags=["nightly"], metadata={"run": "r1"})
@@ -284,9 +284,11 @@ def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Pat
     s3_repo = modulelens.Repo(s3_url)
     memory = modulelens.Repo(memory_url)
     memory.pull(s3_repo, "ranker/mlp", aliases=True)
+    sqlite = modulelens.Repo(f"sqlite://{tmp_path}/team.db")
+    sqlite.pull(memory_url, "ranker/mlp", aliases=True)
     back = modulelens.Repo(tmp_path / "back")
-    back.pull(memory_url, "ranker/mlp", aliases=True)
-    for repo in (s3_repo, memory, back):
+    back.pull(sqlite, "ranker/mlp", aliases=True)
+    for repo in (s3_repo, memory, sqlite, back):
         assert repo.version_numbers("ranker/mlp") == [1, 2]
         assert repo.resolve("ranker/mlp:golden") == ("ranker/mlp", 1)
         assert repo.info("ranker/mlp", 1).tags == ("nightly",)
@@ -294,6 +296,7 @@ def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Pat
         assert [r["ms"] for r in repo.reports("ranker/mlp:v1", "profile")] == [2.0]
     assert modulelens.load("ranker/mlp:golden", repo=back).replay().passed
     assert back.pull(memory_url, "ranker/mlp").bytes_copied == 0
+    assert sqlite.push("ranker/mlp", back).bytes_copied == 0
 
 
 def test_gc_concurrent_with_saves_never_breaks_a_save(env: dict[str, str]) -> None:
