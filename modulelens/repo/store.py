@@ -455,7 +455,7 @@ class Store(ABC):
         would download everything: ``load(..., verify=True)`` hashes what it downloads), nor pack
         members."""
         sizes = {name: stat.size for name, stat in self.blobs().items()}
-        check = BlobCheck(note=f"{type(self).__name__}: payload sizes checked from the listing, not their hashes")
+        check = BlobCheck(note="payload sizes checked from the listing of blobs, not their hashes")
         for digest, nbytes in sorted(blobs.items()):
             found = sizes.get(digest.partition(":")[2])
             if found is None:
