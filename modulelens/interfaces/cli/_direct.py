@@ -9,6 +9,10 @@ that command's own options and arguments, spelled as click reads them, the comma
 never decides a usage question: it only skips the framework when the command line is one typer
 would accept anyway. tests/interfaces/test_cli_direct.py checks that its table of options matches
 the typer commands' and that both paths print the same thing.
+
+A plain ``ls`` first goes one step further: ``_quick_ls.py`` lists a local repo in its plain state
+from its index files without importing the repo package (declining anything else, having printed
+nothing, to ``browse.py``); and ``--version`` alone is answered here, as the root callback answers it.
 """
 
 from __future__ import annotations
