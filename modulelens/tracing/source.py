@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from modulelens.format.sources import class_source, source_hash
@@ -87,12 +87,12 @@ def _module_text(module_name: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def referenced_paths(meta: Any) -> set[str]:
+def referenced_paths(meta: Mapping[str, object]) -> set[str]:
     """Every ``module:Qual.Name`` import path in capture metadata."""
     found: set[str] = set()
     seen: set[int] = set()
 
-    def walk(node: dict[str, Any] | list[Any]) -> None:
+    def walk(node: dict[str, object] | list[object]) -> None:
         # Containers only are visited: a capture of many calls holds tens of thousands of scalars.
         # Each once: constructor arguments share the encoding of an object many records hold (a config).
         if id(node) in seen:
