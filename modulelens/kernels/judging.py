@@ -114,7 +114,7 @@ def _oracle_run(oracle: dict[str, torch.Tensor] | str | None, path: str) -> Orac
     return OracleRun(outputs=value) if value is not None else OracleRun(reason="the float64 run has no such output")
 
 
-def _compared(value: Any) -> bool:
+def _compared(value: object) -> bool:
     """An output leaf that is compared: a tensor (or a recorded one stored shape-only) or plain data
     (not None, not an object or the ``{"repr": ...}`` a worker writes for one)."""
     return isinstance(value, (torch.Tensor, ShapeOnly, bool, int, float, str)) or (
