@@ -76,7 +76,7 @@ def safe_tree(value: Any) -> Any:
     return _escaped_tree(value)
 
 
-def _nothing_to_escape(value: Any) -> bool:
+def _nothing_to_escape(value: object) -> bool:
     """Whether no string in ``value`` holds a character :func:`safe_text` would escape, in one pass in C.
 
     JSON without ``ensure_ascii`` writes a string's characters as they are, except the quote, the
@@ -91,7 +91,7 @@ def _nothing_to_escape(value: Any) -> bool:
     return text.isprintable() and "\\" not in text
 
 
-def _escaped_tree(value: Any) -> Any:
+def _escaped_tree(value: object) -> object:
     if isinstance(value, str):
         return safe_text(value)
     if isinstance(value, dict):
@@ -137,7 +137,7 @@ class _DeferredConsole:
         self._stderr = stderr
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if self._console is None:
             self._console = _safe_classes()[0](stderr=self._stderr)
         return getattr(self._console, name)
@@ -147,7 +147,7 @@ console: Console = _DeferredConsole()  # type: ignore[assignment]
 err_console: Console = _DeferredConsole(stderr=True)  # type: ignore[assignment]
 
 
-def rich_table(*args: Any, **kwargs: Any) -> Table:
+def rich_table(*args: object, **kwargs: object) -> Table:
     """A :class:`rich.table.Table` whose title and cells go through :func:`safe_text` (rich
     imported on first use, see the module docstring)."""
     return _safe_classes()[1](*args, **kwargs)
@@ -235,7 +235,7 @@ def _line_width(header: Sequence[str], rows: Sequence[Sequence[str]], count: int
     return sum(max(len(str(row[i])) for row in (header, *rows)) for i in range(count)) + 2 * (count - 1)
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> object:
     """``value`` as plain JSON data, shared by ``--json`` and the MCP server.
 
     Objects with ``to_dict()`` (reports) become their dicts, paths and other objects their
@@ -254,7 +254,7 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def emit_json(command: str, *, result: Any = None, error_type: str | None = None, message: str = "",
+def emit_json(command: str, *, result: object = None, error_type: str | None = None, message: str = "",
               exit_code: int = 0) -> None:
     """Print the one JSON object of a ``--json`` run: the result, or the error when ``error_type`` is set."""
     payload: dict[str, Any] = {"schema": JSON_SCHEMA, "command": command, "ok": error_type is None}
