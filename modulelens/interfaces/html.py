@@ -174,13 +174,13 @@ def replay_html(report: ReplayReport) -> str:
     return _wrap(head + cannot + body + located + notes)
 
 
-def result_html(title: str, data: Any, passed: bool | None = None) -> str:
+def result_html(title: str, data: object, passed: bool | None = None) -> str:
     """Generic HTML for a tool result (profile, verify...) given as JSON-ready data."""
     head = f"<div>{badge(passed) + ' ' if passed is not None else ''}<b>{esc(title)}</b></div>"
     return _wrap(head + _data_html(data, depth=0))
 
 
-def _data_html(data: Any, depth: int) -> str:
+def _data_html(data: object, depth: int) -> str:
     if isinstance(data, dict) and depth < 3:
         rows = [[esc(k), _data_html(v, depth + 1)] for k, v in data.items()]
         return table(("key", "value"), rows, raw=True)

@@ -97,7 +97,7 @@ class CallVerification:
             lines.append(f"call {self.index}: {self.divergence.summary()}")
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return json_safe({
             "call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
             "error": self.error, "unverified": self.unverified,
@@ -164,7 +164,7 @@ class VerifyReport:
             lines.extend(c.failures)
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return json_safe({
             "ref": self.ref, "candidate": self.candidate, "built_with": self.built_with, "passed": self.passed,
             "status": self.status, "unverified": self.unverified, "device": self.device, "dtype": self.dtype,
@@ -202,7 +202,7 @@ class VerifyReport:
     __repr__ = __str__
 
 
-def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, object] | None:
     """Load ``state`` into ``module``; return the mismatch (``None`` when it loaded exactly).
 
     ``missing`` are keys the candidate has that the recording lacks; ``unexpected`` are recorded
@@ -251,7 +251,7 @@ def describe_mismatch(mismatch: dict[str, Any], limit: int = 8) -> str:
     return "the candidate's state dict does not match the recorded one: " + "; ".join(parts)
 
 
-def error_means(expected: Any, actual: Any) -> tuple[float, float]:
+def error_means(expected: object, actual: object) -> tuple[float, float]:
     """Mean absolute and mean relative error over all floating tensor elements of two output trees
     (relative error only where the expected value is non-zero; NaN matching NaN counts as 0).
 
@@ -285,7 +285,7 @@ def error_means(expected: Any, actual: Any) -> tuple[float, float]:
     return (total_abs / count_abs if count_abs else 0.0), (total_rel / count_rel if count_rel else 0.0)
 
 
-def _mutations(before: tuple[Any, Any], after: tuple[Any, Any]) -> list[LeafResult]:
+def _mutations(before: tuple[object, object], after: tuple[object, object]) -> list[LeafResult]:
     changed = []
     for prefix, want, got in (("args", before[0], after[0]), ("kwargs", before[1], after[1])):
         for leaf in compare(want, got, exact=True):
