@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,12 +62,12 @@ def build_workload(
     fn: Callable[..., Any],
     module: torch.nn.Module,
     call: Call,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
     device: torch.device,
     backward: bool,
 ) -> Workload:
-    def context() -> contextlib.AbstractContextManager[Any]:
+    def context() -> contextlib.AbstractContextManager[object]:
         stack = contextlib.ExitStack()
         stack.enter_context(call_context(call, device))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
@@ -178,7 +178,7 @@ def count_flops(workload: Workload) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def profiler_pass(workload: Workload, device: torch.device, iterations: int, trace: str | None,
-                   top: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   top: int) -> tuple[list[dict[str, object]], dict[str, object]]:
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
@@ -240,7 +240,7 @@ def _cpu_memory_from_profiler(prof: Any, iterations: int) -> dict[str, Any]:
             "source": "torch.profiler CPU allocator events", "method": method}
 
 
-def cuda_memory(workload: Workload, device: torch.device) -> dict[str, Any]:
+def cuda_memory(workload: Workload, device: torch.device) -> dict[str, object]:
     torch.cuda.synchronize(device)
     with workload.context():
         if workload.before_each is not None:
@@ -318,11 +318,11 @@ def measure(workload: Workload, device: torch.device, timing: TimingConfig, *, c
     return Measured(timed, memory, top_ops, compile_seconds)
 
 
-def output_tensors(output: Any) -> list[torch.Tensor]:
+def output_tensors(output: object) -> list[torch.Tensor]:
     """Tensor leaves of an output that autograd can differentiate."""
     return [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+def tensor_leaves(tree: object) -> list[torch.Tensor]:
     """Every tensor leaf of a pytree, in flattening order."""
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
