@@ -34,7 +34,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -79,27 +79,28 @@ _RUNS_CANDIDATE = ToolAnnotations(read_only_hint=False, destructive_hint=False, 
 _WRITES_FILES = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
                                 open_world_hint=False)
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _result(value: Any) -> dict[str, Any]:
+def _result(value: object) -> dict[str, object]:
     """A tool's structured content: a JSON object."""
     data = jsonable(value)
     return data if isinstance(data, dict) else {"result": data}
 
 
-def _one_line_errors(func: F) -> F:
+def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Known errors become MCP tool errors with one line saying what failed (the SDK puts
     ``Error executing tool <name>:`` in front)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except KNOWN_ERRORS as error:
             raise ToolError(error_message(error)) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _check_candidate_path(candidate: str) -> None:
