@@ -75,7 +75,7 @@ def _only_module_class(module: Any, spec: str) -> type:
                          f"(nn.Module classes defined there: {found})")
 
 
-def _import_file(path: Path, spec: str) -> Any:
+def _import_file(path: Path, spec: str) -> object:
     path = path.expanduser().resolve()
     if not path.is_file():
         raise CandidateError(f"candidate {spec!r}: no such file {path}")
@@ -106,7 +106,7 @@ def describe_candidate(candidate: Candidate) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def recorded_init_arguments(capture: Capture) -> tuple[tuple[object, ...], dict[str, object]]:
     """The captured module's constructor arguments, decoded (nested modules rebuilt).
 
     Example::
