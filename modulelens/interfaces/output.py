@@ -26,7 +26,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,13 +44,15 @@ _OTHER_UNSAFE = "\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\u2028
 _UNSAFE_IN_RUNNING_TEXT = re.compile(f"[\x00-\x08{_OTHER_UNSAFE}]")
 _UNSAFE_IN_ONE_LINE = re.compile(f"[\x00-\x0a{_OTHER_UNSAFE}]")
 
+T = TypeVar("T")
+
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def safe_text(text: Any, *, one_line: bool = False) -> str:
+def safe_text(text: object, *, one_line: bool = False) -> str:
     """``text`` with every character a terminal could act on written out as an escape: ``\\x1b``, ``\\u202e``.
 
     The one function every human output uses (the module docstring says where). A newline and a
@@ -266,7 +268,7 @@ def emit_json(command: str, *, result: object = None, error_type: str | None = N
     sys.stdout.flush()
 
 
-def emit(command: str, as_json: bool, result: Any, render: Callable[[Any], None]) -> None:
+def emit(command: str, as_json: bool, result: T, render: Callable[[T], None]) -> None:
     """``--json``: print ``result`` in the JSON envelope; otherwise ``render(result)`` for people,
     every string of ``result`` through :func:`safe_text` (see the module docstring)."""
     if as_json:
