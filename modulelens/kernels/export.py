@@ -682,7 +682,7 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
         command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), str(_CHECK_WORKER),
                    str(work / "spec.json")]
         run = run_isolated(command, env=worker_env("cpu", candidate=True), cwd=work, timeout=timeout, logs=work / "logs")
-        result["process"] = {k: run[k] for k in ("returncode", "timed_out", "seconds")}
+        result["process"] = {"returncode": run["returncode"], "timed_out": run["timed_out"], "seconds": run["seconds"]}
         ran = _json_or_none(work / "out" / "result.json")
         if run["timed_out"]:
             result["error"] = f"timed out after {timeout:g} s" + (f" (during {ran['phase']})" if ran else "")
