@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,8 @@ from modulelens.restore.replay import call_context
 from modulelens.tools.timing import Timing, TimingConfig, time_iterations
 
 if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
     from modulelens.restore.loader import Call
 
 _MARK = "modulelens.iteration"
@@ -115,10 +117,11 @@ class _OpCensus(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: Counter[Any] = Counter()
+        self.ops: Counter[OpOverload] = Counter()
         self.bytes = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: OpOverload, types: Sequence[type], args: Sequence[object] = (),
+                           kwargs: Mapping[str, object] | None = None) -> object:
         out = func(*args, **(kwargs or {}))
         self.ops[func] += 1
         if not func.is_view:
@@ -127,7 +130,7 @@ class _OpCensus(TorchDispatchMode):
         return out
 
 
-def _op_category(func: Any) -> str:
+def _op_category(func: OpOverload) -> str:
     if func.is_view:
         return "view"
     tags = set(getattr(func, "tags", ()))
