@@ -25,6 +25,7 @@ import math
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -158,7 +159,7 @@ class _LaunchCounter:
     def _counting(self, original: Callable[..., object]) -> Callable[..., object]:
         counter = self
 
-        def run(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        def run(kernel: object, *args: object, **kwargs: object) -> object:
             if not kwargs.get("warmup", False):
                 counter.count += 1
             return original(kernel, *args, **kwargs)
@@ -166,7 +167,7 @@ class _LaunchCounter:
         return run
 
 
-def _load_candidate(path: Path) -> Any:
+def _load_candidate(path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location("modulelens_candidate", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -559,7 +560,7 @@ def run_candidate(spec: dict[str, Any]) -> int:
     return run.finish()
 
 
-def _mutated(passed: list[Any], originals: list[Any], names: list[str]) -> list[str]:
+def _mutated(passed: Sequence[object], originals: Sequence[object], names: list[str]) -> list[str]:
     """Names of the arguments whose tensors changed during the call."""
     changed = []
     for i, (value, original) in enumerate(zip(passed, originals, strict=True)):
@@ -581,7 +582,7 @@ def _signature(args: Sequence[object], inputs: dict[str, torch.Tensor]) -> list[
             for leaf in pytree.tree_leaves([decode_arg(a, inputs) for a in args])]
 
 
-def _output_problems(output: Any, device: torch.device) -> list[str]:
+def _output_problems(output: object, device: torch.device) -> list[str]:
     problems = []
     for leaf in pytree.tree_leaves(output):
         if not isinstance(leaf, torch.Tensor):
