@@ -25,7 +25,6 @@ import math
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -167,7 +166,7 @@ class _LaunchCounter:
         return run
 
 
-def _load_candidate(path: Path) -> types.ModuleType:
+def _load_candidate(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("modulelens_candidate", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
