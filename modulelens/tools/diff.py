@@ -304,7 +304,7 @@ def _flat_real(tensor: torch.Tensor) -> torch.Tensor:
 # Inputs
 
 
-def _leaf_name(key_path: tuple[Any, ...]) -> str:
+def _leaf_name(key_path: pytree.KeyPath) -> str:
     return input_path(pytree.keystr(key_path))  # "[0][1]" -> "args[1]", "[1]['mask']" -> "kwargs['mask']"
 
 
