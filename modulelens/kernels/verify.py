@@ -34,7 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -568,7 +568,7 @@ def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]
         rows.append(row)
     speedups = [s for s in speedups if math.isfinite(s) and s > 0]
     geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
-    spread = timing_stats(speedups, 0) if speedups else {}
+    spread: Mapping[str, object] = timing_stats(speedups, 0) if speedups else {}
     noise = timing_noise(compared)
     report["timing"] = {
         "measured": True, "method": "cuda_event", "l2_flush_bytes": info.get("l2_flush_bytes"),
