@@ -46,7 +46,7 @@ class Timing:
     def median_ms(self) -> float:
         return self.percentile(50)
 
-    def to_dict(self, samples: bool = False) -> dict[str, Any]:
+    def to_dict(self, samples: bool = False) -> dict[str, object]:
         data: dict[str, Any] = {
             "median_ms": self.median_ms,
             "p10_ms": self.percentile(10),
