@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
@@ -31,6 +31,9 @@ from modulelens.interfaces.ui.shown import (
     when,
 )
 from modulelens.interfaces.value_text import short_class
+
+if TYPE_CHECKING:
+    from modulelens.repo import VersionInfo, VersionNotes
 
 
 def name_href(name: str) -> str:
@@ -77,13 +80,13 @@ def name_page(view: RepoView, name: str, page: int = 1) -> dict[str, Any]:
             "pick_b": rows[0]["ref"] if rows else ""}
 
 
-def _timeline(view: RepoView, infos: list[Any], notes: Mapping[int, Any]) -> list[dict[str, Any]]:
+def _timeline(view: RepoView, infos: list[VersionInfo], notes: Mapping[int, VersionNotes]) -> list[dict[str, Any]]:
     """What happened to ``infos``' versions, newest first: saved (by which job), each report made
     on them (the newest :data:`~.shown.TIMELINE_REPORTS` of each, and how many more), notes edited.
     At the same second a version's reports and notes come before its save (they came after it)."""
     events: list[dict[str, Any]] = []
 
-    def event(stamp: str, info: Any, rank: int, text: str, href: str, line: Mapping[str, Any] | None = None,
+    def event(stamp: str, info: VersionInfo, rank: int, text: str, href: str, line: Mapping[str, Any] | None = None,
               kind: str = "saved") -> dict[str, Any]:
         return {"when": stamp, "ref": info.ref, "kind": kind, "text": text, "href": href,
                 "passed": line["passed"] if line else None, "verdict": line["verdict"] if line else None,

@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from modulelens.errors import UsageError
@@ -57,6 +57,9 @@ SORTS = ("created", "name", "class", "size", "calls")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 # ------------------------------------------------------------------------------------------ repo
+
+if TYPE_CHECKING:
+    from modulelens.repo import VersionInfo
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def _job_cell(ref: str) -> str:
     return "job-" + hashlib.blake2s(ref.encode(), digest_size=8).hexdigest()
 
 
-def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[Any], Window]:
+def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[VersionInfo], Window]:
     """Every version, the ones matching ``query`` in its order (worked out once per listing), and
     the window of its page."""
     listing = view.listing()
@@ -150,7 +153,7 @@ def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[Any], Win
     return listing, chosen, Window.of(len(chosen), query.page, query.per_page)
 
 
-def _search(query: RepoQuery, infos: list[Any]) -> list[Any]:
+def _search(query: RepoQuery, infos: list[VersionInfo]) -> list[VersionInfo]:
     """The versions of ``infos`` that match ``query``, in its order."""
     needle = query.text.lower()
     chosen = []

@@ -530,7 +530,7 @@ class RepoView:
             except (ModulelensError, OSError):
                 self._jobs[info.ref] = None
 
-    def _environment(self, name: str, version: int) -> Any:
+    def _environment(self, name: str, version: int) -> object:
         """The ``environment`` field of ``name:vN``'s metadata. A ``capture.json`` laid out as the repo
         writes it gives it from its own line (format.provenance.stored_field): parsing and checking
         the whole 45 MiB of a 50,000-call capture for it took 0.6 s idle; any other file is read and
@@ -544,7 +544,7 @@ class RepoView:
             return found
         return self.repo.read_metadata(name, version, calls=False).get("environment")
 
-    def _remember_job(self, ref: str, environment: Any) -> None:
+    def _remember_job(self, ref: str, environment: object) -> None:
         env = environment if isinstance(environment, dict) else {}
         argv = env.get("argv")
         command = " ".join(str(a) for a in argv) if isinstance(argv, list) else None

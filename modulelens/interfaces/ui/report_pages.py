@@ -12,7 +12,7 @@ one formatter (``speedup 0.69x``, ``1.23 ms``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -87,7 +87,7 @@ def reports_page(view: RepoView, capture: StoredCapture, page: int = 1, *,
             "report_problems": listed(problems, 20)}
 
 
-def _plot(draw: Callable[..., str | None], *args: Any) -> str | dict[str, str] | None:
+def _plot(draw: Callable[..., str | None], *args: object) -> str | dict[str, str] | None:
     """A plot's data URI, or ``{"error": ...}`` when it cannot be drawn."""
     try:
         return draw(*args)
@@ -213,7 +213,7 @@ def _kernel(report: Mapping[str, Any], shown: dict[str, Any]) -> None:
                                   [(severity, f.get("rule"), f.get("line"), f.get("message")) for severity, f in findings]))
 
 
-def _divergence_table(found: list[tuple[Any, Any]]) -> dict[str, Any]:
+def _divergence_table(found: Sequence[tuple[object, object]]) -> dict[str, Any]:
     """Where each located call first diverged (docs/tools.md, "First divergence")."""
     rows = []
     for where, divergence in found:
@@ -229,7 +229,7 @@ def _divergence_table(found: list[tuple[Any, Any]]) -> dict[str, Any]:
     return _table("first divergence", ("call", "module", "op", "source", "ULPs", "last agreeing op", "summary"), rows)
 
 
-def _table(title: str, headers: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _table(title: str, headers: tuple[str, ...], rows: Sequence[tuple[object, ...]]) -> dict[str, Any]:
     shown = [["" if c is None else as_text(c, 300) for c in row] for row in rows[:REPORT_ROWS]]
     more = f"{len(rows) - REPORT_ROWS:,} more rows not shown (the stored JSON has them)" if len(rows) > REPORT_ROWS else ""
     return {"title": title, "headers": headers, "rows": shown, "more": more}
