@@ -141,10 +141,11 @@ def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str,
 
 def _own_source(view: RepoView, capture: StoredCapture) -> bool:
     """Whether the capture's stored source loads without trust (its snippet says so): only a capture
-    with stored source asks whether it is the user's own."""
+    with stored source asks whether it is the user's own, and only what is known without encoding it
+    again (not known yet: the snippet says how trust is given, which is never wrong, only cautious)."""
     if not capture.metadata.get("sources"):
         return False
-    own = view.provenance(capture)
+    own = view.provenance(capture, settle=False)
     return own is not None and own[0]
 
 
