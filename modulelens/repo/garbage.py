@@ -33,7 +33,7 @@ class GcReport:
     #: list them (the index is wrong: ``modulelens fsck`` names it, ``--repair`` rebuilds it)
     kept_unindexed: int = 0
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, int]:  # counts, and dry_run (a bool is an int)
         return {"removed_blobs": self.removed_blobs, "freed_bytes": self.freed_bytes,
                 "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run,
                 "kept_unindexed": self.kept_unindexed}
