@@ -89,7 +89,7 @@ class Repo:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
-                 storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
+                 storage_options: Mapping[str, object] | None = None, trust_source: bool = False) -> None:
         self.store = open_store(path, storage_options=storage_options)
         self._trust_source = trust_source  # this object's own: never stored (see trust_source)
         self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
