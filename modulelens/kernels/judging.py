@@ -31,6 +31,7 @@ from modulelens.kernels.exploits import (
     sample_findings,
 )
 from modulelens.kernels.options import KernelChecks
+from modulelens.kernels.report import ReportData
 from modulelens.restore.compare import compare, default_tolerance, nothing_to_compare
 from modulelens.restore.loader import Capture
 from modulelens.restore.oracle import OracleRun
@@ -121,7 +122,7 @@ def _compared(value: object) -> bool:
         isinstance(value, (list, dict)) and not (isinstance(value, dict) and "repr" in value))
 
 
-def compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, Any], expected: Expected,
+def compare_samples(report: ReportData, capture: Capture, info: dict[str, Any], expected: Expected,
                     result: dict[str, Any], outputs: dict[str, torch.Tensor], checks: KernelChecks, backend: str) -> None:
     """Each sample's outputs against what was expected of it (the recorded output, or the reference
     run's), the cached-output and skipped-work probes, and the report's correctness summary."""
@@ -215,17 +216,17 @@ def _describe_sample(entry: dict[str, Any], record: dict[str, Any], reference: d
         entry["note"] = f"output container {record['output']['spec']} differs from the reference's {reference.get('spec')}"
 
 
-def _mark_failed(report: dict[str, Any], label: str) -> None:
+def _mark_failed(report: ReportData, label: str) -> None:
     for entry in report["samples"]:
         if f"{entry['sample']} ({entry['kind']})" == label:
             entry["passed"], entry["status"] = False, "fail"
 
 
-def _probe_failed(report: dict[str, Any]) -> bool:
+def _probe_failed(report: ReportData) -> bool:
     return any(check in report["failed_checks"] for check in ("cached_output", "skipped_work"))
 
 
-def _refill(report: dict[str, Any], result: dict[str, Any], outputs: dict[str, torch.Tensor], backend: str,
+def _refill(report: ReportData, result: dict[str, Any], outputs: dict[str, torch.Tensor], backend: str,
             returned: dict[int, list[tuple[str, object]] | None]) -> None:
     """The batch-and-skip probe: the output on refilled buffers against the candidate's own output on
     the other sample (fresh buffers, the same values)."""
@@ -241,7 +242,7 @@ def _refill(report: dict[str, Any], result: dict[str, Any], outputs: dict[str, t
         report["checks"]["refill"] = {k: v for k, v in refill.items() if k != "output"}
 
 
-def _expected_leaves(report: dict[str, Any], capture: Capture, sample: dict[str, Any], entry: dict[str, Any],
+def _expected_leaves(report: ReportData, capture: Capture, sample: dict[str, Any], entry: dict[str, Any],
                      expected: dict[str, torch.Tensor], checks: KernelChecks) -> list[tuple[str, object]]:
     """What a sample's output is compared with: the recorded output for a recorded call (or the
     reference's run when the reference itself does not reproduce it on this device), the
@@ -273,7 +274,7 @@ def _max_abs(leaves: list[dict[str, Any]]) -> float:
     return max(values, default=0.0)
 
 
-def runtime_checks(report: dict[str, Any], result: dict[str, Any], backend: str) -> None:
+def runtime_checks(report: ReportData, result: dict[str, Any], backend: str) -> None:
     """What the candidate worker saw besides outputs (its environment, a second run, repeated
     inputs) turned into named failures and notes."""
     checks = result.get("checks", {})
@@ -297,7 +298,7 @@ def runtime_checks(report: dict[str, Any], result: dict[str, Any], backend: str)
         fail(report, "warmup_gaming", f"warm-up gaming: {problem}")
 
 
-def _stable_limit(report: dict[str, Any], result: dict[str, Any]) -> float | None:
+def _stable_limit(report: ReportData, result: dict[str, Any]) -> float | None:
     """How far two runs on the same values may differ (the largest fallback ``atol``), or ``None``
     when the candidate's second run of a sample already differs further: it is not deterministic,
     and the probes that compare runs cannot tell exploits from noise."""

@@ -52,7 +52,8 @@ from modulelens.kernels.judging import Expected, compare_samples, runtime_checks
 from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
 from modulelens.kernels.problems import select_calls
 from modulelens.kernels.process import IsolatedRun, run_isolated, worker_env
-from modulelens.kernels.static_check import ReferenceInfo, check_source
+from modulelens.kernels.report import ReportData
+from modulelens.kernels.static_check import ReferenceInfo, StaticReport, check_source
 from modulelens.repo import Repo
 from modulelens.restore.compare import tolerance_table, ulp_limit
 from modulelens.restore.context import call_context
@@ -72,7 +73,7 @@ _CANDIDATE_WORKER = Path(__file__).absolute().with_name("worker_candidate.py")
 class KernelReport:
     """The result of :func:`verify_kernel`; ``data`` is the JSON report (docs/kernels.md)."""
 
-    data: dict[str, Any]
+    data: ReportData
 
     @property
     def passed(self) -> bool:
@@ -93,7 +94,7 @@ class KernelReport:
     def failures(self) -> list[str]:
         return list(self.data.get("failures", []))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReportData:
         return self.data
 
     def __str__(self) -> str:
@@ -225,7 +226,7 @@ def verify_kernel(
     return KernelReport(report)
 
 
-def _status(report: dict[str, Any]) -> str:
+def _status(report: ReportData) -> str:
     """``FAIL`` on any failure; ``UNVERIFIED`` when nothing failed but some recorded output had no
     values to compare (stored shape-only: ``report["unverified"]`` says which); else ``PASS`` when
     every sample passed."""
@@ -255,8 +256,8 @@ class _Settings:
         return self.device.startswith("cuda")
 
 
-def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str, origin: str, static: Any,
-                output_dtypes: list[str], settings: _Settings) -> dict[str, Any]:
+def _new_report(capture: Capture, candidate: str | os.PathLike[str], source: str, origin: str, static: StaticReport,
+                output_dtypes: list[str], settings: _Settings) -> ReportData:
     checks, policy = settings.checks, settings.policy
     return {
         "schema": SCHEMA,
@@ -319,7 +320,7 @@ def _triton_version() -> str | None:
         return None
 
 
-def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
+def _run_workers(report: ReportData, capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
                  source: str, settings: _Settings) -> None:
     info, expected = _run_reference(report, capture, store_repo, positions, workdir, settings)
     if info is None:
@@ -340,7 +341,7 @@ def _run_workers(report: dict[str, Any], capture: Capture, store_repo: Repo, pos
                                       "(CPU interpreter), so timing was not measured"}
 
 
-def _run_reference(report: dict[str, Any], capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
+def _run_reference(report: ReportData, capture: Capture, store_repo: Repo, positions: list[int], workdir: Path,
                    settings: _Settings) -> tuple[dict[str, Any] | None, Expected]:
     """The reference process: samples, expected outputs and their float64 oracles (``None`` with a
     failure when it fails)."""
@@ -396,7 +397,7 @@ def _candidate_data(workdir: Path, info: dict[str, Any]) -> tuple[Path, Path]:
     return data_dir, problem_data
 
 
-def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, source: str, data_dir: Path,
+def _run_candidate(report: ReportData, capture: Capture, workdir: Path, source: str, data_dir: Path,
                    problem_data: Path, settings: _Settings) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The candidate process: its result (``candidate.json``) and outputs; failures of the process noted."""
     candidate_dir = workdir / "candidate"
@@ -449,7 +450,7 @@ def _candidate_process(capture: Capture, workdir: Path, data_dir: Path, problem_
                         logs=workdir / f"{out_dir.name}-logs", poll=lambda: settings.progress(_candidate_step(out_dir)))
 
 
-def _locate(report: dict[str, Any], capture: Capture, info: dict[str, Any], workdir: Path, data_dir: Path,
+def _locate(report: ReportData, capture: Capture, info: dict[str, Any], workdir: Path, data_dir: Path,
             settings: _Settings) -> None:
     """On the CPU, after a sample's outputs failed: trace the reference here and the candidate in its
     worker again on that sample, and name the first op where they part (``report["divergence"]``,
@@ -506,7 +507,7 @@ def _candidate_step(cand_out: Path) -> str:
     return f"candidate process: {phase}" + (f" {progress['sample']}" if progress.get("sample") else "")
 
 
-def _note_load(report: dict[str, Any], result: dict[str, Any]) -> None:
+def _note_load(report: ReportData, result: dict[str, Any]) -> None:
     report["candidate"]["entry"] = result.get("entry")
     if result.get("load_error"):
         fail(report, "load", f"the candidate could not be loaded: {result['load_error'].splitlines()[0]}")
@@ -521,7 +522,7 @@ def _note_load(report: dict[str, Any], result: dict[str, Any]) -> None:
                 "it must hold the same names and shapes as the reference, or load the weights itself")
 
 
-def _torch_ops_check(report: dict[str, Any], result: dict[str, Any], allowed: bool) -> None:
+def _torch_ops_check(report: ReportData, result: dict[str, Any], allowed: bool) -> None:
     """Fail a candidate whose forward ran heavy ops through PyTorch (unless ``allow_torch_ops``)."""
     used: dict[str, int] = {}
     for record in result.get("samples", []):
@@ -546,7 +547,7 @@ def _json_or_none(path: Path) -> Any:
         return None
 
 
-def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]) -> None:
+def _timing(report: ReportData, info: dict[str, Any], result: dict[str, Any]) -> None:
     """Per sample: reference and candidate p10/median/p90, the speedup of the medians and its range;
     overall: the geometric mean over passing samples, and whether the timings can be trusted (the
     noise rule of tools/timing.py, docs/kernels.md "Timing and noise")."""

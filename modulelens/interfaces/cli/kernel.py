@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
@@ -22,6 +22,9 @@ from modulelens.interfaces import session
 from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import JsonOpt, OracleFactorOpt, RepoOpt, TrustOpt, UlpsOpt
 from modulelens.interfaces.output import console, emit, err_console, rich_table
+
+if TYPE_CHECKING:  # (the kernels package imports torch: only where a command runs)
+    from modulelens.kernels.report import ReportData
 
 app = typer.Typer()
 
@@ -183,7 +186,7 @@ def _status(as_json: bool) -> Iterator[Callable[[str], None]]:
         yield lambda step: status.update(f"{step}…")
 
 
-def render_kernel_report(d: dict[str, Any]) -> None:
+def render_kernel_report(d: ReportData) -> None:
     """The verification report as rich tables."""
     from rich.markup import escape
 
