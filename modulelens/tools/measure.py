@@ -36,7 +36,7 @@ from modulelens.restore.replay import call_context
 from modulelens.tools.timing import Timing, TimingConfig, time_iterations
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
 
 _MARK = "modulelens.iteration"
 PROFILER_ITERS = 3  # iterations under torch.profiler for the top-ops table and the trace
