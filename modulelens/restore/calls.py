@@ -20,7 +20,7 @@ from modulelens.errors import CorruptCaptureError
 from modulelens.format.op_trace import OpTrace
 from modulelens.format.spec import CallEntry, EncodedTree
 from modulelens.format.tree import decode_spec, decode_tree, deep_leaves, tree_summary
-from modulelens.format.validate import validate_op_trace
+from modulelens.format.validate_trace import validate_op_trace
 from modulelens.restore.context import call_context
 from modulelens.restore.inputs import check_inputs_usable, copy_inputs, with_recorded_grad
 
