@@ -171,7 +171,7 @@ class _Checker(FieldChecker):
         for q, value in (self.field(stats, "quantiles", dict, where, optional=True) or {}).items():
             self.number(value, f"{where}.quantiles[{q}]")
 
-    def number(self, value: Any, where: str) -> float:
+    def number(self, value: object, where: str) -> float:
         """A finite JSON number (not a bool)."""
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise self.fail(where, f"expected a finite number, found {value!r}"[:200])
@@ -230,7 +230,7 @@ class _Checker(FieldChecker):
 
     # ------------------------------------------------------------------------------ values
 
-    def value(self, data: Any, where: str, depth: int = 0) -> None:
+    def value(self, data: object, where: str, depth: int = 0) -> None:
         if depth > MAX_DEPTH:
             raise self.fail(where, f"nested deeper than {MAX_DEPTH}")
         if data is None or isinstance(data, (bool, int, float, str)):
@@ -311,7 +311,7 @@ class _Checker(FieldChecker):
                 raise self.fail(where, f"missing {name!r}")
             self.tensor_ref(data[name], f"{where}.{name}")
 
-    def tensor_ref(self, data: Any, where: str) -> None:
+    def tensor_ref(self, data: object, where: str) -> None:
         if not isinstance(data, dict) or data.get("$type") != "tensor":
             raise self.fail(where, "not a stored tensor")
         self.value(data, where)
@@ -559,7 +559,7 @@ class _Checker(FieldChecker):
             if (self.field(trace, key, int, where, optional=True) or 0) < 0:
                 raise self.fail(f"{where}.{key}", "negative")
 
-    def inputs_shape(self, spec: Any, where: str) -> None:
+    def inputs_shape(self, spec: object, where: str) -> None:
         """Call inputs are stored as the tree ``(args_tuple, kwargs_dict)``."""
         types = [c.get("type") if isinstance(c, dict) else c for c in spec.get("children", [])] \
             if isinstance(spec, dict) else []
@@ -594,7 +594,7 @@ class _Checker(FieldChecker):
                     stack.append((child, iter(refs[child])))
 
 
-def _hashable(data: Any) -> bool:
+def _hashable(data: object) -> bool:
     """Whether an (already checked) encoded value decodes to something hashable."""
     if isinstance(data, list):
         return False
@@ -607,7 +607,7 @@ def _hashable(data: Any) -> bool:
     return True
 
 
-def _module_refs(data: Any) -> list[str]:
+def _module_refs(data: object) -> list[str]:
     found: list[str] = []
     pending = [data]
     while pending:
@@ -628,7 +628,7 @@ def _reach(shape: list[int], stride: list[int]) -> int:
     return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=False) if size > 0)
 
 
-def validate_capture(data: Any, where: str, *, calls: bool = True) -> CaptureMetadata:
+def validate_capture(data: object, where: str, *, calls: bool = True) -> CaptureMetadata:
     """``data`` as capture metadata, after checking it against the format.
 
     Args:

@@ -94,7 +94,7 @@ class _TraceChecker(FieldChecker):
                     raise self.fail(f"{here}.value", f"{tid!r} is not a stored {dtype}{shape} tensor")
 
 
-def validate_op_trace(data: Any, where: str, value_entry: Any) -> OpTraceDocument:
+def validate_op_trace(data: object, where: str, value_entry: Any) -> OpTraceDocument:
     """``data`` as an op trace document, after checking it against the format.
 
     Args:

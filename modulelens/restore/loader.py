@@ -466,7 +466,8 @@ class Capture:
         """
         return self._state_tensors(index, self._open_tensor, persistent_only=persistent_only)
 
-    def _state_tensors(self, index: int, open_tensor: Any, *, persistent_only: bool) -> dict[str, torch.Tensor]:
+    def _state_tensors(self, index: int, open_tensor: Callable[[str], torch.Tensor], *,
+                       persistent_only: bool) -> dict[str, torch.Tensor]:
         state = self.metadata["states"][index]
         result = {n: open_tensor(e["tensor"]) for n, e in state["parameters"].items()}
         result.update({n: open_tensor(e["tensor"]) for n, e in state["buffers"].items()
@@ -507,12 +508,12 @@ class Capture:
 _COPY_MAX_BYTES = 1 << 20
 
 
-class _PrunedById(dict):
+class _PrunedById(dict[int, tuple[weakref.ref[torch.Tensor], str]]):
     """A dict of ``id -> (weak reference, value)`` that drops dead entries as it grows."""
 
     _limit = 1024
 
-    def __setitem__(self, key: int, value: Any) -> None:
+    def __setitem__(self, key: int, value: tuple[weakref.ref[torch.Tensor], str]) -> None:
         if len(self) >= self._limit:
             for dead in [k for k, (ref, _) in self.items() if ref() is None]:
                 del self[dead]

@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -48,7 +48,7 @@ from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
-from modulelens.tracing.methods import split_target, wrap_method
+from modulelens.tracing.methods import MethodHandle, split_target, wrap_method
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -57,6 +57,10 @@ from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.targets import find_targets, matches, never_called_as_module, normalise_pattern
 from modulelens.tracing.weights import BlobSink, StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+_Hook = TypeVar("_Hook", bound=Callable[..., object])
 _SESSIONS = itertools.count()  # tracers are numbered alike on every rank (SPMD) to name gather points
 
 
@@ -70,7 +74,7 @@ class _Pending:
     ops: OpRecorder | None = None  # Recording(op_trace=True): records the call's aten ops until it returns
 
 
-def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
+def _eager(hook: _Hook) -> _Hook:
     """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead.
 
     Only when ``torch._dynamo`` is already imported: ``torch.compiler.disable`` imports it, which
@@ -93,9 +97,9 @@ class Tracer:
         targets: Sequence[str] | str,
         *,
         record: Recording = Recording(),
-        on_complete: Callable[[Tracer], Any] | None = None,
+        on_complete: Callable[[Tracer], object] | None = None,
         strict: bool = False,
-        on_target_complete: Callable[[Tracer, str], Any] | None = None,
+        on_target_complete: Callable[[Tracer, str], object] | None = None,
         blob_sink: BlobSink | None = None,
     ) -> None:
         if isinstance(targets, str):
@@ -400,7 +404,7 @@ class Tracer:
                 self._check_complete(name)
             return replacement
 
-    def _keep_trace(self, name: str, pending: _Pending, output: Any) -> None:
+    def _keep_trace(self, name: str, pending: _Pending, output: object) -> None:
         """Stop the call's op recording; keep its trace unless recording it failed (warned, fail open)."""
         assert pending.ops is not None
         trace = pending.ops.stop(output)
@@ -621,7 +625,7 @@ class Tracer:
         if self.on_complete is not None:
             self._notify(self.on_complete, self)
 
-    def _notify(self, callback: Callable[..., Any], *args: Any) -> None:
+    def _notify(self, callback: Callable[..., object], *args: object) -> None:
         try:
             callback(*args)
         except Exception as error:
@@ -716,7 +720,7 @@ class Tracer:
         return self._sharding.get(qualified, {})
 
 
-def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:
+def _keep_outermost(module: torch.nn.Module, handles: Sequence[RemovableHandle | MethodHandle]) -> None:
     """Keep the tracer's pre-hook first and its forward hook last among the module's hooks."""
     if len(handles) != 2:
         return
@@ -739,7 +743,7 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
     return True
 
 
-def _custom_state(module: torch.nn.Module) -> dict[str, Any]:
+def _custom_state(module: torch.nn.Module) -> dict[str, object]:
     """What a module's own ``_save_to_state_dict`` adds to its state dict besides its parameters,
     buffers and extra state: dynamically quantized Linears keep their weights packed outside
     parameters (``_packed_params``: the quantized weight and bias; ``scale``, ``zero_point``)."""
