@@ -18,6 +18,9 @@ is a symbolic link (files.py); every folder on the way to a key, the top-level o
 ``blobs``, ``tmp``, ``quarantine``) included, is checked with ``lstat``, and the lock files are
 opened without following a link. An entry of the wrong kind (a link, a file where a folder belongs)
 is a one-line ``CorruptCaptureError`` naming it, which ``fsck --repair`` moves aside.
+
+Its parts with a job of their own: the locks (local_locks.py), fsck's audit and quarantine
+(local_audit.py), and the blob checks and copies that read every byte (local_blobs.py).
 """
 
 from __future__ import annotations
@@ -604,7 +607,7 @@ class LocalStore(Store):
                 check.damaged[digest] = why
         for pack, wanted in sorted(members.items()):
             if pack not in check.damaged:
-                why = pack_members_damage(self.blob_path(pack), wanted)
+                why = pack_members_damage(self.blob_path(pack), set(wanted))
                 if why:
                     check.damaged[pack] = why
         return check

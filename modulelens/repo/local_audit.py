@@ -53,7 +53,6 @@ def is_dir(path: Path) -> bool:
         return False
 
 
-
 def writer_alive(staging_name: str) -> bool:
     """Whether the process that made ``tmp/<pid>-<uuid>...`` still runs on this machine."""
     pid, _, rest = staging_name.partition("-")

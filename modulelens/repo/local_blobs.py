@@ -62,7 +62,6 @@ def copy_hashed(source: Path, staged: Path, digest: str) -> tuple[int, ChunkDige
     return size, chunker.digests()
 
 
-
 def pack_members_damage(path: Path, wanted: Collection[tuple[str, int]]) -> str | None:
     """Why the pack at ``path`` does not hold each ``(member hash, nbytes)`` of ``wanted`` as
     its hash says (fsck's full check), or ``None`` when every one is there and hashes to its name."""
