@@ -55,6 +55,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -64,7 +65,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
-from _common import RESULTS, fresh_process_env, read_index, report
+from _common import RESULTS, fresh_process_env, machine, read_index, report
 
 import modulelens
 
@@ -149,8 +150,7 @@ class Seed:
 def _build(seed: Seed, root: Path, folder: Path, versions: int, names: list[str]) -> modulelens.Repo:
     """The repo and the safetensors folder of ``versions`` versions (spread over ``names``), written
     without flushing (building is not what is measured)."""
-    os.environ["MODULELENS_FSYNC"] = "0"
-    try:
+    with mock.patch.dict(os.environ, MODULELENS_FSYNC="0"):
         repo = modulelens.Repo(root)
         for name in names:
             (folder / name).mkdir(parents=True, exist_ok=True)
@@ -160,8 +160,6 @@ def _build(seed: Seed, root: Path, folder: Path, versions: int, names: list[str]
             seed.save(repo, name, f"run{i}")
             seed.save_file(folder / name, i // len(names) + 1, durable=False)
             seed.save_indexed(folder / "indexed" / name, i // len(names) + 1, f"run{i}", durable=False)
-    finally:
-        del os.environ["MODULELENS_FSYNC"]
     os.sync()
     return repo
 
@@ -302,9 +300,8 @@ def remote_section(work: Path, sizes: list[int], rounds: int, names: int = 10) -
     from seaweed import SeaweedServer
 
     server = SeaweedServer(work / "weed").start()
-    saved_env = {k: os.environ.get(k) for k in (*server.env, "MODULELENS_CACHE")}
-    os.environ.update(server.env)
-    os.environ["MODULELENS_CACHE"] = str(work / "cache")
+    environment = mock.patch.dict(os.environ, {**server.env, "MODULELENS_CACHE": str(work / "cache")})
+    environment.start()
     try:
         import s3fs
 
@@ -394,11 +391,7 @@ def remote_section(work: Path, sizes: list[int], rounds: int, names: int = 10) -
                 times.setdefault(case, {})[size] = samples
     finally:
         server.stop()
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        environment.stop()
     rows = [{"section": "remote", "case": case, "versions": size, "median_ms": _median_ms(samples),
              "best_ms": min(samples) * 1e3, "rounds": len(samples), "requests": requests.get(case, {}).get(size)}
             for case, by_size in times.items() for size, samples in by_size.items() if samples]
@@ -559,6 +552,24 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _earlier_sections(ran: set[str], quick: bool) -> dict[str, Any]:
+    """The sections of the last full-size results file that this run (``--only``) did not rerun,
+    each with the machine stamp it ran under, so a partial run does not erase the others."""
+    path = RESULTS / "scale.json"
+    if quick or not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    if earlier.get("quick"):
+        return {}
+    kept: dict[str, Any] = {}
+    for name, section in earlier.get("results", {}).items():
+        if name in ran:
+            continue
+        kept[name] = {**section, "rows": [row for row in earlier.get("rows", []) if row.get("section") == name]}
+        kept[name].setdefault("ran", earlier.get("machine"))
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--local", default="100,1000,10000,100000")
@@ -584,6 +595,9 @@ def main() -> None:
             results["big"] = big_section(work, [float(g) for g in args.gib.split(",")], args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for section in results.values():
+        section["ran"] = {**machine(), "load_average": os.getloadavg()}
+    results = {**_earlier_sections(sections, args.quick), **results}
     rows = [row for section in results.values() for row in section["rows"]]
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(results, RESULTS / "scale.png")

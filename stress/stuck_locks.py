@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -115,18 +116,13 @@ def _stopped_writer_case(row: Row, tmp: Path) -> None:
             failures.append(error)
 
     gc = threading.Thread(target=collect)
-    before = os.environ.get("MODULELENS_LOCK_WAIT_S")
-    os.environ["MODULELENS_LOCK_WAIT_S"] = "4"  # this gc holds the turnstile 2 s at a time
     try:
-        gc.start()
-        out, failure = _job(root, folder, 20.0)  # the default wait: a save passes between gc's turns
-        gc.join(60)
+        with mock.patch.dict(os.environ, MODULELENS_LOCK_WAIT_S="4"):  # this gc holds the turnstile 2 s at a time
+            gc.start()
+            out, failure = _job(root, folder, 20.0)  # the default wait: a save passes between gc's turns
+            gc.join(60)
     finally:
         holder.release()
-        if before is None:
-            os.environ.pop("MODULELENS_LOCK_WAIT_S", None)
-        else:
-            os.environ["MODULELENS_LOCK_WAIT_S"] = before
     if failure or out.get("warnings") or out.get("seconds", 99) > 20:
         row.lost += bool(failure)
         row.notes.append(f"stopped writer: the job {failure or out.get('warnings') or out.get('seconds')}")
@@ -169,38 +165,33 @@ def _download_case(row: Row, tmp: Path) -> None:
     from modulelens.repo.packs import referenced_blobs
 
     row.tried += 1
-    saved = {key: os.environ.get(key) for key in ("MODULELENS_CACHE", "MODULELENS_LOCK_WAIT_S")}
     url = f"memory://stuck-download-{os.getpid()}"
-    os.environ["MODULELENS_CACHE"] = str(tmp / "stuck-download" / "saving-cache")
-    module = torch.nn.Linear(512, 512)  # a 1 MiB weight: a blob of its own
-    with modulelens.capture(module, targets="", repo=url, name="big") as cap:
-        module(torch.ones(1, 512))
-    cap.wait()
-    digest = max(referenced_blobs(modulelens.Repo(url).read_metadata("big", 1)).items(), key=lambda i: i[1])[0]
-    os.environ.update(MODULELENS_CACHE=str(tmp / "stuck-download" / "cache"), MODULELENS_LOCK_WAIT_S="2")
-    part = modulelens.Repo(url).store.cache.partial_path(digest)
-    part.touch()
-    holder = LockHolder("flock", str(part), "--stop")
     outcome: list[BaseException | None] = []
+    # (patch.dict puts the whole environment back, the changes made inside it included)
+    with mock.patch.dict(os.environ, MODULELENS_CACHE=str(tmp / "stuck-download" / "saving-cache")):
+        module = torch.nn.Linear(512, 512)  # a 1 MiB weight: a blob of its own
+        with modulelens.capture(module, targets="", repo=url, name="big") as cap:
+            module(torch.ones(1, 512))
+        cap.wait()
+        digest = max(referenced_blobs(modulelens.Repo(url).read_metadata("big", 1)).items(), key=lambda i: i[1])[0]
+        os.environ.update(MODULELENS_CACHE=str(tmp / "stuck-download" / "cache"), MODULELENS_LOCK_WAIT_S="2")
+        part = modulelens.Repo(url).store.cache.partial_path(digest)
+        part.touch()
+        holder = LockHolder("flock", str(part), "--stop")
 
-    def load() -> None:
+        def load() -> None:
+            try:
+                modulelens.load("big:v1", repo=url).module  # noqa: B018
+                outcome.append(None)
+            except BaseException as error:
+                outcome.append(error)
+
+        loading = threading.Thread(target=load, daemon=True)
         try:
-            modulelens.load("big:v1", repo=url).module  # noqa: B018
-            outcome.append(None)
-        except BaseException as error:
-            outcome.append(error)
-
-    loading = threading.Thread(target=load, daemon=True)
-    try:
-        loading.start()
-        loading.join(60)
-    finally:
-        holder.release()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            loading.start()
+            loading.join(60)
+        finally:
+            holder.release()
     if not outcome:
         row.notes.append("a load behind a stuck download lock hung")
         return
