@@ -1,22 +1,23 @@
-"""fsspec's ``memory://`` under the object-store operations: it lives in one process, so a process
+"""fsspec's ``memory://`` under the object-backend primitives: it lives in one process, so a process
 lock makes create and compare-and-swap atomic there, and a content hash serves as the ETag.
-Registered for ``memory://`` (:mod:`modulelens.repo.registry`); the store tests' second store."""
+Registered for ``memory://`` (:mod:`modulelens.repo.registry`); one of the store tests' stores."""
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import hashlib
 import threading
 from collections.abc import Iterator
 
-from modulelens.repo._objects import ObjectStore, remote_call
+from modulelens.repo._objects import FsspecObjects, remote_call
+from modulelens.repo.backend import ObjectBackend
 
 _LOCK = threading.Lock()  # one per process: every memory:// filesystem of the process is one
 
 
-class MemoryObjects(ObjectStore):
-    """Keys under one ``memory://`` prefix."""
+class MemoryObjects(FsspecObjects):
+    """Keys under one ``memory://`` prefix. Its filesystem keeps no ETag, so the tag of an object is
+    the hash of its bytes (given by :meth:`read_tagged`, not by ``stat``)."""
 
     atomic = True  # within the one process that holds it
 
@@ -25,18 +26,8 @@ class MemoryObjects(ObjectStore):
         with _LOCK:
             yield
 
-    def folders_holding(self, prefix: str, file: str, folder: str) -> builtins.list[str]:
-        """One pass over its keys."""
-        found: set[str] = set()
-        try:
-            keys = self.fs.find(self.key(prefix).rstrip("/") + "/")
-        except FileNotFoundError:
-            return []
-        for key in keys:
-            parent, _, rest = self.relative(key)[len(prefix) + 1:].partition("/")
-            if rest == file or rest.startswith(f"{folder}/"):
-                found.add(parent)
-        return sorted(found)
+    # one pass over its keys (fsspec's delimited listing would count every folder)
+    folders_holding = ObjectBackend.folders_holding
 
     @remote_call
     def create(self, key: str, data: bytes) -> bool:
@@ -49,7 +40,7 @@ class MemoryObjects(ObjectStore):
     @remote_call
     def replace(self, key: str, data: bytes, tag: str | None) -> str | None:
         with self.exclusive():
-            current = self.read(key)
+            current = self.get(key)
             if (current is None) != (tag is None) or (current is not None and _tag(current) != tag):
                 return None
             self.fs.pipe_file(key, data)
@@ -60,10 +51,6 @@ class MemoryObjects(ObjectStore):
         with self.exclusive():
             data = self.read(key, limit, hint)
             return data, None if data is None else _tag(data)
-
-    @remote_call
-    def upload_bytes(self, data: memoryview, key: str) -> None:
-        self.fs.pipe_file(key, bytes(data))  # (no multipart writer: the bytes are in memory already)
 
 
 def _tag(data: bytes) -> str:

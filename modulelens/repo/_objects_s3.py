@@ -9,16 +9,16 @@ import asyncio
 import builtins
 import contextlib
 import os
-from collections.abc import Callable
 from typing import Any
 
 from modulelens.errors import CorruptCaptureError
-from modulelens.repo._objects import ObjectStore, remote_call, within
+from modulelens.repo._objects import FsspecObjects, object_info, remote_call
+from modulelens.repo.backend import Limits, ObjectInfo, within
 from modulelens.repo.files import too_large
 from modulelens.repo.remote_errors import is_precondition_failure
 
 
-class S3Objects(ObjectStore):
+class S3Objects(FsspecObjects):
     """Keys under one ``s3://bucket/prefix``; endpoints and credentials come from the usual places
     (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, instance roles) or ``storage_options``."""
 
@@ -43,7 +43,7 @@ class S3Objects(ObjectStore):
         return self._get_tagged(key, limit, hint)[0]
 
     @remote_call
-    def read_many(self, keys: builtins.list[str], limit: Callable[[str], tuple[int, str]] | None = None) -> dict[str, bytes]:
+    def read_many(self, keys: builtins.list[str], limit: Limits | None = None) -> dict[str, bytes]:
         """One GET each, concurrently (s3fs's ``cat`` sends a HEAD before each GET)."""
         if not keys:
             return {}
@@ -60,12 +60,12 @@ class S3Objects(ObjectStore):
         return {key: data for key, data in zip(keys, sync(self.fs.loop, get_all), strict=True) if data is not None}
 
     @remote_call
-    def info(self, key: str) -> dict[str, Any] | None:
+    def stat(self, key: str) -> ObjectInfo | None:
         """One HEAD: s3fs's ``info`` follows a 404 with a LIST (is it a folder?), which a key of
         ours never is."""
         bucket, path, _ = self.fs.split_path(key)
         try:
-            return dict(self.fs.call_s3("head_object", Bucket=bucket, Key=path))
+            return object_info(self.fs.call_s3("head_object", Bucket=bucket, Key=path))
         except FileNotFoundError:
             return None
 

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 
 from modulelens.errors import RemoteRepoError, RepoBusyError
-from modulelens.repo._objects import ObjectStore
+from modulelens.repo.backend import ObjectBackend
 from modulelens.repo.store import Hold
 
 # A lease (or gc lock) is rewritten every TTL/4 s while its holder runs, so one not rewritten for
@@ -46,7 +46,7 @@ class Lease(Hold):
     :meth:`intact` and must re-check what a gc could have changed meanwhile before it commits.
     """
 
-    def __init__(self, objects: ObjectStore, key: str, body: bytes, url: str) -> None:
+    def __init__(self, objects: ObjectBackend, key: str, body: bytes, url: str) -> None:
         self.objects, self.key, self.body, self.url = objects, key, body, url
         self.ttl = lease_ttl()
         self.renewed = time.monotonic()
@@ -88,7 +88,7 @@ class Lease(Hold):
 class Leases:
     """The leases of one remote repo (``objects``: its object store, ``url``: for messages)."""
 
-    def __init__(self, objects: ObjectStore, url: str) -> None:
+    def __init__(self, objects: ObjectBackend, url: str) -> None:
         self.objects, self.url = objects, url
         self._held = threading.local()  # the lease this thread holds, if any
 
@@ -98,8 +98,8 @@ class Leases:
     def _lock_time(self, key: str) -> float:
         """The server's clock, read as the modification time of an object we just wrote (so lock
         ages never depend on this machine's clock)."""
-        info = self.objects.info(key)
-        return self.objects.mtime(info) if info else time.time()
+        info = self.objects.stat(key)
+        return info.mtime if info else time.time()
 
     @contextlib.contextmanager
     def writer(self, wait_s: float = 600.0) -> Iterator[Lease]:
@@ -116,8 +116,8 @@ class Leases:
         deadline = time.monotonic() + wait_s
         while True:
             self.objects.put(key, body)
-            gc_info = self.objects.info(self.objects.key("locks", "gc"))
-            if gc_info is None or self.objects.mtime(gc_info) < self._lock_time(key) - lease_ttl():
+            gc_info = self.objects.stat(self.objects.key("locks", "gc"))
+            if gc_info is None or gc_info.mtime < self._lock_time(key) - lease_ttl():
                 break  # (the lease's own time is read only when there is a gc lock to compare)
             self.objects.delete([key])
             if time.monotonic() > deadline:
@@ -140,12 +140,12 @@ class Leases:
         body = self._body()
         ttl = lease_ttl()
         if not self.objects.create(key, body):
-            info = self.objects.info(key)
+            info = self.objects.stat(key)
             probe = self.objects.key("locks", f"probe-{uuid.uuid4().hex}")
             self.objects.put(probe, b"")
             now = self._lock_time(probe)
             self.objects.delete([probe])
-            if info is not None and self.objects.mtime(info) >= now - ttl:
+            if info is not None and info.mtime >= now - ttl:
                 raise RepoBusyError(f"{self.url}: another gc is running (locks/gc); try again later")
             self.objects.put(key, body)  # a crashed gc's lock
         heartbeat = Lease(self.objects, key, body, self.url)
@@ -156,7 +156,7 @@ class Leases:
             while True:
                 now = time.time() + offset
                 leases = {k: i for k, i in self.objects.list("locks").items() if k.startswith("locks/save-")}
-                if all(self.objects.mtime(i) < now - ttl for i in leases.values()):
+                if all(i.mtime < now - ttl for i in leases.values()):
                     break
                 if time.monotonic() > deadline:
                     raise RepoBusyError(f"{self.url}: saves still running after {wait_s:.0f} s; gc did nothing")

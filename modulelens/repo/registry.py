@@ -2,26 +2,31 @@
 
 ``Repo(location)`` asks :func:`open_store`, which looks the location's scheme up here: a path (no
 scheme) and ``file://`` are a directory (:class:`~modulelens.repo.local.LocalStore`); ``memory://``,
-``s3://`` and ``s3a://`` an object store with a local cache (:class:`~modulelens.repo.remote.RemoteStore`);
-any other scheme fsspec knows (``gs://``, ``az://``, one registered with fsspec itself...) is
-handed to the same remote store, over fsspec. A new backend is a :class:`~modulelens.repo.store.Store`
-and one :func:`register_store` line (docs/repo-layout.md, "Adding a store"). An unknown scheme is
-refused in one line that lists the registered ones.
+``s3://``, ``s3a://`` and ``sqlite://`` an object backend (:mod:`modulelens.repo.backend`) under a
+remote store with a local cache (:class:`~modulelens.repo.remote.RemoteStore`); any other scheme
+fsspec knows (``gs://``, ``az://``, one registered with fsspec itself...) is handed to the same
+remote store, over fsspec's generic backend. A new backend is one class of eight primitives and one
+line, ``register_store("mine", object_store(MyObjects))`` (docs/repo-layout.md, "Adding a store").
+An unknown scheme is refused in one line that lists the registered ones.
 
 The built-in factories import their store when called, so listing a local repo imports no fsspec.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import UsageError
 from modulelens.repo.location import default_repo_location
 from modulelens.repo.store import Store
+
+if TYPE_CHECKING:
+    from modulelens.repo.backend import ObjectBackend
 
 #: Builds the store of one location: ``(location, storage_options) -> Store``. ``location`` is the
 #: text given to ``Repo()`` (a URL with its scheme, or a directory path for the local scheme ``""``).
@@ -64,6 +69,38 @@ def register_store(scheme: str, factory: StoreFactory, *, clobber: bool = False)
         _FACTORIES[scheme] = factory
 
 
+def object_store(backend: type[ObjectBackend] | str) -> StoreFactory:
+    """The factory of a remote repo over an object backend: what :func:`register_store` takes.
+
+    Args:
+        backend: an :class:`~modulelens.repo.backend.ObjectBackend` subclass, or where to import it
+            from when a repo is first opened (``"package.module:ClassName"``), so that registering
+            it imports nothing.
+
+    Returns:
+        ``(location, storage_options) -> RemoteStore`` over ``backend(location, storage_options)``.
+
+    Example::
+
+        register_store("sqlite", object_store(SqliteObjects))
+        modulelens.Repo("sqlite:///tmp/team.db")
+    """
+    def factory(location: str, storage_options: dict[str, Any] | None) -> Store:
+        from modulelens.repo.remote import RemoteStore  # here: listing a local repo needs no fsspec
+
+        return RemoteStore(_resolve(backend)(location, storage_options))
+
+    return factory
+
+
+def _resolve(backend: type[ObjectBackend] | str) -> type[ObjectBackend]:
+    if not isinstance(backend, str):
+        return backend
+    module, _, name = backend.partition(":")
+    found: type[ObjectBackend] = getattr(importlib.import_module(module), name)
+    return found
+
+
 def registered_schemes() -> list[str]:
     """The schemes registered with :func:`register_store`, sorted (``""`` is a local path)."""
     with _LOCK:
@@ -90,7 +127,7 @@ def open_store(location: str | os.PathLike[str] | None = None, *,
     with _LOCK:
         factory = _FACTORIES.get(scheme)
     if factory is None:
-        factory = _remote if _fsspec_knows(scheme) else None
+        factory = _FSSPEC if _fsspec_knows(scheme) else None
     if factory is None:
         known = ", ".join(f"{s}://" for s in registered_schemes() if s)
         raise UsageError(f"no store for {scheme}:// (in {text[:200]}): registered are {known}, a directory path, "
@@ -116,28 +153,10 @@ def _local(location: str, storage_options: dict[str, Any] | None) -> Store:
     return LocalStore(Path(location.removeprefix("file://")).expanduser().absolute())
 
 
-def _remote(location: str, storage_options: dict[str, Any] | None) -> Store:
-    from modulelens.repo.remote import RemoteStore  # here: listing a local repo needs no fsspec
-
-    return RemoteStore(location, storage_options=storage_options)
-
-
-def _s3(location: str, storage_options: dict[str, Any] | None) -> Store:
-    from modulelens.repo._objects_s3 import S3Objects
-    from modulelens.repo.remote import RemoteStore
-
-    return RemoteStore(location, storage_options=storage_options, objects=S3Objects)
-
-
-def _memory(location: str, storage_options: dict[str, Any] | None) -> Store:
-    from modulelens.repo._objects_memory import MemoryObjects
-    from modulelens.repo.remote import RemoteStore
-
-    return RemoteStore(location, storage_options=storage_options, objects=MemoryObjects)
-
-
 register_store(LOCAL_SCHEME, _local)
 register_store("file", _local)
-register_store("memory", _memory)
-register_store("s3", _s3)
-register_store("s3a", _s3)
+register_store("memory", object_store("modulelens.repo._objects_memory:MemoryObjects"))
+register_store("s3", s3 := object_store("modulelens.repo._objects_s3:S3Objects"))
+register_store("s3a", s3)
+register_store("sqlite", object_store("modulelens.repo._objects_sqlite:SqliteObjects"))
+_FSSPEC = object_store("modulelens.repo._objects:FsspecObjects")  # any other protocol fsspec knows

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError, UsageError
-from modulelens.repo._objects import ObjectStore
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, ModulelensWarning, RemoteRepoError
+from modulelens.repo.backend import ObjectBackend
 from modulelens.repo.files import hash_file, too_large
 from modulelens.repo.layout import CAPTURE_FILE, MARKER, SUMMARY_FILE, blob_key, is_version_number, marker_json, read_limit
 from modulelens.repo.leases import Leases
@@ -44,7 +44,7 @@ from modulelens.repo.local import LocalStore
 from modulelens.repo.location import cache_root, offline
 from modulelens.repo.locks import busy, lock_wait_s, wait_for
 from modulelens.repo.remote_errors import is_network_error
-from modulelens.repo.store import Audit, BlobCheck, BlobStat, BlobWriter, Hold, Quarantine, Scan, Staged, Store
+from modulelens.repo.store import BlobStat, BlobWriter, Hold, Scan, Staged, Store
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -60,24 +60,23 @@ class RemoteStore(Store):
     """A repo's files in object storage, with a local cache. ``Repo("s3://...")`` opens one.
 
     Args:
-        url: the fsspec URL.
-        storage_options: fsspec options (endpoint, credentials) for URLs that need them.
-        objects: the server operations of the URL's protocol (the store registry picks them:
-            :class:`~modulelens.repo._objects_s3.S3Objects` for ``s3://``, any fsspec backend's
-            :class:`~modulelens.repo._objects.ObjectStore` otherwise).
+        objects: the object backend the repo's keys are kept in (the store registry builds it from
+            the URL: :class:`~modulelens.repo._objects_s3.S3Objects` for ``s3://``, one registered
+            with :func:`~modulelens.repo.registry.object_store`, fsspec's generic
+            :class:`~modulelens.repo._objects.FsspecObjects` otherwise).
 
     Raises:
-        RemoteRepoError: ``MODULELENS_OFFLINE`` is set and the cache has nothing from ``url``.
+        RemoteRepoError: ``MODULELENS_OFFLINE`` is set and the cache has nothing from the URL.
     """
 
     is_remote = True
     gc_grace_s = 3600.0  # a blob just uploaded by a writer whose lease were misjudged survives
     can_repair = False
 
-    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None,
-                 objects: type[ObjectStore] = ObjectStore) -> None:
+    def __init__(self, objects: ObjectBackend) -> None:
+        url = objects.url
         self.url = self.location = url
-        self.objects = objects(url, storage_options)
+        self.objects = objects
         self.leases = Leases(self.objects, url)
         self.cache = LocalStore(cache_root())  # a local store holding only blobs: same checks, same mmap
         self.cache.open(MARKER, marker_json(), create=True)
@@ -86,9 +85,6 @@ class RemoteStore(Store):
         self._unreachable = False
         if offline() and not self.mirror.exists():
             raise RemoteRepoError(f"MODULELENS_OFFLINE is set and the cache has nothing from {url}")
-
-    def __fspath__(self) -> str:
-        raise TypeError(f"{self.url} is not a local path")
 
     def open(self, marker: str, initial: bytes, *, create: bool) -> bytes | None:
         """The marker as the mirror last read it when that is ``initial`` (this modulelens's newest
@@ -251,19 +247,10 @@ class RemoteStore(Store):
                 self._went_unreachable(error)
         return []  # offline: nothing beyond what is cached is listed
 
-    def is_folder(self, prefix: str) -> bool:
-        return False  # object stores have no folders: a version is its capture.json
-
     def local_path(self, key: str) -> Path:
         if self._mirrored(key) is None and self.read(key, immutable=True) is None:
             raise FileNotFoundError(f"{self.where(key)} does not exist")
         return self.mirror / key
-
-    def cached(self, key: str) -> bool:
-        return (self.mirror / key).is_file()
-
-    def where(self, key: str) -> str:
-        return f"{self.url.rstrip('/')}/{key}"
 
     # ------------------------------------------------------------------------------ names, versions
 
@@ -372,16 +359,10 @@ class RemoteStore(Store):
         self.objects.upload_bytes(memoryview(data).cast("B"), key)
         return True
 
-    # A save's pipeline: nothing to stage locally; "publishing" a payload is its upload, which then
-    # overlaps with hashing the next one. Object stores make a finished PUT durable themselves.
-    def stage_blob(self, data: memoryview | bytes | bytearray) -> Staged:
-        return Staged(None, memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
-
+    # A save's pipeline: nothing to stage locally (Store.stage_blob); "publishing" a payload is its
+    # upload, which then overlaps with hashing the next one. A finished PUT is durable.
     def publish_blob(self, staged: Staged, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> None:
         self.objects.upload_bytes(staged.view, self._blob_key(digest))
-
-    def flush_blobs(self, digests: Collection[str]) -> None:
-        pass
 
     def blob_writer(self, nbytes: int) -> BlobWriter:
         """Streamed into the local cache's staging area: :meth:`adopt_file` uploads it at the save
@@ -466,28 +447,11 @@ class RemoteStore(Store):
 
     def blobs(self) -> dict[str, BlobStat]:
         self._require_online("list blobs")
-        return {key.rsplit("/", 1)[1]: BlobStat(key, int(info.get("size", info.get("Size", 0))), self.objects.mtime(info))
-                for key, info in self.objects.list("blobs").items()}
+        return {key.rsplit("/", 1)[1]: BlobStat(key, info.size, info.mtime) for key, info in self.objects.list("blobs").items()}
 
     def remove_blobs(self, keys: Collection[str]) -> None:
         self._require_online("delete blobs")
         self.objects.delete([self.objects.key(k) for k in keys])
-
-    def verify_blobs(self, blobs: Mapping[str, int], members: Mapping[str, Collection[tuple[str, int]]]) -> BlobCheck:
-        """Presence and size of each blob from one listing; not their hashes (that would download
-        everything: ``load(..., verify=True)`` hashes what it downloads), nor pack members."""
-        sizes = {name: stat.size for name, stat in self.blobs().items()}
-        check = BlobCheck(note="remote repo: payload sizes checked from the listing, not their hashes")
-        for digest, nbytes in sorted(blobs.items()):
-            found = sizes.get(digest.partition(":")[2])
-            if found is None:
-                check.damaged[digest] = "missing"
-            elif found != nbytes:
-                check.damaged[digest] = f"{found} bytes, expected {nbytes}"
-            else:
-                check.checked += 1
-                check.bytes += nbytes
-        return check
 
     # ------------------------------------------------------------------------------ locks, upkeep
 
@@ -498,16 +462,6 @@ class RemoteStore(Store):
     def exclusive(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
         self._require_online("gc")
         return self.leases.gc(wait_s)
-
-    def clean_staging(self, cutoff: float, *, dry_run: bool = False) -> int:
-        return 0  # nothing is visible before its single final write: there is no staging area
-
-    def audit(self) -> Audit:
-        return Audit()  # no links in object storage; objects the layout does not name are not looked for
-
-    def quarantine(self) -> Quarantine:
-        raise UsageError(f"fsck --repair works on local repos only ({self.url}); pull what you need into "
-                         "a local repo and repair that")
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ answer, or an ``OSError`` that s3fs translated from one (``PermissionError`` for
 are, they reach the user as a 60-line traceback, or as the wrong exit code (a translated
 ``PermissionError`` reads as a local disk's, exit 8). :func:`remote_error` is the one table that
 names each kind: no credentials, unreachable endpoint, missing bucket, permission denied,
-throttling, another answer from the server; every :class:`~modulelens.repo._objects.ObjectStore`
+throttling, another answer from the server; every :class:`~modulelens.repo._objects.FsspecObjects`
 operation raises what it returns, so every command and the Python API say the same line (exit 7).
 
 Types are recognised by name along the exception's cause chain, so nothing here imports botocore:

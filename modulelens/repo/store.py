@@ -8,14 +8,19 @@ Two implement it:
 * :class:`~modulelens.repo.local.LocalStore`: a directory. Files are published by rename, made
   durable with fsync, never opened through a symbolic link; locks are ``flock``; large blobs carry
   verification markers; summaries are trusted by two ``stat`` calls; fsck can quarantine.
-* :class:`~modulelens.repo.remote.RemoteStore`: an fsspec URL (``s3://``, ``memory://``...). No
-  rename and no lock: a version appears with a conditional create, an alias moves with
+* :class:`~modulelens.repo.remote.RemoteStore`: every operation written once over an object
+  backend (:mod:`modulelens.repo.backend`: ``s3://``, ``memory://``, ``sqlite://``, any fsspec
+  URL). No rename and no lock: a version appears with a conditional create, an alias moves with
   compare-and-swap, writers hold leases; reads go through a local cache and mirror, which also
   answer offline.
 
 Every operation below is one the repo needs; where a store cannot do one (a compare-and-swap on a
 backend without conditional writes, quarantine in a bucket) it raises a :class:`ModulelensError`
 that says so. The repo never asks which store it has: a capability is a method or attribute here.
+The abstract ones are what a store must implement; the others are written here once over them
+(a store of keys, without folders, staging or links, needs none of them) and overridden where a
+store does better (a directory hashes its blobs in ``verify_blobs``; an object store deletes many
+blobs in one request).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
+
+from modulelens.errors import CorruptCaptureError, UsageError
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
@@ -225,9 +232,9 @@ class Store(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location!r})"
 
-    @abstractmethod
     def __fspath__(self) -> str:
         """The repo's directory. Raises ``TypeError`` for a store that is not a local directory."""
+        raise TypeError(f"{self.location} is not a local path")
 
     # ------------------------------------------------------------------------------ opening
 
@@ -252,10 +259,16 @@ class Store(ABC):
             CaptureNotFoundError: the store is offline and has no copy of ``key``.
         """
 
-    @abstractmethod
     def read_many(self, keys: Collection[str], *, immutable: bool = False) -> dict[str, bytes]:
         """Several small files at once (concurrently where that helps); missing and unreadable ones
-        are left out."""
+        are left out. Here: one :meth:`read` each."""
+        found = {}
+        for key in keys:
+            with contextlib.suppress(CorruptCaptureError):  # unreadable (a link, over its limit): left out
+                data = self.read(key, immutable=immutable)
+                if data is not None:
+                    found[key] = data
+        return found
 
     @abstractmethod
     def write(self, key: str, data: bytes, *, durable: bool = True) -> None:
@@ -288,14 +301,12 @@ class Store(ABC):
         Raises:
             UsageError: this store cannot append (object storage).
         """
-        from modulelens.errors import UsageError
-
         raise UsageError(f"{self.location} cannot append to {key}")
 
-    @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether a file is at ``key`` (one ``lstat``, or one request, or the cached copy of an
-        immutable key)."""
+        immutable key). Here: a :meth:`read` (the keys asked about are small files)."""
+        return self.read(key) is not None
 
     @abstractmethod
     def remove(self, key: str) -> bool:
@@ -305,26 +316,23 @@ class Store(ABC):
     def files(self, prefix: str) -> list[str]:
         """Names of the files directly in folder ``prefix``, sorted (links and folders left out)."""
 
-    @abstractmethod
     def is_folder(self, prefix: str) -> bool:
-        """Whether ``prefix`` is a folder that exists on its own (an object store has none).
+        """Whether ``prefix`` is a folder that exists on its own (here: never, as in an object
+        store, where a version is its ``capture.json``).
 
         Raises:
             CorruptCaptureError: it is a link or not a folder.
         """
+        return False
 
     @abstractmethod
     def local_path(self, key: str) -> Path:
         """Where ``key``'s bytes are on this machine (an object store's mirror copy, which a read
         with ``immutable=True`` keeps)."""
 
-    @abstractmethod
-    def cached(self, key: str) -> bool:
-        """Whether an ``immutable`` ``key`` can be read without asking a server."""
-
-    @abstractmethod
     def where(self, key: str) -> Path | str:
-        """``key`` as users name it: a path, or a URL."""
+        """``key`` as users name it: a path, or a URL (here: the location, ``/``, the key)."""
+        return f"{self.location.rstrip('/')}/{key}"
 
     # ------------------------------------------------------------------------------ names, versions
 
@@ -370,18 +378,19 @@ class Store(ABC):
         """Store a payload under its hash, durably; ``False`` when it was already there (dedup).
         ``chunks``: its marker's chunk hashes, when the caller computed them with the hash."""
 
-    @abstractmethod
     def stage_blob(self, data: memoryview | bytes | bytearray) -> Staged:
-        """First half of a pipelined write (a save): the part that may run beside hashing."""
+        """First half of a pipelined write (a save): the part that may run beside hashing. Here:
+        nothing to stage (the bytes, as a view)."""
+        return Staged(None, memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data))
 
-    @abstractmethod
     def publish_blob(self, staged: Staged, digest: str, chunks: ChunkDigests | None, *, flush: bool = True) -> None:
         """Second half: make a staged payload the blob ``digest``. ``flush=False`` leaves the
-        flush of its folder to :meth:`flush_blobs` (once for many blobs)."""
+        flush of its folder to :meth:`flush_blobs` (once for many blobs). Here: :meth:`write_blob`."""
+        self.write_blob(digest, staged.view, chunks=chunks)
 
-    @abstractmethod
     def flush_blobs(self, digests: Collection[str]) -> None:
-        """Make the blobs published with ``flush=False`` durable."""
+        """Make the blobs published with ``flush=False`` durable (here: they are once written)."""
+        return
 
     @abstractmethod
     def blob_writer(self, nbytes: int) -> BlobWriter:
@@ -433,14 +442,30 @@ class Store(ABC):
     def blobs(self) -> dict[str, BlobStat]:
         """Every stored blob (payloads and packs, by file name); links are never listed."""
 
-    @abstractmethod
     def remove_blobs(self, keys: Collection[str]) -> None:
-        """Delete blobs by key (what they carry with them, too); missing ones are skipped."""
+        """Delete blobs by key (what they carry with them, too); missing ones are skipped. Here:
+        one :meth:`remove` each."""
+        for key in keys:
+            self.remove(key)
 
-    @abstractmethod
     def verify_blobs(self, blobs: Mapping[str, int], members: Mapping[str, Collection[tuple[str, int]]]) -> BlobCheck:
         """Check ``blobs`` (``{digest: nbytes}``) and the pack ``members`` (pack digest ->
-        ``(member digest, nbytes)``) as deeply as this store can without downloading them."""
+        ``(member digest, nbytes)``) as deeply as this store can without downloading them. Here:
+        presence and size of each blob from one listing (:meth:`blobs`); not their hashes (that
+        would download everything: ``load(..., verify=True)`` hashes what it downloads), nor pack
+        members."""
+        sizes = {name: stat.size for name, stat in self.blobs().items()}
+        check = BlobCheck(note="payload sizes checked from the listing of blobs, not their hashes")
+        for digest, nbytes in sorted(blobs.items()):
+            found = sizes.get(digest.partition(":")[2])
+            if found is None:
+                check.damaged[digest] = "missing"
+            elif found != nbytes:
+                check.damaged[digest] = f"{found} bytes, expected {nbytes}"
+            else:
+                check.checked += 1
+                check.bytes += nbytes
+        return check
 
     # ------------------------------------------------------------------------------ locks
 
@@ -460,19 +485,22 @@ class Store(ABC):
 
     # ------------------------------------------------------------------------------ upkeep
 
-    @abstractmethod
     def clean_staging(self, cutoff: float, *, dry_run: bool = False) -> int:
-        """Remove staging older than ``cutoff`` left by writers that are gone; returns how many."""
+        """Remove staging older than ``cutoff`` left by writers that are gone; returns how many
+        (here none: nothing is visible before its single final write, so there is no staging area)."""
+        return 0
 
-    @abstractmethod
     def audit(self) -> Audit:
-        """Entries that are not part of the repo's layout, and links (fsck)."""
+        """Entries that are not part of the repo's layout, and links (fsck). Here none are looked
+        for: a store of keys has no links, and keys the layout does not name are not listed."""
+        return Audit()
 
-    @abstractmethod
     def quarantine(self) -> Quarantine:
-        """A new quarantine run for ``fsck --repair``.
+        """A new quarantine run for ``fsck --repair`` (where :attr:`can_repair`).
 
         Raises:
-            UsageError: this store cannot move things aside (an object store).
+            UsageError: this store cannot move things aside (here: never).
         """
+        raise UsageError(f"fsck --repair works on local repos only ({self.location}); pull what you need into "
+                         "a local repo and repair that")
 

@@ -18,11 +18,12 @@ import modulelens
 from modulelens.errors import UsageError
 from modulelens.interfaces.cli import app
 from modulelens.repo import registry
-from modulelens.repo._objects import ObjectStore
+from modulelens.repo._objects import FsspecObjects
 from modulelens.repo._objects_memory import MemoryObjects
 from modulelens.repo._objects_s3 import S3Objects
+from modulelens.repo._objects_sqlite import SqliteObjects
 from modulelens.repo.local import LocalStore
-from modulelens.repo.registry import open_store, register_store, registered_schemes
+from modulelens.repo.registry import object_store, open_store, register_store, registered_schemes
 from modulelens.repo.remote import RemoteStore
 from modulelens.repo.store import Store
 
@@ -47,10 +48,13 @@ def _capture_into(repo: modulelens.Repo, name: str) -> tuple[str, torch.Tensor]:
 
 
 def test_the_built_in_schemes_are_registered_with_their_server_operations(tmp_path: Path) -> None:
-    assert {"", "file", "memory", "s3", "s3a"} <= set(registered_schemes())
+    assert {"", "file", "memory", "s3", "s3a", "sqlite"} <= set(registered_schemes())
     assert isinstance(open_store(tmp_path / "a"), LocalStore)
     memory = open_store(f"memory://registry-{uuid.uuid4().hex[:8]}")
     assert isinstance(memory, RemoteStore) and type(memory.objects) is MemoryObjects
+    sqlite = open_store(f"sqlite://{tmp_path}/team.db")
+    assert isinstance(sqlite, RemoteStore) and type(sqlite.objects) is SqliteObjects
+    assert not (tmp_path / "team.db").exists()  # opening the store reads and writes nothing
     for scheme in ("s3", "s3a"):  # building the client sends no request
         s3 = open_store(f"{scheme}://some-bucket/prefix", storage_options={"anon": True})
         assert isinstance(s3, RemoteStore) and type(s3.objects) is S3Objects
@@ -73,6 +77,30 @@ def test_a_registered_scheme_opens_its_store_for_save_and_load(tmp_path: Path) -
     listing = CliRunner().invoke(app, ["ls", "--repo", "team://ranking", "--json"])
     assert listing.exit_code == 0, listing.output
     assert [v["ref"] for v in json.loads(listing.output)["result"]] == [ref]
+
+
+def test_a_new_backend_is_one_class_and_one_registration_line(tmp_path: Path) -> None:
+    """``object_store`` turns an object backend (here the SQLite one, under a team's own scheme)
+    into a store factory: capture, load, replay and the CLI work on the new scheme; the class may
+    also be named by where to import it from, imported on first use."""
+    register_store("teamdb", object_store(SqliteObjects))
+    url = f"teamdb://{tmp_path}/ranking.db"
+    repo = modulelens.Repo(url)
+    assert isinstance(repo.store, RemoteStore) and type(repo.store.objects) is SqliteObjects
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    batch = torch.randn(2, 4)
+    with modulelens.capture(model, targets="Linear", repo=url, name="head", strict=True) as cap:
+        model(batch)
+    ref = cap.wait(timeout=60)[0].ref  # (staged locally, uploaded in the background: a remote store)
+    loaded = modulelens.load(ref, repo=url)
+    assert loaded.replay().passed
+    with torch.no_grad():
+        assert torch.equal(loaded.calls[0].output, model[0](batch))
+    listing = CliRunner().invoke(app, ["ls", "--repo", url, "--json"])
+    assert listing.exit_code == 0, listing.output
+    assert [v["ref"] for v in json.loads(listing.output)["result"]] == [ref]
+    register_store("teamdb2", object_store("modulelens.repo._objects_sqlite:SqliteObjects"))
+    assert [v.ref for v in modulelens.Repo(f"teamdb2://{tmp_path}/ranking.db").list()] == [ref]
 
 
 def test_a_capture_into_a_registered_local_scheme_is_saved_directly_not_staged(tmp_path: Path) -> None:
@@ -126,7 +154,7 @@ def test_any_protocol_fsspec_knows_is_a_remote_repo_over_its_generic_operations(
     fsspec.register_implementation(scheme, PrivateMemory)
     assert scheme not in registered_schemes()
     repo = modulelens.Repo(f"{scheme}://captures")
-    assert isinstance(repo.store, RemoteStore) and type(repo.store.objects) is ObjectStore
+    assert isinstance(repo.store, RemoteStore) and type(repo.store.objects) is FsspecObjects
     assert not repo.store.objects.atomic  # fsspec's exclusive create only: said, not assumed
     assert repo.list() == []
     objects = repo.store.objects

@@ -1,7 +1,8 @@
-"""Remote repos against a real S3 server (SeaweedFS on loopback) and fsspec's memory://.
+"""Remote repos against a real S3 server (SeaweedFS on loopback), fsspec's memory:// and a SQLite file.
 
 No mocks: every S3 request goes to the `weed` server started for this module; "fresh process"
-means a child Python; "network stopped" means the server is killed.
+means a child Python; "network stopped" means the server is killed. The SQLite backend's
+conditional writes are raced by real processes sharing its file.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _cached_blobs(cache: Path) -> set[str]:
 # ------------------------------------------------------------------------------ basics on both stores
 
 
-@pytest.mark.parametrize("kind", ["local", "memory", "s3"])
+@pytest.mark.parametrize("kind", ["local", "memory", "sqlite", "s3"])
 def test_versions_aliases_reports_and_removal(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """One behaviour on every kind of storage (the same Repo API over a directory and object stores)."""
@@ -77,7 +78,8 @@ def test_versions_aliases_reports_and_removal(kind: str, request: pytest.Fixture
         url = _url()
     else:
         monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
-        url = str(tmp_path / "local") if kind == "local" else f"memory://modulelens-{uuid.uuid4().hex[:8]}"
+        url = {"local": str(tmp_path / "local"), "memory": f"memory://modulelens-{uuid.uuid4().hex[:8]}",
+               "sqlite": f"sqlite://{tmp_path}/team.db"}[kind]
     repo = modulelens.Repo(url)
     assert repo.is_remote == (kind != "local") and not repo.trust_source and repo.location == url
     module = nn.Linear(8, 8)
@@ -106,6 +108,63 @@ def test_alias_compare_and_swap_on_s3(env: dict[str, str]) -> None:
     assert store.replace(key, b"3", tag)
     assert not store.replace(key, b"4", tag)  # If-Match with a stale ETag is refused
     assert store.read(key) == b"3"
+
+
+# ------------------------------------------------------------------------------ a SQLite file shared by processes
+
+_SWAP_CHILD = """
+import sys
+from modulelens.repo.registry import open_store
+store = open_store(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    while True:  # a read-modify-write: what an alias move or a name's index head does
+        data, tag = store.read_tagged("names/counter/aliases/count")
+        if store.swap("names/counter/aliases/count", str(int(data or b"0") + 1).encode(), tag) is not None:
+            break
+"""
+
+
+def test_sqlite_compare_and_swap_loses_no_update_between_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four processes each add one to a counter 25 times through read_tagged and swap: a swap that
+    let two writers win from the same read would lose an increment."""
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    url = f"sqlite://{tmp_path}/team.db"
+    repo = modulelens.Repo(url)
+    env = subprocess_env(MODULELENS_CACHE=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([PYTHON, "-c", _SWAP_CHILD, url, "25"], stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(4)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for e in errors]
+    assert repo.store.read("names/counter/aliases/count") == b"100"
+
+
+def test_sqlite_concurrent_saves_and_gc_from_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Savers in three processes race for version numbers (a conditional create of each
+    capture.json) while this process collects garbage: every save gets its own number, none is
+    broken by gc, the orphan goes, and fsck finds the file sound."""
+    monkeypatch.setenv("MODULELENS_CACHE", str(tmp_path / "cache"))
+    url = f"sqlite://{tmp_path}/team.db"
+    repo = modulelens.Repo(url)
+    orphan = b"not referenced by any version"
+    repo.write_blob(hash_bytes(orphan), orphan)
+    env = subprocess_env(MODULELENS_CACHE=str(tmp_path / "child-cache"))
+    procs = [subprocess.Popen([PYTHON, "-m", "save_worker", url, "shared/lin", "4", str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for seed in range(3)]
+    removed, collections = 0, 0
+    while any(p.poll() is None for p in procs) or collections == 0:
+        removed += repo.gc(grace_s=0).removed_blobs
+        collections += 1
+        time.sleep(0.3)
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    refs = [ref for out, _ in outputs for ref in out.split()]
+    assert sorted(refs, key=lambda r: int(r.rsplit("v", 1)[1])) == [f"shared/lin:v{n}" for n in range(1, 13)]
+    assert repo.version_numbers("shared/lin") == list(range(1, 13))
+    assert removed >= 1 and not repo.has_blob(hash_bytes(orphan))
+    for version in (1, 6, 12):
+        assert modulelens.load(f"shared/lin:v{version}", repo=url, verify=True).replay().passed
+    report = repo.fsck()
+    assert report.problems == [] and report.versions == 12, report
 
 
 # ------------------------------------------------------------------------------ the issue's scenarios
@@ -202,7 +261,7 @@ def test_push_killed_midway_leaves_no_version_and_rerun_completes(env: dict[str,
     assert killed, "every push finished before it could be killed"
 
 
-def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Path) -> None:
+def test_push_pull_round_trip_local_s3_memory_sqlite(env: dict[str, str], tmp_path: Path) -> None:
     local = modulelens.Repo(tmp_path / "local")
     module = nn.Linear(512, 512)  # a 1 MiB weight (its own blob) and small payloads (one pack per save)
     _save(local, module, "ranker/mlp", tags=["nightly"], metadata={"run": "r1"})
@@ -225,9 +284,11 @@ def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Pat
     s3_repo = modulelens.Repo(s3_url)
     memory = modulelens.Repo(memory_url)
     memory.pull(s3_repo, "ranker/mlp", aliases=True)
+    sqlite = modulelens.Repo(f"sqlite://{tmp_path}/team.db")
+    sqlite.pull(memory_url, "ranker/mlp", aliases=True)
     back = modulelens.Repo(tmp_path / "back")
-    back.pull(memory_url, "ranker/mlp", aliases=True)
-    for repo in (s3_repo, memory, back):
+    back.pull(sqlite, "ranker/mlp", aliases=True)
+    for repo in (s3_repo, memory, sqlite, back):
         assert repo.version_numbers("ranker/mlp") == [1, 2]
         assert repo.resolve("ranker/mlp:golden") == ("ranker/mlp", 1)
         assert repo.info("ranker/mlp", 1).tags == ("nightly",)
@@ -235,6 +296,7 @@ def test_push_pull_round_trip_local_s3_memory(env: dict[str, str], tmp_path: Pat
         assert [r["ms"] for r in repo.reports("ranker/mlp:v1", "profile")] == [2.0]
     assert modulelens.load("ranker/mlp:golden", repo=back).replay().passed
     assert back.pull(memory_url, "ranker/mlp").bytes_copied == 0
+    assert sqlite.push("ranker/mlp", back).bytes_copied == 0
 
 
 def test_gc_concurrent_with_saves_never_breaks_a_save(env: dict[str, str]) -> None:
