@@ -300,7 +300,7 @@ def captures_html(rows: Sequence[dict[str, Any]], root: str) -> str:
                                                             cells))
 
 
-_FORMATTERS = (("modulelens.restore.loader", "Capture", capture_html), ("modulelens.restore.loader", "Call", call_html),
+_FORMATTERS = (("modulelens.restore.loader", "Capture", capture_html), ("modulelens.restore.calls", "Call", call_html),
                ("modulelens.restore.replay", "ReplayReport", replay_html))
 
 
