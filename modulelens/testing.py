@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from modulelens.errors import MatchError
 
 if TYPE_CHECKING:
+    import os
+
     import torch
 
+    from modulelens.repo import Repo
     from modulelens.restore.loader import Capture
     from modulelens.tools.verify import VerifyReport
 
@@ -41,7 +44,7 @@ def assert_matches(
     atol: float | None = None,
     *,
     calls: Sequence[int] | None = None,
-    repo: Any = None,
+    repo: Repo | str | os.PathLike[str] | None = None,
     ulps: float | Mapping[str, float] | None = None,
     oracle: bool | None = None,
 ) -> VerifyReport:
@@ -147,7 +150,8 @@ def assert_matches(
     raise MatchError("\n".join([header, *(f"  {line}" for line in lines)]))
 
 
-def _per_state_candidate(module: Any, capture: Capture, first_state: int) -> tuple[Any, str]:
+def _per_state_candidate(module: torch.nn.Module | type[torch.nn.Module], capture: Capture,
+                         first_state: int) -> tuple[torch.nn.Module | type[torch.nn.Module], str]:
     """What ``verify`` gets when the weights changed between calls, and how each call's module is made.
 
     A class goes as it is (``verify`` builds it per state). An instance whose state dict takes the

@@ -98,7 +98,8 @@ def many_reports(repo: modulelens.Repo, ref: str, count: int = 3_000) -> None:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for i in range(count):
         kind = "profile" if i % 2 else "verify"
-        data: dict[str, Any] = {"kind": kind, "created": f"{stamp[:-3]}{i % 60:02d}Z", "ref": ref}
+        created = f"{stamp[:-3]}{i % 60:02d}Z"  # in the file name too, as the tools write it (newest first reads it there)
+        data: dict[str, Any] = {"kind": kind, "created": created, "ref": ref}
         if kind == "profile":
             data.update(latency={"median_ms": 1.0 + i % 7, "p10_ms": 0.9, "p90_ms": 1.2, "iterations": 20},
                         memory={"peak_bytes": 1 << 20}, device="cpu", mode="eval",
@@ -108,7 +109,7 @@ def many_reports(repo: modulelens.Repo, ref: str, count: int = 3_000) -> None:
         else:
             data.update(candidate="cands.py:Fast", passed=True, calls=[{"index": 0, "passed": True,
                                                                      "max_abs_error": 0.0, "max_rel_error": 0.0}])
-        (folder / f"{kind}-{stamp}-{i:08x}.json").write_text(json.dumps(data, indent=1))
+        (folder / f"{kind}-{created}-{i:08x}.json").write_text(json.dumps(data, indent=1))
 
 
 def mathtext_reports(repo: modulelens.Repo, ref: str) -> None:

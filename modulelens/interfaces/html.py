@@ -35,7 +35,7 @@ _CELL = "border:1px solid #d0d7de;padding:2px 6px;text-align:left;font-family:mo
 _HEAD = _CELL + ";background:#f6f8fa;font-weight:600"
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     """HTML-escape ``str(value)``."""
     return html.escape(str(value), quote=True)
 
@@ -48,7 +48,7 @@ def badge(passed: bool | None, text: str | None = None) -> str:
             f'padding:1px 6px;border-radius:3px;font-weight:600">{esc(label)}</span>')
 
 
-def fmt_number(value: Any) -> str:
+def fmt_number(value: object) -> str:
     """Numbers as the CLI prints them (:func:`~modulelens.format.human.human_number`); booleans as text."""
     if isinstance(value, bool):
         return str(value)
@@ -175,13 +175,13 @@ def replay_html(report: ReplayReport) -> str:
     return _wrap(head + cannot + body + located + notes)
 
 
-def result_html(title: str, data: Any, passed: bool | None = None) -> str:
+def result_html(title: str, data: object, passed: bool | None = None) -> str:
     """Generic HTML for a tool result (profile, verify...) given as JSON-ready data."""
     head = f"<div>{badge(passed) + ' ' if passed is not None else ''}<b>{esc(title)}</b></div>"
     return _wrap(head + _data_html(data, depth=0))
 
 
-def _data_html(data: Any, depth: int) -> str:
+def _data_html(data: object, depth: int) -> str:
     if isinstance(data, dict) and depth < 3:
         rows = [[esc(k), _data_html(v, depth + 1)] for k, v in data.items()]
         return table(("key", "value"), rows, raw=True)

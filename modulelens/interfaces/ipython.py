@@ -26,7 +26,7 @@ import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -38,13 +38,24 @@ from modulelens.interfaces import session
 from modulelens.interfaces._errors import KNOWN_ERRORS, error_message
 from modulelens.interfaces.output import safe_text
 
+if TYPE_CHECKING:
+    from modulelens.kernels.export import ExportResult
+    from modulelens.restore.loader import Capture
+    from modulelens.restore.replay import ReplayReport
+
 MAGICS = ("ml_ls", "ml_load", "ml_replay", "ml_profile", "ml_verify", "ml_diff", "ml_export")
+
+
+class _Report(Protocol):
+    """What a tool report offers the notebook: its JSON form (its text is ``str(report)``)."""
+
+    def to_dict(self) -> dict[str, object]: ...
 
 
 class ResultView:
     """A tool report shown as a compact HTML summary in Jupyter and as the report's text in a terminal."""
 
-    def __init__(self, report: Any, render: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(self, report: _Report, render: Callable[[dict[str, object]], str]) -> None:
         self.report = report
         self._render = render
 
@@ -119,7 +130,7 @@ class ModulelensMagics(Magics):
             raise RuntimeError("the %ml_* magics are used before being registered with a shell")
         return self.shell
 
-    def _capture(self, ref: str, repo: str | None = None, device: str | None = None, dtype: str | None = None) -> Any:
+    def _capture(self, ref: str, repo: str | None = None, device: str | None = None, dtype: str | None = None) -> Capture:
         """The capture a variable holds (used as is, edits included), else ``ref`` loaded from the repo."""
         from modulelens.restore.loader import Capture
 
@@ -197,7 +208,7 @@ class ModulelensMagics(Magics):
               help="Run the module with its current weights (your edits) instead of each call's recorded ones.")
     @argument("--calls", default=None, help="Recorded calls to replay, by position: 0,2 (default: all).")
     @line_magic
-    def ml_replay(self, line: str) -> Any:
+    def ml_replay(self, line: str) -> ReplayReport:
         """Replay every recorded call and compare with the recorded outputs (a ReplayReport)."""
         args = parse_argstring(self.ml_replay, line)
         capture = self._capture(args.ref, args.repo, args.device, args.dtype)
@@ -310,10 +321,10 @@ class ModulelensMagics(Magics):
 class _ExportView:
     """An export result with the text form the other reports have."""
 
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: ExportResult) -> None:
         self.result = result
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return self.result.to_dict()
 
     def __str__(self) -> str:

@@ -34,7 +34,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -79,27 +79,28 @@ _RUNS_CANDIDATE = ToolAnnotations(read_only_hint=False, destructive_hint=False, 
 _WRITES_FILES = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
                                 open_world_hint=False)
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _result(value: Any) -> dict[str, Any]:
+def _result(value: object) -> dict[str, object]:
     """A tool's structured content: a JSON object."""
     data = jsonable(value)
     return data if isinstance(data, dict) else {"result": data}
 
 
-def _one_line_errors(func: F) -> F:
+def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Known errors become MCP tool errors with one line saying what failed (the SDK puts
     ``Error executing tool <name>:`` in front)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except KNOWN_ERRORS as error:
             raise ToolError(error_message(error)) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _check_candidate_path(candidate: str) -> None:
@@ -112,7 +113,7 @@ def _check_candidate_path(candidate: str) -> None:
 
 def verify_in_subprocess(repo: str | None, ref: str, candidate: str, *, device: str | None, dtype: str | None,
                          rtol: float | None, atol: float | None, timing: bool, store: bool,
-                         timeout_s: float, ulps: str | None = None, oracle: bool | None = None) -> dict[str, Any]:
+                         timeout_s: float, ulps: str | None = None, oracle: bool | None = None) -> dict[str, object]:
     """``modulelens verify --json`` in a child process: the candidate's crash or hang stays there.
 
     Returns:
@@ -128,7 +129,7 @@ def verify_in_subprocess(repo: str | None, ref: str, candidate: str, *, device: 
 
 
 def run_cli_json(arguments: list[str], repo: str | None, *, device: str | None, dtype: str | None, rtol: float | None,
-                 atol: float | None, store: bool, timeout_s: float) -> dict[str, Any]:
+                 atol: float | None, store: bool, timeout_s: float) -> dict[str, object]:
     """``modulelens ARGUMENTS --json`` in a child process (a candidate's crash or hang stays there).
 
     Returns:
@@ -178,7 +179,7 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
     @_one_line_errors
     def list_captures(
         prefix: Annotated[str | None, Field(description="Only names equal to or under this prefix.")] = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """List stored captures (every version): ref, module class, aliases, size, creation time."""
         store = session.open_repo(repo, create=True)
         return _result({"repo": store.location, "captures": session.list_versions(store, prefix)})
@@ -189,7 +190,7 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
         ref: RefArg,
         stats: Annotated[bool, Field(description="Compute min/max/mean/std/non-finite of recorded tensors.")] = True,
         max_parameters: Annotated[int, Field(ge=0, description="At most this many parameter rows.")] = 50,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Describe a capture: class, constructor arguments, parameters, and each recorded call's
         input/output tensors with shape, dtype, device and summary statistics."""
         from modulelens.interfaces.tensor_info import call_rows, state_rows
@@ -208,7 +209,7 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
     @server.tool(annotations=_READS)
     @_one_line_errors
     def replay_capture(ref: RefArg, device: DeviceArg = None, dtype: DtypeArg = None, rtol: RtolArg = None,
-                       atol: AtolArg = None, ulps: UlpsArg = None) -> dict[str, Any]:
+                       atol: AtolArg = None, ulps: UlpsArg = None) -> dict[str, object]:
         """Rebuild the module and run every recorded call, comparing with the recorded outputs (each
         float leaf's error in ULPs: ``max_ulps``). ``status``: PASS, FAIL on a mismatch (a result, not an
         error), or UNVERIFIED (never a pass) with ``unverified`` naming why nothing could be compared
@@ -227,7 +228,7 @@ def _register_reading_tools(server: MCPServer, repo: str | None) -> None:
         outputs: Annotated[bool, Field(description="Replay B's module on A's inputs and compare outputs.")] = True,
         rtol: RtolArg = None,
         atol: AtolArg = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """What differs between two captures: constructor arguments, weights, input statistics, outputs."""
         from modulelens.tools.diff import diff
 
@@ -249,7 +250,7 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         warmup: Annotated[int, Field(ge=0, description="Untimed iterations first.")] = 5,
         batch_sizes: Annotated[list[int] | None, Field(description="Sweep the batch size on synthetic inputs.")] = None,
         store: StoreArg = False,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Latency (median/p10/p90), peak memory, FLOPs, bytes moved and top operators on a recorded call."""
         from modulelens.tools.profile import profile
         from modulelens.tools.timing import TimingConfig
@@ -274,7 +275,7 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         timing: Annotated[bool, Field(description="Time reference and candidate.")] = True,
         timeout_s: TimeoutArg = 300.0,
         store: StoreArg = False,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Run a candidate implementation on every recorded call, in a child process with a timeout,
         and compare with the recorded outputs (each float leaf's error in ULPs). ``passed`` false is a
         result: ``status`` FAIL with ``failures``, or UNVERIFIED with ``unverified`` (nothing recorded
@@ -300,7 +301,7 @@ def _register_running_tools(server: MCPServer, repo: str | None) -> None:
         atol: AtolArg = None,
         timeout_s: TimeoutArg = 300.0,
         store: StoreArg = False,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Name the first op where a rewrite (or this machine's replay) parts from the reference: module path,
         op, source line, error in ULPs, and the last op that still agreed. ``passed`` false is a result; ``status``
         UNVERIFIED (never a pass): nothing could be compared (outputs shape-only, None, only NaN, no calls)."""
@@ -332,7 +333,7 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
         oracle: OracleArg = None,
         timeout_s: TimeoutArg = 300.0,
         store: StoreArg = False,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """``modulelens kernel verify``: static checks, then the candidate kernel on the recorded calls and
         random inputs in worker processes with a timeout, judged in ULPs against a float64 oracle and
         probed for known exploits (``failed_checks`` names what failed); ``passed`` false is a result.
@@ -362,7 +363,7 @@ def _register_kernel_tools(server: MCPServer, repo: str | None) -> None:
         check: Annotated[bool, Field(description="Exec problem.py as KernelBench does and compare.")] = True,
         rtol: RtolArg = None,
         atol: AtolArg = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Export the capture as a self-contained KernelBench/KernelAgent problem (reference module, inputs, checker)."""
         from modulelens.kernels.export import export_kernelbench
 

@@ -26,7 +26,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,13 +44,15 @@ _OTHER_UNSAFE = "\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\u2028
 _UNSAFE_IN_RUNNING_TEXT = re.compile(f"[\x00-\x08{_OTHER_UNSAFE}]")
 _UNSAFE_IN_ONE_LINE = re.compile(f"[\x00-\x0a{_OTHER_UNSAFE}]")
 
+T = TypeVar("T")
+
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def safe_text(text: Any, *, one_line: bool = False) -> str:
+def safe_text(text: object, *, one_line: bool = False) -> str:
     """``text`` with every character a terminal could act on written out as an escape: ``\\x1b``, ``\\u202e``.
 
     The one function every human output uses (the module docstring says where). A newline and a
@@ -76,7 +78,7 @@ def safe_tree(value: Any) -> Any:
     return _escaped_tree(value)
 
 
-def _nothing_to_escape(value: Any) -> bool:
+def _nothing_to_escape(value: object) -> bool:
     """Whether no string in ``value`` holds a character :func:`safe_text` would escape, in one pass in C.
 
     JSON without ``ensure_ascii`` writes a string's characters as they are, except the quote, the
@@ -91,7 +93,7 @@ def _nothing_to_escape(value: Any) -> bool:
     return text.isprintable() and "\\" not in text
 
 
-def _escaped_tree(value: Any) -> Any:
+def _escaped_tree(value: object) -> object:
     if isinstance(value, str):
         return safe_text(value)
     if isinstance(value, dict):
@@ -137,7 +139,7 @@ class _DeferredConsole:
         self._stderr = stderr
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if self._console is None:
             self._console = _safe_classes()[0](stderr=self._stderr)
         return getattr(self._console, name)
@@ -147,7 +149,7 @@ console: Console = _DeferredConsole()  # type: ignore[assignment]
 err_console: Console = _DeferredConsole(stderr=True)  # type: ignore[assignment]
 
 
-def rich_table(*args: Any, **kwargs: Any) -> Table:
+def rich_table(*args: object, **kwargs: object) -> Table:
     """A :class:`rich.table.Table` whose title and cells go through :func:`safe_text` (rich
     imported on first use, see the module docstring)."""
     return _safe_classes()[1](*args, **kwargs)
@@ -235,7 +237,7 @@ def _line_width(header: Sequence[str], rows: Sequence[Sequence[str]], count: int
     return sum(max(len(str(row[i])) for row in (header, *rows)) for i in range(count)) + 2 * (count - 1)
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> object:
     """``value`` as plain JSON data, shared by ``--json`` and the MCP server.
 
     Objects with ``to_dict()`` (reports) become their dicts, paths and other objects their
@@ -254,7 +256,7 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def emit_json(command: str, *, result: Any = None, error_type: str | None = None, message: str = "",
+def emit_json(command: str, *, result: object = None, error_type: str | None = None, message: str = "",
               exit_code: int = 0) -> None:
     """Print the one JSON object of a ``--json`` run: the result, or the error when ``error_type`` is set."""
     payload: dict[str, Any] = {"schema": JSON_SCHEMA, "command": command, "ok": error_type is None}
@@ -266,7 +268,7 @@ def emit_json(command: str, *, result: Any = None, error_type: str | None = None
     sys.stdout.flush()
 
 
-def emit(command: str, as_json: bool, result: Any, render: Callable[[Any], None]) -> None:
+def emit(command: str, as_json: bool, result: T, render: Callable[[T], None]) -> None:
     """``--json``: print ``result`` in the JSON envelope; otherwise ``render(result)`` for people,
     every string of ``result`` through :func:`safe_text` (see the module docstring)."""
     if as_json:

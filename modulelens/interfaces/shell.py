@@ -9,24 +9,28 @@ IPython reads commands line by line, so the shell can be scripted: ``echo 'modul
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from modulelens.errors import MissingDependencyError, ModulelensError, UsageError
 from modulelens.interfaces import session
 from modulelens.interfaces.output import safe_text
 from modulelens.interfaces.tensor_info import describe_value
 
+if TYPE_CHECKING:
+    from modulelens.restore.loader import Capture
+
 BOUND_NAMES = ("capture", "module", "calls", "args", "kwargs", "output")
 
 
-def shell_namespace(capture: Any, call: int = 0) -> tuple[dict[str, Any], list[str]]:
+def shell_namespace(capture: Capture, call: int = 0) -> tuple[dict[str, object], list[str]]:
     """The names the shell binds for ``capture`` and notes about what could not be bound."""
     import torch
 
     import modulelens
 
     notes: list[str] = []
-    namespace: dict[str, Any] = {"capture": capture, "calls": capture.calls, "torch": torch, "modulelens": modulelens,
+    namespace: dict[str, object] = {"capture": capture, "calls": capture.calls, "torch": torch, "modulelens": modulelens,
                                  "module": None, "args": (), "kwargs": {}, "output": None}
     try:
         namespace["module"] = capture.module
@@ -47,7 +51,7 @@ def shell_namespace(capture: Any, call: int = 0) -> tuple[dict[str, Any], list[s
     return namespace, notes
 
 
-def banner(capture: Any, namespace: dict[str, Any], notes: list[str], call: int) -> str:
+def banner(capture: Capture, namespace: Mapping[str, object], notes: list[str], call: int) -> str:
     """The text printed when the shell starts: what was loaded and which names are bound."""
     lines = [f"modulelens shell: {capture.ref} ({capture.module_class})", "", "bound names:"]
     descriptions = {

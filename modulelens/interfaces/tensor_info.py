@@ -33,7 +33,7 @@ _SAMPLE_RUNS = 64
 HISTOGRAM_BINS = 40
 
 
-def display_stats(capture: RecordedTensors, tid: str) -> dict[str, Any] | None:
+def display_stats(capture: RecordedTensors, tid: str) -> dict[str, object] | None:
     """Statistics of recorded tensor ``tid`` for a table, or ``None`` when it is empty, shape-only
     or over :data:`MAX_STATS_NUMEL` elements (reading it all would make a summary slow)."""
     from modulelens.format.shape_only import tensor_stats
@@ -49,7 +49,7 @@ def display_stats(capture: RecordedTensors, tid: str) -> dict[str, Any] | None:
     return tensor_stats(capture.tensor(tid), quantiles=False)
 
 
-def tensor_row(capture: RecordedTensors, tid: str, label: str, *, stats: bool = True) -> dict[str, Any]:
+def tensor_row(capture: RecordedTensors, tid: str, label: str, *, stats: bool = True) -> dict[str, object]:
     """One table row for recorded tensor ``tid`` (device is where it lived in the original job)."""
     entry = capture.metadata["tensors"][tid]
     row: dict[str, Any] = {"path": label, "kind": "tensor", "id": tid, "shape": list(entry["shape"]),
@@ -84,14 +84,14 @@ def tree_rows(
     return rows
 
 
-def _short_value(leaf: Any) -> Any:
+def _short_value(leaf: object) -> object:
     if isinstance(leaf, (bool, int, float, str)) or leaf is None:
         return leaf
     text = repr(leaf)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def call_rows(call: Call, *, stats: bool = True) -> dict[str, list[dict[str, Any]]]:
+def call_rows(call: Call, *, stats: bool = True) -> dict[str, list[dict[str, object]]]:
     """``{"inputs": rows, "outputs": rows}`` for one recorded call."""
     return {"inputs": tree_rows(call.capture, call.input_tree, "inputs", stats=stats),
             "outputs": tree_rows(call.capture, call.output_tree, "output", stats=stats)}
@@ -99,7 +99,7 @@ def call_rows(call: Call, *, stats: bool = True) -> dict[str, list[dict[str, Any
 
 def state_rows(
     capture: RecordedTensors, index: int = 0, *, stats: bool = True, limit: int | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Rows for the parameters and buffers of recorded state ``index`` (first ``limit`` only)."""
     states = capture.metadata.get("states", [])
     if not states:
@@ -153,7 +153,7 @@ def value_sample(tensor: torch.Tensor, limit: int = SAMPLE_ELEMENTS) -> torch.Te
     return torch.cat([value_sample(tensor[i], max(1, limit // count)) for i in picks])
 
 
-def histogram(values: torch.Tensor, bins: int = HISTOGRAM_BINS) -> dict[str, Any] | None:
+def histogram(values: torch.Tensor, bins: int = HISTOGRAM_BINS) -> dict[str, object] | None:
     """Counts of the finite ``values`` in ``bins`` equal bins between their min and max.
 
     Returns:
@@ -187,7 +187,7 @@ def histogram(values: torch.Tensor, bins: int = HISTOGRAM_BINS) -> dict[str, Any
 
 
 def shared_histograms(first: torch.Tensor, second: torch.Tensor,
-                      bins: int = HISTOGRAM_BINS) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+                      bins: int = HISTOGRAM_BINS) -> tuple[dict[str, object] | None, dict[str, object] | None]:
     """:func:`histogram` of two tensors' finite values over the same bins (from the smaller of
     their minimums to the larger of their maximums), so they can be drawn over each other (the web
     UI's diff). A tensor without a finite value has ``None``.
@@ -234,7 +234,7 @@ def _finite(values: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_summary(capture: RecordedTensors, tid: str, *, bins: int = HISTOGRAM_BINS, limit: int = SAMPLE_ELEMENTS,
-                   sample: Callable[[str, int], torch.Tensor] | None = None) -> dict[str, Any]:
+                   sample: Callable[[str, int], torch.Tensor] | None = None) -> dict[str, object]:
     """Statistics and a histogram of recorded tensor ``tid``, from a sample when it is big.
 
     Args:
@@ -278,7 +278,7 @@ def tensor_summary(capture: RecordedTensors, tid: str, *, bins: int = HISTOGRAM_
     return summary
 
 
-def describe_value(value: Any) -> str:
+def describe_value(value: object) -> str:
     """A short one-line description of a bound value (``float32[4, 8] cpu``, ``tuple of 2``...)."""
     import torch
 

@@ -14,8 +14,7 @@ Long values are shortened, never silently: a container shows its first ``max_ite
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 __all__ = ["argument_texts", "call_text", "construction_text", "dotted", "python_like", "short_class", "spec_leaf_paths",
            "spec_leaf_window"]
@@ -35,11 +34,11 @@ _GENERIC_CONFIG_KEYS = frozenset({
 
 
 def python_like(
-    value: Any,
-    metadata: Mapping[str, Any] | None = None,
+    value: object,
+    metadata: Mapping[str, object] | None = None,
     *,
-    constructions: Mapping[str, Any] | None = None,
-    tensors: Mapping[str, Any] | None = None,
+    constructions: Mapping[str, object] | None = None,
+    tensors: Mapping[str, object] | None = None,
     max_items: int = _MAX_ITEMS,
     limit: int | None = None,
 ) -> str:
@@ -63,14 +62,22 @@ def python_like(
         '(1, torch.float32)'
     """
     meta = metadata or {}
-    text = _Renderer(constructions or meta.get("constructions") or {}, tensors or meta.get("tensors") or {},
+    text = _Renderer(constructions or _mapping(meta.get("constructions")), tensors or _mapping(meta.get("tensors")),
                      max_items).render(value)
     if limit is not None and len(text) > limit:
         return text[: max(limit - 1, 0)] + "…"
     return text
 
 
-def call_text(class_path: str, args: list[Any], kwargs: Any, **options: Any) -> str:
+def call_text(
+    class_path: str,
+    args: Sequence[object],
+    kwargs: object,
+    *,
+    constructions: Mapping[str, object] | None = None,
+    tensors: Mapping[str, object] | None = None,
+    max_items: int = _MAX_ITEMS,
+) -> str:
     """``Class(arg, key=value)`` for a construction record's class path, args and kwargs.
 
     Example::
@@ -78,26 +85,25 @@ def call_text(class_path: str, args: list[Any], kwargs: Any, **options: Any) -> 
         call_text("torch.nn.modules.linear:Linear", [4, 8], {"$type": "dict", "items": [["bias", False]]})
         # 'Linear(4, 8, bias=False)'
     """
-    renderer = _Renderer(options.get("constructions") or {}, options.get("tensors") or {},
-                         options.get("max_items", _MAX_ITEMS))
+    renderer = _Renderer(constructions or {}, tensors or {}, max_items)
     return renderer.call(class_path, args, kwargs)
 
 
-def construction_text(construction: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> str:
+def construction_text(construction: Mapping[str, object], metadata: Mapping[str, object] | None = None) -> str:
     """A recorded construction (``{"class", "args", "kwargs"}``) as a call: ``Linear(4, 8, bias=True)``."""
     meta = metadata or {}
-    return call_text(str(construction.get("class", "?")), construction.get("args") or [], construction.get("kwargs"),
-                     constructions=meta.get("constructions"), tensors=meta.get("tensors"))
+    return call_text(str(construction.get("class", "?")), _sequence(construction.get("args")), construction.get("kwargs"),
+                     constructions=_mapping(meta.get("constructions")), tensors=_mapping(meta.get("tensors")))
 
 
-def argument_texts(construction: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> dict[str, str]:
+def argument_texts(construction: Mapping[str, object], metadata: Mapping[str, object] | None = None) -> dict[str, str]:
     """Each constructor argument as text, by label: ``args[0]``, ``args[1]``..., then keyword names.
 
     Example::
 
         argument_texts({"class": "m:Lin", "args": [4], "kwargs": {"bias": True}})  # {'args[0]': '4', 'bias': 'True'}
     """
-    texts = {f"args[{i}]": python_like(v, metadata) for i, v in enumerate(construction.get("args") or [])}
+    texts = {f"args[{i}]": python_like(v, metadata) for i, v in enumerate(_sequence(construction.get("args")))}
     kwargs = construction.get("kwargs") or {}
     if isinstance(kwargs, Mapping):
         pairs = _Renderer({}, {}, 1)._pairs(kwargs) if "$type" in kwargs else list(kwargs.items())
@@ -105,28 +111,60 @@ def argument_texts(construction: Mapping[str, Any], metadata: Mapping[str, Any] 
     return texts
 
 
-def short_class(path: Any) -> str:
+def short_class(path: object) -> str:
     """``package.module:Outer.Name`` -> ``Outer.Name`` (the name as the user's code writes it)."""
     return (str(path).rpartition(":")[2] or str(path)) if isinstance(path, str) else repr(path)
 
 
-def dotted(path: Any) -> str:
+def dotted(path: object) -> str:
     """``"torch.nn.modules.linear:Linear"`` -> ``"torch.nn.modules.linear.Linear"``."""
     return str(path).replace(":", ".") if isinstance(path, str) else repr(path)
 
 
-def _is_identifier(key: Any) -> bool:
+def _is_identifier(key: object) -> bool:
     return isinstance(key, str) and key.isidentifier()
 
 
+def _mapping(value: object) -> Mapping[str, object]:
+    """``value`` if it is a JSON object, else an empty one (a part of the metadata that is missing)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _sequence(value: object) -> Sequence[object]:
+    """``value`` if it is a JSON array, else an empty one (arguments that were not recorded)."""
+    return value if isinstance(value, (list, tuple)) else []
+
+
+def _text(value: object) -> str:
+    """A string field of an encoding (a damaged one raises, and is shown by its tag)."""
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
+
+
+def _number(value: object) -> float:
+    """A number field of an encoding (a damaged one raises, and is shown by its tag)."""
+    if not isinstance(value, (int, float)):
+        raise TypeError("not a number")
+    return value
+
+
+def _items(value: Mapping[str, object], key: str = "items") -> Sequence[object]:
+    """An encoded container's ``items`` (a damaged encoding raises, and is shown by its tag)."""
+    items = value[key]
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"{key} is not a list")
+    return items
+
+
 class _Renderer:
-    def __init__(self, constructions: Mapping[str, Any], tensors: Mapping[str, Any], max_items: int) -> None:
+    def __init__(self, constructions: Mapping[str, object], tensors: Mapping[str, object], max_items: int) -> None:
         self.constructions = constructions
         self.tensors = tensors
         self.max_items = max(1, max_items)
         self._depth = 0
 
-    def render(self, value: Any) -> str:
+    def render(self, value: object) -> str:
         if value is None or isinstance(value, (bool, int, float, str)):
             return repr(value)
         if isinstance(value, list):
@@ -149,56 +187,56 @@ class _Renderer:
             parts = [*parts[: self.max_items], f"... +{len(parts) - self.max_items} more"]
         return ", ".join(parts)
 
-    def _pairs(self, encoded_dict: Any) -> list[tuple[Any, Any]]:
+    def _pairs(self, encoded_dict: object) -> list[tuple[object, object]]:
         """``[(key, value)]`` of an encoded dict (``{"$type": "dict", "items": [[k, v], ...]}``)."""
         if isinstance(encoded_dict, dict) and encoded_dict.get("$type") == "dict":
             return [(k, v) for k, v in encoded_dict.get("items", [])]
         return []
 
-    def _tuple(self, value: dict[str, Any]) -> str:
-        items = [self.render(v) for v in value["items"]]
+    def _tuple(self, value: Mapping[str, object]) -> str:
+        items = [self.render(v) for v in _items(value)]
         return "(" + self._join(items) + ("," if len(items) == 1 else "") + ")"
 
-    def _dict(self, value: dict[str, Any]) -> str:
+    def _dict(self, value: Mapping[str, object]) -> str:
         return "{" + self._join([f"{self.render(k)}: {self.render(v)}" for k, v in self._pairs(value)]) + "}"
 
-    def _set(self, value: dict[str, Any]) -> str:
-        return "{" + self._join([self.render(v) for v in value["items"]]) + "}" if value["items"] else "set()"
+    def _set(self, value: Mapping[str, object]) -> str:
+        return "{" + self._join([self.render(v) for v in _items(value)]) + "}" if _items(value) else "set()"
 
-    def _frozenset(self, value: dict[str, Any]) -> str:
-        return "frozenset({" + self._join([self.render(v) for v in value["items"]]) + "})" if value["items"] else "frozenset()"
+    def _frozenset(self, value: Mapping[str, object]) -> str:
+        return "frozenset({" + self._join([self.render(v) for v in _items(value)]) + "})" if _items(value) else "frozenset()"
 
     # ------------------------------------------------------------------ scalars
 
-    def _float(self, value: dict[str, Any]) -> str:
+    def _float(self, value: Mapping[str, object]) -> str:
         return f"float({value['value']!r})"
 
-    def _complex(self, value: dict[str, Any]) -> str:
-        return repr(complex(value["real"], value["imag"]))
+    def _complex(self, value: Mapping[str, object]) -> str:
+        return repr(complex(_number(value["real"]), _number(value["imag"])))
 
-    def _bytes(self, value: dict[str, Any]) -> str:
-        data = bytes.fromhex(value["hex"])
+    def _bytes(self, value: Mapping[str, object]) -> str:
+        data = bytes.fromhex(_text(value["hex"]))
         return repr(data[:32]) + (f" (+{len(data) - 32} bytes)" if len(data) > 32 else "")
 
-    def _slice(self, value: dict[str, Any]) -> str:
-        return "slice(" + ", ".join(self.render(v) for v in value["items"]) + ")"
+    def _slice(self, value: Mapping[str, object]) -> str:
+        return "slice(" + ", ".join(self.render(v) for v in _items(value)) + ")"
 
-    def _ellipsis(self, value: dict[str, Any]) -> str:
+    def _ellipsis(self, value: Mapping[str, object]) -> str:
         return "..."
 
     # ------------------------------------------------------------------ torch
 
-    def _dtype(self, value: dict[str, Any]) -> str:
+    def _dtype(self, value: Mapping[str, object]) -> str:
         return f"torch.{value['value']}"
 
-    def _device(self, value: dict[str, Any]) -> str:
+    def _device(self, value: Mapping[str, object]) -> str:
         return f"torch.device({value['value']!r})"
 
-    def _size(self, value: dict[str, Any]) -> str:
-        return f"torch.Size({list(value['value'])!r})"
+    def _size(self, value: Mapping[str, object]) -> str:
+        return f"torch.Size({list(_items(value, 'value'))!r})"
 
-    def _tensor(self, value: dict[str, Any]) -> str:
-        entry = self.tensors.get(value["id"])
+    def _tensor(self, value: Mapping[str, object]) -> str:
+        entry = self.tensors.get(_text(value["id"]))
         if not isinstance(entry, dict):
             return "tensor(...)"
         shape = ", ".join(str(s) for s in entry.get("shape", []))
@@ -207,8 +245,8 @@ class _Renderer:
             return f"tensor({described}, shape-only)"
         return f"tensor({described})"
 
-    def _module(self, value: dict[str, Any]) -> str:
-        record = self.constructions.get(value["ref"])
+    def _module(self, value: Mapping[str, object]) -> str:
+        record = self.constructions.get(_text(value["ref"]))
         if not isinstance(record, dict) or self._depth > 4:
             return f"<module {value['ref']}>"
         self._depth += 1
@@ -219,24 +257,24 @@ class _Renderer:
 
     # ------------------------------------------------------------------ classes and objects
 
-    def _import(self, value: dict[str, Any]) -> str:
+    def _import(self, value: Mapping[str, object]) -> str:
         return short_class(value["path"])
 
-    def _namedtuple(self, value: dict[str, Any]) -> str:
-        return f"{short_class(value['class'])}({self._join([self.render(v) for v in value['items']])})"
+    def _namedtuple(self, value: Mapping[str, object]) -> str:
+        return f"{short_class(value['class'])}({self._join([self.render(v) for v in _items(value)])})"
 
-    def _dataclass(self, value: dict[str, Any]) -> str:
+    def _dataclass(self, value: Mapping[str, object]) -> str:
         return self._keywords(short_class(value["class"]), self._pairs(value["fields"]))
 
-    def _unrecorded(self, value: dict[str, Any]) -> str:
+    def _unrecorded(self, value: Mapping[str, object]) -> str:
         return f"<unrecorded {value.get('class', '?')}>"
 
-    def _codec(self, value: dict[str, Any]) -> str:
+    def _codec(self, value: Mapping[str, object]) -> str:
         name = short_class(value["class"])
         data = value.get("value")
         if value.get("codec") == "partial":
             fields = dict(self._pairs(data))
-            parts = [self.render(fields.get("func")), *(self.render(a) for a in fields.get("args", {}).get("items", []))]
+            parts = [self.render(fields.get("func")), *(self.render(a) for a in _sequence(_mapping(fields.get("args")).get("items")))]
             parts += [f"{k}={self.render(v)}" for k, v in self._pairs(fields.get("keywords"))]
             return f"partial({self._join(parts)})"
         pairs = self._pairs(data)
@@ -248,22 +286,22 @@ class _Renderer:
             return self._keywords(name, pairs)
         return f"{name}({self.render(data)})"
 
-    def _codec_like(self, tag: str, value: dict[str, Any]) -> str:
+    def _codec_like(self, tag: str, value: Mapping[str, object]) -> str:
         """A tag this renderer does not know (a newer format): its name and fields, still readable."""
         fields = [f"{k}={self.render(v)}" for k, v in value.items() if k != "$type" and _is_identifier(k)]
         return f"<{tag}{' ' if fields else ''}{self._join(fields)}>"
 
-    def _keywords(self, name: str, pairs: list[tuple[Any, Any]]) -> str:
+    def _keywords(self, name: str, pairs: list[tuple[object, object]]) -> str:
         return f"{name}({self._join([f'{k}={self.render(v)}' for k, v in pairs])})"
 
-    def call(self, class_path: str, args: Any, kwargs: Any) -> str:
-        parts = [self.render(a) for a in (args or [])]
-        pairs = self._pairs(kwargs) if isinstance(kwargs, dict) and "$type" in kwargs else list((kwargs or {}).items())
+    def call(self, class_path: object, args: object, kwargs: object) -> str:
+        parts = [self.render(a) for a in _sequence(args)]
+        pairs = self._pairs(kwargs) if isinstance(kwargs, dict) and "$type" in kwargs else list(_mapping(kwargs).items())
         parts += [f"{k}={self.render(v)}" for k, v in pairs]
         return f"{short_class(class_path)}({self._join(parts)})"
 
 
-def spec_leaf_paths(tree: Mapping[str, Any], prefix: str) -> list[str]:
+def spec_leaf_paths(tree: Mapping[str, object], prefix: str) -> list[str]:
     """Readable paths of an encoded tree's leaves, read from its stored structure alone.
 
     :func:`modulelens.format.tree.leaf_paths` rebuilds the pytree spec, which imports each
@@ -280,7 +318,7 @@ def spec_leaf_paths(tree: Mapping[str, Any], prefix: str) -> list[str]:
     """
     from modulelens.format.tree import input_path
 
-    leaves = tree.get("leaves") or []
+    leaves = _sequence(tree.get("leaves"))
     keys: list[str] = []
     try:
         _walk_spec(tree.get("spec"), "", keys, 0)
@@ -291,7 +329,7 @@ def spec_leaf_paths(tree: Mapping[str, Any], prefix: str) -> list[str]:
     return [input_path(k) for k in keys] if prefix == "inputs" else [prefix + k for k in keys]
 
 
-def spec_leaf_window(tree: Mapping[str, Any], prefix: str, start: int, stop: int) -> list[str]:
+def spec_leaf_window(tree: Mapping[str, object], prefix: str, start: int, stop: int) -> list[str]:
     """``spec_leaf_paths(tree, prefix)[start:stop]``, naming only those leaves.
 
     A call may return a million leaves and a page shows a few hundred of them: the structure is
@@ -306,7 +344,7 @@ def spec_leaf_window(tree: Mapping[str, Any], prefix: str, start: int, stop: int
     """
     from modulelens.format.tree import input_path
 
-    leaves = tree.get("leaves") or []
+    leaves = _sequence(tree.get("leaves"))
     stop = max(0, min(stop, len(leaves)))
     start = max(0, min(start, stop))
     keys: list[str] = []
@@ -319,7 +357,7 @@ def spec_leaf_window(tree: Mapping[str, Any], prefix: str, start: int, stop: int
     return [input_path(k) for k in keys] if prefix == "inputs" else [prefix + k for k in keys]
 
 
-def _walk_window(spec: Any, path: str, out: list[str], depth: int, start: int, stop: int, position: int) -> int:
+def _walk_window(spec: object, path: str, out: list[str], depth: int, start: int, stop: int, position: int) -> int:
     """Append the paths of the leaves numbered ``[start, stop)`` under ``spec`` (its first leaf is
     number ``position``); return the number after its last leaf."""
     if spec == "*":
@@ -342,7 +380,7 @@ def _walk_window(spec: Any, path: str, out: list[str], depth: int, start: int, s
     return position
 
 
-def _walk_spec(spec: Any, path: str, out: list[str], depth: int) -> None:
+def _walk_spec(spec: object, path: str, out: list[str], depth: int) -> None:
     if spec == "*":
         out.append(path)
         return
@@ -355,7 +393,7 @@ def _walk_spec(spec: Any, path: str, out: list[str], depth: int) -> None:
         _walk_spec(child, path + key, out, depth + 1)
 
 
-def _child_keys(spec: Mapping[str, Any], count: int, start: int = 0, stop: int | None = None) -> list[str]:
+def _child_keys(spec: Mapping[str, object], count: int, start: int = 0, stop: int | None = None) -> list[str]:
     """``['mask']`` for a dict's children (keys stored in its context), else ``[0]``, ``[1]``...
     (children ``[start, stop)`` only, when given)."""
     stop = count if stop is None else stop

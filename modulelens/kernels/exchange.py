@@ -12,14 +12,17 @@ import json
 import math
 import os
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
 
+T = TypeVar("T")
 
-def write_json(path: Path, data: Any) -> None:
+
+def write_json(path: Path, data: object) -> None:
     """Write ``data`` as JSON atomically (a reader never sees half a file)."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1, default=str))
@@ -33,7 +36,7 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:500] + ("\n" + tail[-1500:] if tail else "")
 
 
-def encode_arg(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+def encode_arg(value: object, key: str, tensors: dict[str, torch.Tensor]) -> dict[str, object]:
     """A call argument as JSON; tensors go into ``tensors`` under ``key`` (nested: ``key.i``)."""
     if isinstance(value, torch.Tensor):
         tensors[key] = value.detach()
@@ -48,7 +51,7 @@ def encode_arg(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"device": str(value)}
     if isinstance(value, torch.Size):
         return {"size": list(value)}
-    if type(value) in (list, tuple):
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return {type(value).__name__: [encode_arg(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]}
     if type(value) is dict and all(isinstance(k, (str, int)) for k in value):
         return {"dict": [[k, encode_arg(v, f"{key}.{k}", tensors)] for k, v in value.items()]}
@@ -78,13 +81,13 @@ def decode_arg(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
     raise ValueError(f"unknown argument encoding {data!r}")
 
 
-def to_device(tree: Any, device: torch.device) -> Any:
+def to_device(tree: T, device: torch.device) -> T:
     """A private copy of every tensor in ``tree`` on ``device``."""
     return pytree.tree_map(
         lambda v: v.detach().to(device, copy=True) if isinstance(v, torch.Tensor) else v, tree)
 
 
-def flatten_output(output: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+def flatten_output(output: object, prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """An output tree as ``{"spec", "leaves"}``; tensor leaves are copied to CPU into ``tensors``."""
     leaves_with_paths, spec = pytree.tree_flatten_with_path(output)
     leaves = []
@@ -120,7 +123,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
                   b.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8))
 
 
-def max_difference(x: Any, y: Any) -> float:
+def max_difference(x: object, y: object) -> float:
     """The largest absolute difference between two output leaves (tensors or plain values): 0.0 when
     bit-identical (equal), inf for another shape, a NaN against a number, or unequal plain values."""
     if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
@@ -133,7 +136,7 @@ def max_difference(x: Any, y: Any) -> float:
     return float((x.detach().to("cpu", wide) - y.detach().to("cpu", wide)).abs().nan_to_num(nan=math.inf).max())
 
 
-def aliased_inputs(output: Any, named: list[tuple[str, Any]]) -> list[str]:
+def aliased_inputs(output: object, named: Sequence[tuple[str, object]]) -> list[str]:
     """The names in ``named`` (``(name, value)``, values possibly nested) whose tensors share memory
     with a tensor of ``output``: an output that aliases an input (or a weight) changes when it does."""
     storages = {leaf.untyped_storage().data_ptr() for leaf in pytree.tree_leaves(output)

@@ -281,7 +281,7 @@ def _collect_weights(capture: Capture, state_index: int, data: _Data) -> None:
 def _collect_call(capture: Capture, position: int, binding: CallBinding, renderer: SourceRenderer, data: _Data) -> None:
     call = capture.calls[position]
     check_recorded(call.output, f"an output of call {call.index}")
-    leaves = []
+    leaves: list[dict[str, object]] = []
     for n, (path, leaf) in enumerate(_output_leaves(call.output)):
         if isinstance(leaf, torch.Tensor):
             key = f"call{call.index}.out{n}"
@@ -309,7 +309,7 @@ def _rng_ops(capture: Capture, position: int, binding: CallBinding) -> list[str]
     call = capture.calls[position]
     module = working_module(capture, call.state_index, private=True)  # a training forward may change buffers
 
-    def run(seed: int) -> list[Any]:
+    def run(seed: int) -> list[torch.Tensor]:
         # a cache argument is updated in place by forward: run on a copy, the capture keeps what it recorded
         positional = [copy.deepcopy(v) if is_state_object(v) else v for v in binding.positional[position]]
         n = len(positional) - len(binding.kw_names)
@@ -547,17 +547,17 @@ class ExportResult:
     def test(self) -> Path:
         return self.directory / TEST_FILE
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"directory": str(self.directory), "problem": str(self.problem), "test": str(self.test),
                 "manifest": self.manifest}
 
 
-def _output_leaves(output: Any) -> list[tuple[str, Any]]:
+def _output_leaves(output: object) -> list[tuple[str, object]]:
     leaves, _ = pytree.tree_flatten_with_path(output)
     return [("output" + pytree.keystr(kp), leaf) for kp, leaf in leaves]
 
 
-def _describe_arg(name: str, value: Any, key_of: Callable[[torch.Tensor], str | None],
+def _describe_arg(name: str, value: object, key_of: Callable[[torch.Tensor], str | None],
                   payload_of: Callable[[torch.Tensor], str | None]) -> dict[str, Any]:
     if isinstance(value, torch.Tensor):
         return {"name": name, "kind": "tensor", "shape": list(value.shape), "dtype": dtype_name(value.dtype),
@@ -588,9 +588,9 @@ def _commands(capture: Capture, store: Repo, directory: Path) -> dict[str, str]:
     }
 
 
-def _leaves(value: Any) -> list[Any]:
+def _leaves(value: object) -> list[object]:
     """The leaves of a call argument, looking inside state objects (a cache's tensors)."""
-    leaves = []
+    leaves: list[object] = []
     for leaf in pytree.tree_leaves(value):
         leaves.extend(_leaves(list(state_attributes(leaf).values())) if is_state_object(leaf) else [leaf])
     return leaves
@@ -602,7 +602,7 @@ def _default_root() -> Path:
     return default_repo_path().expanduser().absolute()
 
 
-def _is_literal(value: Any) -> bool:
+def _is_literal(value: object) -> bool:
     """Whether ``value`` can be written as a literal into the generated test."""
     try:
         literal(value, "")
@@ -682,7 +682,7 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
         command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), str(_CHECK_WORKER),
                    str(work / "spec.json")]
         run = run_isolated(command, env=worker_env("cpu", candidate=True), cwd=work, timeout=timeout, logs=work / "logs")
-        result["process"] = {k: run[k] for k in ("returncode", "timed_out", "seconds")}
+        result["process"] = {"returncode": run["returncode"], "timed_out": run["timed_out"], "seconds": run["seconds"]}
         ran = _json_or_none(work / "out" / "result.json")
         if run["timed_out"]:
             result["error"] = f"timed out after {timeout:g} s" + (f" (during {ran['phase']})" if ran else "")
@@ -712,7 +712,7 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
     return result
 
 
-def _uncompared_value(value: Any) -> bool:
+def _uncompared_value(value: object) -> bool:
     """None, or an object the worker could only describe (``{"repr": ...}``): not compared."""
     return value is None or (isinstance(value, dict) and "repr" in value)
 

@@ -39,7 +39,7 @@ from modulelens.restore.oracle import OracleRun
 LOOSE_FP32 = 1e-3
 
 
-def _leaves(flat: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[tuple[str, Any]]:
+def _leaves(flat: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[tuple[str, object]]:
     return [(leaf["path"], tensors[leaf["key"]] if "key" in leaf else leaf.get("value")) for leaf in flat["leaves"]]
 
 
@@ -58,7 +58,7 @@ class Expected:
         return {leaf["path"]: self.oracles[leaf["key"]] for leaf in flat["leaves"] if "key" in leaf}
 
 
-def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], checks: KernelChecks,
+def _compare_leaves(want: list[tuple[str, object]], got: list[tuple[str, object]], checks: KernelChecks,
                     oracle: dict[str, torch.Tensor] | str | None = None) -> tuple[list[dict[str, Any]], bool, bool]:
     """Leaf results, whether all pass, and whether all pass with fp32 at 1e-3. ``oracle``: the
     sample's float64 outputs by path (or why there are none) for the oracle rule; ``None`` compares
@@ -76,13 +76,13 @@ def _compare_leaves(want: list[tuple[str, Any]], got: list[tuple[str, Any]], che
         return results, False, False
     for (path, w), (_, g) in zip(want, got, strict=True):
         tensor_like = isinstance(w, (torch.Tensor, ShapeOnly))
-        if tensor_like and isinstance(g, torch.Tensor) and w.dtype != g.dtype:
+        if isinstance(w, (torch.Tensor, ShapeOnly)) and isinstance(g, torch.Tensor) and w.dtype != g.dtype:
             results.append({"path": path, "passed": False, "kind": "tensor", "dtype": dtype_name(w.dtype),
                             "shape": list(w.shape), "message": f"dtype {dtype_name(g.dtype)} != reference {dtype_name(w.dtype)}"})
             all_ok = loose_ok = False
             continue
-        dtype = dtype_name(w.dtype) if tensor_like else ""
-        base = default_tolerance(w.dtype, "kernel") if tensor_like else None
+        dtype = dtype_name(w.dtype) if isinstance(w, (torch.Tensor, ShapeOnly)) else ""
+        base = default_tolerance(w.dtype, "kernel") if isinstance(w, (torch.Tensor, ShapeOnly)) else None
         r = 0.0 if base is None else (base[0] if checks.rtol is None else checks.rtol)
         a = 0.0 if base is None else (base[1] if checks.atol is None else checks.atol)
         exact = tensor_like and base is None
@@ -114,7 +114,7 @@ def _oracle_run(oracle: dict[str, torch.Tensor] | str | None, path: str) -> Orac
     return OracleRun(outputs=value) if value is not None else OracleRun(reason="the float64 run has no such output")
 
 
-def _compared(value: Any) -> bool:
+def _compared(value: object) -> bool:
     """An output leaf that is compared: a tensor (or a recorded one stored shape-only) or plain data
     (not None, not an object or the ``{"repr": ...}`` a worker writes for one)."""
     return isinstance(value, (torch.Tensor, ShapeOnly, bool, int, float, str)) or (
@@ -128,8 +128,8 @@ def compare_samples(report: dict[str, Any], capture: Capture, info: dict[str, An
     ran = {s["id"]: s for s in result.get("samples", [])}
     passed_count = compared = unverified_count = 0
     loose_all = True
-    wanted: dict[str, list[tuple[str, Any]]] = {}  # by sample label
-    returned: dict[str, list[tuple[str, Any]]] = {}
+    wanted: dict[str, list[tuple[str, object]]] = {}  # by sample label
+    returned: dict[str, list[tuple[str, object]]] = {}
     for sample in info["samples"]:
         sid = sample["id"]
         label = f"{sid} ({sample['kind']})"
@@ -226,7 +226,7 @@ def _probe_failed(report: dict[str, Any]) -> bool:
 
 
 def _refill(report: dict[str, Any], result: dict[str, Any], outputs: dict[str, torch.Tensor], backend: str,
-            returned: dict[int, list[tuple[str, Any]] | None]) -> None:
+            returned: dict[int, list[tuple[str, object]] | None]) -> None:
     """The batch-and-skip probe: the output on refilled buffers against the candidate's own output on
     the other sample (fresh buffers, the same values)."""
     refill = result.get("checks", {}).get("refill")
@@ -242,7 +242,7 @@ def _refill(report: dict[str, Any], result: dict[str, Any], outputs: dict[str, t
 
 
 def _expected_leaves(report: dict[str, Any], capture: Capture, sample: dict[str, Any], entry: dict[str, Any],
-                     expected: dict[str, torch.Tensor], checks: KernelChecks) -> list[tuple[str, Any]]:
+                     expected: dict[str, torch.Tensor], checks: KernelChecks) -> list[tuple[str, object]]:
     """What a sample's output is compared with: the recorded output for a recorded call (or the
     reference's run when the reference itself does not reproduce it on this device), the
     reference's run for a random sample."""

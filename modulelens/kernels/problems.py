@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ class CallBinding:
 
 
 def select_calls(capture: Capture, calls: Sequence[int] | None = None, max_calls: int = MAX_CALLS,
-                 *, same_state: bool = True, left_out: list[dict[str, Any]] | None = None) -> list[int]:
+                 *, same_state: bool = True, left_out: list[dict[str, object]] | None = None) -> list[int]:
     """Positions in ``capture.calls`` to use: finished calls, at most ``max_calls``.
 
     Args:
@@ -116,7 +116,7 @@ def forward_parameters(cls: type[torch.nn.Module]) -> list[inspect.Parameter]:
     return params[1:] if params and params[0].name == "self" else params
 
 
-def check_recorded(value: Any, where: str) -> None:
+def check_recorded(value: object, where: str) -> None:
     """Refuse values that were not recorded (``<unrecorded>`` placeholders)."""
     for leaf in pytree.tree_leaves(value):
         if isinstance(leaf, Unrecorded):
@@ -221,7 +221,7 @@ def _positional_values(layout: _Layout, arguments: dict[str, Any], index: int, b
     return values
 
 
-def _argument_or_default(arguments: dict[str, Any], p: inspect.Parameter, index: int, binding: CallBinding) -> Any:
+def _argument_or_default(arguments: Mapping[str, object], p: inspect.Parameter, index: int, binding: CallBinding) -> object:
     if p.name in arguments:
         return arguments[p.name]
     if p.default is inspect.Parameter.empty:
@@ -238,7 +238,7 @@ def state_names(capture: Capture) -> list[str]:
     return list(states[0]["parameters"]) + list(states[0]["buffers"])
 
 
-def init_inputs(capture: Capture) -> list[Any]:
+def init_inputs(capture: Capture) -> list[object]:
     """The recorded positional constructor arguments when they are plain values (numbers, strings,
     tuples/lists of them; no tensors, modules or objects), else ``[]``."""
     construction = construction_record(capture)
@@ -255,7 +255,7 @@ def construction_record(capture: Capture) -> Construction | None:
     return capture.metadata.get("constructions", {}).get(mid) if mid else None
 
 
-def _plain_value(data: Any) -> Any:
+def _plain_value(data: object) -> object:
     """A recorded plain value (see :func:`_plain`) as Python: tuples are ``{"$type": "tuple"}``."""
     if isinstance(data, list):
         return [_plain_value(v) for v in data]
@@ -264,7 +264,7 @@ def _plain_value(data: Any) -> Any:
     return data
 
 
-def _plain(values: Any) -> bool:
+def _plain(values: object) -> bool:
     if values is None or isinstance(values, (bool, int, str)):
         return True
     if isinstance(values, float):

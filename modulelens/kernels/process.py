@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 
 def worker_env(device: str, *, candidate: bool) -> dict[str, str]:
@@ -43,8 +43,18 @@ def worker_env(device: str, *, candidate: bool) -> dict[str, str]:
     return env
 
 
+class IsolatedRun(TypedDict):
+    """What :func:`run_isolated` saw of a worker process."""
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    stdout_tail: str
+    stderr_tail: str
+
+
 def run_isolated(command: list[str], *, env: dict[str, str], cwd: Path, timeout: float, logs: Path,
-                 poll: Callable[[], None] | None = None, poll_every: float = 0.5) -> dict[str, Any]:
+                 poll: Callable[[], None] | None = None, poll_every: float = 0.5) -> IsolatedRun:
     """Run one worker in its own process group; kill the whole group on timeout (and afterwards).
 
     ``poll`` (e.g. a progress display reading the worker's progress file) is called every

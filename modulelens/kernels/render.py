@@ -32,8 +32,8 @@ import keyword
 import math
 import string
 import types
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeGuard
 
 import torch
 
@@ -73,13 +73,13 @@ def _ml_state(cls, attributes):
 }
 
 
-def _shown(value: Any, limit: int = 60) -> str:
+def _shown(value: object, limit: int = 60) -> str:
     """A capture value in an error message: escaped (no terminal control characters), shortened."""
     text = ascii(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def identifier(name: Any, what: str) -> str:
+def identifier(name: object, what: str) -> str:
     """``name`` when it is a plain ASCII Python identifier that is not a keyword.
 
     Raises:
@@ -96,12 +96,12 @@ def identifier(name: Any, what: str) -> str:
                                 "written into a problem file")
 
 
-def is_identifier(name: Any) -> bool:
+def is_identifier(name: object) -> TypeGuard[str]:
     """Whether ``name`` may be written into generated code as a bare name."""
     return isinstance(name, str) and name.isascii() and name.isidentifier() and not keyword.iskeyword(name)
 
 
-def dotted(path: Any, what: str) -> str:
+def dotted(path: object, what: str) -> str:
     """``a.b.C`` made of :func:`identifier` parts (a module or qualified name)."""
     if not isinstance(path, str) or not path:
         raise UnsupportedValueError(f"{what}: {_shown(path)} is not a dotted Python name")
@@ -110,7 +110,7 @@ def dotted(path: Any, what: str) -> str:
     return path
 
 
-def literal(value: Any, what: str) -> str:
+def literal(value: object, what: str) -> str:
     """``value`` as a Python literal; only plain data (``None``, ``bool``, ``int``, ``float``,
     ``str``, ``bytes`` and lists, tuples, dicts, sets of them).
 
@@ -137,20 +137,20 @@ def literal(value: Any, what: str) -> str:
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
     if type(value) is dict:
         return "{" + ", ".join(f"{literal(k, what)}: {literal(v, what)}" for k, v in value.items()) + "}"
-    if type(value) in (set, frozenset):
+    if isinstance(value, (set, frozenset)) and type(value) in (set, frozenset):
         return f"{type(value).__name__}([" + ", ".join(sorted(literal(v, what) for v in value)) + "])"
     raise UnsupportedValueError(f"{what}: a {type(value).__module__}.{type(value).__qualname__} value is not a "
                                 "plain literal")
 
 
-def comment_text(text: Any, limit: int = 160) -> str:
+def comment_text(text: object, limit: int = 160) -> str:
     """Free text for a docstring or comment: characters outside a small safe alphabet (quotes,
     backslashes, line breaks, control and non-ASCII characters) become ``?``; at most ``limit``."""
     shown = "".join(c if c in _COMMENT_ALPHABET else "?" for c in str(text))
     return shown if len(shown) <= limit else shown[:limit - 3] + "..."
 
 
-def keyword_arguments(pairs: Iterable[tuple[Any, str]], what: str) -> list[str]:
+def keyword_arguments(pairs: Iterable[tuple[object, str]], what: str) -> list[str]:
     """``name=expression`` for identifier names; any other name (a keyword such as ``class``, or a
     key that is no identifier) goes into one ``**{'name': expression}``, as Python passes it."""
     plain, other = [], []
@@ -164,18 +164,26 @@ def keyword_arguments(pairs: Iterable[tuple[Any, str]], what: str) -> list[str]:
     return plain + ([f"**{{{', '.join(other)}}}"] if other else [])
 
 
-def _dtype(name: Any, what: str) -> str:
+def _dtype(name: object, what: str) -> str:
     if isinstance(name, str) and is_identifier(name) and isinstance(getattr(torch, name, None), torch.dtype):
         return f"torch.{name}"
     raise UnsupportedValueError(f"{what}: {_shown(name)} is not a torch dtype")
 
 
-def _dict_text(items: list[tuple[Any, str]], where: str) -> str:
+def _dict_text(items: Sequence[tuple[object, str]], where: str) -> str:
     """``{'key': expression, ...}`` with literal keys."""
     return "{" + ", ".join(f"{literal(k, where)}: {e}" for k, e in items) + "}"
 
 
-def _items(data: Any, what: str) -> list[list[Any]]:
+def _listed(data: Mapping[str, object], what: str) -> list[object]:
+    """The ``items`` of an encoded sequence (tuple, set, slice, namedtuple)."""
+    items = data.get("items")
+    if isinstance(items, list):
+        return items
+    raise UnsupportedValueError(f"{what}: a malformed recorded {_shown(data.get('$type'))}")
+
+
+def _items(data: object, what: str) -> list[list[object]]:
     """The ``[key, value]`` pairs of an encoded dict (``{"$type": "dict", "items": [...]}``)."""
     if isinstance(data, dict) and data.get("$type") == "dict" and isinstance(data.get("items"), list):
         if all(isinstance(pair, list) and len(pair) == 2 for pair in data["items"]):
@@ -198,7 +206,7 @@ class SourceRenderer:
         self._tensor_keys: dict[int, str] = {}
 
     # -- objects by import path
-    def import_expr(self, path: Any, kind: str = "value") -> str:
+    def import_expr(self, path: object, kind: str = "value") -> str:
         """An expression naming the object at ``path``: checked by the import rules (a name of the
         inlined module is written bare, as the inlined source defines it)."""
         try:
@@ -210,7 +218,7 @@ class SourceRenderer:
         if self.inline_module is not None and module == self.inline_module:
             self.needed_names.add(parts[0])  # the inlined source defines it at top level
             return qualname
-        obj = self._resolve(path, kind)  # generated code names only what a capture may name (docs/security.md)
+        obj = self._resolve(str(path), kind)  # generated code names only what a capture may name (docs/security.md)
         if module == "builtins":
             return qualname
         if module == "torch" or module.startswith("torch."):
@@ -224,7 +232,7 @@ class SourceRenderer:
         self.required_modules.add(module)
         return self._importlib(module, qualname)
 
-    def _resolve(self, path: str, kind: str) -> Any:
+    def _resolve(self, path: str, kind: str) -> object:
         try:
             return resolve_import(path, kind, [self.capture.repo.root])  # type: ignore[arg-type]
         except (ImportError, AttributeError) as error:
@@ -235,7 +243,7 @@ class SourceRenderer:
         return f"importlib.import_module({literal(module, 'module')}).{qualname}"
 
     # -- typed JSON (constructor arguments) -> expression
-    def encoded(self, data: Any, where: str) -> str:
+    def encoded(self, data: object, where: str) -> str:
         """A recorded (typed JSON) value as an expression."""
         if data is None or isinstance(data, (bool, int, float, str)):
             return literal(data, where)
@@ -256,7 +264,7 @@ class SourceRenderer:
             return self.construction(entry, where)
         if tag == "namedtuple":
             return f"{self.import_expr(data['class'], 'class')}(" + ", ".join(
-                self.encoded(v, where) for v in data["items"]) + ")"
+                self.encoded(v, where) for v in _listed(data, where)) + ")"
         if tag == "dataclass":
             return self._dataclass(data, where)
         if tag == "codec":
@@ -264,16 +272,16 @@ class SourceRenderer:
         raise UnsupportedValueError(f"{where}: a recorded {_shown(tag or type(data).__name__)} value cannot be "
                                     "written as Python source for the problem file")
 
-    def _simple(self, tag: Any, data: dict[str, Any], where: str) -> str | None:
+    def _simple(self, tag: object, data: Mapping[str, object], where: str) -> str | None:
         """Containers and the scalar tags of the format, or ``None`` for the rest."""
         if tag == "tuple":
-            items = [self.encoded(v, where) for v in data["items"]]
+            items = [self.encoded(v, where) for v in _listed(data, where)]
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
         if tag == "dict":
             return "{" + ", ".join(f"{self.encoded(k, where)}: {self.encoded(v, where)}"
                                    for k, v in _items(data, where)) + "}"
         if tag in ("set", "frozenset"):
-            return f"{tag}([{', '.join(self.encoded(v, where) for v in data['items'])}])"
+            return f"{tag}([{', '.join(self.encoded(v, where) for v in _listed(data, where))}])"
         if tag == "float":
             value = data.get("value")
             if isinstance(value, str) and value.lower().lstrip("+-") in ("nan", "inf", "infinity"):
@@ -282,19 +290,25 @@ class SourceRenderer:
         if tag == "complex":
             return f"complex({self._number(data.get('real'), where)}, {self._number(data.get('imag'), where)})"
         if tag == "bytes":
+            hex_text = data["hex"]
             try:
-                return literal(bytes.fromhex(data["hex"]), where)
+                if not isinstance(hex_text, str):
+                    raise TypeError("not a string")
+                return literal(bytes.fromhex(hex_text), where)
             except (TypeError, ValueError):
                 raise UnsupportedValueError(f"{where}: malformed recorded bytes") from None
         if tag == "slice":
-            return "slice(" + ", ".join(self.encoded(v, where) for v in data["items"]) + ")"
+            return "slice(" + ", ".join(self.encoded(v, where) for v in _listed(data, where)) + ")"
         if tag == "ellipsis":
             return "..."
         if tag == "dtype":
             return _dtype(data.get("value"), where)
         if tag == "device":
+            device = data["value"]
             try:
-                return f"torch.device({literal(str(torch.device(data['value'])), where)})"
+                if not isinstance(device, (str, int, torch.device)):
+                    raise TypeError("not a device")
+                return f"torch.device({literal(str(torch.device(device)), where)})"
             except (TypeError, RuntimeError):
                 raise UnsupportedValueError(f"{where}: {_shown(data.get('value'))} is not a torch device") from None
         if tag == "size":
@@ -307,15 +321,18 @@ class SourceRenderer:
         return None
 
     @staticmethod
-    def _number(value: Any, where: str) -> str:
+    def _number(value: object, where: str) -> str:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return literal(float(value), where)
         raise UnsupportedValueError(f"{where}: {_shown(value)} is not a number")
 
-    def _dataclass(self, data: dict[str, Any], where: str) -> str:
+    def _dataclass(self, data: Mapping[str, object], where: str) -> str:
         cls_expr = self.import_expr(data["class"], "class")
+        path = str(data["class"])  # import_expr refused anything but an import path
         pairs = _items(data["fields"], where)
-        cls = None if self._bare(data["class"]) else self._resolve(data["class"], "class")
+        cls = None if self._bare(path) else self._resolve(path, "class")
+        if cls is not None and not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise UnsupportedValueError(f"{where}: {_shown(path)} is not a dataclass")
         init = {f.name for f in dataclasses.fields(cls) if f.init} if cls is not None else None
         first = [(k, self.encoded(v, where)) for k, v in pairs if init is None or k in init]
         later = [(k, self.encoded(v, where)) for k, v in pairs if init is not None and k not in init]
@@ -327,12 +344,13 @@ class SourceRenderer:
     def _bare(self, path: str) -> bool:
         return self.inline_module is not None and path.partition(":")[0] == self.inline_module
 
-    def _codec(self, data: dict[str, Any], where: str) -> str:
+    def _codec(self, data: Mapping[str, object], where: str) -> str:
         """Codec values with a source form: what the codec's decoder does, written as Python."""
         name = data.get("codec")
         cls_expr = self.import_expr(data["class"], "class")
-        cls = None if self._bare(data["class"]) else self._resolve(data["class"], "class")
-        if name == "enum" and (cls is None or issubclass(cls, enum.Enum)):
+        path = str(data["class"])  # import_expr refused anything but an import path
+        cls = None if self._bare(path) else self._resolve(path, "class")
+        if name == "enum" and (cls is None or (isinstance(cls, type) and issubclass(cls, enum.Enum))):
             return f"{cls_expr}({self.encoded(data['value'], where)})"
         if name == "partial" and cls is functools.partial:
             return self._partial(data["value"], where)
@@ -347,14 +365,15 @@ class SourceRenderer:
             "for the problem file (problem files write enums, functools.partial, dataclasses, namedtuples and "
             "transformers configurations; a value of a register_codec type has no source form)")
 
-    def _partial(self, value: Any, where: str) -> str:
+    def _partial(self, value: object, where: str) -> str:
         parts = {k: v for k, v in _items(value, where) if isinstance(k, str)}
         if "func" not in parts:
             raise UnsupportedValueError(f"{where}: a malformed recorded functools.partial")
         args = parts.get("args", {"$type": "tuple", "items": []})
         keywords = _items(parts.get("keywords", {"$type": "dict", "items": []}), where)
         self.uses_functools = True
-        text = [self.encoded(parts["func"], where), *(self.encoded(a, where) for a in args.get("items", []))]
+        positional = _listed(args if isinstance(args, Mapping) else {}, where)
+        text = [self.encoded(parts["func"], where), *(self.encoded(a, where) for a in positional)]
         text += keyword_arguments(((k, self.encoded(v, where)) for k, v in keywords), where)
         return f"functools.partial({', '.join(text)})"
 
@@ -369,7 +388,7 @@ class SourceRenderer:
         return self._tensor_keys.get(id(tensor))
 
     # -- live values (call inputs) -> expression
-    def value(self, value: Any, key: str, tensors: dict[str, torch.Tensor]) -> str:
+    def value(self, value: object, key: str, tensors: dict[str, torch.Tensor]) -> str:
         """A call input as an expression over ``t`` (the inputs file); tensors are stored in ``tensors``."""
         if isinstance(value, torch.Tensor):
             existing = self._tensor_keys.get(id(value))
@@ -408,9 +427,9 @@ class SourceRenderer:
                                     "written into a KernelBench problem")
 
 
-def _attribute_path_works(module: str, qualname: str, obj: Any) -> bool:
+def _attribute_path_works(module: str, qualname: str, obj: object) -> bool:
     try:
-        current: Any = importlib.import_module(module.split(".")[0])
+        current: object = importlib.import_module(module.split(".")[0])
         for part in module.split(".")[1:] + qualname.split("."):
             current = getattr(current, part)
         return current is obj

@@ -40,7 +40,6 @@ import builtins
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 ERROR = "error"
 WARNING = "warning"
@@ -96,7 +95,7 @@ class Finding:
     line: int
     message: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -121,7 +120,7 @@ class StaticReport:
     def passed(self) -> bool:
         return not self.errors
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"passed": self.passed, "backend": self.backend, "entry": self.entry, "allowed_rules": self.allowed,
                 "errors": [f.to_dict() for f in self.errors], "warnings": [f.to_dict() for f in self.warnings]}
 

@@ -34,7 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from modulelens.kernels.exploits import fail
 from modulelens.kernels.judging import Expected, compare_samples, runtime_checks
 from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
 from modulelens.kernels.problems import select_calls
-from modulelens.kernels.process import run_isolated, worker_env
+from modulelens.kernels.process import IsolatedRun, run_isolated, worker_env
 from modulelens.kernels.static_check import ReferenceInfo, check_source
 from modulelens.repo import Repo
 from modulelens.restore.compare import tolerance_table, ulp_limit
@@ -423,7 +423,7 @@ def _run_candidate(report: dict[str, Any], capture: Capture, workdir: Path, sour
 
 
 def _candidate_process(capture: Capture, workdir: Path, data_dir: Path, problem_data: Path, settings: _Settings,
-                       out_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+                       out_dir: Path, extra: dict[str, object]) -> IsolatedRun:
     """Run the candidate worker on ``workdir/candidate/kernel.py`` (``extra``: more of its spec, such
     as the one sample to trace) and return :func:`run_isolated`'s record of it."""
     candidate_dir = workdir / "candidate"
@@ -568,7 +568,7 @@ def _timing(report: dict[str, Any], info: dict[str, Any], result: dict[str, Any]
         rows.append(row)
     speedups = [s for s in speedups if math.isfinite(s) and s > 0]
     geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
-    spread = timing_stats(speedups, 0) if speedups else {}
+    spread: Mapping[str, object] = timing_stats(speedups, 0) if speedups else {}
     noise = timing_noise(compared)
     report["timing"] = {
         "measured": True, "method": "cuda_event", "l2_flush_bytes": info.get("l2_flush_bytes"),

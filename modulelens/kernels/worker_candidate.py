@@ -25,6 +25,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -72,7 +73,7 @@ class _ImportBlocker(importlib.abc.MetaPathFinder):
     def __init__(self, names: list[str]) -> None:
         self.names = names
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
         for name in self.names:
             if fullname == name or fullname.startswith(name + "."):
                 raise ImportError(f"kernel candidates may not import {fullname} (it holds the reference)")
@@ -84,7 +85,7 @@ _TIMER_NAMES = ("time.perf_counter", "time.perf_counter_ns", "time.time", "time.
                 "torch.cuda.Event.synchronize", "torch.cuda.current_stream", "torch.cuda.Stream")
 
 
-def _lookup(dotted: str) -> Any:
+def _lookup(dotted: str) -> object:
     root, *rest = dotted.split(".")
     obj: Any = sys.modules.get(root)
     for part in rest:
@@ -107,7 +108,7 @@ class _Watch:
         self.helpers = helpers
         self.before = self._snapshot()
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> dict[str, object]:
         """Callables by dotted name: public ones of the library modules (their private state, such as
         ``torch.cuda._initialized``, changes by itself), all of the worker's own helpers, and every
         method of the classes (dunders included: ``Tensor.__eq__``)."""
@@ -154,10 +155,10 @@ class _LaunchCounter:
         self.installed = True
 
 
-    def _counting(self, original: Any) -> Any:
+    def _counting(self, original: Callable[..., object]) -> Callable[..., object]:
         counter = self
 
-        def run(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        def run(kernel: object, *args: object, **kwargs: object) -> object:
             if not kwargs.get("warmup", False):
                 counter.count += 1
             return original(kernel, *args, **kwargs)
@@ -165,7 +166,7 @@ class _LaunchCounter:
         return run
 
 
-def _load_candidate(path: Path) -> Any:
+def _load_candidate(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("modulelens_candidate", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -558,7 +559,7 @@ def run_candidate(spec: dict[str, Any]) -> int:
     return run.finish()
 
 
-def _mutated(passed: list[Any], originals: list[Any], names: list[str]) -> list[str]:
+def _mutated(passed: Sequence[object], originals: Sequence[object], names: list[str]) -> list[str]:
     """Names of the arguments whose tensors changed during the call."""
     changed = []
     for i, (value, original) in enumerate(zip(passed, originals, strict=True)):
@@ -574,13 +575,13 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(a.numel() and b.numel()) and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _signature(args: list[Any], inputs: dict[str, torch.Tensor]) -> list[Any]:
+def _signature(args: Sequence[object], inputs: dict[str, torch.Tensor]) -> list[object]:
     """A sample's arguments as shapes and dtypes (tensors) and values (the rest)."""
     return [(tuple(leaf.shape), str(leaf.dtype)) if isinstance(leaf, torch.Tensor) else repr(leaf)
             for leaf in pytree.tree_leaves([decode_arg(a, inputs) for a in args])]
 
 
-def _output_problems(output: Any, device: torch.device) -> list[str]:
+def _output_problems(output: object, device: torch.device) -> list[str]:
     problems = []
     for leaf in pytree.tree_leaves(output):
         if not isinstance(leaf, torch.Tensor):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,13 @@ from modulelens.restore.synthesize import random_like
 from modulelens.tools.timing import CudaTimer
 
 
-def _randomize(value: Any, generator: torch.Generator, path: str, notes: list[dict[str, str]]) -> Any:
+def _randomize(value: object, generator: torch.Generator, path: str, notes: list[dict[str, str]]) -> object:
     """Random values like a recorded argument (tensors inside lists/tuples/dicts too); others kept."""
     if isinstance(value, torch.Tensor):
         tensor, how = random_like(value, generator)
         notes.append({"arg": path, "how": how})
         return tensor
-    if type(value) in (list, tuple):
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(_randomize(v, generator, f"{path}[{i}]", notes) for i, v in enumerate(value))
     if type(value) is dict:
         return {k: _randomize(v, generator, f"{path}[{k!r}]", notes) for k, v in value.items()}
@@ -94,10 +95,10 @@ def run_reference(spec: dict[str, Any]) -> int:
 
 
 def _plan(capture: Capture, binding: CallBinding, positions: list[int],
-          spec: dict[str, Any]) -> list[tuple[str, str, int, Any, list[dict[str, str]]]]:
+          spec: dict[str, Any]) -> list[tuple[str, str, int, Sequence[object], list[dict[str, str]]]]:
     """``(sample id, kind, call position, positional args, randomization notes)`` of every sample:
     the recorded calls, then ``spec["random"]`` seeded random variants of them in turn."""
-    plan: list[tuple[str, str, int, Any, list[dict[str, str]]]] = []
+    plan: list[tuple[str, str, int, Sequence[object], list[dict[str, str]]]] = []
     for position in positions:
         plan.append((f"call {capture.calls[position].index}", "recorded", position, binding.positional[position], []))
     for j in range(spec["random"]):
@@ -110,7 +111,7 @@ def _plan(capture: Capture, binding: CallBinding, positions: list[int],
     return plan
 
 
-def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], args: list[Any], prefix: str,
+def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], args: Sequence[object], prefix: str,
                 expected: dict[str, torch.Tensor], device: torch.device, timer: CudaTimer | None,
                 spec: dict[str, Any]) -> None:
     """Run the reference on one sample: its outputs into ``expected``; a random sample on which the
@@ -120,7 +121,7 @@ def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], a
     module.train(call.training)
     kind = entry["kind"]
 
-    def run_once() -> tuple[Any, list[Any]]:
+    def run_once() -> tuple[object, list[object]]:
         """The output, and the arguments it was computed from."""
         positional = to_device(list(args), device)
         n = len(positional) - len(binding.kw_names)
@@ -159,7 +160,7 @@ def _run_sample(capture: Capture, binding: CallBinding, entry: dict[str, Any], a
             entry["skip"] = "the reference module raised on this input"
 
 
-def _run_oracle(capture: Capture, binding: CallBinding, entry: dict[str, Any], args: list[Any], prefix: str,
+def _run_oracle(capture: Capture, binding: CallBinding, entry: dict[str, Any], args: Sequence[object], prefix: str,
                 oracles: dict[str, torch.Tensor], float64: dict[int, Float64Oracle], device: torch.device) -> None:
     """The float64 oracle of one sample (``entry["reference"]["oracle"]``, its tensors into
     ``oracles``), or why there is none (``oracle_reason``)."""
@@ -176,7 +177,7 @@ def _run_oracle(capture: Capture, binding: CallBinding, entry: dict[str, Any], a
         entry["reference"]["oracle"] = flatten_output(run.outputs, prefix + "oracle", oracles)
 
 
-def shape_key(args: list[Any]) -> str:
+def shape_key(args: Sequence[object]) -> str:
     """The dtypes and shapes of a sample's tensors (and its other values): samples with equal keys do
     the same work, so their timings must agree (the noise rule, tools/timing.py)."""
     parts = []

@@ -14,6 +14,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
@@ -61,7 +62,7 @@ def load_candidate(spec: str) -> Any:
     return obj
 
 
-def _only_module_class(module: Any, spec: str) -> type:
+def _only_module_class(module: ModuleType, spec: str) -> type:
     """The one ``nn.Module`` subclass defined in ``module`` (or the one named ``Candidate``)."""
     classes = [obj for obj in vars(module).values()
                if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__]
@@ -75,7 +76,7 @@ def _only_module_class(module: Any, spec: str) -> type:
                          f"(nn.Module classes defined there: {found})")
 
 
-def _import_file(path: Path, spec: str) -> Any:
+def _import_file(path: Path, spec: str) -> ModuleType:
     path = path.expanduser().resolve()
     if not path.is_file():
         raise CandidateError(f"candidate {spec!r}: no such file {path}")
@@ -106,7 +107,7 @@ def describe_candidate(candidate: Candidate) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def recorded_init_arguments(capture: Capture) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def recorded_init_arguments(capture: Capture) -> tuple[tuple[object, ...], dict[str, object]]:
     """The captured module's constructor arguments, decoded (nested modules rebuilt).
 
     Example::

@@ -18,6 +18,7 @@ import inspect
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +57,11 @@ class DiffReport:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def changed_tensors(self) -> list[dict[str, Any]]:
+    def changed_tensors(self) -> list[dict[str, object]]:
         return [t for t in self.tensors if t["status"] != "same"]
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         return {
             "class_changed": self.class_a != self.class_b,
             "constructor_changes": len(self.constructor),
@@ -73,7 +74,7 @@ class DiffReport:
             "output_calls_differing": sum(not o["same"] for o in self.outputs),
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return json_safe({"a": self.a, "b": self.b, "class_a": self.class_a, "class_b": self.class_b,
                           "summary": self.summary, "constructor": self.constructor, "tensors": self.tensors,
                           "inputs": self.inputs, "outputs": self.outputs, "notes": self.notes})
@@ -121,7 +122,7 @@ def _canonical(value: Any, capture: Capture, depth: int = 0) -> Any:
     return {k: _canonical(v, capture, depth) for k, v in value.items()}
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if isinstance(value, dict) and value.get("$type") == "tensor":
         return f"tensor {value['dtype']}{value['shape']} ({value['payload'][:15]}...)"
     if isinstance(value, dict) and value.get("$type") == "module":
@@ -138,7 +139,7 @@ def _construction(capture: Capture) -> tuple[list[Any], dict[str, Any]] | None:
     return _canonical(entry["args"], capture), _canonical(entry["kwargs"], capture)
 
 
-def _signature(class_path: str) -> tuple[list[str], dict[str, Any]]:
+def _signature(class_path: str) -> tuple[list[str], dict[str, object]]:
     """Positional parameter names of the class' ``__init__`` and its plain-JSON defaults."""
     try:
         cls = resolve_import(class_path, "module")
@@ -151,7 +152,7 @@ def _signature(class_path: str) -> tuple[list[str], dict[str, Any]]:
     return names, defaults
 
 
-def constructor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
+def constructor_changes(a: Capture, b: Capture) -> list[dict[str, object]]:
     """Arguments that differ: ``{"argument", "a", "b", "a_value", "b_value"}`` (absent -> ``None``).
 
     Example::
@@ -172,7 +173,7 @@ def constructor_changes(a: Capture, b: Capture) -> list[dict[str, Any]]:
     def label(i: int) -> str:
         return names[i] if i < len(names) else f"args[{i}]"
 
-    def named(args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def named(args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
         out = {label(i): v for i, v in enumerate(args)}
         out.update(kwargs)
         return out
@@ -303,7 +304,7 @@ def _flat_real(tensor: torch.Tensor) -> torch.Tensor:
 # Inputs
 
 
-def _leaf_name(key_path: tuple[Any, ...]) -> str:
+def _leaf_name(key_path: pytree.KeyPath) -> str:
     return input_path(pytree.keystr(key_path))  # "[0][1]" -> "args[1]", "[1]['mask']" -> "kwargs['mask']"
 
 
@@ -318,7 +319,7 @@ class _Stats:
     dtype: str | None = None
     values: list[str] = field(default_factory=list)
 
-    def add(self, value: Any) -> None:
+    def add(self, value: object) -> None:
         if isinstance(value, torch.Tensor):
             self.shape = self.shape or list(value.shape)
             self.dtype = self.dtype or str(value.dtype).removeprefix("torch.")
@@ -336,7 +337,7 @@ class _Stats:
             if text not in self.values and len(self.values) < 5:
                 self.values.append(text)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         if self.dtype is None:
             return {"values": self.values}
         if not self.count:
@@ -345,6 +346,13 @@ class _Stats:
         var = max(self.squares / self.count - mean * mean, 0.0) * (self.count / max(self.count - 1, 1))
         return {"shape": self.shape, "dtype": self.dtype, "mean": mean, "std": math.sqrt(var),
                 "min": self.low, "max": self.high}
+
+
+def _difference(before: object, after: object) -> float | None:
+    """``after - before`` of two statistics, or ``None`` when either is missing."""
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+        return after - before
+    return None
 
 
 def _input_stats(capture: Capture) -> dict[str, _Stats]:
@@ -371,8 +379,7 @@ def input_shifts(a: Capture, b: Capture) -> list[dict[str, Any]]:
         db = sb[leaf].to_dict() if leaf in sb else None
         shift = None
         if da and db and "mean" in da and "mean" in db:
-            shift = {k: (db[k] - da[k]) if da[k] is not None and db[k] is not None else None
-                     for k in ("mean", "std", "min", "max")}
+            shift = {k: _difference(da[k], db[k]) for k in ("mean", "std", "min", "max")}
         rows.append({"leaf": leaf, "a": da, "b": db, "shift": shift})
     return rows
 
@@ -382,7 +389,7 @@ def input_shifts(a: Capture, b: Capture) -> list[dict[str, Any]]:
 
 
 def output_differences(a: Capture, b: Capture, *, device: str | torch.device | None = None,
-                       rtol: float | None = None, atol: float | None = None) -> list[dict[str, Any]]:
+                       rtol: float | None = None, atol: float | None = None) -> list[dict[str, object]]:
     """B's module (first recorded state) run on each of A's recorded calls vs A's recorded outputs.
 
     Example::

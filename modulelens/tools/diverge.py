@@ -9,7 +9,7 @@ locating itself is :mod:`modulelens.restore.divergence` (docs/tools.md, "First d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from modulelens.errors import UsageError
 from modulelens.tools.candidates import Candidate, describe_candidate
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def find_divergence(capture: Capture, candidate: Candidate | None = None, *, call: int | None = None,
-                    rtol: float | None = None, atol: float | None = None, store: bool = True) -> dict[str, Any]:
+                    rtol: float | None = None, atol: float | None = None, store: bool = True) -> dict[str, object]:
     """Run ``candidate`` (or a replay) on the recorded calls and name the first op that diverges.
 
     Args:
@@ -69,7 +69,7 @@ def find_divergence(capture: Capture, candidate: Candidate | None = None, *, cal
 
 
 def _against_candidate(capture: Capture, candidate: Candidate, calls: list[int], rtol: float | None,
-                       atol: float | None) -> dict[str, Any]:
+                       atol: float | None) -> dict[str, object]:
     report = verify(capture, candidate, rtol=rtol, atol=atol, calls=calls, timing=None, store=False)
     rows = [_row(c.call, c.index, c.status, c.error, c.divergence, c.unverified) for c in report.calls]
     notes = ([report.error] if report.error else []) + list(report.notes)
@@ -77,7 +77,7 @@ def _against_candidate(capture: Capture, candidate: Candidate, calls: list[int],
                    report.status, report.unverified, rows, notes)
 
 
-def _against_recording(capture: Capture, calls: list[int], rtol: float | None, atol: float | None) -> dict[str, Any]:
+def _against_recording(capture: Capture, calls: list[int], rtol: float | None, atol: float | None) -> dict[str, object]:
     report = capture.replay(calls=calls, rtol=rtol, atol=atol)
     # replay judges a None, empty or all-NaN output UNVERIFIED itself (it proves nothing), as verify does
     rows = [_row(c.call, c.index, c.status, c.error, c.divergence, c.unverified) for c in report.calls]
@@ -86,13 +86,13 @@ def _against_recording(capture: Capture, calls: list[int], rtol: float | None, a
 
 
 def _row(position: int, index: int, status: str, error: str | None, divergence: Divergence | None,
-         unverified: list[str]) -> dict[str, Any]:
+         unverified: list[str]) -> dict[str, object]:
     return {"call": position, "index": index, "passed": status == "pass", "status": status, "error": error,
             "unverified": list(unverified), "divergence": divergence.to_dict() if divergence is not None else None}
 
 
 def _result(capture: Capture, candidate: str | None, compared: str, status: str, unverified: list[str],
-            rows: list[dict[str, Any]], notes: list[str]) -> dict[str, Any]:
+            rows: list[dict[str, object]], notes: list[str]) -> dict[str, object]:
     first = next((row["divergence"] for row in rows if row["divergence"] is not None), None)
     return json_safe({"ref": capture.ref, "candidate": candidate, "compared": compared, "status": status,
                       "passed": status == "PASS", "unverified": unverified if status == "UNVERIFIED" else [],

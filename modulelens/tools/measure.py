@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,8 @@ from modulelens.restore.replay import call_context
 from modulelens.tools.timing import Timing, TimingConfig, time_iterations
 
 if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
     from modulelens.restore.calls import Call
 
 _MARK = "modulelens.iteration"
@@ -62,12 +64,12 @@ def build_workload(
     fn: Callable[..., Any],
     module: torch.nn.Module,
     call: Call,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
     device: torch.device,
     backward: bool,
 ) -> Workload:
-    def context() -> contextlib.AbstractContextManager[Any]:
+    def context() -> contextlib.AbstractContextManager[object]:
         stack = contextlib.ExitStack()
         stack.enter_context(call_context(call, device))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
@@ -115,10 +117,11 @@ class _OpCensus(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: Counter[Any] = Counter()
+        self.ops: Counter[OpOverload] = Counter()
         self.bytes = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: OpOverload, types: Sequence[type], args: Sequence[object] = (),
+                           kwargs: Mapping[str, object] | None = None) -> object:
         out = func(*args, **(kwargs or {}))
         self.ops[func] += 1
         if not func.is_view:
@@ -127,7 +130,7 @@ class _OpCensus(TorchDispatchMode):
         return out
 
 
-def _op_category(func: Any) -> str:
+def _op_category(func: OpOverload) -> str:
     if func.is_view:
         return "view"
     tags = set(getattr(func, "tags", ()))
@@ -178,7 +181,7 @@ def count_flops(workload: Workload) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def profiler_pass(workload: Workload, device: torch.device, iterations: int, trace: str | None,
-                   top: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   top: int) -> tuple[list[dict[str, object]], dict[str, object]]:
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
@@ -240,7 +243,7 @@ def _cpu_memory_from_profiler(prof: Any, iterations: int) -> dict[str, Any]:
             "source": "torch.profiler CPU allocator events", "method": method}
 
 
-def cuda_memory(workload: Workload, device: torch.device) -> dict[str, Any]:
+def cuda_memory(workload: Workload, device: torch.device) -> dict[str, object]:
     torch.cuda.synchronize(device)
     with workload.context():
         if workload.before_each is not None:
@@ -318,11 +321,11 @@ def measure(workload: Workload, device: torch.device, timing: TimingConfig, *, c
     return Measured(timed, memory, top_ops, compile_seconds)
 
 
-def output_tensors(output: Any) -> list[torch.Tensor]:
+def output_tensors(output: object) -> list[torch.Tensor]:
     """Tensor leaves of an output that autograd can differentiate."""
     return [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+def tensor_leaves(tree: object) -> list[torch.Tensor]:
     """Every tensor leaf of a pytree, in flattening order."""
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]

@@ -62,7 +62,7 @@ class ProfileReport:
     notes: list[str] = field(default_factory=list)
     report_path: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return json_safe({k: v for k, v in vars(self).items()})
 
     def __str__(self) -> str:

@@ -4,6 +4,7 @@ keeping a report with the capture's version."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +26,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def store_report(capture: Capture, kind: str, data: dict[str, Any]) -> str | None:
+def store_report(capture: Capture, kind: str, data: Mapping[str, object]) -> str | None:
     """Store a tool report with the capture's version; returns its path (None if the repo is read-only)."""
     try:
         return str(capture.repo.add_report(capture.ref, kind, json_safe(data)))
@@ -33,9 +34,9 @@ def store_report(capture: Capture, kind: str, data: dict[str, Any]) -> str | Non
         return None
 
 
-def environment_facts(device: torch.device) -> dict[str, Any]:
+def environment_facts(device: torch.device) -> dict[str, object]:
     """torch version, device, CPU threads (and GPU name) for a report."""
-    facts: dict[str, Any] = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads()}
+    facts: dict[str, object] = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads()}
     if device.type == "cuda":
         facts["gpu_name"] = torch.cuda.get_device_name(device)
     return facts

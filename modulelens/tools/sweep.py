@@ -8,7 +8,7 @@ failing (out of memory) is a row with its error; the others are kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from modulelens.restore.calls import Call
 
 
-def recorded_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+def recorded_batch_size(args: tuple[object, ...], kwargs: Mapping[str, object]) -> int | None:
     """Dim 0 of the first input tensor with at least one dimension (``None`` if there is none).
 
     Example::
@@ -38,12 +38,12 @@ def recorded_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | 
 
 
 def synthetic_inputs(
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
     batch_size: int,
     *,
     generator: torch.Generator | None = None,
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+) -> tuple[tuple[object, ...], dict[str, object]]:
     """Inputs like the recorded ones with dim 0 resized to ``batch_size`` where it carries the batch.
 
     A tensor carries the batch when its dim 0 equals the recorded batch size (dim 0 of the first
@@ -62,7 +62,7 @@ def synthetic_inputs(
     # without a generator, seed one from torch's global RNG (as torch.randn would use it)
     draw = generator if generator is not None else torch.Generator().manual_seed(int(torch.randint(2**62, ())))
 
-    def resize(value: Any) -> Any:
+    def resize(value: object) -> object:
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != recorded:
             return value
         tensor, _ = random_like(value, draw, shape=(batch_size, *value.shape[1:]))
@@ -111,18 +111,18 @@ def draw_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> str:
 
 
 def sweep_batch_sizes(
-    fn: Callable[..., Any],
+    fn: Callable[..., object],
     module: torch.nn.Module,
     call: Call,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
     device: torch.device,
     backward: bool,
     batch_sizes: Sequence[int],
     timing_config: TimingConfig,
     progress: Callable[[str], None] | None = None,
-    entry: Callable[..., Any] | None = None,
-) -> list[dict[str, Any]]:
+    entry: Callable[..., object] | None = None,
+) -> list[dict[str, object]]:
     """One row per batch size: median/p10/p90 latency, throughput, FLOPs and achieved FLOP/s of
     ``fn`` on synthetic inputs (or the size's error); ``progress`` is told each size as it starts.
     ``entry`` is what the recorded call called, uncompiled (FLOPs are counted on it): the module, or

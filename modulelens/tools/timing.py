@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ class Timing:
     def median_ms(self) -> float:
         return self.percentile(50)
 
-    def to_dict(self, samples: bool = False) -> dict[str, Any]:
+    def to_dict(self, samples: bool = False) -> dict[str, object]:
         data: dict[str, Any] = {
             "median_ms": self.median_ms,
             "p10_ms": self.percentile(10),
@@ -89,11 +89,11 @@ class TimingConfig:
 
 
 def time_iterations(
-    step: Callable[[], Any],
+    step: Callable[[], object],
     device: torch.device,
     config: TimingConfig = TimingConfig(),
     *,
-    before_each: Callable[[], Any] | None = None,
+    before_each: Callable[[], object] | None = None,
 ) -> Timing:
     """Time ``step()`` once per iteration after ``warmup`` untimed runs.
 
@@ -146,8 +146,8 @@ def time_iterations(
 
 
 def time_pair(
-    reference: Callable[[], Any],
-    candidate: Callable[[], Any],
+    reference: Callable[[], object],
+    candidate: Callable[[], object],
     device: torch.device,
     config: TimingConfig = TimingConfig(),
 ) -> tuple[Timing, Timing]:
@@ -196,7 +196,7 @@ def time_pair(
     return timings["reference"], timings["candidate"]
 
 
-def timing_summary(timing: Timing) -> dict[str, Any]:
+def timing_summary(timing: Timing) -> TimingStats:
     """:func:`timing_stats` of a :class:`Timing` (the form :func:`compare_timings` takes)."""
     return timing_stats(timing.samples_ms, timing.warmup)
 
@@ -221,7 +221,7 @@ class CudaTimer:
         self.flush_buffer = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
         self.flush_bytes = self.flush_buffer.numel() * 4
 
-    def time(self, fn: Callable[[], Any], warmup: int, trials: int) -> dict[str, Any]:
+    def time(self, fn: Callable[[], object], warmup: int, trials: int) -> TimingStats:
         """``warmup`` untimed calls, then ``trials`` timed ones; :func:`timing_stats` of them."""
         for _ in range(warmup):
             fn()
@@ -257,7 +257,32 @@ def _percentile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def timing_stats(times_ms: list[float], warmup: int) -> dict[str, Any]:
+class TimingStats(TypedDict):
+    """A timed series in milliseconds (:func:`timing_stats`); ``spread`` is ``(p90 - p10) / median``."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    spread: float
+    trials: int
+    warmup: int
+
+
+class SpeedupComparison(TypedDict):
+    """A candidate's speedup over a reference (:func:`compare_timings`)."""
+
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    noisy: bool
+    noise: list[str]
+
+
+def timing_stats(times_ms: list[float], warmup: int) -> TimingStats:
     """Median, p10, p90, mean, sample std, min, max (ms) of a list of trial times, and the
     ``spread``: ``(p90 - p10) / median``.
 
@@ -276,7 +301,7 @@ def timing_stats(times_ms: list[float], warmup: int) -> dict[str, Any]:
             "warmup": warmup}
 
 
-def compare_timings(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+def compare_timings(reference: TimingStats, candidate: TimingStats) -> SpeedupComparison:
     """The speedup of ``candidate`` over ``reference`` (two :func:`timing_stats`) with its spread.
 
     Returns:

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import torch
 import torch.utils._pytree as pytree
@@ -31,6 +31,7 @@ from modulelens.tools.timing import TimingConfig, compare_timings, time_pair, ti
 from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
 
 if TYPE_CHECKING:
+    from modulelens.restore.calls import Call
     from modulelens.restore.loader import Capture
 
 
@@ -97,7 +98,7 @@ class CallVerification:
             lines.append(f"call {self.index}: {self.divergence.summary()}")
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return json_safe({
             "call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
             "error": self.error, "unverified": self.unverified,
@@ -125,7 +126,7 @@ class VerifyReport:
     rtol: float | None
     atol: float | None
     calls: list[CallVerification] = field(default_factory=list)
-    state_mismatch: dict[str, Any] | None = None
+    state_mismatch: StateMismatch | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     report_path: str | None = None
@@ -164,7 +165,7 @@ class VerifyReport:
             lines.extend(c.failures)
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return json_safe({
             "ref": self.ref, "candidate": self.candidate, "built_with": self.built_with, "passed": self.passed,
             "status": self.status, "unverified": self.unverified, "device": self.device, "dtype": self.dtype,
@@ -202,7 +203,15 @@ class VerifyReport:
     __repr__ = __str__
 
 
-def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+class StateMismatch(TypedDict):
+    """How a candidate's state dict differs from the recorded one (:func:`load_state_strict`)."""
+
+    missing: list[str]
+    unexpected: list[str]
+    shape: list[dict[str, object]]
+
+
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> StateMismatch | None:
     """Load ``state`` into ``module``; return the mismatch (``None`` when it loaded exactly).
 
     ``missing`` are keys the candidate has that the recording lacks; ``unexpected`` are recorded
@@ -215,7 +224,7 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -
             print(describe_mismatch(mismatch))
     """
     own = module.state_dict()
-    shapes = [
+    shapes: list[dict[str, object]] = [
         {"key": key, "candidate": list(own[key].shape), "recorded": list(value.shape)}
         for key, value in state.items() if key in own and tuple(own[key].shape) != tuple(value.shape)
     ]
@@ -233,9 +242,9 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -
     return None
 
 
-def describe_mismatch(mismatch: dict[str, Any], limit: int = 8) -> str:
+def describe_mismatch(mismatch: StateMismatch, limit: int = 8) -> str:
     """One line naming missing, unexpected and reshaped keys (at most ``limit`` of each)."""
-    def keys(items: list[Any]) -> str:
+    def keys(items: Sequence[object]) -> str:
         shown = ", ".join(str(k) for k in items[:limit])
         return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
@@ -251,7 +260,7 @@ def describe_mismatch(mismatch: dict[str, Any], limit: int = 8) -> str:
     return "the candidate's state dict does not match the recorded one: " + "; ".join(parts)
 
 
-def error_means(expected: Any, actual: Any) -> tuple[float, float]:
+def error_means(expected: object, actual: object) -> tuple[float, float]:
     """Mean absolute and mean relative error over all floating tensor elements of two output trees
     (relative error only where the expected value is non-zero; NaN matching NaN counts as 0).
 
@@ -285,7 +294,7 @@ def error_means(expected: Any, actual: Any) -> tuple[float, float]:
     return (total_abs / count_abs if count_abs else 0.0), (total_rel / count_rel if count_rel else 0.0)
 
 
-def _mutations(before: tuple[Any, Any], after: tuple[Any, Any]) -> list[LeafResult]:
+def _mutations(before: tuple[object, object], after: tuple[object, object]) -> list[LeafResult]:
     changed = []
     for prefix, want, got in (("args", before[0], after[0]), ("kwargs", before[1], after[1])):
         for leaf in compare(want, got, exact=True):
@@ -444,7 +453,7 @@ def _load_recorded_state(module: torch.nn.Module, capture: Capture, state_index:
 
 
 def _run_call(
-    module: torch.nn.Module, capture: Capture, call: Any, result: CallVerification, device: torch.device,
+    module: torch.nn.Module, capture: Capture, call: Call, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
     references: _References | None, timing: TimingConfig | None, *, training: bool,
     expected_from: _References | None = None, judging: _Judging | None = None,
@@ -514,7 +523,7 @@ class _Judging:
     run: OracleRun | None = None  # the current call's oracle
     copies: dict[int, Float64Oracle] = field(default_factory=dict)
 
-    def with_oracle(self, references: _References, call: Any, device: torch.device, dtype: torch.dtype | None,
+    def with_oracle(self, references: _References, call: Call, device: torch.device, dtype: torch.dtype | None,
                     training: bool) -> _Judging:
         """This judging with ``call``'s float64 oracle (the reference in float64 on the call's inputs,
         under its recorded RNG state). When the run is cast to another dtype than the recording, the
@@ -559,7 +568,7 @@ class _Traced:
         return module.to(dtype) if dtype is not None else module
 
 
-def _divergence(candidate: _Traced, references: _References, call: Any, device: torch.device,
+def _divergence(candidate: _Traced, references: _References, call: Call, device: torch.device,
                 dtype: torch.dtype | None, rule: DivergenceRule, training: bool, notes: list[str]) -> Divergence | None:
     """The rebuilt reference and the candidate run again on ``call`` under op traces, and located."""
     try:
@@ -593,7 +602,7 @@ def _output_dtypes(capture: Capture, calls: Sequence[int] | None) -> set[torch.d
     return {capture.dtype} | dtypes if capture.dtype is not None else dtypes
 
 
-def _shapes(call: Any) -> str:
+def _shapes(call: Call) -> str:
     """The dtypes and shapes of a call's tensor inputs: calls with equal ones do the same work."""
     return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
                      for t in pytree.tree_leaves(call.inputs) if isinstance(t, torch.Tensor))

@@ -116,6 +116,20 @@ def test_the_direct_path_prints_what_the_typer_command_prints(populated: Path, a
     assert direct.stdout or direct.stderr
 
 
+def test_version_alone_is_answered_without_typer() -> None:
+    """``modulelens --version`` prints what the root callback prints, importing no typer; with
+    anything beside it, typer answers."""
+    direct = subprocess.run([PYTHON, "-c", FRESH, "--version"], capture_output=True, text=True, env=subprocess_env(),
+                            timeout=120)
+    through_typer = subprocess.run([PYTHON, "-c", THROUGH_TYPER, "--version"], capture_output=True, text=True,
+                                   env=subprocess_env(), timeout=120)
+    version_line, report = direct.stdout.splitlines()
+    assert (version_line + "\n", through_typer.stdout, through_typer.returncode) == (
+        f"modulelens {modulelens.__version__}\n", f"modulelens {modulelens.__version__}\n", 0)
+    assert json.loads(report) == {"code": 0, "heavy": []}
+    assert parse(["--version", "ls"]) is None
+
+
 @pytest.mark.parametrize("through_typer", [False, True])
 def test_a_reader_that_left_the_pipe_ends_ls_quietly(populated: Path, through_typer: bool) -> None:
     """``modulelens ls | head`` after head left: exit 1 and nothing on stderr (no traceback, no

@@ -1,7 +1,7 @@
 """A capture's first view does only what the page shows (issue 35 item 6): whether a capture whose
 file is not the lines that were signed is the user's own is asked for after the page (its cell
-fills in), the saved file still says it; the job column's background read takes the environment
-from its own line and waits for the pages. In-process on the real app; the timings are in
+fills in), the saved file says it when it is known and that it was not checked otherwise; the job
+column's background read takes the environment from its own line and waits for the pages. In-process on the real app; the timings are in
 benchmarks/bench_ui.py --huge and the stress row."""
 
 from __future__ import annotations
@@ -39,10 +39,15 @@ def repo(tmp_path: Path) -> modulelens.Repo:
 
 def test_a_reformatted_capture_is_yours_once_its_cell_is_asked_for(repo: modulelens.Repo) -> None:
     """Reformatted (one line, as json.dumps writes it): the page does not encode it again to check
-    its signature, its cell asks; the answer is "yours" (reformatting is not editing), and the saved
-    file, which has no server to ask, says so itself."""
+    its signature, its cell asks; the answer is "yours" (reformatting is not editing). The saved
+    file has no server to ask: made first thing (a fresh server, nobody asked) it says it was not
+    checked and where it is, never "yours" unchecked; made from the page (whose cell asked), it says "yours"."""
     ref = make_base_capture(repo, "team/linear")
     rewrite(repo, ref, lambda meta: None)
+    cold = TestClient(create_app(RepoView(repo, scan_jobs=False), UiSettings()), base_url=LOCAL)
+    unchecked = _cell(cold.get(f"/capture/{ref}/export").text)
+    assert "hx-get" not in unchecked and "checking…" not in unchecked and "yours" not in unchecked
+    assert "not checked in this file" in unchecked and "modulelens ui" in unchecked
     web = TestClient(create_app(RepoView(repo, scan_jobs=False), UiSettings()), base_url=LOCAL)
     cell = _cell(web.get(f"/capture/{ref}").text)
     assert f'hx-get="/capture/{ref}/provenance" hx-trigger="load" hx-swap="outerHTML"' in cell and "checking…" in cell
@@ -51,8 +56,7 @@ def test_a_reformatted_capture_is_yours_once_its_cell_is_asked_for(repo: modulel
     assert '<span class="pill pass">yours</span> saved by you into this repo (signed)' in answer.text
     assert "hx-get" not in answer.text
     assert "hx-get" not in _cell(web.get(f"/capture/{ref}").text)  # known now: the page has it
-    saved = TestClient(create_app(RepoView(repo, scan_jobs=False), UiSettings()), base_url=LOCAL)
-    exported = saved.get(f"/capture/{ref}/export").text
+    exported = web.get(f"/capture/{ref}/export").text
     assert "hx-get" not in _cell(exported) and '<span class="pill pass">yours</span>' in _cell(exported)
 
 

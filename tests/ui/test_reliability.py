@@ -20,8 +20,10 @@ from modulelens.interfaces.ui import discovery, pages, shown
 from modulelens.interfaces.ui.repo_view import RepoView
 from modulelens.interfaces.ui.server import UiSettings, create_app, host_of, same_origin_path
 from modulelens.interfaces.value_text import spec_leaf_paths, spec_leaf_window
+from modulelens.repo import reports as stored_reports
+from modulelens.repo.reports import parse_report
 from stress.hostile import make_base_capture
-from stress.huge_captures import huge_repo
+from stress.huge_captures import huge_repo, many_reports
 from stress.ui_rows import HEADERS, PAGE_BYTES, _bad_statistics, _hostile_reports
 
 LOCAL = "http://127.0.0.1:8765"
@@ -81,6 +83,44 @@ def test_long_lists_are_paged_and_counted(huge: tuple[modulelens.Repo, dict[str,
     assert "20 of 3,000 reports (21-40)" in reports and reports.count('<section class="report"') == 20
     assert len(re.findall(r'class="plot sweep"', reports)) <= shown.SWEEP_PLOTS
     assert web.get("/?per_page=all").text.count('class="ref"') <= shown.MAX_PER_PAGE
+
+
+def test_a_page_reads_and_checks_only_the_reports_it_shows(huge: tuple[modulelens.Repo, dict[str, str]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 reports: the reports page reads its 20 and the newest profile reports of its figure, the
+    capture page the newest it names, the saved file its first page; the rest are counted by name."""
+    repo, refs = huge
+    web = client(repo)
+    parsed: list[str] = []
+
+    def counted(data: bytes, where: str) -> dict[str, Any]:
+        parsed.append(where)
+        return parse_report(data, where)
+
+    monkeypatch.setattr(stored_reports, "parse_report", counted)
+    page = web.get(f"/capture/{refs['reports']}/reports?page=150").text
+    assert "20 of 3,000 reports (2,981-3,000)" in page and page.count('<section class="report"') == 20
+    assert f"the newest {shown.PLOTTED_PROFILES} of 1,500 profile reports" in page
+    assert 20 < len(parsed) <= shown.REPORTS_PER_PAGE + shown.PLOTTED_PROFILES
+    for path, most in ((f"/capture/{refs['reports']}", shown.LISTED), (f"/capture/{refs['reports']}/export",
+                                                                        shown.LISTED + shown.REPORTS_PER_PAGE
+                                                                        + shown.PLOTTED_PROFILES)):
+        parsed.clear()
+        assert web.get(path).status_code == 200 and 0 < len(parsed) <= most, (path, len(parsed))
+
+
+def test_a_damaged_report_is_named_on_the_page_that_would_show_it(tmp_path: Path) -> None:
+    repo = modulelens.Repo(tmp_path / "repo")
+    ref = make_base_capture(repo, "errors/many")
+    many_reports(repo, ref, 45)
+    folder = repo.version_path(*repo.resolve(ref)) / "reports"
+    (folder / "verify-20000101T000000Z-0bad.json").write_text('{"kind": "verify", "calls": [{"max_abs_error": [1]}]}')
+    web = client(repo)
+    first, last = web.get(f"/capture/{ref}/reports").text, web.get(f"/capture/{ref}/reports?page=3").text
+    assert "20 of 46 reports (1-20)" in first and "0bad" not in first  # the oldest: on the last page
+    assert "6 of 46 reports (41-46)" in last and last.count('<section class="report"') == 5
+    assert "report verify-20000101T000000Z-0bad.json: calls[0].max_abs_error: expected a number, found list" in last
+    assert "reports (46)" in web.get(f"/capture/{ref}").text
 
 
 def test_plot_text_is_plain_text(huge: tuple[modulelens.Repo, dict[str, str]]) -> None:

@@ -21,9 +21,12 @@ import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from modulelens.errors import UsageError
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
 SKILL_NAME = "modulelens"
 SKILL_DIR = Path(".claude") / "skills" / SKILL_NAME
@@ -45,7 +48,7 @@ class InstallResult:
         """Files left alone because they were edited after modulelens wrote them."""
         return [f["path"] for f in self.files if f["status"] == "kept-modified"]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"project": self.project, "skill_dir": self.skill_dir, "files": self.files, "kept_modified": self.kept}
 
 
@@ -58,7 +61,7 @@ def bundled_files(cursor: bool) -> dict[Path, bytes]:
     root = resources.files(__package__) / "files"
     out: dict[Path, bytes] = {}
 
-    def walk(node: Any, rel: Path) -> None:
+    def walk(node: Traversable, rel: Path) -> None:
         for child in sorted(node.iterdir(), key=lambda c: c.name):
             if child.name == "__pycache__" or child.name.endswith(".pyc"):
                 continue

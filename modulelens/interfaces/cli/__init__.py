@@ -10,9 +10,11 @@ console script reaches typer only when the direct path declines the command line
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+_TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of a fresh `ls`)
+if _TYPE_CHECKING:
+    from typing import Any
+
     from modulelens.interfaces.cli.root import app
 
 __all__ = ["app", "main"]
@@ -22,7 +24,6 @@ def main() -> None:
     """The ``modulelens`` console script: a plain ``ls``/``show`` on the direct path, anything else
     through the typer app."""
     from modulelens.interfaces.cli._direct import run
-    from modulelens.interfaces.output import err_console
 
     try:
         if not run(sys.argv[1:]):
@@ -30,6 +31,8 @@ def main() -> None:
 
             app()
     except KeyboardInterrupt:
+        from modulelens.interfaces.output import err_console  # here: output.py compiles its patterns on import
+
         err_console.print("interrupted")
         sys.exit(130)
 

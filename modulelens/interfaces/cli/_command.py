@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import typer
 from typer.core import TyperCommand
@@ -12,7 +12,8 @@ from typer.core import TyperCommand
 from modulelens.interfaces._errors import KNOWN_ERRORS
 from modulelens.interfaces.cli._errors import DebugState, report_error, silence_stdout
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def take_as_given(params: list[Any]) -> None:
@@ -79,14 +80,15 @@ class _Command(GivenValues, TyperCommand):
     """typer's command with :func:`take_as_given` parameters."""
 
 
-def command(group: typer.Typer, name: str, *, json_name: str | None = None, **settings: Any) -> Callable[[F], F]:
+def command(group: typer.Typer, name: str, *, json_name: str | None = None,
+            context_settings: dict[str, object] | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Register a command on ``group`` whose known errors become one line (or a JSON error) and an exit code.
 
     Args:
         group: the typer app of the command's module (assembled into the root app by ``root.py``).
         name: the command name (``modulelens <name>`` or ``modulelens <group> <name>``).
         json_name: the ``command`` field of its JSON envelope (default: ``name``).
-        **settings: passed to ``typer.Typer.command`` (``context_settings``...).
+        context_settings: passed to ``typer.Typer.command`` (click's settings: extra arguments...).
 
     Returns:
         A decorator that returns the function unchanged (so it stays callable in tests).
@@ -100,9 +102,9 @@ def command(group: typer.Typer, name: str, *, json_name: str | None = None, **se
     """
     label = json_name or name
 
-    def decorate(func: F) -> F:
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 return func(*args, **kwargs)
             except BrokenPipeError:  # `modulelens ls | head`: the reader left; end quietly, like other tools
@@ -113,7 +115,7 @@ def command(group: typer.Typer, name: str, *, json_name: str | None = None, **se
                     raise
                 raise report_error(label, error, bool(kwargs.get("as_json"))) from None
 
-        group.command(name, cls=_Command, **settings)(wrapper)
+        group.command(name, cls=_Command, context_settings=context_settings)(wrapper)
         return func
 
     return decorate

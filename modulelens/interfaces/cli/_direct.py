@@ -9,14 +9,20 @@ that command's own options and arguments, spelled as click reads them, the comma
 never decides a usage question: it only skips the framework when the command line is one typer
 would accept anyway. tests/interfaces/test_cli_direct.py checks that its table of options matches
 the typer commands' and that both paths print the same thing.
+
+A plain ``ls`` first goes one step further: ``_quick_ls.py`` lists a local repo in its plain state
+from its index files without importing the repo package (declining anything else, having printed
+nothing, to ``browse.py``); and ``--version`` alone is answered here, as the root callback answers it.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+
+_TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of a fresh start)
+if _TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 # Each command's options as the direct path reads them: option -> (keyword, what it takes), where it
 # takes "flag" (True when given), "value" (the next argument) or "values" (repeatable, a list); and
@@ -32,32 +38,16 @@ COMMANDS: dict[str, tuple[_Options, tuple[str, ...], int]] = {
 }
 
 
-class _DeclinedError(Exception):
-    """The command line is typer's to answer (help, a usage error, anything the table lacks)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would print usage and exit: typer does that
-        raise _DeclinedError(message)
-
-
-def _parser(command: str) -> _Parser:
-    options, positionals, required = COMMANDS[command]
-    # no abbreviations, no -h: an option is spelled exactly as the typer command spells it
-    parser = _Parser(prog=f"modulelens {command}", add_help=False, allow_abbrev=False)
-    for spelling, (keyword, takes) in options.items():
-        action = {"flag": "store_true", "value": "store", "values": "append"}[takes]
-        parser.add_argument(spelling, dest=keyword, action=action, default=argparse.SUPPRESS)
-    for index, keyword in enumerate(positionals):
-        parser.add_argument(keyword, nargs=None if index < required else "?", default=argparse.SUPPRESS)
-    return parser
-
-
 def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     """``(command, keyword arguments)`` when ``argv`` is a plain ``ls``/``show`` command line, else None.
 
-    Read with argparse from :data:`COMMANDS`; whatever argparse would refuse, and any option the
-    table lacks (``--help``, ``--``, ``-1``), is declined for typer to answer as usual.
+    Read from :data:`COMMANDS` in the shapes click reads the same way: an option spelled whole
+    (``--repo DIR`` or ``--repo=DIR``; no abbreviation), a flag without a value, arguments anywhere
+    between them, the last of a repeated single-valued option winning. Anything else (``--help``,
+    ``--``, a number such as ``-1``, an unknown option, a value that starts with ``-``, too few or too
+    many arguments) is declined for typer to answer as usual. A hand-read table and not argparse:
+    argparse's import, its translations and its help formatter (which imports shutil, bz2 and lzma)
+    took 4 ms of a ~30 ms ``ls``, and it accepts shapes click refuses (abbreviations).
 
     Args:
         argv: the arguments after the program name.
@@ -72,18 +62,41 @@ def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     """
     if not argv or argv[0] not in COMMANDS:
         return None
-    options = COMMANDS[argv[0]][0]
-    # argparse reads `--` and a number such as `-1` as positional; click calls them an option
-    if any(token.startswith("-") and token != "-" and token.partition("=")[0] not in options for token in argv[1:]):
+    options, positionals, required = COMMANDS[argv[0]]
+    keywords: dict[str, Any] = {}
+    arguments: list[str] = []
+    tokens = iter(argv[1:])
+    for token in tokens:
+        if not token.startswith("-") or token == "-":
+            arguments.append(token)
+            continue
+        spelling, given, value = token.partition("=")
+        if spelling not in options:
+            return None
+        keyword, takes = options[spelling]
+        if takes == "flag":
+            if given:
+                return None  # click refuses a value for a flag
+            keywords[keyword] = True
+            continue
+        if not given:
+            following = next(tokens, None)
+            if following is None or (following.startswith("-") and following != "-"):
+                return None  # click would take `--json` as the value, or say the value is missing
+            value = following
+        if takes == "values":
+            keywords.setdefault(keyword, []).append(value)
+        else:
+            keywords[keyword] = value
+    if not required <= len(arguments) <= len(positionals):
         return None
-    try:
-        return argv[0], vars(_parser(argv[0]).parse_args(argv[1:]))
-    except _DeclinedError:
-        return None
+    keywords.update(zip(positionals, arguments, strict=False))  # the optional ones may be absent
+    return argv[0], keywords
 
 
 def run(argv: list[str]) -> bool:
-    """Run ``argv`` on the direct path when :func:`parse` accepts it, exiting as the typer command would.
+    """Run ``argv`` on the direct path when :func:`parse` accepts it (or it is ``--version`` alone),
+    exiting as the typer command would.
 
     Args:
         argv: the arguments after the program name.
@@ -91,10 +104,20 @@ def run(argv: list[str]) -> bool:
     Returns:
         False when the command line is typer's to run (nothing was done); otherwise it exits.
     """
+    if argv == ["--version"]:  # what the root callback prints (root.py), without building the app
+        from modulelens import __version__
+
+        sys.exit(_write(f"modulelens {__version__}\n"))
     parsed = parse(argv)
     if parsed is None:
         return False
     command, keywords = parsed
+    if command == "ls":
+        from modulelens.interfaces.cli._quick_ls import listing_text
+
+        text = listing_text(keywords)  # a plain local repo, from its index files alone; else None
+        if text is not None:
+            sys.exit(_write(text))
     from modulelens.interfaces.cli import browse
 
     functions: dict[str, Callable[..., None]] = {"ls": browse.list_captures, "show": browse.show_capture}
@@ -114,4 +137,18 @@ def run_reporting(label: str, func: Callable[..., None], keywords: dict[str, Any
         return 1
     except KNOWN_ERRORS as error:
         return print_error(label, error, bool(keywords.get("as_json")))
+    return 0
+
+
+def _write(text: str) -> int:
+    """Print ``text`` as ``output.echo`` prints (flushed at once); the exit code, 1 when the reader
+    left the pipe (ended quietly, as :func:`run_reporting` ends it)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from modulelens.interfaces.cli._errors import silence_stdout
+
+        silence_stdout()
+        return 1
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
@@ -12,7 +12,8 @@ from modulelens.interfaces.cli._command import command
 from modulelens.interfaces.cli._options import DeviceOpt, DtypeOpt, JsonOpt, RepoOpt
 from modulelens.interfaces.output import console, emit, err_console, rich_table
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 app = typer.Typer()
 agent_app = typer.Typer(
@@ -22,9 +23,9 @@ agent_app = typer.Typer(
 )
 
 
-def _agent_command(name: str, **settings: Any) -> Callable[[F], F]:
+def _agent_command(name: str, context_settings: dict[str, object] | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """``cli.command`` for ``modulelens agent <name>`` (JSON ``command``: ``"agent <name>"``)."""
-    return command(agent_app, name, json_name=f"agent {name}", **settings)
+    return command(agent_app, name, json_name=f"agent {name}", context_settings=context_settings)
 
 
 # ------------------------------------------------------------------------------------- shell

@@ -117,7 +117,7 @@ def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str
     reports, each cut counted (a call returning a million leaves printed 7.9 MB, issue 35)."""
     from modulelens.interfaces.value_text import call_text, python_like
 
-    def value(v: Any, limit: int | None = None) -> str:
+    def value(v: object, limit: int | None = None) -> str:
         return python_like(v, constructions=constructions, tensors=tensors, limit=limit)
 
     echo(f"{d['ref']}", bold=True)

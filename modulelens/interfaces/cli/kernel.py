@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
@@ -33,12 +33,13 @@ kernel_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def kernel_command(name: str, **settings: Any) -> Callable[[F], F]:
+def kernel_command(name: str, context_settings: dict[str, object] | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """``cli.command`` for ``modulelens kernel <name>`` (JSON ``command``: ``"kernel <name>"``)."""
-    return command(kernel_app, name, json_name=f"kernel {name}", **settings)
+    return command(kernel_app, name, json_name=f"kernel {name}", context_settings=context_settings)
 
 
 CallsOpt = Annotated[str | None, typer.Option("--calls", help="Recorded calls to use, by position: 0,2,3 (default: all).")]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 
-def _say(**fields: Any) -> None:
+def _say(**fields: object) -> None:
     print(json.dumps(fields, default=str), flush=True)
 
 
-def _replay(ref: str, repo: str) -> dict[str, Any]:
+def _replay(ref: str, repo: str) -> dict[str, object]:
     from modulelens.interfaces import session
     from modulelens.tools.reports import store_report
 
@@ -42,7 +41,7 @@ def _replay(ref: str, repo: str) -> dict[str, Any]:
             "calls": len(combined.calls), "mode": combined.mode}
 
 
-def _profile(ref: str, repo: str) -> dict[str, Any]:
+def _profile(ref: str, repo: str) -> dict[str, object]:
     from modulelens.interfaces import session
     from modulelens.tools.profile import profile
 
@@ -54,7 +53,7 @@ def _profile(ref: str, repo: str) -> dict[str, Any]:
             "peak_bytes": report.memory.get("peak_bytes"), "flops": report.flops["total"]}
 
 
-def _diff(a: str, b: str, repo: str) -> dict[str, Any]:
+def _diff(a: str, b: str, repo: str) -> dict[str, object]:
     from modulelens.interfaces import session
     from modulelens.tools.diff import diff
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from modulelens.format.human import human_number
+from modulelens.interfaces.ui.shown import mapping_or_empty
 
 HIST_WIDTH = 240
 HIST_HEIGHT = 56
@@ -109,7 +110,7 @@ def plain_text() -> Iterator[None]:
         yield
 
 
-def _label(value: Any) -> str:
+def _label(value: object) -> str:
     text = str(value) if value is not None else ""
     return text if len(text) <= TITLE_LIMIT else text[:TITLE_LIMIT - 1] + "…"
 
@@ -161,7 +162,7 @@ def _history_plot(profiles: list[dict[str, Any]]) -> str:
     latency_ax.plot(range(len(profiles)), medians, marker="o")
     latency_ax.set(title="median latency (ms)", xticks=range(len(profiles)))
     latency_ax.set_xticklabels(labels, rotation=30, fontsize=7)
-    peaks = [_number(_part(r, "memory").get("peak_bytes")) / 2**20 for r in profiles]
+    peaks = [_number(mapping_or_empty(r.get("memory")).get("peak_bytes")) / 2**20 for r in profiles]
     memory_ax.bar(range(len(profiles)), [0 if math.isnan(p) else p for p in peaks], color="tab:purple")
     memory_ax.set(title="peak memory (MiB)", xticks=range(len(profiles)))
     memory_ax.set_xticklabels(labels, rotation=30, fontsize=7)
@@ -173,7 +174,7 @@ def _history_plot(profiles: list[dict[str, Any]]) -> str:
             if not isinstance(row, dict):
                 continue
             flops, achieved, median = (_number(row.get(k)) for k in ("flops", "achieved_flops_per_s", "median_ms"))
-            bytes_moved = _number(_part(r, "bytes_moved").get("total"))
+            bytes_moved = _number(mapping_or_empty(r.get("bytes_moved")).get("total"))
             if flops and bytes_moved and achieved and median:
                 points.append((flops / bytes_moved, achieved, "tab:orange"))
     points = [(x, y, c) for x, y, c in points if math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0]
@@ -190,10 +191,5 @@ def _history_plot(profiles: list[dict[str, Any]]) -> str:
     return png_data_uri(buffer.getvalue())
 
 
-def _part(report: dict[str, Any], key: str) -> dict[str, Any]:
-    value = report.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _number(value: Any) -> float:
+def _number(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan

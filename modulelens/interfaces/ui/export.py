@@ -24,6 +24,6 @@ def standalone_html(view: RepoView, capture: StoredCapture) -> str:
         view = RepoView(Repo("/data/captures"), scan_jobs=False)
         html = standalone_html(view, view.capture("demo/top_mlp", 1))
     """
-    found = view.reports(capture.ref)
+    found = view.reports(capture.name, capture.version)
     return render.standalone_page(pages.capture_page(view, capture, histograms=True, reports=found),
                                   report_pages.reports_page(view, capture, found=found))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
@@ -31,6 +31,9 @@ from modulelens.interfaces.ui.shown import (
     when,
 )
 from modulelens.interfaces.value_text import short_class
+
+if TYPE_CHECKING:
+    from modulelens.repo import VersionInfo, VersionNotes
 
 
 def name_href(name: str) -> str:
@@ -77,13 +80,13 @@ def name_page(view: RepoView, name: str, page: int = 1) -> dict[str, Any]:
             "pick_b": rows[0]["ref"] if rows else ""}
 
 
-def _timeline(view: RepoView, infos: list[Any], notes: Mapping[int, Any]) -> list[dict[str, Any]]:
+def _timeline(view: RepoView, infos: list[VersionInfo], notes: Mapping[int, VersionNotes]) -> list[dict[str, Any]]:
     """What happened to ``infos``' versions, newest first: saved (by which job), each report made
     on them (the newest :data:`~.shown.TIMELINE_REPORTS` of each, and how many more), notes edited.
     At the same second a version's reports and notes come before its save (they came after it)."""
     events: list[dict[str, Any]] = []
 
-    def event(stamp: str, info: Any, rank: int, text: str, href: str, line: Mapping[str, Any] | None = None,
+    def event(stamp: str, info: VersionInfo, rank: int, text: str, href: str, line: Mapping[str, Any] | None = None,
               kind: str = "saved") -> dict[str, Any]:
         return {"when": stamp, "ref": info.ref, "kind": kind, "text": text, "href": href,
                 "passed": line["passed"] if line else None, "verdict": line["verdict"] if line else None,
@@ -96,15 +99,16 @@ def _timeline(view: RepoView, infos: list[Any], notes: Mapping[int, Any]) -> lis
         if job and job["commit"] != "-":
             saved += f" at commit {job['commit']}"
         events.append(event(when(info.created), info, 0, saved, href))
-        reports, _ = view.reports(info.ref)
-        shown = [report_line(report) for report in reports[:TIMELINE_REPORTS]]
+        stored = view.reports(info.name, info.version)
+        shown = [report_line(report) for report in stored.read(0, TIMELINE_REPORTS)[0]]
         for line in shown:
             events.append(event(when(line["created"]), info, 2, f"{line['kind']} report"
                                 + (f" of {line['about']}" if line["about"] else ""),
                                 f"{href}/reports#{report_anchor(line)}", line, kind=line["kind"]))
-        if len(reports) > len(shown):  # right after the oldest report listed
+        older = len(stored) - TIMELINE_REPORTS  # (the newest files read: a damaged one is named on the reports page)
+        if older > 0 and shown:  # right after the oldest report listed
             oldest = min(when(line["created"]) for line in shown)
-            more = event("", info, 1, f"{len(reports) - len(shown):,} older reports", f"{href}/reports", kind="more")
+            more = event("", info, 1, f"{older:,} older reports", f"{href}/reports", kind="more")
             more["order"] = (oldest, info.version, 1)
             events.append(more)
         note = notes.get(info.version)
@@ -117,11 +121,10 @@ def _timeline(view: RepoView, infos: list[Any], notes: Mapping[int, Any]) -> lis
 # --------------------------------------------------------------------------------------- capture
 
 
-def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]], *,
-                 settle: bool = False) -> dict[str, Any]:
+def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]], report_count: int) -> dict[str, Any]:
     """What a capture page shows beside the capture itself: its aliases and tags as they are now,
-    its description, where it came from (lineage), and the snippets that use it. ``settle``: check
-    whether it is the user's own now, whatever it costs (a saved file has no server to ask later)."""
+    its description, where it came from (lineage), and the snippets that use it. ``reports``: the
+    newest of the version's ``report_count`` reports (at least :data:`~.shown.LISTED`, when it has them)."""
     listing = {info.version: info for info in view.name_versions(capture.name)}
     info = listing.get(capture.version, capture.info)
     notes, notes_problem = view.name_notes(capture.name)
@@ -132,25 +135,26 @@ def capture_home(view: RepoView, capture: StoredCapture, reports: list[dict[str,
             "captured_tags": listed(capture.metadata.get("tags") or []),
             "description": note.description if note else "", "notes_by": as_text(note.by, 300) if note else "",
             "notes_updated": when(note.updated) if note and note.updated else "", "notes_problem": notes_problem,
-            "name_href": name_href(capture.name), "lineage": lineage(view, capture, reports, settle=settle),
+            "name_href": name_href(capture.name), "lineage": lineage(view, capture, reports, report_count),
             "snippets": snippets(capture, view.location, own=_own_source(view, capture))}
 
 
 def _own_source(view: RepoView, capture: StoredCapture) -> bool:
     """Whether the capture's stored source loads without trust (its snippet says so): only a capture
-    with stored source asks whether it is the user's own."""
+    with stored source asks whether it is the user's own, and only what is known without encoding it
+    again (not known yet: the snippet says how trust is given, which is never wrong, only cautious)."""
     if not capture.metadata.get("sources"):
         return False
-    own = view.provenance(capture)
+    own = view.provenance(capture, settle=False)
     return own is not None and own[0]
 
 
-def lineage(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]], *,
-            settle: bool = False) -> dict[str, Any]:
+def lineage(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]], report_count: int) -> dict[str, Any]:
     """Where a version came from and what used it: the capturing job (command, host, process, rank,
     git commit), the software, the repo it was copied from, whether it is this user's own signed
-    capture (``None`` until the page asks ``provenance_href``, when only encoding its metadata again
-    can tell and ``settle`` is false), and the reports made on it (newest first)."""
+    capture (``None`` when only encoding its metadata again can tell and nobody has asked
+    ``provenance_href`` yet: the page asks it after it is shown, a saved file says it was not
+    checked), and the reports made on it (newest first)."""
     meta = capture.metadata
     env: dict[str, Any] = meta["environment"] if isinstance(meta.get("environment"), dict) else {}
     argv = env.get("argv")
@@ -164,12 +168,12 @@ def lineage(view: RepoView, capture: StoredCapture, reports: list[dict[str, Any]
     return {"saved": when(meta.get("created") or capture.info.created), "job": job, "software": software or "-",
             "device": as_text(env.get("platform") or "-", 300),
             "origin": (as_text(origin.get("ref"), 300), as_text(origin.get("repo"), 500)) if origin else None,
-            "own": view.provenance(capture, settle=settle),
+            "own": view.provenance(capture, settle=False),
             "provenance_href": f"/capture/{quote(capture.ref, safe='/:')}/provenance",
             "reports": [{**line, "created": when(line["created"]),
                          "href": f"/capture/{quote(capture.ref, safe='/:')}/reports#{report_anchor(line)}"}
                         for line in (report_line(r) for r in reports[:LISTED])],
-            "reports_more": max(len(reports) - LISTED, 0)}
+            "reports_more": max(report_count - min(len(reports), LISTED), 0)}
 
 
 def snippets(capture: StoredCapture, location: str, *, own: bool) -> list[dict[str, str]]:

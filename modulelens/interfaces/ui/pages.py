@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from modulelens.errors import UsageError
@@ -26,8 +26,8 @@ from modulelens.format.human import human_bytes, human_number
 from modulelens.interfaces.tensor_info import state_rows, tree_rows
 from modulelens.interfaces.ui import charts
 from modulelens.interfaces.ui.home import capture_home, name_href
-from modulelens.interfaces.ui.repo_view import Listing, RepoView, StoredCapture
-from modulelens.interfaces.ui.report_pages import Reports, report_line
+from modulelens.interfaces.ui.repo_view import Listing, RepoView, StoredCapture, VersionReports
+from modulelens.interfaces.ui.report_pages import report_line
 from modulelens.interfaces.ui.shown import (
     CALLS_PER_PAGE,
     LEAVES_PER_PAGE,
@@ -57,6 +57,9 @@ SORTS = ("created", "name", "class", "size", "calls")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 # ------------------------------------------------------------------------------------------ repo
+
+if TYPE_CHECKING:
+    from modulelens.repo import VersionInfo
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def _job_cell(ref: str) -> str:
     return "job-" + hashlib.blake2s(ref.encode(), digest_size=8).hexdigest()
 
 
-def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[Any], Window]:
+def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[VersionInfo], Window]:
     """Every version, the ones matching ``query`` in its order (worked out once per listing), and
     the window of its page."""
     listing = view.listing()
@@ -150,7 +153,7 @@ def _matching(view: RepoView, query: RepoQuery) -> tuple[Listing, list[Any], Win
     return listing, chosen, Window.of(len(chosen), query.page, query.per_page)
 
 
-def _search(query: RepoQuery, infos: list[Any]) -> list[Any]:
+def _search(query: RepoQuery, infos: list[VersionInfo]) -> list[VersionInfo]:
     """The versions of ``infos`` that match ``query``, in its order."""
     needle = query.text.lower()
     chosen = []
@@ -231,7 +234,7 @@ class CaptureQuery:
 
 
 def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | None = None, *,
-                 histograms: bool = False, reports: Reports | None = None) -> dict[str, Any]:
+                 histograms: bool = False, reports: VersionReports | None = None) -> dict[str, Any]:
     """The capture page of one version.
 
     Args:
@@ -239,9 +242,8 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
         capture: the stored version.
         query: which recorded state's parameters, and which page of calls and of parameters.
         histograms: include the histogram of the call tensors shown (the self-contained file,
-            which has no server to ask when one is clicked; at most :data:`STANDALONE_HISTOGRAMS`),
-            and whether it is the user's own, however long that takes to check.
-        reports: the version's reports, when the caller has read them (:meth:`RepoView.reports`).
+            which has no server to ask when one is clicked; at most :data:`STANDALONE_HISTOGRAMS`).
+        reports: the version's reports, when the caller has listed them (:meth:`RepoView.reports`).
 
     Raises:
         UsageError: ``state`` is not a recorded state.
@@ -263,11 +265,12 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
                    for position in range(call_window.start, call_window.stop)]
     versions = view.version_numbers(capture.name)
     earlier = [v for v in versions if v < capture.version]
-    found, report_problems = reports or view.reports(capture.ref)
+    stored = reports if reports is not None else view.reports(capture.name, capture.version)
+    found, report_problems = stored.read(0, max(LISTED, REPORTS_LISTED))  # the newest: all the page names
     arguments = list(argument_texts(construction, meta).items()) if construction else []
     later = [v for v in versions if v > capture.version]
     return {
-        **capture_home(view, capture, found, settle=histograms),  # aliases, tags, notes, lineage, snippets
+        **capture_home(view, capture, found, len(stored)),  # aliases, tags, notes, lineage, snippets
         "title": capture.ref, "ref": capture.ref, "name": capture.name, "version": capture.version,
         "created": info.created, "size": human_bytes(info.nbytes),
         "module_class": as_text(module.get("class", ""), 500), "cls": short_class(module.get("class", "")),
@@ -291,7 +294,7 @@ def capture_page(view: RepoView, capture: StoredCapture, query: CaptureQuery | N
         "sources": _sources(capture), "versions": versions[-LISTED:], "versions_more": max(len(versions) - LISTED, 0),
         "previous": f"{capture.name}:v{earlier[-1]}" if earlier else None,
         "next": f"{capture.name}:v{later[0]}" if later else None,
-        "reports": [report_line(r) for r in found[:REPORTS_LISTED]], "report_count": len(found),
+        "reports": [report_line(r) for r in found[:REPORTS_LISTED]], "report_count": len(stored),
         "report_problems": listed(report_problems, 10),
     }
 

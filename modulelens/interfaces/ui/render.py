@@ -14,9 +14,8 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlencode
 
 import jinja2
@@ -53,7 +52,7 @@ def ref_path(ref: str) -> str:
     return quote(ref, safe="/:")
 
 
-def query(params: dict[str, Any]) -> str:
+def query(params: Mapping[str, object]) -> str:
     """``?a=1&b=x`` (empty for no parameters)."""
     return "?" + urlencode(params) if params else ""
 
@@ -73,7 +72,7 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render(template: str, context: dict[str, Any], *, standalone: bool = False, allow_run: bool = False,
+def render(template: str, context: Mapping[str, object], *, standalone: bool = False, allow_run: bool = False,
            allow_write: bool = False, csrf: str = "") -> str:
     """One page (or fragment) as HTML.
 
@@ -96,7 +95,7 @@ FIRST_PIECE = 4096  # bytes of a streamed page sent first: its head, filters and
 PIECE = 65536
 
 
-def stream(template: str, context: dict[str, Any], *, allow_run: bool = False, allow_write: bool = False,
+def stream(template: str, context: Mapping[str, object], *, allow_run: bool = False, allow_write: bool = False,
            csrf: str = "") -> Iterator[bytes]:
     """:func:`render` of a server page, in pieces as the template produces them: the first
     :data:`FIRST_PIECE` bytes as soon as they are there, then :data:`PIECE` at a time (the template's
@@ -128,7 +127,7 @@ def standalone_csp() -> str:
     return f"default-src 'none'; style-src 'sha256-{digest}'; img-src data:; base-uri 'none'; form-action 'none'"
 
 
-def standalone_page(capture_context: dict[str, Any], reports_context: dict[str, Any]) -> str:
+def standalone_page(capture_context: Mapping[str, object], reports_context: Mapping[str, object]) -> str:
     """A capture page and its reports in one self-contained HTML file (``modulelens report``)."""
     keys = ("report_list", "history_plot", "report_count", "report_problems", "history_counted")
     return render("standalone.html", {**capture_context, **{k: reports_context[k] for k in keys}}, standalone=True)

@@ -12,12 +12,12 @@ one formatter (``speedup 0.69x``, ``1.23 ms``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from modulelens.interfaces.ui import charts
-from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
+from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture, VersionReports
 from modulelens.interfaces.ui.shown import (
     PLOTTED_PROFILES,
     REPORT_JSON,
@@ -40,7 +40,6 @@ from modulelens.interfaces.ui.shown import (
     when,
 )
 
-Reports = tuple[list[dict[str, Any]], list[str]]  # a version's reports and the files that are not reports
 _VERDICTS = ("PASS", "FAIL", "UNVERIFIED")
 
 
@@ -63,28 +62,32 @@ def report_anchor(line: Mapping[str, Any]) -> str:
 
 
 def reports_page(view: RepoView, capture: StoredCapture, page: int = 1, *,
-                 found: Reports | None = None) -> dict[str, Any]:
+                 found: VersionReports | None = None) -> dict[str, Any]:
     """The reports stored with one version, newest first, :data:`~.shown.REPORTS_PER_PAGE` at a time,
-    with their plots; reports that are not reports (damaged, hostile) are named, not shown.
-    ``found``: the version's reports, when the caller has read them."""
-    reports, problems = found or view.reports(capture.ref)
-    window = Window.of(len(reports), page, REPORTS_PER_PAGE)
+    with their plots; reports that are not reports (damaged, hostile) are named, not shown. Only
+    the files of the page are read and checked, and the newest :data:`~.shown.PLOTTED_PROFILES`
+    profile reports for the history figure; the others are counted by name.
+    ``found``: the version's reports, when the caller has listed them."""
+    stored = found if found is not None else view.reports(capture.name, capture.version)
+    window = Window.of(len(stored), page, REPORTS_PER_PAGE)
     plots = [SWEEP_PLOTS]
-    shown = [_report(view, r, plots) for r in reports[window.start:window.stop]]
-    profiles = [r for r in reports if r.get("kind") == "profile" and isinstance(r.get("latency"), dict)][:PLOTTED_PROFILES]
+    reports, problems = stored.read(window.start, window.stop)
+    shown = [_report(view, r, plots) for r in reports]
+    newest, _ = stored.read(0, PLOTTED_PROFILES, kind="profile")  # (a damaged one: named where its page shows it)
+    profiles = [r for r in newest if r.get("kind") == "profile" and isinstance(r.get("latency"), dict)]
     paths = tuple(str(r.get("path", "")) for r in profiles)
     history = view.drawn(("history", *paths), lambda: _plot(charts.history_plot, profiles))
     base = f"/capture/{quote(capture.ref, safe='/:')}/reports"
+    named = stored.count("profile")
     return {"title": f"reports of {capture.ref}", "ref": capture.ref, "name": capture.name,
-            "report_list": shown, "history_plot": history, "report_count": len(reports),
+            "report_list": shown, "history_plot": history, "report_count": len(stored),
             "reports_counted": window.counted("reports"),
             "reports_pager": window.links(lambda p: href_with(base, {}, page=page_in_link(p))),
-            "history_counted": f"the newest {len(profiles)} of {sum(r.get('kind') == 'profile' for r in reports):,} "
-                               "profile reports" if len(profiles) == PLOTTED_PROFILES else "",
+            "history_counted": f"the newest {len(profiles)} of {named:,} profile reports" if named > PLOTTED_PROFILES else "",
             "report_problems": listed(problems, 20)}
 
 
-def _plot(draw: Callable[..., str | None], *args: Any) -> str | dict[str, str] | None:
+def _plot(draw: Callable[..., str | None], *args: object) -> str | dict[str, str] | None:
     """A plot's data URI, or ``{"error": ...}`` when it cannot be drawn."""
     try:
         return draw(*args)
@@ -210,7 +213,7 @@ def _kernel(report: Mapping[str, Any], shown: dict[str, Any]) -> None:
                                   [(severity, f.get("rule"), f.get("line"), f.get("message")) for severity, f in findings]))
 
 
-def _divergence_table(found: list[tuple[Any, Any]]) -> dict[str, Any]:
+def _divergence_table(found: Sequence[tuple[object, object]]) -> dict[str, Any]:
     """Where each located call first diverged (docs/tools.md, "First divergence")."""
     rows = []
     for where, divergence in found:
@@ -226,7 +229,7 @@ def _divergence_table(found: list[tuple[Any, Any]]) -> dict[str, Any]:
     return _table("first divergence", ("call", "module", "op", "source", "ULPs", "last agreeing op", "summary"), rows)
 
 
-def _table(title: str, headers: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _table(title: str, headers: tuple[str, ...], rows: Sequence[tuple[object, ...]]) -> dict[str, Any]:
     shown = [["" if c is None else as_text(c, 300) for c in row] for row in rows[:REPORT_ROWS]]
     more = f"{len(rows) - REPORT_ROWS:,} more rows not shown (the stored JSON has them)" if len(rows) > REPORT_ROWS else ""
     return {"title": title, "headers": headers, "rows": shown, "more": more}

@@ -29,7 +29,7 @@ import socket
 import sys
 import threading
 import webbrowser
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modulelens.errors import (
     CaptureNotFoundError,
@@ -155,7 +156,7 @@ class _Ui:
         self.runner = runner
         self.csrf = secrets.token_urlsafe(24)
 
-    def page(self, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+    def page(self, template: str, context: Mapping[str, object], status: int = 200) -> HTMLResponse:
         html = render.render(template, {"repo": self.view.location, **context}, allow_run=self.settings.allow_run,
                              allow_write=self.settings.allow_write, csrf=self.csrf)
         return HTMLResponse(html, status_code=status)
@@ -364,11 +365,11 @@ class _Serving:
 
     _NOT_PAGES = ("/static/", "/job-cells", "/jobs/")
 
-    def __init__(self, app: Callable[..., Awaitable[None]], view: RepoView) -> None:
+    def __init__(self, app: ASGIApp, view: RepoView) -> None:
         self.app = app
         self.view = view
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or str(scope.get("path", "")).startswith(self._NOT_PAGES):
             await self.app(scope, receive, send)
             return
@@ -380,11 +381,11 @@ class _Guard:
     """ASGI middleware in front of every route: the host check, the token, the methods, and the
     security headers on every response (error pages included)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], settings: UiSettings) -> None:
+    def __init__(self, app: ASGIApp, settings: UiSettings) -> None:
         self.app = app
         self.settings = settings
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -406,7 +407,7 @@ class _Guard:
             return
         started = False
 
-        async def with_headers(message: dict[str, Any]) -> None:
+        async def with_headers(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -423,7 +424,7 @@ class _Guard:
             await _plain(send, 500, f"cannot show this page: an internal error ({type(error).__name__}); "
                                     "the server's log has the traceback")
 
-    def _refusal(self, scope: dict[str, Any], headers: dict[str, str]) -> tuple[int, str] | None:
+    def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
         settings = self.settings
         host = host_of(headers.get("host", ""))
         if host is None:
@@ -446,13 +447,13 @@ class _Guard:
             return 401, "this server needs its token: open the address modulelens ui printed (it ends in ?token=...)"
         return None
 
-    def _token_in_query(self, scope: dict[str, Any]) -> bool:
+    def _token_in_query(self, scope: Scope) -> bool:
         if not self.settings.token:
             return False
         query = scope.get("query_string", b"").decode("latin-1")
         return any(hmac.compare_digest(p, f"token={self.settings.token}") for p in query.split("&") if p.startswith("token="))
 
-    def _carries_token(self, scope: dict[str, Any], headers: dict[str, str]) -> bool:
+    def _carries_token(self, scope: Scope, headers: dict[str, str]) -> bool:
         token = self.settings.token or ""
         if self._token_in_query(scope):
             return True
@@ -482,7 +483,7 @@ def same_origin_path(path: str) -> str:
 _log = logging.getLogger("modulelens.ui")
 
 
-async def _plain(send: Any, status: int, message: str) -> None:
+async def _plain(send: Send, status: int, message: str) -> None:
     body = message.encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),

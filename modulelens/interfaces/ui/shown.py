@@ -124,7 +124,7 @@ def page_param(params: Mapping[str, str], key: str) -> int:
     return int(text)
 
 
-def href_with(path: str, params: Mapping[str, Any], **changes: Any) -> str:
+def href_with(path: str, params: Mapping[str, object], **changes: object) -> str:
     """``path`` with ``params`` updated by ``changes``; ``None`` values (defaults) left out."""
     merged = {k: v for k, v in {**params, **changes}.items() if v is not None}
     return path + ("?" + urlencode(merged) if merged else "")
@@ -135,7 +135,7 @@ def page_in_link(number: int) -> int | None:
     return number if number > 1 else None
 
 
-def as_text(value: Any, limit: int = TEXT_LIMIT) -> str:
+def as_text(value: object, limit: int = TEXT_LIMIT) -> str:
     """Any stored value as one line of text, at most ``limit`` characters (and says so when cut)."""
     if isinstance(value, str):
         text = value
@@ -149,7 +149,7 @@ def as_text(value: Any, limit: int = TEXT_LIMIT) -> str:
     return text
 
 
-def listed(items: Sequence[Any], limit: int = LISTED) -> list[str]:
+def listed(items: Sequence[object], limit: int = LISTED) -> list[str]:
     """The first ``limit`` items as text, and a line counting the rest."""
     shown = [as_text(item, 300) for item in items[:limit]]
     if len(items) > limit:
@@ -157,21 +157,21 @@ def listed(items: Sequence[Any], limit: int = LISTED) -> list[str]:
     return shown
 
 
-def real_number(value: Any) -> float | int | None:
+def real_number(value: object) -> float | int | None:
     """A real number from stored data, else ``None`` (a string, a list, a bool are not drawn as numbers)."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def mapping_or_empty(value: Any) -> dict[str, Any]:
+def mapping_or_empty(value: object) -> dict[str, Any]:
     """A stored object, or ``{}`` when the value is of another type."""
     return value if isinstance(value, dict) else {}
 
 
-def objects_in(value: Any) -> list[dict[str, Any]]:
+def objects_in(value: object) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def shown_pairs(value: Any) -> list[tuple[str, str]]:
+def shown_pairs(value: object) -> list[tuple[str, str]]:
     """A stored mapping (environment, settings, user metadata) as sorted ``(key, text)`` rows, bounded."""
     if not isinstance(value, Mapping):
         return [("(value)", as_text(value))] if value else []
@@ -182,12 +182,15 @@ def shown_pairs(value: Any) -> list[tuple[str, str]]:
     return rows
 
 
-def shown_number(value: Any, unit: str = "") -> str:
+def shown_number(value: object, unit: str = "") -> str:
     """A report's number as text: a real number formatted, ``nan``/``inf`` as they are, anything else ``-``."""
-    return human_number(value, unit) if real_number(value) is not None else (value if is_number(value) else "-")
+    number = real_number(value)
+    if number is not None:
+        return human_number(number, unit)
+    return str(value) if is_number(value) else "-"  # nan, inf as they are
 
 
-def shown_ms(value: Any) -> str:
+def shown_ms(value: object) -> str:
     """A duration stored in milliseconds, with its unit (``1.23 ms``; ``2.5 s`` from a second on)."""
     number = real_number(value)
     if number is None:
@@ -195,16 +198,18 @@ def shown_ms(value: Any) -> str:
     return human_number(number / 1000, "s") if abs(number) >= 1000 else human_number(number, "ms")
 
 
-def shown_ratio(value: Any) -> str:
+def shown_ratio(value: object) -> str:
     """A ratio as ``0.69x`` (the one formatter's three significant digits)."""
-    return f"{human_number(value)}x" if real_number(value) is not None else shown_number(value)
+    number = real_number(value)
+    return f"{human_number(number)}x" if number is not None else shown_number(value)
 
 
-def shown_percent(value: Any) -> str:
-    return f"{human_number(value)}%" if real_number(value) is not None else shown_number(value)
+def shown_percent(value: object) -> str:
+    number = real_number(value)
+    return f"{human_number(number)}%" if number is not None else shown_number(value)
 
 
-def shown_bytes(value: Any) -> str:
+def shown_bytes(value: object) -> str:
     number = real_number(value)
     return human_bytes(number) if number is not None else shown_number(value)
 
@@ -212,7 +217,7 @@ def shown_bytes(value: Any) -> str:
 _STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")  # a report's "created" (tools' stamp)
 
 
-def when(stamp: Any) -> str:
+def when(stamp: object) -> str:
     """A stored time as ``2026-12-06 06:02:16Z`` (versions write ISO 8601, reports a compact stamp),
     so the timeline sorts and reads one way; anything else as bounded text."""
     text = as_text(stamp, 40) if stamp is not None else ""
