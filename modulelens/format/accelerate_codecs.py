@@ -10,16 +10,16 @@ stored, and the capture says that its module runs without it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from modulelens.format.values import register_codec
 
 
-def _attributes(hook: Any) -> dict[str, Any]:
+def _attributes(hook: object) -> dict[str, object]:
     return dict(vars(hook))
 
 
-def _rebuild(cls: type, attributes: dict[str, Any]) -> Any:
+def _rebuild(cls: type, attributes: Mapping[str, object]) -> object:
     hook = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     hook.__dict__.update(attributes)
     return hook

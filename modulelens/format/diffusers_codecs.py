@@ -18,7 +18,7 @@ Installed lazily (``format/values.py``) once the job imports ``diffusers``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from modulelens.format.values import register_family_codec, register_state_codec
 
@@ -30,11 +30,11 @@ def _is_processor(cls: type) -> bool:
             and not issubclass(cls, torch.nn.Module))
 
 
-def _processor_attributes(processor: Any) -> dict[str, Any]:
+def _processor_attributes(processor: object) -> dict[str, object]:
     return dict(vars(processor))
 
 
-def _new_processor(cls: type, attributes: dict[str, Any]) -> Any:
+def _new_processor(cls: type, attributes: Mapping[str, object]) -> object:
     processor = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     processor.__dict__.update(attributes)
     return processor

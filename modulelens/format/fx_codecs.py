@@ -27,6 +27,7 @@ capture unless the capture may run code (restore/classes.py checks that before d
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ def _special(name: object) -> bool:
 
 # --------------------------------------------------------------------------------------------- encode
 
-def encode_graph(graph: torch.fx.Graph) -> dict[str, Any]:
+def encode_graph(graph: torch.fx.Graph) -> dict[str, object]:
     """The graph as data."""
     nodes = []
     for node in graph.nodes:
@@ -57,7 +58,7 @@ def encode_graph(graph: torch.fx.Graph) -> dict[str, Any]:
     return {"nodes": nodes, "codegen": _encode_codegen(graph)}
 
 
-def _encode_target(node: torch.fx.Node) -> Any:
+def _encode_target(node: torch.fx.Node) -> object:
     target = node.target
     if node.op != "call_function":
         if _special(target):
@@ -71,23 +72,23 @@ def _encode_target(node: torch.fx.Node) -> Any:
     return target  # a function, stored as an import value
 
 
-def _with_refs(value: Any) -> Any:
+def _with_refs(value: object) -> object:
     """``value`` with each fx node replaced by ``{"$fx_node": name}`` (containers rebuilt; fx's
     ``immutable_list``/``immutable_dict``, what graph transformations leave, as plain ones)."""
     if isinstance(value, torch.fx.Node):
         return {_NODE: value.name}
-    if type(value) in (list, immutable_list):
+    if type(value) is list or type(value) is immutable_list:
         return [_with_refs(v) for v in value]
     if type(value) is tuple:
         return tuple(_with_refs(v) for v in value)
-    if type(value) in (dict, immutable_dict):
+    if type(value) is dict or type(value) is immutable_dict:
         return {k: _with_refs(v) for k, v in value.items()}
     if type(value) is slice:
         return slice(_with_refs(value.start), _with_refs(value.stop), _with_refs(value.step))
     return value
 
 
-def _encode_codegen(graph: torch.fx.Graph) -> dict[str, Any]:
+def _encode_codegen(graph: torch.fx.Graph) -> dict[str, object]:
     from torch.fx.graph import _PyTreeCodeGen
     from torch.utils._pytree import treespec_dumps
 
@@ -116,6 +117,8 @@ def decode_graph(_cls: type, data: dict[str, Any]) -> torch.fx.Graph:
             raise UntrustedCodeError(f"fx graph: malformed node name {name!r}")
         target = _decode_target(op, entry["target"], entry["args"])
         args, kwargs = _resolve_refs(entry["args"], made), _resolve_refs(entry["kwargs"], made)
+        if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+            raise UntrustedCodeError(f"fx graph: node {name!r} has malformed arguments")
         made[name] = graph.create_node(op, target, tuple(args), dict(kwargs), name=name)
         if made[name].name != name:
             raise UntrustedCodeError(f"fx graph: node name {name!r} is used twice")
@@ -124,9 +127,9 @@ def decode_graph(_cls: type, data: dict[str, Any]) -> torch.fx.Graph:
     return graph
 
 
-def _decode_target(op: str, target: Any, args: Any) -> Any:
+def _decode_target(op: str, target: object, args: Sequence[object]) -> str | Callable[..., object]:
     if op != "call_function":
-        if _special(target):
+        if not isinstance(target, str) or _special(target):
             raise UntrustedCodeError(f"fx graph: {op} target {target!r} names a special attribute; refused")
         return target
     if isinstance(target, str) and target.startswith("op:"):
@@ -145,7 +148,7 @@ def _decode_target(op: str, target: Any, args: Any) -> Any:
     raise UntrustedCodeError(f"fx graph: call_function target {target!r} is not a function")
 
 
-def _operator(name: str) -> Any:
+def _operator(name: str) -> Callable[..., object]:
     """``"aten::linear.default"`` -> ``torch.ops.aten.linear.default``, for torch's own namespaces."""
     namespace, _, rest = name.partition("::")
     op_name, _, overload = rest.partition(".")
@@ -158,13 +161,13 @@ def _operator(name: str) -> Any:
         raise UnsupportedValueError(f"fx graph: operator {name} does not exist in torch {torch.__version__}") from error
 
 
-def _resolve_refs(value: Any, made: dict[str, torch.fx.Node]) -> Any:
+def _resolve_refs(value: object, made: dict[str, torch.fx.Node]) -> object:
     if type(value) is dict and set(value) == {_NODE}:
         node = made.get(value[_NODE])
         if node is None:
             raise UntrustedCodeError(f"fx graph: node {value[_NODE]!r} is used before it is defined")
         return node
-    if type(value) in (list, tuple):
+    if type(value) is list or type(value) is tuple:
         return type(value)(_resolve_refs(v, made) for v in value)
     if type(value) is dict:
         return {k: _resolve_refs(v, made) for k, v in value.items()}
@@ -197,7 +200,7 @@ def install() -> None:
                    name="torch.layout", subclasses=False)
 
 
-def _torch_constant(cls: type, name: str) -> Any:
+def _torch_constant(cls: type, name: str) -> object:
     value = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
     if not isinstance(value, cls):
         raise UnsupportedValueError(f"torch has no {cls.__name__} {name!r}")

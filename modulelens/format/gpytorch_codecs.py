@@ -9,6 +9,7 @@ those dense tensors: the recorded lazy operator's structure is not kept (what it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from modulelens.format.values import register_state_codec
@@ -16,14 +17,14 @@ from modulelens.format.values import register_state_codec
 CODEC_NAME = "gpytorch.MultivariateNormal"
 
 
-def _parts(distribution: Any) -> dict[str, Any]:
+def _parts(distribution: Any) -> dict[str, object]:
     parts = {"mean": distribution.mean, "covariance_matrix": distribution.covariance_matrix}
     if hasattr(distribution, "_interleaved"):  # MultitaskMultivariateNormal
         parts["interleaved"] = distribution._interleaved
     return parts
 
 
-def _rebuild(cls: type, parts: dict[str, Any]) -> Any:
+def _rebuild(cls: type, parts: Mapping[str, object]) -> object:
     from linear_operator import to_linear_operator
 
     extra = {"interleaved": parts["interleaved"]} if "interleaved" in parts else {}

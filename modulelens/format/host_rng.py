@@ -26,6 +26,7 @@ import functools
 import random
 import struct
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ def _unpack(packed: torch.Tensor, count: int) -> tuple[list[int], int, float | N
     return values[:count], values[count], gauss
 
 
-def _packed_once(kind: str, state: Any, pack: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _packed_once(kind: str, state: object, pack: Callable[[], torch.Tensor]) -> torch.Tensor:
     last = _last_packed.get(kind)
     if last is not None and last[0] == state:
         return last[1]
@@ -87,7 +88,7 @@ def _keys_as_int64(raw: bytes, offset: int) -> torch.Tensor:
     return keys.to(torch.int64).bitwise_and_(0xFFFFFFFF)
 
 
-def _numpy_from_get_state(numpy: Any) -> torch.Tensor | None:
+def _numpy_from_get_state(numpy: types.ModuleType) -> torch.Tensor | None:
     state = numpy.random.get_state(legacy=False)  # a dict whatever the generator (set_bit_generator)
     if state.get("bit_generator") != "MT19937":
         return None
@@ -107,7 +108,7 @@ def _python_from_getstate() -> torch.Tensor:
 _MT_STATE_BYTES = _KEY_BYTES + 4  # numpy's mt19937_state: the keys, then the int position
 
 
-def _numpy_from_memory(numpy: Any) -> torch.Tensor | None:
+def _numpy_from_memory(numpy: types.ModuleType) -> torch.Tensor | None:
     layout = _numpy_layout(numpy)
     if layout is None:
         return None
@@ -129,7 +130,7 @@ def _numpy_from_memory(numpy: Any) -> torch.Tensor | None:
 
 
 @functools.cache  # looked for once per process
-def _numpy_layout(numpy: Any) -> tuple[Any, Any, int] | None:
+def _numpy_layout(numpy: types.ModuleType) -> tuple[Any, Any, int] | None:
     """numpy's generator types and where a RandomState keeps its cached Gaussian, found on a
     private one and checked, with the bit generator's keys and position, against ``get_state()``
     through three draws. ``None``: not confirmed here, so the public calls are used."""

@@ -218,7 +218,7 @@ def import_checked(path: str, forbidden: Iterable[str | os.PathLike[str]] = (),
 _CLASSES_ALLOWED_INSIDE_DENIED = (torch.Generator,)
 
 
-def _check_home(obj: Any, path: str) -> None:
+def _check_home(obj: object, path: str) -> None:
     """The module an object was defined in must pass rule 2 too (a re-export does not launder it)."""
     home = getattr(obj, "__module__", None)
     if not isinstance(home, str) or any(obj is allowed for allowed in _CLASSES_ALLOWED_INSIDE_DENIED):

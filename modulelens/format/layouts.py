@@ -15,7 +15,7 @@ the tensor table (docs/format.md), rebuilt by the class's own ``__tensor_unflatt
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ def layout_name(tensor: torch.Tensor) -> str:
     return str(tensor.layout).removeprefix("torch.")
 
 
-def parts(tensor: torch.Tensor) -> dict[str, Any]:
+def parts(tensor: torch.Tensor) -> dict[str, object]:
     """The parts a non-strided tensor is stored as: strided tensors, plain numbers and lists.
 
     Keys besides the tensors: ``$type`` (``"sparse"`` or ``"nested"``), ``layout``, and ``size``
@@ -50,7 +50,7 @@ def parts(tensor: torch.Tensor) -> dict[str, Any]:
     layout = str(tensor.layout).removeprefix("torch.")
     if layout not in SPARSE_PARTS:
         raise ValueError(f"a {layout} tensor has no stored form")
-    found: dict[str, Any] = {"$type": "sparse", "layout": layout, "size": list(tensor.shape)}
+    found: dict[str, object] = {"$type": "sparse", "layout": layout, "size": list(tensor.shape)}
     if layout == "sparse_coo":
         coalesced = tensor.is_coalesced()
         found.update(indices=tensor._indices(), values=tensor._values(), coalesced=coalesced)
@@ -60,7 +60,7 @@ def parts(tensor: torch.Tensor) -> dict[str, Any]:
     return found
 
 
-def _nested_parts(tensor: torch.Tensor) -> dict[str, Any]:
+def _nested_parts(tensor: torch.Tensor) -> dict[str, object]:
     if tensor.layout == torch.jagged:
         cache = getattr(tensor, "_metadata_cache", None) or {}
         # offsets() and _ragged_idx are NestedTensor's: torch's stubs know only Tensor's methods
@@ -80,7 +80,7 @@ def _cached_int(value: Any) -> int | None:
     return int(value)
 
 
-def encode(tensor: torch.Tensor, encode_part: Callable[[Any, str], JSON], path: str) -> JSON:
+def encode(tensor: torch.Tensor, encode_part: Callable[[object, str], JSON], path: str) -> JSON:
     """The encoded value of a non-strided tensor; ``encode_part(value, path)`` encodes each part."""
     return {key: value if key in ("$type", "layout") else encode_part(value, f"{path}.{key}")
             for key, value in parts(tensor).items()}
@@ -142,7 +142,7 @@ def _check_offsets(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.T
             raise ValueError("lengths reach past the packed rows")
 
 
-def _all_tensors(values: list[Any], what: str) -> None:
+def _all_tensors(values: Sequence[object], what: str) -> None:
     if not all(isinstance(v, torch.Tensor) and is_plain(v) for v in values):
         raise ValueError(f"{what} are not all strided tensors")
 
@@ -169,14 +169,14 @@ def is_wrapper_subclass(tensor: torch.Tensor) -> bool:
             and hasattr(cls, "__tensor_unflatten__"))
 
 
-def subclass_parts(tensor: torch.Tensor) -> tuple[dict[str, torch.Tensor], Any]:
+def subclass_parts(tensor: torch.Tensor) -> tuple[dict[str, torch.Tensor], object]:
     """The inner tensors of a wrapper subclass by attribute name, and its context (the
     non-tensor metadata ``__tensor_unflatten__`` takes back)."""
     names, context = tensor.__tensor_flatten__()  # type: ignore[attr-defined]  # the subclass protocol
     return {name: getattr(tensor, name) for name in names}, context
 
 
-def rebuild_subclass(cls: type, parts: dict[str, torch.Tensor], context: Any, shape: list[int],
+def rebuild_subclass(cls: type, parts: dict[str, torch.Tensor], context: object, shape: list[int],
                      stride: list[int]) -> torch.Tensor:
     """A wrapper subclass from its parts, by the class's own ``__tensor_unflatten__``; ``cls``
     must be a tensor subclass that has one (the caller resolved it under the import rules)."""

@@ -34,7 +34,7 @@ def install_kornia() -> None:
 
 
 
-def _tensordict_parts(td: Any) -> dict[str, Any]:
+def _tensordict_parts(td: Any) -> dict[str, object]:
     """A TensorDict's tensors by key, its batch size and device, and which of its tensors are
     parameters (torchrl's multi-agent nets and ``EnsembleModule`` stack their parameters into one and
     hand it to ``TensorDictParams``, which registers a parameter as a parameter and a tensor as a buffer)."""
@@ -47,7 +47,7 @@ def _tensordict_parts(td: Any) -> dict[str, Any]:
             "device": None if td.device is None else str(td.device), "parameters": parameters}
 
 
-def _tensordict(cls: type, parts: dict[str, Any]) -> Any:
+def _tensordict(cls: type, parts: dict[str, Any]) -> object:
     import torch
 
     td = cls(parts["data"], batch_size=parts["batch_size"], device=parts["device"])

@@ -55,7 +55,7 @@ COMPILE_OPTIONS = frozenset({"max_autotune", "coordinate_descent_tuning", "trito
                              "max_autotune_pointwise", "max_autotune_gemm", "shape_padding"})
 
 
-def reproducible_compile(settings: Any) -> bool:
+def reproducible_compile(settings: object) -> bool:
     """Whether recorded ``torch.compile`` settings are ones a load applies (see COMPILE_BACKENDS)."""
     if not isinstance(settings, dict) or settings.get("backend") not in COMPILE_BACKENDS:
         return False
@@ -77,7 +77,7 @@ def _module_internals() -> frozenset[str]:
     return frozenset(vars(torch.nn.Module())) | {"training"} | _BOOKKEEPING
 
 
-def _is_plain(value: Any) -> bool:
+def _is_plain(value: object) -> bool:
     if type(value) in _PLAIN:
         return not (type(value) is float and not math.isfinite(value))  # JSON has no inf/nan
     return type(value) is tuple and all(_is_plain(v) for v in value)

@@ -26,7 +26,7 @@ import math
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,13 +82,13 @@ class TracedValue:
     scalar: Any = None
     is_tensor: bool = True
 
-    def to_json(self, add_tensor: Callable[[torch.Tensor, str], str], path: str) -> dict[str, Any]:
+    def to_json(self, add_tensor: Callable[[torch.Tensor, str], str], path: str) -> dict[str, object]:
         if not self.is_tensor:
             return {"scalar": self.scalar}
         stats = None if self.stats is None else {  # strict JSON: a non-finite number as its text ("inf")
             key: value if not isinstance(value, float) or math.isfinite(value) else repr(value)
             for key, value in self.stats.items()}
-        data: dict[str, Any] = {"dtype": self.dtype, "shape": self.shape, "fingerprint": self.fingerprint,
+        data: dict[str, object] = {"dtype": self.dtype, "shape": self.shape, "fingerprint": self.fingerprint,
                                 "stats": stats}
         if self.tensor is not None:
             data["value"] = add_tensor(self.tensor, path)
@@ -170,14 +170,14 @@ class OpTrace:
     def module_of(self, op: TracedOp) -> ModuleCall:
         return self.modules[op.module]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, int]:
         """Counts for a capture's metadata and listings: ``ops``, ``modules``, ``values``, ``truncated``."""
         outputs = [v for op in self.ops for v in op.outputs] + [v for call in self.modules for v in call.outputs]
         values = len({id(v.tensor) for v in outputs if v.tensor is not None})  # a module's output is its last op's
         return {"ops": len(self.ops), "modules": len(self.modules), "values": values, "truncated": self.truncated,
                 "values_dropped": self.values_dropped}
 
-    def to_json(self, add_tensor: Callable[[torch.Tensor, str], str], where: str = "op_trace") -> dict[str, Any]:
+    def to_json(self, add_tensor: Callable[[torch.Tensor, str], str], where: str = "op_trace") -> dict[str, object]:
         """The JSON document (docs/format.md, "Op traces"); ``add_tensor(tensor, path)`` stores each
         kept value and returns the id the document refers to it by."""
         return {
@@ -237,8 +237,8 @@ class OpRecorder:
         self._stack: list[int] = []
         self._thread = threading.get_ident()
         self._mode = _RecordingMode(self)
-        self._handles: list[Any] = []
-        self._op_names: dict[Any, str] = {}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._op_names: dict[object, str] = {}
         self._source_ids: dict[str, int] = {}
         self._internal: dict[str, bool] = {}
         self._recent: dict[int, tuple[weakref.ref[torch.Tensor], int, TracedValue]] = {}
@@ -257,7 +257,7 @@ class OpRecorder:
         self._mode.__enter__()
         self._active = True
 
-    def stop(self, output: Any = None) -> OpTrace:
+    def stop(self, output: object = None) -> OpTrace:
         """Stop recording; ``output`` (the call's return value) closes the traced module's own call."""
         if self._active:
             self._active = False
@@ -284,7 +284,7 @@ class OpRecorder:
 
     # ---------------------------------------------------------------------------------- hooks
 
-    def _enter(self, module: torch.nn.Module, _args: Any) -> None:
+    def _enter(self, module: torch.nn.Module, _args: tuple[object, ...]) -> None:
         path = self._names.get(id(module))
         if path is None or not self._active or module is self.root or threading.get_ident() != self._thread:
             return
@@ -292,7 +292,7 @@ class OpRecorder:
         trace.modules.append(ModuleCall(path, _class_path(type(module)), self._stack[-1], len(trace.ops)))
         self._stack.append(len(trace.modules) - 1)
 
-    def _exit(self, module: torch.nn.Module, _args: Any, output: Any) -> None:
+    def _exit(self, module: torch.nn.Module, _args: tuple[object, ...], output: object) -> None:
         if (not self._active or module is self.root or id(module) not in self._names
                 or threading.get_ident() != self._thread or len(self._stack) < 2):
             return
@@ -307,7 +307,7 @@ class OpRecorder:
             except Exception as error:
                 self._fail(error)
 
-    def record_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    def record_op(self, func: object, args: tuple[object, ...], kwargs: Mapping[str, object], output: object) -> None:
         """Called by the dispatch mode after each op ran (every mode popped)."""
         if self.error is not None or threading.get_ident() != self._thread:
             return
@@ -330,7 +330,7 @@ class OpRecorder:
 
     # ---------------------------------------------------------------------------------- values
 
-    def _values(self, output: Any) -> list[TracedValue]:
+    def _values(self, output: object) -> list[TracedValue]:
         if isinstance(output, (tuple, list)):
             return [self._value(item) for item in output]
         if isinstance(output, dict):
@@ -339,7 +339,7 @@ class OpRecorder:
             return [self._value(item) for item in output.to_tuple()]
         return [self._value(output)]
 
-    def _value(self, value: Any) -> TracedValue:
+    def _value(self, value: object) -> TracedValue:
         if not isinstance(value, torch.Tensor):
             if value is None or isinstance(value, (bool, int, float, str)):
                 scalar = value if not isinstance(value, float) or math.isfinite(value) else repr(value)
@@ -406,7 +406,7 @@ class _RecordingMode(TorchDispatchMode):
         return output
 
 
-def _op_name(func: Any) -> str:
+def _op_name(func: object) -> str:
     """``aten::add.Tensor``; ``aten::_softmax`` for the default overload."""
     schema = getattr(func, "_schema", None)
     if schema is None:
@@ -415,9 +415,9 @@ def _op_name(func: Any) -> str:
     return schema.name if overload in ("default", "") else f"{schema.name}.{overload}"
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[Any]]:
+def _signature(args: tuple[object, ...], kwargs: Mapping[str, object]) -> list[list[str | list[int]]]:
     """``[dtype, shape]`` of each tensor argument (those in lists too: ``cat``'s inputs)."""
-    found: list[list[Any]] = []
+    found: list[list[str | list[int]]] = []
     for value in (*args, *kwargs.values()):
         items = value if isinstance(value, (list, tuple)) else (value,)
         for item in items:
@@ -426,7 +426,7 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[Any]]
     return found
 
 
-def _bytes(data: torch.Tensor) -> Any:
+def _bytes(data: torch.Tensor) -> Any:  # a numpy array, whose stubs do not declare the buffer protocol xxhash's do
     """The row-major bytes of a contiguous CPU tensor (any dtype: bfloat16 and float8 included), as
     a buffer (a numpy array: no copy)."""
     flat = data.reshape(-1)

@@ -37,7 +37,7 @@ HEAVY_OPS = frozenset({
 })
 
 
-def op_name(func: Any) -> str:
+def op_name(func: object) -> str:
     """``aten.addmm.default`` -> ``addmm``."""
     schema = getattr(func, "_schema", None)
     name = schema.name if schema is not None else str(func)

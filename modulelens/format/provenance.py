@@ -36,7 +36,6 @@ import stat
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from modulelens.errors import CaptureWarning, SigningKeyError
 
@@ -134,12 +133,12 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"modulelens key id\n" + key).hexdigest()[:16]
 
 
-def field_line(key: str, value: Any) -> str:
+def field_line(key: str, value: object) -> str:
     """One top-level field of ``capture.json`` as the repo writes it (and as it is signed)."""
     return f"{json.dumps(key)}: {json.dumps(value, separators=(',', ':'))}"
 
 
-def field_lines(metadata: Mapping[str, Any]) -> list[str]:
+def field_lines(metadata: Mapping[str, object]) -> list[str]:
     """The signed text of a capture's metadata: every top-level field but ``provenance``, in order."""
     return [field_line(k, v) for k, v in metadata.items() if k != PROVENANCE_FIELD]
 
@@ -173,7 +172,7 @@ def stored_field_lines(text: bytes) -> list[str] | None:
     return signed if len(lines) - len(signed) <= 1 else None
 
 
-def stored_field(text: bytes, key: str) -> Any:
+def stored_field(text: bytes, key: str) -> object:
     """Top-level field ``key`` of a ``capture.json`` laid out as the repo writes it (see
     :func:`stored_field_lines`), parsed from its own line alone; ``None`` when the file is not laid
     out so, has no such line, or that line is not one field. Compact JSON holds no raw newline, so a
@@ -194,13 +193,13 @@ def stored_field(text: bytes, key: str) -> Any:
     return alone.get(key) if isinstance(alone, dict) and set(alone) == {key} else None
 
 
-def message(lines: list[str], binding: Mapping[str, Any]) -> bytes:
+def message(lines: list[str], binding: Mapping[str, object]) -> bytes:
     """What the MAC covers: the scheme, the repo identity and the metadata's field lines."""
     head = f"{SCHEME}\n{json.dumps(dict(binding), sort_keys=True, separators=(',', ':'))}\n"
     return (head + "\n".join(lines)).encode()
 
 
-def seal(lines: list[str], binding: Mapping[str, Any], key: bytes) -> dict[str, Any]:
+def seal(lines: list[str], binding: Mapping[str, object], key: bytes) -> dict[str, object]:
     """The ``provenance`` field for metadata whose :func:`field_lines` are ``lines``, saved into the
     repo ``binding`` identifies."""
     import hashlib
@@ -216,7 +215,7 @@ def seal(lines: list[str], binding: Mapping[str, Any], key: bytes) -> dict[str, 
 NOT_CHECKED = "not checked yet (its file is not the lines that were signed: checking encodes it again)"
 
 
-def check(metadata: Mapping[str, Any], binding: Mapping[str, Any], key: bytes, *,
+def check(metadata: Mapping[str, object], binding: Mapping[str, object], key: bytes, *,
           text: bytes | None = None, encode: bool = True) -> str | None:
     """``None`` when ``metadata`` carries a valid provenance for the repo ``binding`` identifies
     under ``key``; otherwise why not (a phrase for error messages).

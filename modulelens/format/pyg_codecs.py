@@ -27,11 +27,11 @@ from modulelens.format.values import register_state_codec
 _BATCH_FIELDS = ("_slice_dict", "_inc_dict", "_num_graphs")
 
 
-def _graph_parts(data: Any) -> dict[str, Any]:
+def _graph_parts(data: Any) -> dict[str, object]:
     return {"store": data.to_dict()}
 
 
-def _batch_parts(batch: Any) -> dict[str, Any]:
+def _batch_parts(batch: Any) -> dict[str, object]:
     parts = {"store": batch.to_dict(), "base": _base_class(type(batch))}
     parts.update({name.lstrip("_"): getattr(batch, name, None) for name in _BATCH_FIELDS})
     return parts
@@ -45,7 +45,7 @@ def _base_class(batch_class: type) -> type:
     return bases[0] if bases else batch_class
 
 
-def _new_graph(cls: type, parts: dict[str, Any]) -> Any:
+def _new_graph(cls: type, parts: dict[str, Any]) -> object:
     from torch_geometric.data import Data, HeteroData
 
     graph = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
@@ -54,7 +54,7 @@ def _new_graph(cls: type, parts: dict[str, Any]) -> Any:
     return graph
 
 
-def _new_batch(cls: type, parts: dict[str, Any]) -> Any:
+def _new_batch(cls: type, parts: dict[str, Any]) -> object:
     from torch_geometric.data import Batch
     from torch_geometric.data.data import BaseData
 
@@ -70,7 +70,7 @@ def _new_batch(cls: type, parts: dict[str, Any]) -> Any:
     return batch
 
 
-def _fill(graph: Any, store: dict[Any, Any]) -> None:
+def _fill(graph: object, store: dict[Any, Any]) -> None:
     from torch_geometric.data import HeteroData
 
     if not isinstance(graph, HeteroData):

@@ -12,7 +12,7 @@ Nesting and size are bounded; nothing here imports or calls anything a report na
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from modulelens.errors import CorruptCaptureError
 
@@ -49,7 +49,7 @@ _PARTS: dict[str, dict[str, str]] = {
 }
 
 
-def validate_report(data: Any, where: str) -> dict[str, Any]:
+def validate_report(data: object, where: str) -> dict[str, object]:
     """Check a parsed report; return it unchanged.
 
     Args:
@@ -82,19 +82,19 @@ def validate_report(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> bool:
     """A number a report may hold: int or float (not bool), or ``"nan"``/``"inf"``/``"-inf"``."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) or (isinstance(value, str) and value in NON_FINITE)
 
 
-def _fields(obj: dict[str, Any], fields: dict[str, str], where: str, prefix: str) -> None:
+def _fields(obj: Mapping[str, object], fields: dict[str, str], where: str, prefix: str) -> None:
     for key, kind in fields.items():
         value = obj.get(key)
         if value is not None and not _is(value, kind):
             raise CorruptCaptureError(f"{where}: {prefix}{key}: expected {_NAMES[kind]}, found {type(value).__name__}")
 
 
-def _is(value: Any, kind: str) -> bool:
+def _is(value: object, kind: str) -> bool:
     if kind == _NUMBER:
         return is_number(value)
     if kind == _COUNT:
@@ -114,10 +114,10 @@ _NAMES = {_NUMBER: "a number", _COUNT: "an integer", _TEXT: "a string", _FLAG: "
           _OBJECT: "an object", _TEXTS: "a list of strings", _OBJECTS: "a list of objects"}
 
 
-def _bounded(data: Any, where: str) -> None:
+def _bounded(data: object, where: str) -> None:
     """Refuse a report nested deeper than :data:`MAX_DEPTH` or holding more than :data:`MAX_ITEMS` values
     (walked with a list, not recursion: a deep report must not exhaust the stack)."""
-    pending: list[tuple[Any, int]] = [(data, 0)]
+    pending: list[tuple[object, int]] = [(data, 0)]
     seen = 0
     while pending:
         value, depth = pending.pop()

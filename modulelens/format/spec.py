@@ -46,6 +46,36 @@ class EncodedTree(TypedDict):
     leaves: list[EncodedValue]
 
 
+class HookEntry(TypedDict):
+    """``module.tree[path].hooks[i]``: a hook the job's module had (``kind``: ``forward``,
+    ``forward_pre``...; ``hook``: its import path) and whether a rebuild registers it again."""
+
+    kind: str
+    hook: str
+    rebuilt: bool
+
+
+class ParametrizationChain(TypedDict):
+    """``module.tree[path].parametrizations[tensor]``: the parametrization modules, in order."""
+
+    unsafe: bool
+    modules: list["TreeEntry"]
+
+
+# ``module.tree[path]`` (format 2): the class its construction built and that construction (or why
+# there is none: ``missing``), or ``same_as``, the earlier path of the same module; what a rebuild
+# puts back (parametrizations, ``reapply``: norm, prune, accelerate and tool hooks, each its own
+# shape by ``kind``), the hooks the job added and whether a rebuild registers them again.
+TreeEntry = TypedDict(
+    "TreeEntry",
+    {"class": str, "construction": str | None, "missing": str, "same_as": str, "compiled": bool,
+     "compile": dict[str, Any], "made_by": str, "traced_training": bool,
+     "parametrizations": dict[str, ParametrizationChain], "reapply": list[dict[str, Any]],
+     "hooks": list[HookEntry], "forward_replaced": str},
+    total=False,
+)
+
+
 # The captured module: class path, where it sat in the model, how to rebuild it. "class" is a
 # Python keyword, so this and Construction use the functional TypedDict syntax.
 ModuleInfo = TypedDict(
@@ -63,7 +93,7 @@ ModuleInfo = TypedDict(
         "structure": NotRequired[dict[str, str]],
         "attributes": NotRequired[dict[str, dict[str, EncodedValue]]],
         # format 2, at the first recorded call: per submodule path, what a rebuild needs to put it back
-        "tree": NotRequired[dict[str, dict[str, Any]]],
+        "tree": NotRequired[dict[str, TreeEntry]],
     },
 )
 
@@ -207,6 +237,27 @@ class TensorEntry(TypedDict):
     subclass: NotRequired[dict[str, Any]]  # a tensor subclass made of inner tensors: class, parts, context
 
 
+class ClassSource(TypedDict, total=False):
+    """``sources[module].classes[qualname]``: a captured class's source hash, and its text for a
+    class defined inside a function (rebuilt from that text alone)."""
+
+    hash: str | None
+    text: str | None
+
+
+class SourceFile(TypedDict, total=False):
+    """``sources[module]``: a captured user module's file and source hash; its text as a blob
+    (``text_id``), inline (``text``, captures made before source blobs), or why it was left out
+    (``omitted``); and its captured classes."""
+
+    file: str | None
+    hash: str | None
+    text: str | None
+    text_id: str
+    omitted: str
+    classes: dict[str, ClassSource]
+
+
 class UnrecordedEntry(TypedDict):
     path: str
     type: str
@@ -229,7 +280,7 @@ class CaptureMetadata(TypedDict):
     calls: list[CallEntry]
     unrecorded: NotRequired[list[UnrecordedEntry]]
     shape_only: NotRequired[list[str]]
-    sources: NotRequired[dict[str, dict[str, Any]]]
+    sources: NotRequired[dict[str, SourceFile]]
     capture: dict[str, Any]
     environment: dict[str, Any]
     distributed: NotRequired[dict[str, Any]]

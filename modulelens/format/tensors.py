@@ -69,7 +69,7 @@ def check_storable(tensor: torch.Tensor, what: str) -> None:
     dtype_name(tensor.dtype)
 
 
-def quantization(tensor: torch.Tensor, add_tensor: Callable[[torch.Tensor, str], str], what: str) -> dict[str, Any]:
+def quantization(tensor: torch.Tensor, add_tensor: Callable[[torch.Tensor, str], str], what: str) -> dict[str, object]:
     """The ``quantized`` field of a quantized tensor's entry: its scheme and parameters (per-channel
     scales and zero points are tensors of their own, added with ``add_tensor``)."""
     if tensor.qscheme() == torch.per_tensor_affine:

@@ -34,13 +34,13 @@ def _default_device() -> None:
     return None
 
 
-def _encode_partial_wrapper(wrapper: Any) -> dict[str, Any]:
+def _encode_partial_wrapper(wrapper: Any) -> dict[str, object]:
     arguments = {name: "module device" if getattr(value, "__qualname__", None) == _MODULE_DEVICE else value
                  for name, value in wrapper.callable_args.items()}
     return {"p": wrapper.p, "callable_args": arguments, "module": vars(wrapper).get("__module__")}
 
 
-def _decode_partial_wrapper(cls: type, data: dict[str, Any]) -> Any:
+def _decode_partial_wrapper(cls: type, data: dict[str, Any]) -> object:
     wrapper = cls(data["p"])
     wrapper.callable_args = {name: _default_device if value == "module device" else value
                              for name, value in data["callable_args"].items()}

@@ -18,6 +18,7 @@ capture names this codec (decode).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
 from modulelens.format.values import register_codec, register_state_codec
@@ -46,7 +47,7 @@ def _config_base() -> type:
     return base
 
 
-def encode_config(config: Any) -> dict[str, Any]:
+def encode_config(config: Any) -> dict[str, object]:
     data: dict[str, Any] = {"config": config.to_dict()}
     for name in _RUNTIME_ATTRIBUTES:
         value = _runtime_value(config, name)
@@ -55,7 +56,7 @@ def encode_config(config: Any) -> dict[str, Any]:
     return data
 
 
-def _runtime_value(config: Any, name: str) -> str | dict[str, Any] | None:
+def _runtime_value(config: object, name: str) -> str | dict[str, Any] | None:
     """``config._<name>`` (e.g. ``"sdpa"``), or, where a sub-config resolved another one, the form
     transformers' setter takes per sub-config: ``{"": "sdpa", "backbone_config": "eager"}``
     (nested for deeper sub-configs). Setting the top value alone sets it on every sub-config:
@@ -78,7 +79,7 @@ class _ConfigClass(Protocol):
     def from_dict(self, config_dict: dict[str, Any], **kwargs: Any) -> Any: ...
 
 
-def decode_config(cls: type, data: dict[str, Any]) -> Any:
+def decode_config(cls: type, data: dict[str, Any]) -> object:
     kwargs = {name: data[name] for name in _RUNTIME_ATTRIBUTES if data.get(name) is not None}
     return cast(_ConfigClass, cls).from_dict(dict(data["config"]), **kwargs)
 
@@ -97,7 +98,7 @@ def _cache_bases() -> list[type]:
     return found
 
 
-def _batch_parts(batch: Any) -> dict[str, Any]:
+def _batch_parts(batch: Any) -> dict[str, object]:
     """A ``BatchEncoding``'s parts: its items (``input_ids``, ``attention_mask``... and whatever a
     module adds: sentence-transformers' modules write their outputs into the features they get) and
     its number of sequences. The fast tokenizer's ``encodings`` (Rust objects: character offsets,
@@ -106,7 +107,7 @@ def _batch_parts(batch: Any) -> dict[str, Any]:
     return {"data": dict(batch.data), "n_sequences": getattr(batch, "_n_sequences", None)}
 
 
-def _new_batch(cls: type, parts: dict[str, Any]) -> Any:
+def _new_batch(cls: type, parts: Mapping[str, object]) -> object:
     return cls(parts["data"], n_sequences=parts["n_sequences"])
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import enum
 import functools
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
@@ -21,6 +22,7 @@ import torch.utils._pytree as pytree
 from modulelens.errors import CorruptCaptureError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format import layouts
 from modulelens.format.layouts import is_plain, layout_name
+from modulelens.format.spec import EncodedTree, TensorEntry
 from modulelens.format.values import (
     JSON,
     DecodeContext,
@@ -33,10 +35,14 @@ from modulelens.format.values import (
     with_state_attributes,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 _LEAF = "*"
+_Tree = TypeVar("_Tree")
 
 
-def flatten_with_paths(tree: Any) -> tuple[list[tuple[str, Any]], pytree.TreeSpec]:
+def flatten_with_paths(tree: object) -> tuple[list[tuple[str, object]], pytree.TreeSpec]:
     """``([(key string, leaf), ...], spec)``: :func:`torch.utils._pytree.tree_flatten_with_path`
     with its key strings, also for node types registered without a ``flatten_with_keys_fn``
     (diffusers' ``BaseOutput``, whose whole UNet capture was dropped, issue 22): their children are
@@ -69,7 +75,7 @@ def spec_paths(spec: pytree.TreeSpec, prefix: str = "") -> list[str]:
     return [path for key, child in zip(keys, children, strict=True) for path in spec_paths(child, prefix + key)]
 
 
-def encode_tree(tree: Any, ctx: EncodeContext, path: str) -> JSON:
+def encode_tree(tree: object, ctx: EncodeContext, path: str) -> EncodedTree:
     leaves_with_paths, spec = flatten_with_paths(tree)
     leaves: list[JSON] = []
     encoded_spec = _encode_node(spec, iter(leaves_with_paths), leaves, ctx, path)
@@ -93,7 +99,7 @@ def decode_spec(data: JSON, ctx: DecodeContext) -> pytree.TreeSpec:
     return _decode_spec(data["spec"], ctx)
 
 
-def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[Any], leaves_out: list[JSON],
+def _encode_node(spec: pytree.TreeSpec, leaves_in: Iterator[tuple[str, object]], leaves_out: list[JSON],
                  ctx: EncodeContext, path: str) -> JSON:
     if spec.is_leaf():
         key, leaf = next(leaves_in)
@@ -207,7 +213,7 @@ def leaf_paths(data: JSON, prefix: str) -> list[str]:
     return [input_path(k) for k in keys] if prefix == "inputs" else [prefix + k for k in keys]
 
 
-def tree_summary(data: JSON | None, tensors: dict[str, Any], limit: int = 4) -> str:
+def tree_summary(data: EncodedTree | None, tensors: Mapping[str, TensorEntry], limit: int = 4) -> str:
     """``"float32[3, 8], <unrecorded Foo>, 2"``: the first ``limit`` leaves of an encoded tree, from
     metadata only (``tensors`` is the capture's tensor table; nothing is decoded)."""
     if data is None:
@@ -228,11 +234,11 @@ def tree_summary(data: JSON | None, tensors: dict[str, Any], limit: int = 4) -> 
     return ", ".join(parts) or "()"
 
 
-def _no_tensors(_tensor: Any, path: str) -> str:
+def _no_tensors(_tensor: torch.Tensor, path: str) -> str:
     raise UnsupportedValueError(f"{path}: a tensor inside a pytree context")
 
 
-def _no_tensor_ids(_id: str) -> Any:
+def _no_tensor_ids(_id: str) -> torch.Tensor:
     raise UnsupportedValueError("a tensor reference inside a pytree context")
 
 
@@ -258,24 +264,24 @@ class Flattened:
     ``ModelOutput``, anything registered with pytree) sends the whole tree to pytree.
     """
 
-    tree: Any
-    leaves: list[Any]
+    tree: Any  # the caller's own tree, handed back as it came
+    leaves: list[object]
     _shape: _Shape | None  # a tree of plain containers: their types and keys, as they were
     _spec: pytree.TreeSpec | None  # any other tree
 
     @classmethod
-    def of(cls, tree: Any | Flattened) -> Flattened:
+    def of(cls, tree: object) -> Flattened:
         """``tree`` flattened (a tree flattened already comes back as it is)."""
         if isinstance(tree, Flattened):
             return tree
-        leaves: list[Any] = []
+        leaves: list[object] = []
         shape = _plain_shape(tree, leaves)
         if shape is not _NOT_PLAIN:
             return cls(tree, leaves, shape, None)
         leaves, spec = pytree.tree_flatten(tree)
         return cls(tree, leaves, None, spec)
 
-    def unflatten(self, leaves: list[Any]) -> Any:
+    def unflatten(self, leaves: list[object]) -> object:
         """The tree's structure (as it was when flattened) holding ``leaves``."""
         if self._spec is not None:
             return pytree.tree_unflatten(leaves, self._spec)
@@ -294,13 +300,21 @@ class Flattened:
 
 
 # The structure of a tree of plain containers: None for a leaf, else (type, dict keys or None, children).
-_Shape = Any
-_NOT_PLAIN = object()
+_Shape = tuple[type, tuple[object, ...] | None, list["_Shape"]] | None
+
+
+class _NotPlain(enum.Enum):
+    """What :func:`_plain_shape` returns for a tree with a node other than a plain tuple, list or dict."""
+
+    NOT_PLAIN = enum.auto()
+
+
+_NOT_PLAIN = _NotPlain.NOT_PLAIN
 # Leaves with nothing inside for a walker to look at (no fields, no children).
 _ATOMS = frozenset({type(None), bool, int, float, str, torch.Tensor, torch.nn.Parameter, torch.device, torch.dtype})
 
 
-def _plain_shape(node: Any, leaves: list[Any]) -> _Shape:
+def _plain_shape(node: Any, leaves: list[object]) -> _Shape | Literal[_NotPlain.NOT_PLAIN]:
     """Append ``node``'s leaves to ``leaves`` and return its shape, or ``_NOT_PLAIN`` when a node
     is neither a plain tuple, list or dict nor a pytree leaf."""
     cls = type(node)
@@ -322,11 +336,11 @@ def _plain_shape(node: Any, leaves: list[Any]) -> _Shape:
     return _NOT_PLAIN
 
 
-def _rebuild(shape: _Shape, leaves: Iterator[Any]) -> Any:
+def _rebuild(shape: _Shape, leaves: Iterator[object]) -> object:
     if shape is None:
         return next(leaves)
     cls, keys, children = shape
-    if cls is dict:
+    if keys is not None:  # a dict
         return {key: _rebuild(child, leaves) for key, child in zip(keys, children, strict=True)}
     return cls([_rebuild(child, leaves) for child in children])
 
@@ -335,24 +349,24 @@ def _plain_paths(shape: _Shape, prefix: str, found: list[str]) -> None:
     if shape is None:
         found.append(prefix)
         return
-    cls, keys, children = shape
+    _, keys, children = shape
     for i, child in enumerate(children):
-        _plain_paths(child, f"{prefix}[{keys[i]!r}]" if cls is dict else f"{prefix}[{i}]", found)
+        _plain_paths(child, f"{prefix}[{keys[i]!r}]" if keys is not None else f"{prefix}[{i}]", found)
 
 
-def is_dataclass_leaf(value: Any) -> bool:
+def is_dataclass_leaf(value: object) -> TypeGuard[DataclassInstance]:
     """A dataclass instance torch's pytree sees as a leaf (modulelens' own markers excepted)."""
     return (type(value) not in _ATOMS and dataclasses.is_dataclass(value) and not isinstance(value, type)
             and type(value) not in pytree.SUPPORTED_NODES and not getattr(value, "__modulelens_marker__", False))
 
 
-def has_fields(leaf: Any) -> bool:
+def has_fields(leaf: object) -> bool:
     """Whether the walkers (:func:`map_leaves`, :func:`deep_leaves`) look inside ``leaf``: a
     dataclass torch's pytree sees as a leaf, or a state object."""
     return is_dataclass_leaf(leaf) or is_state_object(leaf)
 
 
-def _fields(leaf: Any) -> dict[str, Any] | None:
+def _fields(leaf: object) -> dict[str, object] | None:
     """The named parts a walker looks inside (``None``: a plain leaf)."""
     if is_dataclass_leaf(leaf):
         return {f.name: getattr(leaf, f.name) for f in dataclasses.fields(leaf) if hasattr(leaf, f.name)}
@@ -361,13 +375,13 @@ def _fields(leaf: Any) -> dict[str, Any] | None:
     return None
 
 
-def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, state_objects: bool = True) -> Any:
+def map_leaves(fn: Callable[[str, object], object], tree: object, path: str = "", *, state_objects: bool = True) -> object:
     """``tree`` with every leaf replaced by ``fn(path, leaf)``, descending into dataclass leaves
     and state objects (a state object is always rebuilt as a new object). With
     ``state_objects=False`` a state object is a leaf like any other (the job's own object kept).
     A walk that needs no paths is :func:`deep_flatten`'s (one walk, no key paths)."""
 
-    def visit(where: str, leaf: Any) -> Any:
+    def visit(where: str, leaf: object) -> object:
         fields = _fields(leaf) if state_objects or not is_state_object(leaf) else None
         if fields is None:
             return fn(where, leaf)
@@ -381,7 +395,7 @@ def map_leaves(fn: Callable[[str, Any], Any], tree: Any, path: str = "", *, stat
     return pytree.tree_unflatten([visit(path + key, leaf) for key, leaf in found], spec)
 
 
-def _with_fields(leaf: Any, fields: dict[str, Any], mapped: dict[str, Any]) -> Any:
+def _with_fields(leaf: _Tree, fields: Mapping[str, object], mapped: dict[str, object]) -> _Tree:
     """``leaf`` (a state object or a dataclass leaf) holding ``mapped`` instead of ``fields``: a
     state object always as a new object, a dataclass as a copy only if a field changed."""
     if is_state_object(leaf):
@@ -395,7 +409,7 @@ def _with_fields(leaf: Any, fields: dict[str, Any], mapped: dict[str, Any]) -> A
     return result
 
 
-def deep_flatten(tree: Any | Flattened) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+def deep_flatten(tree: object) -> tuple[list[object], Callable[[list[object]], object]]:
     """``(leaves, rebuild)``: the leaves :func:`map_leaves` would visit (dataclass fields and state
     attributes included, in the same order), and a function that builds the same tree holding
     other leaves, as ``map_leaves`` would (a state object always a new object).
@@ -405,20 +419,20 @@ def deep_flatten(tree: Any | Flattened) -> tuple[list[Any], Callable[[list[Any]]
     (once to find the tensors that share a storage, once to copy them) was most of a GPT-2 block's
     recording cost (benchmarks/bench_recording.py).
     """
-    leaves: list[Any] = []
+    leaves: list[object] = []
     build = _deep_builder(tree, leaves)
 
-    def rebuild(new_leaves: list[Any]) -> Any:
+    def rebuild(new_leaves: list[object]) -> object:
         if len(new_leaves) != len(leaves):
             raise ValueError(f"deep_flatten: {len(new_leaves)} leaves for a tree of {len(leaves)}")
         return build(iter(new_leaves))
     return leaves, rebuild
 
 
-_Builder = Callable[[Iterator[Any]], Any]
+_Builder = Callable[[Iterator[object]], object]
 
 
-def _deep_builder(tree: Any | Flattened, leaves: list[Any]) -> _Builder:
+def _deep_builder(tree: object, leaves: list[object]) -> _Builder:
     """Append ``tree``'s deep leaves to ``leaves``; return what rebuilds it from an iterator of leaves."""
     if type(tree) in _ATOMS:  # most attributes of a state object: no flatten at all
         leaves.append(tree)
@@ -438,16 +452,16 @@ def _deep_builder(tree: Any | Flattened, leaves: list[Any]) -> _Builder:
     return lambda new: flat.unflatten([part(new) for part in parts])
 
 
-def _build_fields(leaf: Any, fields: dict[str, Any], builders: dict[str, _Builder], new: Iterator[Any]) -> Any:
+def _build_fields(leaf: object, fields: Mapping[str, object], builders: dict[str, _Builder], new: Iterator[object]) -> object:
     return _with_fields(leaf, fields, {name: build(new) for name, build in builders.items()})
 
 
-def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any]]:
+def deep_leaves(tree: object, *, state_objects: bool = True) -> list[tuple[str, object]]:
     """``(path, leaf)`` for every leaf, dataclass fields and (unless ``state_objects=False``)
     state attributes included, in a stable order."""
-    found: list[tuple[str, Any]] = []
+    found: list[tuple[str, object]] = []
 
-    def collect(where: str, leaf: Any) -> Any:
+    def collect(where: str, leaf: object) -> object:
         found.append((where, leaf))
         return leaf
 
@@ -455,14 +469,14 @@ def deep_leaves(tree: Any, *, state_objects: bool = True) -> list[tuple[str, Any
     return found
 
 
-def mutable_leaves(tree: Any) -> list[tuple[str, Any]]:
+def mutable_leaves(tree: object) -> list[tuple[str, object]]:
     """``(path, value)`` for every tensor and every outermost state object of ``tree`` (dataclass
     fields included): what a call can change in place, at the paths :func:`deep_leaves` uses."""
     values, paths = mutable_values(tree)
     return list(zip(paths(), values, strict=True))
 
 
-def mutable_values(tree: Any | Flattened) -> tuple[list[Any], Callable[[], list[str]]]:
+def mutable_values(tree: object) -> tuple[list[object], Callable[[], list[str]]]:
     """The values of :func:`mutable_leaves`, and a function that gives their paths.
 
     The tracer watches every recorded call's inputs but needs their paths only for the ones a call
@@ -488,10 +502,10 @@ def _leaf_paths(spec: pytree.TreeSpec, positions: tuple[int, ...]) -> tuple[str,
     return tuple(keys[i] for i in positions)
 
 
-def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
-    found: list[tuple[str, Any]] = []
+def _mutable_with_paths(tree: object) -> list[tuple[str, object]]:
+    found: list[tuple[str, object]] = []
 
-    def visit(where: str, leaf: Any) -> None:
+    def visit(where: str, leaf: object) -> None:
         if isinstance(leaf, torch.Tensor) or is_state_object(leaf):
             found.append((where, leaf))
         elif is_dataclass_leaf(leaf):
@@ -504,12 +518,12 @@ def _mutable_with_paths(tree: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def expand_dataclasses(tree: Any) -> Any:
+def expand_dataclasses(tree: object) -> object:
     """``tree`` with dataclass leaves and state objects turned into dicts (class name included)
     for comparison, and sparse and nested tensors into their parts (a COO tensor coalesced first:
     one value per index, whatever order the kernel left them in)."""
 
-    def expand(leaf: Any) -> Any:
+    def expand(leaf: object) -> object:
         if isinstance(leaf, torch.Tensor) and not is_plain(leaf):
             found = layouts.parts(leaf.coalesce() if leaf.layout == torch.sparse_coo else leaf)
             del found["$type"], found["layout"]

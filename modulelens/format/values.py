@@ -22,9 +22,9 @@ import importlib
 import math
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -35,6 +35,10 @@ from modulelens.format.layouts import is_plain
 from modulelens.format.spec import UnrecordedEntry
 
 JSON = Any
+_Value = TypeVar("_Value")
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 # --------------------------------------------------------------------------------------------
@@ -42,7 +46,7 @@ JSON = Any
 # --------------------------------------------------------------------------------------------
 
 
-def import_path(obj: Any) -> str:
+def import_path(obj: object) -> str:
     """``"package.module:Qual.Name"`` for a class or function that can be imported back.
 
     ``__main__`` paths are accepted: the capture stores the source of the user's own modules and
@@ -191,19 +195,19 @@ def register_state_codec(
     _STATE_CODECS.clear()
 
 
-def attributes_of(value: Any) -> dict[str, Any]:
+def attributes_of(value: object) -> dict[str, object]:
     """A plain object's attributes (``vars()``): what a codec by attributes stores."""
     return dict(vars(value))
 
 
-def rebuilt_from_attributes(cls: type, attributes: dict[str, Any]) -> Any:
+def rebuilt_from_attributes(cls: type, attributes: Mapping[str, object]) -> object:
     """A ``cls`` made without ``__init__``, its attributes set back: what a codec by attributes decodes."""
     value = cls.__new__(cls)  # type: ignore[call-overload]  # mypy takes a class's __new__ for type.__new__
     value.__dict__.update(attributes)
     return value
 
 
-def is_state_object(value: Any) -> bool:
+def is_state_object(value: object) -> bool:
     """Whether ``value`` is stored by a state codec (:func:`register_state_codec`): a container
     that the call-data walkers (snapshot, copy, compare) look inside, attribute by attribute."""
     codec = _STATE_CODECS.get(type(value), _UNKNOWN)  # on every recorded call's leaves: the memo inline
@@ -213,7 +217,7 @@ def is_state_object(value: Any) -> bool:
 _UNKNOWN: Any = object()
 
 
-def _state_codec(value: Any) -> Codec | None:
+def _state_codec(value: object) -> Codec | None:
     cls = type(value)
     try:
         return _STATE_CODECS[cls]
@@ -227,14 +231,14 @@ def _state_codec(value: Any) -> Codec | None:
     return codec
 
 
-def state_attributes(value: Any) -> dict[str, Any]:
+def state_attributes(value: object) -> dict[str, object]:
     """The parts a state object is stored as (see :func:`register_state_codec`)."""
     codec = _state_codec(value)
     assert codec is not None, f"{type(value)} has no state codec"
     return dict(codec.encode(value))
 
 
-def with_state_attributes(value: Any, attributes: dict[str, Any]) -> Any:
+def with_state_attributes(value: _Value, attributes: Mapping[str, object]) -> _Value:
     """A new instance of ``value``'s class holding ``attributes`` (``__init__`` is not run, unless
     the codec's own ``rebuild`` does)."""
     codec = _state_codec(value)
@@ -274,12 +278,12 @@ def _codec_named(name: str) -> Codec | None:
     return _CODECS.get(name)
 
 
-def has_codec(value: Any) -> bool:
+def has_codec(value: object) -> bool:
     """Whether a registered codec encodes ``value``."""
     return _find_codec(value) is not None
 
 
-def _find_codec(value: Any) -> Codec | None:
+def _find_codec(value: object) -> Codec | None:
     if _LAZY_CODECS:
         _install_loaded_lazy_codecs()
     cls = type(value)
@@ -335,7 +339,7 @@ class DecodeContext:
 _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType)
 
 
-def encode_value(value: Any, ctx: EncodeContext, path: str) -> JSON:
+def encode_value(value: object, ctx: EncodeContext, path: str) -> JSON:
     """Encode ``value``; ``path`` names it in errors (``"kwargs['activation']"``)."""
     if isinstance(value, Unrecorded):  # the tracer could not copy it: say so, as for a value with no encoding
         if not ctx.lenient:
@@ -351,12 +355,12 @@ def encode_value(value: Any, ctx: EncodeContext, path: str) -> JSON:
         return {"$type": "unrecorded", "class": _type_label(value), "reason": str(error)}
 
 
-def _type_label(value: Any) -> str:
+def _type_label(value: object) -> str:
     cls = type(value)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
+def _encode(value: object, ctx: EncodeContext, path: str) -> JSON:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int) and type(value) is int:
@@ -390,7 +394,7 @@ def _encode(value: Any, ctx: EncodeContext, path: str) -> JSON:
         return {"$type": "dict", "items": [
             [encode_value(k, ctx, f"{path}.key"), encode_value(v, ctx, f"{path}[{k!r}]")] for k, v in value.items()
         ]}
-    if type(value) in (set, frozenset):
+    if type(value) is set or type(value) is frozenset:
         items = sorted(value, key=repr)
         return {"$type": type(value).__name__, "items": [encode_value(v, ctx, f"{path}[{i}]") for i, v in enumerate(items)]}
     if type(value) is complex:
@@ -438,7 +442,7 @@ def codec_is_state(codec: Codec | None) -> bool:
     return codec is not None and codec.state
 
 
-def _stored_path(codec: Codec, value: Any, path: str) -> str:
+def _stored_path(codec: Codec, value: object, path: str) -> str:
     assert codec.stored_class is not None
     try:
         return import_path(codec.stored_class(value))
@@ -446,7 +450,7 @@ def _stored_path(codec: Codec, value: Any, path: str) -> str:
         raise UnsupportedValueError(f"{path}: {error}") from None
 
 
-def _class_path(value: Any, path: str) -> str:
+def _class_path(value: object, path: str) -> str:
     try:
         return import_path(type(value))
     except UnsupportedValueError as error:
@@ -512,7 +516,7 @@ def decode_value(data: JSON, ctx: DecodeContext) -> Any:
     raise UnsupportedValueError(f"unknown value tag {tag!r} in capture metadata")
 
 
-def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> Any:
+def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> object:
     """A registered codec's value: its class must be the codec's own type (or, for a codec that
     serves subclasses, a subclass), checked before the codec's decoder calls it."""
     codec = _codec_named(data["codec"])
@@ -532,7 +536,7 @@ def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> Any:
     return codec.decode(cls, value)
 
 
-def _allowed_partial_target(func: Any) -> bool:
+def _allowed_partial_target(func: object) -> bool:
     """``partial`` may only wrap what an ``"import"`` value may be (a class or function that
     passed the import rules) or another such partial."""
     return isinstance(func, (type, types.FunctionType, types.BuiltinFunctionType, functools.partial))
@@ -555,12 +559,12 @@ class Unrecorded:
 # --------------------------------------------------------------------------------------------
 
 
-def _encode_dataclass(value: Any) -> dict[str, Any]:
+def _encode_dataclass(value: DataclassInstance | type[DataclassInstance]) -> dict[str, object]:
     """Every field (``init=False`` ones too, set after construction), so a dataclass round-trips."""
     return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if hasattr(value, f.name)}
 
 
-def _decode_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+def _decode_dataclass(cls: type, fields: Mapping[str, object]) -> object:
     init_names = {f.name for f in dataclasses.fields(cls) if f.init}
     value = cls(**{k: v for k, v in fields.items() if k in init_names})
     for name, field_value in fields.items():

@@ -84,7 +84,7 @@ class FsspecObjects(ObjectBackend):
         MissingDependencyError: fsspec, or the protocol's fsspec backend, is not installed.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, object] | None = None) -> None:
         super().__init__(url, storage_options)
         try:
             import fsspec
@@ -96,7 +96,7 @@ class FsspecObjects(ObjectBackend):
             raise MissingDependencyError(f"{url}: {error} (for S3: pip install 'modulelens[remote]')") from None
         self.base = base.rstrip("/")
 
-    def options(self, options: dict[str, Any]) -> dict[str, Any]:
+    def options(self, options: dict[str, object]) -> dict[str, object]:
         """The fsspec options this protocol opens its filesystem with (the caller's, plus defaults)."""
         return options
 

@@ -9,7 +9,7 @@ import asyncio
 import builtins
 import contextlib
 import os
-from typing import Any
+from collections.abc import Mapping
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.repo._objects import FsspecObjects, object_info, remote_call
@@ -24,13 +24,14 @@ class S3Objects(FsspecObjects):
 
     atomic = True  # conditional PUTs: the server decides who wins
 
-    def options(self, options: dict[str, Any]) -> dict[str, Any]:
+    def options(self, options: dict[str, object]) -> dict[str, object]:
         # Listings must never come from a cache: version numbers and locks are decided on them.
         # (The filesystem instance itself is shared: building an S3 client costs ~1 s of CPU.)
         options.setdefault("use_listings_cache", False)
         # fsspec reuses a filesystem made with the same arguments; naming the endpoint keeps a
         # process that changes AWS_ENDPOINT_URL from talking to the old server (seen in tests).
-        if os.environ.get("AWS_ENDPOINT_URL") and "endpoint_url" not in options.get("client_kwargs", {}):
+        client = options.get("client_kwargs")
+        if os.environ.get("AWS_ENDPOINT_URL") and not (isinstance(client, Mapping) and "endpoint_url" in client):
             options.setdefault("endpoint_url", os.environ["AWS_ENDPOINT_URL"])
         return options
 

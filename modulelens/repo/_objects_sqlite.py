@@ -29,7 +29,6 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from modulelens.errors import RemoteRepoError, RepoBusyError, UsageError
 from modulelens.repo.backend import ObjectBackend, ObjectInfo
@@ -60,7 +59,7 @@ class SqliteObjects(ObjectBackend):
     atomic = True  # BEGIN IMMEDIATE: one writer at a time, across processes
     sizes_first = True  # a row read: an object over a read's limit is refused unread
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, object] | None = None) -> None:
         super().__init__(url, storage_options)
         path = Path(url.split("://", 1)[-1]).expanduser()  # (under any scheme it is registered for)
         if not path.is_absolute():

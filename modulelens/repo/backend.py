@@ -42,7 +42,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.repo.files import too_large
@@ -109,7 +109,7 @@ class ObjectBackend(ABC):
     atomic = False
     sizes_first = False
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, object] | None = None) -> None:
         self.url = url
         self.protocol = url.split("://", 1)[0]
         self.base = ""

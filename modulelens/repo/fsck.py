@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from modulelens.errors import CorruptCaptureError, InvalidNameError, RemoteRepoError
@@ -67,7 +67,7 @@ class Problem:
     detail: str
     repaired: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "path": self.path, "detail": self.detail, "repaired": self.repaired}
 
 
@@ -93,7 +93,7 @@ class FsckReport:
         """No problem is left (none found, or every one repaired)."""
         return all(p.repaired for p in self.problems)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "repo": self.repo, "clean": self.clean, "names": self.names, "versions": self.versions,
             "payloads_checked": self.payloads_checked, "bytes_checked": self.bytes_checked,

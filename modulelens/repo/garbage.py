@@ -8,7 +8,7 @@ import contextlib
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from modulelens.errors import CaptureNotFoundError
 from modulelens.repo.collector import collector_paused
@@ -33,7 +33,7 @@ class GcReport:
     #: list them (the index is wrong: ``modulelens fsck`` names it, ``--repair`` rebuilds it)
     kept_unindexed: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int]:  # counts, and dry_run (a bool is an int)
         return {"removed_blobs": self.removed_blobs, "freed_bytes": self.freed_bytes,
                 "kept_blobs": self.kept_blobs, "removed_tmp": self.removed_tmp, "dry_run": self.dry_run,
                 "kept_unindexed": self.kept_unindexed}

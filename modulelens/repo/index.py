@@ -43,7 +43,7 @@ import operator
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -202,7 +202,7 @@ def _checked_head(raw: bytes | None, *, appends: bool) -> NameIndex | None:
     return index
 
 
-def _number(data: dict[str, Any], key: str, *, high: int = MAX_VERSION, default: int | None = None) -> int:
+def _number(data: Mapping[str, object], key: str, *, high: int = MAX_VERSION, default: int | None = None) -> int:
     """``data[key]``, a whole number in ``[0, high]`` (a bool, a float or a number out of range is a
     forged or damaged head: ``used = 10**30`` would make the next save ``v1000...001``)."""
     value = data.get(key, default) if default is not None else data[key]
@@ -211,7 +211,7 @@ def _number(data: dict[str, Any], key: str, *, high: int = MAX_VERSION, default:
     return value
 
 
-def _version_number(value: Any, used: int, what: str) -> int:
+def _version_number(value: object, used: int, what: str) -> int:
     """A version number the head names: 1 to ``used`` (the highest number ever taken)."""
     number = int(value) if type(value) is str and value.isdigit() and len(value) <= 10 else value
     if type(number) is not int or not 1 <= number <= used:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, MutableMapping
 from urllib.parse import quote, unquote
 
 from modulelens.errors import CorruptCaptureError, InvalidNameError
@@ -152,7 +151,7 @@ def unquote_name(quoted: str) -> str | None:
     return name
 
 
-def capture_json(metadata: dict[str, Any], seal: Callable[[list[str]], dict[str, Any]] | None = None) -> bytes:
+def capture_json(metadata: MutableMapping[str, object], seal: Callable[[list[str]], dict[str, object]] | None = None) -> bytes:
     """A capture's ``capture.json``: one line per top-level field. Indented JSON goes through the
     pure-Python encoder, a third of a 5,000-tensor save (benchmarks/bench_repo.py); compact values
     use the C encoder and the file stays readable field by field. ``seal`` (a new capture saved

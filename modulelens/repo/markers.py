@@ -112,7 +112,7 @@ class MarkerKey:
     binding: bytes
 
     @classmethod
-    def derive(cls, user_key: bytes, identity: Mapping[str, Any]) -> MarkerKey:
+    def derive(cls, user_key: bytes, identity: Mapping[str, object]) -> MarkerKey:
         import hashlib  # here, not at the top: every `ls` imports this module and makes no marker
         import hmac  # (loading OpenSSL took 3 ms of it)
 

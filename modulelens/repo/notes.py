@@ -95,7 +95,7 @@ class VersionNotes:
     updated: str = ""
     by: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"description": self.description, "tags": None if self.tags is None else list(self.tags),
                 "updated": self.updated, "by": self.by}
 

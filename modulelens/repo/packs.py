@@ -32,7 +32,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.hashing import HASH_ALGORITHM, HEX64, hash_bytes
@@ -41,6 +41,7 @@ from modulelens.repo.files import open_regular, read_regular
 if TYPE_CHECKING:
     import torch
 
+    from modulelens.format.spec import TensorEntry
     from modulelens.repo.store import Store
 
 # Measured with benchmarks/bench_repo.py (threshold sweep, 64 payloads per size, median of 7
@@ -208,7 +209,10 @@ def _all_hex64(names: list[str]) -> bool:
         return False
 
 
-def _first(items: list[Any], bad: Callable[[Any], bool]) -> Any:
+_Item = TypeVar("_Item")
+
+
+def _first(items: list[_Item], bad: Callable[[_Item], bool]) -> _Item:
     return next(item for item in items if bad(item))
 
 
@@ -216,11 +220,11 @@ def _not_hex64(name: str) -> bool:
     return not HEX64.fullmatch(name)
 
 
-def _not_pair(place: Any) -> bool:
+def _not_pair(place: object) -> bool:
     return type(place) is not list or len(place) != 2
 
 
-def _not_span(place: list[Any]) -> bool:
+def _not_span(place: list[object]) -> bool:
     return not all(type(v) is int and v >= 0 for v in place)
 
 
@@ -313,11 +317,12 @@ class Payloads:
             self._open[index] = pack
         return pack
 
-    def _member(self, entry: dict[str, Any]) -> tuple[_Pack, str]:
-        pack = self._pack(entry["pack"])
-        hexdigest = _hex(entry["payload"])
+    def _member(self, index: int, payload: str) -> tuple[_Pack, str]:
+        """The pack at ``index`` of the capture's packs and the member name of ``payload`` in it."""
+        pack = self._pack(index)
+        hexdigest = _hex(payload)
         if hexdigest not in pack.members:
-            raise CorruptCaptureError(f"payload {entry['payload']} is missing from pack {self._packs[entry['pack']]['payload']}")
+            raise CorruptCaptureError(f"payload {payload} is missing from pack {self._packs[index]['payload']}")
         return pack, hexdigest
 
     def open_tensor(self, entry: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
@@ -334,7 +339,7 @@ class Payloads:
             # copy-on-write: nothing is read until used, and writing to the tensor never touches the blob
             path = self.store.blob_file(entry["payload"], entry["nbytes"])
             return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(shape)
-        pack, hexdigest = self._member(entry)
+        pack, hexdigest = self._member(entry["pack"], entry["payload"])
         return pack.tensor(hexdigest, dtype, entry["nbytes"]).view(shape)
 
     def check(self, entry: dict[str, Any], *, full: bool = False) -> None:
@@ -350,15 +355,15 @@ class Payloads:
         if full:
             info = self._packs[entry["pack"]]
             self.store.blob_file(info["payload"], info["nbytes"], full=True, pack=True)
-        pack, hexdigest = self._member(entry)
+        pack, hexdigest = self._member(entry["pack"], entry["payload"])
         if full and hash_bytes(pack.member_bytes(hexdigest)) != entry["payload"]:
             raise CorruptCaptureError(f"pack member {entry['payload']} is corrupted")
 
-    def read_bytes(self, entry: dict[str, Any]) -> bytes:
+    def read_bytes(self, entry: TensorEntry) -> bytes:
         """A payload's raw bytes (row-major, little-endian, as stored)."""
         if "pack" not in entry:
             return read_regular(self.store.blob_file(entry["payload"], entry["nbytes"]))
-        pack, hexdigest = self._member(entry)
+        pack, hexdigest = self._member(entry["pack"], entry["payload"])
         return pack.member_bytes(hexdigest)
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from modulelens.errors import UsageError
 from modulelens.repo.location import default_repo_location
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 #: Builds the store of one location: ``(location, storage_options) -> Store``. ``location`` is the
 #: text given to ``Repo()`` (a URL with its scheme, or a directory path for the local scheme ``""``).
-StoreFactory = Callable[[str, "dict[str, Any] | None"], Store]
+StoreFactory = Callable[[str, "dict[str, object] | None"], Store]
 
 #: The scheme of a location without ``://``: a local directory.
 LOCAL_SCHEME = ""
@@ -85,7 +85,7 @@ def object_store(backend: type[ObjectBackend] | str) -> StoreFactory:
         register_store("sqlite", object_store(SqliteObjects))
         modulelens.Repo("sqlite:///tmp/team.db")
     """
-    def factory(location: str, storage_options: dict[str, Any] | None) -> Store:
+    def factory(location: str, storage_options: dict[str, object] | None) -> Store:
         from modulelens.repo.remote import RemoteStore  # here: listing a local repo needs no fsspec
 
         return RemoteStore(_resolve(backend)(location, storage_options))
@@ -113,7 +113,7 @@ def scheme_of(location: str) -> str:
 
 
 def open_store(location: str | os.PathLike[str] | None = None, *,
-               storage_options: dict[str, Any] | None = None) -> Store:
+               storage_options: Mapping[str, object] | None = None) -> Store:
     """The store a repo location names, built by the factory registered for its scheme.
     ``None``: ``$MODULELENS_REPO`` or the default local repo.
 
@@ -132,7 +132,7 @@ def open_store(location: str | os.PathLike[str] | None = None, *,
         known = ", ".join(f"{s}://" for s in registered_schemes() if s)
         raise UsageError(f"no store for {scheme}:// (in {text[:200]}): registered are {known}, a directory path, "
                          "and any protocol fsspec knows (fsspec.available_protocols())")
-    return factory(text, storage_options)
+    return factory(text, None if storage_options is None else dict(storage_options))  # (a copy: the factory may keep or change it)
 
 
 def _fsspec_knows(scheme: str) -> bool:
@@ -145,7 +145,7 @@ def _fsspec_knows(scheme: str) -> bool:
     return all(part in known for part in scheme.split("::"))
 
 
-def _local(location: str, storage_options: dict[str, Any] | None) -> Store:
+def _local(location: str, storage_options: dict[str, object] | None) -> Store:
     from modulelens.repo.local import LocalStore
 
     if storage_options:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from modulelens.errors import CaptureNotFoundError, CorruptCaptureError
 from modulelens.repo.layout import reports_key
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from modulelens.repo.repository import Repo
 
 
-def add_report(repo: Repo, ref: str, kind: str, data: dict[str, Any]) -> Path | str:
+def add_report(repo: Repo, ref: str, kind: str, data: Mapping[str, object]) -> Path | str:
     """Store a tool's report (profile, verify, ...) with the version it was made on; returns
     where it is (a path, or a URL)."""
     name, version = repo.resolve(ref)
@@ -66,7 +67,7 @@ def report_files(repo: Repo, name: str, version: int) -> dict[str, bytes]:
 
 
 def reports(repo: Repo, ref: str, kind: str | None = None, *,
-            problems: list[str] | None = None) -> list[dict[str, Any]]:
+            problems: list[str] | None = None) -> list[dict[str, object]]:
     """The reports stored with ``ref`` (of ``kind`` only, when given), each with its ``path``.
 
     A report that cannot be read or is not a report (:func:`~modulelens.format.reports.validate_report`)
@@ -95,7 +96,7 @@ def reports(repo: Repo, ref: str, kind: str | None = None, *,
     return reports
 
 
-def parse_report(data: bytes, where: str) -> dict[str, Any]:
+def parse_report(data: bytes, where: str) -> dict[str, object]:
     """A report file's JSON, checked (:func:`~modulelens.format.reports.validate_report`).
 
     Raises:

@@ -18,7 +18,7 @@ import itertools
 import json
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +89,7 @@ class Repo:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True,
-                 storage_options: dict[str, Any] | None = None, trust_source: bool = False) -> None:
+                 storage_options: Mapping[str, object] | None = None, trust_source: bool = False) -> None:
         self.store = open_store(path, storage_options=storage_options)
         self._trust_source = trust_source  # this object's own: never stored (see trust_source)
         self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
@@ -766,7 +766,7 @@ class Repo:
 
     # ---------------------------------------------------------------------------------- reports
 
-    def add_report(self, ref: str, kind: str, data: dict[str, Any]) -> Path | str:
+    def add_report(self, ref: str, kind: str, data: Mapping[str, object]) -> Path | str:
         """Store a tool's report (profile, verify, ...) with the version it was made on; returns
         where it is (a path, or a URL)."""
         return stored_reports.add_report(self, ref, kind, data)
@@ -786,7 +786,7 @@ class Repo:
         return stored_reports.report_files(self, name, version)
 
     def reports(self, ref: str, kind: str | None = None, *,
-                problems: builtins.list[str] | None = None) -> builtins.list[dict[str, Any]]:
+                problems: builtins.list[str] | None = None) -> builtins.list[dict[str, object]]:
         """The reports stored with ``ref`` (of ``kind`` only, when given), each with its ``path``.
 
         A report that cannot be read or is not a report (:func:`~modulelens.format.reports.validate_report`)

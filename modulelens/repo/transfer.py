@@ -8,6 +8,7 @@ already in the target (same capture content, whatever its number there) is not c
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,12 +42,12 @@ class TransferReport:
     versions: list[VersionInfo] = field(default_factory=list)  # the copied versions, as in the target
     reports_skipped: list[str] = field(default_factory=list)  # reports (and notes) not copied: damaged
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"copied": self.copied, "present": self.present, "blobs_copied": self.blobs_copied,
                 "bytes_copied": self.bytes_copied, "aliases": self.aliases, "reports_skipped": self.reports_skipped}
 
 
-def content_id(metadata: dict[str, Any]) -> str:
+def content_id(metadata: Mapping[str, object]) -> str:
     """A version's identity across repos: the hash of its capture.json without the fields each
     repo sets for itself (name, version number, origin)."""
     body = {k: v for k, v in metadata.items() if k not in _LOCAL_FIELDS}

@@ -35,7 +35,6 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from modulelens.errors import CorruptCaptureError, SigningKeyError
 from modulelens.format.provenance import NOT_CHECKED, check, seal, user_key, warn_once
@@ -44,7 +43,7 @@ from modulelens.repo.files import read_regular, write_new_file
 TRUST_FILE = "trust.json"
 
 
-def repo_identity(root: Path) -> dict[str, Any]:
+def repo_identity(root: Path) -> dict[str, object]:
     """What binds trust to a local repo: its directory's real path, device and inode, and the user.
     A copy (new inode), a move (new path) or another user's view of it differs."""
     info = os.stat(root)
@@ -99,14 +98,14 @@ class TrustPolicy:
     stored_source: bool = False
     own_repo: Path | None = None
 
-    def provenance(self, name: str, version: int, metadata: Mapping[str, Any]) -> Provenance:
+    def provenance(self, name: str, version: int, metadata: Mapping[str, object]) -> Provenance:
         """Whether ``metadata``, read from ``name:v<version>``, is a capture this user saved into
         :attr:`own_repo` (:func:`own_capture`), and if not why not."""
         if self.own_repo is None:
             return Provenance(False, "it is not in a local repo")
         return own_capture(self.own_repo, name, version, metadata)
 
-    def sealer(self) -> Callable[[list[str]], dict[str, Any]] | None:
+    def sealer(self) -> Callable[[list[str]], dict[str, object]] | None:
         """What signs a capture saved into :attr:`own_repo` as this user's own (:func:`capture_sealer`);
         ``None`` where captures are not signed (no own repo, or no key to be had)."""
         return None if self.own_repo is None else capture_sealer(self.own_repo)
@@ -121,7 +120,7 @@ class Provenance:
     settled: bool = True  # False: not checked yet (``own_capture(encode=False)``), ``own`` is False meanwhile
 
 
-def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
+def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, object]] | None:
     """What :meth:`Repo.save_version` signs a new capture with: field lines -> the ``provenance``
     field, for the repo at ``root``. ``None`` (after one warning per process) when the user's key
     cannot be had: the capture is then saved unsigned, as captures were before provenance."""
@@ -134,7 +133,7 @@ def capture_sealer(root: Path) -> Callable[[list[str]], dict[str, Any]] | None:
     return lambda lines: seal(lines, binding, key)
 
 
-def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, Any], *,
+def own_capture(root: Path, name: str, version: int, metadata: Mapping[str, object], *,
                 text: bytes | None = None, encode: bool = True) -> Provenance:
     """Whether ``metadata``, read from ``name:v<version>`` of the repo at ``root``, is a capture
     the current user saved there (its provenance verifies under the user's key for this directory,

@@ -97,7 +97,7 @@ class VersionInfo:
         use :attr:`folder` (its URL) or ``repo.version_path()`` (the cached copy)."""
         return Path(self.folder)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name, "version": self.version, "ref": self.ref, "path": self.folder,
             "created": self.created, "tags": list(self.tags), "aliases": list(self.aliases),

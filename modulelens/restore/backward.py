@@ -7,7 +7,7 @@ that had one recorded and to the module's parameters are compared with the recor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -18,6 +18,8 @@ from modulelens.format.tree import deep_leaves
 if TYPE_CHECKING:
     from modulelens.restore.calls import Call
 
+_Inputs = TypeVar("_Inputs")
+
 
 def _recorded(call: Call) -> dict[str, Any]:
     data = call.backward
@@ -26,7 +28,7 @@ def _recorded(call: Call) -> dict[str, Any]:
     return data
 
 
-def require_recorded_grads(inputs: Any, call: Call) -> Any:
+def require_recorded_grads(inputs: _Inputs, call: Call) -> _Inputs:
     """Mark the input tensors that have a recorded gradient as requiring grad."""
     grads = dict(deep_leaves(_recorded(call)["input_grads"]))
     for path, value in deep_leaves(inputs):
@@ -36,8 +38,8 @@ def require_recorded_grads(inputs: Any, call: Call) -> Any:
 
 
 def run_backward(
-    call: Call, module: torch.nn.Module, inputs: Any, output: Any, device: torch.device
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    call: Call, module: torch.nn.Module, inputs: object, output: object, device: torch.device
+) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, object]]]:
     """``(recorded, replayed)`` gradients as ``{"inputs": {path: grad}, "params": {name: grad}}``."""
     recorded = _recorded(call)
     outputs, grad_outputs = [], []
@@ -50,13 +52,16 @@ def run_backward(
         if isinstance(grad, torch.Tensor) and isinstance(out, torch.Tensor) and out.requires_grad:
             outputs.append(out)
             grad_outputs.append(grad.to(device=out.device, dtype=out.dtype))
-    expected: dict[str, Any] = {"inputs": {}, "params": {}}
+    expected: dict[str, dict[str, object]] = {"inputs": {}, "params": {}}
     targets: list[torch.Tensor] = []
     slots: list[tuple[str, str]] = []
     input_grads = dict(deep_leaves(recorded["input_grads"]))
     for path, value in deep_leaves(inputs):
         grad = input_grads.get(path)
         if isinstance(grad, (torch.Tensor, ShapeOnly)):
+            if not isinstance(value, torch.Tensor):
+                raise RestoreError(f"input {path} has a recorded gradient but is a {type(value).__name__}, "
+                                   "not a tensor: no gradient can be taken for it")
             expected["inputs"][path] = grad
             targets.append(value)
             slots.append(("inputs", path))
@@ -73,7 +78,7 @@ def run_backward(
     if outputs and unique:
         computed = torch.autograd.grad(outputs, list(unique.values()), grad_outputs, allow_unused=True)
         results = dict(zip(unique, computed, strict=True))
-    actual: dict[str, Any] = {"inputs": {}, "params": {}}
+    actual: dict[str, dict[str, object]] = {"inputs": {}, "params": {}}
     for (group, key), target in zip(slots, targets, strict=True):
         actual[group][key] = results[id(target)]
     return expected, actual

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ import torch
 from modulelens.errors import RestoreError, UnsupportedValueError, UntrustedCodeError
 from modulelens.format.imports import Kind, check_kind, import_checked
 from modulelens.format.sources import source_hash
-from modulelens.format.spec import Construction
+from modulelens.format.spec import Construction, SourceFile
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.repo.trust import Provenance, TrustPolicy
 from modulelens.restore.source import lookup, module_from_source, source_changes
@@ -50,7 +50,7 @@ class ClassResolver:
             once, when that decides; ``None``: never (not a local repo).
     """
 
-    def __init__(self, sources: dict[str, dict[str, Any]], ref: str, *, trust: TrustPolicy = TrustPolicy(),
+    def __init__(self, sources: dict[str, SourceFile], ref: str, *, trust: TrustPolicy = TrustPolicy(),
                  forbidden: Iterable[str | os.PathLike[str]] = (),
                  read_text: Callable[[str], str] | None = None,
                  provenance: Callable[[], Provenance] | None = None) -> None:
@@ -184,7 +184,7 @@ class ClassResolver:
         checked = self._provenance
         return f"; it is not one you saved into this repo: {checked.why}" if checked and not checked.own else ""
 
-    def _from_source(self, module_name: str, qualname: str, entry: dict[str, Any], *, own: bool) -> Any:
+    def _from_source(self, module_name: str, qualname: str, entry: SourceFile, *, own: bool) -> object:
         text = self.text(module_name)
         if own and text is not None and source_hash(text) != entry.get("hash"):
             # The signature covers the hash, not the text: a blob changed after the save is not yours.
@@ -203,12 +203,13 @@ class ClassResolver:
         return obj
 
     @staticmethod
-    def _running_captured_script(entry: dict[str, Any] | None) -> bool:
+    def _running_captured_script(entry: SourceFile | None) -> bool:
         main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-        if entry is None or not entry.get("file") or not main_file:
+        file = entry.get("file") if entry is not None else None
+        if entry is None or not file or not main_file:
             return entry is None
         try:
-            return os.path.samefile(main_file, entry["file"])
+            return os.path.samefile(main_file, file)
         except (OSError, TypeError, ValueError):
             return False
 
@@ -222,7 +223,7 @@ def module_class(resolver: ClassResolver, path: str) -> type[torch.nn.Module]:
 
 
 def decode_construction(entry: Construction, resolver: ClassResolver,
-                        ctx: DecodeContext) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+                        ctx: DecodeContext) -> tuple[type[torch.nn.Module], tuple[object, ...], dict[str, object]]:
     """The class and decoded constructor arguments of a recorded construction; the class is
     resolved (and checked to be an ``nn.Module`` subclass) before any argument is decoded, and
     nothing is called.
@@ -244,7 +245,7 @@ def decode_construction(entry: Construction, resolver: ClassResolver,
 
 
 
-def construction_paths(constructions: dict[str, Any], mid: str | None) -> list[str]:
+def construction_paths(constructions: Mapping[str, object], mid: str | None) -> list[str]:
     """Every import path that building construction record ``mid`` names: its class, what its
     arguments name, and the same for the modules among its arguments (their own records)."""
     paths: list[str] = []
@@ -260,7 +261,7 @@ def construction_paths(constructions: dict[str, Any], mid: str | None) -> list[s
     return paths
 
 
-def _module_refs(encoded: Any) -> Iterator[str]:
+def _module_refs(encoded: object) -> Iterator[str]:
     if isinstance(encoded, list):
         for item in encoded:
             yield from _module_refs(item)
@@ -272,7 +273,7 @@ def _module_refs(encoded: Any) -> Iterator[str]:
                 yield from _module_refs(value)
 
 
-def named_paths(encoded: Any) -> Iterator[str]:
+def named_paths(encoded: object) -> Iterator[str]:
     """Every import path an encoded value (or construction record, or a document of them) names:
     ``import`` values, the classes of namedtuples, dataclasses and codec values, construction classes."""
     if isinstance(encoded, list):
@@ -289,7 +290,7 @@ def named_paths(encoded: Any) -> Iterator[str]:
                 yield from named_paths(value)
 
 
-def holds_graph(encoded: Any) -> bool:
+def holds_graph(encoded: object) -> bool:
     """Whether an encoded value holds an fx graph (format/fx_codecs.py)."""
     if isinstance(encoded, list):
         return any(holds_graph(item) for item in encoded)

@@ -89,7 +89,7 @@ def default_tolerance(dtype: torch.dtype, purpose: str = "replay") -> tuple[floa
 
 
 def tolerance_table(dtypes: Sequence[str], rtol: float | None = None, atol: float | None = None, *,
-                    purpose: str = "kernel") -> dict[str, dict[str, Any]]:
+                    purpose: str = "kernel") -> dict[str, dict[str, object]]:
     """``{dtype name: {"rtol", "atol", "exact"}}`` for output dtypes, from :func:`default_tolerance`;
     ``rtol``/``atol`` override it for every floating dtype (exact dtypes stay exact).
 
@@ -98,7 +98,7 @@ def tolerance_table(dtypes: Sequence[str], rtol: float | None = None, atol: floa
         tolerance_table(["float32", "int64"])
         # {"float32": {"rtol": 0.0001, "atol": 0.0001, "exact": False}, "int64": {"rtol": 0.0, "atol": 0.0, "exact": True}}
     """
-    table = {}
+    table: dict[str, dict[str, object]] = {}
     for name in sorted(set(dtypes)):
         dtype = getattr(torch, name, None)
         base = default_tolerance(dtype, purpose) if isinstance(dtype, torch.dtype) else None
@@ -199,7 +199,7 @@ class LeafResult:
     ulps: float | None = None  # the ULP tolerance (rule "ulps")
     oracle: dict[str, Any] | None = None  # the oracle verdict (OracleVerdict.to_dict), or why there was none
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         for key in ("max_abs_error", "max_rel_error", "max_ulps"):
             if isinstance(data[key], float) and not math.isfinite(data[key]):
@@ -208,8 +208,8 @@ class LeafResult:
 
 
 def compare(
-    expected: Any,
-    actual: Any,
+    expected: object,
+    actual: object,
     *,
     exact: bool,
     rtol: float | None = None,
@@ -268,7 +268,7 @@ class _Rule:
     oracle_factor: float | None
 
 
-def _oracle_leaves(oracle: OracleRun | None, spec: pytree.TreeSpec, count: int) -> tuple[list[Any], list[Any]]:
+def _oracle_leaves(oracle: OracleRun | None, spec: pytree.TreeSpec, count: int) -> tuple[list[object], list[object]]:
     """Per expected leaf: its oracle (a tensor, or a string saying why there is none, or ``None``
     when no oracle was asked for) and the reference's leaf the oracle rule measures (``None``: the
     expected one)."""
@@ -279,7 +279,7 @@ def _oracle_leaves(oracle: OracleRun | None, spec: pytree.TreeSpec, count: int) 
     leaves, oracle_spec = flatten_with_paths(expand_dataclasses(oracle.outputs))
     if oracle_spec != spec:
         return ["the float64 run returned another output structure"] * count, [None] * count
-    references: list[Any] = [None] * count
+    references: list[object] = [None] * count
     if oracle.reference is not None:
         reference_leaves, reference_spec = flatten_with_paths(expand_dataclasses(oracle.reference))
         if reference_spec == spec:
@@ -292,7 +292,7 @@ def _describe(spec: pytree.TreeSpec) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
-def _compare_leaf(path: str, want: Any, got: Any, rule: _Rule, oracle: tuple[Any, Any]) -> LeafResult:
+def _compare_leaf(path: str, want: object, got: object, rule: _Rule, oracle: tuple[object, object]) -> LeafResult:
     if isinstance(want, Unrecorded):
         return LeafResult(path, True, "unrecorded", message=f"not recorded ({want.type_name}); NOT compared",
                           compared=False)
@@ -331,7 +331,7 @@ def _compare_leaf(path: str, want: Any, got: Any, rule: _Rule, oracle: tuple[Any
 
 
 def _compare_floating(result: LeafResult, want: torch.Tensor, got: torch.Tensor, exact: bool, rule: _Rule,
-                      oracle: tuple[Any, Any]) -> None:
+                      oracle: tuple[object, Any]) -> None:  # Any: the reference leaf, a tensor where the output's is
     """Errors of a floating leaf (absolute, relative, in ULPs) and its verdict by the first rule that applies."""
     w = want.to(torch.complex128 if want.dtype.is_complex else torch.float64)
     g = got.to(w.dtype)
@@ -418,7 +418,7 @@ def _mismatch_message(result: LeafResult) -> str:
     return text
 
 
-def _compare_synthetic(path: str, want: Any, got: Any) -> LeafResult:
+def _compare_synthetic(path: str, want: object, got: object) -> LeafResult:
     if isinstance(want, torch.Tensor):
         want = ShapeOnly(want.dtype, tuple(want.shape), tensor_stats(want))
     if isinstance(want, ShapeOnly):  # its statistics are of other inputs' outputs: not checked
@@ -429,7 +429,7 @@ def _compare_synthetic(path: str, want: Any, got: Any) -> LeafResult:
                       message="computed from synthetic inputs: NOT compared")
 
 
-def _compare_shape_only(path: str, want: ShapeOnly, got: Any, rtol: float | None = None, atol: float | None = None,
+def _compare_shape_only(path: str, want: ShapeOnly, got: object, rtol: float | None = None, atol: float | None = None,
                         cross_device: bool = False, check_statistics: bool = True) -> LeafResult:
     """A shape-only recording has no values: check the shape and the recorded statistics, and say
     plainly that the values were not compared (``compared=False``: it can fail, never pass as checked)."""
@@ -511,7 +511,7 @@ def statistics_contradiction(want: ShapeOnly, got: torch.Tensor, rtol: float, at
     return f"{', '.join(off)} (bound {bound:.3g})" if off else None
 
 
-def nothing_to_compare(want: Any) -> str | None:
+def nothing_to_compare(want: object) -> str | None:
     """Why a recorded output holds nothing a candidate could get wrong by its values, or ``None``.
 
     Every leaf may have been compared and matched, yet prove nothing: ``None`` matches ``None``,
@@ -543,7 +543,7 @@ def nothing_to_compare(want: Any) -> str | None:
     return "the recorded output is empty (no elements): nothing to compare"
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 

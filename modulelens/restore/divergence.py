@@ -110,7 +110,7 @@ class OpDifference:
     measured: str = "values"  # "values", "statistics" (a lower bound), "fingerprint", "shape", "structure"
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         for key in ("max_abs_error", "max_ulps"):
             if isinstance(data[key], float) and not math.isfinite(data[key]):
@@ -178,7 +178,7 @@ class Divergence:
             lines.append(f"... and {len(self.fused) - 3} more regions fused or rewritten")
         return lines + [f"note: {n}" for n in self.notes]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"compared": self.compared, "rule": self.rule, "found": self.found, "summary": self.summary(),
                 "details": self.details(),
                 "first": self.first.to_dict() if self.first else None,
@@ -194,8 +194,8 @@ class Divergence:
     __repr__ = __str__
 
 
-def trace_call(module: torch.nn.Module, run: Callable[[], Any],
-               limits: TraceLimits = LOCATE_LIMITS) -> tuple[Any, OpTrace, str | None]:
+def trace_call(module: torch.nn.Module, run: Callable[[], object],
+               limits: TraceLimits = LOCATE_LIMITS) -> tuple[object, OpTrace, str | None]:
     """Run ``run()`` (a call of ``module``) under an op recorder.
 
     Returns:
@@ -300,7 +300,7 @@ def _regions(trace: OpTrace, aligned: set[int]) -> dict[int, list[int]]:
     return regions
 
 
-def _exact_key(op: TracedOp) -> tuple[Any, ...] | None:
+def _exact_key(op: TracedOp) -> tuple[object, ...] | None:
     """The op's outputs, bit for bit (not its name: a value the candidate made by other ops, or one a
     skipped no-op passed through, is there all the same)."""
     if not op.outputs or any(v.is_tensor and v.fingerprint is None for v in op.outputs):
@@ -309,7 +309,7 @@ def _exact_key(op: TracedOp) -> tuple[Any, ...] | None:
                  for v in op.outputs)
 
 
-def _loose_key(op: TracedOp) -> tuple[Any, ...]:
+def _loose_key(op: TracedOp) -> tuple[object, ...]:
     """The op's name without its overload, and its output shapes (dtypes may differ: a cast rewrite)."""
     return (op.op.split(".")[0], *(tuple(v.shape or ()) if v.is_tensor else "scalar" for v in op.outputs))
 
@@ -321,7 +321,7 @@ def _pair_ops(reference: OpTrace, candidate: OpTrace, modules: dict[int, int]) -
     pairs: dict[int, int] = {}
     for region, reference_ops in ours.items():
         candidate_ops = theirs.get(modules[region], [])
-        made: dict[tuple[Any, ...], list[int]] = defaultdict(list)  # output values -> the candidate's ops making them
+        made: dict[tuple[object, ...], list[int]] = defaultdict(list)  # output values -> the candidate's ops making them
         for position in candidate_ops:
             key = _exact_key(candidate.ops[position])
             if key is not None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from modulelens.restore.calls import Call
 
 
-def check_inputs_usable(call: Call, inputs: Any) -> None:
+def check_inputs_usable(call: Call, inputs: object) -> None:
     """Raise :class:`RestoreError` naming the first input that was not recorded or has no values."""
     for path, leaf in deep_leaves(inputs):
         where = describe_input_path(path)
@@ -54,7 +54,7 @@ def copy_inputs(inputs: Any, device: torch.device | str | None, dtype: torch.dty
     storages: dict[int, torch.Tensor] = {}
     copies: dict[int, torch.Tensor] = {}  # one copy per recorded tensor: attn(x, x, x) stays aliased
 
-    def copy(_path: str, value: Any) -> Any:
+    def copy(_path: str, value: object) -> object:
         if not isinstance(value, torch.Tensor):
             return value
         if id(value) not in copies:
@@ -84,7 +84,7 @@ def with_recorded_grad(inputs: Any, requires_grad: Callable[[str, torch.Tensor],
     ops on it work as they did in the job; one tensor passed twice stays one tensor."""
     copies: dict[int, torch.Tensor] = {}
 
-    def mark(path: str, value: Any) -> Any:
+    def mark(path: str, value: object) -> object:
         if not isinstance(value, torch.Tensor) or value.requires_grad or not requires_grad(path, value) \
                 or not (value.is_floating_point() or value.is_complex()):
             return value

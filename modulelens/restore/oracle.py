@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -127,7 +127,7 @@ class OracleVerdict:
     beyond: int = 0  # elements beyond the worst-element limit, plus ``specials``
     failed: list[str] = field(default_factory=list)  # "rms", "max", "bias", "specials"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {key: (value if not isinstance(value, float) or math.isfinite(value) else str(value))
                 for key, value in asdict(self).items()}
 
@@ -291,8 +291,8 @@ class Float64Oracle:
         except Exception as error:  # the verdict falls back to tolerances; the reason is reported
             self.error = f"the module cannot be copied in float64 ({type(error).__name__}: {error})"
 
-    def run(self, args: Any, kwargs: dict[str, Any], *,
-            context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    def run(self, args: Sequence[object], kwargs: Mapping[str, object], *,
+            context: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
             training: bool = False) -> OracleRun:
         """The oracle of one call: floating inputs cast to float64 (complex to complex128), autocast
         off, no gradients, under ``context()`` (the call's recorded RNG state) when given."""
@@ -313,7 +313,7 @@ class Float64Oracle:
         return OracleRun(outputs=outputs)
 
 
-def _widen(value: Any) -> Any:
+def _widen(value: object) -> object:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.detach().to(torch.float64)
     if isinstance(value, torch.Tensor) and value.is_complex():

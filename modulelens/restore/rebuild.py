@@ -13,7 +13,7 @@ import functools
 import inspect
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -22,7 +22,7 @@ from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-def
 
 from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
 from modulelens.format.module_state import REREGISTERED_HOOKS, reproducible_compile, structure, structure_difference
-from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, hooks_not_rebuilt
+from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, TreeEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
 from modulelens.restore.classes import (
     ClassResolver,
@@ -88,7 +88,7 @@ class Rebuilder:
         finally:
             self.collect_source_notes()
 
-    def init_arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    def init_arguments(self) -> tuple[tuple[object, ...], dict[str, object]] | None:
         """See :attr:`modulelens.Capture.init_arguments`."""
         options = self.options
         if options.given_arguments:
@@ -101,7 +101,7 @@ class Rebuilder:
             return override_arguments(cls, args, kwargs, options.init_overrides, self.ref)
         return args, kwargs
 
-    def decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[Any, ...], dict[str, Any]]:
+    def decode_construction(self, mid: str) -> tuple[type[torch.nn.Module], tuple[object, ...], dict[str, object]]:
         try:
             return decode_construction(self.metadata["constructions"][mid], self.resolver, self.decode_context())
         finally:
@@ -308,7 +308,7 @@ class Rebuilder:
             self.notes.append(f"structure changed after construction rebuilt from the recorded submodules: {shown}")
         self._note_tool_made(tree)
 
-    def _note_tool_made(self, tree: dict[str, dict[str, Any]]) -> None:
+    def _note_tool_made(self, tree: dict[str, TreeEntry]) -> None:
         """Say which submodules a tool made from an eager module are rebuilt as that module
         (TorchScript: the same operations, run eagerly; init_tracking._record_scripted)."""
         made: dict[str, list[str]] = {}
@@ -359,13 +359,13 @@ class Rebuilder:
         except ModulelensError:  # not resolvable here: the piece is built from its record, which says why
             return False
 
-    def _built_as_recorded(self, module: torch.nn.Module, entry: dict[str, Any]) -> bool:
+    def _built_as_recorded(self, module: torch.nn.Module, entry: TreeEntry) -> bool:
         """Whether ``module`` is of the class the piece's own construction record builds (a graph a
         tool made is rebuilt as a GraphModule: tracing/graph_modules.py)."""
         construction = self.metadata.get("constructions", {}).get(entry.get("construction") or "")
         return construction is not None and _class_path(module) == construction["class"]
 
-    def _piece(self, entry: dict[str, Any], path: str) -> torch.nn.Module:
+    def _piece(self, entry: TreeEntry, path: str) -> torch.nn.Module:
         """A submodule built from its own construction record, or a :class:`RestoreError` naming it."""
         mid = entry.get("construction")
         if mid is None:
@@ -376,7 +376,7 @@ class Rebuilder:
                 "module.load_state_dict(cap.fresh_state_dict())")
         return self.construct(mid)
 
-    def _put_back(self, module: torch.nn.Module, entry: dict[str, Any], path: str, changed: list[str]) -> None:
+    def _put_back(self, module: torch.nn.Module, entry: TreeEntry, path: str, changed: list[str]) -> None:
         """Apply the recorded parametrizations and norm hooks that ``module`` does not have yet
         (its constructor may apply some itself, e.g. ``parametrizations.weight_norm`` in ``__init__``)."""
         from torch.nn.utils import parametrize
@@ -546,8 +546,8 @@ class Rebuilder:
                 "its constructor can, or rebuild it yourself and load module.load_state_dict(cap.fresh_state_dict())")
 
 
-def override_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], overrides: dict[str, Any],
-                       ref: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def override_arguments(cls: type, args: tuple[object, ...], kwargs: Mapping[str, object], overrides: Mapping[str, object],
+                       ref: str) -> tuple[tuple[object, ...], dict[str, object]]:
     """``(args, kwargs)`` with the arguments named in ``overrides`` replaced (a positional one in
     place, by its parameter name); a name the constructor does not take is a :class:`UsageError`."""
     try:
@@ -762,13 +762,13 @@ def _has_meta_tensors(module: torch.nn.Module) -> bool:
 _MODULE_BOOKKEEPING = frozenset(vars(torch.nn.Module()))
 
 
-def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
+def _holds_meta_tensor(value: object, depth: int = 0) -> bool:
     """A meta tensor in ``value`` or in the lists, tuples and dicts it holds: peft's prompt and
     prefix tuning keep ``prompt_tokens = {adapter: arange(...)}``, which a meta-device construction
     leaves without data (replay then failed with "Cannot copy out of meta tensor", found by the census)."""
     if isinstance(value, torch.Tensor):
         return value.is_meta
-    if depth < 4 and type(value) in (list, tuple):
+    if depth < 4 and (type(value) is list or type(value) is tuple):
         return any(_holds_meta_tensor(item, depth + 1) for item in value)
     if depth < 4 and type(value) is dict:
         return any(_holds_meta_tensor(item, depth + 1) for item in value.values())

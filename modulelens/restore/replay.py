@@ -71,7 +71,7 @@ class CallReplay:
         failing = [leaf for leaf in self.all_leaves if not leaf.passed]
         return failing[0] if failing else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
                 "error": self.error, "unverified": self.unverified, "seconds": self.seconds,
                 "leaves": [leaf.to_dict() for leaf in self.leaves],
@@ -115,7 +115,7 @@ class ReplayReport:
             return [self.no_calls or f"{self.ref}: no call was replayed"]
         return [f"call {c.index}: {reason}" for c in self.calls if c.status == "unverified" for reason in c.unverified]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"ref": self.ref, "passed": self.passed, "status": self.status, "unverified": self.unverified,
                 "mode": self.mode,
                 "device": self.device, "dtype": self.dtype, "weights": self.weights, "notes": self.notes,
@@ -297,7 +297,7 @@ class _Comparison:
     cross_device: bool
     ulps: UlpTolerance | None = None
 
-    def leaves(self, expected: Any, actual: Any, synthetic: bool) -> list[LeafResult]:
+    def leaves(self, expected: object, actual: object, synthetic: bool) -> list[LeafResult]:
         return compare(expected, actual, exact=self.exact, rtol=self.rtol, atol=self.atol,
                        cross_device=self.cross_device, synthetic=synthetic, ulps=self.ulps)
 
@@ -349,8 +349,8 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     return result
 
 
-def run_call(capture: Capture, call: Call, module: torch.nn.Module, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
+def run_call(capture: Capture, call: Call, module: torch.nn.Module, args: tuple[object, ...],
+             kwargs: dict[str, object]) -> object:
     """Run ``module`` on one recorded call's inputs as the job ran it: ``module(...)``, its recorded
     method (``capture.entry_point``), or for a call recorded inside ``torch.func.vmap`` (an ensemble)
     under vmap again, each member with its slice of the module's stacked weights, as
@@ -370,7 +370,7 @@ def run_call(capture: Capture, call: Call, module: torch.nn.Module, args: tuple[
     input_dims = _batch_dims((args, kwargs), batched["inputs"])
     out_dims = _batch_dims(call.output, batched["output"])
 
-    def member(weights: dict[str, Any], inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    def member(weights: dict[str, torch.Tensor], inputs: tuple[tuple[object, ...], dict[str, object]]) -> object:
         return functional_call(module, weights, inputs[0], inputs[1])
 
     return vmap(member, in_dims=(state_dims, input_dims), out_dims=out_dims,
@@ -418,7 +418,8 @@ def _locate(capture: Capture, position: int, target: torch.nn.Module, how: _Comp
         result.divergence.notes.append(f"the replay's trace stopped early: {stopped}")
 
 
-def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult]:
+def _compare_mutated(call: Call, inputs: object, *, exact: bool, rtol: float | None, atol: float | None,
+                     cross_device: bool, synthetic: bool, ulps: UlpTolerance | None) -> list[LeafResult]:
     """The inputs the recorded call changed in place (a cache it appended to), as they were after
     the recorded call, against the replayed inputs after the replayed call."""
     recorded = call.mutated_inputs
@@ -427,7 +428,8 @@ def _compare_mutated(call: Call, inputs: Any, **options: Any) -> list[LeafResult
     replayed = dict(mutable_leaves(inputs))
     leaves: list[LeafResult] = []
     for path, after in recorded.items():
-        leaves += compare(after, replayed.get(path), root=f"{describe_input_path(path)}(after the call)", **options)
+        leaves += compare(after, replayed.get(path), exact=exact, rtol=rtol, atol=atol, cross_device=cross_device,
+                          synthetic=synthetic, ulps=ulps, root=f"{describe_input_path(path)}(after the call)")
     return leaves
 
 

@@ -24,11 +24,12 @@ from typing import Any
 from modulelens.errors import RestoreError
 from modulelens.format.imports import AllowHere, import_checked
 from modulelens.format.sources import class_source_hash, source_hash
+from modulelens.format.spec import SourceFile
 from modulelens.restore.source_slice import slice_source
 
 _MAX_SOURCE_BYTES = 16 << 20
 _EXECUTED: dict[tuple[str, tuple[str, ...]], types.ModuleType] = {}  # (source hash, roots) -> module, per process
-def module_from_source(module_name: str, entry: dict[str, Any], text: str, wanted: str) -> types.ModuleType:
+def module_from_source(module_name: str, entry: SourceFile, text: str, wanted: str) -> types.ModuleType:
     """The classes a capture names from a stored source file (and ``wanted``, a qualified name),
     with what they depend on, as a fresh module (cached per source hash and classes). Runs code
     from the capture: callers check the user's trust first."""
@@ -71,7 +72,7 @@ def built_from_stored_source(cls: type) -> bool:
     return home is not None and any(home is module for module in _EXECUTED.values())
 
 
-def lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> Any:
+def lookup(module: types.ModuleType, qualname: str, entry: SourceFile) -> object:
     """``qualname`` in a module built from stored source; a class defined in a function is
     re-created from its own stored text (runs code: callers check trust first)."""
     if "<locals>" in qualname:  # re-create a class defined in a function from its own source
@@ -89,7 +90,7 @@ def lookup(module: types.ModuleType, qualname: str, entry: dict[str, Any]) -> An
     return obj
 
 
-def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str],
+def source_changes(sources: dict[str, SourceFile], forbidden: list[str],
                    allow_here: AllowHere | None = None) -> list[str]:
     """Messages about captured user classes whose code is not what was captured (the caller
     notes them and warns with :class:`SourceChangedWarning`). Only modules the import rules allow
@@ -112,7 +113,7 @@ def source_changes(sources: dict[str, dict[str, Any]], forbidden: list[str],
     return changed
 
 
-def _file_changes(module_name: str, entry: dict[str, Any]) -> list[str]:
+def _file_changes(module_name: str, entry: SourceFile) -> list[str]:
     file = entry.get("file")
     if not isinstance(file, str) or not file or not entry.get("hash"):
         return []

@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -111,7 +110,7 @@ def random_like(value: torch.Tensor, generator: torch.Generator, *,
     return _draw(t.dtype, out_shape, {"mean": mean, "std": std}, generator), f"normal(mean={mean:.4g}, std={std:.4g})"
 
 
-def _draw(dtype: torch.dtype, shape: list[int], stats: dict[str, Any], generator: torch.Generator) -> torch.Tensor:
+def _draw(dtype: torch.dtype, shape: list[int], stats: Mapping[str, float], generator: torch.Generator) -> torch.Tensor:
     """Random values of ``dtype``/``shape`` following ``stats`` (``fraction_true``; ``min``/``max``;
     ``mean``/``std``, floats clipped to ``min``/``max`` when given, ``zero_fraction``)."""
     if dtype == torch.bool:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -80,7 +79,7 @@ class capture:  # noqa: N801 - reads as a function: `with modulelens.capture(mod
         record: Recording = Recording(),
         payload: PayloadPolicy = PayloadPolicy(),
         tags: Iterable[str] = (),
-        metadata: dict[str, Any] | None = None,
+        metadata: Mapping[str, object] | None = None,
         strict: bool = False,
         on_complete: Callable[[Tracer], object] | None = None,
     ) -> None:

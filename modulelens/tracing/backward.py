@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.autograd import Variable
+from torch.autograd.graph import Node
+from torch.utils.hooks import RemovableHandle
 
 from modulelens.format.tree import deep_leaves, map_leaves
 from modulelens.tracing.records import BackwardRecord, CallRecord
 from modulelens.tracing.snapshot import Snapshotter
 
 
-def _grad_tensors(tree: Any) -> list[torch.Tensor]:
+def _grad_tensors(tree: object) -> list[torch.Tensor]:
     """Distinct tensors of ``tree`` that require grad (a state object, such as a cache, is opaque:
     the job keeps its own object)."""
     seen: dict[int, torch.Tensor] = {}
@@ -46,7 +47,7 @@ def _grad_tensors(tree: Any) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def separate_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def separate_inputs(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[tuple[object, ...], dict[str, object]] | None:
     """The call's inputs with each tensor that requires grad replaced by a view of itself, so the
     module's input gradients can be taken alone: two inputs the job derived from one another
     (``gate = sigmoid(h)`` passed with ``h``) would otherwise leak gradient into each other.
@@ -54,10 +55,12 @@ def separate_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tupl
     if not _grad_tensors((args, kwargs)):
         return None
 
-    def view(_path: str, value: Any) -> Any:
+    def view(_path: str, value: object) -> object:
         return value.view_as(value) if isinstance(value, torch.Tensor) and value.requires_grad else value
 
-    new_args, new_kwargs = map_leaves(view, (args, kwargs), state_objects=False)
+    viewed = map_leaves(view, (args, kwargs), state_objects=False)
+    assert isinstance(viewed, tuple)  # map_leaves keeps the containers: (args, kwargs) again
+    new_args, new_kwargs = viewed
     return tuple(new_args), dict(new_kwargs)
 
 
@@ -71,12 +74,12 @@ def sequence_marker() -> int:
 
 
 def _parameter_uses(outputs: list[torch.Tensor], start: int, end: int,
-                    params: set[int]) -> list[tuple[Any, list[tuple[int, int]]]]:
+                    params: set[int]) -> list[tuple[Node, list[tuple[int, int]]]]:
     """``(node, [(edge index, parameter id)])`` for each node of the call's own graph (created
     between the ``start`` and ``end`` markers) that feeds a gradient accumulator of ``params``."""
     uses = []
     seen: set[int] = set()
-    keep: list[Any] = []  # keeps visited nodes alive so their ids stay unique during the walk
+    keep: list[Node] = []  # keeps visited nodes alive so their ids stay unique during the walk
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while stack:
         node = stack.pop()
@@ -103,7 +106,7 @@ def _parameter_uses(outputs: list[torch.Tensor], start: int, end: int,
 class _CallGradients:
     """Gradients of one recorded call as the job's backward produces them."""
 
-    def __init__(self, call: CallRecord, module: torch.nn.Module, inputs: Any, output: Any, snap: Snapshotter,
+    def __init__(self, call: CallRecord, module: torch.nn.Module, inputs: object, output: object, snap: Snapshotter,
                  on_done: Callable[[CallRecord, BaseException | None], None]) -> None:
         self.call, self.snap, self.on_done = call, snap, on_done
         self.inputs, self.output = inputs, output
@@ -137,8 +140,8 @@ class _CallGradients:
                     self.input_grads[key] = self.snap.tensor(grad)
         return hook
 
-    def on_node(self, edges: list[tuple[int, int]]) -> Callable[[Any, Any], None]:
-        def hook(grad_inputs: tuple[torch.Tensor | None, ...], _grad_outputs: Any) -> None:
+    def on_node(self, edges: list[tuple[int, int]]) -> Callable[[tuple[torch.Tensor | None, ...], object], None]:
+        def hook(grad_inputs: tuple[torch.Tensor | None, ...], _grad_outputs: object) -> None:
             with self.lock:
                 if not self._arrived():
                     return
@@ -157,7 +160,7 @@ class _CallGradients:
             self.done = True
         error: BaseException | None = None
         try:
-            def pick(table: dict[int, torch.Tensor]) -> Callable[[str, Any], Any]:
+            def pick(table: dict[int, torch.Tensor]) -> Callable[[str, object], object]:
                 return lambda _path, leaf: table.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None
 
             self.call.backward = BackwardRecord(
@@ -176,12 +179,12 @@ class _CallGradients:
 def watch_backward(
     call: CallRecord,
     module: torch.nn.Module,
-    inputs: tuple[tuple[Any, ...], dict[str, Any]],
-    output: Any,
+    inputs: tuple[tuple[object, ...], dict[str, object]],
+    output: object,
     start: int,
     snap: Snapshotter,
     on_done: Callable[[CallRecord, BaseException | None], None],
-) -> tuple[Any, list[Any]]:
+) -> tuple[object, list[RemovableHandle]]:
     """Hook the job's backward through ``call``, whose forward began after sequence marker
     ``start``. Returns the output to hand to the job (each output tensor that requires grad
     replaced by a view of itself) and the hook handles; ``(output, [])`` when nothing needs grad."""
@@ -198,7 +201,7 @@ def watch_backward(
     handles += [views[key].register_hook(state.on_output(key)) for key in views]
     call.backward_pending = True
 
-    def swap(_path: str, leaf: Any) -> Any:
+    def swap(_path: str, leaf: object) -> object:
         return views.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf
 
     return map_leaves(swap, output, state_objects=False), handles

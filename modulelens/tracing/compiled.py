@@ -18,7 +18,7 @@ import torch
 from modulelens.format.module_state import reproducible_compile
 
 
-def compile_settings(wrapper: torch.nn.Module) -> dict[str, Any]:
+def compile_settings(wrapper: torch.nn.Module) -> dict[str, object]:
     """``{"backend", "options", "dynamic", "fullgraph"}`` of a ``torch.compile`` wrapper
     (``OptimizedModule``); ``{"backend": None}`` when they are not among those a load reproduces
     (module_state.COMPILE_BACKENDS)."""

@@ -31,7 +31,13 @@ from modulelens.errors import UsageError
 from modulelens.format.tree import Flattened
 
 if TYPE_CHECKING:
+    from torch.distributed import Store
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
+    from torch.utils.hooks import RemovableHandle
+
+    from modulelens.tracing.records import ModuleRecord
+    from modulelens.tracing.tracer import Tracer
 
 RanksSpec = Sequence[int] | int | str
 
@@ -107,7 +113,7 @@ def original_class(cls: type) -> type:
 # ---------------------------------------------------------------------------------------- hooks
 
 
-def reorder_hooks(module: torch.nn.Module, handles: list[Any]) -> bool:
+def reorder_hooks(module: torch.nn.Module, handles: list[RemovableHandle]) -> bool:
     """Keep the tracer's pre-hook last and its post-hook first among the module's hooks, so that it
     sees what forward itself sees (tensor parallel's inputs already DTensors, its outputs not yet
     turned into local shards), even when tensor parallel added its hooks after the tracer's.
@@ -156,12 +162,12 @@ def dtensor_type() -> type[DTensor] | None:
 _DTENSOR: type[DTensor] | None = None  # dtensor_type(), once the job imported it
 
 
-def is_dtensor(value: Any) -> TypeGuard[DTensor]:
+def is_dtensor(value: object) -> TypeGuard[DTensor]:
     cls = dtensor_type()
     return cls is not None and isinstance(value, cls)
 
 
-def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, DTensor]]:
+def dtensor_leaves(tree: object) -> list[tuple[str, DTensor]]:
     """``(path, dtensor)`` for each distinct DTensor leaf of ``tree``, in pytree order."""
     cls = dtensor_type()
     if cls is None:
@@ -178,11 +184,11 @@ def dtensor_leaves(tree: Any | Flattened) -> list[tuple[str, DTensor]]:
     return found
 
 
-def mesh_ranks(dtensor: Any) -> tuple[int, ...]:
+def mesh_ranks(dtensor: DTensor) -> tuple[int, ...]:
     return tuple(int(r) for r in dtensor.device_mesh.mesh.flatten().tolist())
 
 
-def describe_mesh(mesh: Any) -> dict[str, Any]:
+def describe_mesh(mesh: DeviceMesh) -> dict[str, object]:
     return {
         "device_type": str(mesh.device_type),
         "shape": list(mesh.mesh.shape),
@@ -191,7 +197,7 @@ def describe_mesh(mesh: Any) -> dict[str, Any]:
     }
 
 
-def describe_dtensor(dtensor: Any) -> dict[str, Any]:
+def describe_dtensor(dtensor: DTensor) -> dict[str, object]:
     return {
         "shape": list(dtensor.shape),
         "local_shape": list(dtensor.to_local().shape),
@@ -209,7 +215,7 @@ def signature(dtensors: Iterable[DTensor]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def full_tensor(dtensor: Any) -> torch.Tensor:
+def full_tensor(dtensor: Any) -> torch.Tensor:  # Any: torch types DTensor.detach() as a plain Tensor
     """The whole tensor of a DTensor (a collective on its mesh), detached and waited for."""
     with torch.no_grad():
         full = dtensor.detach().full_tensor()
@@ -236,9 +242,9 @@ class ShardSync:
     def __init__(self, session: str, timeout: float) -> None:
         self.prefix = f"modulelens/{session}"
         self.timeout = timeout
-        self._store: Any = None
+        self._store: Store | None = None
 
-    def _get_store(self) -> Any:
+    def _get_store(self) -> Store:
         if self._store is None:
             from torch.distributed import distributed_c10d
 
@@ -296,8 +302,8 @@ class ShardSync:
 # ---------------------------------------------------------------------------------------- metadata
 
 
-def capture_metadata(tracer: Any, record: Any, sharding: dict[str, dict[str, dict[str, Any]]],
-                     incomplete: list[str]) -> dict[str, Any] | None:
+def capture_metadata(tracer: Tracer, record: ModuleRecord, sharding: dict[str, dict[str, dict[str, Any]]],
+                     incomplete: list[str]) -> dict[str, object] | None:
     """The ``distributed`` block of a capture's metadata: rank, world, backend, recording ranks, the
     wrapper class, device meshes and the placements of sharded tensors (stored full), and why the
     capture is incomplete. ``None`` for a plain single-process capture of unsharded tensors."""

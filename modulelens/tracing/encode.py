@@ -6,6 +6,7 @@ import itertools
 import json
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
@@ -17,12 +18,15 @@ from modulelens.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
     METHODLESS_VERSION,
+    BackwardEntry,
     CallEntry,
     CaptureMetadata,
     Construction,
+    HookEntry,
     ModuleInfo,
     StateEntry,
     TensorEntry,
+    TreeEntry,
 )
 from modulelens.format.tensors import check_storable, dtype_name, quantization, tensor_bytes
 from modulelens.format.tree import encode_tree
@@ -200,7 +204,7 @@ class ConstructionTable:
         self.classes.append(cls)
         return mid
 
-    def add_record(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], path: str, key: int) -> str:
+    def add_record(self, cls: type, args: tuple[object, ...], kwargs: Mapping[str, object], path: str, key: int) -> str:
         ctx = self._context
         mid = f"m{next(self._numbers)}"  # not len(entries): a failed record is removed, its nested ones stay
         self._ids[key] = mid
@@ -223,7 +227,7 @@ class ConstructionTable:
 
 
 def construction_of(module: torch.nn.Module, cls: type, record: InitRecord | None,
-                    path: str) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
+                    path: str) -> tuple[type, tuple[object, ...], dict[str, object]]:
     """``(class, args, kwargs)`` that rebuild ``module``: a GraphModule's graph and what it uses
     (tracing/graph_modules.py), or its recorded construction as :func:`construction_arguments` gives it."""
     if is_graph_module(module):
@@ -236,7 +240,7 @@ def construction_of(module: torch.nn.Module, cls: type, record: InitRecord | Non
 
 
 def construction_arguments(module: torch.nn.Module, cls: type, record: InitRecord,
-                           path: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                           path: str) -> tuple[tuple[object, ...], dict[str, object]]:
     """The arguments that build ``module`` as ``cls``: its recorded ones, or for a lazy module that
     became ``cls`` at its first call, the non-lazy class's (``tracing/lazy_modules.py``)."""
     built = constructed_as(module)
@@ -268,10 +272,10 @@ def construction_fails(record: ModuleRecord) -> bool:
 def encode_record(
     record: ModuleRecord,
     *,
-    environment: dict[str, Any],
-    settings: dict[str, Any],
+    environment: dict[str, object],
+    settings: Mapping[str, object],
     tags: list[str] | None = None,
-    metadata: dict[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     policy: PayloadPolicy | None = None,
     with_construction: bool = True,
     by_attributes: bool = True,
@@ -345,19 +349,19 @@ def encode_record(
     return meta, tensors.payloads
 
 
-def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) -> dict[str, dict[str, Any]]:
+def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) -> dict[str, TreeEntry]:
     """``module.tree`` (docs/format.md): per submodule path, the class its construction built and
     that construction, or why there is none; parametrizations, norm hooks to apply again, hooks."""
 
-    def built(module: torch.nn.Module, cls: type, path: str) -> dict[str, Any]:
-        entry: dict[str, Any] = {"class": class_path(cls)}
+    def built(module: torch.nn.Module, cls: type, path: str) -> TreeEntry:
+        entry: TreeEntry = {"class": class_path(cls)}
         try:
             entry["construction"] = constructions.add(module, path)
         except UnsupportedValueError as error:  # only a rebuild that needs this piece fails, naming it
-            entry.update(construction=None, missing=str(error))
+            entry["construction"], entry["missing"] = None, str(error)
         return entry
 
-    tree: dict[str, dict[str, Any]] = {}
+    tree: dict[str, TreeEntry] = {}
     for node in record.tree:
         if node.same_as is not None:
             tree[node.path] = {"same_as": node.same_as}
@@ -377,7 +381,7 @@ def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) 
                 name: {"unsafe": unsafe, "modules": [built(m, constructed_class(m), f"tree[{node.path!r}].{name}[{i}].")
                                                      for i, m in enumerate(chain)]}
                 for name, (chain, unsafe) in node.parametrizations.items()}
-        hooks = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
+        hooks: list[HookEntry] = [{"kind": h.kind, "hook": h.hook, "rebuilt": h.rebuilt} for h in node.hooks]
         reapply = _encode_reapply(node, constructions, hooks, f"tree[{node.path!r}].reapply")
         if reapply:
             entry["reapply"] = reapply
@@ -389,8 +393,8 @@ def _encode_module_tree(record: ModuleRecord, constructions: ConstructionTable) 
     return tree
 
 
-def _encode_reapply(node: TreeNode, constructions: ConstructionTable, hooks: list[dict[str, Any]],
-                   where: str) -> list[dict[str, Any]]:
+def _encode_reapply(node: TreeNode, constructions: ConstructionTable, hooks: list[HookEntry],
+                   where: str) -> list[dict[str, object]]:
     """A tree node's ``reapply`` list as stored: accelerate hooks encoded through the codecs (one
     that cannot be is listed among the hooks not rebuilt, with the reason, and a warning says so)."""
     encoded = []
@@ -415,7 +419,7 @@ def state_name(name: str) -> str:
     return name.replace("._orig_mod.", ".").removeprefix("_orig_mod.") if "_orig_mod." in name else name
 
 
-def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> dict[str, Any]:
+def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> dict[str, object]:
     return {
         "index": call.index,
         "state": call.state_index,
@@ -437,7 +441,7 @@ def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> 
     }
 
 
-def _encode_op_trace(call: CallRecord, tensors: TensorTable) -> dict[str, Any]:
+def _encode_op_trace(call: CallRecord, tensors: TensorTable) -> dict[str, object]:
     """``calls[i].op_trace`` (docs/format.md, "Op traces"): the trace document stored as a blob (a
     trace of thousands of ops stays out of ``capture.json``), its kept values as entries of the
     tensor table, and its counts."""
@@ -447,7 +451,7 @@ def _encode_op_trace(call: CallRecord, tensors: TensorTable) -> dict[str, Any]:
     return {"text_id": text_id, **call.op_trace.summary()}
 
 
-def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
+def _encode_backward(call: CallRecord, ctx: EncodeContext) -> BackwardEntry:
     backward = call.backward
     assert backward is not None
     where = f"call{call.index}.backward"
@@ -459,7 +463,7 @@ def _encode_backward(call: CallRecord, ctx: EncodeContext) -> dict[str, Any]:
     }
 
 
-def _encode_state(state: StateSnapshot, tensors: TensorTable, index: int) -> dict[str, Any]:
+def _encode_state(state: StateSnapshot, tensors: TensorTable, index: int) -> dict[str, object]:
     ctx = EncodeContext(add_tensor=tensors.add)
     return {
         "parameters": {

@@ -8,15 +8,14 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
 
 import torch
 
 from modulelens.format.spec import cpu_capability
 
 
-def describe_environment() -> dict[str, Any]:
-    env: dict[str, Any] = {
+def describe_environment() -> dict[str, object]:
+    env: dict[str, object] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
@@ -39,8 +38,8 @@ def describe_environment() -> dict[str, Any]:
     return env
 
 
-def distributed_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"rank": 0, "world_size": 1}
+def distributed_info() -> dict[str, object]:
+    info: dict[str, object] = {"rank": 0, "world_size": 1}
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         info["rank"] = dist.get_rank()

@@ -17,7 +17,7 @@ graph) is left out: the rebuilt module computes the same and does not check its 
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import cast
 
 import torch
 
@@ -38,7 +38,7 @@ def _unflattened_kind(module: torch.nn.Module) -> str | None:
     return None
 
 
-def graph_module_construction(module: torch.nn.Module, cls: type) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
+def graph_module_construction(module: torch.nn.Module, cls: type) -> tuple[type, tuple[object, ...], dict[str, object]]:
     """``(class, args, kwargs)`` that rebuild ``module`` (``cls``: the class it was constructed as)."""
     graph = cast(torch.fx.Graph, module.graph)
     guards = [node for node in graph.nodes if node.op == "call_module" and not node.users
@@ -65,7 +65,7 @@ def _constructed_like_graph_module(cls: type) -> bool:
     return all("__init__" not in vars(base) for base in cls.__mro__[:cls.__mro__.index(torch.fx.GraphModule)])
 
 
-def _pytree_codegen(module: torch.nn.Module) -> Any:
+def _pytree_codegen(module: torch.nn.Module) -> torch.fx.graph._PyTreeCodeGen:
     """The code generator of exported programs (``ep.module()``'s) for an ``UnflattenedModule``:
     its inputs flattened and its output unflattened by the specs of its call signature."""
     from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
@@ -79,14 +79,16 @@ def _pytree_codegen(module: torch.nn.Module) -> Any:
     return _PyTreeCodeGen(_PyTreeInfo(names, in_spec, signature.out_spec))
 
 
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    owner: Any = module
+def _attribute(module: torch.nn.Module, target: str) -> object:
+    owner: object = module
     for part in target.split("."):
         owner = getattr(owner, part)
     return owner
 
 
-def _is_guards(module: torch.nn.Module, target: Any) -> bool:
+def _is_guards(module: torch.nn.Module, target: object) -> bool:
+    if not isinstance(target, str):  # fx's call_module targets are names; anything else is no guard
+        return False
     try:
         found = _attribute(module, target)
     except AttributeError:
@@ -94,6 +96,6 @@ def _is_guards(module: torch.nn.Module, target: Any) -> bool:
     return is_export_guards(found)
 
 
-def is_export_guards(module: Any) -> bool:
+def is_export_guards(module: object) -> bool:
     """Whether ``module`` is ``torch.export``'s guard check (``_guards_fn``), which is not rebuilt."""
     return type(module).__name__ == "GuardsFn" and type(module).__module__ == "torch.export._unlift"

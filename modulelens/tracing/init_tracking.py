@@ -47,7 +47,9 @@ import inspect
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
@@ -94,14 +96,14 @@ class _Entry(weakref.ref[Any]):
     hooks_to: int | None
     built: type
 
-    def __new__(cls, module: Any, record: InitRecord | None, key: int) -> _Entry:
+    def __new__(cls, module: object, record: InitRecord | None, key: int) -> _Entry:
         self = super().__new__(cls, module, _forget)
         self.key, self.record, self.missing, self.made_by, self.traced_training = key, record, None, None, None
         self.hooks_from, self.hooks_to = RemovableHandle.next_id, None
         self.built = type(module)  # the class the arguments are for (a lazy module changes its class later)
         return self
 
-    def __init__(self, module: Any, record: InitRecord | None, key: int) -> None:
+    def __init__(self, module: object, record: InitRecord | None, key: int) -> None:
         super().__init__(module, _forget)  # type: ignore[call-arg]  # typeshed omits weakref.ref.__init__
 
 
@@ -114,7 +116,7 @@ def _forget(ref: _Entry) -> None:
         del _RECORDS[ref.key]
 
 
-def _remember(module: Any, record: InitRecord | None) -> _Entry | None:
+def _remember(module: object, record: InitRecord | None) -> _Entry | None:
     key = id(module)
     earlier = _RECORDS.get(key)
     try:
@@ -126,13 +128,13 @@ def _remember(module: Any, record: InitRecord | None) -> _Entry | None:
     return entry
 
 
-def _remember_missing(module: Any, reason: str) -> None:
+def _remember_missing(module: object, reason: str) -> None:
     entry = _remember(module, None)
     if entry is not None:
         entry.missing = reason
 
 
-def _on_registered(parent: Any, name: str, child: Any) -> None:
+def _on_registered(parent: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
     """torch's global module-registration hook: ``child`` became a child of ``parent``, so its own
     construction is over (the first time only: a later move keeps the first boundary)."""
     entry = _RECORDS.get(id(child))
@@ -140,7 +142,7 @@ def _on_registered(parent: Any, name: str, child: Any) -> None:
         entry.hooks_to = RemovableHandle.next_id
 
 
-def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+def _recording_new(cls: type[torch.nn.Module], *args: object, **kwargs: object) -> torch.nn.Module:
     instance: Any = _object_new(cls)
     if _enabled:
         try:
@@ -160,7 +162,7 @@ def _recording_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     return instance
 
 
-def _record(instance: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> None:
+def _record(instance: object, cls: type, args: tuple[object, ...], kwargs: dict[str, object], caller: FrameType) -> None:
     """Note ``instance``'s constructor arguments (``caller``: the frame that asked for it)."""
     if type(cls) is not type and isinstance(cls, ScriptMeta):  # a TorchScript module (its metaclass)
         _record_scripted(instance, args, caller)
@@ -195,8 +197,8 @@ def _record(instance: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, A
 _OWN_NEW_WRAPPED = "__modulelens_own_new__"
 
 
-def _tracked(deprecated_new: Any) -> Any:
-    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces a __new__
+def _tracked(deprecated_new: Callable[[type], object]) -> Callable[..., Any]:
+    def __new__(cls: type, *args: object, **kwargs: object) -> object:  # noqa: N807 - replaces a __new__
         instance = deprecated_new(cls)  # its deprecation warning, then object.__new__
         if _enabled:
             try:
@@ -209,7 +211,7 @@ def _tracked(deprecated_new: Any) -> Any:
     return __new__
 
 
-def _record_scripted(instance: Any, args: tuple[Any, ...], caller: Any) -> None:
+def _record_scripted(instance: object, args: tuple[object, ...], caller: FrameType | None) -> None:
     """A TorchScript module is constructed from a C++ module, which no record rebuilds: it gets the
     record of the eager module it was made from, marked with the tool (``constructed_as`` is that
     module's class), so a load rebuilds the eager module, which runs the same operations.
@@ -258,13 +260,13 @@ def _track_own_new_classes() -> None:
         _wrap_own_new(cls)
 
 
-def _on_subclass(cls: type, **kwargs: Any) -> None:
+def _on_subclass(cls: type, **kwargs: object) -> None:
     """``nn.Module.__init_subclass__`` while tracking is installed: a new class's own ``__new__``."""
     super(torch.nn.Module, cls).__init_subclass__(**kwargs)  # type: ignore[misc]  # object's, which takes none
     _wrap_own_new(cls)
 
 
-def _defining_class(cls: type, new: Any) -> type:
+def _defining_class(cls: type, new: object) -> type:
     """The class in ``cls``'s MRO whose own ``__new__`` is ``new``."""
     function = getattr(new, "__func__", new)
     for base in cls.__mro__:
@@ -296,7 +298,7 @@ def _wrap_own_new(cls: type) -> None:
         return
 
     @functools.wraps(function)
-    def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces a __new__
+    def __new__(klass: type, *args: object, **kwargs: object) -> object:  # noqa: N807 - replaces a __new__
         instance = function(klass, *args, **kwargs)
         if _enabled and isinstance(instance, klass):
             # the arguments as the caller passed them (the class's __new__ may have changed its own
@@ -332,7 +334,7 @@ _RECONSTRUCT_CODE = copy._reconstruct.__code__  # type: ignore[attr-defined]  # 
 _COPY_METHODS = frozenset({"__deepcopy__", "__copy__", "default_deepcopy"})  # default_deepcopy: torch parametrize
 
 
-def _copied_from(cls: type, caller: Any) -> Any:
+def _copied_from(cls: type, caller: FrameType) -> object:
     """The module being copied when ``cls.__new__(cls)`` is called by a copy, else ``None``.
 
     ``copy.deepcopy``/``copy.copy`` call ``copyreg.__newobj__(cls)`` from ``copy._reconstruct(x,
@@ -407,7 +409,7 @@ def _set_enabled(on: bool) -> None:
     if on and getattr(installed, "__func__", installed) is not _recording_new:
         # A staticmethod, as a __new__ written in a class body is: looked up on an instance
         # (``self.__new__(cls)``, torch parametrize's deepcopy) a plain function would bind ``self``.
-        torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign]
+        torch.nn.Module.__new__ = staticmethod(_recording_new)  # type: ignore[method-assign, assignment]  # torch declares it Callable[[type[Self]], Self]
         torch.nn.Module.__init_subclass__ = classmethod(_on_subclass)  # type: ignore[assignment]
         _track_own_new_classes()
     _enabled = on
@@ -475,7 +477,7 @@ def construction_missing(module: torch.nn.Module) -> str:
             "created by a tool)")
 
 
-def _entry(module: Any) -> _Entry | None:
+def _entry(module: object) -> _Entry | None:
     entry = _RECORDS.get(id(module))
     return entry if entry is not None and entry() is module else None
 

@@ -17,7 +17,7 @@ Two consequences for a capture (found by the census: all 13 of torch's lazy modu
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -45,8 +45,8 @@ def uninitialised(module: torch.nn.Module) -> str | None:
     return None
 
 
-def materialised_arguments(lazy: type, now: type, module: torch.nn.Module, args: tuple[Any, ...],
-                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def materialised_arguments(lazy: type, now: type, module: torch.nn.Module, args: tuple[object, ...],
+                           kwargs: Mapping[str, object]) -> tuple[tuple[object, ...], dict[str, object]]:
     """The arguments of ``now`` (the class a lazy module became) that build ``module`` as it is:
     the arguments of the ``lazy`` class by name (its defaults included: ``LazyInstanceNorm2d`` is
     affine by default, ``InstanceNorm2d`` is not), and each required argument of ``now``
@@ -64,7 +64,7 @@ def materialised_arguments(lazy: type, now: type, module: torch.nn.Module, args:
     except (TypeError, ValueError) as error:
         raise UnsupportedValueError(f"the arguments of lazy {lazy.__qualname__} do not map onto "
                                     f"{now.__qualname__}: {error}") from None
-    result: dict[str, Any] = {}
+    result: dict[str, object] = {}
     for name, parameter in wanted.items():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue

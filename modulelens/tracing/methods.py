@@ -68,7 +68,7 @@ def target_capture_name(prefix: str, key: str) -> str:
     return name if method is None else f"{name}.{method}"
 
 
-def method_function(module: torch.nn.Module, method: str, pattern: str) -> Callable[..., Any]:
+def method_function(module: torch.nn.Module, method: str, pattern: str) -> Callable[..., object]:
     """The function a method target wraps, checked: a plain function of the module's class
     (``staticmethod``, ``classmethod`` and properties get no instance to record).
 
@@ -91,12 +91,12 @@ def method_function(module: torch.nn.Module, method: str, pattern: str) -> Calla
 class _Patch:
     """One method of one class, wrapped while at least one target uses it."""
 
-    def __init__(self, cls: type, name: str, original: Callable[..., Any]) -> None:
+    def __init__(self, cls: type, name: str, original: Callable[..., object]) -> None:
         self.cls, self.name, self.original = cls, name, original
         self.owned = name in cls.__dict__  # else it is inherited: the wrapper is set on cls and deleted after
         self.handlers: dict[int, tuple[Any, Handler]] = {}  # id(instance) -> (instance, handler)
 
-        def wrapper(instance: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(instance: object, *args: object, **kwargs: object) -> object:
             found = self.handlers.get(id(instance))
             if found is None or found[0] is not instance:
                 return original(instance, *args, **kwargs)
@@ -126,7 +126,7 @@ class MethodHandle:
 
     id = -1  # not a torch hook: no hook id (Tracer._hook_ids)
 
-    def __init__(self, patch: _Patch, instance: Any) -> None:
+    def __init__(self, patch: _Patch, instance: object) -> None:
         self._patch, self._key = patch, id(instance)
 
     def remove(self) -> None:

@@ -178,13 +178,13 @@ def _note_replaced_forward(node: TreeNode) -> None:
         node.reapply.append({"kind": "accelerate", "hooks": kept})
 
 
-def accelerate_hooks(hook: Any) -> list[Any]:
+def accelerate_hooks(hook: object) -> list[object]:
     """The hooks in an accelerate hook, in order (a ``SequentialHook`` holds several)."""
     inner = vars(hook).get("hooks") if hasattr(hook, "__dict__") else None
     return [h for part in inner for h in accelerate_hooks(part)] if isinstance(inner, (list, tuple)) else [hook]
 
 
-def _rebuilt(hook_id: int, hook: Callable[..., Any], spans: list[tuple[int, int | None]], unattached_root: bool,
+def _rebuilt(hook_id: int, hook: Callable[..., object], spans: list[tuple[int, int | None]], unattached_root: bool,
              subtree_ids: set[int]) -> bool:
     """Whether rebuilding the target registers ``hook`` again: it was registered while the module
     or one of its ancestors in the target was being constructed (between its ``__new__`` and its
@@ -196,7 +196,7 @@ def _rebuilt(hook_id: int, hook: Callable[..., Any], spans: list[tuple[int, int 
     return unattached_root and id(getattr(hook, "__self__", None)) in subtree_ids
 
 
-def describe_hook(hook: Any) -> str:
+def describe_hook(hook: object) -> str:
     """``pkg.mod:qualname`` of a hook function, method or callable object (``functools.partial``
     unwrapped)."""
     while isinstance(hook, functools.partial):

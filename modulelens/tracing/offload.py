@@ -12,7 +12,6 @@ devices, so a rebuilt module, which holds its weights, does without them.
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
@@ -39,7 +38,7 @@ def offloaded(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> torch
     return tensor
 
 
-def _hooks(hook: Any) -> list[Any]:
+def _hooks(hook: object) -> list[object]:
     """The hooks in an accelerate hook (a ``SequentialHook`` holds several)."""
     if hook is None:
         return []

@@ -8,7 +8,6 @@ bad value fails before the job runs; ``capture``, the tracer and the ``modulelen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from modulelens.errors import UsageError
 from modulelens.tracing.distributed import RanksSpec, normalise_ranks
@@ -104,7 +103,7 @@ class PayloadPolicy:
     def active(self) -> bool:
         return self.shape_only_over is not None or self.max_bytes is not None
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, object]:
         return {"shape_only_over": self.shape_only_over, "max_bytes": self.max_bytes,
                 "shape_only_params": self.shape_only_params}
 

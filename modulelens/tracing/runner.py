@@ -29,12 +29,17 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported by the job's process only: `modulelens run` itself does not need it
+    from torch import nn
+
     from modulelens.tracing.options import PayloadPolicy, Recording
+    from modulelens.tracing.tracer import Tracer
+    from modulelens.tracing.upload import Destination
 
 ENV_CONFIG = "MODULELENS_RUN_CONFIG"
 ENV_SUMMARY = "MODULELENS_RUN_SUMMARY_DIR"
@@ -229,12 +234,12 @@ def _banner(config: RunConfig, command: list[str]) -> str:
             f"running {shlex.join(command)}")
 
 
-def push_commands(kept: list[dict[str, Any]]) -> list[str]:
+def push_commands(kept: Sequence[Mapping[str, object]]) -> list[str]:
     """One ``modulelens push`` per kept name, from the local repo it was kept in to the remote repo it
     was meant for (safe to run again: a version already there is not copied again)."""
     import shlex
 
-    names = dict.fromkeys((entry["ref"].partition(":")[0], entry["kept_in"], entry["url"]) for entry in kept)
+    names = dict.fromkeys((str(entry["ref"]).partition(":")[0], str(entry["kept_in"]), str(entry["url"])) for entry in kept)
     return [shlex.join(["modulelens", "push", name, "--repo", where, "--to", url]) for name, where, url in names]
 
 
@@ -255,7 +260,7 @@ class _Session:
 
         self.config = config
         self.rank = int(os.environ.get("RANK", "0") or 0)
-        self.tracers: list[Any] = []
+        self.tracers: list[Tracer] = []
         self.resolved: set[str] = set()
         self.captured: set[str] = set()  # patterns with at least one saved capture
         self.saved: list[dict[str, Any]] = []
@@ -273,7 +278,7 @@ class _Session:
         self._parents = _Parents()
         self._attached_late: dict[str, str] = {}  # pattern -> the method call under way when it attached
         self._done = False
-        self._destination_of_repo: Any = None  # config.repo, converted once (_destination)
+        self._destination_of_repo: Destination | None = None  # config.repo, converted once (_destination)
         self.stopped: str | None = None  # why --strict ended the job early
         track_init()
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call)
@@ -281,7 +286,7 @@ class _Session:
 
         at_main_thread_exit(self.finish)  # before thread pools stop: the last saves may upload
 
-    def _destination(self) -> Any:
+    def _destination(self) -> Destination:
         """``config.repo`` as every tracer's weights and every save use it: converted once
         (tracing/upload.py's ``Destination``)."""
         from modulelens.tracing.upload import Destination
@@ -291,7 +296,7 @@ class _Session:
                 self._destination_of_repo = Destination(self.config.repo)
             return self._destination_of_repo
 
-    def _on_module_call(self, module: Any, inputs: Any) -> None:
+    def _on_module_call(self, module: nn.Module, inputs: tuple[object, ...]) -> None:
         if id(module) in self._seen:
             return
         try:
@@ -302,7 +307,7 @@ class _Session:
                 raise
             warnings.warn(f"modulelens: could not attach capture: {error}", stacklevel=2)
 
-    def _consider_root(self, module: Any) -> list[Any]:
+    def _consider_root(self, module: nn.Module) -> list[Tracer]:
         """The tracers attached at ``module``'s first call: on its own tree, and on its outermost
         parent's for targets only that tree holds."""
         from modulelens.tracing.targets import unwrap_model
@@ -331,14 +336,14 @@ class _Session:
                 tracers.append(self._attach(module, found, patterns))
             return tracers
 
-    def _matching(self, root: Any, pending: list[str]) -> tuple[dict[str, Any], list[str]]:
+    def _matching(self, root: nn.Module, pending: list[str]) -> tuple[dict[str, nn.Module], list[str]]:
         """The targets under ``root`` that ``pending`` select (``--depth`` applied), and those patterns."""
         from modulelens.tracing.targets import find_targets
 
         found = {n: m for n, m in find_targets(root, pending).items() if any(self._selects(p, n, m) for p in pending)}
         return found, [p for p in pending if any(self._selects(p, n, m) for n, m in found.items())]
 
-    def _attach(self, module: Any, found: dict[str, Any], patterns: list[str]) -> Any:
+    def _attach(self, module: nn.Module, found: Mapping[str, nn.Module], patterns: list[str]) -> Tracer:
         from modulelens.tracing.methods import split_target
         from modulelens.tracing.targets import unwrap_model
         from modulelens.tracing.tracer import Tracer
@@ -367,7 +372,8 @@ class _Session:
                 self._parents.stop()
             return tracer
 
-    def _selects(self, pattern: str, qualified: str, module: Any, model: Any = None) -> bool:
+    # module: Any, as tracer.matches takes it: a saved record's module may be None here (records.py drops it)
+    def _selects(self, pattern: str, qualified: str, module: Any, model: nn.Module | None = None) -> bool:
         """Whether target ``pattern`` (as the user wrote it) selects ``qualified``, a target key
         (``name`` or ``name:method``), ``--depth`` included."""
         from modulelens.tracing.methods import split_target
@@ -400,12 +406,12 @@ class _Session:
         self._done = True
         raise SystemExit(STRICT_EXIT)
 
-    def _on_target_complete(self, tracer: Any, qualified: str) -> None:
+    def _on_target_complete(self, tracer: Tracer, qualified: str) -> None:
         with self._lock:
             self._save(tracer, [qualified])
 
-    def _note_root(self, model: Any) -> None:
-        def cls(m: Any) -> str:
+    def _note_root(self, model: nn.Module) -> None:
+        def cls(m: object) -> str:
             return f"{type(m).__module__}:{type(m).__qualname__}"
 
         modules = [[name, cls(m)] for name, m in model.named_modules()][:MAX_MODULES]
@@ -417,7 +423,7 @@ class _Session:
             print("modulelens: module tree written; ending the job (--list-modules)", file=sys.stderr, flush=True)
             raise SystemExit(0)
 
-    def _on_tracer_complete(self, tracer: Any) -> None:
+    def _on_tracer_complete(self, tracer: Tracer) -> None:
         with self._lock:
             tracer.stop()
             self._save(tracer, list(tracer.records))
@@ -430,7 +436,7 @@ class _Session:
             self.finish()
             raise SystemExit(0)
 
-    def _save(self, tracer: Any, qualified_names: list[str]) -> None:
+    def _save(self, tracer: Tracer, qualified_names: list[str]) -> None:
         """Save those targets of ``tracer`` not saved yet (each once), then update the summary."""
         from modulelens.tracing.save import save_captures
 
@@ -526,7 +532,7 @@ class _Session:
         replace_file(Path(folder) / f"{os.getpid()}.json", json.dumps(summary).encode())
 
 
-def _record_root_call(tracer: Any, module: Any, inputs: tuple[Any, ...]) -> None:
+def _record_root_call(tracer: Tracer, module: nn.Module, inputs: tuple[object, ...]) -> None:
     """Record the call of ``module`` that is under way when its tracer attached (see
     :meth:`Tracer.record_call_in_progress`): the root's, or a target's called before its model. A
     global pre-hook gets no keyword arguments: they are read from torch's ``_call_impl`` frame, and
@@ -557,14 +563,14 @@ class _Parents:
         self._parent: dict[int, tuple[Any, Any]] = {}  # id(child) -> (weakref(child), weakref(parent))
         self._handle: Any = torch.nn.modules.module.register_module_module_registration_hook(self._registered)
 
-    def _registered(self, parent: Any, _name: str, child: Any) -> None:
+    def _registered(self, parent: nn.Module, _name: str, child: nn.Module | None) -> None:
         if child is not None:
             try:
                 self._parent[id(child)] = (weakref.ref(child), weakref.ref(parent))
             except TypeError:  # not weakly referenceable
                 pass
 
-    def outermost(self, module: Any) -> Any:
+    def outermost(self, module: nn.Module) -> nn.Module:
         """The outermost live module that still holds ``module`` in its tree (``module`` itself if none)."""
         seen = {id(module)}
         while True:
@@ -582,7 +588,7 @@ class _Parents:
         self._parent.clear()
 
 
-def _running(module: Any, method: str) -> bool:
+def _running(module: object, method: str) -> bool:
     """Whether ``module.<method>`` is executing on this thread's stack now."""
     function = getattr(getattr(type(module), method, None), "__wrapped__", None) or getattr(type(module), method, None)
     code = getattr(function, "__code__", None)

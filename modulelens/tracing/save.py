@@ -18,7 +18,7 @@ import os
 import shlex
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from modulelens.errors import CaptureWarning, InvalidNameError, RepoBusyError, RepoError, StorageError, UnsupportedValueError
@@ -45,7 +45,7 @@ def save_records(
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
-    metadata: dict[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     policy: PayloadPolicy | None = None,
     only: Iterable[str] | None = None,
 ) -> list[VersionInfo]:
@@ -69,7 +69,7 @@ def save_captures(
     name: str | None = None,
     *,
     tags: Iterable[str] = (),
-    metadata: dict[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     policy: PayloadPolicy | None = None,
     only: Iterable[str] | None = None,
 ) -> tuple[list[VersionInfo], Upload | None]:
@@ -112,7 +112,7 @@ def _save_into(
     name: str | None,
     *,
     tags: Iterable[str],
-    metadata: dict[str, Any] | None,
+    metadata: Mapping[str, object] | None,
     policy: PayloadPolicy | None,
     only: Iterable[str] | None,
 ) -> list[VersionInfo]:
@@ -265,8 +265,8 @@ def _has_calls(tracer: Tracer, qualified: str, record: ModuleRecord) -> bool:
     return False
 
 
-def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_name: str, settings: dict[str, Any], tags: list[str],
-            metadata: dict[str, Any] | None,
+def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_name: str, settings: Mapping[str, object], tags: list[str],
+            metadata: Mapping[str, object] | None,
             policy: PayloadPolicy | None) -> tuple[CaptureMetadata, dict[str, memoryview | WrittenPayload]]:
     """Encode ``record``; a constructor argument without an encoding drops the constructor record
     (with a warning, unless strict) rather than the whole capture."""

@@ -11,13 +11,12 @@ module uses torch's own methods.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 
-def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., Any], *, prepend: bool = False,
+def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepend: bool = False,
                      with_kwargs: bool = False) -> RemovableHandle:
     """``module.register_forward_pre_hook(hook, prepend=..., with_kwargs=...)``, TorchScript modules too."""
     if not isinstance(module, torch.jit.ScriptModule):
@@ -29,7 +28,7 @@ def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., Any], *, prepe
     return handle
 
 
-def forward_hook(module: torch.nn.Module, hook: Callable[..., Any], *, prepend: bool = False,
+def forward_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepend: bool = False,
                  with_kwargs: bool = False, always_call: bool = False) -> RemovableHandle:
     """``module.register_forward_hook(hook, ...)``, TorchScript modules too."""
     if not isinstance(module, torch.jit.ScriptModule):
@@ -44,7 +43,7 @@ def forward_hook(module: torch.nn.Module, hook: Callable[..., Any], *, prepend: 
     return handle
 
 
-def _insert(table: dict[int, Any], key: int, hook: Callable[..., Any], prepend: bool) -> None:
+def _insert(table: dict[int, Callable[..., object]], key: int, hook: Callable[..., object], prepend: bool) -> None:
     table[key] = hook
     if prepend:
         table.move_to_end(key, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict

@@ -22,7 +22,7 @@ from torch._C import _functorch
 from modulelens.errors import CaptureError
 from modulelens.format.layouts import clone, is_plain
 from modulelens.format.tensors import address_offset
-from modulelens.format.tree import Flattened, deep_flatten
+from modulelens.format.tree import deep_flatten
 from modulelens.format.values import Unrecorded
 
 BASE_ATTR = "_modulelens_base"
@@ -112,7 +112,7 @@ class Snapshotter:
         self.pending_device_copies |= pinned
         return target
 
-    def tree(self, tree: Any | Flattened) -> Any:
+    def tree(self, tree: object) -> Any:  # the tree's own type: the caller unpacks what it gave
         """``tree`` with each tensor replaced by its copy (dataclass fields and state objects
         included, a state object as a new object)."""
         # One walk and one rebuild: this runs on every recorded call's inputs and output
@@ -123,7 +123,7 @@ class Snapshotter:
             self._copy_shared_storages(tensors)
         return rebuild([self._call_value(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
 
-    def _call_value(self, tensor: torch.Tensor) -> Any:
+    def _call_value(self, tensor: torch.Tensor) -> torch.Tensor | Unrecorded:
         """A call tensor's copy, or an explicit :class:`Unrecorded` marker for one that has no
         values to copy here (a ``torch.func.vmap`` batch, a dtype torch cannot copy): the rest of
         the call is still recorded (issue 22)."""
@@ -209,7 +209,7 @@ def unwrap_functorch(tensor: torch.Tensor, *, stacked: bool = False) -> torch.Te
     return tensor
 
 
-def vmap_batch(tensors: list[Any]) -> tuple[int, str, list[int]] | None:
+def vmap_batch(tensors: list[object]) -> tuple[int, str, list[int]] | None:
     """``(batch size, randomness, positions)`` when a call runs inside exactly one
     ``torch.func.vmap`` (model ensembling: ``functional_call`` over ``stack_module_state``'s
     weights) and some of ``tensors`` are its batches (``positions``); else ``None``. Nested
@@ -222,10 +222,11 @@ def vmap_batch(tensors: list[Any]) -> tuple[int, str, list[int]] | None:
     current = retrieve_current_functorch_interpreter()
     if not isinstance(current, VmapInterpreter) or current.level() != 1:
         return None
-    positions = [i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and _functorch.is_batchedtensor(t)]
-    if not positions:
+    batched = [(i, t) for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and _functorch.is_batchedtensor(t)]
+    if not batched:
         return None
-    if any(_functorch.is_functorch_wrapped_tensor(_functorch.get_unwrapped(tensors[i])) for i in positions):
+    positions = [i for i, _ in batched]
+    if any(_functorch.is_functorch_wrapped_tensor(_functorch.get_unwrapped(t)) for _, t in batched):
         return None  # a batch of a batch: nested transforms
     return current.batch_size(), current.randomness(), positions
 

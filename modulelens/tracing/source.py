@@ -13,11 +13,11 @@ import functools
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from modulelens.format.sources import class_source, source_hash
-from modulelens.format.spec import CaptureMetadata
+from modulelens.format.spec import CaptureMetadata, ClassSource, SourceFile
 from modulelens.format.values import import_object
 
 MAX_SOURCE_BYTES = 2_000_000  # a bigger file keeps only its hash
@@ -87,12 +87,12 @@ def _module_text(module_name: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def referenced_paths(meta: Any) -> set[str]:
+def referenced_paths(meta: Mapping[str, object]) -> set[str]:
     """Every ``module:Qual.Name`` import path in capture metadata."""
     found: set[str] = set()
     seen: set[int] = set()
 
-    def walk(node: dict[str, Any] | list[Any]) -> None:
+    def walk(node: dict[str, object] | list[object]) -> None:
         # Containers only are visited: a capture of many calls holds tens of thousands of scalars.
         # Each once: constructor arguments share the encoding of an object many records hold (a config).
         if id(node) in seen:
@@ -113,7 +113,7 @@ def referenced_paths(meta: Any) -> set[str]:
     return found
 
 
-def collect_sources(meta: CaptureMetadata, classes: Iterable[type] = ()) -> dict[str, dict[str, Any]]:
+def collect_sources(meta: CaptureMetadata, classes: Iterable[type] = ()) -> dict[str, SourceFile]:
     """``{module name: {file, hash, text, classes: {qualname: {hash[, text]}}}}`` for user code."""
     objects: dict[str, Any] = {f"{c.__module__}:{c.__qualname__}": c for c in classes}
     for path in referenced_paths(meta):
@@ -122,7 +122,7 @@ def collect_sources(meta: CaptureMetadata, classes: Iterable[type] = ()) -> dict
                 objects[path] = import_object(path)
             except Exception:  # best effort: a path we cannot resolve gets no source
                 continue
-    sources: dict[str, dict[str, Any]] = {}
+    sources: dict[str, SourceFile] = {}
     for path, obj in sorted(objects.items()):
         module_name, _, qualname = path.partition(":")
         if not is_user_module(module_name):
@@ -137,7 +137,7 @@ def collect_sources(meta: CaptureMetadata, classes: Iterable[type] = ()) -> dict
                 entry["omitted"] = f"source larger than {MAX_SOURCE_BYTES} bytes"
             sources[module_name] = entry
         own = class_source(obj) if isinstance(obj, type) else None
-        info: dict[str, Any] = {"hash": source_hash(own) if own is not None else None}
+        info = ClassSource(hash=source_hash(own) if own is not None else None)
         if own is not None and "<locals>" in qualname:
             info["text"] = own  # a class defined in a function: re-created from its own source
         entry["classes"][qualname] = info

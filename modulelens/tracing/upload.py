@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import quote
 
 from modulelens.errors import CaptureWarning, ModulelensError, StorageError
@@ -155,7 +155,7 @@ def pending_uploads() -> list[Upload]:
         return list(_pending)
 
 
-def at_main_thread_exit(func: Any) -> None:
+def at_main_thread_exit(func: Callable[[], object]) -> None:
     """Run ``func`` when the main thread ends, *before* Python's shutdown stops thread pools.
 
     A plain ``atexit`` handler runs too late for network work: by then ``concurrent.futures`` (and
