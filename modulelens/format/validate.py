@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
@@ -24,17 +23,12 @@ from modulelens.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
     NESTED_LAYOUTS,
-    OP_TRACE_FORMAT,
-    OP_TRACE_VERSION,
     SPARSE_PARTS,
     CaptureMetadata,
-    OpTraceDocument,
 )
+from modulelens.format.validate_fields import DTYPE_NAME, MAX_NDIM, MAX_NUMEL, FieldChecker
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
-MAX_NDIM = 64
-MAX_NUMEL = 1 << 50
-MAX_ITEMS = 1 << 22  # entries in any one table or list
 _TAGS_WITH: dict[str, dict[str, type | tuple[type, ...]]] = {  # "$type" -> required fields and their JSON types
     "tensor": {"id": str}, "module": {"ref": str}, "float": {"value": str}, "dtype": {"value": str},
     "device": {"value": str}, "size": {"value": list}, "tuple": {"items": list}, "set": {"items": list},
@@ -43,40 +37,17 @@ _TAGS_WITH: dict[str, dict[str, type | tuple[type, ...]]] = {  # "$type" -> requ
     "namedtuple": {"class": str, "items": list}, "dataclass": {"class": str}, "unrecorded": {"class": str},
     "codec": {"codec": str, "class": str}, "sparse": {"layout": str, "size": list}, "nested": {"layout": str},
 }
-_DTYPE_VALUE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _FLOATS = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
 
 
-class _Checker:
+class _Checker(FieldChecker):
+    """A capture document (docs/format.md): its tensor table, encoded values and trees, module,
+    constructions, states and calls."""
+
     def __init__(self, meta: dict[str, Any], where: str, *, calls: bool = True) -> None:
-        self.meta = meta
-        self.where = where
+        super().__init__(meta, where)
         self.check_calls = calls  # False: each call is checked when it is used (validate_call)
         self.dtypes = DTYPE_SIZES
-
-    def fail(self, field: str, problem: str) -> CorruptCaptureError:
-        return CorruptCaptureError(f"{self.where}: {field}: {problem}")
-
-    def expect(self, value: Any, kind: type | tuple[type, ...], field: str) -> Any:
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise self.fail(field, f"expected {names}, found {type(value).__name__}")
-        if isinstance(value, (list, dict)) and len(value) > MAX_ITEMS:
-            raise self.fail(field, f"{len(value)} entries (at most {MAX_ITEMS})")
-        return value
-
-    def field(self, obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
-              optional: bool = False) -> Any:
-        if key not in obj:
-            if optional:
-                return None
-            raise self.fail(where, f"missing {key!r}")
-        value = obj[key]
-        # the common case without building the field's name: validation is on every load's path
-        # (len of obj[key]: `type(value) is kind` narrows `value` to object for the type checker)
-        if type(value) is kind and ((kind is not list and kind is not dict) or len(obj[key]) <= MAX_ITEMS):
-            return value
-        return self.expect(value, kind, f"{where}.{key}")
 
     # ------------------------------------------------------------------------------ tensors
 
@@ -200,7 +171,7 @@ class _Checker:
         for q, value in (self.field(stats, "quantiles", dict, where, optional=True) or {}).items():
             self.number(value, f"{where}.quantiles[{q}]")
 
-    def number(self, value: Any, where: str) -> float:
+    def number(self, value: object, where: str) -> float:
         """A finite JSON number (not a bool)."""
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise self.fail(where, f"expected a finite number, found {value!r}"[:200])
@@ -257,17 +228,9 @@ class _Checker:
             raise self.fail(where, f"the view (offset {offset}, shape {shape}, strides {stride}) reaches past "
                                    f"its base {base_id} ({math.prod(base['shape'])} elements)")
 
-    def dims(self, values: list[Any], where: str) -> list[int]:
-        if len(values) > MAX_NDIM:
-            raise self.fail(where, f"{len(values)} dimensions (at most {MAX_NDIM})")
-        for value in values:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value > MAX_NUMEL:
-                raise self.fail(where, f"{value!r} is not a size")
-        return values
-
     # ------------------------------------------------------------------------------ values
 
-    def value(self, data: Any, where: str, depth: int = 0) -> None:
+    def value(self, data: object, where: str, depth: int = 0) -> None:
         if depth > MAX_DEPTH:
             raise self.fail(where, f"nested deeper than {MAX_DEPTH}")
         if data is None or isinstance(data, (bool, int, float, str)):
@@ -292,7 +255,7 @@ class _Checker:
             raise self.fail(where, f"construction {data['ref']!r} does not exist")
         elif tag == "float" and data["value"].lower() not in _FLOATS:
             raise self.fail(where, f"{data['value']!r} is not a non-finite float")
-        elif tag == "dtype" and not _DTYPE_VALUE.fullmatch(data["value"]):
+        elif tag == "dtype" and not DTYPE_NAME.fullmatch(data["value"]):
             # any torch dtype as a value (qint8, uint4...): the decoder checks torch has it
             raise self.fail(where, f"{data['value']!r} is not a dtype name")
         elif tag == "size":
@@ -348,7 +311,7 @@ class _Checker:
                 raise self.fail(where, f"missing {name!r}")
             self.tensor_ref(data[name], f"{where}.{name}")
 
-    def tensor_ref(self, data: Any, where: str) -> None:
+    def tensor_ref(self, data: object, where: str) -> None:
         if not isinstance(data, dict) or data.get("$type") != "tensor":
             raise self.fail(where, "not a stored tensor")
         self.value(data, where)
@@ -596,7 +559,7 @@ class _Checker:
             if (self.field(trace, key, int, where, optional=True) or 0) < 0:
                 raise self.fail(f"{where}.{key}", "negative")
 
-    def inputs_shape(self, spec: Any, where: str) -> None:
+    def inputs_shape(self, spec: object, where: str) -> None:
         """Call inputs are stored as the tree ``(args_tuple, kwargs_dict)``."""
         types = [c.get("type") if isinstance(c, dict) else c for c in spec.get("children", [])] \
             if isinstance(spec, dict) else []
@@ -631,7 +594,7 @@ class _Checker:
                     stack.append((child, iter(refs[child])))
 
 
-def _hashable(data: Any) -> bool:
+def _hashable(data: object) -> bool:
     """Whether an (already checked) encoded value decodes to something hashable."""
     if isinstance(data, list):
         return False
@@ -644,7 +607,7 @@ def _hashable(data: Any) -> bool:
     return True
 
 
-def _module_refs(data: Any) -> list[str]:
+def _module_refs(data: object) -> list[str]:
     found: list[str] = []
     pending = [data]
     while pending:
@@ -665,117 +628,7 @@ def _reach(shape: list[int], stride: list[int]) -> int:
     return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=False) if size > 0)
 
 
-_FINGERPRINT = re.compile(r"xxh3_128:[0-9a-f]{32}")
-_SCALARS = (type(None), bool, int, float, str)
-
-
-class _TraceChecker(_Checker):
-    """An op trace document (docs/format.md, "Op traces"): the same rules as the capture's, and
-    every index (module, parent, source, op range) and kept value inside what exists."""
-
-    def __init__(self, doc: dict[str, Any], where: str, value_entry: Any) -> None:
-        super().__init__(doc, where)
-        self.value_entry = value_entry
-
-    def document(self) -> None:
-        doc = self.meta
-        if doc.get("format") != OP_TRACE_FORMAT:
-            raise self.fail("format", f"{doc.get('format')!r} is not {OP_TRACE_FORMAT!r}")
-        version = self.field(doc, "version", int, "trace")
-        if version > OP_TRACE_VERSION:
-            raise self.fail("version", f"op trace version {version}; this modulelens reads up to {OP_TRACE_VERSION} "
-                                       "(upgrade modulelens)")
-        sources = self.field(doc, "sources", list, "trace")
-        for i, text in enumerate(sources):
-            self.expect(text, str, f"sources[{i}]")
-        for key in ("truncated", "values_dropped", "values_bytes"):
-            if (self.field(doc, key, int, "trace", optional=True) or 0) < 0:
-                raise self.fail(key, "negative")
-        ops = self.field(doc, "ops", list, "trace")
-        modules = self.field(doc, "modules", list, "trace")
-        if not modules:
-            raise self.fail("modules", "empty (the traced module's own call is modules[0])")
-        for i, call in enumerate(modules):
-            where = f"modules[{i}]"
-            self.expect(call, dict, where)
-            self.field(call, "path", str, where)
-            self.field(call, "class", str, where)
-            parent = self.field(call, "parent", int, where)
-            if not (parent == -1 if i == 0 else 0 <= parent < i):
-                raise self.fail(f"{where}.parent", f"{parent} is not an earlier module call")
-            start, end = self.field(call, "start", int, where), self.field(call, "end", int, where)
-            if not 0 <= start <= end <= len(ops):
-                raise self.fail(where, f"ops [{start}, {end}) are not within the {len(ops)} ops")
-            self.outputs(self.field(call, "outputs", list, where), f"{where}.outputs")
-        for i, op in enumerate(ops):
-            where = f"ops[{i}]"
-            self.expect(op, dict, where)
-            self.field(op, "op", str, where)
-            if not 0 <= self.field(op, "module", int, where) < len(modules):
-                raise self.fail(f"{where}.module", f"{op['module']} is not one of the {len(modules)} module calls")
-            if not -1 <= self.field(op, "source", int, where) < len(sources):
-                raise self.fail(f"{where}.source", f"{op['source']} is not one of the {len(sources)} sources")
-            for k, item in enumerate(self.field(op, "inputs", list, where)):
-                item = self.expect(item, list, f"{where}.inputs[{k}]")
-                if len(item) != 2 or not isinstance(item[0], str):
-                    raise self.fail(f"{where}.inputs[{k}]", "not [dtype, shape]")
-                self.dims(self.expect(item[1], list, f"{where}.inputs[{k}]"), f"{where}.inputs[{k}]")
-            self.outputs(self.field(op, "outputs", list, where), f"{where}.outputs")
-
-    def outputs(self, values: list[Any], where: str) -> None:
-        for k, value in enumerate(values):
-            here = f"{where}[{k}]"
-            self.expect(value, dict, here)
-            if "scalar" in value:
-                self.expect(value["scalar"], _SCALARS, f"{here}.scalar")
-                continue
-            dtype = self.field(value, "dtype", str, here)
-            if not _DTYPE_VALUE.fullmatch(dtype):
-                raise self.fail(f"{here}.dtype", f"{dtype!r} is not a dtype name")
-            shape = self.dims(self.field(value, "shape", list, here), f"{here}.shape")
-            fingerprint = self.field(value, "fingerprint", (str, type(None)), here, optional=True)
-            if fingerprint is not None and not _FINGERPRINT.fullmatch(fingerprint):
-                raise self.fail(f"{here}.fingerprint", "not xxh3_128:<32 hex digits>")
-            stats = self.field(value, "stats", (dict, type(None)), here, optional=True)
-            for key, number in (stats or {}).items():
-                if not isinstance(number, (int, float, str, type(None))):
-                    raise self.fail(f"{here}.stats.{key}", f"expected a number, found {type(number).__name__}")
-            tid = self.field(value, "value", str, here, optional=True)
-            if tid is not None:
-                entry = self.value_entry(tid)
-                if entry is None or entry.get("dtype") != dtype or list(entry.get("shape", ())) != shape:
-                    raise self.fail(f"{here}.value", f"{tid!r} is not a stored {dtype}{shape} tensor")
-
-
-def validate_op_trace(data: Any, where: str, value_entry: Any) -> OpTraceDocument:
-    """``data`` as an op trace document, after checking it against the format.
-
-    Args:
-        data: the parsed trace document.
-        where: names the document in errors.
-        value_entry: ``value_entry(id)`` -> the ``{"dtype", "shape"}`` of a kept value (an entry of
-            the capture's tensor table), or ``None`` when there is no such tensor.
-
-    Returns:
-        The same object, typed.
-
-    Raises:
-        CorruptCaptureError: the first problem found, naming its field.
-
-    Example::
-
-        doc = validate_op_trace(json.loads(text), "ranker/mlp:v3 calls[0].op_trace", meta["tensors"].get)
-    """
-    if not isinstance(data, dict):
-        raise CorruptCaptureError(f"{where}: not an op trace")
-    try:
-        _TraceChecker(data, where, value_entry).document()
-    except RecursionError:
-        raise CorruptCaptureError(f"{where}: nested too deeply") from None
-    return cast(OpTraceDocument, data)
-
-
-def validate_capture(data: Any, where: str, *, calls: bool = True) -> CaptureMetadata:
+def validate_capture(data: object, where: str, *, calls: bool = True) -> CaptureMetadata:
     """``data`` as capture metadata, after checking it against the format.
 
     Args:

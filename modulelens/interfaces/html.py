@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from modulelens.format.human import human_bytes, human_number
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call, Capture
+    from modulelens.restore.calls import Call
+    from modulelens.restore.loader import Capture
     from modulelens.restore.replay import ReplayReport
 
 PASS_COLOR = "#1a7f37"
@@ -299,7 +300,7 @@ def captures_html(rows: Sequence[dict[str, Any]], root: str) -> str:
                                                             cells))
 
 
-_FORMATTERS = (("modulelens.restore.loader", "Capture", capture_html), ("modulelens.restore.loader", "Call", call_html),
+_FORMATTERS = (("modulelens.restore.loader", "Capture", capture_html), ("modulelens.restore.calls", "Call", call_html),
                ("modulelens.restore.replay", "ReplayReport", replay_html))
 
 

@@ -19,7 +19,7 @@ from modulelens.format.tree import leaf_paths
 if TYPE_CHECKING:
     import torch
 
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
     from modulelens.tools.recorded import RecordedTensors
 
 # Statistics read every element; above this many elements they are skipped (the table says so).

@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from modulelens.errors import CandidateError, UsageError
 from modulelens.format.op_trace import OpTrace
 from modulelens.format.tensors import dtype_name, hash_bytes
-from modulelens.format.validate import validate_op_trace
+from modulelens.format.validate_trace import validate_op_trace
 from modulelens.kernels.exchange import decode_arg, load_tensors, save_tensors
 from modulelens.kernels.exploits import fail
 from modulelens.kernels.judging import Expected, compare_samples, runtime_checks

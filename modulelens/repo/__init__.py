@@ -19,7 +19,7 @@ annotations only are not counted: ``fsck`` and ``transfer`` name ``Repo`` in ann
     fsck transfer registry garbage publish payload_writes note_edits reports aliases
     remote
     local leases _objects_s3 _objects_memory _objects_sqlite
-    blob_writer
+    blob_writer local_audit local_blobs local_locks
     index markers trust _objects notes versions
     layout packs location backend
     store names files collector locks remote_errors

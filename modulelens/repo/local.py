@@ -18,28 +18,26 @@ is a symbolic link (files.py); every folder on the way to a key, the top-level o
 ``blobs``, ``tmp``, ``quarantine``) included, is checked with ``lstat``, and the lock files are
 opened without following a link. An entry of the wrong kind (a link, a file where a folder belongs)
 is a one-line ``CorruptCaptureError`` naming it, which ``fsck --repair`` moves aside.
+
+Its parts with a job of their own: the locks (local_locks.py), fsck's audit and quarantine
+(local_audit.py), and the blob checks and copies that read every byte (local_blobs.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import mmap
 import os
-import re
 import shutil
 import stat
-import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote
 
-from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, InvalidNameError, SigningKeyError
-from modulelens.format.hashing import ContentHasher, hash_bytes
+from modulelens.errors import CaptureNotFoundError, CorruptCaptureError, SigningKeyError
+from modulelens.format.hashing import hash_bytes
 from modulelens.format.provenance import user_key
 from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.repo.files import (
@@ -47,65 +45,34 @@ from modulelens.repo.files import (
     flush_file,
     flush_folder,
     hash_file,
-    open_regular,
     read_regular,
     require_dir,
     write_new_file,
 )
 from modulelens.repo.layout import (
-    CAPTURE_FILE,
-    HEX64,
-    MARKER,
-    MAX_VERSION,
-    NOTES_FILE,
-    REPORTS,
     SUMMARY_FILE,
     blob_key,
-    is_summary_log,
     is_version_number,
     read_limit,
 )
+from modulelens.repo.local_audit import TOMBSTONE, LocalAuditor, LocalQuarantine, writer_alive
+from modulelens.repo.local_blobs import copy_hashed, pack_members_damage
+from modulelens.repo.local_locks import DirectoryLock
 from modulelens.repo.locks import busy, lock_wait_s, wait_for
 from modulelens.repo.markers import (
     MARK_MIN_BYTES,
     MARK_MIN_PACK_BYTES,
-    ChunkHasher,
     MarkerKey,
     chunk_digests,
-    marker_path,
     sampled_check,
     write_marker,
 )
-from modulelens.repo.names import validate_alias, validate_name
-from modulelens.repo.packs import check_members, read_header
-from modulelens.repo.store import Audit, BlobCheck, BlobStat, BlobWriter, Finding, Hold, Quarantine, Scan, Staged, Store
-from modulelens.repo.trust import TRUST_FILE, repo_identity
+from modulelens.repo.packs import check_members
+from modulelens.repo.store import Audit, BlobCheck, BlobStat, BlobWriter, Hold, Quarantine, Scan, Staged, Store
+from modulelens.repo.trust import repo_identity
 
 if TYPE_CHECKING:
     from modulelens.repo.markers import ChunkDigests
-
-TOMBSTONE = ".removed"  # versions/<N>.removed: N was used by a version since removed
-QUARANTINE = "quarantine"
-#: Entries the layout allows at the root (docs/repo-layout.md); ``.trust.json.<pid>`` is a setting being written.
-ROOT_ENTRIES = frozenset({MARKER, "blobs", "names", "tmp", "lock", "lock-gate", TRUST_FILE, QUARANTINE})
-_ROOT_FOLDERS = frozenset({"blobs", "names", "tmp", QUARANTINE})
-_TOMBSTONE_RE = re.compile(r"[0-9]+\.removed")
-_SHARD_RE = re.compile(r"[0-9a-f]{2}")
-_LOCK_FILES = ("lock", "lock-gate")
-_COPY_STEP = 8 << 20  # bytes read, hashed and written at a time by a copy from another repo
-# How long gc leaves lock-gate open between its turns: longer than a waiting save's longest pause
-# between two tries (locks.py), so the saves queued behind it pass.
-_GATE_PAUSE_S = 0.25
-
-
-class _Locked(Hold):
-    """A flock never lapses while its process runs."""
-
-    def intact(self) -> bool:
-        return True
-
-
-_LOCKED = _Locked()
 
 
 class LocalStore(Store):
@@ -123,7 +90,7 @@ class LocalStore(Store):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.location = str(root)
-        self._held = threading.local()  # how deep this thread is in writing()
+        self._lock = DirectoryLock(root)
         self._checked: set[str] = set()  # top-level folders found to be real folders
         self._marker_key: MarkerKey | None = None  # found once, then kept (markers.py)
 
@@ -540,7 +507,7 @@ class LocalStore(Store):
             return 0
         staged = self._tmp_path()
         try:
-            size, chunks = _copy_hashed(source, staged, digest)
+            size, chunks = copy_hashed(source, staged, digest)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
@@ -640,7 +607,7 @@ class LocalStore(Store):
                 check.damaged[digest] = why
         for pack, wanted in sorted(members.items()):
             if pack not in check.damaged:
-                why = self._verify_members(pack, set(wanted))
+                why = pack_members_damage(self.blob_path(pack), set(wanted))
                 if why:
                     check.damaged[pack] = why
         return check
@@ -666,113 +633,13 @@ class LocalStore(Store):
             return "missing"
         return f"content hashes to {actual}" if actual != digest else None
 
-    def _verify_members(self, pack: str, wanted: set[tuple[str, int]]) -> str | None:
-        path = self.blob_path(pack)
-        try:
-            fd = open_regular(path)
-        except FileNotFoundError:
-            return "missing"
-        except CorruptCaptureError as error:
-            return str(error)
-        try:
-            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
-                try:
-                    header = read_header(mapped, str(path))
-                except CorruptCaptureError as error:
-                    return str(error)
-                for member, nbytes in sorted(wanted):
-                    offset, stored = header.get(member.partition(":")[2], (0, -1))
-                    if stored != nbytes:
-                        return f"member {member} is missing or has the wrong size"
-                    if hash_bytes(mapped[offset:offset + nbytes]) != member:
-                        return f"member {member} does not match its hash"
-        finally:
-            os.close(fd)
-        return None
-
     # ------------------------------------------------------------------------------ locks
 
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[Hold]:
-        """``lock`` shared; re-entrant per thread (a commit inside a push's copy takes no second
-        lock, which would queue behind a gc that waits for the first)."""
-        depth = getattr(self._held, "depth", 0)
-        if depth:
-            self._held.depth = depth + 1
-            try:
-                yield _LOCKED
-            finally:
-                self._held.depth = depth
-            return
-        with self._shared_lock():
-            self._held.depth = 1
-            try:
-                yield _LOCKED
-            finally:
-                self._held.depth = 0
+    def writing(self) -> contextlib.AbstractContextManager[Hold]:
+        return self._lock.writing()
 
-    @contextlib.contextmanager
-    def exclusive(self, wait_s: float = 600.0) -> Iterator[float]:
-        """``lock`` exclusively, behind the turnstile (see :meth:`_shared_lock`), within ``wait_s``.
-
-        gc holds ``lock-gate`` while it waits for the saves in progress to leave ``lock``, but for
-        at most half of a save's own wait (:func:`~modulelens.repo.locks.lock_wait_s`) at a time:
-        a save stopped in a debugger would otherwise keep gc, and every save queued behind gc,
-        waiting; it then lets the queued saves pass and queues again."""
-        deadline = time.monotonic() + wait_s
-        with self._lock_file("lock-gate") as gate, self._lock_file("lock") as lock:
-            while True:
-                if not wait_for(gate, exclusive=True, deadline=deadline):
-                    raise busy(f"{self.root}/lock-gate", gate, wait_s, "gc (or fsck --repair) of " + self.location)
-                turn = min(deadline, time.monotonic() + lock_wait_s() / 2)
-                if wait_for(lock, exclusive=True, deadline=turn):
-                    break
-                if time.monotonic() >= deadline:
-                    raise busy(f"{self.root}/lock", lock, wait_s, "gc (or fsck --repair) of " + self.location)
-                fcntl.flock(gate, fcntl.LOCK_UN)  # let the saves queued behind this gc pass
-                time.sleep(_GATE_PAUSE_S)
-            yield time.time()
-
-    @contextlib.contextmanager
-    def _shared_lock(self) -> Iterator[None]:
-        """Saves hold ``lock`` shared, gc and ``fsck --repair`` exclusively (:meth:`exclusive`).
-        Linux grants a shared ``flock`` while an exclusive one waits, so saves run back to back
-        kept gc waiting forever (issue 12). A turnstile, ``lock-gate``, makes it fair: a saver
-        passes it (held exclusively for an instant) before taking ``lock``; gc holds it while it
-        waits for ``lock``, so new saves queue behind gc, saves in progress finish, and gc runs.
-        A saver waits for each at most :func:`~modulelens.repo.locks.lock_wait_s` (issue 35)."""
-        waited = lock_wait_s()
-        deadline = time.monotonic() + waited
-        doing = f"writing into {self.location}"
-        with self._lock_file("lock-gate") as gate:
-            if not wait_for(gate, exclusive=True, deadline=deadline):
-                raise busy(f"{self.root}/lock-gate", gate, waited, doing)
-        with self._lock_file("lock") as lock:
-            if not wait_for(lock, exclusive=False, deadline=deadline):
-                raise busy(f"{self.root}/lock", lock, waited, doing)
-            yield
-
-    @contextlib.contextmanager
-    def _lock_file(self, filename: str) -> Iterator[int]:
-        """An open descriptor of the lock file ``filename`` (closing it releases its lock)."""
-        path = f"{self.root}/{filename}"  # (pathlib's join was a third of a small repo's lock, cold)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as error:
-            if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise
-            fd = -1
-        if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
-            if fd >= 0:
-                os.close(fd)
-            # A lock planted as a link (or a folder, a FIFO) locks nothing; replacing it here could
-            # let two writers lock two different files. Refuse until the repair moves it aside.
-            raise CorruptCaptureError(f"{path} is not a regular file (a link or other entry is never followed); "
-                                      "`modulelens fsck --repair` moves it aside")
-        try:
-            yield fd
-        finally:
-            os.close(fd)  # releases the lock
+    def exclusive(self, wait_s: float = 600.0) -> contextlib.AbstractContextManager[float]:
+        return self._lock.exclusive(wait_s)
 
     # ------------------------------------------------------------------------------ upkeep
 
@@ -797,10 +664,10 @@ class LocalStore(Store):
         return removed
 
     def audit(self) -> Audit:
-        return _Auditor(self.root).run()
+        return LocalAuditor(self.root).run()
 
     def quarantine(self) -> Quarantine:
-        return _LocalQuarantine(self.root)
+        return LocalQuarantine(self.root)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -823,264 +690,3 @@ def _is_regular(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
-
-
-def _is_dir(path: Path) -> bool:
-    """Whether ``path`` is a real folder (``lstat``: a link is not)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _copy_hashed(source: Path, staged: Path, digest: str) -> tuple[int, ChunkDigests]:
-    """Copy ``source`` to the new file ``staged`` (read-only), hashing the very bytes written, and
-    computing the marker's chunk hashes on the way; returns the size and those chunk hashes.
-    Reads and writes :data:`_COPY_STEP` bytes at a time (no memory map: a full disk is then an
-    ``OSError``, not a ``BufferError`` from a map still exported while it closes).
-
-    Raises:
-        CorruptCaptureError: the bytes do not hash to ``digest``.
-    """
-    hasher = ContentHasher()
-    with os.fdopen(open_regular(source), "rb", buffering=0) as reader:
-        size = os.fstat(reader.fileno()).st_size
-        chunker = ChunkHasher(size)
-        step = max(_COPY_STEP // chunker.chunk, 1) * chunker.chunk  # whole chunks: no carry-over
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
-        with os.fdopen(fd, "wb", buffering=0) as writer:
-            if size > MARK_MIN_BYTES and hasattr(os, "posix_fallocate"):
-                try:
-                    os.posix_fallocate(fd, 0, size)  # a full disk fails here, before anything is copied
-                except OSError as error:
-                    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise
-                    # (not every filesystem supports it)
-            while data := reader.read(step):
-                hasher.update(data)
-                if size >= MARK_MIN_BYTES:
-                    chunker.update(data)
-                view = memoryview(data)
-                written = 0
-                while written < len(view):
-                    written += writer.write(view[written:])
-    actual = hasher.digest()
-    if actual != digest:
-        raise CorruptCaptureError(f"{source} does not hash to {digest} (its content hashes to {actual}); "
-                                  "nothing was copied")
-    return size, chunker.digests()
-
-
-def writer_alive(staging_name: str) -> bool:
-    """Whether the process that made ``tmp/<pid>-<uuid>...`` still runs on this machine."""
-    pid, _, rest = staging_name.partition("-")
-    if not pid.isdigit() or not rest:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: alive, owned by another user
-        return True
-    return True
-
-
-def _scan(folder: Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(folder) as found:
-            return sorted(found, key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-class _Auditor:
-    """Walks a repo directory for entries its layout does not have and for links (fsck); never
-    follows a link and never descends into what is not a real folder."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.audit = Audit()
-
-    def run(self) -> Audit:
-        for entry in _scan(self.root):
-            path = self.root / entry.name
-            if entry.name not in ROOT_ENTRIES and not entry.name.startswith(f".{TRUST_FILE}."):
-                self._foreign(path, "not part of a repo's layout")
-            elif self._entry_ok(path, want_dir=entry.name in _ROOT_FOLDERS):
-                if entry.name == "names":
-                    for name in _scan(path):
-                        if self._entry_ok(path / name.name, want_dir=True):
-                            self._name(path / name.name)
-                elif entry.name == "blobs":
-                    self._blobs(path)
-        self._staging()
-        return self.audit
-
-    def _finding(self, kind: str, path: Path, detail: str) -> None:
-        self.audit.findings.append(Finding(kind, str(path.relative_to(self.root)), detail))
-
-    def _foreign(self, path: Path, why: str) -> None:
-        self._finding("foreign", path, why)
-
-    def _entry_ok(self, path: Path, *, want_dir: bool) -> bool:
-        """Whether ``path`` is a real folder (``want_dir``) or regular file; records a finding if not."""
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            return False  # removed meanwhile
-        if stat.S_ISLNK(info.st_mode):
-            self._finding("symlink", path, "a symbolic link; never followed")
-            return False
-        if (stat.S_ISDIR(info.st_mode) if want_dir else stat.S_ISREG(info.st_mode)):
-            return True
-        self._foreign(path, f"not a {'folder' if want_dir else 'regular file'}")
-        return False
-
-    def _name(self, folder: Path) -> None:
-        name = unquote(folder.name)
-        try:
-            validate_name(name)
-        except InvalidNameError as error:
-            self._foreign(folder, f"not a capture name: {error}")
-            return
-        if quote(name, safe="") != folder.name:
-            self._foreign(folder, f"not how the name {name!r} is stored")
-            return
-        for entry in _scan(folder):
-            path = folder / entry.name
-            # a file of the name's own: its index (head, logs) or its notes (repo/notes.py)
-            name_file = entry.name in (SUMMARY_FILE, NOTES_FILE) or is_summary_log(entry.name)
-            if entry.name not in ("versions", "aliases") and not name_file:
-                self._foreign(path, "not part of a name's layout")
-            elif self._entry_ok(path, want_dir=not name_file):
-                if entry.name == "versions":
-                    self._versions(path)
-                elif entry.name == "aliases":
-                    self._aliases(path)
-
-    def _versions(self, folder: Path) -> None:
-        for entry in _scan(folder):
-            path = folder / entry.name
-            if _TOMBSTONE_RE.fullmatch(entry.name) and is_version_number(entry.name.removesuffix(TOMBSTONE)):
-                self._entry_ok(path, want_dir=False)
-            elif not is_version_number(entry.name):
-                self._foreign(path, f"not a version number (1 to {MAX_VERSION:,}) or tombstone")
-            elif self._entry_ok(path, want_dir=True):
-                self._version(path)
-
-    def _version(self, folder: Path) -> None:
-        for entry in _scan(folder):
-            path = folder / entry.name
-            if entry.name == REPORTS:
-                if self._entry_ok(path, want_dir=True):
-                    for report in _scan(path):
-                        self._entry_ok(path / report.name, want_dir=False)
-            elif entry.name != CAPTURE_FILE:  # capture.json itself is read and judged by fsck
-                self._foreign(path, "not part of a version's layout")
-
-    def _aliases(self, folder: Path) -> None:
-        for entry in _scan(folder):
-            path = folder / entry.name
-            try:
-                validate_alias(entry.name)
-            except InvalidNameError as error:
-                self._foreign(path, f"not an alias name: {error}")
-                continue
-            self._entry_ok(path, want_dir=False)
-
-    def _blobs(self, blobs: Path) -> None:
-        for shard in _scan(blobs):
-            folder = blobs / shard.name
-            if not _SHARD_RE.fullmatch(shard.name):
-                self._foreign(folder, "not a blob folder")
-                continue
-            if not self._entry_ok(folder, want_dir=True):
-                continue
-            for entry in _scan(folder):
-                path = folder / entry.name
-                hexdigest = entry.name.removesuffix(".ok")
-                if not HEX64.fullmatch(hexdigest) or hexdigest[:2] != shard.name:
-                    self._foreign(path, "not a blob")
-                else:
-                    self._entry_ok(path, want_dir=False)
-
-    def _staging(self) -> None:
-        if not _is_dir(self.root / "tmp"):
-            return  # a link or a file: reported with the root's entries
-        for entry in _scan(self.root / "tmp"):
-            if entry.is_symlink():
-                self._entry_ok(self.root / "tmp" / entry.name, want_dir=False)
-            elif not writer_alive(entry.name):
-                self.audit.stale_staging += 1
-
-
-class _LocalQuarantine(Quarantine):
-    """``quarantine/<UTC time>-<id>/``: everything moved keeps its relative path, never deleted."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.run = root / QUARANTINE / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        self.location = str(self.run)
-        self.moved: set[str] = set()
-
-    def prepare(self) -> list[Finding]:
-        found = []
-        for key, want_dir in ((QUARANTINE, True), *((lock, False) for lock in _LOCK_FILES)):
-            try:
-                info = os.lstat(self.root / key)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISLNK(info.st_mode):
-                found.append(Finding("symlink", key, "a symbolic link; never followed"))
-            elif (stat.S_ISDIR(info.st_mode) if want_dir else stat.S_ISREG(info.st_mode)) is False:
-                found.append(Finding("foreign", key, f"not a {'folder' if want_dir else 'regular file'}"))
-        for finding in found:
-            if finding.key == QUARANTINE:  # moved into a new, real quarantine folder, by way of a name beside it
-                aside = self.root / f".{QUARANTINE}-{uuid.uuid4().hex[:8]}"
-                os.rename(self.root / QUARANTINE, aside)
-                self.run.mkdir(parents=True)
-                os.rename(aside, self.run / QUARANTINE)
-                self.moved.add(QUARANTINE)
-            else:
-                self.move(finding.key)
-        return found
-
-    def _ready(self) -> None:
-        """The run's folder, in a quarantine folder that is a real one (never moved through a link)."""
-        if not self.run.exists():
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(self.root / QUARANTINE)
-            require_dir(self.root / QUARANTINE)
-            self.run.mkdir(exist_ok=True)
-
-    def move(self, key: str) -> str | None:
-        if key in self.moved or any(key.startswith(m + "/") for m in self.moved):
-            return None  # already moved with its folder
-        path, target = self.root / key, self.run / key
-        folder = self.root
-        for part in key.split("/")[:-1]:  # the entry itself may be a link; the folders on the way may not
-            folder = folder / part
-            if not _is_dir(folder):
-                return None
-        self._ready()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(path, target)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        self.moved.add(key)
-        if path.parent.parent == self.root / "blobs" and HEX64.fullmatch(path.name):
-            with contextlib.suppress(FileNotFoundError):  # its verification marker goes with it
-                os.rename(marker_path(path), marker_path(target))
-        return str(target.relative_to(self.root))
-
-    def retire(self, prefix: str) -> str | None:
-        # The number stays used: a later save never takes a quarantined version's number.
-        with contextlib.suppress(FileExistsError):
-            write_new_file(self.root / f"{prefix}{TOMBSTONE}", b"", mode=0o644)
-        return self.move(prefix)
-
-    def finish(self, report: bytes) -> None:
-        if self.moved:
-            self._ready()
-            (self.run / "fsck.json").write_bytes(report)

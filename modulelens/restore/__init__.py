@@ -10,14 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from modulelens.restore.calls import Call
     from modulelens.restore.compare import LeafResult, compare
     from modulelens.restore.divergence import Divergence, DivergenceRule, locate
-    from modulelens.restore.loader import Call, Capture, load
+    from modulelens.restore.loader import Capture, load
     from modulelens.restore.replay import CallReplay, ReplayReport
     from modulelens.restore.ulp import ulp_distance, ulp_error
 
 _LAZY = {"LeafResult": "modulelens.restore.compare", "compare": "modulelens.restore.compare",
-         "Call": "modulelens.restore.loader", "Capture": "modulelens.restore.loader", "load": "modulelens.restore.loader",
+         "Call": "modulelens.restore.calls", "Capture": "modulelens.restore.loader", "load": "modulelens.restore.loader",
          "CallReplay": "modulelens.restore.replay", "ReplayReport": "modulelens.restore.replay",
          "Divergence": "modulelens.restore.divergence", "DivergenceRule": "modulelens.restore.divergence",
          "locate": "modulelens.restore.divergence", "ulp_distance": "modulelens.restore.ulp",

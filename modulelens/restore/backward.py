@@ -16,7 +16,7 @@ from modulelens.format.shape_only import ShapeOnly
 from modulelens.format.tree import deep_leaves
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
 
 _Inputs = TypeVar("_Inputs")
 

@@ -16,7 +16,7 @@ import torch
 from modulelens.format.host_rng import restore_host_states, set_host_states
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
 
 
 @contextlib.contextmanager

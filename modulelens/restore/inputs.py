@@ -14,7 +14,7 @@ from modulelens.format.tree import deep_leaves, map_leaves
 from modulelens.format.values import Unrecorded
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
 
 
 def check_inputs_usable(call: Call, inputs: object) -> None:

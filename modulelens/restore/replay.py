@@ -27,7 +27,8 @@ from modulelens.restore.divergence import Divergence, DivergenceRule, locate, tr
 from modulelens.restore.inputs import describe_input_path
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call, Capture
+    from modulelens.restore.calls import Call
+    from modulelens.restore.loader import Capture
 
 
 @dataclass

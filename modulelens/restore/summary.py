@@ -7,7 +7,7 @@ from typing import Any
 
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.spec import OpTraceDocument, hooks_not_rebuilt
-from modulelens.format.validate import validate_op_trace
+from modulelens.format.validate_trace import validate_op_trace
 from modulelens.repo import Repo
 
 

@@ -38,7 +38,7 @@ from modulelens.tools.timing import Timing, TimingConfig, time_iterations
 if TYPE_CHECKING:
     from torch._ops import OpOverload
 
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
 
 _MARK = "modulelens.iteration"
 PROFILER_ITERS = 3  # iterations under torch.profiler for the top-ops table and the trace

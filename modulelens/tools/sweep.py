@@ -21,7 +21,7 @@ from modulelens.tools.measure import build_workload, count_flops, tensor_leaves
 from modulelens.tools.timing import Timing, TimingConfig, time_iterations
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call
+    from modulelens.restore.calls import Call
 
 
 def recorded_batch_size(args: tuple[object, ...], kwargs: Mapping[str, object]) -> int | None:

@@ -31,7 +31,8 @@ from modulelens.tools.timing import TimingConfig, compare_timings, time_pair, ti
 from modulelens.tools.working_copy import has_buffers, load_pristine_state, run_device, working_module
 
 if TYPE_CHECKING:
-    from modulelens.restore.loader import Call, Capture
+    from modulelens.restore.calls import Call
+    from modulelens.restore.loader import Capture
 
 
 _TIMING = TimingConfig(warmup=3, iters=20)  # per call, for reference and candidate alike

@@ -310,7 +310,7 @@ class _Session:
     def _consider_root(self, module: nn.Module) -> list[Tracer]:
         """The tracers attached at ``module``'s first call: on its own tree, and on its outermost
         parent's for targets only that tree holds."""
-        from modulelens.tracing.tracer import unwrap_model
+        from modulelens.tracing.targets import unwrap_model
 
         with self._lock:
             for sub in module.modules():
@@ -338,14 +338,15 @@ class _Session:
 
     def _matching(self, root: nn.Module, pending: list[str]) -> tuple[dict[str, nn.Module], list[str]]:
         """The targets under ``root`` that ``pending`` select (``--depth`` applied), and those patterns."""
-        from modulelens.tracing.tracer import find_targets
+        from modulelens.tracing.targets import find_targets
 
         found = {n: m for n, m in find_targets(root, pending).items() if any(self._selects(p, n, m) for p in pending)}
         return found, [p for p in pending if any(self._selects(p, n, m) for n, m in found.items())]
 
     def _attach(self, module: nn.Module, found: Mapping[str, nn.Module], patterns: list[str]) -> Tracer:
         from modulelens.tracing.methods import split_target
-        from modulelens.tracing.tracer import Tracer, unwrap_model
+        from modulelens.tracing.targets import unwrap_model
+        from modulelens.tracing.tracer import Tracer
 
         with self._lock:
             self.resolved.update(patterns)
@@ -376,7 +377,7 @@ class _Session:
         """Whether target ``pattern`` (as the user wrote it) selects ``qualified``, a target key
         (``name`` or ``name:method``), ``--depth`` included."""
         from modulelens.tracing.methods import split_target
-        from modulelens.tracing.tracer import matches, normalise_pattern
+        from modulelens.tracing.targets import matches, normalise_pattern
 
         normalised = pattern if model is None else normalise_pattern(pattern, model)
         return matches(normalised, qualified, module) and within_depth(

@@ -34,7 +34,8 @@ from modulelens.tracing.environment import distributed_info
 from modulelens.tracing.methods import target_capture_name
 from modulelens.tracing.options import PayloadPolicy
 from modulelens.tracing.records import ModuleRecord
-from modulelens.tracing.tracer import Tracer, unwrap_model
+from modulelens.tracing.targets import unwrap_model
+from modulelens.tracing.tracer import Tracer
 from modulelens.tracing.upload import Destination, Upload, stage
 
 

@@ -10,7 +10,6 @@ and the job continues. ``strict=True`` raises instead.
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import itertools
 import sys
@@ -18,12 +17,11 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
-from modulelens.format.host_rng import host_states
 from modulelens.format.layouts import is_plain, layout_name
 from modulelens.format.module_state import plain_attributes
 from modulelens.format.op_trace import OpRecorder, TraceLimits
@@ -31,6 +29,7 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
+from modulelens.tracing.call_facts import InputWatch, autocast_state, rng_state, tensor_version, vmapped
 from modulelens.tracing.compiled import compile_settings, wrapper_of
 from modulelens.tracing.distributed import (
     ShardSync,
@@ -40,7 +39,6 @@ from modulelens.tracing.distributed import (
     is_dtensor,
     mesh_ranks,
     normalise_ranks,
-    original_class,
     rank_and_world,
     recording_ranks,
     reorder_hooks,
@@ -50,95 +48,20 @@ from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
-from modulelens.tracing.methods import own_call_class, split_target, target_key, wrap_method
+from modulelens.tracing.methods import MethodHandle, split_target, wrap_method
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.snapshot import Snapshotter, vmap_batch
+from modulelens.tracing.targets import find_targets, matches, never_called_as_module, normalise_pattern
 from modulelens.tracing.weights import BlobSink, StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
 
-_WRAPPER_ATTRS = ("module", "_orig_mod")  # DDP/DataParallel/FSDP1 and torch.compile wrappers
-_WRAPPER_CLASSES = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+_Hook = TypeVar("_Hook", bound=Callable[..., object])
 _SESSIONS = itertools.count()  # tracers are numbered alike on every rank (SPMD) to name gather points
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's own module under DDP / DataParallel / FSDP1 / ``torch.compile`` wrappers."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        cls_name = type(model).__name__
-        if cls_name in _WRAPPER_CLASSES and isinstance(inner := getattr(model, "module", None), torch.nn.Module):
-            model = inner
-        elif cls_name == "OptimizedModule" and isinstance(inner := getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = inner
-        else:
-            break
-    return model
-
-
-def is_wrapper(module: torch.nn.Module) -> bool:
-    return unwrap_model(module) is not module
-
-
-ROOT_PATTERNS = ("", ".")  # target the model itself (its class name works too)
-
-
-def normalise_pattern(pattern: str, model: torch.nn.Module) -> str:
-    """A target written against the wrapped model (``module.encoder``, ``_orig_mod.mlp``) names
-    the same submodule as the unwrapped one does; ``""`` and ``"."`` name the model itself. A
-    method target (``vae:encode``, tracing/methods.py) keeps its method."""
-    module_pattern, method = split_target(pattern)
-    if method is not None:
-        return target_key(normalise_pattern(module_pattern, model), method)
-    if pattern in ROOT_PATTERNS:
-        return ""
-    if is_wrapper(model):
-        while pattern.startswith(("module.", "_orig_mod.")):
-            pattern = pattern.partition(".")[2]
-    return normalise_name(pattern)
-
-
-def normalise_name(name: str) -> str:
-    """Drop wrapper segments (``module.``, ``_orig_mod.``) from a qualified module name."""
-    parts = [p for p in name.split(".") if p not in ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")]
-    return ".".join(parts)
-
-
-def matches(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
-    """A target pattern matches a qualified-name glob, a class name, or a full class path (the
-    user's class, also under FSDP2's ``FSDP<Cls>``). A method target (``vae:encode``) matches the
-    key of that method's target (:func:`~modulelens.tracing.methods.target_key`), never a module's."""
-    pattern, method = split_target(pattern)
-    qualified_name, key_method = split_target(qualified_name)
-    return method == key_method and _matches_module(pattern, qualified_name, module)
-
-
-def _matches_module(pattern: str, qualified_name: str, module: torch.nn.Module) -> bool:
-    for cls in (type(module), original_class(type(module))):
-        if pattern in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
-            return True
-    if pattern in ROOT_PATTERNS:
-        return qualified_name == ""
-    return bool(qualified_name) and fnmatch.fnmatchcase(qualified_name, pattern)
-
-
-def find_targets(model: torch.nn.Module, patterns: Sequence[str]) -> dict[str, torch.nn.Module]:
-    """Target key -> module for every submodule matching any pattern (wrappers unwrapped): its
-    qualified name, or ``name:method`` for a method target (tracing/methods.py)."""
-    found: dict[str, torch.nn.Module] = {}
-    seen: set[tuple[int, str | None]] = set()
-    split = [split_target(p) for p in patterns]
-    for raw_name, module in unwrap_model(model).named_modules():
-        name = normalise_name(raw_name)
-        if is_wrapper(module):
-            continue  # a compiled/DDP submodule is found again as the module it wraps
-        for module_pattern, method in split:
-            if (id(module), method) not in seen and _matches_module(module_pattern, name, module):
-                found[target_key(name, method)] = module
-                seen.add((id(module), method))
-    return found
 
 
 @dataclass
@@ -147,20 +70,11 @@ class _Pending:
     index: int
     live_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # kept for backward capture
     start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
-    watch: _Watch | None = None  # inputs the call may change in place
+    watch: InputWatch | None = None  # inputs the call may change in place
     ops: OpRecorder | None = None  # Recording(op_trace=True): records the call's aten ops until it returns
 
 
-@dataclass
-class _Watch:
-    """A call's inputs that it may change in place (:func:`modulelens.format.tree.mutable_values`)."""
-
-    values: list[Any]  # the live tensors and state objects
-    versions: list[int | None]  # each tensor's version counter on entry (None: a state object; _UNWATCHED)
-    paths: Callable[[], list[str]]  # their paths, built only when a call changed one
-
-
-def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
+def _eager(hook: _Hook) -> _Hook:
     """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead.
 
     Only when ``torch._dynamo`` is already imported: ``torch.compiler.disable`` imports it, which
@@ -183,9 +97,9 @@ class Tracer:
         targets: Sequence[str] | str,
         *,
         record: Recording = Recording(),
-        on_complete: Callable[[Tracer], Any] | None = None,
+        on_complete: Callable[[Tracer], object] | None = None,
         strict: bool = False,
-        on_target_complete: Callable[[Tracer, str], Any] | None = None,
+        on_target_complete: Callable[[Tracer, str], object] | None = None,
         blob_sink: BlobSink | None = None,
     ) -> None:
         if isinstance(targets, str):
@@ -354,7 +268,7 @@ class Tracer:
         if not record.calls and not record.structure:  # state set after construction (issue 11, 22)
             self._note_structure(name, record, module)
         self._snap.gathered = gathered
-        batched = _vmapped(inputs, weights)  # an ensemble under torch.func.vmap: stored stacked
+        batched = vmapped(inputs, weights)  # an ensemble under torch.func.vmap: stored stacked
         self._snap.stacked = batched is not None
         try:
             copied_args, copied_kwargs = self._snap.tree(inputs)
@@ -365,13 +279,13 @@ class Tracer:
                 state_index=self._state_index(name, module, weights),
                 training=module.training,
                 grad_enabled=torch.is_grad_enabled(),
-                autocast=_autocast_state(),
+                autocast=autocast_state(),
                 vmap=batched,
             )
         finally:
             self._snap.gathered = {}
             self._snap.stacked = False
-        call.rng = _rng_state(inputs.leaves)
+        call.rng = rng_state(inputs.leaves)
         record.calls.append(call)
         live = replacement = None
         start = 0
@@ -381,7 +295,7 @@ class Tracer:
             start = sequence_marker()  # after the input views: the call's own nodes come later
         values, paths = mutable_values(inputs)
         # a vmapped call's inputs are batches: torch keeps no version counter a change would show in
-        watch = _Watch(values, [_version(v) for v in values], paths) if batched is None else None
+        watch = InputWatch(values, [tensor_version(v) for v in values], paths) if batched is None else None
         pending = _Pending(call, index, live, start, watch)
         self._stack(name).append(pending)
         if self.op_trace is not None:  # last: what the call itself runs from here on, nothing of ours
@@ -490,7 +404,7 @@ class Tracer:
                 self._check_complete(name)
             return replacement
 
-    def _keep_trace(self, name: str, pending: _Pending, output: Any) -> None:
+    def _keep_trace(self, name: str, pending: _Pending, output: object) -> None:
         """Stop the call's op recording; keep its trace unless recording it failed (warned, fail open)."""
         assert pending.ops is not None
         trace = pending.ops.stop(output)
@@ -507,14 +421,11 @@ class Tracer:
             return all(c.finished for c in self.records[name].calls)
         return not any(self._stacks.get(name, {}).values())
 
-    def _mutated_inputs(self, watch: _Watch | None) -> dict[str, Any]:
-        """Snapshots, after the call, of the inputs it may have changed in place: every state
-        object (a cache: attribute updates leave no version trace) and every tensor whose version
-        counter moved."""
+    def _mutated_inputs(self, watch: InputWatch | None) -> dict[str, Any]:
+        """Snapshots, after the call, of the inputs it may have changed in place (:meth:`InputWatch.changed`)."""
         if watch is None:
             return {}
-        changed = [i for i, (value, version) in enumerate(zip(watch.values, watch.versions, strict=True))
-                   if version is None or (version != _UNWATCHED and value._version != version)]
+        changed = watch.changed()
         if not changed:
             return {}
         paths = watch.paths()
@@ -714,7 +625,7 @@ class Tracer:
         if self.on_complete is not None:
             self._notify(self.on_complete, self)
 
-    def _notify(self, callback: Callable[..., Any], *args: Any) -> None:
+    def _notify(self, callback: Callable[..., object], *args: object) -> None:
         try:
             callback(*args)
         except Exception as error:
@@ -798,7 +709,7 @@ class Tracer:
             return f"{label} ({cls}) finished none of its {record.seen_calls} call(s) (each raised)"
         if record.method is not None:
             return f"{label}: {cls}.{record.method}() was never called on this module while capture was on"
-        return f"{label} ({cls}) {_never_called_as_module(record.qualified_name, record.module)}"
+        return f"{label} ({cls}) {never_called_as_module(record.qualified_name, record.module)}"
 
     def incidents(self, qualified: str) -> list[str]:
         """Problems met while recording ``qualified`` (gather timeouts, failed copies...)."""
@@ -809,52 +720,7 @@ class Tracer:
         return self._sharding.get(qualified, {})
 
 
-def _never_called_as_module(qualified: str, module: torch.nn.Module | None) -> str:
-    """Why a module target saw no call although the module may have run: torch's forward hooks
-    only see ``module(...)``; a class with its own ``__call__`` or a method called directly is
-    invisible to them (tracing/methods.py), and is captured by naming the method."""
-    name = qualified or ""
-    own = own_call_class(module) if module is not None else None
-    if own is not None:
-        return (f"was never called through torch's Module.__call__: {own.__module__}.{own.__qualname__} defines its own "
-                f"__call__, "
-                f"which runs no forward hook; to record what module(...) does, target '{name}:__call__'")
-    return (f"was never called as module(...) while capture was on (forward hooks saw nothing); if the code calls "
-            f"a method of it directly (.forward(...), .encode(...)), target that method: '{name}:forward', "
-            f"'{name}:encode'")
-
-
-def _vmapped(inputs: Flattened, weights: LiveState) -> dict[str, Any] | None:
-    """What a call inside one ``torch.func.vmap`` batches (model ensembling: ``functional_call``
-    over ``stack_module_state``'s weights): the batch size, vmap's ``randomness``, the paths of the
-    batched inputs and the names of the batched parameters and buffers; ``None`` outside vmap."""
-    params, buffers, _ = weights
-    state = {**params, **buffers}
-    found = vmap_batch([*inputs.leaves, *state.values()])
-    if found is None:
-        return None
-    size, randomness, positions = found
-    count = len(inputs.leaves)
-    names = list(state)
-    return {"size": size, "randomness": randomness,
-            "inputs": inputs.paths(tuple(p for p in positions if p < count)),
-            "state": [names[p - count] for p in positions if p >= count], "output": []}
-
-
-_UNWATCHED = -1  # an inference tensor: it keeps no version counter, so an in-place change cannot be seen
-
-
-def _version(value: Any) -> int | None:
-    """What tells whether a call changed an input in place: a tensor's version counter, ``None``
-    for a state object (always recorded again after the call). A tensor made under
-    ``torch.inference_mode()`` (sentence-transformers' ``encode``) has no counter: reading it raised
-    and dropped the capture; its entry value is recorded, its change in place is not."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    return _UNWATCHED if value.is_inference() else value._version
-
-
-def _keep_outermost(module: torch.nn.Module, handles: list[Any]) -> None:
+def _keep_outermost(module: torch.nn.Module, handles: Sequence[RemovableHandle | MethodHandle]) -> None:
     """Keep the tracer's pre-hook first and its forward hook last among the module's hooks."""
     if len(handles) != 2:
         return
@@ -877,7 +743,7 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
     return True
 
 
-def _custom_state(module: torch.nn.Module) -> dict[str, Any]:
+def _custom_state(module: torch.nn.Module) -> dict[str, object]:
     """What a module's own ``_save_to_state_dict`` adds to its state dict besides its parameters,
     buffers and extra state: dynamically quantized Linears keep their weights packed outside
     parameters (``_packed_params``: the quantized weight and bias; ``scale``, ``zero_point``)."""
@@ -893,23 +759,3 @@ def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:
         for buffer_name in getattr(sub, "_non_persistent_buffers_set", ()):
             names.add(f"{prefix}.{buffer_name}" if prefix else buffer_name)
     return names
-
-
-def _autocast_state() -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for device in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(device):
-                state[device] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
-        except (RuntimeError, TypeError, AttributeError):
-            continue
-    return state
-
-
-def _rng_state(input_leaves: list[Any]) -> dict[str, torch.Tensor]:
-    state = {"cpu": torch.get_rng_state(), **host_states()}  # numpy's and Python's too (format/host_rng.py)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        devices = {t.device for t in input_leaves if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
-        for device in devices:
-            state[str(device)] = torch.cuda.get_rng_state(device)
-    return state

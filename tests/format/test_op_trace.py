@@ -1,5 +1,5 @@
 """The op trace (modulelens/format/op_trace.py): what the recorder sees of a real call, its JSON form,
-and the checks a stored trace passes before anything reads it (format/validate.py)."""
+and the checks a stored trace passes before anything reads it (format/validate_trace.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from modulelens.errors import CorruptCaptureError
 from modulelens.format import spec
 from modulelens.format.op_trace import TRACE_FORMAT, TRACE_VERSION, OpRecorder, OpTrace, TraceLimits
 from modulelens.format.shape_only import tensor_stats
-from modulelens.format.validate import validate_op_trace
+from modulelens.format.validate_trace import validate_op_trace
 
 MODELS = str(Path(__file__).resolve().parents[1] / "support" / "diverge_models.py")
 

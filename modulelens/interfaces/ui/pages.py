@@ -454,7 +454,7 @@ def _op_trace(capture: StoredCapture, summary: Mapping[str, Any] | None, *, list
     if not isinstance(summary, Mapping):
         return None
     from modulelens.errors import ModulelensError
-    from modulelens.format.validate import validate_op_trace
+    from modulelens.format.validate_trace import validate_op_trace
     from modulelens.restore.summary import op_rows
 
     line = (f"op trace: {as_text(summary.get('ops'), 20)} ops in {as_text(summary.get('modules'), 20)} module calls, "
