@@ -194,7 +194,7 @@ class OpTrace:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], get_tensor: Callable[[str], torch.Tensor]) -> OpTrace:
-        """A trace from its JSON document, already checked (``format/validate.py``'s
+        """A trace from its JSON document, already checked (``format/validate_trace.py``'s
         ``validate_op_trace``); ``get_tensor(id)`` returns a kept value."""
         def values(items: list[dict[str, Any]]) -> list[TracedValue]:
             return [TracedValue.from_json(v, get_tensor) for v in items]

@@ -139,10 +139,10 @@ class _Checker(FieldChecker):
         elif kinds == ["subclass"]:
             self.subclass(entry["subclass"], f"{where}.subclass")
 
-    def subclass(self, data: Any, where: str) -> None:
+    def subclass(self, value: object, where: str) -> None:
         """A tensor subclass made of inner tensors (format/layouts.py): its class, its parts (other
         entries of the table) and its context (an encoded value)."""
-        self.expect(data, dict, where)
+        data = self.expect(value, dict, where)
         self.field(data, "class", str, where)
         table = self.meta["tensors"]
         for name, part in self.field(data, "parts", dict, where).items():
@@ -316,20 +316,20 @@ class _Checker(FieldChecker):
             raise self.fail(where, "not a stored tensor")
         self.value(data, where)
 
-    def tree(self, data: Any, where: str) -> None:
-        self.expect(data, dict, where)
+    def tree(self, value: object, where: str) -> None:
+        data = self.expect(value, dict, where)
         leaves = self.field(data, "leaves", list, where)
         count = self.spec(data.get("spec"), f"{where}.spec", 0)
         if count != len(leaves):
             raise self.fail(where, f"the structure has {count} leaves but {len(leaves)} are stored")
         self.value(leaves, f"{where}.leaves")
 
-    def spec(self, spec: Any, where: str, depth: int) -> int:
-        if spec == "*":
+    def spec(self, node: object, where: str, depth: int) -> int:
+        if node == "*":
             return 1
         if depth > MAX_DEPTH:
             raise self.fail(where, f"nested deeper than {MAX_DEPTH}")
-        self.expect(spec, dict, where)
+        spec = self.expect(node, dict, where)
         self.field(spec, "type", str, where)
         context = self.field(spec, "context", dict, where)
         if "value" in context:
@@ -506,11 +506,11 @@ class _Checker(FieldChecker):
         for i, call in enumerate(self.field(self.meta, "calls", list, "capture")):
             self.call(i, call)
 
-    def call(self, i: int, call: Any) -> None:
+    def call(self, i: int, entry: object) -> None:
         """``calls[i]``: its flags, state, trees, gradients, RNG states, vmap and op trace summary."""
         states = len(self.meta["states"])
         where = f"calls[{i}]"
-        self.expect(call, dict, where)
+        call = self.expect(entry, dict, where)
         self.field(call, "index", int, where)
         state = self.field(call, "state", int, where)
         if states and not 0 <= state < states:
