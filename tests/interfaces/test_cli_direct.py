@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
-from child_process import PYTHON, subprocess_env
+from child_process import FRESH_CLI, PYTHON, subprocess_env
 from modules_for_tests import DictToTuple
 
 import modulelens
@@ -68,26 +68,23 @@ def test_the_direct_path_reads_options_as_click_does() -> None:
         "show", {"show_all": True, "ref": "m:v2", "ops": True, "as_json": True, "repo": "r2"})  # the last one wins
 
 
-FRESH = """
-import json, runpy, sys
-sys.argv = ["modulelens", *sys.argv[1:]]
-try:
-    runpy.run_module("modulelens", run_name="__main__")
-except SystemExit as exit:
-    code = exit.code
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "typer", "click", "rich", "pydantic"})
-print(json.dumps({"code": code, "heavy": heavy}))
-"""
+_HEAVY = {"torch", "numpy", "typer", "click", "rich", "pydantic"}
+
+
+def _heavy(report_line: str) -> dict[str, object]:
+    """The exit code and the heavy packages a FRESH_CLI run imported, from its last line."""
+    report = json.loads(report_line)
+    return {"code": report["code"], "heavy": sorted({m.split(".")[0] for m in report["modules"]} & _HEAVY)}
 
 
 @pytest.mark.parametrize("args", ["ls", "ls ranker --tag second --sort created", "ls --json", "show ranker/attn",
                                   "show ranker/attn:v1 --json --all"])
 def test_ls_and_show_in_a_fresh_process_import_no_torch_and_no_typer(populated: Path, args: str) -> None:
-    result = subprocess.run([PYTHON, "-c", FRESH, *args.split(), "--repo", str(populated)], capture_output=True,
+    result = subprocess.run([PYTHON, "-c", FRESH_CLI, *args.split(), "--repo", str(populated)], capture_output=True,
                             text=True, env=subprocess_env(), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "ranker/attn:v" in result.stdout
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"code": 0, "heavy": []}
+    assert _heavy(result.stdout.strip().splitlines()[-1]) == {"code": 0, "heavy": []}
 
 
 THROUGH_TYPER = """
@@ -119,14 +116,14 @@ def test_the_direct_path_prints_what_the_typer_command_prints(populated: Path, a
 def test_version_alone_is_answered_without_typer() -> None:
     """``modulelens --version`` prints what the root callback prints, importing no typer; with
     anything beside it, typer answers."""
-    direct = subprocess.run([PYTHON, "-c", FRESH, "--version"], capture_output=True, text=True, env=subprocess_env(),
+    direct = subprocess.run([PYTHON, "-c", FRESH_CLI, "--version"], capture_output=True, text=True, env=subprocess_env(),
                             timeout=120)
     through_typer = subprocess.run([PYTHON, "-c", THROUGH_TYPER, "--version"], capture_output=True, text=True,
                                    env=subprocess_env(), timeout=120)
     version_line, report = direct.stdout.splitlines()
     assert (version_line + "\n", through_typer.stdout, through_typer.returncode) == (
         f"modulelens {modulelens.__version__}\n", f"modulelens {modulelens.__version__}\n", 0)
-    assert json.loads(report) == {"code": 0, "heavy": []}
+    assert _heavy(report) == {"code": 0, "heavy": []}
     assert parse(["--version", "ls"]) is None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import xxhash
-from child_process import PYTHON, subprocess_env
+from child_process import FRESH_CLI, PYTHON, subprocess_env
 from torch import nn
 
 import modulelens
@@ -273,21 +273,12 @@ def test_on_a_real_terminal_both_paths_print_the_same_bytes(healthy: Path, colum
     assert quick == through_typer
 
 
-FRESH = """
-import json, runpy, sys
-sys.argv = ["modulelens", *sys.argv[1:]]
-try:
-    runpy.run_module("modulelens", run_name="__main__")
-except SystemExit as exit:
-    code = exit.code
-print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
-"""
 
 
 def test_a_plain_ls_imports_neither_the_repo_nor_typing(healthy: Path) -> None:
     """What makes a fresh ``ls`` fast (benchmarks/bench_cli.py): no repo package, no typing, no
     argparse, no pathlib of its own (an editable install's finder may import pathlib at startup)."""
-    result = subprocess.run([PYTHON, "-c", FRESH, "ls", "--repo", str(healthy)], capture_output=True, text=True,
+    result = subprocess.run([PYTHON, "-c", FRESH_CLI, "ls", "--repo", str(healthy)], capture_output=True, text=True,
                             env=subprocess_env(), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "team/mlp:v3" in result.stdout

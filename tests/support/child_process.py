@@ -45,3 +45,16 @@ def replay_in_fresh_process(repo: Path, refs: dict[str, str], extra_path: list[s
     assert result.returncode == 0, result.stderr[-3000:]
     results: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])["results"]
     return results
+
+
+#: ``python -c FRESH_CLI <args>`` runs the ``modulelens`` command line as its console script does, in
+#: this fresh process, and prints a last line of JSON: its exit code and every module it imported.
+FRESH_CLI = """
+import json, runpy, sys
+sys.argv = ["modulelens", *sys.argv[1:]]
+try:
+    runpy.run_module("modulelens", run_name="__main__")
+except SystemExit as exit:
+    code = exit.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
