@@ -42,7 +42,6 @@ from modulelens.format.provenance import user_key
 from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.repo.files import (
     flush_and_rename,
-    flush_file,
     flush_folder,
     hash_file,
     read_regular,
@@ -219,13 +218,43 @@ class LocalStore(Store):
     @staticmethod
     def _tagged(path: str, key: str) -> tuple[bytes | None, str | None]:
         try:
-            info = os.lstat(path)
+            data = _read_key(path, key)  # O_NOFOLLOW and fstat: a link or other entry is refused unread
         except FileNotFoundError:
             return None, None
-        if not stat.S_ISREG(info.st_mode):  # a link or other entry: replaced by the write, never written through
+        except CorruptCaptureError:
+            info = os.lstat(path)  # (an lstat before every read was one system call in ten of a save)
+            if stat.S_ISREG(info.st_mode):
+                raise  # a regular file over its size limit
+            # a link or other entry: replaced by the write, never written through
             return None, f"entry:{info.st_ino}:{info.st_mtime_ns}"
-        data = _read_key(path, key)
         return data, _content_tag(data)
+
+    @staticmethod
+    def _open_head(path: str, key: str) -> tuple[int, bytes] | None:
+        """A descriptor open for reading and writing on the regular file ``path`` and its bytes, for
+        the in-place rewrite of :meth:`swap` (one open for the compare and the write); ``None`` when
+        it is anything else (missing, a link, not a regular file, not writable: :meth:`swap` then
+        takes the path that handles each)."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            limit, _ = read_limit(key)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+                os.close(fd)
+                return None
+            data = os.read(fd, info.st_size + 1)  # a regular file reads short only at its end
+            while len(data) > info.st_size and len(data) <= limit and (more := os.read(fd, 1 << 16)):
+                data += more  # it grew meanwhile: read on to the end
+            if len(data) > limit:
+                os.close(fd)
+                return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, data
 
     def swap(self, key: str, data: bytes, tag: str | None, *, durable: bool = True) -> str | None:
         """Compare and write under an ``flock`` of the key's folder, so of two writers that read
@@ -243,15 +272,22 @@ class LocalStore(Store):
             waited = lock_wait_s()
             if not wait_for(fd, exclusive=True, deadline=time.monotonic() + waited):
                 raise busy(folder, fd, waited, f"writing {self.where(key)}")
-            current, current_tag = self._tagged(path, key)
-            if current_tag != tag:
-                return None
-            if durable or current is None:  # (a new file: its rename overwrites nothing)
-                self._atomic_write(path, data, flush=durable)
-                return _content_tag(data)
-            data = data.ljust(len(current))
-            target = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            head = None if durable else self._open_head(path, key)
+            if head is None:  # a durable write, or no regular file there we may rewrite in place
+                current, current_tag = self._tagged(path, key)
+                if current_tag != tag:
+                    return None
+                if durable or current is None:  # (a new file: its rename overwrites nothing)
+                    self._atomic_write(path, data, flush=durable)
+                    return _content_tag(data)
+                target = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            else:
+                target, current = head
+                if _content_tag(current) != tag:
+                    os.close(target)
+                    return None
             try:
+                data = data.ljust(len(current))
                 written = 0
                 while written < len(data):
                     written += os.pwrite(target, data[written:], written)
@@ -366,12 +402,12 @@ class LocalStore(Store):
             return False  # once used: a ref someone noted down never silently means another capture
         staging = self._tmp_path(".version")
         staging.mkdir()
+        renamed = False
         try:
             for folder in folders:
                 (staging / folder).mkdir()
             for filename, data in files.items():
-                write_new_file(staging / filename, data, mode=0o644)
-                flush_file(staging / filename)
+                write_new_file(staging / filename, data, mode=0o644, flush=True)
             flush_folder(staging)
             try:
                 os.rename(staging, f"{target}/{leaf}")
@@ -379,10 +415,11 @@ class LocalStore(Store):
                 if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     return False  # another writer took this number
                 raise
+            renamed = True
             flush_folder(Path(target))  # the rename itself is what makes the version exist
             return True
         finally:
-            if staging.exists():
+            if not renamed:
                 shutil.rmtree(staging, ignore_errors=True)
 
     def retire(self, prefix: str) -> bool:

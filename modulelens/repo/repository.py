@@ -32,6 +32,7 @@ from modulelens.errors import (
     RepoBusyError,
     RepoError,
 )
+from modulelens.format.provenance import key_file
 from modulelens.repo.collector import collector_paused
 from modulelens.repo.garbage import GcReport, collect, retire
 from modulelens.repo.index import NameIndex, Summaries, damaged_entry, listing_stamp, version_entry
@@ -94,6 +95,7 @@ class Repo:
         self._trust_source = trust_source  # this object's own: never stored (see trust_source)
         self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
         self._layout_problem: str | None = None
+        self._kept_sealer: tuple[Path, Callable[[builtins.list[str]], dict[str, Any]]] | None = None  # (_sealer)
         try:
             marker = self.store.open(MARKER, marker_json(), create=create)
             self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
@@ -509,7 +511,7 @@ class Repo:
             with self.store.writing() as hold:
                 store_payloads(self.store, metadata, payloads, self._upgrade_layout)
                 if hold.intact():
-                    return self._commit(name, metadata, seal=TrustPolicy(own_repo=self._directory()).sealer())  # yours: signed
+                    return self._commit(name, metadata, seal=self._sealer())  # yours: signed
             # The hold lapsed (a lease left unrenewed by a stalled process or a slow server): a gc
             # may have run and removed a blob this save found present. Take a new hold and check
             # again (blobs already there are skipped).
@@ -561,6 +563,27 @@ class Repo:
                 seal: Callable[[builtins.list[str]], dict[str, Any]] | None = None) -> VersionInfo:
         """Publish one new version of ``name`` (:func:`~modulelens.repo.publish.publish`)."""
         return publish(self, name, [metadata], seal, [None])[0]
+
+    def _sealer(self) -> Callable[[builtins.list[str]], dict[str, Any]] | None:
+        """What signs a capture saved here (``TrustPolicy.sealer``), made once per key file and kept:
+        finding the key and this directory's identity again was 13 system calls of every save (a
+        third of a small save's Python work besides its files). Kept as the store keeps its marker
+        key: a key replaced or a repo moved while this object lives signs as before, and such a
+        capture then counts as not the user's own (the safe side). ``None`` is never kept, so a key
+        created later signs the next save."""
+        own = self._directory()
+        if own is None:
+            return None
+        try:
+            where = key_file()
+        except RuntimeError:  # no home directory: the sealer says why (once)
+            return TrustPolicy(own_repo=own).sealer()
+        if self._kept_sealer is None or self._kept_sealer[0] != where:
+            sealer = TrustPolicy(own_repo=own).sealer()
+            if sealer is None:
+                return None
+            self._kept_sealer = (where, sealer)
+        return self._kept_sealer[1]
 
     def _upgrade_layout(self) -> None:
         """Mark an older repo with this layout before writing anything only it reads (packs, the
