@@ -296,6 +296,10 @@ class Summaries:
         self._read_entries = read_entries
         self._before_write = before_write
         self._appends = store.appends
+        # The head this object last stored, by key, with its tag: the next update of that head
+        # (a save's finish, right after its reserve) may start from it instead of reading it again.
+        # Its swap compares tags under the lock, so a head changed meanwhile is read then.
+        self._written: dict[str, tuple[bytes, str]] = {}
 
     # ------------------------------------------------------------------------------ reading
 
@@ -579,7 +583,7 @@ class Summaries:
                 index.used = max(index.used, *entries)
             if kept:
                 index.latest = max(index.latest, *kept)
-        return self._update(name, prefix, change)[0]
+        return self._update(name, prefix, change, reuse=True)[0]
 
     def begin_removal(self, name: str, prefix: str, numbers: Iterable[int]) -> NameIndex:
         """Mark ``numbers`` as being removed: readers no longer show them from now on."""
@@ -703,15 +707,19 @@ class Summaries:
         return max((int(f[len("summary-"):-len(".log")]) for f in self._log_files(prefix)
                     if f[len("summary-"):-len(".log")].isdigit()), default=0)
 
-    def _update(self, name: str, prefix: str, change: Callable[[NameIndex], T]) -> tuple[NameIndex, T]:
+    def _update(self, name: str, prefix: str, change: Callable[[NameIndex], T], *,
+                reuse: bool = False) -> tuple[NameIndex, T]:
         """Apply ``change`` to the head with compare-and-swap, again on a fresh read whenever
         another writer changed it first. A missing or older head, or a log that cannot be appended
-        to (damaged, or a link planted there), is rebuilt (and stored, in a new log) first."""
+        to (damaged, or a link planted there), is rebuilt (and stored, in a new log) first.
+        ``reuse``: start from the head this object stored last, when it stored this one (a save's
+        finish after its reserve: one read fewer); the swap then finds whether it still is the head."""
         self._before_write()
         key = f"{prefix}/{SUMMARY_FILE}"
+        written = self._written.pop(key, None)
         rebuild = False
-        for _attempt in range(_SWAP_ATTEMPTS):
-            raw, tag = self.store.read_tagged(key)
+        for attempt in range(_SWAP_ATTEMPTS):
+            raw, tag = written if reuse and attempt == 0 and written is not None else self.store.read_tagged(key)
             index = None if rebuild else _parse_head(raw, appends=self._appends)
             if index is None:
                 rebuilt = self._rebuilt(name, prefix, None)
@@ -726,9 +734,11 @@ class Summaries:
             except (OSError, CorruptCaptureError):
                 rebuild = True  # its log cannot take a line: a new log, then again
                 continue
-            new_tag = self.store.swap(key, index.head_json(appends=self._appends), tag, durable=False)
+            head = index.head_json(appends=self._appends)
+            new_tag = self.store.swap(key, head, tag, durable=False)
             if new_tag is not None:
                 index.tag = new_tag
+                self._written[key] = (head, new_tag)
                 return index, result
         raise RepoBusyError(f"the index of {name} kept changing under {_SWAP_ATTEMPTS} attempts to update it")
 

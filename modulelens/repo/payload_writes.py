@@ -34,8 +34,7 @@ def store_payloads(store: Store, metadata: dict[str, Any], payloads: dict[str, m
             store.put_blob_file(payload.digest, payload.path, verified=payload.staged, missing=True)
         payload.path, payload.staged = store.blob_path(payload.digest), False  # (a second save)
     store.flush_blobs(adopted)
-    views = {tid: memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
-             for tid, data in payloads.items() if not isinstance(data, WrittenPayload)}
+    views = {tid: _bytes_view(data) for tid, data in payloads.items() if not isinstance(data, WrittenPayload)}
     small = {tid: data for tid, data in views.items() if len(data) < PACK_BELOW}
     _write_payloads(store, metadata["tensors"], {t: d for t, d in views.items() if t not in small})
     if small:
@@ -44,12 +43,19 @@ def store_payloads(store: Store, metadata: dict[str, Any], payloads: dict[str, m
             store.write_blob(digest, pack)
 
 
+def _bytes_view(data: memoryview | bytes | bytearray) -> memoryview:
+    view = memoryview(data)
+    return view if view.format == "B" else view.cast("B")
+
+
 def _write_payloads(store: Store, entries: dict[str, dict[str, Any]], payloads: dict[str, memoryview]) -> None:
     # A pipeline of three threads: the hashing thread hashes payload k+1 (blake3 itself uses
     # every core for large payloads) while this thread stages payload k and the publishing
     # thread waits for the disk (or the network) to take payload k-1. All three release the
     # GIL, so a save costs about the slowest of hashing, writing and flushing rather than their
     # sum (benchmarks/bench_save_load.py).
+    if not payloads:  # (all small, packed: two thread pools made and shut down for nothing were a tenth of a small save)
+        return
     from concurrent.futures import ThreadPoolExecutor  # here: listing a repo does not need threads
 
     items = list(payloads.items())

@@ -32,7 +32,6 @@ from modulelens.errors import (
     RepoBusyError,
     RepoError,
 )
-from modulelens.format.provenance import key_file
 from modulelens.repo.collector import collector_paused
 from modulelens.repo.garbage import GcReport, collect, retire
 from modulelens.repo.index import NameIndex, Summaries, damaged_entry, listing_stamp, version_entry
@@ -95,7 +94,7 @@ class Repo:
         self._trust_source = trust_source  # this object's own: never stored (see trust_source)
         self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
         self._layout_problem: str | None = None
-        self._kept_sealer: tuple[Path, Callable[[builtins.list[str]], dict[str, Any]]] | None = None  # (_sealer)
+        self._kept_sealer: tuple[tuple[str | None, str | None], Callable[[builtins.list[str]], dict[str, Any]]] | None = None  # (_sealer)
         try:
             marker = self.store.open(MARKER, marker_json(), create=create)
             self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
@@ -565,7 +564,8 @@ class Repo:
         return publish(self, name, [metadata], seal, [None])[0]
 
     def _sealer(self) -> Callable[[builtins.list[str]], dict[str, Any]] | None:
-        """What signs a capture saved here (``TrustPolicy.sealer``), made once per key file and kept:
+        """What signs a capture saved here (``TrustPolicy.sealer``), made once per key file (the
+        environment that names it) and kept:
         finding the key and this directory's identity again was 13 system calls of every save (a
         third of a small save's Python work besides its files). Kept as the store keeps its marker
         key: a key replaced or a repo moved while this object lives signs as before, and such a
@@ -574,10 +574,7 @@ class Repo:
         own = self._directory()
         if own is None:
             return None
-        try:
-            where = key_file()
-        except RuntimeError:  # no home directory: the sealer says why (once)
-            return TrustPolicy(own_repo=own).sealer()
+        where = (os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))  # what names the key file (key_file)
         if self._kept_sealer is None or self._kept_sealer[0] != where:
             sealer = TrustPolicy(own_repo=own).sealer()
             if sealer is None:
