@@ -296,9 +296,10 @@ class Summaries:
         self._read_entries = read_entries
         self._before_write = before_write
         self._appends = store.appends
-        # The head this object last stored, by key, with its tag: the next update of that head
-        # (a save's finish, right after its reserve) may start from it instead of reading it again.
-        # Its swap compares tags under the lock, so a head changed meanwhile is read then.
+        # The head this object last stored, by key, with its tag: the next save's reserve and its
+        # finish start from it instead of reading it again (one writer saving again and again reads
+        # no head). Their swap compares tags under the lock, so a head another writer changed
+        # meanwhile is read then: one compare lost, no update.
         self._written: dict[str, tuple[bytes, str]] = {}
 
     # ------------------------------------------------------------------------------ reading
@@ -543,7 +544,7 @@ class Summaries:
                 index.reserved[str(number)] = {"by": _writer(), "at": now}
             index.used += count
             return list(range(first, first + count)), index.stored
-        return self._update(name, prefix, change)[1]
+        return self._update(name, prefix, change, reuse=True)[1]
 
     def finish(self, name: str, prefix: str, entries: dict[int, Entry], *, released: Iterable[int] = ()) -> NameIndex:
         """Record versions just published (their reservations end); ``released``: reserved numbers
@@ -713,7 +714,7 @@ class Summaries:
         another writer changed it first. A missing or older head, or a log that cannot be appended
         to (damaged, or a link planted there), is rebuilt (and stored, in a new log) first.
         ``reuse``: start from the head this object stored last, when it stored this one (a save's
-        finish after its reserve: one read fewer); the swap then finds whether it still is the head."""
+        reserve and finish); the swap then finds whether it still is the head."""
         self._before_write()
         key = f"{prefix}/{SUMMARY_FILE}"
         written = self._written.pop(key, None)
