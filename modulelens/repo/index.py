@@ -296,10 +296,10 @@ class Summaries:
         self._read_entries = read_entries
         self._before_write = before_write
         self._appends = store.appends
-        # The head this object last stored, by key, with its tag: the next save's reserve and its
-        # finish start from it instead of reading it again (one writer saving again and again reads
-        # no head). Their swap compares tags under the lock, so a head another writer changed
-        # meanwhile is read then: one compare lost, no update.
+        # The head this object last stored in a directory, by key, with its tag: the next save's
+        # reserve and its finish start from it instead of reading it again (one writer saving again
+        # and again reads no head). Their swap compares tags under the lock, so a head another
+        # writer changed meanwhile is read then: one compare lost, no update.
         self._written: dict[str, tuple[bytes, str]] = {}
 
     # ------------------------------------------------------------------------------ reading
@@ -739,7 +739,9 @@ class Summaries:
             new_tag = self.store.swap(key, head, tag, durable=False)
             if new_tag is not None:
                 index.tag = new_tag
-                self._written[key] = (head, new_tag)
+                if self._appends:  # (a directory's head is small and its compare local; an object
+                    # store's head holds every entry, which a failed conditional write would have sent)
+                    self._written[key] = (head, new_tag)
                 return index, result
         raise RepoBusyError(f"the index of {name} kept changing under {_SWAP_ATTEMPTS} attempts to update it")
 
