@@ -220,10 +220,10 @@ class LocalStore(Store):
             data = _read_key(path, key)  # O_NOFOLLOW and fstat: a link or other entry is refused unread
         except FileNotFoundError:
             return None, None
-        except CorruptCaptureError:
+        except (CorruptCaptureError, OSError):  # (OSError: a socket there cannot be opened)
             info = os.lstat(path)  # (an lstat before every read was one system call in ten of a save)
             if stat.S_ISREG(info.st_mode):
-                raise  # a regular file over its size limit
+                raise  # a regular file over its size limit, or unreadable
             # a link or other entry: replaced by the write, never written through
             return None, f"entry:{info.st_ino}:{info.st_mtime_ns}"
         return data, _content_tag(data)

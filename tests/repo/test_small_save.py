@@ -133,3 +133,30 @@ def test_saves_are_signed_with_the_key_the_environment_names_now(tmp_path: Path,
     assert first != second and signed == [first, first, second]
     assert own_capture(repo.root, "lin", 3, repo.read_metadata("lin", 3)).own
     assert not own_capture(repo.root, "lin", 2, repo.read_metadata("lin", 2)).own  # the first key's, not this one
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo", "socket"])
+def test_an_entry_planted_at_the_index_head_is_replaced_never_followed_or_blocking(
+        repo: modulelens.Repo, tmp_path: Path, planted: str) -> None:
+    """The head is compared and rewritten through one descriptor opened without following a link
+    and without blocking: a link, a FIFO or a socket planted where it was is never written
+    through, and the save replaces it with a real head (by a rename), as before that change."""
+    import socket
+
+    _save(repo, "lin")
+    head = repo.root / "names" / "lin" / "summary.json"
+    outside = tmp_path / "outside.json"
+    outside.write_text("theirs")
+    head.unlink()
+    if planted == "link":
+        head.symlink_to(outside)
+    elif planted == "fifo":
+        os.mkfifo(head)
+    else:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(head))
+    fresh = modulelens.Repo(repo.root)  # no head kept from an earlier save: it is read
+    assert _again(fresh, "lin", "after").version == 2
+    assert head.is_file() and not head.is_symlink() and outside.read_text() == "theirs"
+    assert [i.version for i in modulelens.Repo(repo.root).list("lin")] == [1, 2]
+    assert _again(fresh, "lin", "again").version == 3  # (then from the head it stored)
