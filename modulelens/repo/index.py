@@ -296,10 +296,8 @@ class Summaries:
         self._read_entries = read_entries
         self._before_write = before_write
         self._appends = store.appends
-        # The head this object last stored in a directory, by key, with its tag: the next save's
-        # reserve and its finish start from it instead of reading it again (one writer saving again
-        # and again reads no head). Their swap compares tags under the lock, so a head another
-        # writer changed meanwhile is read then: one compare lost, no update.
+        # The head this object last stored in a directory, with its tag, by key: a save's reserve and
+        # finish start from it (:meth:`_update`, ``reuse``): one writer saving again and again reads no head.
         self._written: dict[str, tuple[bytes, str]] = {}
 
     # ------------------------------------------------------------------------------ reading
@@ -713,8 +711,8 @@ class Summaries:
         """Apply ``change`` to the head with compare-and-swap, again on a fresh read whenever
         another writer changed it first. A missing or older head, or a log that cannot be appended
         to (damaged, or a link planted there), is rebuilt (and stored, in a new log) first.
-        ``reuse``: start from the head this object stored last, when it stored this one (a save's
-        reserve and finish); the swap then finds whether it still is the head."""
+        ``reuse``: start from the head this object stored last, if it stored this one; the swap then
+        compares under the lock, so a head another writer changed meanwhile is read then."""
         self._before_write()
         key = f"{prefix}/{SUMMARY_FILE}"
         written = self._written.pop(key, None)

@@ -54,7 +54,7 @@ from modulelens.repo.payload_writes import store_payloads
 from modulelens.repo.publish import publish
 from modulelens.repo.registry import open_store
 from modulelens.repo.store import BlobWriter, Hold, WrittenPayload
-from modulelens.repo.trust import TrustPolicy, set_trust_source, trusts_source
+from modulelens.repo.trust import KeptSealer, TrustPolicy, set_trust_source, trusts_source
 from modulelens.repo.versions import NameListing, VersionInfo
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Repo:
         self._trust_source = trust_source  # this object's own: never stored (see trust_source)
         self._summaries = Summaries(self.store, self._read_entries, self._upgrade_layout)
         self._layout_problem: str | None = None
-        self._kept_sealer: tuple[tuple[str | None, str | None], Callable[[builtins.list[str]], dict[str, Any]]] | None = None  # (_sealer)
+        self._sealer = KeptSealer(self._directory())  # what signs a save here
         try:
             marker = self.store.open(MARKER, marker_json(), create=create)
             self._layout = LAYOUT_VERSION if marker is None else self._layout_of(marker)
@@ -562,25 +562,6 @@ class Repo:
                 seal: Callable[[builtins.list[str]], dict[str, Any]] | None = None) -> VersionInfo:
         """Publish one new version of ``name`` (:func:`~modulelens.repo.publish.publish`)."""
         return publish(self, name, [metadata], seal, [None])[0]
-
-    def _sealer(self) -> Callable[[builtins.list[str]], dict[str, Any]] | None:
-        """What signs a capture saved here (``TrustPolicy.sealer``), made once per key file (the
-        environment that names it) and kept:
-        finding the key and this directory's identity again was 13 system calls of every save (a
-        third of a small save's Python work besides its files). Kept as the store keeps its marker
-        key: a key replaced or a repo moved while this object lives signs as before, and such a
-        capture then counts as not the user's own (the safe side). ``None`` is never kept, so a key
-        created later signs the next save."""
-        own = self._directory()
-        if own is None:
-            return None
-        where = (os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))  # what names the key file (key_file)
-        if self._kept_sealer is None or self._kept_sealer[0] != where:
-            sealer = TrustPolicy(own_repo=own).sealer()
-            if sealer is None:
-                return None
-            self._kept_sealer = (where, sealer)
-        return self._kept_sealer[1]
 
     def _upgrade_layout(self) -> None:
         """Mark an older repo with this layout before writing anything only it reads (packs, the

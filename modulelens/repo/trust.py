@@ -111,6 +111,27 @@ class TrustPolicy:
         return None if self.own_repo is None else capture_sealer(self.own_repo)
 
 
+class KeptSealer:
+    """What signs a capture saved into the repo at ``root`` (:meth:`TrustPolicy.sealer`), made once
+    per key location (the environment that names the key file) and kept: finding the key and the
+    repo's identity again was 13 system calls of every small save (issue 37). A key replaced or a
+    repo moved meanwhile signs as before, and such a capture then counts as not the user's own (the
+    safe side). ``None`` is not kept: a key created later signs the next save."""
+
+    def __init__(self, root: Path | None) -> None:
+        self._root = root
+        self._kept: tuple[tuple[str | None, str | None], Callable[[list[str]], dict[str, object]]] | None = None
+
+    def __call__(self) -> Callable[[list[str]], dict[str, object]] | None:
+        where = (os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))  # what names the key file (key_file)
+        if self._kept is None or self._kept[0] != where:
+            sealer = TrustPolicy(own_repo=self._root).sealer()
+            if sealer is None:
+                return None
+            self._kept = (where, sealer)
+        return self._kept[1]
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Whether a capture is the current user's own, saved into this repo (and if not, why not)."""
