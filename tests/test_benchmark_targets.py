@@ -66,8 +66,10 @@ def test_every_issue_37_target_has_a_row_and_says_not_run_without_results(run_al
 
 def test_a_row_takes_only_the_size_it_names(run_all: ModuleType, tmp_path: Path) -> None:
     # a quick run: load at 0.1 GiB in 16 files, the capture page of 1 GiB, the repo page at 2,000 versions
-    _write(tmp_path, "save_load", {"ratios": {"load_vs_mmap_recipe_0.1gib": 0.9, "load_vs_mmap_recipe_0.1gib_16files": 0.9,
-                                              "load_vs_mmap_recipe_2gib": 1.3, "cold_load_vs_mmap_recipe_2gib": 0.4}})
+    _write(tmp_path, "save_load", {"weight_bytes": 134250496,  # the full table of 0.1 GiB (2 x Linear(4096))
+                                   "ratios": {"load_vs_mmap_recipe_0.1gib": 0.9, "load_vs_mmap_recipe_0.1gib_16files": 0.9,
+                                              "load_vs_mmap_recipe_2gib": 1.3, "cold_load_vs_mmap_recipe_2gib": 0.4,
+                                              "save_vs_safetensors_fsync": 7.7}})
     _write(tmp_path, "ui", {"capture_page_cold_s": 0.2, "capture_payload_bytes": 1 << 30,
                             "sizes": {"2000": {"repo_page_s": 0.04, "repo_page_first_byte_s": 0.01}}})
     rows = _rows(run_all.targets_table(tmp_path))
@@ -80,6 +82,7 @@ def test_a_row_takes_only_the_size_it_names(run_all: ModuleType, tmp_path: Path)
     assert row("load to runnable, 2 GiB / the mmap recipe")[1:] == ["1.30×", "≤ 1.20×", "**no**"]
     assert row("cold (files dropped from the page cache), 2 GiB")[1:] == ["0.40×", "≤ 1.00×", "yes"]
     assert row("4 GiB capture, cold")[1] == "not run"
+    assert row("1 GiB save, durable")[1] == "not run"
     assert row("100,000 versions: first byte")[1] == "not run"
     assert row("UI repo page of 2,000 versions")[:4] == ["26", "40 ms", "≤ 300 ms", "yes"]
 
