@@ -12,7 +12,8 @@
   have to do. Several sizes (``--versions 1000,10000,100000``) show cost against size. Up to 10,000
   versions the repo is made by saving each version; above, by committing copies of one capture's
   metadata in batches (``Repo.commit_versions``, as a push does: the same index, summaries and
-  capture files, payloads stored once): 100,000 versions in 100 s idle, 10 minutes at load 15.
+  capture files, payloads stored once): 100,000 versions in 100 s idle, 10 minutes at load 15,
+  22 minutes at load 8-13 (keep it with --work).
   Targets (issue 37): first byte under 50 ms and the 500-row page under 150 ms at 100,000 versions,
   the page's cost flat in the number of versions.
 * The capture page of a --gib GiB capture (``Big``: 16 x Linear(4096, 4096) at 1 GiB, one recorded
