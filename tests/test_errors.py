@@ -95,6 +95,38 @@ def test_a_marked_payload_of_a_few_mib_is_sampled_like_a_large_one(repo: modulel
         modulelens.load("rot", repo=repo).module  # noqa: B018
 
 
+def test_a_load_asks_the_disk_for_every_sampled_chunk_first_and_then_checks_those(repo: modulelens.Repo) -> None:
+    """Cold, a load waited for each weight file's marker and chunk in turn; it now asks for all of
+    them at once (POSIX_FADV_WILLNEED) and the checks then read exactly the chunks it asked for."""
+    with modulelens.track_init():
+        model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(3)])  # 3 weights of 4 MiB
+    with modulelens.capture(model, targets=".", repo=repo, name="three"):
+        model(torch.randn(2, 1024))
+    modulelens.load("three", repo=repo).module  # noqa: B018  (marks them)
+    events: list[tuple[str, str, int]] = []
+    real_fadvise, real_preadv = os.posix_fadvise, os.preadv
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        events.append(("ahead", os.readlink(f"/proc/self/fd/{fd}"), offset))
+        real_fadvise(fd, offset, length, advice)
+
+    def preadv(fd: int, buffers: list[bytearray], offset: int) -> int:
+        events.append(("read", os.readlink(f"/proc/self/fd/{fd}"), offset))
+        return real_preadv(fd, buffers, offset)
+
+    loaded = modulelens.load("three", repo=repo)
+    with mock.patch.object(os, "posix_fadvise", fadvise), mock.patch.object(os, "preadv", preadv):
+        loaded.module  # noqa: B018
+    assert loaded.replay().passed
+    kinds = [kind for kind, _, _ in events]
+    assert kinds.index("read") > len(kinds) - kinds[::-1].index("ahead") - 1  # every hint before any check
+    asked = {(path, offset) for kind, path, offset in events if kind == "ahead" and not path.endswith(".ok")}
+    read = [(path, offset) for kind, path, offset in events if kind == "read"]
+    assert len(read) == 3 * SAMPLED_CHUNKS
+    assert set(read) == asked  # each check reads the chunks it asked for
+    assert sum(path.endswith(".ok") for kind, path, _ in events if kind == "ahead") == 3
+
+
 def test_bit_rot_in_a_large_payload_is_caught_by_the_sampled_chunks(repo: modulelens.Repo) -> None:
     path = _weight_blob(repo, "rot", nn.Linear(2048, 2048), torch.randn(2, 2048))  # 16 MiB: 256 chunks of 64 KiB
     record, _, digests = split_marker(path.with_name(path.name + ".ok").read_bytes())
