@@ -7,7 +7,6 @@ everywhere. Nothing here imports torch at module level: ``ls`` and ``show`` must
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING
 
 from modulelens.errors import CaptureNotFoundError, UsageError
@@ -84,6 +83,8 @@ def resolve(store: Repo, ref: str) -> tuple[str, int]:
         known = store.names()
         if name in known:
             raise
+        import difflib  # here: only a misspelt name needs it (`show` starts without it, issue 37)
+
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
         close += [n for n in known if n not in close and (name in n or n.rsplit("/", 1)[-1] in name)][:3 - len(close)]
         hint = f"; did you mean: {', '.join(close)}?" if close else (

@@ -102,25 +102,25 @@ def test_an_empty_repo_and_the_default_repo(tmp_path: Path, capsys: pytest.Captu
 def test_the_location_is_the_one_repo_names(spelling: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert _quick_ls._location(spelling) == str(Path(spelling).expanduser().absolute())
+    assert _quick_ls.repo_directory(spelling) == str(Path(spelling).expanduser().absolute())
 
 
 @pytest.mark.parametrize("spelling", ["//net/x", "s3://bucket/x", "memory://x", "file:///tmp/x"])
 def test_urls_and_a_leading_double_slash_are_declined(spelling: str) -> None:
-    with pytest.raises(_quick_ls._DeclinedError):
-        _quick_ls._location(spelling)
+    with pytest.raises(_quick_ls.DeclinedError):
+        _quick_ls.repo_directory(spelling)
 
 
 @pytest.mark.parametrize("quoted", ["a", "team%2Fmlp", "_blocks%2F0", "a.b-c_d", "x" * 128, "A9%2Fb%2Fc"])
 def test_a_name_it_accepts_is_the_name_the_repo_reads(quoted: str) -> None:
-    assert _quick_ls._name(quoted) == layout.unquote_name(quoted)
+    assert _quick_ls.capture_name(quoted) == layout.unquote_name(quoted)
 
 
 @pytest.mark.parametrize("quoted", ["", ".hidden", "-x", "a%2F", "%2Fa", "a%2F%2Fb", "a%20b", "a b", "x" * 129,
                                     "ü", "a%2F..", "tëam", "a%2e"])
 def test_a_folder_that_may_not_be_a_name_is_declined(quoted: str) -> None:
-    with pytest.raises(_quick_ls._DeclinedError):
-        _quick_ls._name(quoted)
+    with pytest.raises(_quick_ls.DeclinedError):
+        _quick_ls.capture_name(quoted)
 
 
 def _head(root: Path, name: str) -> tuple[Path, dict[str, Any]]:

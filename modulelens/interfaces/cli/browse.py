@@ -98,14 +98,24 @@ def show_capture(ref: str, repo: str | None = None, ops: bool = False, show_all:
     if as_json:
         emit_json("show", result=result)
         return
-    # the whole metadata only for people: constructor arguments that are modules or tensors are
-    # written out from its constructions and tensors tables
-    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {}),
-                                                       bounded=not show_all))
+    print_show(result, meta, bounded=not show_all)
     from modulelens.interfaces.ui.discovery import capture_url  # a running `modulelens ui` of this repo
 
     if url := capture_url(store.location, result["ref"]):
         echo(f"in the browser: {url}")
+
+
+def print_show(result: dict[str, Any], meta: dict[str, Any], *, bounded: bool = True) -> None:
+    """Print ``show``'s text for people: ``result`` is ``describe``'s, ``meta`` the checked metadata
+    it describes (its constructor arguments that are modules or tensors are written out from its
+    constructions and tensors tables). Also what ``show``'s quick path prints (_quick_show.py).
+
+    Example::
+
+        print_show(describe_metadata(meta, info.to_dict(), reports), meta)
+    """
+    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {}),
+                                                       bounded=bounded))
 
 
 def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str, Any], tensors: dict[str, Any],
