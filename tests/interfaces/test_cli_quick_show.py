@@ -20,7 +20,7 @@ from modules_for_tests import DictToTuple
 
 import modulelens
 from modulelens.interfaces.cli import _quick_show, browse
-from modulelens.interfaces.cli._quick_show import described
+from modulelens.interfaces.cli._quick_show import printer
 from modulelens.interfaces.ui import discovery
 from modulelens.repo import layout
 
@@ -66,10 +66,11 @@ def _full_path(capsys: pytest.CaptureFixture[str], ref: str, repo: Path) -> str:
 
 
 def _quick(capsys: pytest.CaptureFixture[str], ref: str, repo: Path) -> str | None:
-    found = described({"ref": ref, "repo": str(repo)})
-    if found is None:
+    show = printer({"ref": ref, "repo": str(repo)})
+    if show is None:
         return None
-    browse.print_show(*found)
+    assert capsys.readouterr().out == ""  # nothing printed before it is all read and checked
+    show()
     return capsys.readouterr().out
 
 
@@ -226,9 +227,9 @@ def test_a_damaged_or_forged_capture_file_is_refused_as_before(healthy: Path, tm
     """Declined by the quick reader, so the whole command (``python -m modulelens show``) refuses it
     with the ``Repo`` path's error and exit code, exactly as the typer command does."""
     root = _copy(healthy, tmp_path)
-    assert described({"ref": "team/mlp:golden", "repo": str(root)}) is not None
+    assert printer({"ref": "team/mlp:golden", "repo": str(root)}) is not None
     change(root)
-    assert described({"ref": "team/mlp:golden", "repo": str(root)}) is None
+    assert printer({"ref": "team/mlp:golden", "repo": str(root)}) is None
     env = subprocess_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     argv = ["show", "team/mlp:golden", "--repo", str(root)]
     direct = subprocess.run([PYTHON, "-m", "modulelens", *argv], capture_output=True, text=True, env=env, timeout=120)
@@ -285,9 +286,9 @@ def _ui_running(root: Path) -> None:
                          ids=lambda change: change.__name__)
 def test_anything_unusual_is_declined_to_the_repo_path(healthy: Path, tmp_path: Path, change: Any) -> None:
     root = _copy(healthy, tmp_path)
-    assert described({"ref": "team/mlp:golden", "repo": str(root)}) is not None
+    assert printer({"ref": "team/mlp:golden", "repo": str(root)}) is not None
     change(root)
-    assert described({"ref": "team/mlp:golden", "repo": str(root)}) is None
+    assert printer({"ref": "team/mlp:golden", "repo": str(root)}) is None
 
 
 @pytest.mark.parametrize("keywords", [
@@ -297,12 +298,12 @@ def test_anything_unusual_is_declined_to_the_repo_path(healthy: Path, tmp_path: 
     {"ref": "wandb://entity/project/collection:v1"}, {"repo": "s3://bucket/repo"}, {"repo": "/nonexistent/repo"},
 ])
 def test_options_errors_and_other_repos_are_the_repo_paths(healthy: Path, keywords: dict[str, Any]) -> None:
-    assert described({"ref": "team/mlp:golden", "repo": str(healthy), **keywords}) is None
+    assert printer({"ref": "team/mlp:golden", "repo": str(healthy), **keywords}) is None
 
 
 def test_a_size_limit_is_the_repo_paths(healthy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODULELENS_MAX_METADATA_MIB", "1")
-    assert described({"ref": "team/mlp", "repo": str(healthy)}) is None
+    assert printer({"ref": "team/mlp", "repo": str(healthy)}) is None
 
 
 def test_a_plain_show_imports_neither_the_repo_nor_typing_extensions(healthy: Path, tmp_path: Path) -> None:

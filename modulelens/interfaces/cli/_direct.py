@@ -120,14 +120,11 @@ def run(argv: list[str]) -> bool:
         if text is not None:
             sys.exit(_write(text))
     if command == "show":
-        from modulelens.interfaces.cli._quick_show import described
+        from modulelens.interfaces.cli._quick_show import printer
 
-        found = described(keywords)  # a plain show of a local repo, without the repo package; else None
-        if found is not None:
-            from modulelens.interfaces.cli.browse import print_show
-
-            result, meta = found
-            sys.exit(run_reporting(command, print_show, {"result": result, "meta": meta}))
+        show = printer(keywords)  # a plain show of a local repo, read and checked without the repo package
+        if show is not None:
+            sys.exit(run_reporting(command, show, {}))
     from modulelens.interfaces.cli import browse
 
     functions: dict[str, Callable[..., None]] = {"ls": browse.list_captures, "show": browse.show_capture}

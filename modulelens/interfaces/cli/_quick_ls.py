@@ -184,15 +184,14 @@ def _name_rows(name: str, versions_folder: str, folder: str, raw: bytes) -> list
 
 
 class NameIndex:
-    """One name's index as :func:`name_index` read it: ``latest`` (the head's, 0 when none),
-    ``aliases`` (the head's, alias -> version), ``aliases_of`` (version -> the aliases ``ls`` lists,
-    ``latest`` first) and ``entries`` (version -> its log entry)."""
+    """One name's index as :func:`name_index` read it (a plain class: a dataclass or NamedTuple
+    would import what ``ls`` starts without)."""
 
     __slots__ = ("aliases", "aliases_of", "entries", "latest")
-
-    def __init__(self, latest: int, aliases: dict[str, int], aliases_of: dict[int, tuple[str, ...]],
-                 entries: dict[int, dict[str, Any]]) -> None:
-        self.latest, self.aliases, self.aliases_of, self.entries = latest, aliases, aliases_of, entries
+    latest: int  # the head's latest version, 0 when none
+    aliases: dict[str, int]  # the head's aliases
+    aliases_of: dict[int, tuple[str, ...]]  # version -> the aliases `ls` lists, `latest` first
+    entries: dict[int, dict[str, Any]]  # version -> its log entry
 
 
 def name_index(folder: str, raw: bytes) -> NameIndex:
@@ -233,7 +232,9 @@ def name_index(folder: str, raw: bytes) -> NameIndex:
         by_version[number] = (*by_version.get(number, ()), alias)
     if latest:
         by_version[latest] = (LATEST, *by_version.get(latest, ()))
-    return NameIndex(stored_latest, aliases, by_version, entries)
+    index = NameIndex()
+    index.latest, index.aliases, index.aliases_of, index.entries = stored_latest, aliases, by_version, entries
+    return index
 
 
 def _log_entries(data: bytes, used: int) -> dict[int, dict[str, Any]]:

@@ -15,7 +15,7 @@ It does so only for the plain case: ``show REF`` (no ``--ops``, ``--all`` or ``-
 local repo of the current layout whose name's head is intact, with no write in progress, no edited
 notes, no stored reports for the version and no running ``modulelens ui`` (whose address ``show``
 would print). Anything else, a damaged, forged or invalid ``capture.json`` included, is *declined*:
-:func:`described` returns ``None`` having printed nothing, and ``show`` runs through ``Repo``,
+:func:`printer` returns ``None`` having printed nothing, and ``show`` runs through ``Repo``,
 which refuses, repairs or explains exactly as it always has. tests/interfaces/test_cli_quick_show.py
 compares the two paths byte for byte and checks each refusal.
 """
@@ -42,6 +42,7 @@ from modulelens.interfaces.cli._quick_ls import (
 
 _TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if _TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 CAPTURE_FILE = "capture.json"  # repo/layout.py
@@ -52,31 +53,34 @@ _ALIAS_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _ALIAS_REST = _ALIAS_FIRST | frozenset("0123456789._-")
 
 
-def described(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """``(describe's result, the checked metadata)`` of the version a plain ``show`` names in
-    ``keywords`` (the ``browse.show_capture`` keywords), or ``None`` when this reader declines (see
-    the module docstring); nothing is printed here.
+def printer(keywords: dict[str, object]) -> Callable[[], None] | None:
+    """What prints a plain ``show`` of the version ``keywords`` names (the ``browse.show_capture``
+    keywords), read and checked; ``None`` when this reader declines (see the module docstring).
+    Nothing is printed here, and nothing is left to check when it prints.
 
     Example::
 
-        found = described({"ref": "team/mlp:v2", "repo": "/data/captures"})
-        if found is not None:
-            browse.print_show(*found)
+        show = printer({"ref": "team/mlp:v2", "repo": "/data/captures"})
+        if show is not None:
+            show()   # what `modulelens show team/mlp:v2 --repo /data/captures` prints
     """
     if set(keywords) - {"ref", "repo"} or "MODULELENS_MAX_METADATA_MIB" in os.environ or os.name != "posix":
         return None  # --ops, --all, --json; another size limit; a system without O_NOFOLLOW
+    repo, ref = keywords.get("repo"), keywords.get("ref")
+    if not isinstance(ref, str) or not (repo is None or isinstance(repo, str)):
+        return None
     from modulelens.errors import CorruptCaptureError
 
     try:
-        root = repo_directory(keywords.get("repo"))
+        root = repo_directory(repo)
         if _ui_announced():
             return None  # `show` prints a running UI's address for the capture: discovery.py's to find
-        return _described(root, keywords["ref"])
+        return _printer(root, ref)
     except (DeclinedError, OSError, ValueError, RecursionError, CorruptCaptureError):
         return None  # the Repo path reads it again and says what is wrong, as it always has
 
 
-def _described(root: str, ref: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _printer(root: str, ref: str) -> Callable[[], None]:
     check_layout(root)
     name, _, selector = ref.partition(":")
     quoted = name.replace("/", "%2F")
@@ -97,14 +101,27 @@ def _described(root: str, ref: str) -> tuple[dict[str, Any], dict[str, Any]]:
         raise DeclinedError  # a linked version folder; reports to read and check (repo/reports.py)
     where = f"{version_folder}/{CAPTURE_FILE}"
     raw = read_file(where, METADATA_BYTES)
-    meta = _checked(raw, where)
+    from modulelens.format.validated import validated_capture
+
+    # parsed and checked as Repo.read_metadata does, the collector paused as there (parsing makes
+    # many objects and no cycle); the validator raises CorruptCaptureError: declined
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        meta: dict[str, Any] = json.loads(raw)
+        validated_capture(meta, raw, where)
+    finally:
+        if collecting:
+            gc.enable()
+    from modulelens.interfaces.cli.browse import print_show
     from modulelens.restore.summary import describe_metadata
 
     listed = listing_row(name, version, f"{folder}/versions/", index.aliases_of.get(version, ()), {
         "created": meta.get("created", ""), "tags": list(meta.get("tags", ())),  # repo/index.py version_entry
         "nbytes": sum(t["nbytes"] for t in meta.get("tensors", {}).values() if t.get("payload")),
         "module_class": meta.get("module", {}).get("class", ""), "calls": len(meta.get("calls", ())), "blobs": []})
-    return describe_metadata(meta, listed, []), meta
+    result = describe_metadata(meta, listed, [])  # no reports: a version with some was declined above
+    return lambda: print_show(result, meta)
 
 
 def _version(folder: str, latest: int, aliases: dict[str, int], selector: str) -> int:
@@ -125,22 +142,6 @@ def _version(folder: str, latest: int, aliases: dict[str, int], selector: str) -
     if number != aliases[selector]:
         raise DeclinedError  # an alias being moved: Repo reads its file and looks again
     return number
-
-
-def _checked(raw: bytes, where: str) -> dict[str, Any]:
-    """``capture.json``'s document, parsed and checked as ``Repo.read_metadata`` checks it (the
-    collector paused as there: parsing makes many objects and no cycle)."""
-    from modulelens.format.validated import validated_capture
-
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        metadata: dict[str, Any] = json.loads(raw)
-        validated_capture(metadata, raw, where)
-    finally:
-        if paused:
-            gc.enable()
-    return metadata
 
 
 def _ui_announced() -> bool:
