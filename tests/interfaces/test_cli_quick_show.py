@@ -83,6 +83,7 @@ def _copy(healthy: Path, tmp_path: Path) -> Path:
 def test_what_it_knows_of_the_layout_is_the_repos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (_quick_show.CAPTURE_FILE, _quick_show.REPORTS, _quick_show.NOTES_FILE) == (
         layout.CAPTURE_FILE, layout.REPORTS, layout.NOTES_FILE)
+    assert _quick_show.REPORT_BYTES == layout.read_limit(layout.reports_key("a", 1) + "/verify-1.json")[0]
     assert _quick_show.UI_PREFIX == discovery._PREFIX
     for runtime in (None, tmp_path / "run"):  # where discovery.py looks, with and without a runtime folder
         if runtime is not None:
@@ -255,8 +256,39 @@ def test_an_edited_document_that_is_still_valid_shows_as_through_repo(healthy: P
     assert quick == _full_path(capsys, "team/mlp:v2", root)
 
 
-def _reports(root: Path) -> None:
+def test_stored_reports_show_as_through_repo(healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _copy(healthy, tmp_path)
+    repo = modulelens.Repo(root)
+    for passed in (True, False):
+        repo.add_report("team/mlp:v2", "verify", {"passed": passed, "note": HOSTILE})
+    repo.add_report("team/mlp:v2", "profile", {"median_ms": 1.5})
+    quick = _quick(capsys, "team/mlp:golden", root)
+    assert quick is not None and quick.count("report: verify ") == 2 and "report: profile " in quick
+    assert quick == _full_path(capsys, "team/mlp:golden", root)
+
+
+def _report_file(root: Path) -> Path:
     modulelens.Repo(root).add_report("team/mlp:v2", "verify", {"passed": True})
+    return next((_capture_file(root).parent / "reports").glob("*.json"))
+
+
+def _damaged_report(root: Path) -> None:
+    _report_file(root).write_text("{not json")
+
+
+def _not_a_report(root: Path) -> None:
+    _report_file(root).write_text('{"passed": "yes"}')
+
+
+def _linked_report(root: Path) -> None:
+    path = _report_file(root)
+    moved = path.with_name("elsewhere")
+    path.rename(moved)
+    path.symlink_to(moved)
+
+
+def _reports_not_a_folder(root: Path) -> None:
+    (_capture_file(root).parent / "reports").write_text("")
 
 
 def _notes(root: Path) -> None:
@@ -282,7 +314,8 @@ def _ui_running(root: Path) -> None:
     (folder / f"{discovery._PREFIX}{os.getpid()}.json").write_text(json.dumps({"url": "http://x", "pid": 1}))
 
 
-@pytest.mark.parametrize("change", [_reports, _notes, _moving_alias, _torn_head, _old_marker, _ui_running],
+@pytest.mark.parametrize("change", [_damaged_report, _not_a_report, _linked_report, _reports_not_a_folder,
+                                    _notes, _moving_alias, _torn_head, _old_marker, _ui_running],
                          ids=lambda change: change.__name__)
 def test_anything_unusual_is_declined_to_the_repo_path(healthy: Path, tmp_path: Path, change: Any) -> None:
     root = _copy(healthy, tmp_path)

@@ -13,7 +13,7 @@ so the bytes printed are the ``Repo`` path's, terminal styling and escaping incl
 
 It does so only for the plain case: ``show REF`` (no ``--ops``, ``--all`` or ``--json``) of a
 local repo of the current layout whose name's head is intact, with no write in progress, no edited
-notes, no stored reports for the version and no running ``modulelens ui`` (whose address ``show``
+notes, no report the repo would leave out and no running ``modulelens ui`` (whose address ``show``
 would print). Anything else, a damaged, forged or invalid ``capture.json`` included, is *declined*:
 :func:`printer` returns ``None`` having printed nothing, and ``show`` runs through ``Repo``,
 which refuses, repairs or explains exactly as it always has. tests/interfaces/test_cli_quick_show.py
@@ -47,6 +47,7 @@ if _TYPE_CHECKING:
 
 CAPTURE_FILE = "capture.json"  # repo/layout.py
 REPORTS = "reports"  # repo/layout.py
+REPORT_BYTES = 64 << 20  # repo/layout.py read_limit() of a report
 NOTES_FILE = "notes.json"  # repo/layout.py
 UI_PREFIX = "ui-"  # interfaces/ui/discovery.py: a running server's announcement file
 _ALIAS_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -97,8 +98,8 @@ def _printer(root: str, ref: str) -> Callable[[], None]:
     if version not in index.entries:
         raise DeclinedError  # pending, removed or never there: Repo explains
     version_folder = f"{folder}/versions/{version}"
-    if not stat.S_ISDIR(os.lstat(version_folder).st_mode) or os.path.lexists(f"{version_folder}/{REPORTS}"):
-        raise DeclinedError  # a linked version folder; reports to read and check (repo/reports.py)
+    if not stat.S_ISDIR(os.lstat(version_folder).st_mode):
+        raise DeclinedError  # a linked version folder: the store refuses it
     where = f"{version_folder}/{CAPTURE_FILE}"
     raw = read_file(where, METADATA_BYTES)
     from modulelens.format.validated import validated_capture
@@ -120,7 +121,7 @@ def _printer(root: str, ref: str) -> Callable[[], None]:
         "created": meta.get("created", ""), "tags": list(meta.get("tags", ())),  # repo/index.py version_entry
         "nbytes": sum(t["nbytes"] for t in meta.get("tensors", {}).values() if t.get("payload")),
         "module_class": meta.get("module", {}).get("class", ""), "calls": len(meta.get("calls", ())), "blobs": []})
-    result = describe_metadata(meta, listed, [])  # no reports: a version with some was declined above
+    result = describe_metadata(meta, listed, _reports(f"{version_folder}/{REPORTS}"))
     return lambda: print_show(result, meta)
 
 
@@ -142,6 +143,31 @@ def _version(folder: str, latest: int, aliases: dict[str, int], selector: str) -
     if number != aliases[selector]:
         raise DeclinedError  # an alias being moved: Repo reads its file and looks again
     return number
+
+
+def _reports(folder: str) -> list[dict[str, object]]:
+    """The version's reports as ``Repo.reports`` gives them (repo/reports.py: each ``*.json`` file
+    of its ``reports`` folder, in name order, checked by ``format/reports.validate_report``, with
+    its ``path``), declined where it would leave one out (a link, a file too large, not JSON, not a
+    report) or find the folder itself unusable."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise DeclinedError  # a link or a file where the folder belongs
+    except FileNotFoundError:
+        return []  # no report stored
+    from modulelens.format.reports import validate_report
+
+    with os.scandir(folder) as found:
+        entries = sorted((entry.name, entry.is_file(follow_symlinks=False)) for entry in found)
+    reports: list[dict[str, object]] = []
+    for file_name, plain in entries:
+        if not file_name.endswith(".json"):
+            continue
+        if not plain:
+            raise DeclinedError  # a link or a folder named like a report: Repo leaves it out
+        path = f"{folder}/{file_name}"
+        reports.append({"path": path, **validate_report(json.loads(read_file(path, REPORT_BYTES)), path)})
+    return reports
 
 
 def _ui_announced() -> bool:
