@@ -105,6 +105,20 @@ def test_a_plain_version_shows_exactly_as_through_repo(healthy: Path, capsys: py
     assert quick.splitlines()[0].startswith(ref.split(":")[0] + ":v")
 
 
+@pytest.mark.parametrize("ref", ["team/mlp", "team/mlp:golden", "ranker/attn:v1"])
+def test_json_is_exactly_as_through_repo(healthy: Path, capsys: pytest.CaptureFixture[str], ref: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    show = printer({"ref": ref, "repo": str(healthy), "as_json": True})
+    assert show is not None
+    show()
+    quick = capsys.readouterr().out
+    browse.show_capture(ref, repo=str(healthy), as_json=True)
+    assert quick == capsys.readouterr().out
+    assert json.loads(quick)["result"]["ref"].startswith(ref.split(":")[0] + ":v")
+    _ui_running(healthy)  # JSON prints no browser address: a running UI changes nothing
+    assert printer({"ref": ref, "repo": str(healthy), "as_json": True}) is not None
+
+
 def test_what_it_shows_is_the_version_named(healthy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = _quick(capsys, "team/mlp:golden", healthy) or ""
     assert text.startswith("team/mlp:v2\naliases: baseline, golden   tags: nightly, evil\\x1b]52;c;aGk=\\x07")
@@ -325,7 +339,7 @@ def test_anything_unusual_is_declined_to_the_repo_path(healthy: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("keywords", [
-    {"ops": True}, {"show_all": True}, {"as_json": True},
+    {"ops": True}, {"show_all": True}, {"ops": True, "as_json": True},
     {"ref": "team/mlp:v1"}, {"ref": "team/mlp:v9"}, {"ref": "team/mlp:v02"}, {"ref": "team/mlp:nothing"},
     {"ref": "team/mlp:"}, {"ref": "nothing"}, {"ref": "../escape"}, {"ref": "team//mlp"}, {"ref": "team/mlp:v"},
     {"ref": "wandb://entity/project/collection:v1"}, {"repo": "s3://bucket/repo"}, {"repo": "/nonexistent/repo"},

@@ -11,7 +11,7 @@ used (``format/validated.py``); ``show`` then describes it with the same functio
 (``restore/summary.describe_metadata``) and prints it with the same code (``browse.print_show``),
 so the bytes printed are the ``Repo`` path's, terminal styling and escaping included.
 
-It does so only for the plain case: ``show REF`` (no ``--ops``, ``--all`` or ``--json``) of a
+It does so only for the plain case: ``show REF`` or ``show REF --json`` (no ``--ops`` or ``--all``) of a
 local repo of the current layout whose name's head is intact, with no write in progress, no edited
 notes, no report the repo would leave out and no running ``modulelens ui`` (whose address ``show``
 would print). Anything else, a damaged, forged or invalid ``capture.json`` included, is *declined*:
@@ -65,23 +65,23 @@ def printer(keywords: dict[str, object]) -> Callable[[], None] | None:
         if show is not None:
             show()   # what `modulelens show team/mlp:v2 --repo /data/captures` prints
     """
-    if set(keywords) - {"ref", "repo"} or "MODULELENS_MAX_METADATA_MIB" in os.environ or os.name != "posix":
-        return None  # --ops, --all, --json; another size limit; a system without O_NOFOLLOW
-    repo, ref = keywords.get("repo"), keywords.get("ref")
-    if not isinstance(ref, str) or not (repo is None or isinstance(repo, str)):
+    if set(keywords) - {"ref", "repo", "as_json"} or "MODULELENS_MAX_METADATA_MIB" in os.environ or os.name != "posix":
+        return None  # --ops, --all; another size limit; a system without O_NOFOLLOW
+    repo, ref, as_json = keywords.get("repo"), keywords.get("ref"), keywords.get("as_json", False)
+    if not isinstance(ref, str) or not (repo is None or isinstance(repo, str)) or type(as_json) is not bool:
         return None
     from modulelens.errors import CorruptCaptureError
 
     try:
         root = repo_directory(repo)
-        if _ui_announced():
+        if not as_json and _ui_announced():
             return None  # `show` prints a running UI's address for the capture: discovery.py's to find
-        return _printer(root, ref)
+        return _printer(root, ref, as_json)
     except (DeclinedError, OSError, ValueError, RecursionError, CorruptCaptureError):
         return None  # the Repo path reads it again and says what is wrong, as it always has
 
 
-def _printer(root: str, ref: str) -> Callable[[], None]:
+def _printer(root: str, ref: str, as_json: bool) -> Callable[[], None]:
     check_layout(root)
     name, _, selector = ref.partition(":")
     quoted = name.replace("/", "%2F")
@@ -114,7 +114,6 @@ def _printer(root: str, ref: str) -> Callable[[], None]:
     finally:
         if collecting:
             gc.enable()
-    from modulelens.interfaces.cli.browse import print_show
     from modulelens.restore.summary import describe_metadata
 
     listed = listing_row(name, version, f"{folder}/versions/", index.aliases_of.get(version, ()), {
@@ -122,6 +121,12 @@ def _printer(root: str, ref: str) -> Callable[[], None]:
         "nbytes": sum(t["nbytes"] for t in meta.get("tensors", {}).values() if t.get("payload")),
         "module_class": meta.get("module", {}).get("class", ""), "calls": len(meta.get("calls", ())), "blobs": []})
     result = describe_metadata(meta, listed, _reports(f"{version_folder}/{REPORTS}"))
+    if as_json:  # as browse.show_capture prints it: the one JSON object, no browser address
+        from modulelens.interfaces.output import emit_json
+
+        return lambda: emit_json("show", result=result)
+    from modulelens.interfaces.cli.browse import print_show
+
     return lambda: print_show(result, meta)
 
 
