@@ -26,7 +26,7 @@ from modulelens.format.human import human_bytes, human_number
 from modulelens.interfaces.tensor_info import state_rows, tree_rows
 from modulelens.interfaces.ui import charts
 from modulelens.interfaces.ui.home import capture_home, name_href
-from modulelens.interfaces.ui.repo_view import Listing, RepoView, StoredCapture, VersionReports
+from modulelens.interfaces.ui.repo_view import Listing, RepoView, StoredCapture
 from modulelens.interfaces.ui.report_pages import report_line
 from modulelens.interfaces.ui.shown import (
     CALLS_PER_PAGE,
@@ -52,6 +52,7 @@ from modulelens.interfaces.ui.shown import (
     shown_pairs,
 )
 from modulelens.interfaces.value_text import argument_texts, construction_text, python_like, short_class, spec_leaf_window
+from modulelens.repo.reports import VersionReports
 
 SORTS = ("created", "name", "class", "size", "calls")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
