@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
 from child_process import FRESH_CLI, PYTHON, subprocess_env
 from modules_for_tests import DictToTuple
 
@@ -318,6 +319,15 @@ def _torn_head(root: Path) -> None:
     path.write_bytes(path.read_bytes().replace(b'"latest":3', b'"latest":2'))  # its checksum no longer matches
 
 
+def _latest_not_logged(root: Path) -> None:
+    """A head naming a latest version its log does not hold (as if v4 were being written)."""
+    path = root / "names" / "team%2Fmlp" / "summary.json"
+    head = json.loads(path.read_bytes())
+    body = json.dumps({**{k: v for k, v in head.items() if k != "check"}, "latest": 4, "used": 4},
+                      separators=(",", ":")).encode()[1:]
+    path.write_bytes(b'{"check":"' + xxhash.xxh3_64_hexdigest(body).encode() + b'",' + body)
+
+
 def _old_marker(root: Path) -> None:
     (root / "modulelens-repo.json").write_text('{"layout_version": 2}')
 
@@ -329,7 +339,7 @@ def _ui_running(root: Path) -> None:
 
 
 @pytest.mark.parametrize("change", [_damaged_report, _not_a_report, _linked_report, _reports_not_a_folder,
-                                    _notes, _moving_alias, _torn_head, _old_marker, _ui_running],
+                                    _notes, _moving_alias, _torn_head, _latest_not_logged, _old_marker, _ui_running],
                          ids=lambda change: change.__name__)
 def test_anything_unusual_is_declined_to_the_repo_path(healthy: Path, tmp_path: Path, change: Any) -> None:
     root = _copy(healthy, tmp_path)

@@ -95,8 +95,10 @@ def _printer(root: str, ref: str, as_json: bool) -> Callable[[], None]:
         raise DeclinedError  # tags edited after capture: repo/note_edits.py
     index = name_index(folder, read_file(f"{folder}/{SUMMARY_FILE}", METADATA_BYTES))
     version = _version(folder, index.latest, index.aliases, selector)
-    if version not in index.entries:
-        raise DeclinedError  # pending, removed or never there: Repo explains
+    if version not in index.entries or (index.latest and index.latest not in index.entries):
+        # pending, removed or never there: Repo explains; a head whose latest is not in the log
+        # (the listing would name another version latest than Repo.info does)
+        raise DeclinedError
     version_folder = f"{folder}/versions/{version}"
     if not stat.S_ISDIR(os.lstat(version_folder).st_mode):
         raise DeclinedError  # a linked version folder: the store refuses it
