@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
 
 from modulelens.errors import CorruptCaptureError
-from modulelens.format.spec import OpTraceDocument, hooks_not_rebuilt
+from modulelens.format.constants import hooks_not_rebuilt
 
-if TYPE_CHECKING:  # the repo package is ~25 ms of a fresh start: `show`'s quick path runs without it
+# typing.TYPE_CHECKING without importing typing (~2 ms), and the repo package (~25 ms) for types
+# only: `show`'s quick path (interfaces/cli/_quick_show.py) runs without either
+_TYPE_CHECKING = False
+if _TYPE_CHECKING:
+    from typing import Any
+
+    from modulelens.format.spec import OpTraceDocument
     from modulelens.repo import Repo
 
 

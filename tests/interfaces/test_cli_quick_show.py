@@ -363,9 +363,10 @@ def test_a_size_limit_is_the_repo_paths(healthy: Path, monkeypatch: pytest.Monke
     assert printer({"ref": "team/mlp", "repo": str(healthy)}) is None
 
 
-def test_a_plain_show_imports_neither_the_repo_nor_typing_extensions(healthy: Path, tmp_path: Path) -> None:
+def test_a_plain_show_imports_neither_the_repo_nor_typing(healthy: Path, tmp_path: Path) -> None:
     """What makes a fresh ``show`` fast (benchmarks/bench_cli.py): no repo package, no typer, no
-    typing_extensions, no difflib, no torch; the capture file still checked by the validator."""
+    typing (nor the spec's TypedDicts, which need it), no difflib, no torch; the capture file still
+    checked by the validator."""
     env = subprocess_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     env.pop("XDG_RUNTIME_DIR", None)
     result = subprocess.run([PYTHON, "-c", FRESH_CLI, "show", "team/mlp", "--repo", str(healthy)], capture_output=True,
@@ -376,4 +377,5 @@ def test_a_plain_show_imports_neither_the_repo_nor_typing_extensions(healthy: Pa
     assert report["code"] == 0
     loaded = set(report["modules"])
     assert {"modulelens.interfaces.cli._quick_show", "modulelens.format.validate"} <= loaded
-    assert not loaded & {"modulelens.repo", "typing_extensions", "difflib", "typer", "click", "torch", "argparse"}
+    assert not loaded & {"modulelens.repo", "modulelens.format.spec", "typing", "typing_extensions", "difflib", "typer",
+                         "click", "torch", "argparse"}
