@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import xxhash
-from child_process import FRESH_CLI, PYTHON, subprocess_env
+from child_process import FRESH_CLI, PYTHON, on_terminal, subprocess_env
 from modules_for_tests import DictToTuple
 
 import modulelens
@@ -139,31 +139,11 @@ def test_on_a_terminal_it_is_styled_and_escaped_alike(healthy: Path, capsys: pyt
 
 def test_on_a_real_terminal_both_paths_print_the_same_bytes(healthy: Path, tmp_path: Path) -> None:
     """Through a pseudo-terminal: the quick path (a fresh ``python -m modulelens``) and the typer command."""
-    import pty
-
-    def on_terminal(launcher: list[str]) -> tuple[bytes, bytes]:
-        leader, follower = pty.openpty()
-        env = subprocess_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
-        env.pop("XDG_RUNTIME_DIR", None)
-        with subprocess.Popen([*launcher, "show", "team/mlp:golden", "--repo", str(healthy)], stdout=follower,
-                              stderr=subprocess.PIPE, env=env) as process:
-            os.close(follower)
-            chunks = []
-            while True:
-                try:
-                    chunk = os.read(leader, 1 << 16)
-                except OSError:  # the terminal closed with the process
-                    break
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            assert process.wait(timeout=120) == 0
-            imports = process.stderr.read() if process.stderr else b""
-        os.close(leader)
-        return b"".join(chunks), imports
-
-    quick, imports = on_terminal([PYTHON, "-X", "importtime", "-m", "modulelens"])
-    through_typer, _ = on_terminal([PYTHON, "-c", THROUGH_TYPER])
+    env = subprocess_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("XDG_RUNTIME_DIR", None)
+    args = ["show", "team/mlp:golden", "--repo", str(healthy)]
+    quick, imports = on_terminal([PYTHON, "-X", "importtime", "-m", "modulelens", *args], env)
+    through_typer, _ = on_terminal([PYTHON, "-c", THROUGH_TYPER, *args], env)
     assert b"\x1b[1mteam/mlp:v2\x1b[0m" in quick and b"\\x1b]52;c;aGk=\\x07" in quick
     assert b"modulelens.interfaces.cli._quick_show" in imports and b"modulelens.repo" not in imports  # the quick path
     assert quick == through_typer
