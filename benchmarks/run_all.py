@@ -505,8 +505,8 @@ states, no repo package, typing or argparse imported); a plain `show REF` likewi
 from the index head and reads its `capture.json` without the repo package, checked by the same
 validator before any of it is used, and prints through the `Repo` path's own functions
 (`interfaces/cli/_quick_show.py`; `tests/interfaces/test_cli_quick_show.py`: the same bytes on a pipe
-and a terminal, damaged or forged capture files refused as before, no repo package or
-typing_extensions imported); `tests/interfaces/test_cli_direct.py` checks that `ls` and `show` import
+and a terminal, damaged or forged capture files refused as before, neither the repo package nor
+typing imported); `tests/interfaces/test_cli_direct.py` checks that `ls` and `show` import
 neither torch, typer nor rich, and `tests/interfaces/test_cli.py` that `--help` and `--version`
 import neither torch nor numpy. Rows: `modulelens ...` is `python -m modulelens` and `console
 script: ...` the `modulelens` script of this environment, where the checkout is installed editable
