@@ -612,12 +612,17 @@ def _cli(results: Path, record: dict[str, Any]) -> str:
 {_command(record, 'bench_cli.py', data)}: each command in a fresh process, stdout to a pipe,
 medians of interleaved rounds; `ls` and `show` on a repo of {data.get('versions', '?')} versions.
 "Printing the index" is plain Python reading what the repo stores for a listing (each name's index
-head and log) with `json` and printing a line per version: the floor of `ls` (the target:
-≤ 1.5×). A plain `ls` or `show` runs without importing typer (`interfaces/cli/_direct.py`), and a
-plain `ls` of a local repo in its healthy state reads the index files itself with only `json` and
-`xxhash` imported, declining anything unusual to the `Repo` path (`interfaces/cli/_quick_ls.py`;
-`tests/interfaces/test_cli_quick_ls.py`: the same bytes, the declined states, no repo package, typing
-or argparse imported); `tests/interfaces/test_cli_direct.py` checks that `ls` and `show` import
+head and log) with `json` and printing a line per version: the floor of `ls` and `show` (issue 37's
+target for both: ≤ 1.5×). A plain `ls` or `show` runs without importing typer
+(`interfaces/cli/_direct.py`), and a plain `ls` of a local repo in its healthy state reads the index
+files itself with only `json` and `xxhash` imported, declining anything unusual to the `Repo` path
+(`interfaces/cli/_quick_ls.py`; `tests/interfaces/test_cli_quick_ls.py`: the same bytes, the declined
+states, no repo package, typing or argparse imported); a plain `show REF` likewise finds the version
+from the index head and reads its `capture.json` without the repo package, checked by the same
+validator before any of it is used, and prints through the `Repo` path's own functions
+(`interfaces/cli/_quick_show.py`; `tests/interfaces/test_cli_quick_show.py`: the same bytes on a pipe
+and a terminal, damaged or forged capture files refused as before, neither the repo package nor
+typing imported); `tests/interfaces/test_cli_direct.py` checks that `ls` and `show` import
 neither torch, typer nor rich, and `tests/interfaces/test_cli.py` that `--help` and `--version`
 import neither torch nor numpy. Rows: `modulelens ...` is `python -m modulelens` and `console
 script: ...` the `modulelens` script of this environment, where the checkout is installed editable
