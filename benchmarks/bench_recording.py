@@ -2,7 +2,7 @@
 submodules are recorded, modulelens against nnsight (https://nnsight.net), and both against the
 same work untraced.
 
-    python benchmarks/bench_recording.py [--steps 20] [--rounds 9] [--train-steps 6] [--train-rounds 5]
+    python benchmarks/bench_recording.py [--steps 20] [--rounds 9] [--train-steps 6] [--train-rounds 5] [--only train]
 
 Each contender records the same thing on its own copy of the model: every call's inputs and output of
 the four targets.
@@ -192,11 +192,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--train-steps", type=int, default=6, help="training steps per round (GPT-2-small row)")
-    parser.add_argument("--train-rounds", type=int, default=5)
+    # at most --steps/--rounds, so run_all.py's quick check (--steps 3 --rounds 3) stays quick
+    parser.add_argument("--train-steps", type=int, help="training steps per round (GPT-2-small row; default 6)")
+    parser.add_argument("--train-rounds", type=int, help="rounds of the training-step row (default 5)")
     parser.add_argument("--train-tokens", type=int, default=64, help="tokens per sequence of the training step")
     parser.add_argument("--only", choices=("forward", "train"), help="one kind of row only")
     args = parser.parse_args()
+    args.train_steps = args.train_steps or min(6, args.steps)
+    args.train_rounds = args.train_rounds or min(5, args.rounds)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     modulelens.track_init()
