@@ -163,7 +163,7 @@ def make_base_capture(repo: modulelens.Repo, name: str = "victim") -> str:
         handle.stop()
     with modulelens.capture(model, targets=["0"], repo=repo, name=name, strict=True) as cap:
         model(torch.randn(2, 4))
-    return cap.saved[0].ref
+    return cap.wait()[0].ref  # a remote repo's version exists once its background upload ended
 
 
 def plant(repo: modulelens.Repo, ref: str, case: Case, marker: Path) -> None:

@@ -29,6 +29,15 @@ def write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
+def read_json(path: Path) -> Any:
+    """What a worker process wrote with :func:`write_json`, or ``None`` when it wrote nothing
+    readable (it died first, or was killed mid-way)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def error_text(error: BaseException) -> str:
     """``Type: message`` and the last frames of the traceback, bounded in size."""
     lines = traceback.format_exception(type(error), error, error.__traceback__)

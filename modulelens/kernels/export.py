@@ -42,7 +42,7 @@ from modulelens.errors import KernelError, RestoreError, UnsupportedValueError, 
 from modulelens.format.op_watch import OpCounter
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.format.values import is_state_object, state_attributes
-from modulelens.kernels.exchange import load_tensors
+from modulelens.kernels.exchange import load_tensors, read_json
 from modulelens.kernels.inline import ClassSource, inlined_class_source
 from modulelens.kernels.problems import (
     MAX_CALLS,
@@ -683,7 +683,7 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
                    str(work / "spec.json")]
         run = run_isolated(command, env=worker_env("cpu", candidate=True), cwd=work, timeout=timeout, logs=work / "logs")
         result["process"] = {"returncode": run["returncode"], "timed_out": run["timed_out"], "seconds": run["seconds"]}
-        ran = _json_or_none(work / "out" / "result.json")
+        ran = read_json(work / "out" / "result.json")
         if run["timed_out"]:
             result["error"] = f"timed out after {timeout:g} s" + (f" (during {ran['phase']})" if ran else "")
             return result
@@ -715,10 +715,3 @@ def check_problem(problem: Path, outputs: dict[str, torch.Tensor], expected: lis
 def _uncompared_value(value: object) -> bool:
     """None, or an object the worker could only describe (``{"repr": ...}``): not compared."""
     return value is None or (isinstance(value, dict) and "repr" in value)
-
-
-def _json_or_none(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

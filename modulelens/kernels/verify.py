@@ -46,7 +46,7 @@ from modulelens.errors import CandidateError, UsageError
 from modulelens.format.op_trace import OpTrace
 from modulelens.format.tensors import dtype_name, hash_bytes
 from modulelens.format.validate_trace import validate_op_trace
-from modulelens.kernels.exchange import decode_arg, load_tensors, save_tensors
+from modulelens.kernels.exchange import decode_arg, load_tensors, read_json, save_tensors
 from modulelens.kernels.exploits import fail
 from modulelens.kernels.judging import Expected, compare_samples, runtime_checks
 from modulelens.kernels.options import KERNEL_TIMING, CandidatePolicy, KernelChecks
@@ -407,8 +407,8 @@ def _run_candidate(report: ReportData, capture: Capture, workdir: Path, source: 
     cand_out.mkdir()
     run = _candidate_process(capture, workdir, data_dir, problem_data, settings, cand_out, {})
     report["runtime"]["candidate_process"] = dict(run)
-    progress = _json_or_none(cand_out / "progress.json") or {}
-    result = _json_or_none(cand_out / "candidate.json")
+    progress = read_json(cand_out / "progress.json") or {}
+    result = read_json(cand_out / "candidate.json")
     if run["timed_out"]:
         phase = progress.get("phase", "start")
         where = f"while running {progress['sample']}" if phase == "call" else (
@@ -466,7 +466,7 @@ def _locate(report: ReportData, capture: Capture, info: dict[str, Any], workdir:
     out_dir.mkdir()
     run = _candidate_process(capture, workdir, data_dir, workdir / "problem-data", settings, out_dir,
                              {"trace_sample": failed, "trace_values": LOCATE_LIMITS.values_bytes})
-    written = _json_or_none(out_dir / "trace.json")
+    written = read_json(out_dir / "trace.json")
     if run["timed_out"] or written is None:
         report["notes"].append(f"locating the first divergence on {sample['id']} failed: the candidate's traced run "
                                + ("timed out" if run["timed_out"] else f"exited with {run['returncode']}"))
@@ -502,7 +502,7 @@ def _reference_trace(capture: Capture, info: dict[str, Any], sample: dict[str, A
 
 def _candidate_step(cand_out: Path) -> str:
     """What the candidate process is doing, from the progress file it writes."""
-    progress = _json_or_none(cand_out / "progress.json") or {}
+    progress = read_json(cand_out / "progress.json") or {}
     phase = {"call": "running", "timing": "timing"}.get(progress.get("phase", ""), progress.get("phase", "starting"))
     return f"candidate process: {phase}" + (f" {progress['sample']}" if progress.get("sample") else "")
 
@@ -539,12 +539,6 @@ def _torch_ops_check(report: ReportData, result: dict[str, Any], allowed: bool) 
                                         "kernels; pass --allow-torch-ops (CandidatePolicy(allow_torch_ops=True)) to "
                                         "accept a mixed candidate")
 
-
-def _json_or_none(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _timing(report: ReportData, info: dict[str, Any], result: dict[str, Any]) -> None:

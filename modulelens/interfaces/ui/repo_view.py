@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +31,7 @@ from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError
 from modulelens.interfaces import session
 from modulelens.interfaces.ui.shown import as_text
 from modulelens.repo.files import open_regular
+from modulelens.repo.reports import VersionReports
 
 if TYPE_CHECKING:
     import torch
@@ -211,73 +211,6 @@ class StoredCapture:
         return texts
 
 
-# The time in a report's file name, as the tools name them (``KIND-YYYYmmddTHHMMSSZ-ID.json``:
-# modulelens.repo.reports.add_report); a pushed report keeps its name.
-_REPORT_STAMP = re.compile(r"-(\d{8}T\d{6}Z)-")
-
-
-class VersionReports:
-    """The reports stored with one version, newest first, read and checked only where a page shows
-    them: the file names are listed (one directory read), a window of them read and checked
-    (:func:`~modulelens.repo.reports.parse_report`) when asked. Reading and checking all 3,000 of a
-    version's reports took 0.1 s once cached and 0.75 s for a first view, on every request, for a
-    page that shows 20 (benchmarks/bench_ui.py --huge).
-
-    Newest first is by the time in each file name, then the name (``created`` inside a file is
-    known only once it is read); a file named otherwise (a report pushed from elsewhere) comes last.
-    """
-
-    def __init__(self, repo: Repo, name: str, version: int) -> None:
-        from modulelens.repo.layout import reports_key
-
-        self._repo = repo
-        self.ref = f"{name}:v{version}"
-        folder = reports_key(name, version)
-        self.problem: str | None = None  # the folder itself cannot be read (a link, not a folder)
-        try:
-            files = [f for f in repo.store.files(folder) if f.endswith(".json")]
-        except CorruptCaptureError as error:
-            files, self.problem = [], str(error)
-        files.sort(key=lambda f: (_report_stamp(f), f), reverse=True)
-        self.files = files
-        self._folder = folder
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def count(self, kind: str) -> int:
-        """How many of the files are named as ``kind`` reports (``KIND-...``)."""
-        return sum(f.startswith(kind + "-") for f in self.files)
-
-    def read(self, start: int = 0, stop: int | None = None, *,
-             kind: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-        """Files ``start:stop`` (of those named as ``kind`` reports, when given), read and checked:
-        the reports, each with its ``path``, and one line for each file that is not a report (naming
-        it and why; the folder's own problem first)."""
-        files = [f for f in self.files if f.startswith(kind + "-")] if kind is not None else self.files
-        keys = [f"{self._folder}/{f}" for f in files[start:stop]]
-        from modulelens.repo.reports import parse_report
-
-        found = self._repo.store.read_many(keys)
-        reports: list[dict[str, Any]] = []
-        problems = [self.problem] if self.problem and start == 0 else []
-        for key in keys:
-            where = f"report {key.rsplit('/', 1)[-1]}"
-            if key not in found:
-                problems.append(f"{where}: cannot be read (removed meanwhile, or not a regular file)")
-                continue
-            try:
-                reports.append({"path": str(self._repo.store.where(key)), **parse_report(found[key], where)})
-            except CorruptCaptureError as error:
-                problems.append(str(error))
-        return reports, problems
-
-
-def _report_stamp(filename: str) -> str:
-    match = _REPORT_STAMP.search(filename)
-    return match.group(1) if match else ""
-
-
 class RepoView:
     """The repo a UI serves, with the caches that make its pages fast.
 
@@ -291,7 +224,7 @@ class RepoView:
         self.repo = repo
         self._lock = threading.Lock()
         self._captures: OrderedDict[tuple[str, int], StoredCapture] = OrderedDict()
-        self._summaries: OrderedDict[tuple[str, int, str], dict[str, Any]] = OrderedDict()
+        self._summaries: OrderedDict[tuple[str, int, str, int], dict[str, Any]] = OrderedDict()
         self._jobs: dict[str, dict[str, Any] | None] = {}
         self._drawn: OrderedDict[tuple[str, ...], Any] = OrderedDict()
         self._scan: threading.Thread | None = None
@@ -445,15 +378,17 @@ class RepoView:
         self._remember_job(found.ref, found.metadata.get("environment"))
         return found
 
-    def summary(self, capture: StoredCapture, tid: str) -> dict[str, Any]:
-        """:func:`~modulelens.interfaces.tensor_info.tensor_summary` of one tensor, kept."""
-        from modulelens.interfaces.tensor_info import tensor_summary
+    def summary(self, capture: StoredCapture, tid: str, limit: int | None = None) -> dict[str, Any]:
+        """:func:`~modulelens.interfaces.tensor_info.tensor_summary` of one tensor from a sample of
+        at most ``limit`` values (default :data:`~modulelens.interfaces.tensor_info.SAMPLE_ELEMENTS`), kept."""
+        from modulelens.interfaces.tensor_info import SAMPLE_ELEMENTS, tensor_summary
 
-        key = (capture.name, capture.version, tid)
+        limit = SAMPLE_ELEMENTS if limit is None else limit
+        key = (capture.name, capture.version, tid, limit)
         with self._lock:
             found = self._summaries.get(key)
         if found is None:
-            found = tensor_summary(capture, tid, sample=capture.sample)
+            found = tensor_summary(capture, tid, limit=limit, sample=capture.sample)
             with self._lock:
                 self._summaries[key] = found
                 while len(self._summaries) > _SUMMARIES:

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from modulelens.interfaces.ui import charts
-from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture, VersionReports
+from modulelens.interfaces.ui.repo_view import RepoView, StoredCapture
 from modulelens.interfaces.ui.shown import (
     PLOTTED_PROFILES,
     REPORT_JSON,
@@ -39,6 +39,7 @@ from modulelens.interfaces.ui.shown import (
     shown_ratio,
     when,
 )
+from modulelens.repo.reports import VersionReports
 
 _VERDICTS = ("PASS", "FAIL", "UNVERIFIED")
 
