@@ -1,7 +1,8 @@
-"""Recording overhead: a forward pass while the inputs and outputs of chosen submodules are recorded,
-modulelens against nnsight (https://nnsight.net), and both against the same forward untraced.
+"""Recording overhead: a forward pass, and a training step, while the inputs and outputs of chosen
+submodules are recorded, modulelens against nnsight (https://nnsight.net), and both against the
+same work untraced.
 
-    python benchmarks/bench_recording.py [--steps 20] [--rounds 9]
+    python benchmarks/bench_recording.py [--steps 20] [--rounds 9] [--train-steps 6] [--train-rounds 5] [--only train]
 
 Each contender records the same thing on its own copy of the model: every call's inputs and output of
 the four targets.
@@ -13,7 +14,17 @@ the four targets.
                  recorded before timing starts): what the rest of a job pays once recording is over
 Each contender has its own copy of the model (same weights); every step runs the four in a
 different order (all 24 in turn), --steps steps per round (a fresh capture each round), and the
-ratios are medians of per-step ratios. The models run with their default settings (a transformers model built from a
+ratios are medians of per-step ratios.
+
+The training-step row is issue 37's own case: transformers' GPT-2-small (its default config: 12
+layers, 768 wide, 50,257 tokens; train mode, dropout on), one step = forward, the model's own
+language-modelling loss, backward and an AdamW step, each contender with its own model copy and
+optimizer, 4 blocks recorded. nnsight saves the same blocks' inputs and outputs inside its trace and
+the loss; backward and the step run after the trace. The optimizer changes the blocks' weights every
+step, so modulelens records a new state of each block's weights at every recorded call (large ones
+streamed to the repo in the background, tracing/weights.py), as a user recording a training run
+with Recording(max_calls=N) gets; the benchmark checks that each recorded call has its own state.
+The models run with their default settings (a transformers model built from a
 config is in train mode, with caches on), on 1 thread.
 nnsight is in the `bench` extra (pip install -e ".[bench]").
 """
@@ -55,23 +66,60 @@ def _gpt2() -> tuple[nn.Module, tuple[Any, ...], list[str]]:
     return model, (ids,), [f"transformer.h.{i}" for i in range(config.n_layer)]
 
 
+def _gpt2_small(batch: int, tokens: int) -> tuple[nn.Module, tuple[Any, ...], list[str]]:
+    """GPT-2-small as transformers' default config builds it, its language-modelling loss on
+    ``batch`` x ``tokens`` random tokens; 4 of its 12 blocks recorded (one in every three)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config)
+    ids = torch.randint(0, config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    return model, (ids, ids), [f"transformer.h.{i}" for i in (0, 4, 8, 11)]
+
+
 def _recmodel() -> tuple[nn.Module, tuple[Any, ...], list[str]]:
     model = RecModel(CARDINALITIES)
     dense, sparse, _ = synthetic_batch(512, torch.Generator().manual_seed(0))
     return model, (dense, sparse), ["embeddings", "attention", "interaction", "top_mlp"]
 
 
-def _nnsight_recorder(model: nn.Module, inputs: tuple[Any, ...], targets: list[str]) -> Callable[[], list[Any]]:
-    wrapped = NNsight(model)
-    envoys = [_envoy(wrapped, name) for name in targets]
+class _Work:
+    """What one contender runs per step on its own model: a forward pass, or (``train``) a
+    training step: forward with labels, the model's own loss, backward and an AdamW step."""
 
-    def record() -> list[Any]:
+    def __init__(self, model: nn.Module, inputs: tuple[Any, ...], train: bool) -> None:
+        self.model, self.inputs, self.train = model, inputs, train
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+
+    def forward(self) -> Any:
+        if not self.train:
+            return self.model(*self.inputs)
+        ids, labels = self.inputs
+        return self.model(ids, labels=labels)
+
+    def finish(self, output: Any) -> None:
+        if self.optimizer is not None:
+            output.loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def step(self) -> None:
+        self.finish(self.forward())
+
+
+def _nnsight_recorder(work: _Work, targets: list[str]) -> Callable[[], None]:
+    wrapped = NNsight(work.model)
+    envoys = [_envoy(wrapped, name) for name in targets]
+    ids, labels = work.inputs if work.train else (None, None)
+
+    def record() -> None:
         saved: list[Any] = []
-        with wrapped.trace(*inputs):  # targets in the order they run, as nnsight requires
-            for envoy in envoys:
+        with (wrapped.trace(ids, labels=labels) if work.train else wrapped.trace(*work.inputs)):
+            for envoy in envoys:  # targets in the order they run, as nnsight requires
                 saved.append(envoy.input.save())
                 saved.append(envoy.output.save())
-        return saved
+            output = wrapped.output.save()
+        work.finish(output)
 
     return record
 
@@ -84,32 +132,33 @@ def _envoy(wrapped: Any, name: str) -> Any:
 
 
 def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list[str], steps: int, rounds: int,
-            repo: Path) -> dict[str, Any]:
+            repo: Path, train: bool = False) -> dict[str, Any]:
     """Four copies of one model (same weights), one per contender, stepped in turn: each step runs
     all four, in each order in turn, so a slow spell of the machine (this one's clock varies by a
     third over seconds) falls on all four alike. The ratios are medians of per-step ratios."""
-    plain, traced, wrapped, finished = model, copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
-    nnsight_record = _nnsight_recorder(wrapped, inputs, targets)
+    copies = [model, copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)]
+    plain, traced, wrapped, finished = (_Work(m, inputs, train) for m in copies)
+    nnsight_record = _nnsight_recorder(wrapped, targets)
     # The capture stays open (as in a job's `with` block) after its targets have their one call.
-    done = modulelens.capture(finished, targets=targets, repo=repo, name="bench-done",
+    done = modulelens.capture(finished.model, targets=targets, repo=repo, name="bench-done",
                               record=modulelens.Recording(max_calls=1))
-    finished(*inputs)
+    finished.step()
     assert done.complete and done.tracer.active_hooks == 0, "the done capture still has hooks"
     contenders: dict[str, Callable[[], Any]] = {
-        "untraced": lambda: plain(*inputs),
-        "modulelens": lambda: traced(*inputs),
+        "untraced": plain.step,
+        "modulelens": traced.step,
         "nnsight": nnsight_record,
-        "done": lambda: finished(*inputs),
+        "done": finished.step,
     }
     times: dict[str, list[float]] = {k: [] for k in contenders}
     # Every order of the four in turn, not a rotation of one: a rotation keeps who follows whom, so
     # one contender would always run right after nnsight's trace and pay for what it leaves behind.
     orders = list(itertools.permutations(contenders))
     for r in range(rounds + 1):  # round 0 warms every path up and is not kept
-        capture = modulelens.capture(traced, targets=targets, repo=repo, name="bench",
+        capture = modulelens.capture(traced.model, targets=targets, repo=repo, name="bench",
                                      record=modulelens.Recording(max_calls=steps + 1))
         try:
-            traced(*inputs)  # the first recorded call of each target (imports, first snapshots): not timed
+            traced.step()  # the first recorded call of each target (imports, first snapshots): not timed
             for step in range(steps):
                 for key in orders[(r * steps + step) % len(orders)]:
                     start = time.perf_counter()
@@ -117,9 +166,14 @@ def measure(label: str, model: nn.Module, inputs: tuple[Any, ...], targets: list
                     if r:
                         times[key].append(time.perf_counter() - start)
         finally:
-            recorded = [len(record.calls) for record in capture.tracer.records.values()]
+            records = list(capture.tracer.records.values())
+            recorded = [len(record.calls) for record in records]
             assert recorded == [steps + 1] * len(targets), f"not every call was recorded: {recorded}"
+            # A training step changes the weights between recorded calls: each call has its own state.
+            states = [len({call.state_index for call in record.calls}) for record in records]
+            assert states == [steps + 1 if train else 1] * len(targets), f"weight states per target: {states}"
             capture.stop()
+            capture.tracer.synchronize()  # the streamed weights' writes end inside the round that made them
             capture.tracer.records.clear()  # nothing is saved: recording alone is measured
     done.stop()
     ml, nn_, base = (median(times[k]) for k in ("modulelens", "nnsight", "untraced"))
@@ -138,19 +192,34 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9)
+    # at most --steps/--rounds, so run_all.py's quick check (--steps 3 --rounds 3) stays quick
+    parser.add_argument("--train-steps", type=int, help="training steps per round (GPT-2-small row; default 6)")
+    parser.add_argument("--train-rounds", type=int, help="rounds of the training-step row (default 5)")
+    parser.add_argument("--train-tokens", type=int, default=64, help="tokens per sequence of the training step")
+    parser.add_argument("--only", choices=("forward", "train"), help="one kind of row only")
     args = parser.parse_args()
+    args.train_steps = args.train_steps or min(6, args.steps)
+    args.train_rounds = args.train_rounds or min(5, args.rounds)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     modulelens.track_init()
     rows = []
     with tempfile.TemporaryDirectory() as repo:
-        for label, build in (("GPT-2 (4 blocks of 256, batch 8 x 64 tokens)", _gpt2),
-                             ("demo RecModel (batch 512)", _recmodel)):
-            model, inputs, targets = build()
-            rows.append(measure(label, model, inputs, targets, args.steps, args.rounds, Path(repo)))
-    report("recording", "forward pass while recording every call's inputs and output of 4 submodules", rows,
+        if args.only != "train":
+            for label, build in (("GPT-2 (4 blocks of 256, batch 8 x 64 tokens)", _gpt2),
+                                 ("demo RecModel (batch 512)", _recmodel)):
+                model, inputs, targets = build()
+                rows.append(measure(label, model, inputs, targets, args.steps, args.rounds, Path(repo)))
+                del model, inputs
+        if args.only != "forward":
+            model, inputs, targets = _gpt2_small(1, args.train_tokens)
+            rows.append(measure(f"GPT-2-small training step (4 of 12 blocks, batch 1 x {args.train_tokens} tokens)",
+                                model, inputs, targets, args.train_steps, args.train_rounds, Path(repo), train=True))
+    report("recording", "forward pass (training step: forward, loss, backward, AdamW) while recording every "
+           "call's inputs and output of 4 submodules", rows,
            ["model", "untraced_ms", "modulelens_ms", "nnsight_ms", "modulelens_vs_nnsight", "done_vs_untraced"],
-           {"steps": args.steps, "rounds": args.rounds, "threads": 1, "paired": "per step"})
+           {"steps": args.steps, "rounds": args.rounds, "train_steps": args.train_steps,
+            "train_rounds": args.train_rounds, "threads": 1, "paired": "per step"})
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@
   have to do. Several sizes (``--versions 1000,10000,100000``) show cost against size. Up to 10,000
   versions the repo is made by saving each version; above, by committing copies of one capture's
   metadata in batches (``Repo.commit_versions``, as a push does: the same index, summaries and
-  capture files, payloads stored once): 100,000 versions in 100 s idle, 10 minutes at load 15.
+  capture files, payloads stored once): 100,000 versions in 100 s idle, 10 minutes at load 15,
+  22 minutes at load 8-13 (keep it with --work).
   Targets (issue 37): first byte under 50 ms and the 500-row page under 150 ms at 100,000 versions,
   the page's cost flat in the number of versions.
 * The capture page of a --gib GiB capture (``Big``: 16 x Linear(4096, 4096) at 1 GiB, one recorded
   call), cold (a new view: nothing cached; files in the page cache, as right after the capture or
   on a second look) and warm, against ``modulelens show --json`` (metadata only, no statistics)
   and against exact statistics over every element of every weight (what a page that did not sample
-  would do). Target: under 1 s cold. Also the peak memory the cold page added, in a fresh process:
-  it reads samples of the memory-mapped payloads, never a whole weight.
+  would do). Target (issue 37): under 300 ms cold for a 4 GiB capture (``--gib 4``: 64 x
+  Linear(4096, 4096)). Also the peak memory the cold page added, in a fresh process: it reads
+  samples of the memory-mapped payloads, never a whole weight, so neither should grow with --gib.
 
 Rounds are interleaved with a rotating order (_common.interleaved); medians and best are reported,
 and the ratios in results/ui.json.
@@ -396,14 +398,14 @@ def main() -> None:
     listing = by_size[sizes[-1]]  # the largest size is the headline; each size's figures under "sizes"
     extra = {**listing, **big, "ratios": {**listing["ratios"], **big["ratios"]}, "load_average": os.getloadavg(),
              "sizes": {str(v): {k: f for k, f in by_size[v].items() if k != "ratios"} for v in sizes},
-             "targets": {"repo_page_s": 0.15, "repo_page_first_byte_s": 0.05, "capture_page_cold_s": 1.0}}
+             "targets": {"repo_page_s": 0.15, "repo_page_first_byte_s": 0.05, "capture_page_cold_s": 0.3}}
     report("ui", f"UI pages, server side (median of {args.rounds} interleaved rounds)", listing_rows + capture_rows,
            ["case", "contender", "median_s", "best_s"], extra)
     for versions in sizes:
         print(f"repo page at {versions:,} versions: {by_size[versions]['repo_page_s'] * 1e3:.1f} ms (target 150 ms), "
               f"first byte {by_size[versions]['repo_page_first_byte_s'] * 1e3:.1f} ms (target 50 ms)")
     if capture_rows:
-        print(f"capture page cold {big['capture_page_cold_s'] * 1e3:.0f} ms (target 1000 ms), peak memory added "
+        print(f"capture page cold {big['capture_page_cold_s'] * 1e3:.0f} ms (target 300 ms at 4 GiB), peak memory added "
               f"{big['capture_page_peak_added_mib']:.0f} MiB for {big['capture_payload_bytes'] / 2**30:.2f} GiB of weights")
 
 

@@ -298,7 +298,7 @@ def fuzz_rows(tmp: Path, metadata_cases: int, payload_cases: int, seed: int = 0)
     results += _run_cases(tmp / "fuzz-big", big_ref, large, tmp / "fuzz-payload-big.log")
     rows.append(_row("damaged payloads (flipped with mtime kept, truncated, missing, swapped, extended)", results,
                      time.perf_counter() - start))
-    rows[-1].notes.append(f"{len(large)} of them in payloads of 2-4 MiB (sampled check)")
+    rows[-1].notes.append(f"{len(large)} of them in payloads of 2-4 MiB (marked: a write, mtime kept, changes the ctime a marker records)")
     return rows
 
 

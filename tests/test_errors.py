@@ -9,6 +9,7 @@ import os
 import subprocess
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from torch import nn
 
 import modulelens
 from modulelens.format.provenance import user_key
-from modulelens.repo.markers import MarkerKey, sampled_check, split_marker
+from modulelens.repo.markers import SAMPLED_CHUNKS, MarkerKey, sampled_check, split_marker
 from modulelens.repo.trust import repo_identity
 from modulelens.tracing.init_tracking import stop_tracking, track_init
 
@@ -74,13 +75,56 @@ def _weight_blob(repo: modulelens.Repo, name: str, module: nn.Module, x: torch.T
     return repo.blob_path(weight["payload"])
 
 
-def test_bit_rot_in_a_payload_of_up_to_4_mib_is_caught_on_every_load(repo: modulelens.Repo) -> None:
-    path = _weight_blob(repo, "rot", nn.Linear(1024, 768), torch.randn(2, 1024))  # 3 MiB: every chunk checked
+def test_a_marked_payload_of_a_few_mib_is_sampled_like_a_large_one(repo: modulelens.Repo) -> None:
+    """A model in many 4 MiB weight files loads in time flat in their number (repo/markers.py): two
+    chunks of each are checked, not all of them; damage in every chunk is seen by any sample."""
+    path = _weight_blob(repo, "rot", nn.Linear(1024, 1024), torch.randn(2, 1024))  # 4 MiB: 64 chunks of 64 KiB
     assert modulelens.load("rot", repo=repo).replay().passed
-    rot(repo, path, [path.stat().st_size - 7])  # in the last chunk; size, mtime and ctime as the marker has them
-    for _ in range(3):
-        with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
-            modulelens.load("rot", repo=repo).module  # noqa: B018
+    read: list[int] = []
+    real_preadv = os.preadv
+
+    def counted(fd: int, buffers: list[bytearray], offset: int) -> int:
+        read.append(offset)
+        return real_preadv(fd, buffers, offset)
+
+    with mock.patch.object(os, "preadv", counted):
+        modulelens.load("rot", repo=repo).module  # noqa: B018
+    assert len(read) == SAMPLED_CHUNKS
+    rot(repo, path, list(range(1000, path.stat().st_size, 64 << 10)))  # damage in every chunk
+    with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
+        modulelens.load("rot", repo=repo).module  # noqa: B018
+
+
+def test_a_load_asks_the_disk_for_every_sampled_chunk_first_and_then_checks_those(repo: modulelens.Repo) -> None:
+    """Cold, a load waited for each weight file's marker and chunk in turn; it now asks for all of
+    them at once (POSIX_FADV_WILLNEED) and the checks then read exactly the chunks it asked for."""
+    with modulelens.track_init():
+        model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(3)])  # 3 weights of 4 MiB
+    with modulelens.capture(model, targets=".", repo=repo, name="three"):
+        model(torch.randn(2, 1024))
+    modulelens.load("three", repo=repo).module  # noqa: B018  (marks them)
+    events: list[tuple[str, str, int]] = []
+    real_fadvise, real_preadv = os.posix_fadvise, os.preadv
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        events.append(("ahead", os.readlink(f"/proc/self/fd/{fd}"), offset))
+        real_fadvise(fd, offset, length, advice)
+
+    def preadv(fd: int, buffers: list[bytearray], offset: int) -> int:
+        events.append(("read", os.readlink(f"/proc/self/fd/{fd}"), offset))
+        return real_preadv(fd, buffers, offset)
+
+    loaded = modulelens.load("three", repo=repo)
+    with mock.patch.object(os, "posix_fadvise", fadvise), mock.patch.object(os, "preadv", preadv):
+        loaded.module  # noqa: B018
+    assert loaded.replay().passed
+    kinds = [kind for kind, _, _ in events]
+    assert kinds.index("read") > len(kinds) - kinds[::-1].index("ahead") - 1  # every hint before any check
+    asked = {(path, offset) for kind, path, offset in events if kind == "ahead" and not path.endswith(".ok")}
+    read = [(path, offset) for kind, path, offset in events if kind == "read"]
+    assert len(read) == 3 * SAMPLED_CHUNKS
+    assert set(read) == asked  # each check reads the chunks it asked for
+    assert sum(path.endswith(".ok") for kind, path, _ in events if kind == "ahead") == 3
 
 
 def test_bit_rot_in_a_large_payload_is_caught_by_the_sampled_chunks(repo: modulelens.Repo) -> None:

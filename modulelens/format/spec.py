@@ -6,33 +6,27 @@ indexing an untyped ``dict[str, Any]``. Encoded values (``docs/format.md``: plai
 with a ``"$type"`` tag) are :data:`EncodedValue`; call data are :class:`EncodedTree`\\ s.
 """
 
+import sys
 from typing import Any
 
-# typing_extensions' TypedDict understands NotRequired at run time on every supported Python.
-from typing_extensions import NotRequired, TypedDict
+# TypedDict understands NotRequired at run time from Python 3.11; before it, typing_extensions' does.
+# typing's on 3.11+: importing typing_extensions took ~8 ms of a fresh `modulelens show` (issue 37).
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:
+    from typing_extensions import NotRequired, TypedDict
 
-FORMAT_NAME = "modulelens.capture"
-FORMAT_VERSION = 3  # the newest version this modulelens writes and reads (docs/format.md, "Versions")
-# A document is written in the oldest version that can say what it holds, so older readers keep
-# reading every capture they can: version 3 only adds ``module.method`` and ``calls[i].vmap``, which
-# a version-2 reader would ignore (replaying ``encode``'s calls through ``forward``, an ensemble's
-# stacked inputs unbatched).
-METHODLESS_VERSION = 2
-# Op traces (docs/format.md, "Op traces"), for the torch-free checker; format/op_trace.py, which the
-# kernel worker loads by path and so imports nothing from here, has the same two (a test holds them equal).
-OP_TRACE_FORMAT = "modulelens.op-trace"
-OP_TRACE_VERSION = 1
-
-# Sparse tensor values (``$type`` ``sparse``): layout name -> the parts it is stored as, in
-# constructor order (format/layouts.py). Nested tensor values (``$type`` ``nested``) have these layouts.
-SPARSE_PARTS: dict[str, tuple[str, ...]] = {
-    "sparse_coo": ("indices", "values"),
-    "sparse_csr": ("crow_indices", "col_indices", "values"),
-    "sparse_bsr": ("crow_indices", "col_indices", "values"),
-    "sparse_csc": ("ccol_indices", "row_indices", "values"),
-    "sparse_bsc": ("ccol_indices", "row_indices", "values"),
-}
-NESTED_LAYOUTS = ("strided", "jagged")
+# The constants live in format/constants.py (importable without typing: `show`'s quick path); here
+# for everyone who reads them as the spec's.
+from modulelens.format.constants import ADDRESS_ALIGNMENT as ADDRESS_ALIGNMENT
+from modulelens.format.constants import FORMAT_NAME as FORMAT_NAME
+from modulelens.format.constants import FORMAT_VERSION as FORMAT_VERSION
+from modulelens.format.constants import METHODLESS_VERSION as METHODLESS_VERSION
+from modulelens.format.constants import NESTED_LAYOUTS as NESTED_LAYOUTS
+from modulelens.format.constants import OP_TRACE_FORMAT as OP_TRACE_FORMAT
+from modulelens.format.constants import OP_TRACE_VERSION as OP_TRACE_VERSION
+from modulelens.format.constants import SPARSE_PARTS as SPARSE_PARTS
+from modulelens.format.constants import hooks_not_rebuilt as hooks_not_rebuilt
 
 EncodedValue = Any
 """A value in the JSON encoding of docs/format.md ("Encoded values"): JSON scalars and lists as
@@ -207,13 +201,6 @@ class CallEntry(TypedDict):
     op_trace: NotRequired[OpTraceSummary]  # recorded with Recording(op_trace=True)
 
 
-# CPU kernels pick their vector loops by the data's address: MKL's matrix-vector product (a
-# Linear with one output) sums a weight that starts 4 or 8 bytes past a 64-byte boundary in
-# another order than an aligned one, a 1-ULP difference (sentence-transformers' CrossEncoder head:
-# transformers maps its safetensors weights at such addresses, a copy lands on a boundary). A
-# recorded tensor keeps its address modulo this many bytes (AVX-512's vector width), and the load
-# puts it at the same offset.
-ADDRESS_ALIGNMENT = 64
 
 
 class TensorEntry(TypedDict):
@@ -298,15 +285,3 @@ def cpu_capability() -> str | None:
         return str(torch.backends.cpu.get_cpu_capability())
     except (AttributeError, RuntimeError):  # torch < 2.1
         return None
-
-
-def hooks_not_rebuilt(module: ModuleInfo) -> list[str]:
-    """``"head: forward hook mypkg:clip"`` for each hook in ``module.tree`` that a rebuild does not
-    register again: the job added it after construction (docs/fidelity.md, "Hooks")."""
-    found = []
-    for path, entry in module.get("tree", {}).items():
-        found += [f"{path or '<root>'}: {hook['kind'].replace('_', '-')} hook {hook['hook']}"
-                  for hook in entry.get("hooks", []) if not hook["rebuilt"]]
-        if entry.get("forward_replaced"):  # a forward set on the instance: the class's forward runs instead
-            found.append(f"{path or '<root>'}: forward replaced on the instance by {entry['forward_replaced']}")
-    return found

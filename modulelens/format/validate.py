@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, cast
 
 from modulelens.errors import CorruptCaptureError
+from modulelens.format.constants import ADDRESS_ALIGNMENT, FORMAT_NAME, FORMAT_VERSION, NESTED_LAYOUTS, SPARSE_PARTS
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
-from modulelens.format.spec import (
-    ADDRESS_ALIGNMENT,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    NESTED_LAYOUTS,
-    SPARSE_PARTS,
-    CaptureMetadata,
-)
 from modulelens.format.validate_fields import DTYPE_NAME, MAX_NDIM, MAX_NUMEL, FieldChecker
+
+_TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of a fresh `show`, issue 37)
+if _TYPE_CHECKING:
+    from typing import Any
+
+    from modulelens.format.spec import CaptureMetadata
 
 MAX_DEPTH = 64  # nesting of encoded values and tree specs
 _TAGS_WITH: dict[str, dict[str, type | tuple[type, ...]]] = {  # "$type" -> required fields and their JSON types
@@ -654,12 +652,17 @@ def validate_capture(data: object, where: str, *, calls: bool = True) -> Capture
         raise CorruptCaptureError(f"{where}: not a modulelens capture")
     if isinstance(data["format_version"], int) and data["format_version"] > FORMAT_VERSION:
         _Checker(data, where).stored()  # a newer format: the loader refuses it by name
-        return cast(CaptureMetadata, data)
+        return _as_metadata(data)
     try:
         _Checker(data, where, calls=calls).document()
     except RecursionError:
         raise CorruptCaptureError(f"{where}: nested too deeply") from None
-    return cast(CaptureMetadata, data)
+    return _as_metadata(data)
+
+
+def _as_metadata(checked: Any) -> CaptureMetadata:
+    """A checked document as the TypedDict it now is (``typing.cast`` without importing typing)."""
+    return checked
 
 
 def validate_call(data: CaptureMetadata | dict[str, Any], position: int, where: str) -> dict[str, Any]:
@@ -682,9 +685,10 @@ def validate_call(data: CaptureMetadata | dict[str, Any], position: int, where: 
         meta = validate_capture(json.loads(text), "mlp:v3", calls=False)
         first = validate_call(meta, 0, "mlp:v3")
     """
-    call = data["calls"][position]
+    document: Any = data  # a TypedDict is no dict[str, Any] to mypy: the checker reads it as JSON
+    call: Any = document["calls"][position]
     try:
-        _Checker(cast(dict[str, Any], data), where).call(position, call)
+        _Checker(document, where).call(position, call)
     except RecursionError:
         raise CorruptCaptureError(f"{where}: calls[{position}]: nested too deeply") from None
-    return cast(dict[str, Any], call)
+    return call

@@ -62,6 +62,7 @@ from modulelens.repo.markers import (
     MARK_MIN_PACK_BYTES,
     MarkerKey,
     chunk_digests,
+    read_ahead,
     sampled_check,
     write_marker,
 )
@@ -605,6 +606,17 @@ class LocalStore(Store):
             if marked:
                 write_marker(path, self._markers(create=True), pack=pack)
         return path
+
+    def read_ahead(self, blobs: Mapping[str, int]) -> None:
+        """The markers and sampled chunks of these blobs asked of the disk together
+        (:func:`~modulelens.repo.markers.read_ahead`): a cold load of 16 weight files waited for 32
+        small reads one after another."""
+        for digest, nbytes in blobs.items():
+            try:
+                path = self.blob_path(digest)
+            except (CorruptCaptureError, ValueError):
+                continue  # a malformed name: its check says so
+            read_ahead(path, nbytes)
 
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
         return 0  # every blob of a directory is already here

@@ -10,8 +10,7 @@ or more so that a blob has at most ``MAX_CHUNKS``). On load (docs/security.md, "
 * the marker is not one this user made for this repo, size, mtime, ctime or inode differ from
   it, or it is unreadable: the whole blob is re-hashed;
 * the last full check is older than ``FULL_CHECK_EVERY_S``: the whole blob is re-hashed;
-* otherwise the chunks are re-hashed and compared: all of them for a blob of up to
-  ``WHOLE_CHECK_MAX_BYTES``, ``SAMPLED_CHUNKS`` consecutive ones from a random start for a larger one.
+* otherwise ``SAMPLED_CHUNKS`` consecutive chunks from a random start are re-hashed and compared.
 
 **Markers are bound to one repo and one user** (issue 21): a repo arrives with the markers of
 whoever sent it (a tarball, ``cp -a``, rsync keep the times they match), so a marker is trusted
@@ -25,9 +24,10 @@ link) makes the next load hash it in full; only damage no system call made (bit 
 the sampled chunks. Without a usable key (no home directory, a key others could read) no marker
 is trusted or written: every load hashes in full.
 
-So damage that keeps size, mtime and ctime (bit rot) is caught on every load of a blob of up to
-4 MiB, on each load with probability ``SAMPLED_CHUNKS / chunks`` (2/1,024 from 64 MiB) for a larger one, within a month
-at the latest, and always by ``load(..., verify=True)`` / ``fsck``; a change made through the file
+So damage that keeps size, mtime and ctime (bit rot) is caught on every load of a payload under
+``MARK_MIN_BYTES`` (1 MiB: no marker, hashed in full), on each load with probability
+``SAMPLED_CHUNKS / chunks`` for a marked one (2/16 at 1 MiB, 2/1,024 from 64 MiB), within a month at
+the latest, and always by ``load(..., verify=True)`` / ``fsck``; a change made through the file
 system, on the next load.
 
 Why these sizes: the sampled check is on the path to a runnable module, which issue 37 wants
@@ -38,6 +38,10 @@ the page cache, most of the per-file cost of a load, and 8 random disk reads a b
 2 chunks (128 KiB, one read) cost 8 us. The sample is a net for damage between full checks, not the
 check itself: the marker's identity (inode, size, mtime, ctime) catches every change made through
 the file system, and the monthly full hash, ``fsck`` and ``verify=True`` catch bit rot for sure.
+Marked blobs of up to 4 MiB were once re-hashed whole on every load: a 1 GiB model in 256 weight
+files of 4 MiB hashed all of its 1 GiB on each load, 2.5x the recipe where 16 files of 64 MiB were
+0.7x (benchmarks/bench_save_load.py --files), so every marked blob is now sampled alike and the
+cost of a load stays flat in the number of weight files.
 
 Chunk hashes are xxh3-64, not blake3: they detect accidental damage, not tampering (the MAC keeps
 anyone without the key from writing a marker; the blake3 content hash is what names the payload).
@@ -79,7 +83,6 @@ MARK_MIN_BYTES = 1 << 20
 MARK_MIN_PACK_BYTES = 64 << 10
 MIN_CHUNK = 64 << 10
 MAX_CHUNKS = 1024
-WHOLE_CHECK_MAX_BYTES = 4 << 20
 SAMPLED_CHUNKS = 2
 FULL_CHECK_EVERY_S = 30 * 24 * 3600
 CHUNK_HASH = "xxh3_64"
@@ -88,6 +91,9 @@ MARKER_VERSION = 3  # 3: hashes as raw bytes after the MAC; 2 (hashes in the JSO
 # `random` as it was (a recorded call stores that state, format/host_rng.py; a seeded job expects
 # its own draws only).
 _SAMPLE_STARTS = random.Random()
+# Starts chosen ahead by read_ahead(), by blob path, taken by the blob's next sampled check.
+_PLANNED: dict[str, int] = {}
+_PLANNED_MAX = 4096
 _MAX_MARKER_BYTES = 64 << 10  # 1,024 chunk hashes and the record: a larger file is not a marker
 _DIGEST_BYTES = 8  # one xxh3-64 chunk hash
 ChunkDigests = tuple[int, bytes]  # (chunk size, the chunks' hashes one after the other, 8 bytes each)
@@ -266,6 +272,36 @@ def _trusted_record(blob: Path, info: os.stat_result, key: MarkerKey) -> tuple[d
     return found, digests
 
 
+def read_ahead(blob: Path, size: int) -> None:
+    """Choose the chunks the next sampled check of ``blob`` compares, and ask the kernel to start
+    reading them and the blob's marker now (``POSIX_FADV_WILLNEED``), so that the checks of a load's
+    many weight files wait for the disk about once instead of twice a file. With the files out of
+    the page cache a 1 GiB load of 16 files read 32 small pieces one after another (1.9x the mmap
+    recipe, benchmarks/bench_save_load.py, cold); in the cache this costs a few system calls a file.
+    Nothing is checked here: a file that cannot be opened is left to the check."""
+    if size < MARK_MIN_BYTES or not hasattr(os, "posix_fadvise"):
+        return
+    chunk = chunk_size(size)
+    count = -(-size // chunk)
+    start = _SAMPLE_STARTS.randrange(count)
+    if len(_PLANNED) >= _PLANNED_MAX:  # plans of checks that never ran (a load that failed first)
+        _PLANNED.clear()
+    _PLANNED[str(blob)] = start
+    ranges = [((start + i) % count * chunk, chunk) for i in range(min(SAMPLED_CHUNKS, count))]
+    for path, wanted in ((marker_path(blob), [(0, 0)]), (blob, ranges)):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            for offset, length in wanted:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def sampled_check(blob: Path, info: os.stat_result, key: MarkerKey | None, *, pack: bool = False) -> bool | None:
     """``True``: this user's marker for this repo matches ``info`` (and was made checking ``blob``
     as a pack, with ``pack``) and the checked chunks hash as recorded; ``False``: a chunk differs
@@ -281,14 +317,12 @@ def sampled_check(blob: Path, info: os.stat_result, key: MarkerKey | None, *, pa
     count = -(-info.st_size // chunk)
     if chunk != chunk_size(info.st_size) or len(digests) != count * _DIGEST_BYTES:
         return None
-    # all chunks of a small blob; of a larger one, SAMPLED_CHUNKS consecutive ones from a random
-    # start (wrapping around): each chunk is as likely to be checked as with scattered picks. Each
-    # is read into one reused buffer.
-    if info.st_size <= WHOLE_CHECK_MAX_BYTES:
-        indices: range | list[int] = range(count)
-    else:
+    # SAMPLED_CHUNKS consecutive chunks from a random start (wrapping around): each chunk is as
+    # likely to be checked as with scattered picks. Each is read into one reused buffer.
+    start = _PLANNED.pop(str(blob), -1)
+    if not 0 <= start < count:
         start = _SAMPLE_STARTS.randrange(count)
-        indices = [(start + i) % count for i in range(SAMPLED_CHUNKS)]
+    indices = [(start + i) % count for i in range(min(SAMPLED_CHUNKS, count))]
     buffer = bytearray(chunk)
     fd = open_regular(blob)
     try:

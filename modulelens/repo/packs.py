@@ -302,6 +302,14 @@ class Payloads:
         self._packs = list(metadata.get("packs", ()))
         self._open: dict[int, _Pack] = {}
 
+    def read_ahead(self, entries: Iterable[dict[str, Any]]) -> None:
+        """Start reading what the checks of these entries' payloads will read, all at once, before
+        a load opens them one by one (:meth:`~modulelens.repo.store.Store.read_ahead`)."""
+        blobs = {entry["payload"]: entry["nbytes"] for entry in entries
+                 if "pack" not in entry and isinstance(entry.get("payload"), str) and type(entry.get("nbytes")) is int}
+        if blobs:
+            self.store.read_ahead(blobs)
+
     def _pack(self, index: int) -> _Pack:
         pack = self._open.get(index)
         if pack is None:

@@ -403,6 +403,9 @@ class RemoteStore(Store):
             self._download(digest, nbytes)
         return self.cache.blob_file(digest, nbytes, full=full, pack=pack)
 
+    def read_ahead(self, blobs: Mapping[str, int]) -> None:
+        self.cache.read_ahead(blobs)  # those already in the cache; a download reads the rest anyway
+
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
         """Download what the cache lacks, 8 at a time, with a progress bar on a terminal."""
         missing = {d: n for d, n in wanted().items() if not self.cache.blob_path(d).exists()}

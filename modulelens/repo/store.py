@@ -433,6 +433,12 @@ class Store(ABC):
                 not matching its own.
         """
 
+    def read_ahead(self, blobs: Mapping[str, int]) -> None:
+        """A hint before :meth:`blob_file` is asked for each of ``blobs`` (``{digest: nbytes}``) in
+        turn: start reading, all at once, what those checks will read. Checks nothing; here, does
+        nothing."""
+        return None  # a store whose checks read nothing ahead of time needs no hint
+
     @abstractmethod
     def fetch_blobs(self, wanted: Callable[[], Mapping[str, int]], *, label: str = "") -> int:
         """Make the blobs ``wanted()`` names (``{digest: nbytes}``) available on this machine;

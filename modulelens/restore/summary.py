@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from modulelens.errors import CorruptCaptureError
-from modulelens.format.spec import OpTraceDocument, hooks_not_rebuilt
-from modulelens.format.validate_trace import validate_op_trace
-from modulelens.repo import Repo
+from modulelens.format.constants import hooks_not_rebuilt
+
+# typing.TYPE_CHECKING without importing typing (~2 ms), and the repo package (~25 ms) for types
+# only: `show`'s quick path (interfaces/cli/_quick_show.py) runs without either
+_TYPE_CHECKING = False
+if _TYPE_CHECKING:
+    from typing import Any
+
+    from modulelens.format.spec import OpTraceDocument
+    from modulelens.repo import Repo
 
 
 def _leaf_summaries(tree: dict[str, Any] | None, tensors: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -35,6 +41,18 @@ def describe(repo: Repo, ref: str, *, metadata: dict[str, Any] | None = None) ->
     name, version = repo.resolve(ref)
     meta = repo.read_metadata(name, version) if metadata is None else metadata
     info = repo.info(name, version, metadata=meta)
+    return describe_metadata(meta, info.to_dict(), repo.reports(info.ref))
+
+
+def describe_metadata(meta: dict[str, Any], listed: dict[str, Any], reports: list[dict[str, object]]) -> dict[str, Any]:
+    """:func:`describe` of a version whose checked metadata ``meta``, listing row ``listed``
+    (``VersionInfo.to_dict()``) and stored ``reports`` (``Repo.reports``) the caller has read:
+    ``show``'s quick path (interfaces/cli/_quick_show.py) reads them without the repo package.
+
+    Example::
+
+        describe_metadata(meta, repo.info("mlp", 3, metadata=meta).to_dict(), repo.reports("mlp:v3"))
+    """
     tensors = meta.get("tensors", {})
     states = meta.get("states", [])
     first_state = states[0] if states else {"parameters": {}, "buffers": {}}
@@ -47,13 +65,13 @@ def describe(repo: Repo, ref: str, *, metadata: dict[str, Any] | None = None) ->
     module = meta["module"]
     construction = meta.get("constructions", {}).get(module.get("construction") or "", None)
     return {
-        "ref": info.ref,
-        "name": name,
-        "version": version,
-        "aliases": list(info.aliases),
-        "tags": list(info.tags),
+        "ref": listed["ref"],
+        "name": listed["name"],
+        "version": listed["version"],
+        "aliases": list(listed["aliases"]),
+        "tags": list(listed["tags"]),
         "created": meta.get("created"),
-        "path": info.folder,
+        "path": listed["path"],
         "module_class": module["class"],
         "qualified_name": module.get("qualified_name"),
         "method": module.get("method"),  # the calls went through module.<method>(...) (docs/fidelity.md)
@@ -63,7 +81,7 @@ def describe(repo: Repo, ref: str, *, metadata: dict[str, Any] | None = None) ->
         "parameter_count": param_numel,
         "buffers": {n: tensors[e["tensor"]]["shape"] for n, e in first_state["buffers"].items()},
         "states": len(states),
-        "payload_bytes": info.nbytes,
+        "payload_bytes": listed["payload_bytes"],
         "calls": [
             {"index": c["index"], "training": c["training"], "grad_enabled": c["grad_enabled"], "state": c["state"],
              "finished": c.get("finished", True),
@@ -78,7 +96,7 @@ def describe(repo: Repo, ref: str, *, metadata: dict[str, Any] | None = None) ->
         "environment": meta.get("environment", {}),
         "metadata": meta.get("metadata", {}),
         "reports": [{"kind": r.get("kind"), "created": r.get("created"), "path": r.get("path"),
-                     "passed": r.get("passed")} for r in repo.reports(info.ref)],
+                     "passed": r.get("passed")} for r in reports],
     }
 
 
@@ -94,6 +112,8 @@ def op_trace_document(repo: Repo, ref: str, position: int) -> OpTraceDocument | 
         doc = op_trace_document(repo, "gpt/blocks.3:v1", 0)
         print(doc["ops"][0]["op"])          # aten::native_layer_norm
     """
+    from modulelens.format.validate_trace import validate_op_trace  # here: only `show --ops` checks traces
+
     name, version = repo.resolve(ref)
     meta = repo.read_metadata(name, version)
     summary = meta["calls"][position].get("op_trace")

@@ -29,31 +29,79 @@ def live_state(module: torch.nn.Module) -> LiveState:
     that saw different weights makes replay, ``verify`` and ``export`` wrong. So the key also holds
     each tensor's storage address and a fingerprint of its bits (see :func:`fingerprints`).
     """
-    # One walk of the submodules' own dicts: what named_parameters()/named_buffers() (duplicates
-    # kept) yield, without their two generator walks (a third of this function's time).
     params: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
-    for prefix, sub in module.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        for name, param in sub._parameters.items():
-            if param is not None:
-                # a meta tensor is an offloaded one (accelerate) or has no data: tracing/offload.py decides
-                params[dot + name] = param if not param.is_meta else offloaded(sub, name, param)
-        for name, buffer in sub._buffers.items():
-            if buffer is not None:
-                buffers[dot + name] = buffer if not buffer.is_meta else offloaded(sub, name, buffer)
+    _collect(module, "", params, buffers)
     tensors = [*params.values(), *buffers.values()]
-    dtensor = dtensor_type()
     try:
-        key = tuple((id(t), t._version, 0 if dtensor is not None and isinstance(t, dtensor) else t.data_ptr())
-                    for t in tensors)
+        key, prints = _plain_key_and_fingerprints(tensors)
     except RuntimeError:  # no storage: weights wrapped by torch.func (functional_call under grad or vmap), sparse weights
         tensors = [unwrap_functorch(t, stacked=True) for t in tensors]
+        dtensor = dtensor_type()
         key = tuple((id(t), t._version, t.data_ptr() if is_plain(t) and not is_wrapper_subclass(t)
                      and not (dtensor and isinstance(t, dtensor)) else 0) for t in tensors)
         with outside_functorch():  # a sparse or nested weight is not fingerprinted (and is refused when saved)
             return params, buffers, (key, fingerprints([t if is_plain(t) else _NOTHING for t in tensors]))
-    return params, buffers, (key, fingerprints(tensors))
+    return params, buffers, (key, prints)
+
+
+def _collect(module: torch.nn.Module, prefix: str, params: dict[str, torch.Tensor],
+             buffers: dict[str, torch.Tensor]) -> None:
+    """What ``named_parameters()``/``named_buffers()`` yield with duplicates kept, in their order
+    (``named_modules(remove_duplicate=False)``'s), read straight from each submodule's own dicts:
+    the generator walks cost a third of :func:`live_state`'s time, which runs at every recorded call."""
+    for name, param in module._parameters.items():
+        if param is not None:
+            # a meta tensor is an offloaded one (accelerate) or has no data: tracing/offload.py decides
+            params[prefix + name] = param if not param.is_meta else offloaded(module, name, param)
+    for name, buffer in module._buffers.items():
+        if buffer is not None:
+            buffers[prefix + name] = buffer if not buffer.is_meta else offloaded(module, name, buffer)
+    for name, sub in module._modules.items():
+        if sub is not None:
+            _collect(sub, f"{prefix}{name}.", params, buffers)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_key_and_fingerprints(tensors: list[torch.Tensor]) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    """:func:`live_state`'s key (identity, version counter, storage address of each tensor) and
+    :func:`fingerprints`, in one pass: the common weight (a plain, contiguous CPU tensor of at most
+    :data:`_HASH_IN_PLACE_MAX_BYTES`) is keyed and hashed inline, the rest go through
+    :func:`fingerprints` together. A tensor listed twice (tied weights) is fingerprinted once.
+    Raises ``RuntimeError`` for a tensor without storage, as ``data_ptr()`` does."""
+    dtensor = dtensor_type()
+    key: list[tuple[int, int, int]] = []
+    prints: list[int] = []
+    first: dict[int, int] = {}  # id(tensor) -> the position of its first listing
+    tied: list[tuple[int, int]] = []  # (position, position of the same tensor's first listing)
+    rest: list[int] = []
+    for position, tensor in enumerate(tensors):
+        identity = id(tensor)
+        if type(tensor) in _PLAIN_TYPES and tensor.is_cpu:
+            address = tensor.data_ptr()
+            key.append((identity, tensor._version, address))
+        else:
+            key.append((identity, tensor._version,
+                        0 if dtensor is not None and isinstance(tensor, dtensor) else tensor.data_ptr()))
+            address = 0
+        prints.append(0)
+        if identity in first:
+            tied.append((position, first[identity]))
+            continue
+        first[identity] = position
+        size = tensor.nbytes if address else 0
+        if 0 < size <= _HASH_IN_PLACE_MAX_BYTES and tensor.is_contiguous():
+            prints[position] = xxhash.xxh3_64_intdigest((ctypes.c_char * size).from_address(address))
+        else:
+            rest.append(position)
+    if rest:
+        for position, value in zip(rest, fingerprints([tensors[i] for i in rest]), strict=True):
+            prints[position] = value
+    for position, original in tied:
+        prints[position] = prints[original]
+    return tuple(key), tuple(prints)
 
 
 _NOTHING = torch.empty(0)

@@ -129,7 +129,7 @@ def test_bit_rot_with_kept_mtime_is_caught_by_the_sampled_check(repo: modulelens
     digest = next(e["payload"] for e in meta["tensors"].values() if e.get("nbytes", 0) >= 1 << 21)
     blob = repo.blob_path(digest)
     assert blob.with_name(blob.name + ".ok").exists()
-    rot(repo, blob, [1_500_000])  # one flipped bit; size, mtime and ctime as the marker has them
+    rot(repo, blob, list(range(1000, 1 << 21, 64 << 10)))  # a bit in every chunk; size, mtime, ctime kept
     with pytest.raises(modulelens.CorruptCaptureError, match="sampled chunk"):
         _ = modulelens.load(ref, repo=repo).module
 

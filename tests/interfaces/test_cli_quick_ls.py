@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import xxhash
-from child_process import FRESH_CLI, PYTHON, subprocess_env
+from child_process import FRESH_CLI, PYTHON, on_terminal, subprocess_env
 from torch import nn
 
 import modulelens
@@ -102,25 +102,25 @@ def test_an_empty_repo_and_the_default_repo(tmp_path: Path, capsys: pytest.Captu
 def test_the_location_is_the_one_repo_names(spelling: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert _quick_ls._location(spelling) == str(Path(spelling).expanduser().absolute())
+    assert _quick_ls.repo_directory(spelling) == str(Path(spelling).expanduser().absolute())
 
 
 @pytest.mark.parametrize("spelling", ["//net/x", "s3://bucket/x", "memory://x", "file:///tmp/x"])
 def test_urls_and_a_leading_double_slash_are_declined(spelling: str) -> None:
-    with pytest.raises(_quick_ls._DeclinedError):
-        _quick_ls._location(spelling)
+    with pytest.raises(_quick_ls.DeclinedError):
+        _quick_ls.repo_directory(spelling)
 
 
 @pytest.mark.parametrize("quoted", ["a", "team%2Fmlp", "_blocks%2F0", "a.b-c_d", "x" * 128, "A9%2Fb%2Fc"])
 def test_a_name_it_accepts_is_the_name_the_repo_reads(quoted: str) -> None:
-    assert _quick_ls._name(quoted) == layout.unquote_name(quoted)
+    assert _quick_ls.capture_name(quoted) == layout.unquote_name(quoted)
 
 
 @pytest.mark.parametrize("quoted", ["", ".hidden", "-x", "a%2F", "%2Fa", "a%2F%2Fb", "a%20b", "a b", "x" * 129,
                                     "ü", "a%2F..", "tëam", "a%2e"])
 def test_a_folder_that_may_not_be_a_name_is_declined(quoted: str) -> None:
-    with pytest.raises(_quick_ls._DeclinedError):
-        _quick_ls._name(quoted)
+    with pytest.raises(_quick_ls.DeclinedError):
+        _quick_ls.capture_name(quoted)
 
 
 def _head(root: Path, name: str) -> tuple[Path, dict[str, Any]]:
@@ -239,35 +239,10 @@ def test_on_a_terminal_the_columns_fit_and_the_header_is_bold(healthy: Path, cap
 @pytest.mark.parametrize("columns", [200, 40])
 def test_on_a_real_terminal_both_paths_print_the_same_bytes(healthy: Path, columns: int) -> None:
     """Through a pseudo-terminal of ``columns`` columns: the quick path and the typer command."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    def on_terminal(launcher: list[str]) -> tuple[bytes, bytes]:
-        leader, follower = pty.openpty()
-        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-        env = {k: v for k, v in subprocess_env().items() if k not in ("COLUMNS", "LINES")}
-        with subprocess.Popen([*launcher, "ls", "--repo", str(healthy)], stdout=follower, stderr=subprocess.PIPE,
-                              env=env) as process:
-            os.close(follower)
-            chunks = []
-            while True:
-                try:
-                    chunk = os.read(leader, 1 << 16)
-                except OSError:  # the terminal closed with the process
-                    break
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            assert process.wait(timeout=120) == 0
-            imports = process.stderr.read() if process.stderr else b""
-        os.close(leader)
-        return b"".join(chunks), imports
-
-    quick, imports = on_terminal([PYTHON, "-X", "importtime", "-m", "modulelens"])
+    args = ["ls", "--repo", str(healthy)]
+    quick, imports = on_terminal([PYTHON, "-X", "importtime", "-m", "modulelens", *args], subprocess_env(), columns)
     through_typer, _ = on_terminal([PYTHON, "-c", "import sys\nfrom modulelens.interfaces.cli import app\n"
-                                    "app(sys.argv[1:], prog_name='modulelens')"])
+                                    "app(sys.argv[1:], prog_name='modulelens')", *args], subprocess_env(), columns)
     assert b"\x1b[1mref" in quick and b"team/mlp:v3" in quick
     assert b"modulelens.interfaces.cli._quick_ls" in imports and b"modulelens.repo" not in imports  # the quick path
     assert quick == through_typer

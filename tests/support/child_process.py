@@ -58,3 +58,32 @@ except SystemExit as exit:
     code = exit.code
 print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
+
+
+def on_terminal(command: list[str], env: dict[str, str], columns: int = 80) -> tuple[bytes, bytes]:
+    """Run ``command`` with its stdout on a pseudo-terminal of ``columns`` columns (``COLUMNS`` and
+    ``LINES`` left out of ``env``, so the size is the terminal's): what it wrote there and on its
+    stderr, once it exited 0."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    with subprocess.Popen(command, stdout=follower, stderr=subprocess.PIPE, env=env) as process:
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert process.wait(timeout=120) == 0
+        errors = process.stderr.read() if process.stderr else b""
+    os.close(leader)
+    return b"".join(chunks), errors

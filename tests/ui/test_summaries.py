@@ -3,9 +3,15 @@ Python-like text, leaf paths read from the stored structure."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+import modulelens
 from modulelens.interfaces.tensor_info import SAMPLE_ELEMENTS, histogram, tensor_summary, value_sample
+from modulelens.interfaces.ui import pages
+from modulelens.interfaces.ui.repo_view import RepoView
+from modulelens.interfaces.ui.shown import PAGE_SAMPLE_ELEMENTS
 from modulelens.interfaces.value_text import construction_text, python_like, spec_leaf_paths
 
 
@@ -85,3 +91,37 @@ def test_leaf_paths_come_from_the_stored_structure_alone() -> None:
     assert spec_leaf_paths(hostile, "output") == ["output[0]", "output[1]"]  # named by position, nothing imported
     broken = {"spec": {"type": "builtins:tuple", "children": "nope"}, "leaves": [1]}
     assert spec_leaf_paths(broken, "output") == ["output[0]"]
+
+
+def test_a_capture_page_shares_one_sample_budget_among_its_tensors(tmp_path: Path) -> None:
+    # 40 layers: 80 parameters, each weight as big as one tensor's whole sample (SAMPLE_ELEMENTS)
+    model = torch.nn.Sequential(*(torch.nn.Linear(512, 512) for _ in range(40)))
+    repo = modulelens.Repo(tmp_path / "repo")
+    with torch.no_grad(), modulelens.capture(model, targets=".", repo=repo, name="deep") as cap:
+        model(torch.randn(2, 512))
+    view = RepoView(repo, scan_jobs=False)
+    capture = view.capture("deep", 1)
+    rows = pages.capture_page(view, capture)["parameters"]
+    assert len(rows) == 80
+    share = PAGE_SAMPLE_ELEMENTS // 80
+    weights = [row for row in rows if row["shape"] == [512, 512]]
+    assert len(weights) == 40 and all(0 < row["sampled"] <= share for row in weights)
+    read = sum(row["sampled"] or row["stats"]["numel"] for row in rows)
+    assert read <= PAGE_SAMPLE_ELEMENTS
+    # the sample says what it is: the mean of a Linear's uniform init stays near 0, the count is the weight's own
+    assert all(row["stats"]["numel"] == 512 * 512 and abs(row["stats"]["mean"]) < 0.01 for row in weights)
+    # one tensor's own view (a click) reads its full sample, not the page's share
+    one = pages.histogram_of(view, capture, weights[0]["id"])["row"]
+    assert one["sampled"] is None and one["stats"]["numel"] == SAMPLE_ELEMENTS
+    assert cap.saved[0].ref == "deep:v1"
+
+
+def test_a_capture_page_of_few_tensors_samples_each_in_full(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(4)))
+    repo = modulelens.Repo(tmp_path / "repo")
+    with torch.no_grad(), modulelens.capture(model, targets=".", repo=repo, name="wide"):
+        model(torch.randn(2, 1024))
+    view = RepoView(repo, scan_jobs=False)
+    rows = pages.capture_page(view, view.capture("wide", 1))["parameters"]
+    weights = [row for row in rows if row["shape"] == [1024, 1024]]
+    assert len(weights) == 4 and all(row["sampled"] == SAMPLE_ELEMENTS for row in weights)

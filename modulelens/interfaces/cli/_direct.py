@@ -10,8 +10,9 @@ never decides a usage question: it only skips the framework when the command lin
 would accept anyway. tests/interfaces/test_cli_direct.py checks that its table of options matches
 the typer commands' and that both paths print the same thing.
 
-A plain ``ls`` first goes one step further: ``_quick_ls.py`` lists a local repo in its plain state
-from its index files without importing the repo package (declining anything else, having printed
+A plain ``ls`` or ``show`` first goes one step further: ``_quick_ls.py`` lists a local repo in its
+plain state from its index files, and ``_quick_show.py`` reads and checks one version's
+``capture.json``, without importing the repo package (each declining anything else, having printed
 nothing, to ``browse.py``); and ``--version`` alone is answered here, as the root callback answers it.
 """
 
@@ -118,6 +119,12 @@ def run(argv: list[str]) -> bool:
         text = listing_text(keywords)  # a plain local repo, from its index files alone; else None
         if text is not None:
             sys.exit(_write(text))
+    if command == "show":
+        from modulelens.interfaces.cli._quick_show import printer
+
+        show = printer(keywords)  # a plain show of a local repo, read and checked without the repo package
+        if show is not None:
+            sys.exit(run_reporting(command, show, {}))
     from modulelens.interfaces.cli import browse
 
     functions: dict[str, Callable[..., None]] = {"ls": browse.list_captures, "show": browse.show_capture}

@@ -49,7 +49,7 @@ _NAME_REST = _NAME_FIRST | frozenset(".-")
 _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
-class _DeclinedError(Exception):
+class DeclinedError(Exception):
     """The repo is not in the plain state this reader handles: ``Repo`` answers instead."""
 
 
@@ -66,14 +66,14 @@ def listing_text(keywords: dict[str, Any]) -> str | None:
     if "MODULELENS_MAX_METADATA_MIB" in os.environ or os.name != "posix":
         return None  # another size limit (layout.max_metadata_bytes()); a system without O_NOFOLLOW
     try:
-        location = _location(keywords.get("repo"))
+        location = repo_directory(keywords.get("repo"))
         rows = _rows(location, keywords.get("name"))
         return _json_text(rows) if keywords.get("as_json") else _table_text(location, rows, sys.stdout.isatty())
-    except (_DeclinedError, OSError, ValueError, RecursionError):
+    except (DeclinedError, OSError, ValueError, RecursionError):
         return None
 
 
-def _location(repo: str | None) -> str:
+def repo_directory(repo: str | None) -> str:
     """The repo's directory as ``Repo(repo).location`` names it: ``Path(...).expanduser().absolute()``
     (repo/registry.py, repo/location.py), without importing pathlib; a URL is declined."""
     if repo is None:
@@ -84,12 +84,12 @@ def _location(repo: str | None) -> str:
     else:
         text = repo
     if "://" in text or text.startswith("file:"):
-        raise _DeclinedError  # an object store, or a file:// URL
+        raise DeclinedError  # an object store, or a file:// URL
     parts = _parts(text)
     if not text.startswith("/") and parts and parts[0].startswith("~"):  # Path.expanduser: the first part only
         home = os.path.expanduser(parts[0])
         if not home or home.startswith("~"):
-            raise _DeclinedError  # no home directory: Repo says so
+            raise DeclinedError  # no home directory: Repo says so
         text = "/".join([home, *parts[1:]])
         parts = _parts(text)
     if not text.startswith("/"):
@@ -100,11 +100,11 @@ def _location(repo: str | None) -> str:
 def _parts(path: str) -> list[str]:
     """The parts of ``path`` as pathlib keeps them (no empty or ``.`` part; ``..`` stays)."""
     if path.startswith("//") and not path.startswith("///"):
-        raise _DeclinedError  # pathlib keeps a leading "//" (POSIX leaves its meaning to the system)
+        raise DeclinedError  # pathlib keeps a leading "//" (POSIX leaves its meaning to the system)
     return [part for part in path.split("/") if part and part != "."]
 
 
-def _read(path: str, limit: int) -> bytes:
+def read_file(path: str, limit: int) -> bytes:
     """A regular file's bytes (never through a link, never a FIFO), as ``repo/files.read_regular``
     reads it; a file over ``limit`` is declined (Repo refuses or rebuilds). Raises
     ``FileNotFoundError`` when it is absent and ``OSError`` on the rest."""
@@ -112,10 +112,10 @@ def _read(path: str, limit: int) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            raise _DeclinedError
+            raise DeclinedError
         data = os.read(fd, info.st_size + 1)
         if len(data) != info.st_size:
-            raise _DeclinedError  # it changed while read: Repo reads it again
+            raise DeclinedError  # it changed while read: Repo reads it again
         return data
     finally:
         os.close(fd)
@@ -123,19 +123,14 @@ def _read(path: str, limit: int) -> bytes:
 
 def _whole_number(value: object, high: int) -> int:
     if type(value) is not int or not 0 <= value <= high:
-        raise _DeclinedError
+        raise DeclinedError
     return value
 
 
 def _rows(root: str, prefix: str | None) -> list[dict[str, Any]]:
     """``VersionInfo.to_dict()`` of every version ``Repo(root).list()`` lists under ``prefix``, in
     ``ls``'s order (name, then version)."""
-    marker = json.loads(_read(f"{root}/{MARKER}", MARKER_BYTES))
-    if type(marker) is not dict or type(marker.get("layout_version")) is not int \
-            or marker["layout_version"] != LAYOUT_VERSION:
-        raise _DeclinedError  # an older layout (read by Repo as it is), a newer one, or a damaged marker
-    if not stat.S_ISDIR(os.lstat(f"{root}/names").st_mode):
-        raise _DeclinedError
+    check_layout(root)
     under = None if prefix is None else prefix.rstrip("/") + "/"
     rows: list[dict[str, Any]] = []
     with os.scandir(f"{root}/names") as found:
@@ -143,14 +138,14 @@ def _rows(root: str, prefix: str | None) -> list[dict[str, Any]]:
     for quoted in folders:
         folder = f"{root}/names/{quoted}"
         try:
-            raw = _read(f"{folder}/{SUMMARY_FILE}", METADATA_BYTES)
+            raw = read_file(f"{folder}/{SUMMARY_FILE}", METADATA_BYTES)
         except FileNotFoundError:
             if os.path.lexists(f"{folder}/versions"):
-                raise _DeclinedError from None  # a name without a head: Repo rebuilds its index
+                raise DeclinedError from None  # a name without a head: Repo rebuilds its index
             continue  # not a name (Repo skips it too)
-        name = _name(quoted)
+        name = capture_name(quoted)
         if os.path.lexists(f"{folder}/{NOTES_FILE}"):
-            raise _DeclinedError  # tags edited after capture: repo/note_edits.py
+            raise DeclinedError  # tags edited after capture: repo/note_edits.py
         if prefix is not None and name != prefix and not name.startswith(under or ""):
             continue
         rows += _name_rows(name, f"{folder}/versions/", folder, raw)
@@ -158,48 +153,78 @@ def _rows(root: str, prefix: str | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _name(quoted: str) -> str:
+def check_layout(root: str) -> None:
+    """Decline unless ``root`` is a repo of the current layout (its marker intact) with a real
+    ``names`` folder."""
+    marker = json.loads(read_file(f"{root}/{MARKER}", MARKER_BYTES))
+    if type(marker) is not dict or type(marker.get("layout_version")) is not int \
+            or marker["layout_version"] != LAYOUT_VERSION:
+        raise DeclinedError  # an older layout (read by Repo as it is), a newer one, or a damaged marker
+    if not stat.S_ISDIR(os.lstat(f"{root}/names").st_mode):
+        raise DeclinedError
+
+
+def capture_name(quoted: str) -> str:
     """The capture name of a ``names/`` folder, declined unless it is one ``repo/names.py``
     accepts (a folder that is not a name is skipped by Repo: declined here, not decided)."""
     name = quoted.replace("%2F", "/")
     if "%" in name or not 0 < len(name) <= 512:
-        raise _DeclinedError
+        raise DeclinedError
     for segment in name.split("/"):
         if not 0 < len(segment) <= 128 or segment[0] not in _NAME_FIRST or not set(segment) <= _NAME_REST:
-            raise _DeclinedError
+            raise DeclinedError
     return name
 
 
 def _name_rows(name: str, versions_folder: str, folder: str, raw: bytes) -> list[dict[str, Any]]:
-    """The rows of one name from its head ``raw`` and its log, checked as ``repo/index.py`` checks
-    them (``_checked_head``, ``_head_fields``, ``_log_entries``); anything it would not use as it
-    is (so rebuild, adopt or skip) is declined."""
+    """The rows of one name from its head ``raw`` and its log (:func:`name_index`)."""
+    index = name_index(folder, raw)
+    return [listing_row(name, number, versions_folder, index.aliases_of.get(number, ()), entry)
+            for number, entry in sorted(index.entries.items())]
+
+
+class NameIndex:
+    """One name's index as :func:`name_index` read it (a plain class: a dataclass or NamedTuple
+    would import what ``ls`` starts without)."""
+
+    __slots__ = ("aliases", "aliases_of", "entries", "latest")
+    latest: int  # the head's latest version, 0 when none
+    aliases: dict[str, int]  # the head's aliases
+    aliases_of: dict[int, tuple[str, ...]]  # version -> the aliases `ls` lists, `latest` first
+    entries: dict[int, dict[str, Any]]  # version -> its log entry
+
+
+def name_index(folder: str, raw: bytes) -> NameIndex:
+    """One name's index from its head ``raw`` (read from ``folder``'s ``summary.json``) and its
+    log, checked as ``repo/index.py`` checks them (``_checked_head``, ``_head_fields``,
+    ``_log_entries``); anything it would not use as it is (so rebuild, adopt or skip) is declined."""
     import xxhash  # the head's checksum, as the repo computes it
 
     if raw[:10] != b'{"check":"' or raw[26:28] != b'",' \
             or xxhash.xxh3_64_hexdigest(raw[28:].rstrip()).encode() != raw[10:26]:
-        raise _DeclinedError
+        raise DeclinedError
     head = json.loads(raw)
     if type(head) is not dict or head.get("summary") != HEAD_FORMAT:
-        raise _DeclinedError
+        raise DeclinedError
     used = _whole_number(head.get("used"), MAX_VERSION)
     latest = _whole_number(head.get("latest"), used)
     _whole_number(head.get("count", 0), MAX_VERSION)
     if head.get("reserved", {}) != {} or head.get("changing", {}) != {} or head.get("removing", []) != [] \
             or type(head.get("aliases")) is not dict:
-        raise _DeclinedError  # a write in progress: Repo looks at each one
+        raise DeclinedError  # a write in progress: Repo looks at each one
     aliases = head["aliases"]
     if not all(type(number) is int and 1 <= number <= used for number in aliases.values()):
-        raise _DeclinedError
+        raise DeclinedError
     log = _whole_number(head.get("log"), MAX_VERSION)
     _whole_number(head.get("dead", 0), MAX_VERSION)
     log_bytes = _whole_number(head.get("log_bytes"), METADATA_BYTES)
     entries: dict[int, dict[str, Any]] = {}
     if log:
-        data = _read(f"{folder}/summary-{log}.log", METADATA_BYTES)
+        data = read_file(f"{folder}/summary-{log}.log", METADATA_BYTES)
         if len(data) < log_bytes:
-            raise _DeclinedError
+            raise DeclinedError
         entries = _log_entries(data[:log_bytes], used)
+    stored_latest = latest
     if latest not in entries:
         latest = max(entries, default=0)
     by_version: dict[int, tuple[str, ...]] = {}
@@ -207,8 +232,9 @@ def _name_rows(name: str, versions_folder: str, folder: str, raw: bytes) -> list
         by_version[number] = (*by_version.get(number, ()), alias)
     if latest:
         by_version[latest] = (LATEST, *by_version.get(latest, ()))
-    return [_row(name, number, versions_folder, by_version.get(number, ()), entry)
-            for number, entry in sorted(entries.items())]
+    index = NameIndex()
+    index.latest, index.aliases, index.aliases_of, index.entries = stored_latest, aliases, by_version, entries
+    return index
 
 
 def _log_entries(data: bytes, used: int) -> dict[int, dict[str, Any]]:
@@ -218,7 +244,7 @@ def _log_entries(data: bytes, used: int) -> dict[int, dict[str, Any]]:
         return {}
     lines = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
     if not all(type(line) is dict for line in lines):
-        raise _DeclinedError
+        raise DeclinedError
     entries: dict[int, dict[str, Any]] = {}
     try:
         if all("v" in line for line in lines):  # the usual log: entries only
@@ -230,13 +256,13 @@ def _log_entries(data: bytes, used: int) -> dict[int, dict[str, Any]]:
                 else:
                     entries[line["v"]] = line
     except (KeyError, TypeError):  # a line without a number, or a number that is a table or a list
-        raise _DeclinedError from None
+        raise DeclinedError from None
     if not all(type(number) is int and 1 <= number <= used for number in entries):
-        raise _DeclinedError
+        raise DeclinedError
     return entries
 
 
-def _row(name: str, number: int, versions_folder: str, aliases: tuple[str, ...],
+def listing_row(name: str, number: int, versions_folder: str, aliases: tuple[str, ...],
          entry: dict[str, Any]) -> dict[str, Any]:
     """``VersionInfo.to_dict()`` of one entry; declined unless every field is plainly typed (Repo
     reads an oddly typed one leniently, and a pending entry from its capture file)."""
@@ -245,7 +271,7 @@ def _row(name: str, number: int, versions_folder: str, aliases: tuple[str, ...],
     if "blobs" not in entry or type(created) is not str or type(tags) is not list \
             or not all(type(tag) is str for tag in tags) or type(nbytes) is not int or type(module_class) is not str \
             or type(calls) is not int or not (problem is None or type(problem) is str):
-        raise _DeclinedError
+        raise DeclinedError
     return {"name": name, "version": number, "ref": f"{name}:v{number}", "path": f"{versions_folder}{number}",
             "created": created, "tags": tags, "aliases": list(aliases), "payload_bytes": nbytes,
             "module_class": module_class, "calls": calls, "problem": problem}
@@ -283,7 +309,7 @@ def _table_text(location: str, rows: list[dict[str, Any]], terminal: bool) -> st
                   for row in cells]
         bold = 1
     if not all(line.isprintable() for line in lines):
-        raise _DeclinedError  # output.safe_text would escape something: Repo's path does
+        raise DeclinedError  # output.safe_text would escape something: Repo's path does
     if terminal and bold is not None:
         lines[bold] = f"\x1b[1m{lines[bold]}\x1b[0m"  # click.style(bold=True)
     return "\n".join(lines) + "\n"

@@ -8,12 +8,14 @@ Both print plain text and start without rich (other renderers build their tables
 
 from __future__ import annotations
 
-from typing import Any
-
 from modulelens.errors import UsageError
 from modulelens.format.human import human_bytes
 from modulelens.interfaces import session
 from modulelens.interfaces.output import echo, emit, emit_json, text_table
+
+_TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of a fresh `show`, issue 37)
+if _TYPE_CHECKING:
+    from typing import Any
 
 # What `show` prints without --all (docs/cli.md): the UI's capture page shows 20 calls and 16 leaves
 # of each (docs/ui.md, "Limits"); a terminal gets a little more of the calls.
@@ -98,14 +100,24 @@ def show_capture(ref: str, repo: str | None = None, ops: bool = False, show_all:
     if as_json:
         emit_json("show", result=result)
         return
-    # the whole metadata only for people: constructor arguments that are modules or tensors are
-    # written out from its constructions and tensors tables
-    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {}),
-                                                       bounded=not show_all))
+    print_show(result, meta, bounded=not show_all)
     from modulelens.interfaces.ui.discovery import capture_url  # a running `modulelens ui` of this repo
 
     if url := capture_url(store.location, result["ref"]):
         echo(f"in the browser: {url}")
+
+
+def print_show(result: dict[str, Any], meta: dict[str, Any], *, bounded: bool = True) -> None:
+    """Print ``show``'s text for people: ``result`` is ``describe``'s, ``meta`` the checked metadata
+    it describes (its constructor arguments that are modules or tensors are written out from its
+    constructions and tensors tables). Also what ``show``'s quick path prints (_quick_show.py).
+
+    Example::
+
+        print_show(describe_metadata(meta, info.to_dict(), reports), meta)
+    """
+    emit("show", False, result, lambda d: _render_show(d, result, meta.get("constructions", {}), meta.get("tensors", {}),
+                                                       bounded=bounded))
 
 
 def _render_show(d: dict[str, Any], raw: dict[str, Any], constructions: dict[str, Any], tensors: dict[str, Any],

@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 
 from modulelens.errors import UsageError
 from modulelens.format.human import human_bytes, human_number
-from modulelens.interfaces.tensor_info import state_rows, tree_rows
+from modulelens.interfaces.tensor_info import SAMPLE_ELEMENTS, state_rows, tree_rows
 from modulelens.interfaces.ui import charts
 from modulelens.interfaces.ui.home import capture_home, name_href
 from modulelens.interfaces.ui.repo_view import Listing, RepoView, StoredCapture
@@ -34,6 +34,7 @@ from modulelens.interfaces.ui.shown import (
     LEAVES_PREVIEW,
     LISTED,
     MAX_PER_PAGE,
+    PAGE_SAMPLE_ELEMENTS,
     PARAMETERS_PER_PAGE,
     PER_PAGE,
     REPORTS_LISTED,
@@ -307,17 +308,25 @@ def _parameters(view: RepoView, capture: StoredCapture,
     count = sum(_numel(tensors[e["tensor"]]["shape"]) for e in state["parameters"].values())
     window = Window.of(len(state["parameters"]) + len(state["buffers"]), query.parameters_page, PARAMETERS_PER_PAGE)
     rows = state_rows(capture, query.state, stats=False, limit=window.stop)[window.start:]
-    return [_with_summary(view, capture, row) for row in rows], window, count
+    limit = _shared_sample(sum(row["kind"] == "tensor" for row in rows))
+    return [_with_summary(view, capture, row, limit=limit) for row in rows], window, count
+
+
+def _shared_sample(tensors: int) -> int:
+    """Values sampled from each of ``tensors`` tensors on one page: :data:`~.shown.PAGE_SAMPLE_ELEMENTS`
+    shared among them, at most :data:`~modulelens.interfaces.tensor_info.SAMPLE_ELEMENTS` each."""
+    return max(1, min(SAMPLE_ELEMENTS, PAGE_SAMPLE_ELEMENTS // max(tensors, 1)))
 
 
 def _numel(shape: list[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-def _with_summary(view: RepoView, capture: StoredCapture, row: dict[str, Any], histogram: bool = True) -> dict[str, Any]:
+def _with_summary(view: RepoView, capture: StoredCapture, row: dict[str, Any], histogram: bool = True,
+                  limit: int | None = None) -> dict[str, Any]:
     if row["kind"] != "tensor":
         return row
-    summary = view.summary(capture, row["id"])
+    summary = view.summary(capture, row["id"], limit)
     stats = summary["stats"] if isinstance(summary["stats"], dict) else None
     row.update(stats=stats, sampled=summary["sampled"], stats_error=summary["error"],
                histogram=charts.histogram_bars(summary["histogram"]) if histogram else None,

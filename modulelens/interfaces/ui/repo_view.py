@@ -224,7 +224,7 @@ class RepoView:
         self.repo = repo
         self._lock = threading.Lock()
         self._captures: OrderedDict[tuple[str, int], StoredCapture] = OrderedDict()
-        self._summaries: OrderedDict[tuple[str, int, str], dict[str, Any]] = OrderedDict()
+        self._summaries: OrderedDict[tuple[str, int, str, int], dict[str, Any]] = OrderedDict()
         self._jobs: dict[str, dict[str, Any] | None] = {}
         self._drawn: OrderedDict[tuple[str, ...], Any] = OrderedDict()
         self._scan: threading.Thread | None = None
@@ -378,15 +378,17 @@ class RepoView:
         self._remember_job(found.ref, found.metadata.get("environment"))
         return found
 
-    def summary(self, capture: StoredCapture, tid: str) -> dict[str, Any]:
-        """:func:`~modulelens.interfaces.tensor_info.tensor_summary` of one tensor, kept."""
-        from modulelens.interfaces.tensor_info import tensor_summary
+    def summary(self, capture: StoredCapture, tid: str, limit: int | None = None) -> dict[str, Any]:
+        """:func:`~modulelens.interfaces.tensor_info.tensor_summary` of one tensor from a sample of
+        at most ``limit`` values (default :data:`~modulelens.interfaces.tensor_info.SAMPLE_ELEMENTS`), kept."""
+        from modulelens.interfaces.tensor_info import SAMPLE_ELEMENTS, tensor_summary
 
-        key = (capture.name, capture.version, tid)
+        limit = SAMPLE_ELEMENTS if limit is None else limit
+        key = (capture.name, capture.version, tid, limit)
         with self._lock:
             found = self._summaries.get(key)
         if found is None:
-            found = tensor_summary(capture, tid, sample=capture.sample)
+            found = tensor_summary(capture, tid, limit=limit, sample=capture.sample)
             with self._lock:
                 self._summaries[key] = found
                 while len(self._summaries) > _SUMMARIES:

@@ -32,6 +32,12 @@ CALLS_PER_PAGE = 20  # calls on a capture page
 LEAVES_PREVIEW = 16  # leaves of each of a call's trees on the capture page (the call's own page has them all)
 LEAVES_PER_PAGE = 500  # leaves of one tree on a call's page
 PARAMETERS_PER_PAGE = 500  # parameters and buffers on a capture page
+# Values a capture page samples for the statistics and histograms of its parameters, shared among
+# them: each reads at most tensor_info.SAMPLE_ELEMENTS, fewer when the page shows more than 32
+# tensors (what a 1 GiB capture of 16 Linear(4096, 4096) shows). Summarising a sample costs ~5 ms
+# per 262,144 values here, so a 4 GiB capture's 128 tensors took 0.8 s cold at the full sample each
+# against issue 37's 300 ms (benchmarks/bench_ui.py --gib 4); its page costs what the 1 GiB one does.
+PAGE_SAMPLE_ELEMENTS = 1 << 23
 REPORTS_PER_PAGE = 20  # reports on a reports page (and in the saved file)
 REPORTS_LISTED = 10  # newest reports named on the capture page
 PLOTTED_PROFILES = 50  # newest profile reports in the history figure
