@@ -114,9 +114,9 @@ def test_a_load_asks_the_disk_for_every_sampled_chunk_first_and_then_checks_thos
         events.append(("read", os.readlink(f"/proc/self/fd/{fd}"), offset))
         return real_preadv(fd, buffers, offset)
 
-    loaded = modulelens.load("three", repo=repo)
     with mock.patch.object(os, "posix_fadvise", fadvise), mock.patch.object(os, "preadv", preadv):
-        loaded.module  # noqa: B018
+        loaded = modulelens.load("three", repo=repo)  # asks, while the rest of the load goes on
+        loaded.module  # noqa: B018  (checks)
     assert loaded.replay().passed
     kinds = [kind for kind, _, _ in events]
     assert kinds.index("read") > len(kinds) - kinds[::-1].index("ahead") - 1  # every hint before any check

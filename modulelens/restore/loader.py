@@ -71,6 +71,7 @@ class Capture:
                 f"{self.ref} uses capture format {self.metadata['format_version']}; "
                 f"this modulelens reads up to {FORMAT_VERSION} (upgrade modulelens)"
             )
+        self._read_ahead_weights()  # the disk reads while the classes are resolved and the calls listed
         self.device = torch.device(device) if device is not None else None
         self.dtype = dtype
         self._tensors: dict[str, torch.Tensor] = {}
@@ -353,7 +354,6 @@ class Capture:
         computes what that call did. When the recorded calls differ in mode, :attr:`notes` says so
         (:meth:`replay` sets each call's own mode)."""
         if self._module is None:
-            self._read_ahead_weights()
             module = self._rebuilder.build()
             self._check_rebuilt_buffers(module)
             self._set_recorded_mode(module)
@@ -362,8 +362,8 @@ class Capture:
 
     def _read_ahead_weights(self) -> None:
         """Let the disk read what the checks of state 0's payloads (what :meth:`module` opens, one
-        by one) will read, all at once: out of the page cache, a load of 16 weight files waited for
-        32 small reads in turn (repo/markers.py, ``read_ahead``)."""
+        by one) will read, all at once and from the start of a load: out of the page cache, a load
+        of 16 weight files waited for 32 small reads in turn (repo/markers.py, ``read_ahead``)."""
         states = self.metadata.get("states") or []
         if not states:
             return
