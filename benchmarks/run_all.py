@@ -102,6 +102,8 @@ def main() -> None:
         if done.returncode != 0:
             print(f"run_all: {name} failed (exit {done.returncode})", file=sys.stderr)
     record["ended"] = _now()
+    # the run is when the results it keeps were made (a partial run can replace the earliest ones)
+    record["started"] = min((r["started"] for r in record["runs"]), default=record["started"])
     (results / "all.json").write_text(json.dumps(record, indent=1) + "\n")
     _write(output, performance_page(results))
     print(targets_table(results))
