@@ -90,6 +90,22 @@ def main() -> None:
         print(f"{key}: {value:.3g}")
 
 
+def mmap_recipe(path: Path, width: int, depth: int) -> nn.Module:
+    """The best-practice recipe: build on the meta device, memory-map the file, assign."""
+    with torch.device("meta"):
+        m = Big(width, depth)
+    m.load_state_dict(torch.load(path, weights_only=True, mmap=True), assign=True)
+    return m
+
+
+def safetensors_mmap_recipe(path: Path, width: int, depth: int) -> nn.Module:
+    """The same recipe with safetensors: ``load_file`` memory-maps the file, assign keeps the maps."""
+    with torch.device("meta"):
+        m = Big(width, depth)
+    m.load_state_dict(safetensors.torch.load_file(str(path)), assign=True)
+    return m
+
+
 def _width_for(gib: float, layers: int) -> int:
     """The width at which ``layers`` x Linear(width, width) hold about ``gib`` GiB of fp32 weights."""
     return max(1, round(math.sqrt(gib * (1 << 30) / 4 / layers)))
@@ -170,18 +186,10 @@ def full_table(gib: float, width: int, repeat: int) -> tuple[list[dict], dict]:
             return m
 
         def load_torch_mmap() -> nn.Module:
-            # the best-practice recipe: build on the meta device, memory-map the file, assign
-            with torch.device("meta"):
-                m = Big(width, depth)
-            m.load_state_dict(torch.load(work / "w.pt", weights_only=True, mmap=True), assign=True)
-            return m
+            return mmap_recipe(work / "w.pt", width, depth)
 
         def load_st_mmap() -> nn.Module:
-            # the same recipe with safetensors: load_file memory-maps the file, assign keeps the maps
-            with torch.device("meta"):
-                m = Big(width, depth)
-            m.load_state_dict(safetensors.torch.load_file(str(work / "w.safetensors")), assign=True)
-            return m
+            return safetensors_mmap_recipe(work / "w.safetensors", width, depth)
 
         def load_ml() -> nn.Module:
             return modulelens.load("big", repo=repo, trust_source=True).module  # Big is this script's own class
@@ -255,16 +263,10 @@ def load_sweep(gib: float, width: int, depth: int, repeat: int) -> dict:
         blobs = sum(1 for path in (work / "repo").rglob("*") if path.is_file() and path.stat().st_size >= 1 << 20)
 
         def recipe() -> nn.Module:
-            with torch.device("meta"):
-                m = Big(width, depth)
-            m.load_state_dict(torch.load(work / "w.pt", weights_only=True, mmap=True), assign=True)
-            return m
+            return mmap_recipe(work / "w.pt", width, depth)
 
         def st_recipe() -> nn.Module:
-            with torch.device("meta"):
-                m = Big(width, depth)
-            m.load_state_dict(safetensors.torch.load_file(str(work / "w.safetensors")), assign=True)
-            return m
+            return safetensors_mmap_recipe(work / "w.safetensors", width, depth)
 
         def ml() -> nn.Module:
             # a new Repo each time, as a new process has: nothing of an earlier load kept
