@@ -296,9 +296,6 @@ class Summaries:
         self._read_entries = read_entries
         self._before_write = before_write
         self._appends = store.appends
-        # The head this object last stored in a directory, with its tag, by key: a save's reserve and
-        # finish start from it (:meth:`_update`, ``reuse``): one writer saving again and again reads no head.
-        self._written: dict[str, tuple[bytes, str]] = {}
 
     # ------------------------------------------------------------------------------ reading
 
@@ -542,7 +539,7 @@ class Summaries:
                 index.reserved[str(number)] = {"by": _writer(), "at": now}
             index.used += count
             return list(range(first, first + count)), index.stored
-        return self._update(name, prefix, change, reuse=True)[1]
+        return self._update(name, prefix, change)[1]
 
     def finish(self, name: str, prefix: str, entries: dict[int, Entry], *, released: Iterable[int] = ()) -> NameIndex:
         """Record versions just published (their reservations end); ``released``: reserved numbers
@@ -582,7 +579,7 @@ class Summaries:
                 index.used = max(index.used, *entries)
             if kept:
                 index.latest = max(index.latest, *kept)
-        return self._update(name, prefix, change, reuse=True)[0]
+        return self._update(name, prefix, change)[0]
 
     def begin_removal(self, name: str, prefix: str, numbers: Iterable[int]) -> NameIndex:
         """Mark ``numbers`` as being removed: readers no longer show them from now on."""
@@ -706,19 +703,15 @@ class Summaries:
         return max((int(f[len("summary-"):-len(".log")]) for f in self._log_files(prefix)
                     if f[len("summary-"):-len(".log")].isdigit()), default=0)
 
-    def _update(self, name: str, prefix: str, change: Callable[[NameIndex], T], *,
-                reuse: bool = False) -> tuple[NameIndex, T]:
+    def _update(self, name: str, prefix: str, change: Callable[[NameIndex], T]) -> tuple[NameIndex, T]:
         """Apply ``change`` to the head with compare-and-swap, again on a fresh read whenever
         another writer changed it first. A missing or older head, or a log that cannot be appended
-        to (damaged, or a link planted there), is rebuilt (and stored, in a new log) first.
-        ``reuse``: start from the head this object stored last, if it stored this one; the swap then
-        compares under the lock, so a head another writer changed meanwhile is read then."""
+        to (damaged, or a link planted there), is rebuilt (and stored, in a new log) first."""
         self._before_write()
         key = f"{prefix}/{SUMMARY_FILE}"
-        written = self._written.pop(key, None)
         rebuild = False
-        for attempt in range(_SWAP_ATTEMPTS):
-            raw, tag = written if reuse and attempt == 0 and written is not None else self.store.read_tagged(key)
+        for _attempt in range(_SWAP_ATTEMPTS):
+            raw, tag = self.store.read_tagged(key)
             index = None if rebuild else _parse_head(raw, appends=self._appends)
             if index is None:
                 rebuilt = self._rebuilt(name, prefix, None)
@@ -737,9 +730,6 @@ class Summaries:
             new_tag = self.store.swap(key, head, tag, durable=False)
             if new_tag is not None:
                 index.tag = new_tag
-                if self._appends:  # (a directory's head is small and its compare local; an object
-                    # store's head holds every entry, which a failed conditional write would have sent)
-                    self._written[key] = (head, new_tag)
                 return index, result
         raise RepoBusyError(f"the index of {name} kept changing under {_SWAP_ATTEMPTS} attempts to update it")
 

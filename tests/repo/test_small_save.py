@@ -90,33 +90,6 @@ def test_a_writer_between_a_saves_reserve_and_finish_loses_nothing(repo: modulel
     assert _again(repo, "lin", "next").version == 4  # the object that was interrupted saves on
 
 
-def test_saves_read_the_index_head_only_when_another_writer_changed_it(
-        repo: modulelens.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A save starts from the head this Repo stored last (reserve from the last finish, finish from
-    its reserve); the swap compares under the lock, so a head another writer changed is read then."""
-    _save(repo, "lin")
-    reads: list[str] = []
-    read_tagged = LocalStore.read_tagged
-
-    def counted(self: LocalStore, key: str) -> tuple[bytes | None, str | None]:
-        if self is repo.store:
-            reads.append(key)
-        return read_tagged(self, key)
-
-    monkeypatch.setattr(LocalStore, "read_tagged", counted)
-    for number in range(2, 5):
-        assert _again(repo, "lin", f"t{number}").version == number
-    assert reads == []  # the last head stored by _save's own save, then by each save
-    other = modulelens.Repo(repo.root)
-    other.set_alias("lin:v2", "golden")  # another writer changes the head
-    assert _again(repo, "lin", "t5").version == 5
-    assert reads == ["names/lin/summary.json"]  # the reserve's compare failed: read once, then swapped
-    assert _again(other, "lin", "t6").version == 6  # (other's last head is stale too: read again)
-    listed = {i.version: i.aliases for i in modulelens.Repo(repo.root).list("lin")}
-    assert listed == {1: (), 2: ("golden",), 3: (), 4: (), 5: (), 6: ("latest",)}
-    assert modulelens.Repo(repo.root).fsck().clean
-
-
 def test_saves_are_signed_with_the_key_the_environment_names_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sealer is kept per Repo, but per key location: a process that points XDG_CONFIG_HOME
     elsewhere signs its next save with that key, and a capture saved with either loads as its own
