@@ -497,6 +497,10 @@ def big_section(work: Path, sizes: list[float], rounds: int) -> dict[str, Any]:
             ratios[f"time_paired_{size:g}gib"] = statistics.median(paired)
             ratios[f"time_paired_range_{size:g}gib"] = [min(paired), max(paired)]
             ratios[f"added_peak_fraction_{size:g}gib"] = ml["added_peak_fraction"]
+            # "stable between runs" (issue 37): how far apart the rounds' peaks are, per the weights
+            peaks = [m["added_bytes"] for m in results[("modulelens", size)]]
+            ratios[f"added_peak_spread_{size:g}gib"] = (max(peaks) - min(peaks)) / ml["weight_bytes"]
+            ratios[f"added_peak_range_mib_{size:g}gib"] = [min(peaks) / 2**20, max(peaks) / 2**20]
     return {"rows": rows, "ratios": ratios, "load_before": load_before, "load_after": os.getloadavg()}
 
 

@@ -56,12 +56,12 @@ def test_every_issue_37_target_has_a_row_and_says_not_run_without_results(run_al
              for words in ("load to runnable, 2 GiB", "cold (files dropped from the page cache), 2 GiB",
                            "big capture, 2 GiB: capture", "big capture, 2 GiB: extra peak memory",
                            "one more small version, time", "one more small version, bytes", "`modulelens show`",
-                           "first byte", "the 500-row page", "4 GiB capture, cold")}
+                           "first byte", "the 500-row page", "4 GiB capture, cold", "extra peak memory between rounds")}
     assert goals == {"load to runnable, 2 GiB": "≤ 1.20×", "cold (files dropped from the page cache), 2 GiB": "≤ 1.00×",
                      "big capture, 2 GiB: capture": "≤ 1.10×", "big capture, 2 GiB: extra peak memory": "≤ 5.0%",
                      "one more small version, time": "≤ 1.50×", "one more small version, bytes": "≤ 2.00×",
                      "`modulelens show`": "≤ 1.50×", "first byte": "≤ 50 ms", "the 500-row page": "≤ 150 ms",
-                     "4 GiB capture, cold": "≤ 300 ms"}
+                     "4 GiB capture, cold": "≤ 300 ms", "extra peak memory between rounds": "≤ 1.0%"}
 
 
 def test_a_row_takes_only_the_size_it_names(run_all: ModuleType, tmp_path: Path) -> None:

@@ -62,8 +62,8 @@ class ContentHasher:
         assert hasher.digest() == hash_bytes(b"".join(pieces))
     """
 
-    def __init__(self) -> None:
-        self._hasher = _hasher(True)  # (pieces of 8 MiB: threads pay)
+    def __init__(self, *, threads: bool = True) -> None:
+        self._hasher = _hasher(threads)  # (pieces of 8 MiB: threads pay, unless the cores are the job's)
 
     def update(self, data: memoryview | bytes) -> None:
         self._hasher.update(data)

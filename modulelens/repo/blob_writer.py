@@ -48,7 +48,7 @@ class FileBlobWriter(BlobWriter):
         self.path = path
         self.nbytes = nbytes
         self.written = 0
-        self._hasher = ContentHasher()
+        self._hasher = ContentHasher(threads=False)  # one thread: the cores are the job's (it runs meanwhile)
         self._chunks = ChunkHasher(nbytes)
         self._hashing: ThreadPoolExecutor | None = None  # hashes a piece while it is being written
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)

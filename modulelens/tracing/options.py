@@ -32,6 +32,11 @@ class Recording:
             differs from it. Only recorded calls pay for it (``benchmarks/bench_op_trace.py``).
         op_trace_values: bytes of op output values kept per recorded call, beyond fingerprints and
             statistics (the first outputs until the budget is spent; ``0``: none).
+        settle_at_return: finish reading a recorded call's large weights (those written to the repo
+            while the job runs) before the call returns, instead of before the next optimizer step or
+            backward through the call. For jobs that change weights some other way between calls
+            (``p.data.add_`` with no backward, as evolution strategies do), which otherwise lose such
+            a weight, with a warning; each recorded call then waits for part of its write.
 
     Raises:
         UsageError: ``warmup < 0``, ``max_calls < 1``, ``sync_timeout <= 0``, malformed ``ranks``
@@ -52,6 +57,7 @@ class Recording:
     sync_timeout: float = 60.0
     op_trace: bool = False
     op_trace_values: int = 16 << 20
+    settle_at_return: bool = False
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.max_calls < 1:
@@ -60,6 +66,8 @@ class Recording:
         if not isinstance(self.op_trace_values, int) or isinstance(self.op_trace_values, bool) \
                 or self.op_trace_values < 0:
             raise UsageError(f"op_trace_values must be a number of bytes >= 0, got {self.op_trace_values!r}")
+        if not isinstance(self.settle_at_return, bool):
+            raise UsageError(f"settle_at_return must be True or False, got {self.settle_at_return!r}")
         if not self.sync_timeout > 0:
             raise UsageError(f"sync_timeout must be > 0 seconds, got {self.sync_timeout!r}")
         ranks = normalise_ranks(self.ranks)

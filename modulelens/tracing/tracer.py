@@ -55,7 +55,15 @@ from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.targets import find_targets, matches, never_called_as_module, normalise_pattern
-from modulelens.tracing.weights import BlobSink, StreamedWeight, WeightWriter, can_stream, mark_written, warn_changed
+from modulelens.tracing.weights import (
+    BlobSink,
+    StreamedWeight,
+    WeightWriter,
+    can_stream,
+    mark_written,
+    warn_after_return,
+    warn_changed,
+)
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -124,6 +132,7 @@ class Tracer:
         # the repo the capture is saved into (tracing/weights.py); without one they are copied.
         self._weights = WeightWriter(blob_sink) if blob_sink is not None else None
         self._streamed: dict[int, StreamedWeight] = {}  # id of the placeholder in a state -> its write
+        self._settle_at_return = record.settle_at_return
         self._handles: dict[str, list[Any]] = {}
         # Pending calls per target *and thread*: a forward entered on one thread is exited on that
         # thread, so pairing inputs with outputs by a per-thread stack stays right when several
@@ -393,7 +402,7 @@ class Tracer:
                     self._snap.gathered = {}
                     self._snap.stacked = False
                 pending.call.finished = True
-                self._settle_weights()  # from here on the job may change its weights
+                self._weights_returned(pending.call, flat_output)
                 if pending.live_inputs is not None:
                     output, handles = watch_backward(pending.call, module, pending.live_inputs, output, pending.start,
                                                      self._snap, functools.partial(self._on_backward, name))
@@ -507,9 +516,28 @@ class Tracer:
         return {n: streamed[by_id[id(p)]].alias if by_id.get(id(p)) in streamed else self._snap.tensor(p)
                 for n, p in params.items()}
 
+    def _weights_returned(self, call: CallRecord, output: Flattened) -> None:
+        """A recorded call returned: the writes of its large weights go on until the job may change
+        them, or are settled now (:meth:`WeightWriter.returned`; a distributed job's wrappers may
+        free a weight's storage once the call returns)."""
+        at_return = self._settle_at_return or self.world_size > 1 or self._compiled or call.vmap is not None
+        if self._weights is not None and self._weights.returned(self, output.leaves, at_return=at_return):
+            self._settle_weights()
+
+    def settle_weights(self) -> None:
+        """Finish reading recorded large weights from the live tensors now (the rest is copied):
+        called before anything may change the weights (tracing/weights.py). Never raises."""
+        try:
+            with self._lock:
+                self._settle_weights()
+        except Exception as error:  # fail open
+            if self.strict:
+                raise
+            warnings.warn(f"modulelens: settling recorded weights failed: {error}", CaptureWarning, stacklevel=2)
+
     def _settle_weights(self) -> None:
-        """The end of a recorded call: bound what is left to read from the live weights
-        (tracing/weights.py); a weight whose write failed is copied now, while it is unchanged."""
+        """Bound what is left to read from the live weights (tracing/weights.py); a weight whose
+        write failed is copied now, while it is unchanged."""
         if self._weights is None or not self._streamed:
             return
         for job in self._weights.settle():
@@ -656,7 +684,9 @@ class Tracer:
         return sum(len(h) for h in self._handles.values())
 
     def stop(self) -> None:
-        """Remove every hook now (captured calls are kept)."""
+        """Remove every hook now (captured calls are kept); weights still being written are settled
+        (the job goes on and may change them)."""
+        self.settle_weights()
         for name in list(self._handles):
             self._detach(name)
         for handle in self._backward_handles:
@@ -678,6 +708,10 @@ class Tracer:
                 if job.alias is None:
                     continue  # replaced already
                 written = None
+                if job.after_return:  # what was written is not what the call saw: left out, never stored
+                    warn_after_return(job)
+                    self._replace_streamed(job, None)
+                    continue
                 if job.payload is not None:
                     try:
                         written = mark_written(job.alias, job.payload)

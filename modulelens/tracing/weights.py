@@ -14,13 +14,28 @@ copy costs the job less than a file, a thread and a flush per recorded call.
 
 What is written must be what the call started with. The module's own forward runs while the
 writer reads (it does not change its parameters; buffers, which a forward may update in place,
-such as batch-norm statistics, are copied as before). Once the recorded call returns, anything may
-change the weights at any moment: an optimizer step, ``p.data.add_``, ``load_state_dict``, another
-thread. Optimizer step pre-hooks would catch only the first, and an update through ``.data`` leaves
-no trace until it has happened. So the end of the recorded call is the bound: it waits until at
-most :data:`SETTLE_BUDGET_FRACTION` of the weights (at most :data:`SETTLE_BUDGET_MAX` bytes) is
-left to write, copies what is left, and returns; the rest is written from that copy. The memory
-added is that copy, and the wait is the part of the write the forward did not cover.
+such as batch-norm statistics, are copied as before). Once the recorded call returns, the weights
+can change: an optimizer step, ``p.data.add_``, ``load_state_dict``, another thread. Waiting for the
+write at the end of every recorded call (as this module did first) cost a GPT-2-small training step
+1.20x (issue 37): the disk took 28 MB a block at ~450 MB/s while the block's forward took 20 ms. So
+a recorded call on the CPU returns at once and the write goes on until the first point where a
+training job changes weights, where it is settled (:meth:`WeightWriter.settle`: wait until at most
+:data:`SETTLE_BUDGET_FRACTION` of the weights, at most :data:`SETTLE_BUDGET_MAX` bytes, is left to
+write, copy that, and return; the rest is written from the copy):
+
+* before any ``torch.optim`` optimizer's step (one process-wide step pre-hook, ``_StepGuard``);
+* when a backward reaches the call's output (before any gradient of its weights exists, so
+  before an optimizer stepped inside the backward, on ``register_post_accumulate_grad_hook``, can
+  run), which also comes before the update of a hand-written loop (``p.data.add_(-lr * p.grad)``);
+* when the capture stops or is saved.
+
+A change anywhere else (``p.data.add_`` with no backward between, as evolution strategies perturb
+weights) while a write is still reading is caught, never stored: the version counter, and the
+weight's fingerprint against the bytes written, are checked when the reading ends, and such a
+weight is left out of the capture with a warning that names it (loading the capture then refuses,
+naming it missing, as for a weight whose write failed). ``Recording(settle_at_return=True)``
+settles at the end of every recorded call instead, for such jobs; so does a call on a CUDA device
+(its reads run on a side stream that must not outlive the call's ordering, below).
 
 A tensor's version counter is checked when the call ends, and the content written is checked
 against the weight's fingerprint (tracing/fingerprint.py) when it is done: a forward that changed
@@ -36,8 +51,9 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -188,8 +204,8 @@ class StreamedWeight:
         self.version = tensor._version
         self.fingerprint = fingerprint if sums_bits(tensor) else None
         self._width = np.dtype(str(bit_sum_width(tensor)).removeprefix("torch."))
-        use_buffer = tensor.device.type != "cpu" if buffered is None else buffered
-        self._reader: Any = _BufferedReader(flat) if use_buffer else _HostReader(flat)
+        self.buffered = tensor.device.type != "cpu" if buffered is None else buffered
+        self._reader: Any = _BufferedReader(flat) if self.buffered else _HostReader(flat)
         self.written = 0
         self._copied_from: int | None = None  # where the copy of the rest starts, once taken
         self._copy: memoryview | None = None
@@ -200,6 +216,11 @@ class StreamedWeight:
         self.error: BaseException | None = None
         self.payload: WrittenPayload | None = None
         self.changed: str | None = None  # why what was written is not what the call started with
+        # Whether the call returned with this weight still being read from the live tensor (settled
+        # later, module docstring); None until it returns. A change found then may have come after
+        # the call, so nothing right can be stored: ``after_return`` (the weight is left out).
+        self.deferred: bool | None = None
+        self.after_return = False
 
     @property
     def left(self) -> int:
@@ -211,13 +232,30 @@ class StreamedWeight:
             return self._copy[start - self._copied_from:end - self._copied_from]  # type: ignore[operator]
         return self._reader.read(start, end)
 
+    def returned(self) -> bool:
+        """The recorded call returned: whether the write may go on reading the live tensor until it
+        is settled (a CPU tensor whose version counter has not moved since the call started)."""
+        if self.deferred is None:
+            self.deferred = not self.buffered and self.alias._version == self.version
+        return self.deferred
+
+    def _check_version(self) -> None:
+        """Name a change of the live tensor's version counter since the call started (the reading
+        from it ends now: the rest, if any, comes from a copy)."""
+        if self.changed or self.alias._version == self.version:
+            return
+        if self.deferred:
+            self.after_return = True
+            self.changed = "it was changed in place after the call returned, before it was written"
+        else:
+            self.changed = "its version counter moved during the call (changed in place by the forward)"
+
     def copy_rest(self) -> None:
-        """Copy what is not written yet (the end of the call: the live tensor may change from now on)."""
+        """Copy what is not written yet (the weights may change from now on)."""
         with self.lock:
             if self.read_all or self._copied_from is not None:
                 return
-            if self.alias._version != self.version:
-                self.changed = "its version counter moved during the call (changed in place by the forward)"
+            self._check_version()
             self._copied_from = self.written
             copy = self._reader.copy_rest(self.written)
             if copy is not None:
@@ -244,11 +282,19 @@ class StreamedWeight:
                             bit_sum += summed.result()  # (the piece's memory may be reused from here on)
                     if self.fingerprint is not None and summed is None:
                         bit_sum += self._bits(view)
+                    if end == self.nbytes and self._copied_from is None:
+                        self._check_version()  # all of it read from the live tensor
                     self.written = end
                     self.progress.notify_all()
             if self.fingerprint is not None and not self.changed and _wrapped(bit_sum) != self.fingerprint:
-                self.changed = "what was written does not match its fingerprint at the start of the call " \
-                               "(changed in place during the call)"
+                if self.deferred:  # through .data, during the call or after it: either way not the call's
+                    self.after_return = True
+                    self.changed = "what was written does not match its fingerprint at the start of the call " \
+                                   "(changed through .data during the call, or after it returned, before it " \
+                                   "was written)"
+                else:
+                    self.changed = "what was written does not match its fingerprint at the start of the call " \
+                                   "(changed in place during the call)"
             return True
         except BaseException as error:  # reported by settle() or at the save: the job goes on
             self.error = error
@@ -307,6 +353,7 @@ class WeightWriter:
     def __init__(self, blob_writer: BlobSink) -> None:
         self._blob_writer = blob_writer
         self._pending: list[StreamedWeight] = []
+        self._live: list[StreamedWeight] = []  # may still be reading a live tensor (until settled)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._copied = 0  # bytes of large weights left to the caller to copy (COPY_BUDGET)
@@ -344,14 +391,41 @@ class WeightWriter:
                 return {}
             with self._lock:
                 self._pending.extend(jobs)
+                self._live.extend(jobs)
                 self._threads.append(thread)
         return streamed
 
-    def settle(self) -> list[StreamedWeight]:
-        """The end of a recorded call: wait until little is left to read from the live weights,
-        copy that, and return; what failed to write is returned for the caller to copy instead."""
+    def failed(self) -> bool:
+        """Whether a write failed and its weight is still to be copied (by :meth:`settle`)."""
         with self._lock:
-            pending = [job for job in self._pending if not job.read_all and job._copied_from is None]
+            return any(job.error is not None and job.payload is None for job in self._pending)
+
+    def returned(self, owner: SettlesWeights, outputs: list[Any], *, at_return: bool) -> bool:
+        """A recorded call of ``owner`` returned with ``outputs`` (its output's leaves): whether its
+        caller must settle now. Not when every write still reading a live tensor may go on
+        (:meth:`StreamedWeight.returned`) and is settled later: before the next optimizer step
+        and when a backward reaches ``outputs``. ``at_return``: settle now (the caller knows why).
+        A failed write is always settled now (then copied, while it is what the call saw)."""
+        if self.failed():
+            return True
+        with self._lock:
+            self._live = [job for job in self._live if not job.read_all and job._copied_from is None]
+            live = list(self._live)
+        if not live:
+            return False
+        if at_return or not all([job.returned() for job in live]):  # (every job asked: each notes the return)
+            return True
+        grads = [leaf for leaf in outputs if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+        if not _settle_on_backward(owner, grads):
+            return True
+        _STEP_GUARD.watch(owner)
+        return False
+
+    def settle(self) -> list[StreamedWeight]:
+        """Wait until little is left to read from the live weights, copy that, and return (before
+        the weights may change); what failed to write is returned for the caller to copy instead."""
+        with self._lock:
+            pending = [job for job in self._live if not job.read_all and job._copied_from is None]
         total = sum(job.nbytes for job in pending)
         budget = min(SETTLE_BUDGET_MAX, int(total * SETTLE_BUDGET_FRACTION))
         for job in pending:  # in writing order: the thread writes them one after the other
@@ -361,18 +435,58 @@ class WeightWriter:
         for job in pending:
             job.copy_rest()
         with self._lock:
+            self._live = [job for job in self._live if not job.read_all and job._copied_from is None]
             failed = [job for job in self._pending if job.error is not None and job.payload is None]
             self._pending = [job for job in self._pending if job not in failed]
         return failed
 
     def finish(self) -> list[StreamedWeight]:
-        """Wait for every write; returns the weights written (each with its payload or error)."""
+        """Wait for every write; returns the weights written (each with its payload or error).
+        Meanwhile the job may reach a settling point (an optimizer step): :meth:`settle` still
+        finds the writes reading live tensors."""
         with self._lock:
             threads, self._threads = self._threads, []
             jobs, self._pending = self._pending, []
         for thread in threads:
             thread.join()
         return jobs
+
+
+class SettlesWeights(Protocol):
+    def settle_weights(self) -> None: ...
+
+
+class _StepGuard:
+    """One process-wide optimizer step pre-hook that settles the weights of every tracer that asked
+    (:meth:`watch`, held weakly). Registered once and never removed: a hook removed while a step
+    walks the hooks on another thread would break that step ("dictionary changed size")."""
+
+    def __init__(self) -> None:
+        self._owners: weakref.WeakSet[SettlesWeights] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def watch(self, owner: SettlesWeights) -> None:
+        with self._lock:
+            self._owners.add(owner)
+            if not self._registered:
+                from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+                register_optimizer_step_pre_hook(self._before_step)
+                self._registered = True
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        with self._lock:
+            owners = list(self._owners)
+        for owner in owners:
+            try:
+                owner.settle_weights()
+            except Exception as error:  # fail open: the job's step goes on
+                warnings.warn(f"modulelens: settling recorded weights before an optimizer step failed: {error}",
+                              CaptureWarning, stacklevel=2)
+
+
+_STEP_GUARD = _StepGuard()
 
 
 def _write_all(jobs: list[StreamedWeight]) -> None:
@@ -425,6 +539,34 @@ def mark_written(tensor: torch.Tensor, payload: WrittenPayload) -> torch.Tensor:
     if tensor.device.type == "cpu" and (offset := address_offset(tensor)):
         setattr(mapped, ADDRESS_ATTR, offset)  # where the job's weight started (tracing/snapshot.py)
     return mapped
+
+
+def _settle_on_backward(owner: SettlesWeights, leaves: list[torch.Tensor]) -> bool:
+    """Settle ``owner``'s weights when a backward reaches any of ``leaves`` (a recorded call's
+    outputs that require grad: before any gradient of its weights exists); ``False`` when no hook
+    could be set. ``owner`` is held weakly."""
+    if not leaves:
+        return True  # no backward runs through the call
+    held = weakref.ref(owner)
+
+    def settle(grad: torch.Tensor) -> None:
+        found = held()
+        if found is not None:
+            found.settle_weights()
+    try:
+        torch.autograd.graph.register_multi_grad_hook(leaves, settle, mode="any")
+    except Exception:  # (a tensor of a torch.func transform, ...): the caller settles at once instead
+        return False
+    return True
+
+
+def warn_after_return(job: StreamedWeight) -> None:
+    """``job``'s weight changed after its call returned, before it was settled: it is left out."""
+    job.error, job.payload = RuntimeError(job.changed), None
+    warnings.warn(f"modulelens: parameter {job.name}: {job.changed}, not by an optimizer step or a backward "
+                  "through the call (through .data?); not recorded (loading the capture names it missing). "
+                  "Recording(settle_at_return=True) records a job that changes weights that way",
+                  CaptureWarning, stacklevel=3)
 
 
 def warn_changed(target: str, job: StreamedWeight) -> None:

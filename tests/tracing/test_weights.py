@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import modulelens
-from modulelens.errors import CaptureWarning, RestoreError
+from modulelens.errors import CaptureWarning, RestoreError, UsageError
 from modulelens.repo import Repo
 from modulelens.repo.blob_writer import FileBlobWriter
 from modulelens.tracing import weights
@@ -323,3 +323,121 @@ def test_a_written_weight_whose_file_is_removed_before_the_save_is_named_not_sav
     assert "0.bias" in stored["states"][0]["parameters"]
     with pytest.raises(RestoreError, match=r"missing: \['0.weight'\]"):  # never a module with made-up weights
         modulelens.load(info.ref, repo=repo).module  # noqa: B018
+
+
+# ---------------------------------------------------------------------------- settling (issue 37)
+# A recorded call returns while its large weights are still being written from the live tensors;
+# the write is settled (the rest copied) before an optimizer step, when a backward reaches the
+# call's output, or when the capture stops. Each test below holds the writer back until the job has
+# passed the point in question, so only the settling can make the stored weights right.
+
+def _held_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Writer threads that start reading only when a settle begins (or the returned event is set):
+    a recorded call returns with nothing written, and only a settle can get it written."""
+    go = threading.Event()
+    write, settle = weights.StreamedWeight.write, weights.WeightWriter.settle
+
+    def held(streamed: weights.StreamedWeight, beside: Any = None) -> bool:
+        go.wait(30)
+        return write(streamed, beside)
+
+    def releasing(writer: weights.WeightWriter) -> list[weights.StreamedWeight]:
+        go.set()
+        try:
+            return settle(writer)
+        finally:
+            go.clear()  # the next call's writers are held again
+
+    monkeypatch.setattr(weights.StreamedWeight, "write", held)
+    monkeypatch.setattr(weights.WeightWriter, "settle", releasing)
+    return go
+
+
+def test_a_recorded_call_returns_before_its_weights_are_written_and_steps_settle_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward returns with nothing written yet (it used to wait for all but 1/32 of it); the
+    optimizer step, before it changes anything, copies what is left; every state is exact."""
+    _held_writes(monkeypatch)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    seen = []
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                            record=modulelens.Recording(max_calls=3)) as cap:
+        for _ in range(3):
+            seen.append({k: v.clone() for k, v in model.state_dict().items()})
+            loss = model(torch.randn(4, WIDTH)).sum()
+            live = [job for job in cap.tracer._streamed.values() if job.written == 0 and job._copied_from is None]
+            assert live, "the call waited for its write"
+            with torch.no_grad():  # no backward: only the step's own hook settles the write
+                model[0].weight.grad = torch.ones_like(model[0].weight)
+            optimizer.step()
+            assert all(job.read_all or job._copied_from is not None for job in live), "the step did not settle it"
+            optimizer.zero_grad()
+            del loss
+    assert cap.wait()
+    _assert_states(modulelens.load("m", repo=repo), seen)
+    assert not modulelens.Repo(repo.root).fsck().problems
+
+
+def test_a_backward_settles_the_weights_before_an_optimizer_in_backward_changes_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An optimizer stepped per parameter as its gradient arrives (register_post_accumulate_grad_hook,
+    no optimizer.step() at all): the backward reaching the call's output settles the write first."""
+    _held_writes(monkeypatch)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+
+    def step(param: torch.Tensor) -> None:
+        param.data.add_(param.grad, alpha=-0.5)
+
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(step)
+    seen = []
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        for _ in range(2):
+            seen.append({k: v.clone() for k, v in model.state_dict().items()})
+            model(torch.randn(4, WIDTH)).sum().backward()
+            for param in model.parameters():
+                param.grad = None
+    assert cap.wait()
+    _assert_states(modulelens.load("m", repo=repo), seen)
+
+
+def test_weights_changed_through_data_with_nothing_between_drop_the_target_loudly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evolution strategies' loop: no backward, no optimizer, the weights perturbed through .data
+    right after the call. What the writer then reads is not the call's: the weight is left out with a
+    warning naming it and the option, never stored (loading names it missing, as for a failed
+    write); Recording(settle_at_return=True) records the same loop exactly."""
+    go = _held_writes(monkeypatch)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with modulelens.capture(model, targets="Sequential", repo=repo, name="m") as cap, torch.no_grad():
+            model(torch.randn(4, WIDTH))
+            model[0].weight.data.add_(1.0)
+            go.set()
+        versions = cap.wait()
+    messages = [str(w.message) for w in caught if issubclass(w.category, CaptureWarning)]
+    assert any("0.weight" in m and "after it returned" in m and "settle_at_return=True" in m for m in messages), messages
+    [info] = versions
+    assert "0.weight" not in repo.read_metadata(info.name, info.version)["states"][0]["parameters"]
+    with pytest.raises(RestoreError, match=r"missing: \['0.weight'\]"):  # never the perturbed weight
+        modulelens.load(info.ref, repo=repo).module  # noqa: B018
+
+    model = _model()
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="es",
+                            record=modulelens.Recording(settle_at_return=True)) as cap, torch.no_grad():
+        seen = [{k: v.clone() for k, v in model.state_dict().items()}]
+        model(torch.randn(4, WIDTH))
+        model[0].weight.data.add_(1.0)
+    assert cap.wait()
+    _assert_states(modulelens.load("es", repo=repo), seen)
+
+
+def test_settle_at_return_must_be_a_bool() -> None:
+    with pytest.raises(UsageError, match="settle_at_return"):
+        modulelens.Recording(settle_at_return="yes")  # type: ignore[arg-type]
