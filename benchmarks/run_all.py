@@ -570,8 +570,12 @@ and output of 4 submodules are recorded, models at their default settings, one t
 has its own copy of the model and every step runs them all, each step in another order; ratios are medians
 of the per-step ratios. nnsight's `.save()` keeps references to the live tensors; a modulelens
 recording copies every input and output, fingerprints the weights and keeps the RNG and autocast
-state, so that a replay is exact. "After recording" runs a fourth copy of the model under a capture
-whose targets have all their calls (its hooks are gone), against the untraced model.
+state, so that a replay is exact. In the training step (forward, the model's loss, backward, an AdamW
+step) the optimizer changes the recorded blocks' weights every step, so each recorded call also keeps
+its own state of them: 4 blocks of 28 MB a step, written to the repo in the background and settled
+(the rest copied) before the optimizer step (docs/fidelity.md, "Large weights are written after the
+call returns"); nnsight keeps no weights. "After recording" runs a fourth copy of the model under a
+capture whose targets have all their calls (its hooks are gone), against the untraced model.
 
 {_table(["model", "untraced", "modulelens", f"nnsight {record.get('versions', {}).get('nnsight', '')}".strip(),
          "modulelens / untraced", "nnsight / untraced", "modulelens / nnsight", "after recording / untraced"], rows)}"""

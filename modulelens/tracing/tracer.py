@@ -524,23 +524,24 @@ class Tracer:
         if self._weights is not None and self._weights.returned(self, output.leaves, at_return=at_return):
             self._settle_weights()
 
-    def settle_weights(self) -> None:
-        """Finish reading recorded large weights from the live tensors now (the rest is copied):
-        called before anything may change the weights (tracing/weights.py). Never raises."""
+    def settle_weights(self, *, whole: bool = False) -> None:
+        """Finish reading recorded large weights from the live tensors now (the rest is copied;
+        ``whole``: nothing is, every write reads to its end): called before anything may change the
+        weights (tracing/weights.py). Never raises."""
         try:
             with self._lock:
-                self._settle_weights()
+                self._settle_weights(whole=whole)
         except Exception as error:  # fail open
             if self.strict:
                 raise
             warnings.warn(f"modulelens: settling recorded weights failed: {error}", CaptureWarning, stacklevel=2)
 
-    def _settle_weights(self) -> None:
+    def _settle_weights(self, *, whole: bool = False) -> None:
         """Bound what is left to read from the live weights (tracing/weights.py); a weight whose
         write failed is copied now, while it is unchanged."""
         if self._weights is None or not self._streamed:
             return
-        for job in self._weights.settle():
+        for job in self._weights.settle(whole=whole):
             self._replace_streamed(job, self._snap.tensor(job.alias) if job.alias is not None else None)
             warnings.warn(f"modulelens: writing parameter {job.name} failed ({job.error}); copied instead",
                           CaptureWarning, stacklevel=3)
@@ -684,9 +685,10 @@ class Tracer:
         return sum(len(h) for h in self._handles.values())
 
     def stop(self) -> None:
-        """Remove every hook now (captured calls are kept); weights still being written are settled
-        (the job goes on and may change them)."""
-        self.settle_weights()
+        """Remove every hook now (captured calls are kept); waits until weights still being
+        written have read the live tensors to their end (the job goes on and may change them;
+        nothing is copied, tracing/weights.py)."""
+        self.settle_weights(whole=True)
         for name in list(self._handles):
             self._detach(name)
         for handle in self._backward_handles:

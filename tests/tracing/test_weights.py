@@ -341,10 +341,10 @@ def _held_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
         go.wait(30)
         return write(streamed, beside)
 
-    def releasing(writer: weights.WeightWriter) -> list[weights.StreamedWeight]:
+    def releasing(writer: weights.WeightWriter, *, whole: bool = False) -> list[weights.StreamedWeight]:
         go.set()
         try:
-            return settle(writer)
+            return settle(writer, whole=whole)
         finally:
             go.clear()  # the next call's writers are held again
 
@@ -441,3 +441,39 @@ def test_weights_changed_through_data_with_nothing_between_drop_the_target_loudl
 def test_settle_at_return_must_be_a_bool() -> None:
     with pytest.raises(UsageError, match="settle_at_return"):
         modulelens.Recording(settle_at_return="yes")  # type: ignore[arg-type]
+
+
+def test_stopping_waits_for_the_writes_and_copies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture stops while a write has read nothing yet; the job then changes the weight in place
+    with nothing that settles it (no step, no backward). The stop waited for the write to read the
+    whole weight, without a copy, so the save stores what the call saw."""
+    go = _held_writes(monkeypatch)
+    settle = weights.WeightWriter.settle
+    copies = []
+
+    def whole_only(writer: weights.WeightWriter, *, whole: bool = False) -> list[weights.StreamedWeight]:
+        go.set()
+        copies.append(whole)
+        return settle(writer, whole=whole)
+
+    monkeypatch.setattr(weights.WeightWriter, "settle", whole_only)
+    copy_rest = weights.StreamedWeight.copy_rest
+    copied: list[int] = []
+
+    def counted(job: weights.StreamedWeight) -> None:
+        copied.append(job.left)
+        copy_rest(job)
+
+    monkeypatch.setattr(weights.StreamedWeight, "copy_rest", counted)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    cap = modulelens.capture(model, targets="Sequential", repo=repo, name="m")
+    seen = [{k: v.clone() for k, v in model.state_dict().items()}]
+    with torch.no_grad():
+        model(torch.randn(4, WIDTH))
+    cap.stop()
+    assert copies == [True] and not any(copied), (copies, copied)  # one whole settle, nothing left to copy
+    with torch.no_grad():
+        model[0].weight.mul_(0.5)
+    assert cap.save()
+    _assert_states(modulelens.load("m", repo=repo), seen)
