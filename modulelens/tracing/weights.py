@@ -225,6 +225,11 @@ class StreamedWeight:
         self.after_return = False
 
     @property
+    def reading_live(self) -> bool:
+        """Whether the live tensor may still be read (nothing copied yet, not all of it read)."""
+        return not self.read_all and self._copied_from is None
+
+    @property
     def left(self) -> int:
         """Bytes still to be read from the live tensor (0 once its rest is copied)."""
         return 0 if self._copied_from is not None or self.read_all else self.nbytes - self.written
@@ -411,7 +416,7 @@ class WeightWriter:
         if self.failed():
             return True
         with self._lock:
-            self._live = [job for job in self._live if not job.read_all and job._copied_from is None]
+            self._live = [job for job in self._live if job.reading_live]
             live = list(self._live)
         if not live:
             return False
@@ -428,7 +433,7 @@ class WeightWriter:
         the weights may change); ``whole``: wait until nothing is left (no copy). What failed to
         write is returned for the caller to copy instead."""
         with self._lock:
-            pending = [job for job in self._live if not job.read_all and job._copied_from is None]
+            pending = [job for job in self._live if job.reading_live]
         total = sum(job.nbytes for job in pending)
         budget = 0 if whole else min(SETTLE_BUDGET_MAX, int(total * SETTLE_BUDGET_FRACTION))
         for job in pending:  # in writing order: the thread writes them one after the other
@@ -438,7 +443,7 @@ class WeightWriter:
         for job in pending:
             job.copy_rest()
         with self._lock:
-            self._live = [job for job in self._live if not job.read_all and job._copied_from is None]
+            self._live = [job for job in self._live if job.reading_live]
             failed = [job for job in self._pending if job.error is not None and job.payload is None]
             self._pending = [job for job in self._pending if job not in failed]
         return failed
