@@ -1,6 +1,6 @@
 """Reload the block captured by train.py in one plain process (no torch.distributed) and replay it.
 
-    python replay.py --repo /tmp/modulelens-example [--mode fsdp|tp]
+    python replay.py [--repo DIR] [--mode fsdp|tp]
 """
 
 from __future__ import annotations

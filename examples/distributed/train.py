@@ -1,7 +1,6 @@
 """Train ShardNet under torchrun on CPU processes (gloo) and capture one block's feed-forward.
 
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc-per-node 2 \
-        --master-addr 127.0.0.1 --master-port 29500 train.py --repo /tmp/modulelens-example
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 train.py [--repo DIR]
 
 ``--mode fsdp`` (default): every block and the root are sharded with FSDP2 ``fully_shard``;
 ``--mode tp``: each block's feed-forward is tensor parallel (``up`` column-wise, ``down``

@@ -163,7 +163,8 @@ def _base_env(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MODULELENS_", "AWS_", "PYTHONPATH"))}
     bin_dir = str(Path(sys.executable).parent)
     env.update(MODULELENS_REPO=str(root / "repo"), MODULELENS_CACHE=str(root / "cache"), OMP_NUM_THREADS="1",
-               PATH=os.pathsep.join([bin_dir, env.get("PATH", "")]), COLUMNS="120", WANDB_MODE="offline")
+               PATH=os.pathsep.join([bin_dir, env.get("PATH", "")]), COLUMNS="120", WANDB_MODE="offline",
+               PYTHONFAULTHANDLER="1")  # a block that dies of a signal shows its Python stacks
     return env
 
 
@@ -335,6 +336,20 @@ def test_every_fenced_block_is_seen() -> None:
         opened = [line[3:].strip() for line in fences[::2]]
         assert len([lang for lang in opened if lang in RUNNABLE]) == len(collect(doc)), doc
     assert len(ALL) >= 25
+
+
+def test_no_block_shares_state_between_runs_on_one_machine() -> None:
+    """Two runs of these docs on one machine (two CI jobs, a user's terminal beside the tests) stay
+    apart: no block writes under a fixed ``/tmp`` path (a repo there outlived every run and held
+    captures from all of them) or takes torchrun's fixed default port (``--standalone`` picks a free
+    one)."""
+    for block in ALL:
+        if block.kind not in ("shell", "console"):
+            continue
+        assert "/tmp/" not in block.text, block.id
+        for line in block.text.replace("\\\n", " ").splitlines():
+            if "torch.distributed.run" in line or line.lstrip().startswith("torchrun"):
+                assert "--standalone" in line and "--master-port" not in line, block.id
 
 
 def test_own_warnings_are_told_from_third_party_ones(tmp_path: Path) -> None:
