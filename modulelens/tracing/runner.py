@@ -65,13 +65,16 @@ class RunConfig:
     depth: int | None = None  # a glob target matches at most this many levels below its fixed prefix
     op_trace: bool = False  # Recording(op_trace=True): each recorded call's aten ops
     op_trace_values: int = 16 << 20  # Recording(op_trace_values=...): bytes of op output values kept per call
+    settle_at_return: bool = False  # Recording(settle_at_return=True): weights read before a recorded call returns
 
     def recording(self) -> Recording:
-        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``/``--op-trace``."""
+        """The :class:`Recording` of ``--warmup``/``--max-calls``/``--backward``/``--ranks``/``--op-trace``/
+        ``--settle-at-return``."""
         from modulelens.tracing.options import Recording  # imports torch: only in the job's processes
 
         return Recording(warmup=self.warmup, max_calls=self.max_calls, backward=self.backward, ranks=self.ranks,
-                         op_trace=self.op_trace, op_trace_values=self.op_trace_values)
+                         op_trace=self.op_trace, op_trace_values=self.op_trace_values,
+                         settle_at_return=self.settle_at_return)
 
     def policy(self) -> PayloadPolicy | None:
         """The payload policy of ``--shape-only-over``/``--max-bytes`` (``None`` when neither is set)."""

@@ -573,7 +573,8 @@ def warn_after_return(job: StreamedWeight) -> None:
     job.error, job.payload = RuntimeError(job.changed), None
     warnings.warn(f"modulelens: parameter {job.name}: {job.changed}, not by an optimizer step or a backward "
                   "through the call (through .data?); not recorded (loading the capture names it missing). "
-                  "Recording(settle_at_return=True) records a job that changes weights that way",
+                  "Recording(settle_at_return=True) (modulelens run --settle-at-return) records a job that "
+                  "changes weights that way",
                   CaptureWarning, stacklevel=3)
 
 

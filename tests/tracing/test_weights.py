@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -441,6 +443,44 @@ def test_weights_changed_through_data_with_nothing_between_drop_the_target_loudl
 def test_settle_at_return_must_be_a_bool() -> None:
     with pytest.raises(UsageError, match="settle_at_return"):
         modulelens.Recording(settle_at_return="yes")  # type: ignore[arg-type]
+
+
+_ES_JOB = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096))
+with torch.no_grad():
+    for step in range(2):  # the first call is not the last one recorded: nothing saves at its return
+        model(torch.randn(2, 4096))
+        for param in reversed(list(model.parameters())):  # 1.weight, surely streamed, first
+            param.data.add_(1.0)
+"""
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["default", "settle-at-return"])
+def test_modulelens_run_settle_at_return_records_a_data_loop_exactly(tmp_path: Path, flag: bool) -> None:
+    """The evolution-strategies loop under ``modulelens run``, unmodified, in its own process: 128 MiB
+    of weights (streamed once the copy budget is spent: 1.weight at least), all perturbed through
+    ``.data`` right after each of two recorded calls. By default the streamed weight is left out, named with
+    the flag that fixes it; with ``--settle-at-return`` every weight is what the call started with."""
+    from child_process import subprocess_env
+
+    script = tmp_path / "es.py"
+    script.write_text(_ES_JOB)
+    repo = tmp_path / "repo"
+    options = ["--max-calls", "2", *(["--settle-at-return"] if flag else [])]
+    done = subprocess.run([sys.executable, "-m", "modulelens", "run", "-t", "Sequential", "--repo", str(repo),
+                           "--name", "es", *options, "--", sys.executable, str(script)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    torch.manual_seed(0)
+    expected = nn.Sequential(nn.Linear(4096, 4096), nn.Linear(4096, 4096)).state_dict()
+    if flag:
+        _assert_states(modulelens.load("es", repo=repo), [expected, {k: v + 1 for k, v in expected.items()}])
+        return
+    assert "1.weight" in done.stderr and "--settle-at-return" in done.stderr, done.stderr[-2000:]
+    with pytest.raises(RestoreError, match=r"missing: \[('0.weight', )?'1.weight'\]"):  # never a perturbed one
+        modulelens.load("es", repo=repo).module  # noqa: B018
 
 
 def test_stopping_waits_for_the_writes_and_copies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

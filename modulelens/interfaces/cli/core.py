@@ -281,6 +281,10 @@ def run_cmd(
                            "statistics of each output): replay and verify then name the first op that differs.")] = False,
     op_trace_values: Annotated[int, typer.Option(
         "--op-trace-values", min=0, help="Bytes of op output values kept per recorded call with --op-trace.")] = 16 << 20,
+    settle_at_return: Annotated[bool, typer.Option(
+        "--settle-at-return", help="Finish reading a recorded call's large weights before it returns, for jobs that "
+                                   "change weights through .data with no optimizer step or backward between "
+                                   "(docs/fidelity.md).")] = False,
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag the saved versions; repeatable.")] = None,
     exit_after_capture: Annotated[bool, typer.Option(help="End the job once everything is captured and saved.")] = False,
     repo: RepoOpt = None,
@@ -304,7 +308,8 @@ def run_cmd(
     config = RunConfig(targets=list(target or []), warmup=warmup, max_calls=max_calls,
                        exit_after_capture=exit_after_capture, repo=repo, name=name, ranks=ranks, strict=strict,
                        tags=list(tag or []), backward=backward, shape_only_over=shape_only_over, max_bytes=max_bytes,
-                       list_modules=list_modules, depth=depth, op_trace=op_trace, op_trace_values=op_trace_values)
+                       list_modules=list_modules, depth=depth, op_trace=op_trace, op_trace_values=op_trace_values,
+                       settle_at_return=settle_at_return)
     outcome = run_command(command_line, config, quiet=as_json)
     if outcome.get("stopped"):
         raise UsageError(outcome["stopped"])
