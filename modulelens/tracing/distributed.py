@@ -117,18 +117,17 @@ def reorder_hooks(module: torch.nn.Module, handles: list[RemovableHandle]) -> bo
     """Keep the tracer's pre-hook last and its post-hook first among the module's hooks, so that it
     sees what forward itself sees (tensor parallel's inputs already DTensors, its outputs not yet
     turned into local shards), even when tensor parallel added its hooks after the tracer's.
-    Returns True when a hook had to move (the call at hand was seen out of order)."""
-    if len(handles) != 2:
-        return False
-    pre, post = handles
+    Returns True when a hook had to move (the call at hand was seen out of order). The forward hooks
+    are found by their handles' ids among ``handles`` (which also hold the target's load hook)."""
     moved = False
     pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
-    if pre.id in pre_hooks and next(reversed(pre_hooks)) != pre.id:
-        pre_hooks.move_to_end(pre.id)  # type: ignore[attr-defined]  # torch's stubs say dict; they are OrderedDicts
-        moved = True
-    if post.id in post_hooks and next(iter(post_hooks)) != post.id:
-        post_hooks.move_to_end(post.id, last=False)  # type: ignore[attr-defined]  # as above
-        moved = True
+    for key in (getattr(handle, "id", None) for handle in handles):
+        if key in pre_hooks and next(reversed(pre_hooks)) != key:
+            pre_hooks.move_to_end(key)  # type: ignore[attr-defined]  # torch's stubs say dict; they are OrderedDicts
+            moved = True
+        if key in post_hooks and next(iter(post_hooks)) != key:
+            post_hooks.move_to_end(key, last=False)  # type: ignore[attr-defined]  # as above
+            moved = True
     return moved
 
 

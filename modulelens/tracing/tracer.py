@@ -49,10 +49,10 @@ from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
 from modulelens.tracing.methods import MethodHandle, split_target, wrap_method
+from modulelens.tracing.module_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
-from modulelens.tracing.script_hooks import forward_hook, forward_pre_hook
 from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.targets import find_targets, matches, never_called_as_module, normalise_pattern
 from modulelens.tracing.weights import (
@@ -61,6 +61,7 @@ from modulelens.tracing.weights import (
     WeightWriter,
     can_stream,
     mark_written,
+    settle_before_load,
     warn_after_return,
     warn_changed,
 )
@@ -181,7 +182,8 @@ class Tracer:
         )
         self._stacks[name] = {}
         if method is not None:  # called as module.<method>(...): wrapped on its class (tracing/methods.py)
-            self._handles[name] = [wrap_method(module, method, self._make_method_handler(name), name)]
+            self._handles[name] = [wrap_method(module, method, self._make_method_handler(name), name),
+                                   settle_before_load(module, self)]
             return
         if self.world_size > 1:
             # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
@@ -195,9 +197,9 @@ class Tracer:
             # its constructor and replay runs them (recorded inside them, they applied twice, issue 22).
             pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True, prepend=True)
             post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True)
-        self._handles[name] = [pre, post]
+        self._handles[name] = [pre, post, settle_before_load(module, self)]
         if is_unmaterialised_lazy(module):  # recorded after its own pre-hook infers its parameters
-            self._lazy_hooks[name] = module.register_forward_pre_hook(self._make_lazy_hook(name), with_kwargs=True)
+            self._lazy_hooks[name] = forward_pre_hook(module, self._make_lazy_hook(name), with_kwargs=True)
 
     def _make_pre_hook(self, name: str) -> Callable[..., None]:
         def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -409,6 +411,7 @@ class Tracer:
                     self._backward_handles.extend(handles)
                     replacement = output if handles else None
             if self._taken(name) >= self.max_calls and self._all_returned(name):
+                self._settle_weights()  # its load_state_dict hook goes with the others (tracing/weights.py)
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
             return replacement
@@ -757,15 +760,14 @@ class Tracer:
 
 
 def _keep_outermost(module: torch.nn.Module, handles: Sequence[RemovableHandle | MethodHandle]) -> None:
-    """Keep the tracer's pre-hook first and its forward hook last among the module's hooks."""
-    if len(handles) != 2:
-        return
-    pre, post = handles
+    """Keep the tracer's pre-hook first and its forward hook last among the module's hooks (found by
+    their handles' ids among the target's handles, which also hold a load hook or a method's)."""
     pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
-    if pre.id in pre_hooks and next(iter(pre_hooks)) != pre.id:
-        pre_hooks.move_to_end(pre.id, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
-    if post.id in post_hooks and next(reversed(post_hooks)) != post.id:
-        post_hooks.move_to_end(post.id)  # type: ignore[attr-defined]  # as above
+    for key in (getattr(handle, "id", None) for handle in handles):
+        if key in pre_hooks and next(iter(pre_hooks)) != key:
+            pre_hooks.move_to_end(key, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
+        if key in post_hooks and next(reversed(post_hooks)) != key:
+            post_hooks.move_to_end(key)  # type: ignore[attr-defined]  # as above
 
 
 def _reset_compiled_code(model: torch.nn.Module) -> bool:

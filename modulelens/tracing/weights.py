@@ -27,6 +27,9 @@ write, copy that, and return; the rest is written from the copy):
 * when a backward reaches the call's output (before any gradient of its weights exists, so
   before an optimizer stepped inside the backward, on ``register_post_accumulate_grad_hook``, can
   run), which also comes before the update of a hand-written loop (``p.data.add_(-lr * p.grad)``);
+* before a ``load_state_dict`` into a recorded module or a module holding it (other weights swapped
+  in, as for an evaluation with EMA weights; :func:`settle_before_load`), and at the end of a
+  target's last recorded call, where that hook goes with the target's others;
 * when the capture stops or is saved, which wait until every write has read its live tensor to
   the end and copy nothing (``settle(whole=True)``): the big capture's peak memory varied 7-23 MiB
   between rounds at 1 GiB while a stop copied the last 1/32 of whatever was left.
@@ -64,10 +67,13 @@ from modulelens.errors import CaptureWarning
 from modulelens.format.tensors import address_offset
 from modulelens.repo.store import BlobWriter, WrittenPayload
 from modulelens.tracing.fingerprint import bit_sum_width, sums_bits
+from modulelens.tracing.module_hooks import load_state_dict_pre_hook
 from modulelens.tracing.snapshot import ADDRESS_ATTR
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
+
+    from torch.utils.hooks import RemovableHandle
 
 #: Parameters of this size or smaller are copied (one file each would cost more than the copy; the
 #: same bound as the fingerprints hashed in place, so every streamed weight's is a sum of its bits).
@@ -547,6 +553,19 @@ def mark_written(tensor: torch.Tensor, payload: WrittenPayload) -> torch.Tensor:
     if tensor.device.type == "cpu" and (offset := address_offset(tensor)):
         setattr(mapped, ADDRESS_ATTR, offset)  # where the job's weight started (tracing/snapshot.py)
     return mapped
+
+
+def settle_before_load(module: torch.nn.Module, owner: SettlesWeights) -> RemovableHandle:
+    """Settle ``owner``'s weights before a ``load_state_dict`` reaches ``module`` (called on it or on
+    a module holding it): swapping in other weights is a change like an optimizer step. ``owner``
+    is held weakly; the caller removes the hook with the target's others."""
+    held = weakref.ref(owner)
+
+    def settle(*_: Any) -> None:
+        found = held()
+        if found is not None:
+            found.settle_weights()
+    return load_state_dict_pre_hook(module, settle)
 
 
 def _settle_on_backward(owner: SettlesWeights, leaves: list[torch.Tensor]) -> bool:

@@ -364,8 +364,8 @@ def test_a_recorded_call_returns_before_its_weights_are_written_and_steps_settle
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     seen = []
-    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
-                            record=modulelens.Recording(max_calls=3)) as cap:
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",  # max_calls=4: no call is the
+                            record=modulelens.Recording(max_calls=4)) as cap:  # last, whose end settles
         for _ in range(3):
             seen.append({k: v.clone() for k, v in model.state_dict().items()})
             loss = model(torch.randn(4, WIDTH)).sum()
@@ -407,6 +407,30 @@ def test_a_backward_settles_the_weights_before_an_optimizer_in_backward_changes_
     _assert_states(modulelens.load("m", repo=repo), seen)
 
 
+def test_load_state_dict_settles_the_weights_before_other_weights_are_swapped_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation with EMA weights: the model's own weights are swapped out by ``load_state_dict``
+    right after a recorded call (no step, no backward between) and back in after; the load settles
+    the write first, so the capture holds what the call saw (it was left out, named)."""
+    _held_writes(monkeypatch)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    ema = {k: v * 0.5 for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)
+        with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                                record=modulelens.Recording(max_calls=2)) as cap, torch.no_grad():
+            seen = [{k: v.clone() for k, v in model.state_dict().items()}]
+            model(torch.randn(4, WIDTH))
+            kept = {k: v.clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(ema)
+            seen.append({k: v.clone() for k, v in model.state_dict().items()})
+            model(torch.randn(4, WIDTH))  # the evaluation, the target's last recorded call
+            model.load_state_dict(kept)
+        assert cap.wait()
+    _assert_states(modulelens.load("m", repo=repo), seen)
+
+
 def test_weights_changed_through_data_with_nothing_between_drop_the_target_loudly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Evolution strategies' loop: no backward, no optimizer, the weights perturbed through .data
@@ -418,7 +442,8 @@ def test_weights_changed_through_data_with_nothing_between_drop_the_target_loudl
     model = _model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with modulelens.capture(model, targets="Sequential", repo=repo, name="m") as cap, torch.no_grad():
+        with modulelens.capture(model, targets="Sequential", repo=repo, name="m",  # not the last call (it settles)
+                                record=modulelens.Recording(max_calls=2)) as cap, torch.no_grad():
             model(torch.randn(4, WIDTH))
             model[0].weight.data.add_(1.0)
             go.set()
@@ -432,7 +457,7 @@ def test_weights_changed_through_data_with_nothing_between_drop_the_target_loudl
 
     model = _model()
     with modulelens.capture(model, targets="Sequential", repo=repo, name="es",
-                            record=modulelens.Recording(settle_at_return=True)) as cap, torch.no_grad():
+                            record=modulelens.Recording(max_calls=2, settle_at_return=True)) as cap, torch.no_grad():
         seen = [{k: v.clone() for k, v in model.state_dict().items()}]
         model(torch.randn(4, WIDTH))
         model[0].weight.data.add_(1.0)
@@ -507,7 +532,8 @@ def test_stopping_waits_for_the_writes_and_copies_nothing(tmp_path: Path, monkey
     monkeypatch.setattr(weights.StreamedWeight, "copy_rest", counted)
     repo = Repo(tmp_path / "repo")
     model = _model()
-    cap = modulelens.capture(model, targets="Sequential", repo=repo, name="m")
+    # max_calls=2: the call is not the target's last, whose end settles (its hooks go, tracer.py)
+    cap = modulelens.capture(model, targets="Sequential", repo=repo, name="m", record=modulelens.Recording(max_calls=2))
     seen = [{k: v.clone() for k, v in model.state_dict().items()}]
     with torch.no_grad():
         model(torch.randn(4, WIDTH))

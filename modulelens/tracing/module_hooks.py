@@ -1,0 +1,96 @@
+"""The hooks the tracer puts on a user's modules: forward hooks (TorchScript modules too), and
+a ``load_state_dict`` pre-hook, each of which leaves the module as copyable and picklable as before.
+
+**TorchScript.** ``register_forward_pre_hook`` and ``register_forward_hook`` raise on a
+``ScriptModule`` ("is not supported on ScriptModules"), yet calling one from Python goes through
+``nn.Module.__call__``, which runs the hook tables like any module's. So a scripted or traced
+module can be a capture target: the tracer's hooks are put into those tables the way the register
+methods would (a ``RemovableHandle`` over the same dicts, so ``handle.remove()`` works as usual).
+Every other module uses torch's own methods.
+
+**Copies and pickles.** A hook lives in the module's own tables, so whatever copies the module
+copies it: a job that saves a whole model (``torch.save(model, path)``) while a capture records
+failed with "Can't pickle local object", and a ``copy.deepcopy`` of the model (an EMA copy, the
+best model so far) had its calls recorded as the target's own. Each hook is a :class:`_ModuleHook`:
+it runs only for the module it was put on, and a copy or a pickle of it is a no-op of the standard
+library's (``contextlib.nullcontext().__exit__``, which takes any arguments and returns ``None``),
+so a model saved during a capture loads where modulelens is not installed. The copy keeps that
+no-op in its tables (nothing can take it out); a capture of the copy passes over it
+(:func:`is_left_behind`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+
+class _ModuleHook:
+    """``hook``, run only when the module it was put on is the one called (a shallow copy of a
+    module shares its hook tables); copied or pickled, a no-op (module docstring)."""
+
+    __slots__ = ("hook", "owner")
+
+    def __init__(self, module: torch.nn.Module, hook: Callable[..., object]) -> None:
+        self.hook = hook
+        self.owner = weakref.ref(module)
+
+    def __call__(self, module: torch.nn.Module, *args: Any) -> object:
+        if module is not self.owner():
+            return None
+        return self.hook(module, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (contextlib.nullcontext(), "__exit__")
+
+
+def is_left_behind(hook: object) -> bool:
+    """Whether ``hook`` is what a copy or a pickle of one of these hooks became (a no-op: a capture
+    of the copy ignores it, as a hook a rebuild need not register)."""
+    return getattr(hook, "__func__", None) is contextlib.nullcontext.__exit__
+
+
+def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepend: bool = False,
+                     with_kwargs: bool = False) -> RemovableHandle:
+    """``module.register_forward_pre_hook(hook, prepend=..., with_kwargs=...)``, TorchScript modules too."""
+    hook = _ModuleHook(module, hook)
+    if not isinstance(module, torch.jit.ScriptModule):
+        return module.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=with_kwargs)
+    handle = RemovableHandle(module._forward_pre_hooks, extra_dict=module._forward_pre_hooks_with_kwargs)
+    _insert(module._forward_pre_hooks, handle.id, hook, prepend)
+    if with_kwargs:
+        module._forward_pre_hooks_with_kwargs[handle.id] = True
+    return handle
+
+
+def forward_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepend: bool = False,
+                 with_kwargs: bool = False, always_call: bool = False) -> RemovableHandle:
+    """``module.register_forward_hook(hook, ...)``, TorchScript modules too."""
+    hook = _ModuleHook(module, hook)
+    if not isinstance(module, torch.jit.ScriptModule):
+        return module.register_forward_hook(hook, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call)
+    handle = RemovableHandle(module._forward_hooks, extra_dict=[module._forward_hooks_with_kwargs,
+                                                                module._forward_hooks_always_called])
+    _insert(module._forward_hooks, handle.id, hook, prepend)
+    if with_kwargs:
+        module._forward_hooks_with_kwargs[handle.id] = True
+    if always_call:
+        module._forward_hooks_always_called[handle.id] = True
+    return handle
+
+
+def load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable[..., object]) -> RemovableHandle:
+    """``module.register_load_state_dict_pre_hook(hook)``: runs before a ``load_state_dict`` reaches
+    ``module`` (called on it or on a module holding it)."""
+    return module.register_load_state_dict_pre_hook(_ModuleHook(module, hook))
+
+
+def _insert(table: dict[int, Callable[..., object]], key: int, hook: Callable[..., object], prepend: bool) -> None:
+    table[key] = hook
+    if prepend:
+        table.move_to_end(key, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict

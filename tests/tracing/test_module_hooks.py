@@ -1,0 +1,89 @@
+"""The tracer's hooks on a user's modules travel with nothing that copies the module
+(tracing/module_hooks.py): a job that saves its whole model during a capture, or copies it (an EMA
+model, the best model so far), keeps working as without modulelens, and only the module the
+capture was asked for is recorded."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import modulelens
+from modulelens.repo import Repo
+from modulelens.tracing.module_hooks import is_left_behind
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_a_model_saved_whole_during_a_capture_loads_where_modulelens_is_not(tmp_path: Path) -> None:
+    """``torch.save(model, path)`` while the targets' hooks are on (it raised "Can't pickle local
+    object"); the file names nothing of modulelens, loads in a process where importing modulelens
+    fails, and computes what the model computes; the capture goes on recording."""
+    repo, model, x = Repo(tmp_path / "repo"), _model(), torch.randn(3, 8)
+    saved = tmp_path / "model.pt"
+    with modulelens.capture(model, ["0", "2"], repo=repo, name="m", record=modulelens.Recording(max_calls=2)) as cap:
+        model(x)
+        torch.save(model, saved)
+        model(x)
+    assert [len(cap.tracer.records[t].calls) for t in ("0", "2")] == [2, 2]
+    assert b"modulelens" not in saved.read_bytes()
+    torch.save(model(x).detach(), tmp_path / "expected.pt")
+    check = ("import sys, torch\n"
+             "sys.modules['modulelens'] = None  # any import of it fails\n"
+             f"model = torch.load({str(saved)!r}, weights_only=False)\n"
+             f"x, expected = torch.load({str(tmp_path / 'x.pt')!r}), torch.load({str(tmp_path / 'expected.pt')!r})\n"
+             "assert torch.equal(model(x), expected)\n"
+             "print('ok', len(model[0]._forward_pre_hooks), len(model[0]._forward_hooks))\n")
+    torch.save(x, tmp_path / "x.pt")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok"), done.stdout
+
+
+def test_a_deep_copy_made_during_a_capture_is_not_recorded_as_the_target(tmp_path: Path) -> None:
+    """An EMA model made with ``copy.deepcopy`` while the hooks are on: its calls were recorded as
+    the target's (with its weights as new states); now only the model's own calls are."""
+    repo, model = Repo(tmp_path / "repo"), _model()
+    with modulelens.capture(model, "0", repo=repo, name="m", record=modulelens.Recording(max_calls=3)) as cap:
+        model(torch.randn(2, 8))
+        ema = copy.deepcopy(model)
+        with torch.no_grad():
+            for param in ema.parameters():
+                param.mul_(0.5)
+        for _ in range(3):
+            ema(torch.randn(2, 8))
+        shallow = copy.copy(model[0])  # another Linear sharing the target's hook tables
+        shallow(torch.randn(2, 8))
+        assert len(cap.tracer.records["0"].calls) == 1
+        model(torch.randn(2, 8))
+    capture = modulelens.load("m/0", repo=repo)
+    assert len(capture.calls) == 2 and len(capture.metadata["states"]) == 1
+    assert torch.equal(capture.state_dict(0)["weight"], model[0].weight)
+    assert capture.replay().passed
+    assert not model[0]._forward_pre_hooks and not model[0]._forward_hooks  # the capture took its hooks off
+    left = [*ema[0]._forward_pre_hooks.values(), *ema[0]._forward_hooks.values()]
+    assert left and all(is_left_behind(hook) for hook in left)  # the copy's: no-ops (none can take them out)
+
+
+def test_a_deep_copy_of_a_copied_model_still_captures_when_asked(tmp_path: Path) -> None:
+    """The copy is a module like any other: a capture of it records it, without a word about the
+    no-ops left in its hook tables."""
+    repo, model = Repo(tmp_path / "repo"), _model()
+    with modulelens.capture(model, "0", repo=repo, name="m", record=modulelens.Recording(max_calls=2)):
+        model(torch.randn(2, 8))
+        ema = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the no-ops the copy holds are not "hooks a load will not rebuild"
+        with modulelens.capture(ema, "0", repo=repo, name="ema"):
+            ema(torch.randn(2, 8))
+    assert len(modulelens.load("ema/0", repo=repo).calls) == 1
