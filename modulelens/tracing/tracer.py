@@ -411,7 +411,7 @@ class Tracer:
                     self._backward_handles.extend(handles)
                     replacement = output if handles else None
             if self._taken(name) >= self.max_calls and self._all_returned(name):
-                self._settle_weights()  # its load_state_dict hook goes with the others (tracing/weights.py)
+                self._settle_weights(whole=True)  # its load hook goes with the rest (tracing/weights.py)
                 self._detach(name)  # forward hooks are done; a backward may still be pending
                 self._check_complete(name)
             return replacement

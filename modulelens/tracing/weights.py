@@ -29,7 +29,8 @@ write, copy that, and return; the rest is written from the copy):
   run), which also comes before the update of a hand-written loop (``p.data.add_(-lr * p.grad)``);
 * before a ``load_state_dict`` into a recorded module or a module holding it (other weights swapped
   in, as for an evaluation with EMA weights; :func:`settle_before_load`), and at the end of a
-  target's last recorded call, where that hook goes with the target's others;
+  target's last recorded call, where that hook goes with the target's others (there the write is
+  waited for to its end, nothing copied, as at a stop below);
 * when the capture stops or is saved, which wait until every write has read its live tensor to
   the end and copy nothing (``settle(whole=True)``): the big capture's peak memory varied 7-23 MiB
   between rounds at 1 GiB while a stop copied the last 1/32 of whatever was left.
