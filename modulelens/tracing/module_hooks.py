@@ -86,8 +86,9 @@ def forward_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepen
 
 def load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable[..., object]) -> RemovableHandle:
     """``module.register_load_state_dict_pre_hook(hook)``: runs before a ``load_state_dict`` reaches
-    ``module`` (called on it or on a module holding it)."""
-    return module.register_load_state_dict_pre_hook(_ModuleHook(module, hook))
+    ``module`` (called on it or on a module holding it). Through the private method that the public
+    one calls: the public one came with torch 2.5, and modulelens supports 2.4."""
+    return module._register_load_state_dict_pre_hook(_ModuleHook(module, hook), with_module=True)
 
 
 def _insert(table: dict[int, Callable[..., object]], key: int, hook: Callable[..., object], prepend: bool) -> None:
