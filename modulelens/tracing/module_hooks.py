@@ -15,8 +15,8 @@ best model so far) had its calls recorded as the target's own. Each hook is a :c
 it runs only for the module it was put on, and a copy or a pickle of it is a no-op of the standard
 library's (``contextlib.nullcontext().__exit__``, which takes any arguments and returns ``None``),
 so a model saved during a capture loads where modulelens is not installed. The copy keeps that
-no-op in its tables (nothing can take it out); a capture of the copy passes over it
-(:func:`is_left_behind`).
+no-op in its tables (nothing can take it out); a capture of the copy passes over it, as a capture
+passes over another capture's hooks on the same module (:func:`is_modulelens_hook`).
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ class _ModuleHook:
         return getattr, (contextlib.nullcontext(), "__exit__")
 
 
-def is_left_behind(hook: object) -> bool:
-    """Whether ``hook`` is what a copy or a pickle of one of these hooks became (a no-op: a capture
-    of the copy ignores it, as a hook a rebuild need not register)."""
-    return getattr(hook, "__func__", None) is contextlib.nullcontext.__exit__
+def is_modulelens_hook(hook: object) -> bool:
+    """Whether ``hook`` is one of these (another capture's, on the same module) or what a copy or a
+    pickle of one became (a no-op): not the job's, so a capture passes over it, as over a hook a
+    rebuild need not register."""
+    return isinstance(hook, _ModuleHook) or getattr(hook, "__func__", None) is contextlib.nullcontext.__exit__
 
 
 def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepend: bool = False,

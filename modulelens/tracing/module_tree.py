@@ -25,7 +25,7 @@ from modulelens.tracing.compiled import compile_settings
 from modulelens.tracing.distributed import original_class
 from modulelens.tracing.graph_modules import is_export_guards
 from modulelens.tracing.init_tracking import constructed_as, construction_hooks, made_by_tool, traced_training
-from modulelens.tracing.module_hooks import is_left_behind
+from modulelens.tracing.module_hooks import is_modulelens_hook
 
 _COMPILED = "OptimizedModule"  # torch.compile's wrapper: its child `_orig_mod` is the module
 _HOOK_DICTS = (("forward_pre", "_forward_pre_hooks"), ("forward", "_forward_hooks"),
@@ -136,7 +136,7 @@ def _note_hooks(node: TreeNode, spans: list[tuple[int, int | None]], ignored: se
     module = node.module
     for kind, attribute in _HOOK_DICTS:
         for hook_id, hook in getattr(module, attribute, {}).items():
-            if hook_id in ignored or is_left_behind(hook):  # ours, or what a copy of one of ours became
+            if hook_id in ignored or is_modulelens_hook(hook):  # this capture's, another's, or a copy's
                 continue
             if isinstance(hook, BasePruningMethod):  # torch.nn.utils.prune: weight = weight_orig * weight_mask
                 node.reapply.append({"kind": "prune", "name": hook._tensor_name})

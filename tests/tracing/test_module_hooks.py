@@ -5,6 +5,7 @@ capture was asked for is recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from torch import nn
 
 import modulelens
 from modulelens.repo import Repo
-from modulelens.tracing.module_hooks import is_left_behind
+from modulelens.tracing.module_hooks import is_modulelens_hook
 
 
 def _model() -> nn.Module:
@@ -72,7 +73,8 @@ def test_a_deep_copy_made_during_a_capture_is_not_recorded_as_the_target(tmp_pat
     assert capture.replay().passed
     assert not model[0]._forward_pre_hooks and not model[0]._forward_hooks  # the capture took its hooks off
     left = [*ema[0]._forward_pre_hooks.values(), *ema[0]._forward_hooks.values()]
-    assert left and all(is_left_behind(hook) for hook in left)  # the copy's: no-ops (none can take them out)
+    assert left and all(hook.__func__ is contextlib.nullcontext.__exit__ for hook in left)  # no-ops, left in
+    assert all(is_modulelens_hook(hook) for hook in left)  # which a capture of the copy passes over
 
 
 def test_a_deep_copy_of_a_copied_model_still_captures_when_asked(tmp_path: Path) -> None:
@@ -87,3 +89,16 @@ def test_a_deep_copy_of_a_copied_model_still_captures_when_asked(tmp_path: Path)
         with modulelens.capture(ema, "0", repo=repo, name="ema"):
             ema(torch.randn(2, 8))
     assert len(modulelens.load("ema/0", repo=repo).calls) == 1
+
+
+def test_two_captures_of_one_module_do_not_report_each_others_hooks(tmp_path: Path) -> None:
+    """A capture nested in another on the same target: neither calls the other's hooks "hooks
+    added after construction" (they are not the job's), and both record."""
+    repo, model = Repo(tmp_path / "repo"), _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with modulelens.capture(model, "0", repo=repo, name="outer", record=modulelens.Recording(max_calls=2)):
+            with modulelens.capture(model, "0", repo=repo, name="inner"):
+                model(torch.randn(2, 8))
+            model(torch.randn(2, 8))
+    assert [len(modulelens.load(n, repo=repo).calls) for n in ("outer/0", "inner/0")] == [2, 1]
