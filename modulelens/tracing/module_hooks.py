@@ -21,6 +21,7 @@ passes over another capture's hooks on the same module (:func:`is_modulelens_hoo
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import weakref
 from collections.abc import Callable
@@ -88,8 +89,13 @@ def forward_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepen
 def load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable[..., object]) -> RemovableHandle:
     """``module.register_load_state_dict_pre_hook(hook)``: runs before a ``load_state_dict`` reaches
     ``module`` (called on it or on a module holding it). Through the private method that the public
-    one calls: the public one came with torch 2.5, and modulelens supports 2.4."""
-    return module._register_load_state_dict_pre_hook(_ModuleHook(module, hook), with_module=True)
+    one calls: the public one came with torch 2.5, and modulelens supports 2.4. A module that takes
+    no such hook (a TorchScript module raises "not supported on ScriptModules") gets none: a handle
+    whose removal does nothing."""
+    try:
+        return module._register_load_state_dict_pre_hook(_ModuleHook(module, hook), with_module=True)
+    except (RuntimeError, AttributeError, TypeError):
+        return RemovableHandle(collections.OrderedDict())  # (a plain dict takes no weak reference)
 
 
 def _insert(table: dict[int, Callable[..., object]], key: int, hook: Callable[..., object], prepend: bool) -> None:

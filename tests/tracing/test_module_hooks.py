@@ -102,3 +102,28 @@ def test_two_captures_of_one_module_do_not_report_each_others_hooks(tmp_path: Pa
                 model(torch.randn(2, 8))
             model(torch.randn(2, 8))
     assert [len(modulelens.load(n, repo=repo).calls) for n in ("outer/0", "inner/0")] == [2, 1]
+
+
+def test_a_torchscript_target_is_captured_and_a_load_goes_through(tmp_path: Path) -> None:
+    """A scripted and a traced child as targets: torch refuses a load_state_dict hook on a
+    ScriptModule ("not supported on ScriptModules"), which stopped the capture from attaching at
+    all; they get none, and a ``load_state_dict`` of the whole model between calls goes through."""
+    modulelens.track_init()
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.jit.script(nn.Linear(4, 4))
+            self.b = torch.jit.trace(nn.Linear(4, 2), torch.randn(1, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    repo, model = Repo(tmp_path / "repo"), Net()
+    with modulelens.capture(model, ["a", "b"], repo=repo, name="s", record=modulelens.Recording(max_calls=2)):
+        model(torch.randn(2, 4))
+        model.load_state_dict(model.state_dict())
+        model(torch.randn(2, 4))
+    for name in ("s/a", "s/b"):
+        capture = modulelens.load(name, repo=repo)
+        assert len(capture.calls) == 2 and capture.replay().passed
