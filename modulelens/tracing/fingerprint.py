@@ -49,8 +49,13 @@ def _collect(module: torch.nn.Module, prefix: str, params: dict[str, torch.Tenso
              buffers: dict[str, torch.Tensor]) -> None:
     """What ``named_parameters()``/``named_buffers()`` yield with duplicates kept, in their order
     (``named_modules(remove_duplicate=False)``'s), read straight from each submodule's own dicts:
-    the generator walks cost a third of :func:`live_state`'s time, which runs at every recorded call."""
-    for name, param in module._parameters.items():
+    the generator walks cost a third of :func:`live_state`'s time, which runs at every recorded call.
+    An ``nn.DataParallel`` replica holds its device's copies of the weights as plain attributes,
+    listed in ``_former_parameters`` (its ``_parameters`` is empty)."""
+    own: dict[str, torch.Tensor | None] = module._parameters  # type: ignore[assignment]  # Parameter is a Tensor
+    if getattr(module, "_is_replica", False):
+        own = vars(module).get("_former_parameters", own)
+    for name, param in own.items():
         if param is not None:
             # a meta tensor is an offloaded one (accelerate) or has no data: tracing/offload.py decides
             params[prefix + name] = param if not param.is_meta else offloaded(module, name, param)

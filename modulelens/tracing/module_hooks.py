@@ -33,7 +33,8 @@ from torch.utils.hooks import RemovableHandle
 
 class _ModuleHook:
     """``hook``, run only when the module it was put on is the one called (a shallow copy of a
-    module shares its hook tables); copied or pickled, a no-op (module docstring)."""
+    module shares its hook tables) or one of ``nn.DataParallel``'s replicas of it (whose calls are
+    the target's, on each device); copied or pickled, a no-op (module docstring)."""
 
     __slots__ = ("hook", "owner")
 
@@ -42,8 +43,8 @@ class _ModuleHook:
         self.owner = weakref.ref(module)
 
     def __call__(self, module: torch.nn.Module, *args: Any) -> object:
-        if module is not self.owner():
-            return None
+        if module is not self.owner() and not getattr(module, "_is_replica", False):
+            return None  # a shallow copy; nn.DataParallel's replicas (shallow copies too) run the target
         return self.hook(module, *args)
 
     def __reduce__(self) -> tuple[Any, ...]:

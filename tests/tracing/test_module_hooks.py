@@ -5,6 +5,7 @@ capture was asked for is recorded."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import subprocess
@@ -51,9 +52,24 @@ def test_a_model_saved_whole_during_a_capture_loads_where_modulelens_is_not(tmp_
     assert done.stdout.startswith("ok"), done.stdout
 
 
+def _data_parallel_replica(module: nn.Module) -> nn.Module:
+    """What ``torch.nn.parallel.replicate`` makes of a leaf module for one device (it needs CUDA to
+    broadcast; here the copies stay on the CPU): a shallow copy marked ``_is_replica``, its weights
+    non-leaf copies set as plain attributes and listed in ``_former_parameters``."""
+    replica = module._replicate_for_data_parallel()
+    replica._former_parameters = collections.OrderedDict()
+    for key, param in module._parameters.items():
+        assert param is not None
+        copied = param * 1
+        setattr(replica, key, copied)
+        replica._former_parameters[key] = copied
+    return replica
+
+
 def test_a_deep_copy_made_during_a_capture_is_not_recorded_as_the_target(tmp_path: Path) -> None:
     """An EMA model made with ``copy.deepcopy`` while the hooks are on: its calls were recorded as
-    the target's (with its weights as new states); now only the model's own calls are."""
+    the target's (with its weights as new states); now only the model's own calls are, and those of
+    ``nn.DataParallel``'s replicas of it, with the replica's weights (a state without them before)."""
     repo, model = Repo(tmp_path / "repo"), _model()
     with modulelens.capture(model, "0", repo=repo, name="m", record=modulelens.Recording(max_calls=3)) as cap:
         model(torch.randn(2, 8))
@@ -66,9 +82,12 @@ def test_a_deep_copy_made_during_a_capture_is_not_recorded_as_the_target(tmp_pat
         shallow = copy.copy(model[0])  # another Linear sharing the target's hook tables
         shallow(torch.randn(2, 8))
         assert len(cap.tracer.records["0"].calls) == 1
-        model(torch.randn(2, 8))
+        _data_parallel_replica(model[0])(torch.randn(2, 8))  # the target's call, on a device
+        assert len(cap.tracer.records["0"].calls) == 2
     capture = modulelens.load("m/0", repo=repo)
-    assert len(capture.calls) == 2 and len(capture.metadata["states"]) == 1
+    assert len(capture.calls) == 2  # the model's and its replica's (whose own copies are its state)
+    for index in (0, 1):
+        assert all(torch.equal(capture.state_dict(index)[k], v) for k, v in model[0].state_dict().items())
     assert torch.equal(capture.state_dict(0)["weight"], model[0].weight)
     assert capture.replay().passed
     assert not model[0]._forward_pre_hooks and not model[0]._forward_hooks  # the capture took its hooks off
