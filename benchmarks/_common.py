@@ -132,7 +132,8 @@ def timed(func: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None 
 
 
 def machine() -> dict[str, Any]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": torch.get_num_threads(),
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "load_average": list(os.getloadavg()),
             "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 

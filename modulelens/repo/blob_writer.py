@@ -6,7 +6,8 @@ keep them: :meth:`~modulelens.repo.store.Store.blob_writer` hands out a :class:`
 over a new staging file of its own (a directory's ``tmp/``; an object store's local cache), which
 writes each piece, hashes it as it goes (the content hash that names the blob and the verification
 marker's chunk hashes; on a second thread, while the piece is written: the write waits on the disk,
-the hash on nothing), and on :meth:`~FileBlobWriter.seal` flushes the file to the disk. The save
+the hash on nothing; unless the caller says its job needs the other cores, ``write(beside=False)``),
+and on :meth:`~FileBlobWriter.seal` flushes the file to the disk. The save
 then publishes the sealed file as the blob with one rename (``Store.adopt_file``; an object store
 uploads it first), without reading it again; :meth:`~FileBlobWriter.abort` removes it instead.
 So the durable-write, hashing and marker protocol of blobs lives in ``repo/`` once, whoever streams.
@@ -60,13 +61,13 @@ class FileBlobWriter(BlobWriter):
     def chunk(self) -> int:
         return self._chunks.chunk
 
-    def write(self, data: memoryview) -> None:
+    def write(self, data: memoryview, *, beside: bool = True) -> None:
         if self._fd < 0:
             raise ValueError(f"{self.path} is sealed or aborted; nothing more can be written")
         view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         if self.written + len(view) > self.nbytes:
             raise ValueError(f"{self.path}: {self.written + len(view)} bytes written, {self.nbytes} announced")
-        hashed = self._hash_beside(view)
+        hashed = self._hash_beside(view) if beside else None
         try:
             done = 0
             while done < len(view):  # one write() moves at most ~2 GiB

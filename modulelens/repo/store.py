@@ -119,8 +119,10 @@ class BlobWriter(ABC):
         """Pieces that are whole multiples of this many bytes are hashed where they are."""
 
     @abstractmethod
-    def write(self, data: memoryview) -> None:
-        """Append ``data`` and hash it.
+    def write(self, data: memoryview, *, beside: bool = True) -> None:
+        """Append ``data`` and hash it. ``beside``: the writer may hash on a second thread while it
+        writes (faster, one more core busy); ``False`` keeps the work on the calling thread, for a
+        caller whose job needs the other cores meanwhile.
 
         Raises:
             OSError: the write failed (a full disk): :meth:`abort`, then copy the bytes instead.

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from torch.distributed import Store
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
-    from torch.utils.hooks import RemovableHandle
 
     from modulelens.tracing.records import ModuleRecord
     from modulelens.tracing.tracer import Tracer
@@ -108,27 +107,6 @@ def original_class(cls: type) -> type:
         else:
             break
     return cls
-
-
-# ---------------------------------------------------------------------------------------- hooks
-
-
-def reorder_hooks(module: torch.nn.Module, handles: list[RemovableHandle]) -> bool:
-    """Keep the tracer's pre-hook last and its post-hook first among the module's hooks, so that it
-    sees what forward itself sees (tensor parallel's inputs already DTensors, its outputs not yet
-    turned into local shards), even when tensor parallel added its hooks after the tracer's.
-    Returns True when a hook had to move (the call at hand was seen out of order). The forward hooks
-    are found by their handles' ids among ``handles`` (which also hold the target's load hook)."""
-    moved = False
-    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
-    for key in (getattr(handle, "id", None) for handle in handles):
-        if key in pre_hooks and next(reversed(pre_hooks)) != key:
-            pre_hooks.move_to_end(key)  # type: ignore[attr-defined]  # torch's stubs say dict; they are OrderedDicts
-            moved = True
-        if key in post_hooks and next(iter(post_hooks)) != key:
-            post_hooks.move_to_end(key, last=False)  # type: ignore[attr-defined]  # as above
-            moved = True
-    return moved
 
 
 # ---------------------------------------------------------------------------------------- DTensors

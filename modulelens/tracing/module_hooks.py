@@ -17,14 +17,22 @@ library's (``contextlib.nullcontext().__exit__``, which takes any arguments and 
 so a model saved during a capture loads where modulelens is not installed. The copy keeps that
 no-op in its tables (nothing can take it out); a capture of the copy passes over it, as a capture
 passes over another capture's hooks on the same module (:func:`is_modulelens_hook`).
+
+**``torch.jit.script`` of a hooked module.** Scripting compiles every forward hook in a module's
+tables (``torch.jit._recursive.get_hook_stubs``), and ours are Python objects, not TorchScript: a
+job that scripted its model for export while a capture recorded stopped with an error. Once the
+tracer has put a hook anywhere, that function sees each module's tables without ours (nor the
+no-ops of copies), so the scripted module compiles the job's own hooks only and, as a copy, is not
+recorded.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -62,6 +70,7 @@ def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., object], *, pr
                      with_kwargs: bool = False) -> RemovableHandle:
     """``module.register_forward_pre_hook(hook, prepend=..., with_kwargs=...)``, TorchScript modules too."""
     hook = _ModuleHook(module, hook)
+    _hide_from_torchscript()
     if not isinstance(module, torch.jit.ScriptModule):
         return module.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=with_kwargs)
     handle = RemovableHandle(module._forward_pre_hooks, extra_dict=module._forward_pre_hooks_with_kwargs)
@@ -75,6 +84,7 @@ def forward_hook(module: torch.nn.Module, hook: Callable[..., object], *, prepen
                  with_kwargs: bool = False, always_call: bool = False) -> RemovableHandle:
     """``module.register_forward_hook(hook, ...)``, TorchScript modules too."""
     hook = _ModuleHook(module, hook)
+    _hide_from_torchscript()
     if not isinstance(module, torch.jit.ScriptModule):
         return module.register_forward_hook(hook, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call)
     handle = RemovableHandle(module._forward_hooks, extra_dict=[module._forward_hooks_with_kwargs,
@@ -99,7 +109,61 @@ def load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable[..., object
         return RemovableHandle(collections.OrderedDict())  # (a plain dict takes no weak reference)
 
 
+def move_hooks(module: torch.nn.Module, handles: Iterable[object], *, outermost: bool) -> bool:
+    """Put the forward hooks of ``handles`` (found by their ids; other handles are passed over)
+    outermost among ``module``'s hooks (pre-hook first, forward hook last: the call as the parent
+    sees it) or innermost (pre-hook last, forward hook first: what forward itself sees, after
+    tensor parallel's hooks, tracing/distributed.py), where hooks the job added since moved them.
+    Returns whether one had to move."""
+    moved = False
+    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
+    for key in (getattr(handle, "id", None) for handle in handles):
+        if key in pre_hooks and next(iter(pre_hooks) if outermost else reversed(pre_hooks)) != key:
+            pre_hooks.move_to_end(key, last=not outermost)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
+            moved = True
+        if key in post_hooks and next(reversed(post_hooks) if outermost else iter(post_hooks)) != key:
+            post_hooks.move_to_end(key, last=outermost)  # type: ignore[attr-defined]  # as above
+            moved = True
+    return moved
+
+
 def _insert(table: dict[int, Callable[..., object]], key: int, hook: Callable[..., object], prepend: bool) -> None:
     table[key] = hook
     if prepend:
         table.move_to_end(key, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
+
+
+def _hide_from_torchscript() -> None:
+    """Make ``torch.jit.script`` compile a module's hooks without ours (module docstring); once."""
+    recursive = torch.jit._recursive
+    compile_hooks = recursive.get_hook_stubs
+    if getattr(compile_hooks, "__modulelens_wrapped__", False):
+        return
+
+    @functools.wraps(compile_hooks)
+    def get_hook_stubs(nn_module: torch.nn.Module) -> Any:
+        with _without_ours(nn_module):
+            return compile_hooks(nn_module)
+
+    get_hook_stubs.__modulelens_wrapped__ = True  # type: ignore[attr-defined]
+    recursive.get_hook_stubs = get_hook_stubs
+
+
+@contextlib.contextmanager
+def _without_ours(module: torch.nn.Module) -> Iterator[None]:
+    """``module``'s forward hook tables without our hooks for the time of the block; then ours are
+    back where they were (a hook the job added meanwhile comes before them)."""
+    tables = [module._forward_pre_hooks, module._forward_hooks]
+    taken = [[(key, hook) for key, hook in table.items() if is_modulelens_hook(hook)] for table in tables]
+    order = [list(table) for table in tables]
+    for table, ours in zip(tables, taken, strict=True):
+        for key, _ in ours:
+            del table[key]
+    try:
+        yield
+    finally:
+        for table, ours, keys in zip(tables, taken, order, strict=True):
+            table.update(ours)
+            for key in keys:
+                if key in table:
+                    table.move_to_end(key)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict

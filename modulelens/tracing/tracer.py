@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,15 +41,14 @@ from modulelens.tracing.distributed import (
     normalise_ranks,
     rank_and_world,
     recording_ranks,
-    reorder_hooks,
     signature,
 )
 from modulelens.tracing.environment import describe_environment
 from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
-from modulelens.tracing.methods import MethodHandle, split_target, wrap_method
-from modulelens.tracing.module_hooks import forward_hook, forward_pre_hook
+from modulelens.tracing.methods import split_target, wrap_method
+from modulelens.tracing.module_hooks import forward_hook, forward_pre_hook, move_hooks
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -65,9 +64,6 @@ from modulelens.tracing.weights import (
     warn_after_return,
     warn_changed,
 )
-
-if TYPE_CHECKING:
-    from torch.utils.hooks import RemovableHandle
 
 _Hook = TypeVar("_Hook", bound=Callable[..., object])
 _SESSIONS = itertools.count()  # tracers are numbered alike on every rank (SPMD) to name gather points
@@ -168,8 +164,18 @@ class Tracer:
         # would never call them. Drop compiled code now (the model recompiles once with the hooks)
         # and again once the hooks are gone (see stop()).
         self._compiled = _reset_compiled_code(model)
+        failed: dict[str, Exception] = {}
         for name, module in modules.items():
-            self._attach(name, module)
+            try:
+                self._attach(name, module)
+            except Exception as error:  # fail open: the job runs on without this target
+                if self.strict or isinstance(error, UsageError):  # (the targets name a method that is not there)
+                    for attached in list(self._handles):
+                        self._detach(attached)
+                    raise
+                failed[name] = error
+        for name, reason in failed.items():  # once all are attached: a tracer left with none finishes
+            self._fail(name, reason)
 
     # ------------------------------------------------------------------------------ hooks
 
@@ -181,23 +187,24 @@ class Tracer:
             module=module, method=method, compiled=compile_settings(wrapper) if wrapper is not None else None,
         )
         self._stacks[name] = {}
+        handles = self._handles[name] = []  # each as it is made: removed if a later one fails
         if method is not None:  # called as module.<method>(...): wrapped on its class (tracing/methods.py)
-            self._handles[name] = [wrap_method(module, method, self._make_method_handler(name), name),
-                                   settle_before_load(module, self)]
+            handles.append(wrap_method(module, method, self._make_method_handler(name), name))
+            handles.append(settle_before_load(module, self))
             return
         if self.world_size > 1:
             # Innermost: what forward itself sees (tensor parallel's hooks, added from outside, turn
             # local inputs into DTensors before it and its DTensor output into a shard after it).
-            pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True)
-            post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True,
-                                                prepend=True)
+            handles.append(forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True))
+            handles.append(forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True,
+                                        prepend=True))
         else:
             # Outermost: the call as the parent sees it, inputs before the module's own pre-hooks and
             # the output after its own forward hooks, since a rebuilt module registers those again in
             # its constructor and replay runs them (recorded inside them, they applied twice, issue 22).
-            pre = forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True, prepend=True)
-            post = forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True)
-        self._handles[name] = [pre, post, settle_before_load(module, self)]
+            handles.append(forward_pre_hook(module, self._make_pre_hook(name), with_kwargs=True, prepend=True))
+            handles.append(forward_hook(module, self._make_post_hook(name), with_kwargs=True, always_call=True))
+        handles.append(settle_before_load(module, self))
         if is_unmaterialised_lazy(module):  # recorded after its own pre-hook infers its parameters
             self._lazy_hooks[name] = forward_pre_hook(module, self._make_lazy_hook(name), with_kwargs=True)
 
@@ -244,12 +251,10 @@ class Tracer:
             index = record.seen_calls
             record.seen_calls += 1
             # Hooks added after ours (tensor parallel's input conversion) moved behind ours: this
-            # call would be seen before them, so it is skipped (alike on every rank).
-            if self.world_size > 1 and record.method is None:
-                reordered = reorder_hooks(module, self._handles.get(name, []))
-            else:  # hooks the job added since: ours stay outermost
-                reordered = False
-                _keep_outermost(module, self._handles.get(name, []))
+            # call would be seen before them, so it is skipped (alike on every rank). Otherwise,
+            # after hooks the job added since, ours stay outermost (_attach says why).
+            inside = self.world_size > 1 and record.method is None
+            reordered = move_hooks(module, self._handles.get(name, []), outermost=not inside) and inside
             if index < self.warmup or self._taken(name) >= self.max_calls or record.failed or reordered:
                 self._stack(name).append(None)
                 return None
@@ -757,17 +762,6 @@ class Tracer:
     def sharding(self, qualified: str) -> dict[str, dict[str, Any]]:
         """How each gathered DTensor of ``qualified`` was sharded in the job."""
         return self._sharding.get(qualified, {})
-
-
-def _keep_outermost(module: torch.nn.Module, handles: Sequence[RemovableHandle | MethodHandle]) -> None:
-    """Keep the tracer's pre-hook first and its forward hook last among the module's hooks (found by
-    their handles' ids among the target's handles, which also hold a load hook or a method's)."""
-    pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
-    for key in (getattr(handle, "id", None) for handle in handles):
-        if key in pre_hooks and next(iter(pre_hooks)) != key:
-            pre_hooks.move_to_end(key, last=False)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
-        if key in post_hooks and next(reversed(post_hooks)) != key:
-            post_hooks.move_to_end(key)  # type: ignore[attr-defined]  # as above
 
 
 def _reset_compiled_code(model: torch.nn.Module) -> bool:

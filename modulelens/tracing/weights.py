@@ -55,10 +55,11 @@ tests, with the same buffer logic; it has not run on a GPU.)
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -190,6 +191,32 @@ class _BufferedReader:
         self._flat = self._buffer = self._rest = self._stream = None  # type: ignore[assignment]
 
 
+class _Waiters:
+    """Whether anyone waits on the writes now (a settle, the save). While no one does, the job is
+    running, and the writer thread works alone: with the blob writer hashing beside each write and
+    the bits summed on a third thread, a GPT-2-small training step (one thread) took 1.07x on two
+    cores, three busy threads for two (benchmarks/bench_recording.py). While someone waits the job
+    is not running, and the helpers finish the writes sooner (a big capture's save)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def now(self) -> bool:
+        return self._count > 0
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        with self._lock:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._count -= 1
+
+
 class StreamedWeight:
     """One weight on its way into the repo.
 
@@ -275,12 +302,14 @@ class StreamedWeight:
             if copy is not None:
                 self._copy = copy
 
-    def write(self, beside: Executor | None = None) -> bool:
+    def write(self, beside: Executor | None = None, waited_on: _Waiters | None = None) -> bool:
         """Stream the whole weight into its writer (the background thread's work); ``True`` when
         every byte was written, for :meth:`flush` (by a second thread, so the disk flushes this
         weight while the next is written); ``False`` after an error (the writer aborted).
         ``beside``: sums each piece's bits (the fingerprint check) on that thread while the writer
-        writes and hashes it, instead of after (the write waits on the disk; the sum on nothing)."""
+        writes and hashes it, instead of after (the write waits on the disk; the sum on nothing).
+        ``waited_on``: helper threads (``beside``, the writer's hashing beside its write) work only
+        while someone waits on the writes (:class:`_Waiters`); otherwise this thread does it all."""
         try:
             piece = self.writer.chunk * max(1, _PIECE // self.writer.chunk)  # whole chunks: hashed in place
             bit_sum = 0
@@ -288,9 +317,10 @@ class StreamedWeight:
                 with self.lock:
                     start, end = self.written, min(self.written + piece, self.nbytes)
                     view = self._read(start, end)
-                    summed = self._sum_bits(view, beside)
+                    hurry = waited_on is None or waited_on.now
+                    summed = self._sum_bits(view, beside if hurry else None)
                     try:
-                        self.writer.write(view)
+                        self.writer.write(view, beside=hurry)
                     finally:
                         if summed is not None:
                             bit_sum += summed.result()  # (the piece's memory may be reused from here on)
@@ -371,6 +401,7 @@ class WeightWriter:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._copied = 0  # bytes of large weights left to the caller to copy (COPY_BUDGET)
+        self._waiters = _Waiters()
 
     def start(self, weights: dict[str, tuple[torch.Tensor, int | None]]) -> dict[str, StreamedWeight]:
         """Start writing ``{name: (live tensor, fingerprint)}``, one call's large weights; returns
@@ -396,7 +427,7 @@ class WeightWriter:
                 break
         if streamed:
             jobs = list(streamed.values())
-            thread = threading.Thread(target=_write_all, args=(jobs,), name="modulelens-weights", daemon=True)
+            thread = threading.Thread(target=_write_all, args=(jobs, self._waiters), name="modulelens-weights", daemon=True)
             try:
                 thread.start()
             except RuntimeError:  # no new threads (interpreter shutdown): copied instead
@@ -443,10 +474,11 @@ class WeightWriter:
             pending = [job for job in self._live if job.reading_live]
         total = sum(job.nbytes for job in pending)
         budget = 0 if whole else min(SETTLE_BUDGET_MAX, int(total * SETTLE_BUDGET_FRACTION))
-        for job in pending:  # in writing order: the thread writes them one after the other
-            with job.lock:
-                while not job.read_all and sum(j.left for j in pending) > budget:
-                    job.progress.wait(0.05)
+        with self._waiters.waiting():
+            for job in pending:  # in writing order: the thread writes them one after the other
+                with job.lock:
+                    while not job.read_all and sum(j.left for j in pending) > budget:
+                        job.progress.wait(0.05)
         for job in pending:
             job.copy_rest()
         with self._lock:
@@ -462,8 +494,9 @@ class WeightWriter:
         with self._lock:
             threads, self._threads = self._threads, []
             jobs, self._pending = self._pending, []
-        for thread in threads:
-            thread.join()
+        with self._waiters.waiting():
+            for thread in threads:
+                thread.join()
         return jobs
 
 
@@ -504,9 +537,10 @@ class _StepGuard:
 _STEP_GUARD = _StepGuard()
 
 
-def _write_all(jobs: list[StreamedWeight]) -> None:
+def _write_all(jobs: list[StreamedWeight], waited_on: _Waiters) -> None:
     """Write the jobs one after the other; a second thread flushes each written file meanwhile, and
-    a third sums the bits of each piece while it is written (StreamedWeight.write)."""
+    while someone waits on the writes a third sums the bits of each piece while it is written
+    (StreamedWeight.write)."""
     from concurrent.futures import ThreadPoolExecutor
 
     flusher: ThreadPoolExecutor | None = None
@@ -520,7 +554,7 @@ def _write_all(jobs: list[StreamedWeight]) -> None:
     try:
         while left:
             job = left[0]
-            written = job.write(summer)
+            written = job.write(summer, waited_on)
             del left[0]
             if flusher is None:
                 job.flush(written)
@@ -560,13 +594,19 @@ def settle_before_load(module: torch.nn.Module, owner: SettlesWeights) -> Remova
     """Settle ``owner``'s weights before a ``load_state_dict`` reaches ``module`` (called on it or on
     a module holding it): swapping in other weights is a change like an optimizer step. ``owner``
     is held weakly; the caller removes the hook with the target's others."""
+    return load_state_dict_pre_hook(module, _settler(owner))
+
+
+def _settler(owner: SettlesWeights) -> Callable[..., None]:
+    """A hook (any arguments) that settles ``owner``'s weights; ``owner`` is held weakly (the hook
+    may outlive the capture, in torch's tables)."""
     held = weakref.ref(owner)
 
     def settle(*_: Any) -> None:
         found = held()
         if found is not None:
             found.settle_weights()
-    return load_state_dict_pre_hook(module, settle)
+    return settle
 
 
 def _settle_on_backward(owner: SettlesWeights, leaves: list[torch.Tensor]) -> bool:
@@ -575,14 +615,8 @@ def _settle_on_backward(owner: SettlesWeights, leaves: list[torch.Tensor]) -> bo
     could be set. ``owner`` is held weakly."""
     if not leaves:
         return True  # no backward runs through the call
-    held = weakref.ref(owner)
-
-    def settle(grad: torch.Tensor) -> None:
-        found = held()
-        if found is not None:
-            found.settle_weights()
     try:
-        torch.autograd.graph.register_multi_grad_hook(leaves, settle, mode="any")
+        torch.autograd.graph.register_multi_grad_hook(leaves, _settler(owner), mode="any")
     except Exception:  # (a tensor of a torch.func transform, ...): the caller settles at once instead
         return False
     return True

@@ -146,3 +146,27 @@ def test_a_torchscript_target_is_captured_and_a_load_goes_through(tmp_path: Path
     for name in ("s/a", "s/b"):
         capture = modulelens.load(name, repo=repo)
         assert len(capture.calls) == 2 and capture.replay().passed
+
+
+def _doubled(module: nn.Module, inputs: tuple[torch.Tensor], output: torch.Tensor) -> torch.Tensor:
+    """A forward hook of the job's own, in TorchScript."""
+    return output * 2
+
+
+def test_a_model_scripted_during_a_capture_compiles_the_jobs_hooks_only(tmp_path: Path) -> None:
+    """``torch.jit.script(model)`` for an export, while a capture records (hooks on): it failed, torch
+    compiling our hooks; the scripted model now has the job's own hook and not ours, and its calls
+    are not the target's; the capture goes on recording the model."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    model[2].register_forward_hook(_doubled)
+    x = torch.randn(3, 4)
+    with modulelens.capture(model, targets=["0", "2"], repo=tmp_path / "repo", name="m",
+                            record=modulelens.Recording(max_calls=3)) as cap:
+        expected = model(x)
+        scripted = torch.jit.script(model)
+        assert torch.equal(scripted(x), expected)
+        assert [is_modulelens_hook(h) for h in model[2]._forward_hooks.values()] == [False, True]  # order kept
+        model(x)
+    assert [len(cap.tracer.records[n].calls) for n in ("0", "2")] == [2, 2]
+    assert modulelens.load("m/0", repo=tmp_path / "repo").replay().passed

@@ -6,11 +6,12 @@ import warnings
 
 import pytest
 import torch
+from method_models import Pipeline
 from modules_for_tests import InPlace, Tower
 from torch import nn
 
 import modulelens
-from modulelens.errors import UsageError
+from modulelens.errors import CaptureWarning, UsageError
 from modulelens.tracing.runner import RunConfig
 from modulelens.tracing.tracer import Tracer
 
@@ -121,6 +122,41 @@ def test_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracer, "_on_enter", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         model(torch.randn(2, 8))
+
+
+def _refuse_forward_hooks(module: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``module`` takes a pre-hook but no forward hook (as a wrapper class that refuses them)."""
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("forward hooks are not supported on this module")
+
+    monkeypatch.setattr(module, "register_forward_hook", refuse)
+
+
+def test_a_target_that_cannot_be_hooked_is_dropped_and_the_others_record(repo: modulelens.Repo,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attaching to a target failed past its pre-hook: that target is dropped with a warning, its
+    pre-hook taken off again, and the job and the other targets go on (it stopped the job before
+    its first step, out of ``capture(...)``)."""
+    model = Tower()
+    _refuse_forward_hooks(model.blocks[1], monkeypatch)
+    with pytest.warns(CaptureWarning, match=r"capture of blocks\.1 failed and was dropped: forward hooks are not"):
+        cap = modulelens.capture(model, ["blocks.1", "head"], repo=repo, name="tower")
+    assert not model.blocks[1]._forward_pre_hooks
+    with cap:
+        model(torch.randn(2, 8))
+    assert "blocks.1: capture failed: RuntimeError: forward hooks are not supported" in cap.tracer.why_not_recorded(
+        "blocks.1")
+    assert len(cap.tracer.records["head"].calls) == 1 and cap.tracer.active_hooks == 0
+    with pytest.raises(RuntimeError, match="forward hooks are not supported"):
+        modulelens.capture(model, ["blocks.1"], repo=None, strict=True)
+    assert not model.blocks[1]._forward_pre_hooks
+
+
+def test_a_usage_error_in_the_targets_leaves_no_hook_on_the_others() -> None:
+    model = Pipeline()
+    with pytest.raises(UsageError, match="Linear has no method 'encod'"):  # after vae got its hooks
+        modulelens.capture(model, ["vae", "head:encod"], repo=None)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
 def test_grad_mode_and_training_flag_are_recorded(repo: modulelens.Repo) -> None:

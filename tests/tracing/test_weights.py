@@ -183,7 +183,7 @@ def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The disk fills while weights are streamed: each weight is copied at the end of its call,
     with a warning, its half-written staging file is removed, and the capture is still exact."""
-    def disk_full(self: FileBlobWriter, data: memoryview) -> None:
+    def disk_full(self: FileBlobWriter, data: memoryview, *, beside: bool = True) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(FileBlobWriter, "write", disk_full)
@@ -201,7 +201,7 @@ def test_a_failing_writer_copies_the_weights_and_the_job_goes_on(tmp_path: Path,
 def test_a_writer_thread_that_dies_never_hangs_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever stops the writer thread (here its write raising past its own handler), the end of
     the recorded call does not wait for it forever: the weights are copied, with a warning."""
-    def dies(self: weights.StreamedWeight, beside: Any = None) -> bool:
+    def dies(self: weights.StreamedWeight, beside: Any = None, waited_on: Any = None) -> bool:
         raise RuntimeError("writer thread died")
 
     monkeypatch.setattr(weights.StreamedWeight, "write", dies)
@@ -269,9 +269,9 @@ def test_a_forward_that_changes_its_own_weight_is_named_not_stored_silently(tmp_
         changed.set()
         return output
 
-    def write_after_the_change(streamed: weights.StreamedWeight, beside: Any = None) -> bool:
+    def write_after_the_change(streamed: weights.StreamedWeight, beside: Any = None, waited_on: Any = None) -> bool:
         changed.wait(30)
-        return write(streamed, beside)
+        return write(streamed, beside, waited_on)
 
     monkeypatch.setattr(SelfUpdating, "forward", forward_then_signal)
     monkeypatch.setattr(weights.StreamedWeight, "write", write_after_the_change)
@@ -339,9 +339,9 @@ def _held_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     go = threading.Event()
     write, settle = weights.StreamedWeight.write, weights.WeightWriter.settle
 
-    def held(streamed: weights.StreamedWeight, beside: Any = None) -> bool:
+    def held(streamed: weights.StreamedWeight, beside: Any = None, waited_on: Any = None) -> bool:
         go.wait(30)
-        return write(streamed, beside)
+        return write(streamed, beside, waited_on)
 
     def releasing(writer: weights.WeightWriter, *, whole: bool = False) -> list[weights.StreamedWeight]:
         go.set()
@@ -506,6 +506,57 @@ def test_modulelens_run_settle_at_return_records_a_data_loop_exactly(tmp_path: P
     assert "1.weight" in done.stderr and "--settle-at-return" in done.stderr, done.stderr[-2000:]
     with pytest.raises(RestoreError, match=r"missing: \[('0.weight', )?'1.weight'\]"):  # never a perturbed one
         modulelens.load("es", repo=repo).module  # noqa: B018
+
+
+def test_the_writes_use_one_thread_while_the_job_runs_and_helpers_only_while_it_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the job runs on after a recorded call, its weight is written, hashed and checked by the
+    writer thread alone (with the hashing and the bit sums on two helper threads, a one-thread
+    GPT-2-small training step took 1.07x on two cores); once the job waits on the writes (here the
+    stop), the helpers take their share. The stored weights are exact either way."""
+    monkeypatch.setattr(weights, "_PIECE", 1 << 20)  # the 4 MiB weight in 4 pieces
+    write, read, blob_write, bits = (weights.StreamedWeight.write, weights.StreamedWeight._read,
+                                     FileBlobWriter.write, weights.StreamedWeight._bits)
+    waited_on: dict[int, Any] = {}
+    hashed_beside: list[bool] = []
+    summed_on: list[str] = []
+    first_piece = threading.Event()
+
+    def noting(streamed: weights.StreamedWeight, beside: Any = None, waiters: Any = None) -> bool:
+        waited_on[id(streamed)] = waiters
+        return write(streamed, beside, waiters)
+
+    def later_pieces_once_waited_on(streamed: weights.StreamedWeight, start: int, end: int) -> memoryview:
+        deadline = time.monotonic() + 30
+        while start and not waited_on[id(streamed)].now and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return read(streamed, start, end)
+
+    def noted_write(writer: FileBlobWriter, data: memoryview, *, beside: bool = True) -> None:
+        hashed_beside.append(beside)
+        blob_write(writer, data, beside=beside)
+        first_piece.set()
+
+    def noted_sum(streamed: weights.StreamedWeight, view: memoryview) -> int:
+        summed_on.append(threading.current_thread().name)
+        return bits(streamed, view)
+
+    monkeypatch.setattr(weights.StreamedWeight, "write", noting)
+    monkeypatch.setattr(weights.StreamedWeight, "_read", later_pieces_once_waited_on)
+    monkeypatch.setattr(FileBlobWriter, "write", noted_write)
+    monkeypatch.setattr(weights.StreamedWeight, "_bits", noted_sum)
+    repo = Repo(tmp_path / "repo")
+    model = _model()
+    # max_calls=2: the call is not the target's last, whose end settles (its hooks go, tracer.py)
+    with modulelens.capture(model, targets="Sequential", repo=repo, name="m",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        seen = [{k: v.clone() for k, v in model.state_dict().items()}]
+        model(torch.randn(4, WIDTH))
+        assert first_piece.wait(30)  # the job goes on (no settle yet) while the first piece is written
+    assert cap.wait()
+    assert hashed_beside == [False, True, True, True], hashed_beside
+    assert [name.startswith("modulelens-weights-sum") for name in summed_on] == [False, True, True, True], summed_on
+    _assert_states(modulelens.load("m", repo=repo), seen)
 
 
 def test_stopping_waits_for_the_writes_and_copies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
