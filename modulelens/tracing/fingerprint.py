@@ -53,8 +53,9 @@ def _collect(module: torch.nn.Module, prefix: str, params: dict[str, torch.Tenso
     An ``nn.DataParallel`` replica holds its device's copies of the weights as plain attributes,
     listed in ``_former_parameters`` (its ``_parameters`` is empty)."""
     own: dict[str, torch.Tensor | None] = module._parameters  # type: ignore[assignment]  # Parameter is a Tensor
-    if getattr(module, "_is_replica", False):
-        own = vars(module).get("_former_parameters", own)
+    attributes = vars(module)  # (getattr of a name a module lacks goes through Module.__getattr__ and raises)
+    if attributes.get("_is_replica", False):
+        own = attributes.get("_former_parameters", own)
     for name, param in own.items():
         if param is not None:
             # a meta tensor is an offloaded one (accelerate) or has no data: tracing/offload.py decides

@@ -117,7 +117,8 @@ def move_hooks(module: torch.nn.Module, handles: Iterable[object], *, outermost:
     Returns whether one had to move."""
     moved = False
     pre_hooks, post_hooks = module._forward_pre_hooks, module._forward_hooks
-    for key in (getattr(handle, "id", None) for handle in handles):
+    for handle in handles:
+        key = getattr(handle, "id", None)
         if key in pre_hooks and next(iter(pre_hooks) if outermost else reversed(pre_hooks)) != key:
             pre_hooks.move_to_end(key, last=not outermost)  # type: ignore[attr-defined]  # torch's stubs say dict: an OrderedDict
             moved = True
