@@ -136,10 +136,10 @@ def _insert(table: dict[int, Callable[..., object]], key: int, hook: Callable[..
 
 def _hide_from_torchscript() -> None:
     """Make ``torch.jit.script`` compile a module's hooks without ours (module docstring); once."""
-    recursive = torch.jit._recursive
-    compile_hooks = recursive.get_hook_stubs
-    if getattr(compile_hooks, "__modulelens_wrapped__", False):
-        return
+    recursive: Any = getattr(torch.jit, "_recursive", None)
+    compile_hooks = getattr(recursive, "get_hook_stubs", None)
+    if compile_hooks is None or getattr(compile_hooks, "__modulelens_wrapped__", False):
+        return  # (a torch without that private function: scripting a hooked model fails as before)
 
     @functools.wraps(compile_hooks)
     def get_hook_stubs(nn_module: torch.nn.Module) -> Any:
