@@ -193,7 +193,7 @@ def import_checked(path: str, forbidden: Iterable[str | os.PathLike[str]] = (),
             from the current directory or a forbidden folder.
     """
     module_name, parts = parse_import_path(path)
-    if module_denied(module_name):
+    if module_denied(module_name) and path not in _FUNCTIONS_ALLOWED_INSIDE_DENIED:
         raise UntrustedCodeError(f"{path}: module {module_name} is never imported from a capture (only plain data "
                                  "types of the standard library are, and no package that reaches files, "
                                  "processes, the network or code loading)")
@@ -216,12 +216,19 @@ def import_checked(path: str, forbidden: Iterable[str | os.PathLike[str]] = (),
 # Classes of denied modules that captures may name: a random generator passed to a module is stored
 # by its state (format/values.py's torch.Generator codec, which accepts that exact class only).
 _CLASSES_ALLOWED_INSIDE_DENIED = (torch.Generator,)
+# Functions of denied modules that captures may name: transformers' gradient checkpointing keeps
+# `partial(torch.utils.checkpoint.checkpoint, use_reentrant=...)` on every block
+# (format/module_state.py). `checkpoint` runs only the function and arguments it is handed (and a
+# `context_fn`), each of which passes these rules on its own: it reaches nothing they do not.
+_FUNCTIONS_ALLOWED_INSIDE_DENIED = frozenset({"torch.utils.checkpoint:checkpoint"})
 
 
 def _check_home(obj: object, path: str) -> None:
     """The module an object was defined in must pass rule 2 too (a re-export does not launder it)."""
     home = getattr(obj, "__module__", None)
     if not isinstance(home, str) or any(obj is allowed for allowed in _CLASSES_ALLOWED_INSIDE_DENIED):
+        return
+    if path in _FUNCTIONS_ALLOWED_INSIDE_DENIED and f"{home}:{getattr(obj, '__qualname__', '')}" == path:
         return
     if home.startswith("_") and "." not in home and not module_denied(home[1:]) and \
             getattr(sys.modules.get(home[1:]), getattr(obj, "__name__", ""), None) is obj:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -80,13 +82,26 @@ def _module_internals() -> frozenset[str]:
 def _is_plain(value: object) -> bool:
     if type(value) in _PLAIN:
         return not (type(value) is float and not math.isfinite(value))  # JSON has no inf/nan
+    if type(value) is functools.partial:
+        # transformers' gradient_checkpointing_enable() sets `gradient_checkpointing = True` and
+        # `_gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint, use_reentrant=...)`:
+        # restoring the flag without the partial failed every replay (no attribute '_gradient_checkpointing_func')
+        return (_is_importable_function(value.func) and all(_is_plain(v) for v in value.args)
+                and all(_is_plain(v) for v in value.keywords.values()))
     return type(value) is tuple and all(_is_plain(v) for v in value)
+
+
+def _is_importable_function(func: object) -> bool:
+    """A function defined at the top level of a module: a capture stores it by its import path."""
+    return (isinstance(func, types.FunctionType) and "<" not in func.__qualname__
+            and getattr(sys.modules.get(func.__module__), func.__qualname__.split(".")[0], None) is not None)
 
 
 def plain_attributes(module: torch.nn.Module,
                      modules: Iterable[tuple[str, torch.nn.Module]] | None = None) -> dict[str, dict[str, Any]]:
     """``{submodule path: {attribute: value}}`` of the scalar, string, bool and tuple-of-those
-    attributes of ``module`` and its submodules (``""`` is ``module`` itself); ``modules``: the
+    attributes (and ``functools.partial``s of a module's function with such arguments) of ``module``
+    and its submodules (``""`` is ``module`` itself); ``modules``: the
     ``(path, submodule)`` pairs to look at instead of ``module.named_modules()``."""
     internals = _module_internals()
     found: dict[str, dict[str, Any]] = {}

@@ -462,7 +462,7 @@ class Rebuilder:
                 continue
             for name, encoded in values.items():
                 value = decode_value(encoded, ctx)
-                if name not in vars(reference) or vars(reference)[name] != value:
+                if name not in vars(reference) or not _same_attribute(vars(reference)[name], value):
                     setattr(owner, name, value)
                     changed.append(f"{path}.{name}" if path else name)
         if changed:
@@ -773,3 +773,12 @@ def _holds_meta_tensor(value: object, depth: int = 0) -> bool:
     if depth < 4 and type(value) is dict:
         return any(_holds_meta_tensor(item, depth + 1) for item in value.values())
     return False
+
+
+def _same_attribute(built: object, recorded: object) -> bool:
+    """Whether a rebuilt module's attribute already is the recorded value (two partials are equal
+    when they wrap the same function with equal arguments; ``==`` compares them by identity)."""
+    if isinstance(built, functools.partial) and isinstance(recorded, functools.partial):
+        return (built.func is recorded.func and built.args == recorded.args
+                and built.keywords == recorded.keywords)
+    return bool(built == recorded)

@@ -1,6 +1,7 @@
 """What a recorded call carries besides its values: the autocast and random generators' states on
 entry, what ``torch.func.vmap`` batches, and which inputs it may change in place (their version
-counters on entry, compared after it returns).
+counters on entry, compared after it returns); and whether a call is the job's at all
+(:func:`in_backward`).
 
 Each runs once per recorded call, inside the job's forward (tracing/tracer.py).
 """
@@ -34,6 +35,14 @@ class InputWatch:
         attribute updates leave no version trace) and every tensor whose version counter moved."""
         return [i for i, (value, version) in enumerate(zip(self.values, self.versions, strict=True))
                 if version is None or (version != UNWATCHED and value._version != version)]
+
+
+def in_backward() -> bool:
+    """Whether this thread runs a backward pass now (autograd's engine). A module called there is
+    recomputing its forward for gradient checkpointing (``checkpoint(..., use_reentrant=True)``,
+    transformers' ``gradient_checkpointing_enable()``): a second run of a call the tracer saw in
+    the forward, which was recorded as a call of its own and used up ``max_calls``."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def tensor_version(value: object) -> int | None:

@@ -194,9 +194,10 @@ class _BufferedReader:
 class _Waiters:
     """Whether anyone waits on the writes now (a settle, the save). While no one does, the job is
     running, and the writer thread works alone: with the blob writer hashing beside each write and
-    the bits summed on a third thread, a GPT-2-small training step (one thread) took 1.07x on two
-    cores, three busy threads for two (benchmarks/bench_recording.py). While someone waits the job
-    is not running, and the helpers finish the writes sooner (a big capture's save)."""
+    the bits summed on a third thread, a job's thread doing small torch ops on a two-core machine
+    ran 1.66-2.2x slower while 28 MB weights were written beside it, 1.03x with the writer alone
+    (docs/fidelity.md, "Large weights are written after the call returns"). While someone waits
+    the job is not running, and the helpers finish the writes sooner (a big capture's save)."""
 
     def __init__(self) -> None:
         self._count = 0

@@ -153,6 +153,32 @@ def test_attribute_set_after_construction_is_restored(repo) -> None:
     assert report.passed, report
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["default", "reentrant"])
+def test_a_block_of_a_model_trained_with_gradient_checkpointing_replays(repo, reentrant) -> None:
+    """transformers' gradient_checkpointing_enable() leaves every block with ``gradient_checkpointing
+    = True`` and a partial of torch's checkpoint: both come back, so the replay runs the block as the
+    job did (it failed on the missing partial), and each training step's call is recorded once (the
+    reentrant form ran the block again in the backward, and that run was recorded as a call)."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    model.gradient_checkpointing_enable({"use_reentrant": True} if reentrant else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (2, 8))
+    with modulelens.capture(model, targets=["transformer.h.0"], repo=repo, name="ckpt", strict=True,
+                            record=modulelens.Recording(max_calls=3)):
+        for _ in range(2):
+            model(ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    cap = modulelens.load("ckpt/transformer.h.0", repo=repo)
+    assert [call.state_index for call in cap.calls] == [0, 1]
+    assert cap.module._gradient_checkpointing_func.keywords == {"use_reentrant": reentrant}
+    assert any("_gradient_checkpointing_func" in note for note in cap.notes), cap.notes
+    report = cap.replay()
+    assert report.passed, report
+
+
 def test_structure_changed_after_construction_is_rebuilt_and_init_overrides_rebuild_it(repo) -> None:
     timm = _timm()
     from timm.utils.model import reparameterize_model

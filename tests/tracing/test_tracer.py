@@ -90,6 +90,38 @@ def test_state_is_recorded_again_after_an_optimizer_step(repo: modulelens.Repo) 
     assert report.passed, report
 
 
+class _Checkpointed(nn.Module):
+    """A block run through gradient checkpointing, as transformers' gradient_checkpointing_enable() does."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+        self.head = nn.Linear(8, 1)
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_checkpointed_target_records_each_step_once(repo: modulelens.Repo, reentrant: bool) -> None:
+    """Gradient checkpointing runs the target's forward again inside the backward; the reentrant form
+    runs it whole, and those runs were recorded as calls of their own (4 for 2 steps, using up
+    max_calls). Only the job's forward calls are recorded, and each replays."""
+    torch.manual_seed(0)
+    model = _Checkpointed(reentrant)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(4, 8, requires_grad=True)
+    with modulelens.capture(model, targets="block", repo=repo, name="ckpt", record=modulelens.Recording(max_calls=5)):
+        for _ in range(2):
+            model(x).sum().backward()
+            optimizer.step()
+    capture = modulelens.load("ckpt/block", repo=repo)
+    assert [c.state_index for c in capture.calls] == [0, 1]
+    report = capture.replay()
+    assert report.passed, report
+
+
 def test_outputs_are_copied_before_later_in_place_ops(repo: modulelens.Repo) -> None:
     lin = nn.Linear(4, 4)
     model = nn.Sequential(lin, nn.ReLU(inplace=True))
