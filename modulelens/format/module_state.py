@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import types
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from modulelens.format.imports import import_checked
 
 _PLAIN = (bool, int, float, str, type(None))
 # Flags a library sets on every module as bookkeeping, not behaviour: transformers marks each module
@@ -92,9 +93,14 @@ def _is_plain(value: object) -> bool:
 
 
 def _is_importable_function(func: object) -> bool:
-    """A function defined at the top level of a module: a capture stores it by its import path."""
-    return (isinstance(func, types.FunctionType) and "<" not in func.__qualname__
-            and getattr(sys.modules.get(func.__module__), func.__qualname__.split(".")[0], None) is not None)
+    """A function a capture stores by its import path and a load may resolve (format/imports.py's
+    rules): one that is not would make the save or the load fail where leaving it out did not."""
+    if not isinstance(func, types.FunctionType) or "<" in func.__qualname__:
+        return False
+    try:
+        return import_checked(f"{func.__module__}:{func.__qualname__}") is func
+    except Exception:  # denied, or not found at its own name
+        return False
 
 
 def plain_attributes(module: torch.nn.Module,

@@ -179,6 +179,26 @@ def test_a_block_of_a_model_trained_with_gradient_checkpointing_replays(repo, re
     assert report.passed, report
 
 
+def test_only_partials_a_load_may_resolve_are_recorded_as_attributes() -> None:
+    """A partial attribute is recorded when its function is one a load may name (the import rules);
+    a partial of a denied or local function is left out as before, never a save or load that fails."""
+    import functools
+    import os.path
+
+    from modulelens.format.module_state import plain_attributes
+
+    def local(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    module = nn.Linear(2, 2)
+    module.dropout = functools.partial(torch.nn.functional.dropout, p=0.1)
+    module.ckpt = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+    module.denied = functools.partial(os.path.join, "a")
+    module.local = functools.partial(local)
+    module.untyped = functools.partial(torch.nn.functional.dropout, torch.ones(1))  # a tensor argument
+    assert set(plain_attributes(module)[""]) == {"in_features", "out_features", "dropout", "ckpt"}
+
+
 def test_structure_changed_after_construction_is_rebuilt_and_init_overrides_rebuild_it(repo) -> None:
     timm = _timm()
     from timm.utils.model import reparameterize_model
