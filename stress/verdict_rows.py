@@ -286,8 +286,10 @@ def export_forward_row(tmp: Path) -> Row:
     ref = capture_of(repo, "raising/partial", lambda: Activated(4, functools.partial(scaled, factor=2.0)), torch.randn(2, 4))
 
     def unknown_keyword(meta: dict[str, Any]) -> None:
+        # the partial is a constructor argument and, kept on the module, one of its attributes
+        attributes = [value for values in meta["module"].get("attributes", {}).values() for value in values.values()]
         for construction in meta["constructions"].values():
-            for arg in construction["args"]:
+            for arg in [*construction["args"], *attributes]:
                 if isinstance(arg, dict) and arg.get("codec") == "partial":
                     keywords = dict(arg["value"]["items"])["keywords"]
                     keywords["items"] = [["no_such_keyword", 2.0]]
