@@ -11,8 +11,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -33,6 +35,9 @@ from modulelens.repo.packs import referenced_blobs
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> SeaweedServer:
     server = SeaweedServer(tmp_path_factory.mktemp("weed")).start()
+    # Every test's repo is a folder of this bucket; tests of the raw object store write into it
+    # without creating it (a bucket made by a test run before them on this worker, or none).
+    server.create_bucket("modulelens-test")
     yield server
     server.stop()
 
@@ -622,3 +627,24 @@ def test_an_object_over_its_size_limit_is_refused_from_its_length(env: dict[str,
         modulelens.load(info.ref, repo=url)
     assert f"{url}/names/lin/versions/1/capture.json is 2,097,152 bytes, more than the 1,048,576" in str(refused.value)
     assert [i.ref for i in modulelens.Repo(url).list()] == ["lin:v1"]  # the index still lists it
+
+
+def test_a_first_start_whose_port_was_taken_starts_again_on_new_ports(tmp_path: Path) -> None:
+    """The S3 tests' own server: a port taken between choosing it and weed binding it (another
+    process's listener here) makes weed exit; the first start tries new ports, a restart does not."""
+    server = SeaweedServer(tmp_path / "weed")
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        server.start()
+        try:
+            assert server.port != taken
+            with urllib.request.urlopen(server.env["AWS_ENDPOINT_URL"], timeout=10):
+                pass
+            assert (tmp_path / "weed" / "weed.log").read_text(errors="replace").count("Start Seaweed") >= 2
+        finally:
+            server.stop()
+        server.port = taken  # a restart keeps its ports: the taken one is an error naming the log
+        with pytest.raises(RuntimeError, match=r"weed exited with 255 .*address already in use"):
+            server.start()

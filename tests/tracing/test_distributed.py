@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from ports import free_port
 
 from modulelens.errors import ModulelensError
 from modulelens.tracing.distributed import normalise_ranks, original_class, recording_ranks, several_recorders
@@ -51,12 +51,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(command: list[str], timeout: float) -> tuple[int, str, float]:
     """Run a command in its own process group; on timeout kill that group and fail the test."""
     start = time.monotonic()
@@ -76,7 +70,7 @@ def _torchrun(scenario: str, base: Path, nproc: int = 2) -> dict[str, Any]:
     out.mkdir(parents=True)
     for _attempt in range(3):
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                   "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                    str(TESTS / "dist_worker.py"), scenario, str(repo), str(out)]
         code, output, seconds = _run(command, JOB_TIMEOUT_S)
         if code == 0 or "address already in use" not in output.lower():
@@ -317,7 +311,7 @@ def test_example_trains_under_torchrun_and_replays_in_one_process(tmp_path: Path
     repo = tmp_path / "repo"
     for _attempt in range(3):
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                    str(example / "train.py"), "--repo", str(repo), "--steps", "5"]
         code, output, _ = _run(command, JOB_TIMEOUT_S)
         if code == 0 or "address already in use" not in output.lower():

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 from child_process import PYTHON, subprocess_env
+from ports import free_port
 
 import modulelens
 
@@ -46,18 +46,12 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(tmp_path: Path, mode: str, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
     script = tmp_path / "train_dist.py"
     script.write_text(SCRIPT)
     cmd = [PYTHON, "-m", "modulelens", "run", "--repo", str(tmp_path / "repo"), "--json", *options, "--",
            PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), mode]
+           "--master-port", str(free_port()), str(script), mode]
     result = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=240, cwd=tmp_path)
     return result, json.loads(result.stdout)
 
