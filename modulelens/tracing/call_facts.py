@@ -1,7 +1,7 @@
 """What a recorded call carries besides its values: the autocast and random generators' states on
 entry, what ``torch.func.vmap`` batches, and which inputs it may change in place (their version
 counters on entry, compared after it returns); and whether a call is the job's at all
-(:func:`in_backward`).
+(:func:`torchs_own_run`).
 
 Each runs once per recorded call, inside the job's forward (tracing/tracer.py).
 """
@@ -37,12 +37,18 @@ class InputWatch:
                 if version is None or (version != UNWATCHED and value._version != version)]
 
 
-def in_backward() -> bool:
-    """Whether this thread runs a backward pass now (autograd's engine). A module called there is
-    recomputing its forward for gradient checkpointing (``checkpoint(..., use_reentrant=True)``,
-    transformers' ``gradient_checkpointing_enable()``): a second run of a call the tracer saw in
-    the forward, which was recorded as a call of its own and used up ``max_calls``."""
-    return torch._C._current_graph_task_id() != -1
+def torchs_own_run() -> bool:
+    """Whether torch itself runs the module now, not the job:
+
+    * autograd's engine, in a backward pass on this thread: the module recomputes its forward for
+      gradient checkpointing (``checkpoint(..., use_reentrant=True)``, transformers'
+      ``gradient_checkpointing_enable()``), a second run of a call the tracer saw in the forward,
+      which was recorded as a call of its own and used up ``max_calls``;
+    * ``torch.jit.trace``, building a graph from a run of the module: the tracer's reads of the
+      values (its fingerprints, ``.tolist()``) gave the job's trace one "might cause the trace to be
+      incorrect" warning each, and the trace's runs used up ``max_calls``. (Its check afterwards
+      runs the module eagerly: that run is recorded, a call with the job's example inputs.)"""
+    return torch._C._current_graph_task_id() != -1 or torch.jit.is_tracing()
 
 
 def tensor_version(value: object) -> int | None:

@@ -29,7 +29,7 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
-from modulelens.tracing.call_facts import InputWatch, autocast_state, in_backward, rng_state, tensor_version, vmapped
+from modulelens.tracing.call_facts import InputWatch, autocast_state, rng_state, tensor_version, torchs_own_run, vmapped
 from modulelens.tracing.compiled import compile_settings, wrapper_of
 from modulelens.tracing.distributed import (
     ShardSync,
@@ -248,7 +248,7 @@ class Tracer:
         """Record the call; returns replacement ``(args, kwargs)`` only when capturing its backward."""
         with self._lock:
             record = self.records[name]
-            if in_backward():  # a checkpointed forward run again for its backward: not a call of the job's
+            if torchs_own_run():  # a checkpointed forward run again for its backward, a jit.trace: not the job's
                 self._stack(name).append(None)
                 return None
             index = record.seen_calls

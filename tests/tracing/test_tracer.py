@@ -122,6 +122,36 @@ def test_a_checkpointed_target_records_each_step_once(repo: modulelens.Repo, ree
     assert report.passed, report
 
 
+
+def _graph(traced: torch.jit.ScriptModule) -> list[tuple[str, list[str]]]:
+    """Each node of a traced graph: its op and the names of the values it makes."""
+    return [(node.kind(), [value.debugName() for value in node.outputs()]) for node in traced.inlined_graph.nodes()]
+
+
+def test_a_jit_trace_during_a_capture_is_the_jobs_own_and_not_recorded(repo: modulelens.Repo) -> None:
+    """torch.jit.trace runs the model to build a graph. The tracer's reads of the run's values gave
+    the job's trace a "might cause the trace to be incorrect" warning each and renamed its values,
+    and the trace's run was recorded as a call (using up max_calls). Now the trace is the one a
+    job without a capture gets, and the calls recorded are the job's own, each replayed."""
+    torch.manual_seed(0)
+    model = Tower()
+    x = torch.randn(2, 8)
+    expected = _graph(torch.jit.trace(model, x, check_trace=False))
+    with modulelens.capture(model, targets="head", repo=repo, name="traced", record=modulelens.Recording(max_calls=3)):
+        model(x)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            traced = torch.jit.trace(model, x + 1, check_trace=False)
+        model(x + 2)
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)], [str(w.message) for w in caught]
+    assert _graph(traced) == expected
+    assert torch.equal(traced(x), model(x))
+    capture = modulelens.load("traced/head", repo=repo)
+    assert len(capture.calls) == 2
+    report = capture.replay()
+    assert report.passed, report
+
+
 def test_outputs_are_copied_before_later_in_place_ops(repo: modulelens.Repo) -> None:
     lin = nn.Linear(4, 4)
     model = nn.Sequential(lin, nn.ReLU(inplace=True))
