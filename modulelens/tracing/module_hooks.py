@@ -24,6 +24,10 @@ job that scripted its model for export while a capture recorded stopped with an 
 tracer has put a hook anywhere, that function sees each module's tables without ours (nor the
 no-ops of copies), so the scripted module compiles the job's own hooks only and, as a copy, is not
 recorded.
+
+**``torch.compile``.** A hook that torch.compile traces runs inside the compiled graph, where the
+tracer's reads of values, its locks and its copies do not belong: each hook runs eagerly at a graph
+break instead (:func:`run_eagerly`), whichever came first, the capture or the compile.
 """
 
 from __future__ import annotations
@@ -31,12 +35,67 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch.utils.hooks import RemovableHandle
+
+
+class _RunEagerly:
+    """``fn``, run eagerly where torch.compile traces a call of it (:func:`run_eagerly`)."""
+
+    __slots__ = ("__weakref__", "fn")
+
+    def __init__(self, fn: Callable[..., object]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self.fn(*args, **kwargs)
+
+
+_waiting_for_dynamo: weakref.WeakSet[_RunEagerly] = weakref.WeakSet()
+_waiting_lock = threading.Lock()
+
+
+_Function = TypeVar("_Function", bound=Callable[..., object])
+
+
+def run_eagerly(fn: _Function) -> _Function:
+    """``fn`` wrapped by ``torch.compiler.disable``: where torch.compile traces it, a graph break,
+    and ``fn`` runs eagerly (nothing it calls is compiled). That import of ``torch._dynamo`` took
+    ~8 s on the first capture of a process that compiles nothing (issue 11), so until the job
+    imports it, ``fn`` is plain and is wrapped the moment it is imported (a post-import hook). A
+    job that compiled its model after the capture attached (``torch.compile`` inside ``with
+    capture(model)``; under ``modulelens run``, a model called once eagerly before it is compiled)
+    had the plain hooks traced into its graph, and every target dropped."""
+    eager = _RunEagerly(fn)
+    with _waiting_lock:
+        if "torch._dynamo" not in sys.modules:
+            _waiting_for_dynamo.add(eager)
+            if len(_waiting_for_dynamo) == 1:
+                import wrapt  # here: a capture that compiles nothing never needs it
+
+                wrapt.register_post_import_hook(_disable_waiting, "torch._dynamo")  # now, if imported since
+            return cast(_Function, eager)
+    eager.fn = _disabled(fn)
+    return cast(_Function, eager)
+
+
+def _disable_waiting(_dynamo: object) -> None:
+    with _waiting_lock:
+        waiting = list(_waiting_for_dynamo)
+        _waiting_for_dynamo.clear()
+    for eager in waiting:
+        eager.fn = _disabled(eager.fn)
+
+
+def _disabled(fn: Callable[..., object]) -> Callable[..., object]:
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)  # torch.compiler.disable: torch >= 2.1
+    return disable(fn) if disable is not None else fn
 
 
 class _ModuleHook:

@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -48,7 +48,7 @@ from modulelens.tracing.fingerprint import LiveState, live_state
 from modulelens.tracing.init_tracking import freeze_objects, get_init_record
 from modulelens.tracing.lazy_modules import is_unmaterialised_lazy, uninitialised
 from modulelens.tracing.methods import split_target, wrap_method
-from modulelens.tracing.module_hooks import forward_hook, forward_pre_hook, move_hooks
+from modulelens.tracing.module_hooks import forward_hook, forward_pre_hook, move_hooks, run_eagerly
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
@@ -65,7 +65,6 @@ from modulelens.tracing.weights import (
     warn_changed,
 )
 
-_Hook = TypeVar("_Hook", bound=Callable[..., object])
 _SESSIONS = itertools.count()  # tracers are numbered alike on every rank (SPMD) to name gather points
 
 
@@ -77,20 +76,6 @@ class _Pending:
     start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
     watch: InputWatch | None = None  # inputs the call may change in place
     ops: OpRecorder | None = None  # Recording(op_trace=True): records the call's aten ops until it returns
-
-
-def _eager(hook: _Hook) -> _Hook:
-    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break instead.
-
-    Only when ``torch._dynamo`` is already imported: ``torch.compiler.disable`` imports it, which
-    took ~8 s on the first capture of a process that compiles nothing (issue 11). A model compiled
-    before the capture attached has imported it already; one compiled while the hooks are on
-    (rare: compile first, then capture) traces the plain hooks, which graph-break on their lock.
-    """
-    if "torch._dynamo" not in sys.modules:
-        return hook
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(hook) if disable is not None else hook
 
 
 class Tracer:
@@ -215,7 +200,7 @@ class Tracer:
             except Exception as error:  # fail open
                 self._fail(name, error)
                 return None
-        return _eager(pre_hook)
+        return run_eagerly(pre_hook)
 
     def _make_method_handler(self, name: str) -> Callable[..., Any]:
         """A method target's call: recorded on entry and exit exactly as forward hooks record one."""
@@ -242,7 +227,7 @@ class Tracer:
             except Exception as error:  # fail open
                 self._fail(name, error)
                 return None
-        return _eager(post_hook)
+        return run_eagerly(post_hook)
 
     def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record the call; returns replacement ``(args, kwargs)`` only when capturing its backward."""
@@ -350,7 +335,7 @@ class Tracer:
                 except Exception as error:  # fail open
                     self._fail(name, error)
                     return None
-        return _eager(after_lazy_init)
+        return run_eagerly(after_lazy_init)
 
     def _note_structure(self, name: str, record: ModuleRecord, module: torch.nn.Module) -> None:
         """At the first recorded call: plain attributes, the module tree (with the hooks a rebuild

@@ -1,5 +1,7 @@
 """The first capture of a process imports neither torch.compile's machinery nor DTensor's when the
-job uses neither (issue 11: ~8 s of ``torch._dynamo`` plus ~4 s of ``torch.distributed.tensor``)."""
+job uses neither (issue 11: ~8 s of ``torch._dynamo`` plus ~4 s of ``torch.distributed.tensor``);
+a job that compiles its model after the capture attached is recorded
+all the same."""
 
 from __future__ import annotations
 
@@ -33,3 +35,42 @@ def test_first_capture_imports_no_compiler_or_dtensor(tmp_path: Path) -> None:
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["saved"] == ["x/0:v1"]
     assert out["imported"] == []
+
+
+COMPILED_AFTER = textwrap.dedent('''
+    import json, sys, tempfile, warnings
+    import torch, modulelens
+    from torch import nn
+    modulelens.track_init()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    out = {}
+    with tempfile.TemporaryDirectory() as repo:
+        with modulelens.capture(model, targets=["", "0", "2"], repo=repo, name="x",
+                                record=modulelens.Recording(max_calls=3)) as cap:
+            out["dynamo_at_attach"] = "torch._dynamo" in sys.modules
+            compiled = torch.compile(model, backend=sys.argv[1])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for step in range(3):
+                    compiled(torch.randn(4, 8)).sum().backward()
+        out["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+        out["calls"] = {v.ref: v.calls for v in cap.wait()}
+        out["replayed"] = {ref: modulelens.load(ref, repo=repo).replay().passed for ref in out["calls"]}
+    print(json.dumps(out))
+''')
+
+
+def test_a_model_compiled_after_the_capture_attached_is_recorded(tmp_path: Path) -> None:
+    """The hooks are put on before torch.compile is imported (no compiler cost for a job that
+    compiles nothing); the job's torch.compile(model) then traced them into its graph, and the
+    capture of every target failed ("'NoneType' object has no attribute 'key'", with dynamo's
+    warnings about tracing them). They run eagerly at graph breaks now: every call recorded."""
+    result = subprocess.run([PYTHON, "-c", COMPILED_AFTER, "aot_eager"], capture_output=True, text=True,
+                            env=subprocess_env(), timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["dynamo_at_attach"] is False
+    assert out["warnings"] == []
+    assert out["calls"] == {"x:v1": 3, "x/0:v1": 3, "x/2:v1": 3}
+    assert all(out["replayed"].values()), out["replayed"]
