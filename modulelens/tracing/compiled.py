@@ -6,7 +6,8 @@ wrapper are recorded (the backend's name and, for inductor, the options its ``mo
 load compiles the rebuilt module with them (``module.compile(...)``, in place); the replay then runs
 the kernels inductor generates from the same graph (tested bit-exact; docs/fidelity.md). Only
 torch's own backends are recorded, and only inductor options from a fixed list (the ones the
-``mode`` presets set): a capture never chooses a compiler command or any other setting.
+``mode`` presets set): a capture never chooses a compiler command or any other setting. And
+whether a target runs in a ``fullgraph=True`` graph, where its hooks cannot run.
 """
 
 from __future__ import annotations
@@ -42,5 +43,19 @@ def wrapper_of(model: torch.nn.Module, module: torch.nn.Module) -> torch.nn.Modu
     """The ``torch.compile`` wrapper of ``module`` in ``model`` (``model`` itself or a child), if any."""
     for candidate in model.modules():
         if type(candidate).__name__ == "OptimizedModule" and vars(candidate).get("_modules", {}).get("_orig_mod") is module:
+            return candidate
+    return None
+
+
+def one_graph_around(model: torch.nn.Module, module: torch.nn.Module) -> torch.nn.Module | None:
+    """The ``torch.compile(..., fullgraph=True)`` wrapper in ``model`` whose graph ``module`` runs
+    in, if any. The tracer's hooks run eagerly at graph breaks (tracing/module_hooks.py), which
+    fullgraph refuses: the job's next call would stop with dynamo's error."""
+    for candidate in model.modules():
+        if type(candidate).__name__ != "OptimizedModule":
+            continue
+        inner = vars(candidate).get("_modules", {}).get("_orig_mod")
+        if (getattr(getattr(candidate, "dynamo_ctx", None), "fullgraph", False) is True
+                and isinstance(inner, torch.nn.Module) and any(m is module for m in inner.modules())):
             return candidate
     return None

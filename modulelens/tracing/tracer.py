@@ -30,7 +30,7 @@ from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
 from modulelens.tracing.call_facts import InputWatch, autocast_state, rng_state, tensor_version, torchs_own_run, vmapped
-from modulelens.tracing.compiled import compile_settings, wrapper_of
+from modulelens.tracing.compiled import compile_settings, one_graph_around, wrapper_of
 from modulelens.tracing.distributed import (
     ShardSync,
     describe_dtensor,
@@ -166,6 +166,10 @@ class Tracer:
 
     def _attach(self, name: str, module: torch.nn.Module) -> None:
         qualified, method = split_target(name)
+        if self._compiled and one_graph_around(self.model, module) is not None:
+            raise CaptureError(f"{name or '<root>'} runs in a torch.compile(fullgraph=True) graph: its hooks need a "
+                               "graph break, which fullgraph refuses (the job's next call would stop); compile "
+                               "with fullgraph=False while capturing")
         wrapper = wrapper_of(self.model, module) if self._compiled else None
         self.records[name] = ModuleRecord(
             qualified_name=qualified, module_class=constructed_class(module), construction=get_init_record(module),

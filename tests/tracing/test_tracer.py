@@ -11,7 +11,7 @@ from modules_for_tests import InPlace, Tower
 from torch import nn
 
 import modulelens
-from modulelens.errors import CaptureWarning, UsageError
+from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.tracing.runner import RunConfig
 from modulelens.tracing.tracer import Tracer
 
@@ -303,3 +303,24 @@ def test_unchanged_weights_share_one_state(repo: modulelens.Repo) -> None:
         for _step in range(3):
             model(torch.randn(2, 4))
     assert [c.state_index for c in modulelens.load(cap.saved[0].ref, repo=repo).calls] == [0, 0, 0]
+
+
+def test_a_target_in_a_fullgraph_compiled_model_is_dropped_and_the_job_runs(repo: modulelens.Repo) -> None:
+    """Recording a module that runs in a compiled graph needs a graph break at its hooks, which
+    torch.compile(fullgraph=True) refuses: the job stopped at its next call with dynamo's
+    "Skip calling torch.compiler.disable()d function". Now the target is dropped with a warning
+    that says so, and the job runs; strict=True raises instead."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(3, 4)
+    expected = model(x)
+    compiled(x)
+    with pytest.warns(CaptureWarning, match=r"0 runs in a torch.compile\(fullgraph=True\) graph"), \
+            modulelens.capture(compiled, targets="0", repo=repo, name="full") as cap:
+        for _ in range(2):
+            assert torch.equal(compiled(x), expected)
+    assert cap.saved == []
+    with pytest.raises(CaptureError, match="fullgraph=False while capturing"):
+        modulelens.capture(compiled, targets="0", repo=repo, name="full", strict=True).__enter__()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
