@@ -48,14 +48,31 @@ def wrapper_of(model: torch.nn.Module, module: torch.nn.Module) -> torch.nn.Modu
 
 
 def one_graph_around(model: torch.nn.Module, module: torch.nn.Module) -> torch.nn.Module | None:
-    """The ``torch.compile(..., fullgraph=True)`` wrapper in ``model`` whose graph ``module`` runs
-    in, if any. The tracer's hooks run eagerly at graph breaks (tracing/module_hooks.py), which
-    fullgraph refuses: the job's next call would stop with dynamo's error."""
+    """The module of ``model`` compiled with ``fullgraph=True`` (a ``torch.compile`` wrapper, or a
+    module compiled in place by ``module.compile(...)``) whose graph ``module`` runs in, if any.
+    The tracer's hooks run eagerly at graph breaks (tracing/module_hooks.py), which fullgraph
+    refuses: the job's next call would stop with dynamo's error."""
     for candidate in model.modules():
-        if type(candidate).__name__ != "OptimizedModule":
-            continue
-        inner = vars(candidate).get("_modules", {}).get("_orig_mod")
-        if (getattr(getattr(candidate, "dynamo_ctx", None), "fullgraph", False) is True
-                and isinstance(inner, torch.nn.Module) and any(m is module for m in inner.modules())):
+        if type(candidate).__name__ == "OptimizedModule":
+            context, inner = getattr(candidate, "dynamo_ctx", None), vars(candidate).get("_modules", {}).get("_orig_mod")
+        else:  # compiled in place: its _call_impl compiled by a closure over the same context
+            context, inner = _closure_context(vars(candidate).get("_compiled_call_impl")), candidate
+        if (getattr(context, "fullgraph", False) is True and isinstance(inner, torch.nn.Module)
+                and any(m is module for m in inner.modules())):
             return candidate
+    return None
+
+
+def _closure_context(compiled: object) -> object:
+    """The ``torch.compile`` context a compiled function closes over (named ``self`` in torch's
+    wrapper), or ``None``."""
+    code, cells = getattr(compiled, "__code__", None), getattr(compiled, "__closure__", None)
+    if code is None or not cells:
+        return None
+    for name, cell in zip(code.co_freevars, cells, strict=False):
+        if name == "self":
+            try:
+                return cell.cell_contents
+            except ValueError:  # an empty cell
+                return None
     return None

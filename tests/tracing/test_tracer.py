@@ -305,22 +305,37 @@ def test_unchanged_weights_share_one_state(repo: modulelens.Repo) -> None:
     assert [c.state_index for c in modulelens.load(cap.saved[0].ref, repo=repo).calls] == [0, 0, 0]
 
 
-def test_a_target_in_a_fullgraph_compiled_model_is_dropped_and_the_job_runs(repo: modulelens.Repo) -> None:
+class _TwoLayers(nn.Module):
+    """A class of the tests' own: an in-place compile skips the frames of torch's own modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["wrapper", "module.compile"])
+def test_a_target_in_a_fullgraph_compiled_model_is_dropped_and_the_job_runs(repo: modulelens.Repo,
+                                                                          in_place: bool) -> None:
     """Recording a module that runs in a compiled graph needs a graph break at its hooks, which
     torch.compile(fullgraph=True) refuses: the job stopped at its next call with dynamo's
     "Skip calling torch.compiler.disable()d function". Now the target is dropped with a warning
     that says so, and the job runs; strict=True raises instead."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    model = _TwoLayers()
     x = torch.randn(3, 4)
     expected = model(x)
+    if in_place:
+        model.compile(backend="eager", fullgraph=True)
+    compiled = model if in_place else torch.compile(model, backend="eager", fullgraph=True)
     compiled(x)
-    with pytest.warns(CaptureWarning, match=r"0 runs in a torch.compile\(fullgraph=True\) graph"), \
-            modulelens.capture(compiled, targets="0", repo=repo, name="full") as cap:
+    with pytest.warns(CaptureWarning, match=r"head runs in a torch.compile\(fullgraph=True\) graph"), \
+            modulelens.capture(compiled, targets="head", repo=repo, name="full") as cap:
         for _ in range(2):
             assert torch.equal(compiled(x), expected)
     assert cap.saved == []
     with pytest.raises(CaptureError, match="fullgraph=False while capturing"):
-        modulelens.capture(compiled, targets="0", repo=repo, name="full", strict=True).__enter__()
+        modulelens.capture(compiled, targets="head", repo=repo, name="full", strict=True).__enter__()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
