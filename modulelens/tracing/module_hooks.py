@@ -74,23 +74,30 @@ def run_eagerly(fn: _Function) -> _Function:
     had the plain hooks traced into its graph, and every target dropped."""
     eager = _RunEagerly(fn)
     with _waiting_lock:
-        if "torch._dynamo" not in sys.modules:
+        waits = "torch._dynamo" not in sys.modules
+        if waits:
             _waiting_for_dynamo.add(eager)
-            if len(_waiting_for_dynamo) == 1:
-                import wrapt  # here: a capture that compiles nothing never needs it
+            first = len(_waiting_for_dynamo) == 1
+    if not waits:
+        eager.fn = _disabled(fn)
+    elif first:  # (outside the lock: wrapt calls the hook at once if torch._dynamo was imported since)
+        import wrapt  # here: a capture that compiles nothing never needs it
 
-                wrapt.register_post_import_hook(_disable_waiting, "torch._dynamo")  # now, if imported since
-            return cast(_Function, eager)
-    eager.fn = _disabled(fn)
+        wrapt.register_post_import_hook(_disable_waiting, "torch._dynamo")
     return cast(_Function, eager)
 
 
 def _disable_waiting(_dynamo: object) -> None:
+    """Wrap the waiting hooks. Never raises: an exception here would fail the job's import of
+    ``torch._dynamo`` (wrapt passes it on); a hook left plain is traced as before."""
     with _waiting_lock:
         waiting = list(_waiting_for_dynamo)
         _waiting_for_dynamo.clear()
     for eager in waiting:
-        eager.fn = _disabled(eager.fn)
+        try:
+            eager.fn = _disabled(eager.fn)
+        except Exception:  # fail open: this one stays plain
+            continue
 
 
 def _disabled(fn: Callable[..., object]) -> Callable[..., object]:

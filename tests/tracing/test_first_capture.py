@@ -74,3 +74,30 @@ def test_a_model_compiled_after_the_capture_attached_is_recorded(tmp_path: Path)
     assert out["warnings"] == []
     assert out["calls"] == {"x:v1": 3, "x/0:v1": 3, "x/2:v1": 3}
     assert all(out["replayed"].values()), out["replayed"]
+
+
+DISABLE_FAILS = textwrap.dedent('''
+    import json, tempfile
+    import torch, modulelens
+    from torch import nn
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("torch.compiler.disable is broken here")
+
+    torch.compiler.disable = broken
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    with tempfile.TemporaryDirectory() as repo:
+        with modulelens.capture(model, targets=["0"], repo=repo, name="x"):
+            import torch._dynamo  # the job's import: the post-import hook fails to wrap
+            out = torch.compile(model, backend="eager")(torch.randn(4, 8))
+    print(json.dumps({"shape": list(out.shape)}))
+''')
+
+
+def test_a_failing_wrap_at_the_compilers_import_leaves_the_import_and_the_job_running(tmp_path: Path) -> None:
+    """wrapt passes an exception of a post-import hook on to the import that ran it: the job's
+    ``import torch._dynamo`` (its torch.compile) would fail. The hook never raises."""
+    result = subprocess.run([PYTHON, "-c", DISABLE_FAILS], capture_output=True, text=True, env=subprocess_env(),
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"shape": [4, 1]}
