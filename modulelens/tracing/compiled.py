@@ -12,6 +12,7 @@ whether a target runs in a ``fullgraph=True`` graph, where its hooks cannot run.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,8 +42,8 @@ def compile_settings(wrapper: torch.nn.Module) -> dict[str, object]:
 
 def wrapper_of(model: torch.nn.Module, module: torch.nn.Module) -> torch.nn.Module | None:
     """The ``torch.compile`` wrapper of ``module`` in ``model`` (``model`` itself or a child), if any."""
-    for candidate in model.modules():
-        if type(candidate).__name__ == "OptimizedModule" and vars(candidate).get("_modules", {}).get("_orig_mod") is module:
+    for candidate, _context, compiled in _compiled_modules(model):
+        if candidate is not compiled and compiled is module:
             return candidate
     return None
 
@@ -52,15 +53,25 @@ def one_graph_around(model: torch.nn.Module, module: torch.nn.Module) -> torch.n
     module compiled in place by ``module.compile(...)``) whose graph ``module`` runs in, if any.
     The tracer's hooks run eagerly at graph breaks (tracing/module_hooks.py), which fullgraph
     refuses: the job's next call would stop with dynamo's error."""
-    for candidate in model.modules():
-        if type(candidate).__name__ == "OptimizedModule":
-            context, inner = getattr(candidate, "dynamo_ctx", None), vars(candidate).get("_modules", {}).get("_orig_mod")
-        else:  # compiled in place: its _call_impl compiled by a closure over the same context
-            context, inner = _closure_context(vars(candidate).get("_compiled_call_impl")), candidate
-        if (getattr(context, "fullgraph", False) is True and isinstance(inner, torch.nn.Module)
-                and any(m is module for m in inner.modules())):
+    for candidate, context, compiled in _compiled_modules(model):
+        if getattr(context, "fullgraph", False) is True and any(m is module for m in compiled.modules()):
             return candidate
     return None
+
+
+def _compiled_modules(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, object, torch.nn.Module]]:
+    """``(module, its torch.compile context, the module compiled)`` for each compiled module of
+    ``model``: a wrapper (``OptimizedModule``, which compiles its ``_orig_mod``), or a module compiled
+    in place (``module.compile(...)``: its ``_call_impl``, by a closure over the context)."""
+    for candidate in model.modules():
+        if type(candidate).__name__ == "OptimizedModule":
+            inner = vars(candidate).get("_modules", {}).get("_orig_mod")
+            if isinstance(inner, torch.nn.Module):
+                yield candidate, getattr(candidate, "dynamo_ctx", None), inner
+        else:
+            compiled_call = vars(candidate).get("_compiled_call_impl")
+            if compiled_call is not None:
+                yield candidate, _closure_context(compiled_call), candidate
 
 
 def _closure_context(compiled: object) -> object:

@@ -73,14 +73,14 @@ def run_eagerly(fn: _Function) -> _Function:
     capture(model)``; under ``modulelens run``, a model called once eagerly before it is compiled)
     had the plain hooks traced into its graph, and every target dropped."""
     eager = _RunEagerly(fn)
-    with _waiting_lock:
+    with _waiting_lock:  # (the check and the add at once: _disable_waiting takes the waiting under it)
         waits = "torch._dynamo" not in sys.modules
         if waits:
             _waiting_for_dynamo.add(eager)
             first = len(_waiting_for_dynamo) == 1
     if not waits:
-        eager.fn = _disabled(fn)
-    elif first:  # (outside the lock: wrapt calls the hook at once if torch._dynamo was imported since)
+        return cast(_Function, _disabled(fn))  # no object around it: one frame less per call
+    if first:  # (outside the lock: wrapt calls the hook at once if torch._dynamo was imported since)
         import wrapt  # here: a capture that compiles nothing never needs it
 
         wrapt.register_post_import_hook(_disable_waiting, "torch._dynamo")
