@@ -27,7 +27,9 @@ recorded.
 
 **``torch.compile``.** A hook that torch.compile traces runs inside the compiled graph, where the
 tracer's reads of values, its locks and its copies do not belong: each hook runs eagerly at a graph
-break instead (:func:`run_eagerly`), whichever came first, the capture or the compile.
+break instead (:func:`run_eagerly`), whichever came first, the capture or the compile. A graph
+compiled with ``fullgraph=True`` refuses that break (the job's call stopped with dynamo's error):
+there the hook does nothing and says so once.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ from torch.utils.hooks import RemovableHandle
 class _RunEagerly:
     """``fn``, run eagerly where torch.compile traces a call of it (:func:`run_eagerly`)."""
 
-    __slots__ = ("__weakref__", "fn")
+    __slots__ = ("__weakref__", "fn", "in_whole_graph")
 
-    def __init__(self, fn: Callable[..., object]) -> None:
+    def __init__(self, fn: Callable[..., object], in_whole_graph: Callable[[], object]) -> None:
         self.fn = fn
+        self.in_whole_graph = in_whole_graph
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         return self.fn(*args, **kwargs)
@@ -64,22 +67,26 @@ _waiting_lock = threading.Lock()
 _Function = TypeVar("_Function", bound=Callable[..., object])
 
 
-def run_eagerly(fn: _Function) -> _Function:
+def run_eagerly(fn: _Function, in_whole_graph: Callable[[], object]) -> _Function:
     """``fn`` wrapped by ``torch.compiler.disable``: where torch.compile traces it, a graph break,
     and ``fn`` runs eagerly (nothing it calls is compiled). That import of ``torch._dynamo`` took
     ~8 s on the first capture of a process that compiles nothing (issue 11), so until the job
     imports it, ``fn`` is plain and is wrapped the moment it is imported (a post-import hook). A
     job that compiled its model after the capture attached (``torch.compile`` inside ``with
     capture(model)``; under ``modulelens run``, a model called once eagerly before it is compiled)
-    had the plain hooks traced into its graph, and every target dropped."""
-    eager = _RunEagerly(fn)
+    had the plain hooks traced into its graph, and every target dropped.
+
+    Where the graph being compiled may not break (``fullgraph=True``), a call of ``fn`` is
+    ``None`` instead, and ``in_whole_graph()`` is called at that compile (:func:`_outside_whole_graphs`).
+    """
+    eager = _RunEagerly(fn, in_whole_graph)
     with _waiting_lock:  # (the check and the add at once: _disable_waiting takes the waiting under it)
         waits = "torch._dynamo" not in sys.modules
         if waits:
             _waiting_for_dynamo.add(eager)
             first = len(_waiting_for_dynamo) == 1
     if not waits:
-        return cast(_Function, _disabled(fn))  # no object around it: one frame less per call
+        return cast(_Function, _outside_whole_graphs(fn, in_whole_graph))  # no object around it: a frame less
     if first:  # (outside the lock: wrapt calls the hook at once if torch._dynamo was imported since)
         import wrapt  # here: a capture that compiles nothing never needs it
 
@@ -95,14 +102,42 @@ def _disable_waiting(_dynamo: object) -> None:
         _waiting_for_dynamo.clear()
     for eager in waiting:
         try:
-            eager.fn = _disabled(eager.fn)
+            eager.fn = _outside_whole_graphs(eager.fn, eager.in_whole_graph)
         except Exception:  # fail open: this one stays plain
             continue
 
 
-def _disabled(fn: Callable[..., object]) -> Callable[..., object]:
+def _outside_whole_graphs(fn: Callable[..., object], in_whole_graph: Callable[[], object]) -> Callable[..., object]:
+    """``fn`` run eagerly at a graph break where torch.compile traces it; where the graph may not
+    break (``fullgraph=True``, or the job's ``torch._dynamo.error_on_graph_break``), skipped.
+
+    Dynamo runs a function marked ``assume_constant_result`` while it traces and compiles its
+    result in as a constant, so the test below costs the compiled graph nothing and picks the
+    branch per compile: a graph that may break calls ``fn`` eagerly, a whole graph never does.
+    Run eagerly, the test is one read of a thread-local (no compile is tracing)."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)  # torch.compiler.disable: torch >= 2.1
-    return disable(fn) if disable is not None else fn
+    if disable is None:
+        return fn
+    eager = disable(fn)
+    from torch._dynamo import symbolic_convert  # imported by now: this runs once the job imported torch._dynamo
+
+    def whole_graph_traced() -> bool:
+        try:
+            tracing = getattr(symbolic_convert.tls, "current_tx", None)
+            whole = bool(getattr(tracing, "one_graph", False) or getattr(tracing, "error_on_graph_break", False))
+        except Exception:  # a torch without these: the hook breaks the graph as before
+            return False
+        if whole:
+            with contextlib.suppress(Exception):  # fail open: the compile goes on
+                in_whole_graph()
+        return whole
+
+    whole_graph_traced._dynamo_marked_constant = True  # type: ignore[attr-defined]  # torch._dynamo.assume_constant_result
+
+    def outside_whole_graphs(*args: object, **kwargs: object) -> object:
+        return None if whole_graph_traced() else eager(*args, **kwargs)
+
+    return outside_whole_graphs
 
 
 class _ModuleHook:

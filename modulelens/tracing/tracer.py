@@ -135,6 +135,7 @@ class Tracer:
         self._sync = ShardSync(f"{next(_SESSIONS)}-{'|'.join(self.patterns)}", self.sync_timeout)
         self._participated: dict[str, int] = {}
         self._incidents: dict[str, list[str]] = {}
+        self._whole_graphs: set[str] = set()  # targets whose hooks a fullgraph compile skipped
         self._sharding: dict[str, dict[str, dict[str, Any]]] = {}
         if self.world_size > 1 and not self._recorders:
             warnings.warn(f"modulelens: ranks={self.ranks} names no rank of a world of {self.world_size}; "
@@ -204,7 +205,16 @@ class Tracer:
             except Exception as error:  # fail open
                 self._fail(name, error)
                 return None
-        return run_eagerly(pre_hook)
+        return run_eagerly(pre_hook, lambda: self._in_whole_graph(name))
+
+    def _in_whole_graph(self, name: str) -> None:
+        """A ``torch.compile(fullgraph=True)`` made after the attach traced ``name``'s hooks: its calls
+        in that graph are not recorded (tracing/module_hooks.py; one made before is refused at attach)."""
+        if name not in self._whole_graphs:
+            self._whole_graphs.add(name)
+            warnings.warn(f"modulelens: {name or '<root>'} runs in a torch.compile(fullgraph=True) graph, where its "
+                          "hooks cannot run: its calls there are not recorded; compile with fullgraph=False while "
+                          "capturing", CaptureWarning, stacklevel=2)
 
     def _make_method_handler(self, name: str) -> Callable[..., Any]:
         """A method target's call: recorded on entry and exit exactly as forward hooks record one."""
@@ -231,7 +241,7 @@ class Tracer:
             except Exception as error:  # fail open
                 self._fail(name, error)
                 return None
-        return run_eagerly(post_hook)
+        return run_eagerly(post_hook, lambda: self._in_whole_graph(name))
 
     def _on_enter(self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record the call; returns replacement ``(args, kwargs)`` only when capturing its backward."""
@@ -339,7 +349,7 @@ class Tracer:
                 except Exception as error:  # fail open
                     self._fail(name, error)
                     return None
-        return run_eagerly(after_lazy_init)
+        return run_eagerly(after_lazy_init, lambda: self._in_whole_graph(name))
 
     def _note_structure(self, name: str, record: ModuleRecord, module: torch.nn.Module) -> None:
         """At the first recorded call: plain attributes, the module tree (with the hooks a rebuild
@@ -743,6 +753,9 @@ class Tracer:
                     f"(warmup={self.warmup})")
         if record.seen_calls:
             return f"{label} ({cls}) finished none of its {record.seen_calls} call(s) (each raised)"
+        if key in self._whole_graphs:
+            return (f"{label} ({cls}) ran only in a torch.compile(fullgraph=True) graph, where its hooks cannot run; "
+                    "compile with fullgraph=False while capturing")
         if record.method is not None:
             return f"{label}: {cls}.{record.method}() was never called on this module while capture was on"
         return f"{label} ({cls}) {never_called_as_module(record.qualified_name, record.module)}"

@@ -10,6 +10,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
 from child_process import PYTHON, subprocess_env
 
 CHILD = textwrap.dedent('''
@@ -101,3 +102,51 @@ def test_a_failing_wrap_at_the_compilers_import_leaves_the_import_and_the_job_ru
                             timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"shape": [4, 1]}
+
+
+FULLGRAPH_AFTER = textwrap.dedent('''
+    import json, sys, tempfile, warnings
+    import torch, modulelens
+    from torch import nn
+    if sys.argv[1] == "imported":
+        import torch._dynamo
+    modulelens.track_init()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    out = {}
+    with tempfile.TemporaryDirectory() as repo:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with modulelens.capture(model, targets=["0", "2"], repo=repo, name="x",
+                                    record=modulelens.Recording(max_calls=3)) as cap:
+                out["dynamo_at_attach"] = "torch._dynamo" in sys.modules
+                model[0](torch.randn(4, 8))  # an eager call of one target, before the compile
+                compiled = torch.compile(model, backend="eager", fullgraph=True)
+                for step in range(3):
+                    compiled(torch.randn(4, 8)).sum().backward()
+        out["warnings"] = sorted({str(w.message) for w in caught if issubclass(w.category, modulelens.CaptureWarning)})
+        out["calls"] = {v.ref: v.calls for v in cap.wait()}
+        out["replayed"] = {ref: modulelens.load(ref, repo=repo).replay().passed for ref in out["calls"]}
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.parametrize("dynamo", ["imported", "not imported"])
+def test_a_fullgraph_compile_after_the_capture_attached_leaves_the_job_running(tmp_path: Path, dynamo: str) -> None:
+    """A ``torch.compile(fullgraph=True)`` made after the attach (a fullgraph module at attach is
+    dropped there) refuses the graph break the hooks run at: the job's first compiled call stopped
+    with dynamo's "Skip calling torch.compiler.disable()d function". Now the hooks skip inside such
+    a graph, each target says so once, and the calls made eagerly are recorded, whether
+    ``torch._dynamo`` was imported before the attach (hooks wrapped at once) or after (at its import)."""
+    result = subprocess.run([PYTHON, "-c", FULLGRAPH_AFTER, dynamo], capture_output=True, text=True,
+                            env=subprocess_env(), timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["dynamo_at_attach"] is (dynamo == "imported")
+    assert out["calls"] == {"x/0:v1": 1}
+    assert out["replayed"] == {"x/0:v1": True}
+    skipped = [f"modulelens: {target} runs in a torch.compile(fullgraph=True) graph, where its hooks cannot run: its "
+               "calls there are not recorded; compile with fullgraph=False while capturing" for target in ("0", "2")]
+    assert out["warnings"] == sorted([*skipped, "modulelens: 2 (Linear) ran only in a torch.compile(fullgraph=True) "
+                                      "graph, where its hooks cannot run; compile with fullgraph=False while "
+                                      "capturing; nothing saved"]), out["warnings"]
