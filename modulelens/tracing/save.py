@@ -283,6 +283,7 @@ def _encode_or_drop_construction(tracer: Tracer, record: ModuleRecord, capture_n
         meta, payloads = encode_record(record, environment=tracer.environment, settings=settings, tags=tags,
                                        metadata=metadata, policy=policy, with_construction=False)
         meta["module"]["construction_missing"] = str(error)
+        _warn_unrecorded(capture_name, meta)  # (the call values of this capture were silent: found testing outward)
         return meta, payloads
 
 
@@ -306,7 +307,8 @@ def _warn_unrecorded(capture_name: str, meta: CaptureMetadata) -> None:
     """Call values stored as explicit "unrecorded" markers are named, never dropped in silence."""
     missing = meta.get("unrecorded") or []
     if missing:
-        shown = "; ".join(f"{u['path']} ({u['type']}: {u['reason']})" for u in missing[:3])
+        shown = "; ".join(u["reason"] if u["reason"].startswith(u["path"]) else f"{u['path']} ({u['type']}: {u['reason']})"
+                          for u in missing[:3])  # (a reason names its path: it was said twice)
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         warnings.warn(f"modulelens: {capture_name}: {len(missing)} call value(s) not recorded, stored as "
                       f"'unrecorded' markers: {shown}{more}", CaptureWarning, stacklevel=4)

@@ -373,6 +373,65 @@ def test_unrecorded_output_makes_replay_unverified_not_pass(repo: modulelens.Rep
     assert "NOT compared" in str(report)
 
 
+class KeepsAHandle(nn.Module):
+    """Keeps a constructor argument no codec stores (stable-baselines3's policies keep their
+    gymnasium spaces), so its constructor is not recorded."""
+
+    def __init__(self, handle: OpaqueCache) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.handle = handle
+
+    def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_unrecorded_call_values_are_named_when_the_constructor_is_not_recorded_either(repo: modulelens.Repo) -> None:
+    """The capture saved without its constructor warned only about the constructor: the call value
+    it stored as a marker went unnamed (found with stable-baselines3's ``predict`` of numpy input)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = KeepsAHandle(OpaqueCache())
+        with modulelens.capture(model, targets=[""], repo=repo, name="t"):
+            model(torch.randn(1, 2), cache=OpaqueCache())
+    said = [str(w.message) for w in caught if issubclass(w.category, modulelens.CaptureWarning)]
+    assert any("constructor not recorded" in m for m in said), said
+    assert any("1 call value(s) not recorded" in m and "markers: call0.inputs[1]['cache']: cannot store a value of "
+               "type test_fidelity_features.OpaqueCache" in m for m in said), said
+
+
+class Grid:
+    """A value whose ``==`` is element-wise (numpy's arrays, with a codec of the user's)."""
+
+    def __init__(self, cells: torch.Tensor) -> None:
+        self.cells = cells
+
+    def __eq__(self, other: object) -> Any:
+        return self.cells == other.cells if isinstance(other, Grid) else NotImplemented
+
+
+modulelens.register_codec(Grid, lambda g: {"cells": g.cells}, lambda cls, d: cls(d["cells"]))
+
+
+class MakesGrid(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> Grid:
+        return Grid(self.lin(x).detach())
+
+
+def test_an_output_whose_equality_is_element_wise_is_not_compared_and_the_report_is_made(repo: modulelens.Repo) -> None:
+    """Replay compared such a leaf with ``bool(want == got)``: the ValueError of a many-element
+    truth value ended the whole replay (found with a numpy codec on stable-baselines3's ``predict``)."""
+    cap = capture_one(MakesGrid(), "MakesGrid", repo, lambda m: m(torch.randn(3, 2)))
+    report = cap.replay()
+    assert report.status == "UNVERIFIED" and not report.passed
+    [leaf] = report.calls[0].leaves
+    assert not leaf.compared and "Grid values have no true ==" in leaf.message and "NOT compared" in leaf.message
+
+
 # ============================================================================================
 # 3. Classes that cannot be imported later: source stored with the capture
 # ============================================================================================
