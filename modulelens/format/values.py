@@ -606,6 +606,9 @@ for _name in ("torch_geometric.Data", "torch_geometric.Batch"):
 for _name in ("diffusers.AttentionProcessor", "diffusers.DiagonalGaussianDistribution"):
     register_lazy_codec(_name, "diffusers", "modulelens.format.diffusers_codecs:install")
 register_lazy_codec("gpytorch.MultivariateNormal", "gpytorch", "modulelens.format.gpytorch_codecs:install")
+# numpy arrays and scalars (reinforcement-learning policies' observations and actions)
+for _name in ("numpy.ndarray", "numpy.generic"):
+    register_lazy_codec(_name, "numpy", "modulelens.format.numpy_codecs:install")
 # torch's own tools: quantization configs and qschemes (QAT/PTQ-prepared modules), accelerate's
 # model hooks, fx graphs (symbolic_trace, torch.export's .module()) and the constants they hold
 for _name in ("torch.ao.quantization._PartialWrapper", "torch.qscheme"):

@@ -144,3 +144,54 @@ def test_a_torch_func_ensemble_is_captured_and_replayed_under_vmap(tmp_path: Pat
     results = replay_in_fresh_process(tmp_path / "repo", {v.name: v.ref for v in saved})
     assert {label: (r["status"], r["mode"]) for label, r in results.items()} == \
         dict.fromkeys(results, ("PASS", "bit-exact")), {label: r.get("report") for label, r in results.items()}
+
+
+def test_numpy_observations_and_actions_are_recorded_and_replayed(tmp_path: Path) -> None:
+    """numpy arrays and scalars were unrecorded markers: a stable-baselines3 policy's ``predict``
+    (numpy observation in, numpy actions out) could not be replayed, and a constructor taking an
+    array could not be rebuilt. Stored as tensors (any byte order, 0-d included), rebuilt as numpy,
+    compared element by element; the array the call changed in place is recorded before and after."""
+    import numpy as np
+    from method_models import NumpyPolicy
+
+    modulelens.track_init()
+    policy = NumpyPolicy(bounds=np.array([2.0, 0.5], dtype=np.float32))  # rebuilt from this array
+    observations = np.linspace(-3, 3, 12, dtype=np.float32).reshape(4, 3)
+    repo = tmp_path / "repo"
+    saved = _capture_strictly(policy, [":predict"], repo, "ppo", lambda: policy.predict(observations))
+    observations[:] = 9.0  # the job's array goes on changing: the recording is a copy
+    cap = modulelens.load(saved[0].ref, repo=repo)
+    recorded = cap.calls[0].args[0]
+    assert isinstance(recorded, np.ndarray) and recorded.dtype == np.float32
+    assert np.array_equal(recorded, np.linspace(-3, 3, 12, dtype=np.float32).reshape(4, 3))  # as it came in
+    actions, count = cap.calls[0].output
+    assert isinstance(actions, np.ndarray) and actions.shape == (4, 2) and type(count) is np.int64 and count == 4
+    results = replay_in_fresh_process(repo, {"ppo": saved[0].ref})
+    assert results["ppo"]["status"] == "PASS" and results["ppo"]["mode"] == "bit-exact", results
+
+
+@pytest.mark.parametrize("array", ["0-d", "big-endian", "fortran", "bool"])
+def test_numpy_arrays_of_every_layout_round_trip(tmp_path: Path, array: str) -> None:
+    import numpy as np
+
+    value = {"0-d": np.array(2.5, dtype=np.float64), "big-endian": np.arange(6, dtype=">i4").reshape(2, 3),
+             "fortran": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)),
+             "bool": np.array([True, False, True])}[array]
+    model = torch.nn.Identity()
+    with modulelens.capture(model, [""], repo=tmp_path / "repo", name="id") as cap:
+        model(value)
+    [loaded] = modulelens.load(cap.saved[0].ref, repo=tmp_path / "repo").calls[0].args
+    assert isinstance(loaded, np.ndarray) and loaded.shape == value.shape and np.array_equal(loaded, value)
+    assert loaded.dtype == value.dtype.newbyteorder("=")
+
+
+def test_a_numpy_array_that_no_tensor_holds_is_an_unrecorded_marker_naming_its_dtype(tmp_path: Path) -> None:
+    import numpy as np
+
+    model = torch.nn.Identity()
+    with pytest.warns(modulelens.CaptureWarning, match=r"a numpy array of dtype <U5 \(only bool, integer, float and "
+                                                       r"complex arrays are stored\)"):
+        with modulelens.capture(model, [""], repo=tmp_path / "repo", name="id") as cap:
+            model(np.array(["hello", "world"]))
+    [loaded] = modulelens.load(cap.saved[0].ref, repo=tmp_path / "repo").calls[0].args
+    assert isinstance(loaded, modulelens.Unrecorded)

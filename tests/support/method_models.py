@@ -64,3 +64,24 @@ class FeatureWriter(nn.Module):
     def forward(self, features: Any) -> Any:
         features["token_embeddings"] = self.embed(features["input_ids"])
         return features
+
+
+class NumpyPolicy(nn.Module):
+    """A policy used as stable-baselines3's are: ``predict`` takes a numpy observation and returns
+    numpy actions (and the count, a numpy scalar); its constructor takes a numpy array (action
+    bounds); it writes the observations it normalised back into the array it was given."""
+
+    def __init__(self, bounds: Any, features: int = 3) -> None:
+        super().__init__()
+        import numpy as np
+
+        self.net = nn.Sequential(nn.Linear(features, 8), nn.Tanh(), nn.Linear(8, len(bounds)))
+        self.bounds = np.asarray(bounds, dtype=np.float32)
+
+    def predict(self, observation: Any, deterministic: bool = True) -> tuple[Any, Any]:
+        import numpy as np
+
+        with torch.no_grad():
+            actions = self.net(torch.as_tensor(observation)).numpy() * self.bounds
+        np.clip(observation, -1.0, 1.0, out=observation)  # normalised in place, as a VecNormalize would
+        return actions, np.int64(len(actions))
