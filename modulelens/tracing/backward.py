@@ -51,12 +51,21 @@ def separate_inputs(args: tuple[object, ...], kwargs: dict[str, object]) -> tupl
     """The call's inputs with each tensor that requires grad replaced by a view of itself, so the
     module's input gradients can be taken alone: two inputs the job derived from one another
     (``gate = sigmoid(h)`` passed with ``h``) would otherwise leak gradient into each other.
+    One view per tensor, however often it is passed: ``attn(x, x, x)`` must still see ``query is
+    key is value`` (``nn.MultiheadAttention`` takes its packed self-attention path on that test,
+    and a view per argument changed the job's outputs and gradients), and its gradient is the sum
+    over the three, as in the job and in a replay passing one tensor three times.
     ``None`` when no input requires grad (the call then runs on its own inputs)."""
     if not _grad_tensors((args, kwargs)):
         return None
+    views: dict[int, torch.Tensor] = {}  # (the inputs stay alive meanwhile: ids are not reused)
 
     def view(_path: str, value: object) -> object:
-        return value.view_as(value) if isinstance(value, torch.Tensor) and value.requires_grad else value
+        if not (isinstance(value, torch.Tensor) and value.requires_grad):
+            return value
+        if id(value) not in views:
+            views[id(value)] = value.view_as(value)
+        return views[id(value)]
 
     viewed = map_leaves(view, (args, kwargs), state_objects=False)
     assert isinstance(viewed, tuple)  # map_leaves keeps the containers: (args, kwargs) again

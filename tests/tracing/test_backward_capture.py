@@ -111,3 +111,35 @@ def test_bart_gradients_match_an_independent_computation(repo: modulelens.Repo) 
         assert torch.equal(recorded["param_grads"][name], grad), name
     report = cap.replay(backward=True)
     assert report.status == "PASS" and report.mode == "bit-exact", report
+
+
+def test_self_attention_given_one_tensor_three_times_runs_as_without_the_capture(repo: modulelens.Repo) -> None:
+    """``attn(x, x, x)``: each argument got a view of its own, so ``nn.MultiheadAttention`` no
+    longer saw ``query is key is value`` and took its general path: the job's outputs and
+    gradients changed under a backward capture (7e-8), and the recorded per-argument gradients,
+    each a part of the sum, failed a replay passing one tensor three times (found with fair-esm)."""
+
+    def job(capture: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, modulelens.Capture | None]:
+        torch.manual_seed(0)
+        with modulelens.track_init():
+            attn = nn.MultiheadAttention(8, 2)
+        x = torch.randn(5, 2, 8, requires_grad=True)
+
+        def step(module: nn.Module) -> torch.Tensor:
+            out, _ = module(x, x, x)
+            out.sum().backward()
+            return out.detach()
+
+        if not capture:
+            return step(attn), x.grad, attn.in_proj_weight.grad, None  # type: ignore[return-value]
+        outputs: list[torch.Tensor] = []
+        cap = _capture(attn, "", lambda m: outputs.append(step(m)), repo)
+        return outputs[0], x.grad, attn.in_proj_weight.grad, cap  # type: ignore[return-value]
+
+    *without, _ = job(capture=False)
+    *with_capture, cap = job(capture=True)
+    for name, alone, captured in zip(["output", "x.grad", "in_proj_weight.grad"], without, with_capture, strict=True):
+        assert torch.equal(alone, captured), name
+    assert cap is not None
+    report = cap.replay(backward=True)
+    assert report.status == "PASS" and report.mode == "bit-exact", report
