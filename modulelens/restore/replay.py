@@ -312,8 +312,10 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         return result
     grads_wanted = backward and call.has_backward
     if backward and not call.has_backward:
-        result.error = ("no backward was recorded for this call "
-                        f"({call.backward_missing or 'capture with record=Recording(backward=True)'})")
+        asked = capture.metadata.get("capture", {}).get("backward") is True
+        why = call.backward_missing or ("none reached it in the job: no output of it required grad, or no backward "
+                                        "ran through one" if asked else "capture with record=Recording(backward=True)")
+        result.error = f"no backward was recorded for this call ({why})"
         return result
     try:
         if weights == "recorded":  # the first call reloads: edits through .data keep version counters

@@ -143,3 +143,27 @@ def test_self_attention_given_one_tensor_three_times_runs_as_without_the_capture
     assert cap is not None
     report = cap.replay(backward=True)
     assert report.status == "PASS" and report.mode == "bit-exact", report
+
+
+def test_a_call_no_backward_reached_says_so_not_to_capture_with_backward(repo: modulelens.Repo) -> None:
+    """A call whose output carries no gradient (an audio codec's integer codes), captured with
+    ``backward=True``: replay(backward=True) advised "capture with record=Recording(backward=True)",
+    which the capture had done (found with encodec)."""
+
+    class Codes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x).argmax(-1)
+
+    with modulelens.track_init():
+        model = Codes()
+    x = torch.randn(3, 4, requires_grad=True)
+    with modulelens.capture(model, targets=[""], repo=repo, name="codes", record=modulelens.Recording(backward=True)):
+        model(x)
+    report = modulelens.load("codes", repo=repo).replay(backward=True)
+    assert report.status == "FAIL"
+    assert report.calls[0].error == ("no backward was recorded for this call (none reached it in the job: no output "
+                                     "of it required grad, or no backward ran through one)")
