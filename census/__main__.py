@@ -45,7 +45,7 @@ def _versions() -> dict[str, str]:
     for name in ("torch", "transformers", "timm", "torch_geometric", "diffusers", "peft", "torchrec", "fbgemm_gpu_cpu",
                  "kornia", "monai", "e3nn", "torchdiffeq", "neuraloperator", "normflows", "vector_quantize_pytorch",
                  "x_transformers", "einops", "sentence_transformers", "torchrl", "tensordict", "gpytorch", "torchsde",
-                 "rotary-embedding-torch", "accelerate"):
+                 "rotary-embedding-torch", "accelerate", "torchmetrics"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:

@@ -195,6 +195,40 @@ def _rotary_job(model: nn.Module) -> Job:
     return run
 
 
+# ---------------------------------------------------------------------------------------------- torchmetrics
+
+def _metric() -> nn.Module:
+    from torchmetrics.regression import MeanSquaredError
+
+    return MeanSquaredError()
+
+
+def _metric_job(model: nn.Module) -> Job:
+    """As a training loop uses a metric: ``update`` per batch, ``compute`` (the running value) and a
+    batch value from ``metric(preds, target)``. ``update`` and ``compute`` are bound to the instance
+    in ``Metric.__init__``, and ``compute`` reads the running sums, which are not buffers."""
+    def run(metric: nn.Module) -> None:
+        for step in range(3):
+            metric.update(torch.randn(8, generator=_gen(step)), torch.randn(8, generator=_gen(step + 10)))  # type: ignore[operator]
+            metric.compute()  # type: ignore[operator]
+            metric(torch.randn(4, generator=_gen(step + 20)), torch.randn(4, generator=_gen(step + 30)))
+    return run
+
+
+def _running_mean() -> nn.Module:
+    from torchmetrics.aggregation import RunningMean
+
+    return RunningMean(window=3)
+
+
+def _running_mean_job(model: nn.Module) -> Job:
+    """Each call's value is the mean over a window of the calls before it (states kept by add_state)."""
+    def run(metric: nn.Module) -> None:
+        for step in range(4):
+            metric(torch.randn(5, generator=_gen(step)))
+    return run
+
+
 # ---------------------------------------------------------------------------------------------- transformers
 
 
@@ -272,6 +306,8 @@ TARGETS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], Job], di
                                                                       "forward": ":forward"}),
     "transformers.BartForConditionalGeneration": (_bart, _bart_job, {"encoder": "model.encoder",
                                                                       "generate": ":generate"}),
+    "torchmetrics.MeanSquaredError": (_metric, _metric_job, {"compute": ":compute", "forward": ""}),
+    "torchmetrics.RunningMean": (_running_mean, _running_mean_job, {"forward": ""}),
     "user.Standardised": (Standardised, _user_job, {"call": ":__call__"}),
     "user.TwoHeads": (TwoHeads, _user_job, {"forward": ":forward", "embed": ":embed"}),
 }

@@ -528,6 +528,8 @@ class Rebuilder:
             if errors:
                 raise RestoreError(f"{self.ref}: the recorded state of {path or '<root>'} does not load into the "
                                    f"rebuilt {type(owner).__name__}: {errors[0]}")
+            if isinstance(getattr(owner, "_defaults", None), dict) and hasattr(owner, "_computed"):
+                vars(owner)["_computed"] = None  # a torchmetrics Metric caches compute() until its next update: not this state's
         self.current_state = (index, state_versions(module))
 
     def _mismatch_message(self, module: torch.nn.Module, missing: list[str], unexpected: list[str]) -> str:

@@ -12,16 +12,25 @@ and cannot take ``__call__`` at all (Python looks dunder methods up on the type)
 checks the instance against the targets it serves (one dict lookup) and otherwise calls the
 original function, so other instances of the class run as before; it is removed again when the
 capture of its last target ends, leaving the class as it was.
+
+**A method the instance holds itself.** Some libraries bind a method to the instance in
+``__init__``: torchmetrics' ``Metric`` sets ``self.update = self._wrap_update(self.update)`` (and
+``compute``), a closure over the method as it was then. ``metric.update(...)`` finds that
+attribute first and never reaches the class, so a target ``mse:update`` recorded nothing and said
+the method was never called. Such a method is wrapped where the job finds it, on the instance
+(:class:`_InstancePatch`), for the capture's time only: a copy or a pickle of the module sees the
+library's own attribute, and the instance gets it back when the capture ends.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 
@@ -138,13 +147,46 @@ class MethodHandle:
                 patch.restore()
 
 
-def wrap_method(module: torch.nn.Module, method: str, handler: Handler, pattern: str) -> MethodHandle:
+class _InstancePatch:
+    """A method the instance holds in its own ``__dict__`` (module docstring), sent to the handler;
+    copied or pickled, what it replaced (so a copy holds the library's own attribute)."""
+
+    id = -1  # not a torch hook (Tracer._hook_ids)
+
+    def __init__(self, module: torch.nn.Module, name: str, original: Callable[..., object], handler: Handler) -> None:
+        self.module, self.name, self.original, self.handler = module, name, original, handler
+        functools.update_wrapper(self, original, updated=())  # (__name__, __doc__, __wrapped__)
+        vars(module)[name] = self  # (not setattr: a Module routes tensors and modules elsewhere)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self.handler(self.module, self._call_original, args, kwargs)
+
+    def _call_original(self, _instance: object, *args: object, **kwargs: object) -> object:
+        return self.original(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> object:
+        return copy.deepcopy(self.original, memo)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        return self.original.__reduce_ex__(protocol)
+
+    def remove(self) -> None:
+        if vars(self.module).get(self.name) is self:  # replaced again by the job since: leave theirs
+            vars(self.module)[self.name] = self.original
+
+
+def wrap_method(module: torch.nn.Module, method: str, handler: Handler,
+                pattern: str) -> MethodHandle | _InstancePatch:
     """Send calls of ``module.<method>(...)`` to ``handler`` until the handle is removed.
 
     Raises:
         UsageError: see :func:`method_function`.
     """
     cls = type(module)
+    own = vars(module).get(method)
+    if callable(own) and not isinstance(own, _InstancePatch):  # bound to the instance in __init__ (torchmetrics)
+        method_function(module, method, pattern)  # the same checks: a method of the class
+        return _InstancePatch(module, method, own, handler)
     with _LOCK:
         patch = _PATCHES.get((cls, method))
         if patch is None:

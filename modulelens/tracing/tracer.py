@@ -51,6 +51,7 @@ from modulelens.tracing.methods import split_target, wrap_method
 from modulelens.tracing.module_hooks import forward_hook, forward_pre_hook, move_hooks, run_eagerly
 from modulelens.tracing.module_tree import constructed_class, module_tree, not_rebuilt
 from modulelens.tracing.options import Recording
+from modulelens.tracing.own_state import own_state, own_state_key
 from modulelens.tracing.records import CallRecord, ModuleRecord, StateSnapshot
 from modulelens.tracing.snapshot import Snapshotter, vmap_batch
 from modulelens.tracing.targets import find_targets, matches, never_called_as_module, normalise_pattern
@@ -121,6 +122,7 @@ class Tracer:
         # threads call one target at once (one shared stack mispaired 27 of 30 such calls).
         self._stacks: dict[str, dict[int, list[_Pending | None]]] = {}
         self._state_keys: dict[str, tuple[Any, ...]] = {}
+        self._own_state_keys: dict[str, tuple[object, ...]] = {}
         # lazy targets not materialised yet: the pre-hook that records their first call, and that call
         self._lazy_hooks: dict[str, Any] = {}
         self._deferred: dict[str, tuple[int, tuple[Any, ...], dict[str, Any]]] = {}
@@ -479,19 +481,19 @@ class Tracer:
         the rest is copied."""
         params, buffers, key = weights
         record = self.records[name]
-        if record.states and self._state_keys.get(name) == key:
+        own_key = own_state_key(module)  # (torchmetrics' states change outside the weights)
+        if record.states and self._state_keys.get(name) == key and self._own_state_keys.get(name) == own_key:
             return len(record.states) - 1
         self._snap.forget([t for t in (*params.values(), *buffers.values()) if t is not None])
         non_persistent = _non_persistent_buffers(module)
         extra = {}
-        own_state: dict[str, dict[str, Any]] = {}
+        own_states: dict[str, dict[str, Any]] = {}
         for sub_name, sub in module.named_modules():
             if type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
                 extra[f"{sub_name}._extra_state" if sub_name else "_extra_state"] = sub.get_extra_state()
-            if type(sub)._save_to_state_dict is not torch.nn.Module._save_to_state_dict:
-                custom = _custom_state(sub)
-                if custom:
-                    own_state[sub_name] = self._snap.tree(custom)
+            custom = own_state(sub)
+            if custom:
+                own_states[sub_name] = self._snap.tree(custom)
         # A sparse or nested buffer that is not persistent is the constructor's to make (openai-whisper's
         # alignment_heads): not stored, its digest checked on load; refusing it dropped the whole capture.
         rebuilt = {n: {"layout": layout_name(b), "digest": layout_digest(b)} for n, b in buffers.items()
@@ -502,10 +504,10 @@ class Tracer:
             buffers={n: self._snap.tensor(b) for n, b in buffers.items() if b is not None and n not in rebuilt},
             persistent={n: n not in non_persistent for n in buffers},
             extra_state=extra,
-            module_state=own_state,
+            module_state=own_states,
             rebuilt_buffers=rebuilt,
         ))
-        self._state_keys[name] = key
+        self._state_keys[name], self._own_state_keys[name] = key, own_key
         return len(record.states) - 1
 
     def _parameters(self, params: dict[str, torch.Tensor], fingerprints: Sequence[Any]) -> dict[str, torch.Tensor]:
@@ -778,16 +780,6 @@ def _reset_compiled_code(model: torch.nn.Module) -> bool:
         return False
     dynamo.reset()
     return True
-
-
-def _custom_state(module: torch.nn.Module) -> dict[str, object]:
-    """What a module's own ``_save_to_state_dict`` adds to its state dict besides its parameters,
-    buffers and extra state: dynamically quantized Linears keep their weights packed outside
-    parameters (``_packed_params``: the quantized weight and bias; ``scale``, ``zero_point``)."""
-    destination: dict[str, Any] = {}
-    module._save_to_state_dict(destination, "", keep_vars=True)
-    known = {*module._parameters, *module._buffers, "_extra_state"}
-    return {key: value for key, value in destination.items() if key not in known}
 
 
 def _non_persistent_buffers(module: torch.nn.Module) -> set[str]:

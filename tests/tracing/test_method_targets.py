@@ -7,6 +7,8 @@ are captured here and replayed in ONE fresh process; the not-captured messages s
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import subprocess
 import sys
@@ -209,3 +211,58 @@ def test_the_tools_run_a_method_capture_through_its_method(tmp_path: Path) -> No
     assert profiled.flops["total"] == 480, profiled.flops
     with pytest.raises(KernelError, match=r"recorded calls of encode\(\), not of forward"):
         export_kernelbench(first, tmp_path / "problem")
+
+
+def test_torchmetrics_update_and_compute_are_recorded_with_each_calls_metric_state(tmp_path: Path) -> None:
+    """A torchmetrics ``Metric`` binds ``update`` and ``compute`` to the instance in ``__init__``:
+    targets ``:update``/``:compute`` recorded nothing and said the method was never called. And its
+    running state (``add_state``: plain attributes, not buffers) was not part of a call's state, so
+    every call shared the first snapshot: ``compute`` calls after the first, and a running mean's
+    later calls, FAILed (found testing torchmetrics)."""
+    build, job, _ = library_targets.TARGETS["torchmetrics.MeanSquaredError"]
+    metric = build()
+    running = library_targets.TARGETS["torchmetrics.RunningMean"][0]()
+    repo = tmp_path / "repo"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", modulelens.CaptureWarning)
+        with modulelens.capture(metric, [":update", ":compute"], repo=repo, name="mse",
+                                record=modulelens.Recording(max_calls=3)) as cap:
+            job(metric)(metric)
+        with modulelens.capture(running, [""], repo=repo, name="mean",
+                                record=modulelens.Recording(max_calls=3, warmup=1)) as cap_running:
+            library_targets.TARGETS["torchmetrics.RunningMean"][1](running)(running)
+    assert {v.name: v.calls for v in [*cap.saved, *cap_running.saved]} == {"mse.update": 3, "mse.compute": 3, "mean": 3}
+    compute = modulelens.load("mse.compute", repo=repo)
+    assert [call.state_index for call in compute.calls] == [0, 1, 2]  # the running sums differ at each
+    assert compute.replay(calls=[2]).passed and compute.replay(calls=[1]).passed  # alone, in any order
+    results = replay_in_fresh_process(repo, {"compute": "mse.compute", "mean": "mean"})
+    assert {label: (r["status"], r["mode"]) for label, r in results.items()} == {
+        "compute": ("PASS", "bit-exact"), "mean": ("PASS", "bit-exact")}, results
+
+
+class BindsItsStep(torch.nn.Module):
+    """Binds a wrapped ``step`` to the instance in ``__init__``, as torchmetrics does with ``update``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        inner = self.step
+        self.step = functools.wraps(inner)(lambda *args, **kwargs: inner(*args, **kwargs))
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_a_method_bound_to_the_instance_is_recorded_and_given_back(tmp_path: Path) -> None:
+    module = BindsItsStep()
+    own = vars(module)["step"]
+    with modulelens.capture(module, [":step"], repo=tmp_path / "repo", name="b",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        module.step(torch.randn(1, 2))
+        copied = copy.deepcopy(module)  # a copy holds the library's own attribute, not the capture's
+        assert vars(copied)["step"] is own
+        copied.step(torch.randn(1, 2))  # (bound to the original: as without a capture)
+        module.step(torch.randn(1, 2))
+    assert vars(module)["step"] is own  # given back
+    assert [(v.name, v.calls) for v in cap.saved] == [("b.step", 2)]
+    assert modulelens.load("b.step", repo=tmp_path / "repo").replay().passed
