@@ -619,5 +619,11 @@ register_lazy_codec("sentence_transformers.WordTokenizer", "sentence_transformer
                     "modulelens.format.library_object_codecs:install_sentence_transformers")
 register_lazy_codec("kornia.ColorMap", "kornia", "modulelens.format.library_object_codecs:install_kornia")
 register_lazy_codec("tensordict.TensorDict", "tensordict", "modulelens.format.library_object_codecs:install_tensordict")
+# reinforcement learning: gymnasium's spaces and stable-baselines3's schedules (a policy's constructor arguments)
+for _name in ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict", "Tuple"):
+    register_lazy_codec(f"gymnasium.{_name}", "gymnasium", "modulelens.format.library_object_codecs:install_gymnasium")
+for _name in ("ConstantSchedule", "FloatSchedule", "LinearSchedule"):
+    register_lazy_codec(f"stable_baselines3.{_name}", "stable_baselines3",
+                        "modulelens.format.library_object_codecs:install_stable_baselines3")
 for _name in ("torch.fx.Graph", "torch.memory_format", "torch.layout"):
     register_lazy_codec(_name, "torch.fx", "modulelens.format.fx_codecs:install")
