@@ -275,7 +275,44 @@ def _codec_named(name: str) -> Codec | None:
     lazy = name.partition(":")[0]  # "library.Family:Member" codecs come with their family's installer
     if name not in _CODECS and lazy in _LAZY_CODECS:
         _install_lazy(lazy)
+    if name not in _CODECS:
+        _import_codec_modules()
     return _CODECS.get(name)
+
+
+#: comma-separated modules a process imports before it decodes a codec nothing registered yet
+CODEC_MODULES_ENV = "MODULELENS_CODECS"
+#: the entry-point group through which an installed package names its module of codecs
+CODEC_ENTRY_POINTS = "modulelens.codecs"
+_codec_modules: list[str] | None = None  # what _import_codec_modules imported (None: not yet); failures by name
+
+
+def _import_codec_modules() -> None:
+    """Import the modules that register the user's codecs, once per process, the first time a
+    capture names a codec nothing registered: a codec registered in the user's own module (not in
+    the module of the class it serves) was found by their script, which imports it, but never by
+    ``modulelens replay``, the MCP server or the UI. The modules are named by the user, in
+    ``$MODULELENS_CODECS``, or by an installed package's entry point (group ``modulelens.codecs``):
+    never by a capture."""
+    global _codec_modules
+    if _codec_modules is not None:
+        return
+    _codec_modules = []
+    import os
+    from importlib.metadata import entry_points
+
+    names = [n.strip() for n in os.environ.get(CODEC_MODULES_ENV, "").split(",") if n.strip()]
+    found: list[tuple[str, str, Callable[[], object]]] = [
+        (f"${CODEC_MODULES_ENV}", name, functools.partial(importlib.import_module, name)) for name in names]
+    found += [(f"entry point {point.name!r}", point.value, point.load)
+              for point in entry_points(group=CODEC_ENTRY_POINTS)]
+    for source, name, load in found:
+        try:
+            load()
+        except Exception as error:  # said with the missing codec's error (_decode_codec)
+            _codec_modules.append(f"{name} ({source}) failed to import: {type(error).__name__}: {error}")
+        else:
+            _codec_modules.append(f"{name} ({source})")
 
 
 def has_codec(value: object) -> bool:
@@ -521,8 +558,11 @@ def _decode_codec(data: dict[str, Any], ctx: DecodeContext) -> object:
     serves subclasses, a subclass), checked before the codec's decoder calls it."""
     codec = _codec_named(data["codec"])
     if codec is None:
+        imported = f"; imported for codecs: {', '.join(_codec_modules)}" if _codec_modules else ""
         raise UnsupportedValueError(
-            f"no codec {data['codec']!r} is registered (import the package that registers it)"
+            f"no codec {data['codec']!r} is registered (import the module that registers it; for the command line, "
+            f"name it in ${CODEC_MODULES_ENV}=module[,module...] or in an entry point of group "
+            f"{CODEC_ENTRY_POINTS!r}{imported})"
         )
     cls = ctx.resolve(data["class"], "class")
     accepted = codec.accepts(cls) if codec.accepts is not None else (
