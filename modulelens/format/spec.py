@@ -187,6 +187,7 @@ class CallEntry(TypedDict):
     training: bool
     grad_enabled: bool
     autocast: NotRequired[dict[str, str]]
+    settings: NotRequired[dict[str, bool | int | float | str | None]]  # format/library_settings.py
     rng: NotRequired[dict[str, str]]
     inputs: EncodedTree
     output: EncodedTree | None

@@ -18,6 +18,7 @@ import operator
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.constants import ADDRESS_ALIGNMENT, FORMAT_NAME, FORMAT_VERSION, NESTED_LAYOUTS, SPARSE_PARTS
 from modulelens.format.dtypes import DTYPE_SIZES, QUANTIZED_STORAGE, can_require_grad
+from modulelens.format.library_settings import parse_setting
 from modulelens.format.validate_fields import DTYPE_NAME, MAX_NDIM, MAX_NUMEL, FieldChecker
 
 _TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of a fresh `show`, issue 37)
@@ -526,6 +527,11 @@ class _Checker(FieldChecker):
             if not isinstance(tid, str) or tid not in self.meta["tensors"]:
                 raise self.fail(f"{where}.rng[{device}]", f"{tid!r} is not in the tensor table")
         self.field(call, "autocast", dict, where, optional=True)
+        for key, value in (self.field(call, "settings", dict, where, optional=True) or {}).items():
+            try:
+                parse_setting(key, value)
+            except CorruptCaptureError as error:
+                raise self.fail(f"{where}.settings", str(error)) from None
         self.vmap(self.field(call, "vmap", dict, where, optional=True), f"{where}.vmap")
         trace = self.field(call, "op_trace", dict, where, optional=True)
         if trace is not None:

@@ -45,6 +45,12 @@ class Call:
     _input_spec: Any = field(default=None, repr=False, compare=False)
 
     @property
+    def settings(self) -> dict[str, object]:
+        """Libraries' global settings in force when the call was recorded (gpytorch's, which
+        botorch's ``posterior`` sets; ``{}`` for most calls): :meth:`context` runs under them."""
+        return dict(self._data.get("settings", {}))
+
+    @property
     def args(self) -> tuple[Any, ...]:
         """The positional inputs as the module received them, as a new copy on every access, so a
         call that changes its inputs in place (a transformers cache it appends to) cannot change

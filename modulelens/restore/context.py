@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from modulelens.format.host_rng import restore_host_states, set_host_states
+from modulelens.format.library_settings import settings_applied
 
 if TYPE_CHECKING:
     from modulelens.restore.calls import Call
@@ -34,6 +35,7 @@ def call_context(call: Call, device: torch.device) -> Iterator[None]:
         previous = set_host_states(rng)  # numpy's and Python's generators, as torch's: put back after
         stack.callback(restore_host_states, previous)
         stack.enter_context(torch.set_grad_enabled(call.grad_enabled))
+        stack.enter_context(settings_applied(call.settings))  # gpytorch's, as recorded (format/library_settings.py)
         for device_type, dtype in call.autocast.items():
             if device_type == device.type:
                 stack.enter_context(torch.autocast(device_type, dtype=getattr(torch, dtype)))

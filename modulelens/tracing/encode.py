@@ -426,6 +426,7 @@ def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> 
         "training": call.training,
         "grad_enabled": call.grad_enabled,
         "autocast": call.autocast,
+        **({"settings": dict(call.settings)} if call.settings else {}),
         "rng": {device: ctx.add_tensor(state, f"rng[{device}]") for device, state in call.rng.items()},
         "inputs": encode_tree((tuple(call.args), dict(call.kwargs)), ctx, f"call{call.index}.inputs"),
         "output": encode_tree(call.output, ctx, f"call{call.index}.output") if call.finished else None,

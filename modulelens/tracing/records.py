@@ -49,6 +49,7 @@ class CallRecord:
     grad_enabled: bool
     rng: dict[str, torch.Tensor] = field(default_factory=dict)
     autocast: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # libraries' global settings (format/library_settings.py)
     output: Any = None
     # input path (as ``deep_leaves`` names it) -> the value after the call, for each input the call
     # changed in place: state objects (caches) always, tensors whose version counter moved

@@ -23,6 +23,7 @@ import torch
 
 from modulelens.errors import CaptureError, CaptureWarning, UsageError
 from modulelens.format.layouts import is_plain, layout_name
+from modulelens.format.library_settings import library_settings
 from modulelens.format.module_state import plain_attributes
 from modulelens.format.op_trace import OpRecorder, TraceLimits
 from modulelens.format.shape_only import tensor_stats
@@ -300,6 +301,7 @@ class Tracer:
                 training=module.training,
                 grad_enabled=torch.is_grad_enabled(),
                 autocast=autocast_state(),
+                settings=library_settings(),  # gpytorch's (botorch's posterior sets them)
                 vmap=batched,
             )
         finally:

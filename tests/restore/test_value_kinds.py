@@ -159,7 +159,7 @@ def test_a_graph_attribute_without_an_encoding_is_named_and_the_rest_is_kept(rep
     data = Data(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 2]]), batch=torch.zeros(3, dtype=torch.long),
                 handle=Opaque())
     data.num_graphs = 1
-    with pytest.warns(modulelens.CaptureWarning, match=r"call0\.inputs\[0\]\[0\]\['store'\]\['handle'\] \(.*Opaque"):
+    with pytest.warns(modulelens.CaptureWarning, match=r"call0\.inputs\[0\]\[0\]\['store'\]\['handle'\]: cannot store .*Opaque"):
         with modulelens.capture(model, targets=["", "conv1"], repo=repo, name="opaque") as cap:
             model(data)
     assert {info.name for info in cap.saved} == {"opaque", "opaque/conv1"}

@@ -266,3 +266,38 @@ def test_a_method_bound_to_the_instance_is_recorded_and_given_back(tmp_path: Pat
     assert vars(module)["step"] is own  # given back
     assert [(v.name, v.calls) for v in cap.saved] == [("b.step", 2)]
     assert modulelens.load("b.step", repo=tmp_path / "repo").replay().passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_gp_posterior_under_gpytorch_settings_replays_under_them(tmp_path: Path, dtype: torch.dtype) -> None:
+    """botorch's ``posterior`` runs the model under ``gpytorch.settings.fast_pred_var()``: its
+    replay ran without it and FAILed (a covariance 1e-16 apart, found testing botorch). The settings
+    in force are recorded per call and a replay runs under them, in a fresh process."""
+    gpytorch = pytest.importorskip("gpytorch")
+    x = torch.linspace(0, 1, 12, dtype=dtype)
+    with modulelens.track_init():
+        gp = library_targets.ExactGPModel(x, torch.sin(6 * x), gpytorch.likelihoods.GaussianLikelihood()).to(dtype)
+    gp.eval()
+    with modulelens.capture(gp, [":__call__"], repo=tmp_path / "repo", name="gp",
+                            record=modulelens.Recording(max_calls=2)) as cap:
+        with gpytorch.settings.fast_pred_var():
+            gp(torch.linspace(0, 1, 5, dtype=dtype))
+        gp(torch.linspace(0, 1, 5, dtype=dtype))  # and without: each call's own settings
+    loaded = modulelens.load(cap.saved[0].ref, repo=tmp_path / "repo")
+    fast = "gpytorch.settings:fast_pred_var._state"
+    assert [call.settings.get(fast) for call in loaded.calls] == [True, None]
+    assert loaded.replay().passed
+    assert not gpytorch.settings.fast_pred_var.on()  # the replay put the settings back
+    results = replay_in_fresh_process(tmp_path / "repo", {"posterior": cap.saved[0].ref})
+    assert (results["posterior"]["status"], results["posterior"]["mode"]) == ("PASS", "bit-exact"), results
+
+
+def test_a_capture_may_set_no_other_setting(tmp_path: Path) -> None:
+    from modulelens.format.library_settings import parse_setting
+
+    assert parse_setting("gpytorch.settings:fast_pred_var._state", True) == ("gpytorch.settings", "fast_pred_var",
+                                                                               "_state")
+    for key, value in [("os:environ._state", True), ("gpytorch.settings:fast_pred_var.__class__", True),
+                       ("gpytorch.settings:_feature_flag._state", True), ("gpytorch.settings:debug._state", [1])]:
+        with pytest.raises(CorruptCaptureError):
+            parse_setting(key, value)
