@@ -115,6 +115,8 @@ class Case:
     label: str
     edit: Edit
     runs_with_trust: bool = False  # stored source: trusted, it is meant to run
+    # what refuses it: a class or code (the import rules), or a document the format does not allow
+    refused_with: tuple[str, ...] = ("UntrustedCodeError", "RestoreError")
 
 
 CASES: list[Case] = [
@@ -146,6 +148,15 @@ CASES: list[Case] = [
     Case("call input partial of os:system", _call_arg(_partial("os:system", "touch MARKER"))),
     Case("pytree node type os:system", lambda meta, marker: meta["calls"][0]["output"].update(
         spec={"type": "os:system", "context": {"value": None}, "children": ["*"]})),
+    Case("call setting of os:environ", lambda meta, marker: meta["calls"][0].update(
+        settings={"os:environ._state": "touch MARKER"}), refused_with=("CorruptCaptureError",)),
+    Case("call setting of a dunder attribute", lambda meta, marker: meta["calls"][0].update(
+        settings={"gpytorch.settings:fast_pred_var.__class__": True}), refused_with=("CorruptCaptureError",)),
+    Case("codec numpy.generic with a non-numeric class",
+         _call_arg({"$type": "codec", "codec": "numpy.generic", "class": "numpy:str_",
+                    "value": {"$type": "dict", "items": [["values", 1]]}})),
+    Case("codec gymnasium.Box with class os:system",
+         _kwarg({"$type": "codec", "codec": "gymnasium.Box", "class": "os:system", "value": "touch MARKER"})),
     Case("stored source: class body", _stored_source(CLASS_BODY), runs_with_trust=True),
     Case("stored source: decorator", _stored_source(DECORATOR), runs_with_trust=True),
     Case("stored source: default argument", _stored_source(DEFAULT_ARG), runs_with_trust=True),
@@ -231,11 +242,12 @@ def hostile_capture_row(tmp: Path) -> Any:
             warnings.simplefilter("ignore")
             outcome = probe(repo, ref, marker)
         row.tried += 1
-        row.survived += not outcome.unexpected and bool(outcome.errors)
+        row.survived += not outcome.unexpected and any(e.startswith(case.refused_with) for e in outcome.errors)
         row.executed += outcome.executed
         row.wrong += bool(outcome.unexpected)
         row.notes.extend(f"{case.label}: {u}" for u in outcome.unexpected[:1])
-    row.notes.insert(0, f"{len(CASES)} kinds, each refused with UntrustedCodeError or RestoreError")
+    row.notes.insert(0, f"{len(CASES)} kinds, each refused with UntrustedCodeError or RestoreError (a setting the "
+                        "format does not allow: CorruptCaptureError)")
     row.seconds = time.perf_counter() - start
     return row
 

@@ -55,13 +55,14 @@ def parse_setting(key: str, value: object) -> tuple[str, str, str]:
     """``(module, class, attribute)`` of a recorded setting, checked without importing anything.
 
     Raises:
-        CorruptCaptureError: ``key`` names another module or attribute, or ``value`` is no JSON scalar.
+        CorruptCaptureError: ``key`` names another module, class or attribute (the format allows no
+            other: a capture sets nothing else), or ``value`` is no JSON scalar.
     """
     module_name, _, rest = key.partition(":")
     class_name, _, attribute = rest.rpartition(".")
     if module_name not in SETTINGS_MODULES or attribute not in _ATTRIBUTES or not class_name.isidentifier() \
             or class_name.startswith("_"):
-        raise CorruptCaptureError(f"setting {key!r} is not a setting of {', '.join(SETTINGS_MODULES)}")
+        raise CorruptCaptureError(f"setting {key!r} is not a setting of {', '.join(SETTINGS_MODULES)}; refused")
     if not _is_setting(value):
         raise CorruptCaptureError(f"setting {key!r}: {value!r} is not a JSON scalar")
     return module_name, class_name, attribute

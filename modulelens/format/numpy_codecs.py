@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from modulelens.errors import UnsupportedValueError
+from modulelens.errors import UnsupportedValueError, UntrustedCodeError
 from modulelens.format.values import Unrecorded, register_state_codec
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ def _scalar(cls: type, parts: Mapping[str, object]) -> object:
     import numpy as np
 
     if not issubclass(cls, (np.bool_, np.number)):  # what _scalar_values stores: a capture names no other class
-        raise UnsupportedValueError(f"{cls.__module__}.{cls.__qualname__} is not a numeric numpy scalar type")
+        raise UntrustedCodeError(f"{cls.__module__}.{cls.__qualname__} is not a numeric numpy scalar type; refused by "
+                                 "that codec")
     array = _array(cls, parts)
     return array if isinstance(array, Unrecorded) else cls(array[()])  # type: ignore[index]  # 0-d: its element
 

@@ -530,7 +530,7 @@ class _Checker(FieldChecker):
         for key, value in (self.field(call, "settings", dict, where, optional=True) or {}).items():
             try:
                 parse_setting(key, value)
-            except CorruptCaptureError as error:
+            except CorruptCaptureError as error:  # (a listing passes over such a version, as over a damaged one)
                 raise self.fail(f"{where}.settings", str(error)) from None
         self.vmap(self.field(call, "vmap", dict, where, optional=True), f"{where}.vmap")
         trace = self.field(call, "op_trace", dict, where, optional=True)
