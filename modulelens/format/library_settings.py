@@ -15,6 +15,7 @@ capture sets nothing else, on no other class.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 import sys
@@ -31,20 +32,33 @@ Setting = bool | int | float | str | None
 
 
 def library_settings() -> dict[str, Setting]:
-    """The settings in force now, of the settings modules already imported (``{}`` without them)."""
+    """The settings in force now, of the settings modules already imported (``{}`` without them).
+    Runs at every recorded call where gpytorch is imported: the settings are found once per set of
+    imported modules, and only their values read each time."""
+    imported = tuple(sys.modules.get(name) for name in SETTINGS_MODULES)
+    if not any(imported):
+        return {}
     found: dict[str, Setting] = {}
+    for key, cls, attribute in _settings_of(imported):
+        value = getattr(cls, attribute, _MISSING)
+        if _is_setting(value):
+            found[key] = value  # type: ignore[assignment]  # (_is_setting checked it)
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def _settings_of(imported: tuple[object, ...]) -> list[tuple[str, type, str]]:
+    """``(key, class, attribute)`` of every setting the imported settings modules define."""
+    settings = []
     seen: set[int] = set()  # gpytorch re-exports linear_operator's classes: each once
-    for module_name in SETTINGS_MODULES:
-        module = sys.modules.get(module_name)
+    for module_name, module in zip(SETTINGS_MODULES, imported, strict=True):
         for class_name, cls in (vars(module).items() if module is not None else ()):
             if not isinstance(cls, type) or class_name.startswith("_") or id(cls) in seen:
                 continue
             seen.add(id(cls))
-            for attribute in _ATTRIBUTES:
-                value = getattr(cls, attribute, _MISSING)
-                if _is_setting(value):
-                    found[f"{module_name}:{class_name}.{attribute}"] = value  # type: ignore[assignment]
-    return found
+            settings += [(f"{module_name}:{class_name}.{attribute}", cls, attribute) for attribute in _ATTRIBUTES
+                         if hasattr(cls, attribute)]
+    return settings
 
 
 def _is_setting(value: object) -> bool:
