@@ -146,6 +146,9 @@ CASES: list[Case] = [
     Case("call input namedtuple subprocess:Popen",
          _call_arg({"$type": "namedtuple", "class": "subprocess:Popen", "items": [["touch", "MARKER"]]})),
     Case("call input partial of os:system", _call_arg(_partial("os:system", "touch MARKER"))),
+    Case("buffers after the call: partial of os:system", lambda meta, marker: meta["calls"][0].update(
+        buffers_after={"spec": {"type": "builtins:dict", "context": {"value": ["weight"]}, "children": ["*"]},
+                       "leaves": [_partial("os:system", f"touch {marker}")]})),
     Case("pytree node type os:system", lambda meta, marker: meta["calls"][0]["output"].update(
         spec={"type": "os:system", "context": {"value": None}, "children": ["*"]})),
     Case("call setting of os:environ", lambda meta, marker: meta["calls"][0].update(
@@ -215,7 +218,7 @@ def probe(repo: modulelens.Repo, ref: str, marker: Path, *, trust_source: bool |
     if cap is not None:
         step(lambda: cap.module)
         step(lambda: cap.init_arguments)
-        step(lambda: [(c.args, c.kwargs, c.output) for c in cap.calls])
+        step(lambda: [(c.args, c.kwargs, c.output, c.mutated_inputs, c.buffers_after) for c in cap.calls])
         step(lambda: cap.replay())
     sys.modules.pop("evil_captured_module", None)
     return Outcome(executed=marker.exists(), errors=errors, unexpected=unexpected)

@@ -197,6 +197,9 @@ class CallEntry(TypedDict):
     backward_missing: NotRequired[str]  # why a backward asked for was not recorded
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
+    # buffer name -> its value after the call, for buffers the call changed (running statistics);
+    # recorded when the capture's settings say "buffers_after": true
+    buffers_after: NotRequired[EncodedTree]
     # format 3: a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"}
     vmap: NotRequired[dict[str, Any]]
     op_trace: NotRequired[OpTraceSummary]  # recorded with Recording(op_trace=True)

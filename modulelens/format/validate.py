@@ -520,6 +520,9 @@ class _Checker(FieldChecker):
         self.inputs_shape(call["inputs"]["spec"], f"{where}.inputs")
         if call.get("output") is not None:
             self.tree(call["output"], f"{where}.output")
+        for key in ("mutated_inputs", "buffers_after"):
+            if call.get(key) is not None:
+                self.tree(call[key], f"{where}.{key}")
         backward = self.field(call, "backward", (dict, type(None)), where, optional=True)
         for key in ("output_grads", "input_grads", "param_grads") if backward else ():
             self.tree(backward.get(key), f"{where}.backward.{key}")

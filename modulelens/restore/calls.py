@@ -155,6 +155,20 @@ class Call:
         data = self._data.get("mutated_inputs")
         return {} if data is None else dict(decode_tree(data, self._capture._decode_context()))
 
+    @functools.cached_property
+    def buffers_after(self) -> dict[str, Any]:
+        """The buffers this call changed (BatchNorm's running statistics, an EMA codebook), by name,
+        as they were *after* the call; the call's state holds them as they were on entry. Replay and
+        verify compare both (docs/fidelity.md, "Buffers a call changes")."""
+        data = self._data.get("buffers_after")
+        if data is None:
+            return {}
+        found = decode_tree(data, self._capture._decode_context())
+        if not isinstance(found, dict) or not all(isinstance(name, str) for name in found):
+            raise CorruptCaptureError(f"{self._capture.ref}: call {self.index}: buffers_after is not a mapping of "
+                                      "buffer names to values")
+        return found
+
     @property
     def vmap(self) -> dict[str, Any] | None:
         """For a call recorded inside ``torch.func.vmap`` (an ensemble, docs/fidelity.md "torch.func"):

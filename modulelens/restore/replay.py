@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from modulelens.errors import CorruptCaptureError, UsageError
 from modulelens.format.spec import cpu_capability
 from modulelens.format.tree import flatten_with_paths, mutable_leaves
 from modulelens.restore.backward import require_recorded_grads, run_backward
+from modulelens.restore.buffer_check import MISSING_BUFFER, BufferCheck, starts_as_recorded
 from modulelens.restore.compare import (
     LeafResult,
     UlpTolerance,
@@ -127,15 +129,7 @@ class ReplayReport:
         lines.extend(f"  cannot verify: {reason}" for reason in self.unverified)
         for c in self.calls:
             status = {"pass": "pass", "fail": "FAIL", "unverified": "UNVERIFIED"}[c.status]
-            compared = len(c.all_leaves) - len(c.not_compared)
-            detail = c.error or (c.worst.message if c.worst else f"{compared} leaves match")
-            if c.not_compared and c.error is None:
-                kinds = sorted({leaf.kind for leaf in c.not_compared})
-                detail += f"; {len(c.not_compared)} NOT compared ({', '.join(kinds)}: no recorded values)"
-            elif c.status == "unverified":  # every leaf matched, and proves nothing (None, empty, NaN)
-                detail = "; ".join(c.unverified)
-            worst_abs = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
-            lines.append(f"  call {c.index}: {status}  max abs err {worst_abs:.3g}  {detail}")
+            lines.append(f"  call {c.index}: {status}  {_call_line(c)}")
             if c.grad_leaves:
                 grads_ok = sum(leaf.passed and leaf.compared for leaf in c.grad_leaves)
                 unverified = sum(leaf.passed and not leaf.compared for leaf in c.grad_leaves)
@@ -263,11 +257,34 @@ def replay(
                 _locate(capture, position, target, how, weights, result, report.notes)
     if weights == "current":
         report.notes[:0] = _several_states_note(capture, report, held)
-    not_compared = sorted({leaf.kind for c in report.calls for leaf in c.not_compared})
+    not_compared = sorted({leaf.kind for c in report.calls for leaf in c.not_compared if leaf.kind != MISSING_BUFFER})
     if not_compared:
         report.notes.append(f"some outputs had no recorded values ({', '.join(not_compared)}) and were NOT "
                             "compared: the replay ran, but those leaves are unverified")
     return report
+
+
+def _call_line(c: CallReplay) -> str:
+    """What one call's line says after its verdict: the error it raised; else the leaf furthest off,
+    by path, with how many more differ (its error leads only where it is a number: a structure or
+    value mismatch has none, and "max abs err 0" read as a match); else how many leaves matched."""
+    if c.error is not None:
+        return c.error
+    failing = [leaf for leaf in c.all_leaves if not leaf.passed]
+    if failing:
+        worst = max(failing, key=lambda leaf: math.inf if math.isnan(leaf.max_abs_error) else leaf.max_abs_error)
+        more = f"; {len(failing) - 1} more leaves differ" if len(failing) > 1 else ""
+        size = f"max abs err {worst.max_abs_error:.3g}  " if worst.max_abs_error != 0 else ""
+        return f"{size}{worst.path}: {worst.message}{more}"
+    worst_abs = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
+    if c.status == "unverified" and not c.not_compared:  # every leaf matched, and proves nothing (None, NaN)
+        return f"max abs err {worst_abs:.3g}  " + "; ".join(c.unverified)
+    detail = f"{len(c.all_leaves) - len(c.not_compared)} leaves match"
+    if c.not_compared:
+        kinds = sorted({leaf.kind for leaf in c.not_compared})
+        why = ": no recorded values" if MISSING_BUFFER not in kinds else ""
+        detail += f"; {len(c.not_compared)} NOT compared ({', '.join(kinds)}{why})"
+    return f"max abs err {worst_abs:.3g}  {detail}"
 
 
 def _several_states_note(capture: Capture, report: ReplayReport, held: int | None) -> list[str]:
@@ -323,12 +340,17 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
         args, kwargs = call.fresh_inputs(capture.device, capture.dtype)
         if grads_wanted:
             args, kwargs = require_recorded_grads((args, kwargs), call)
+        # the buffers after the call say something only where the run starts from the recorded ones
+        buffers = BufferCheck(capture, call, target) if call.vmap is None and (
+            weights == "recorded" or (call.buffers_after and starts_as_recorded(capture, call, target))) else None
         with call.context(target, weights=False):
             start = time.perf_counter()
             output = run_call(capture, call, target, args, kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             result.seconds = time.perf_counter() - start
+            buffer_leaves = [] if buffers is None else buffers.leaves(
+                target, exact=how.exact, rtol=how.rtol, atol=how.atol, cross_device=how.cross_device, ulps=how.ulps)
             if grads_wanted:
                 expected_grads, actual_grads = run_backward(call, target, (args, kwargs), output, device)
     except Exception as error:  # report, don't crash: the next call may still work
@@ -338,13 +360,15 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     result.leaves = how.leaves(call.output, output, synthetic)
     result.leaves += _compare_mutated(call, (args, kwargs), exact=how.exact, rtol=how.rtol, atol=how.atol,
                                       cross_device=how.cross_device, synthetic=synthetic, ulps=how.ulps)
+    result.leaves += buffer_leaves
     if grads_wanted:
         grad_leaves = how.leaves(expected_grads, actual_grads, synthetic or call.shape_only_in("backward.output_grads"))
         result.grad_leaves = [_rename(leaf) for leaf in grad_leaves]
     # a leaf with no recorded values (shape-only, unrecorded) can contradict the recording, never prove it
     result.unverified = [f"{leaf.path}: {leaf.message}" for leaf in result.all_leaves if not leaf.compared]
     if not result.unverified:  # None matches None, NaN matches NaN: a match that proves nothing
-        recorded = [call.output, *(call.mutated_inputs or {}).values(), *([expected_grads] if grads_wanted else [])]
+        recorded = [call.output, *(call.mutated_inputs or {}).values(), *call.buffers_after.values(),
+                    *([expected_grads] if grads_wanted else [])]
         nothing = nothing_to_compare(recorded)
         result.unverified = [nothing] if nothing else []
     result.passed = result.status == "pass"

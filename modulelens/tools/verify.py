@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import ToolError
+from modulelens.restore.buffer_check import BufferCheck
 from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare, nothing_to_compare
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
 from modulelens.restore.oracle import Float64Oracle, OracleRun, low_precision
@@ -421,10 +422,13 @@ def verify(
         note = _run_call(module, capture, call, result, device, dtype, rtol, atol, cross_device,
                          references if timing is not None else None, timing, training=training,
                          expected_from=references if training != call.training else None,
-                         judging=judging.with_oracle(references, call, device, dtype, training))
+                         judging=judging.with_oracle(references, call, device, dtype, training),
+                         check_buffers=load_state or built_with == "from_original")
         if note:
             report.notes.append(note)
-        if locate_divergence and result.error is None and any(not leaf.passed for leaf in result.leaves):
+        # (the op traces locate a wrong output; a wrong buffer update is named by its leaf)
+        if locate_divergence and result.error is None and any(not leaf.passed and leaf.path.startswith("output")
+                                                              for leaf in result.leaves):
             locate_divergence = False  # the first failing call only: each locate runs both twice more
             rule = DivergenceRule(rtol=rtol, atol=atol, purpose="cross_device" if cross_device else "replay")
             result.divergence = _divergence(_Traced(module, candidate, built_with, load_state), references, call,
@@ -456,7 +460,7 @@ def _run_call(
     module: torch.nn.Module, capture: Capture, call: Call, result: CallVerification, device: torch.device,
     dtype: torch.dtype | None, rtol: float | None, atol: float | None, cross_device: bool,
     references: _References | None, timing: TimingConfig | None, *, training: bool,
-    expected_from: _References | None = None, judging: _Judging | None = None,
+    expected_from: _References | None = None, judging: _Judging | None = None, check_buffers: bool = False,
 ) -> str | None:
     """Run, compare and time one call in ``training`` mode; returns a note if timing failed.
 
@@ -473,22 +477,27 @@ def _run_call(
                                                   **call.fresh_inputs(device, dtype)[1])
     module.train(training)
     run = capture.entry_point(module)  # module(...), or module.encode for a method capture
+    # the buffers the call changes (running statistics), where the candidate starts from the recorded ones
+    buffers = BufferCheck(capture, call, module) if check_buffers and expected_from is None else None
+    judging = judging or _Judging()
     try:
         with call_context(call, device):
             output = run(*args, **kwargs)
     except Exception as error:
         result.error = f"the candidate raised {type(error).__name__}: {error}"
         return None
-    judging = judging or _Judging()
     result.leaves = compare(want, output, exact=False, rtol=rtol, atol=atol, cross_device=cross_device,
                             ulps=judging.ulps, oracle=judging.run, oracle_factor=judging.factor)
+    if buffers is not None:
+        result.leaves += buffers.leaves(module, exact=False, rtol=rtol, atol=atol, cross_device=cross_device,
+                                        ulps=judging.ulps)
     result.mutated_inputs = _mutations(before, (args, kwargs))
     result.max_abs_error = max((leaf.max_abs_error for leaf in result.leaves), default=0.0)
     result.max_rel_error = max((leaf.max_rel_error for leaf in result.leaves), default=0.0)
     result.mean_abs_error, result.mean_rel_error = error_means(want, output)
     result.unverified = [f"{leaf.path}: {leaf.message}" for leaf in result.leaves if not leaf.compared]
     if not result.unverified:
-        nothing = nothing_to_compare(want)
+        nothing = nothing_to_compare([want, *call.buffers_after.values()] if buffers is not None else want)
         result.unverified = [nothing] if nothing else []
     result.passed = result.status == "pass"
     del output

@@ -37,7 +37,7 @@ def _units(tensors: Iterable[torch.Tensor]) -> dict[int, torch.Tensor]:
 def call_tensors(record: ModuleRecord) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     for call in record.calls:
-        trees: list[Any] = [call.args, call.kwargs, call.output, call.mutated_inputs]
+        trees: list[Any] = [call.args, call.kwargs, call.output, call.mutated_inputs, call.buffers_after]
         if call.backward is not None:
             trees.extend([call.backward.output_grads, call.backward.input_grads, call.backward.param_grads])
         for tree in trees:

@@ -432,6 +432,8 @@ def _encode_call(call: CallRecord, ctx: EncodeContext, tensors: TensorTable) -> 
         "output": encode_tree(call.output, ctx, f"call{call.index}.output") if call.finished else None,
         **({"mutated_inputs": encode_tree(call.mutated_inputs, ctx, f"call{call.index}.mutated_inputs")}
            if call.mutated_inputs else {}),
+        **({"buffers_after": encode_tree({state_name(n): v for n, v in call.buffers_after.items()}, ctx,
+                                         f"call{call.index}.buffers_after")} if call.buffers_after else {}),
         "finished": call.finished,
         "error": call.error,
         **({"backward": _encode_backward(call, ctx)} if call.backward is not None else {}),

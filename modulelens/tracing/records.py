@@ -54,6 +54,8 @@ class CallRecord:
     # input path (as ``deep_leaves`` names it) -> the value after the call, for each input the call
     # changed in place: state objects (caches) always, tensors whose version counter moved
     mutated_inputs: dict[str, Any] = field(default_factory=dict)
+    # buffer name -> its value after the call, for each buffer the call changed (running statistics)
+    buffers_after: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
     error: str | None = None
     backward: BackwardRecord | None = None

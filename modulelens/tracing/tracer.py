@@ -30,6 +30,7 @@ from modulelens.format.shape_only import tensor_stats
 from modulelens.format.tensors import layout_digest
 from modulelens.format.tree import Flattened, mutable_values
 from modulelens.tracing.backward import separate_inputs, sequence_marker, watch_backward
+from modulelens.tracing.buffer_watch import BufferWatch
 from modulelens.tracing.call_facts import InputWatch, autocast_state, rng_state, tensor_version, torchs_own_run, vmapped
 from modulelens.tracing.compiled import compile_settings, one_graph_around, wrapper_of
 from modulelens.tracing.distributed import (
@@ -78,6 +79,7 @@ class _Pending:
     start: int = 0  # autograd sequence number on entry (backward capture: which nodes are the call's)
     watch: InputWatch | None = None  # inputs the call may change in place
     ops: OpRecorder | None = None  # Recording(op_trace=True): records the call's aten ops until it returns
+    buffers: BufferWatch | None = None  # the target's buffers on entry (which ones the call changes)
 
 
 class Tracer:
@@ -318,7 +320,7 @@ class Tracer:
         values, paths = mutable_values(inputs)
         # a vmapped call's inputs are batches: torch keeps no version counter a change would show in
         watch = InputWatch(values, [tensor_version(v) for v in values], paths) if batched is None else None
-        pending = _Pending(call, index, live, start, watch)
+        pending = _Pending(call, index, live, start, watch, buffers=BufferWatch.of(module, weights) if watch else None)
         self._stack(name).append(pending)
         if self.op_trace is not None:  # last: what the call itself runs from here on, nothing of ours
             pending.ops = OpRecorder(module, stats=tensor_stats, limits=self.op_trace)
@@ -411,6 +413,8 @@ class Tracer:
                 try:
                     pending.call.output = self._snap.tree(flat_output)
                     pending.call.mutated_inputs = self._mutated_inputs(pending.watch)
+                    if pending.buffers is not None:
+                        pending.call.buffers_after = pending.buffers.copies(self._snap)
                 finally:
                     self._snap.gathered = {}
                     self._snap.stacked = False

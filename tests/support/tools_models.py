@@ -137,13 +137,67 @@ class Normed(torch.nn.Module):
 
 
 class FunctionalNormed(Normed):
-    """The same maths through torch.nn.functional."""
+    """The same maths through torch.nn.functional, running statistics and their counter included."""
 
     def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         bn = self.bn
+        if self.training and bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.add_(1)
         y = F.batch_norm(F.linear(x, self.lin.weight, self.lin.bias), bn.running_mean, bn.running_var, bn.weight,
                          bn.bias, self.training, bn.momentum, bn.eps) * scale
         return y, {"mean": y.mean()}
+
+
+class NormedWithoutStatistics(Normed):
+    """Right outputs in training mode (the batch's statistics), but the running statistics are
+    never updated: outputs alone cannot tell."""
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        bn = self.bn
+        if self.training and bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.add_(1)
+        h = F.linear(x, self.lin.weight, self.lin.bias)
+        mean, var = (h.mean(0), h.var(0, unbiased=False)) if self.training else (bn.running_mean, bn.running_var)
+        y = (h - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
+        return y * scale, {"mean": (y * scale).mean()}
+
+
+class NormedUpdatingInEval(FunctionalNormed):
+    """Right outputs, but updates the running statistics in eval mode too (``training=True``
+    statistics written, eval outputs computed from the old ones)."""
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        bn = self.bn
+        y = F.batch_norm(F.linear(x, self.lin.weight, self.lin.bias), bn.running_mean.clone(), bn.running_var.clone(),
+                         bn.weight, bn.bias, False, bn.momentum, bn.eps) * scale
+        if not self.training:
+            F.batch_norm(F.linear(x, self.lin.weight, self.lin.bias).detach(), bn.running_mean, bn.running_var,
+                         training=True, momentum=bn.momentum)
+        return y, {"mean": y.mean()}
+
+
+class EmaCodebook(torch.nn.Module):
+    """Keeps an exponential moving average of its inputs, written through ``.data`` as many EMA
+    codebooks are (the version counter does not move)."""
+
+    def __init__(self, dim: int, decay: float = 0.9) -> None:
+        super().__init__()
+        self.decay = decay
+        self.proj = torch.nn.Linear(dim, dim)
+        self.register_buffer("average", torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.proj(x) - self.average
+        if self.training:
+            self.average.data.mul_(self.decay).add_(x.detach().mean(0), alpha=1 - self.decay)
+        return out
+
+
+class EmaCodebookFrozen(EmaCodebook):
+    """The EMA codebook's output, its average never updated."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) - self.average
 
 
 def capture_training(repo: Path, name: str, steps: int = 3) -> str:

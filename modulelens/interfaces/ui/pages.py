@@ -364,6 +364,7 @@ class _Part:
 
 _PARTS = (("inputs", "inputs", "inputs"), ("output", "output", "output"),
           ("after", "inputs after the call (changed in place)", "after"),
+          ("buffers_after", "buffers after the call (changed by it)", "buffers"),
           ("output_grads", "gradients of the output", "output_grads"),
           ("input_grads", "gradients of the inputs", "input_grads"),
           ("param_grads", "gradients of the parameters", "param_grads"))
@@ -372,6 +373,7 @@ _PARTS = (("inputs", "inputs", "inputs"), ("output", "output", "output"),
 def _trees(call: Mapping[str, Any]) -> dict[str, Any]:
     backward = mapping_or_empty(call.get("backward"))
     return {"inputs": call.get("inputs"), "output": call.get("output"), "after": call.get("mutated_inputs"),
+            "buffers_after": call.get("buffers_after"),
             "output_grads": backward.get("output_grads"), "input_grads": backward.get("input_grads"),
             "param_grads": backward.get("param_grads")}
 
