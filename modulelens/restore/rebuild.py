@@ -192,12 +192,14 @@ class Rebuilder:
             if outside:
                 raise _NeedsRealConstructionError(f"it keeps a {type(outside[0]).__name__} outside its submodules")
         except _NeedsRealConstructionError as why:
-            self.notes.append(f"built on the CPU, not the meta device ({why})")
+            self.notes.append(_built_on_cpu(str(why)))
             module = self._construct_on_cpu()
         except (RestoreError, UsageError):
             raise
         except Exception as error:  # the constructor did real computation on meta tensors
-            self.notes.append(f"built on the CPU, not the meta device ({type(error).__name__})")
+            first = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
+            self.notes.append(_built_on_cpu(f"its constructor computes with its weights: {type(error).__name__}"
+                                            + (f": {first}" if first else "")))
             module = self._construct_on_cpu()
         return module
 
@@ -784,3 +786,9 @@ def _same_attribute(built: object, recorded: object) -> bool:
         return (built.func is recorded.func and built.args == recorded.args
                 and built.keywords == recorded.keywords)
     return bool(built == recorded)
+
+
+def _built_on_cpu(why: str) -> str:
+    """The load note of a module that could not be built with empty (meta) weights: what it costs."""
+    return (f"constructed with real weights on the CPU, then given the recorded ones ({why}): the load is "
+            "slower than with empty weights, the module the same")
