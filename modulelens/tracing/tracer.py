@@ -279,6 +279,8 @@ class Tracer:
     def _take(self, name: str, record: ModuleRecord, module: torch.nn.Module, index: int, args: tuple[Any, ...],
               kwargs: dict[str, Any], weights: LiveState) -> Any:
         """Record call ``index`` of target ``name`` on entry (callers hold ``self._lock``)."""
+        if not any(p for stacks in self._stacks.values() for p in stacks.get(threading.get_ident(), ())):
+            self._snap.new_generation()  # outermost: the job may have written a tensor since, keeping its version
         inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
         gathered = self._gather(name, index, "inputs", inputs, weights)
         if isinstance(gathered, str):
