@@ -333,8 +333,23 @@ class Case:
     label: str
     plant: Callable[[Setup], None]
     names: Callable[[Setup], str]
-    damaged: tuple[str, ...] | None = ()
+    # (a function of the setup where it depends on the repo's contents: which packs share a folder)
+    damaged: tuple[str, ...] | Callable[[Setup], tuple[str, ...]] | None = ()
     fsck_finds: bool = True
+
+
+def _sharing_the_folder(s: Setup, blob: Path) -> tuple[str, ...]:
+    """The captures with a blob in ``blob``'s folder: a pack is named by its content's hash, which
+    differs from run to run, so another capture's pack lands in the same folder now and then (a
+    failure of about one run in a hundred, seen once in CI's tests)."""
+    sharing = []
+    for name in REFS:
+        meta = s.meta(name)
+        digests = [p["payload"] for p in meta.get("packs", [])]
+        digests += [e["payload"] for e in meta["tensors"].values() if "pack" not in e and e.get("payload")]
+        if any(s.blob(digest).parent.name == blob.parent.name for digest in digests):
+            sharing.append(name)
+    return tuple(sharing)
 
 
 def _weight_token(s: Setup) -> str:
@@ -446,7 +461,7 @@ CASES: list[Case] = [
          _meta_token("small"), ("small",)),
     Case("entries", "a blob folder is a regular file",
          lambda s: _regular_file_at(s, f"blobs/{s.weight_blob().parent.name}"),
-         lambda s: f"blobs/{s.weight_blob().parent.name}", ("big", "copy/big")),
+         lambda s: f"blobs/{s.weight_blob().parent.name}", lambda s: _sharing_the_folder(s, s.weight_blob())),
     Case("entries", "a blob is a folder",
          lambda s: (_writable(s.weight_blob()), s.weight_blob().unlink(), s.weight_blob().mkdir()),
          _weight_token, ("big", "copy/big")),
@@ -595,9 +610,10 @@ class _Runner:
 
     def run(self) -> Outcome:
         case, s, root = self.case, self.s, str(self.s.root)
-        self.tokens = [case.names(s), *(f"{name}:v" for name in case.damaged or ())]
-        intact = [] if case.damaged is None else [n for n in REFS if n not in case.damaged]
-        whole = case.damaged is None
+        damaged = case.damaged(s) if callable(case.damaged) else case.damaged
+        self.tokens = [case.names(s), *(f"{name}:v" for name in damaged or ())]
+        intact = [] if damaged is None else [n for n in REFS if n not in damaged]
+        whole = damaged is None
         for name in REFS:
             self.check_values("load", s.root, name, name, must_work=name in intact)
         self.command("ls", ["ls", "--repo", root], must_work=not whole)
