@@ -38,7 +38,7 @@ RUNS: list[tuple[str, str, list[str], list[str]]] = [
     ("bench_save_load.py", "bench_save_load.py", ["--gib", "1,2,4", "--files", "16,64,256", "--repeat", "7"],
      ["--gib", "0.1,0.2", "--files", "16,64", "--repeat", "2"]),
     ("bench_repo.py", "bench_repo.py", ["--rounds", "7"], ["--quick"]),
-    ("bench_markers.py", "bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20"]),
+    ("bench_markers.py", "bench_markers.py", ["--repeat", "200"], ["--mib", "8", "--repeat", "20", "--ops", "50", "--rounds", "3"]),
     ("bench_recording.py", "bench_recording.py", ["--steps", "20", "--rounds", "9"], ["--steps", "3", "--rounds", "3"]),
     ("bench_capture.py", "bench_capture.py", [], ["--steps", "10", "--rounds", "3", "--captures", "2"]),
     ("bench_cli.py", "bench_cli.py", ["--rounds", "9"], ["--rounds", "2"]),
@@ -730,13 +730,29 @@ def _markers(results: Path, record: dict[str, Any]) -> str:
     if not data:
         return _missing(title, "bench_markers.py")
     rows = [[row["step"], _s(row["median_s"]), _s(row["best_s"])] for row in data["rows"]]
-    return f"""## {title}
+    page = f"""## {title}
 
 {_command(record, 'bench_markers.py', data)}: every load checks each payload's size and a
 sample of its chunk hashes against a signed marker (docs/security.md, "Bit rot"); a full hash runs only
 where no trusted marker is. Timed on a {data.get('blob_mib', '?')} MiB payload.
 
 {_table(["step", "median", "best"], rows)}"""
+    beside = data.get("beside_a_job")
+    if not beside:
+        return page
+    return f"""{page}
+
+Beside a job: a weight streamed to the repo while the job runs has its chunk hashes computed on a
+background thread. A job's thread doing {beside['ops']} matrix products (64 x 768 by 768 x 3,072, one
+thread) alone, beside a thread hashing the chunks of a 28 MiB weight over and over as the repo does
+(`chunk_digests`, which lets the GIL go after each 64 KiB chunk), and beside the same hashes in one
+plain loop (python-xxhash holds the GIL while it hashes 64 KiB); medians of per-round ratios over
+{beside['rounds']} interleaved rounds.
+
+{_table(["job", "time", "/ alone"], [
+        ["alone", _s(beside["alone_s"]), _x(1.0)],
+        ["beside `chunk_digests`", "", _x(beside["beside chunk_digests"])],
+        ["beside a plain loop of chunk hashes", "", _x(beside["beside a plain loop of chunk hashes"])]])}"""
 
 
 def _op_trace(results: Path, record: dict[str, Any]) -> str:

@@ -96,6 +96,7 @@ _PLANNED: dict[str, int] = {}
 _PLANNED_MAX = 4096
 _MAX_MARKER_BYTES = 64 << 10  # 1,024 chunk hashes and the record: a larger file is not a marker
 _DIGEST_BYTES = 8  # one xxh3-64 chunk hash
+_XXHASH_HOLDS_GIL_UP_TO = 64 << 10  # python-xxhash releases the GIL only while hashing more bytes
 ChunkDigests = tuple[int, bytes]  # (chunk size, the chunks' hashes one after the other, 8 bytes each)
 # Marker records whose MAC this process checked, by blob and marker identity (see _trusted_record);
 # cleared when full (a record and up to 8 KiB of hashes each).
@@ -150,10 +151,33 @@ def _chunk_digest(data: memoryview | bytes | bytearray) -> bytes:
     return xxhash.xxh3_64_digest(data)
 
 
+def _whole_chunk_digests(view: memoryview, chunk: int) -> list[bytes]:
+    """The digests of ``view``'s chunks (its length a multiple of ``chunk``), letting other threads
+    have the GIL between them.
+
+    python-xxhash holds the GIL while it hashes up to 64 KiB, the size of most chunks, so a plain
+    loop of them on a background thread (a recorded call's weights streamed to the repo while the
+    job runs, tracing/weights.py) held it for milliseconds at a time: the job's thread, which gives
+    it up in every torch op, then waited up to the interpreter's switch interval (5 ms) to get it
+    back, and a loop of matrix products beside such a loop ran ~6x slower (benchmarks/bench_markers.py,
+    "beside a job"). A ``time.sleep(0)`` after each such chunk hands the GIL to a thread that waits
+    for it (~1.1x there, the hashing itself)."""
+    if chunk > _XXHASH_HOLDS_GIL_UP_TO:  # each hash lets the GIL go by itself
+        return [_chunk_digest(view[i:i + chunk]) for i in range(0, len(view), chunk)]
+    digests: list[bytes] = []
+    for start in range(0, len(view), chunk):
+        digests.append(_chunk_digest(view[start:start + chunk]))
+        time.sleep(0)
+    return digests
+
+
 def chunk_digests(data: memoryview) -> ChunkDigests:
     """``(chunk size, hashes of the chunks)`` of a payload's bytes, as its marker records them."""
     chunk = chunk_size(len(data))
-    return chunk, b"".join([_chunk_digest(data[i:i + chunk]) for i in range(0, len(data), chunk)])
+    view = memoryview(data).cast("B")
+    whole = len(view) // chunk * chunk
+    tail = [_chunk_digest(view[whole:])] if whole < len(view) else []
+    return chunk, b"".join([*_whole_chunk_digests(view[:whole], chunk), *tail])
 
 
 class ChunkHasher:
@@ -176,7 +200,7 @@ class ChunkHasher:
             self._pending.clear()
         # whole chunks hashed where they are (a weight streamed in pieces of whole chunks is never copied)
         whole = len(view) // self.chunk * self.chunk
-        self._digests.extend(_chunk_digest(view[i:i + self.chunk]) for i in range(0, whole, self.chunk))
+        self._digests.extend(_whole_chunk_digests(view[:whole], self.chunk))
         self._pending += view[whole:]
 
     def digests(self) -> ChunkDigests:

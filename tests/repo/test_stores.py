@@ -9,6 +9,8 @@ processes.
 
 from __future__ import annotations
 
+import itertools
+import random
 import sqlite3
 import time
 import uuid
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import xxhash
 
 import modulelens
 from modulelens.errors import CorruptCaptureError, RemoteRepoError, RepoBusyError, UsageError
@@ -27,7 +30,7 @@ from modulelens.repo._objects_sqlite import SqliteObjects
 from modulelens.repo.backend import ObjectBackend
 from modulelens.repo.layout import MARKER, blob_key, marker_json
 from modulelens.repo.local import LocalStore
-from modulelens.repo.markers import MIN_CHUNK, chunk_digests
+from modulelens.repo.markers import MAX_CHUNKS, MIN_CHUNK, ChunkHasher, chunk_digests, chunk_size
 from modulelens.repo.remote import RemoteStore
 from modulelens.repo.repository import open_store
 from modulelens.repo.store import Store
@@ -135,6 +138,23 @@ def test_a_streamed_blob_is_hashed_as_written_and_published_unread(store: Store)
     assert not payload.path.exists() and store.has_blob(payload.digest)
     assert store.blob_file(payload.digest, len(data)).read_bytes() == data  # (a local blob: sampled by its marker)
     assert store.blob_file(payload.digest, len(data), full=True).read_bytes() == data
+
+
+@pytest.mark.parametrize("size", [MIN_CHUNK * 17 + 5, MIN_CHUNK * MAX_CHUNKS + 3])
+def test_chunk_hashes_are_the_xxh3_of_each_chunk_however_the_bytes_arrive(size: int) -> None:
+    """A marker's chunk hashes (repo/markers.py) are the xxh3-64 of each chunk and its tail, for
+    64 KiB chunks (hashed one at a time, the GIL let go between them) and for the larger chunks of
+    a blob over 64 MiB, from one buffer or from pieces that split chunks anywhere."""
+    data = memoryview(random.Random(size).randbytes(size))
+    chunk = chunk_size(size)
+    assert chunk == (MIN_CHUNK if size < MIN_CHUNK * MAX_CHUNKS else -(-size // MAX_CHUNKS))
+    expected = b"".join(xxhash.xxh3_64_digest(data[i:i + chunk]) for i in range(0, size, chunk))
+    assert chunk_digests(data) == (chunk, expected)
+    hasher = ChunkHasher(size)
+    cuts = [0, 3, chunk - 1, 3 * chunk + 7, size // 2, size - 2, size]
+    for start, end in itertools.pairwise(cuts):
+        hasher.update(data[start:end])
+    assert hasher.digests() == (chunk, expected)
 
 
 def test_a_blob_writer_refuses_wrong_sizes_and_abort_leaves_nothing(store: Store) -> None:
