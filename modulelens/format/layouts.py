@@ -32,6 +32,13 @@ def is_plain(tensor: torch.Tensor) -> bool:
     return tensor.layout == torch.strided and not tensor.is_nested
 
 
+def version_counter(tensor: torch.Tensor) -> int | None:
+    """``tensor``'s version counter (an in-place change bumps it); ``None`` for a tensor made under
+    ``torch.inference_mode()`` (sentence-transformers' ``encode`` makes its inputs so), which has
+    none: reading it raises."""
+    return None if tensor.is_inference() else tensor._version
+
+
 def layout_name(tensor: torch.Tensor) -> str:
     """``"sparse_csr"``, ``"nested jagged"``, ``"strided"``: for messages."""
     if tensor.is_nested:

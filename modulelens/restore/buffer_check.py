@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from modulelens.format.layouts import is_plain
+from modulelens.format.layouts import is_plain, version_counter
 from modulelens.restore.compare import LeafResult, UlpTolerance, compare
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class BufferCheck:
         watched = capture.metadata.get("capture", {}).get("buffers_after") is True
         # the others' values on entry, to see a change the version counter misses (BatchNorm's
         # kernel writes its running statistics without moving it); a large one by its counter only
-        self._entry = {name: (tensor, _version(tensor), tensor.detach().clone() if tensor.nbytes <= _COPIED_MAX_BYTES
+        self._entry = {name: (tensor, version_counter(tensor), tensor.detach().clone() if tensor.nbytes <= _COPIED_MAX_BYTES
                               else None)
                        for name, tensor in module.named_buffers(remove_duplicate=False)
                        if watched and is_plain(tensor) and not tensor.is_meta and name not in call.buffers_after}
@@ -60,7 +60,7 @@ class BufferCheck:
             if tensor is None:
                 continue
             if copy is None:
-                if tensor is before and version is not None and _version(tensor) == version:
+                if tensor is before and version is not None and version_counter(tensor) == version:
                     continue
             elif copy.shape == tensor.shape and copy.dtype == tensor.dtype and torch.equal(copy, tensor):
                 continue
@@ -98,8 +98,3 @@ def starts_as_recorded(capture: Capture, call: Call, module: torch.nn.Module) ->
                 or not torch.equal(recorded, tensor.detach().to(recorded.device)):
             return False
     return True
-
-
-def _version(tensor: torch.Tensor) -> int | None:
-    """The version counter, ``None`` for a tensor made under ``torch.inference_mode()`` (it has none)."""
-    return None if tensor.is_inference() else tensor._version

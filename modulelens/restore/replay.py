@@ -70,8 +70,10 @@ class CallReplay:
 
     @property
     def worst(self) -> LeafResult | None:
+        """The failing leaf furthest off (a NaN error counts as infinite; among equals, the first),
+        as the call's line in ``str(report)`` and the HTML report name it; ``None`` when none fails."""
         failing = [leaf for leaf in self.all_leaves if not leaf.passed]
-        return failing[0] if failing else None
+        return max(failing, key=_error_size) if failing else None
 
     def to_dict(self) -> dict[str, object]:
         return {"call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
@@ -264,16 +266,20 @@ def replay(
     return report
 
 
+def _error_size(leaf: LeafResult) -> float:
+    return math.inf if math.isnan(leaf.max_abs_error) else leaf.max_abs_error
+
+
 def _call_line(c: CallReplay) -> str:
     """What one call's line says after its verdict: the error it raised; else the leaf furthest off,
     by path, with how many more differ (its error leads only where it is a number: a structure or
     value mismatch has none, and "max abs err 0" read as a match); else how many leaves matched."""
     if c.error is not None:
         return c.error
-    failing = [leaf for leaf in c.all_leaves if not leaf.passed]
-    if failing:
-        worst = max(failing, key=lambda leaf: math.inf if math.isnan(leaf.max_abs_error) else leaf.max_abs_error)
-        more = f"; {len(failing) - 1} more leaves differ" if len(failing) > 1 else ""
+    worst = c.worst
+    if worst is not None:
+        failing = sum(not leaf.passed for leaf in c.all_leaves)
+        more = f"; {failing - 1} more leaves differ" if failing > 1 else ""
         size = f"max abs err {worst.max_abs_error:.3g}  " if worst.max_abs_error != 0 else ""
         return f"{size}{worst.path}: {worst.message}{more}"
     worst_abs = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)

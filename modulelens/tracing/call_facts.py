@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from modulelens.format.host_rng import host_states
+from modulelens.format.layouts import version_counter
 from modulelens.format.tree import Flattened
 from modulelens.tracing.fingerprint import LiveState
 from modulelens.tracing.snapshot import vmap_batch
@@ -58,7 +59,8 @@ def tensor_version(value: object) -> int | None:
     and dropped the capture; its entry value is recorded, its change in place is not."""
     if not isinstance(value, torch.Tensor):
         return None
-    return UNWATCHED if value.is_inference() else value._version
+    version = version_counter(value)
+    return UNWATCHED if version is None else version
 
 
 def vmapped(inputs: Flattened, weights: LiveState) -> dict[str, object] | None:

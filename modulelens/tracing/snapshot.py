@@ -20,7 +20,7 @@ import torch
 from torch._C import _functorch
 
 from modulelens.errors import CaptureError
-from modulelens.format.layouts import clone, is_plain
+from modulelens.format.layouts import clone, is_plain, version_counter
 from modulelens.format.tensors import address_offset
 from modulelens.format.tree import deep_flatten
 from modulelens.format.values import Unrecorded
@@ -54,9 +54,8 @@ def _memo_key(tensor: torch.Tensor) -> tuple[int, int] | None:
     change bumps. ``None`` for an inference tensor (made under ``torch.inference_mode()``, as
     sentence-transformers' ``encode`` makes its inputs): it has no version counter (reading it
     raised and dropped the capture), so it is copied every time, never from the memo."""
-    if tensor.is_inference():
-        return None
-    return id(tensor), tensor._version
+    version = version_counter(tensor)
+    return None if version is None else (id(tensor), version)
 
 
 class Snapshotter:

@@ -3,6 +3,7 @@ written through ``.data``, a step counter. Outputs alone passed a rewrite that f
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from child_process import replay_in_fresh_process
 import modulelens
 from modulelens.errors import CorruptCaptureError
 from modulelens.format.validate import validate_call
+from modulelens.interfaces.html import replay_html
 
 
 def _capture(module: torch.nn.Module, repo: Path, name: str, steps: int = 3, dim: int = 6) -> str:
@@ -107,6 +109,14 @@ def test_replay_with_a_rewrite_compares_buffers_where_it_starts_from_the_recorde
     report = cap.replay(module=rewrite, rtol=1e-4, atol=1e-5)  # (its own arithmetic: not bit-exact)
     assert [call.status for call in report.calls] == ["fail", "pass", "pass"], report
     assert "buffers['bn." in str(report).splitlines()[1] and "more leaves differ" in str(report)
+    # the leaf furthest off is the one the call's line and the HTML report name (not the first)
+    worst = report.calls[0].worst
+    failing = [leaf for leaf in report.calls[0].all_leaves if not leaf.passed]
+    assert worst is not None and len(failing) > 1
+    assert worst.max_abs_error == max(leaf.max_abs_error for leaf in failing) > failing[0].max_abs_error, failing
+    assert f"{worst.path}: " in str(report).splitlines()[1]
+    shown = replay_html(report)
+    assert html.escape(f"{worst.path}: {worst.message}; {len(failing) - 1} more leaves differ") in shown
     assert not any(leaf.path.startswith("buffers") for call in report.calls[1:] for leaf in call.leaves)
     faithful = tm.FunctionalNormed(6)
     faithful.load_state_dict(cap.fresh_state_dict(cap.calls[0].state_index))
