@@ -163,10 +163,7 @@ def replay_html(report: ReplayReport) -> str:
         abs_err = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
         rel_err = max((leaf.max_rel_error for leaf in c.all_leaves), default=0.0)
         ulps = max((leaf.max_ulps for leaf in c.all_leaves if leaf.max_ulps is not None), default=None)
-        worst = c.worst
-        more = sum(not leaf.passed for leaf in c.all_leaves) - 1
-        detail = c.error or (f"{worst.path}: {worst.message}" + (f"; {more} more leaves differ" if more > 0 else "")
-                             if worst else "; ".join(c.unverified) or f"{len(c.leaves)} output leaves match")
+        detail = c.error or c.where() or "; ".join(c.unverified) or f"{len(c.leaves)} output leaves match"
         rows.append([esc(c.index), badge({"pass": True, "fail": False}.get(c.status), c.status), esc(fmt_number(abs_err)),
                      esc(fmt_number(rel_err)), esc(fmt_number(ulps)), esc(f"{c.seconds * 1e3:.2f} ms"), esc(detail)])
     body = table(("call", "result", "max abs err", "max rel err", "max ULPs", "time", "detail"), rows, raw=True)

@@ -75,6 +75,15 @@ class CallReplay:
         failing = [leaf for leaf in self.all_leaves if not leaf.passed]
         return max(failing, key=_error_size) if failing else None
 
+    def where(self) -> str | None:
+        """Where the call fails: ``"<worst leaf's path>: <its message>; N more leaves differ"``
+        (``str(report)``'s call line, the HTML report's detail); ``None`` when no leaf fails."""
+        worst = self.worst
+        if worst is None:
+            return None
+        more = sum(not leaf.passed for leaf in self.all_leaves) - 1
+        return f"{worst.path}: {worst.message}" + (f"; {more} more leaves differ" if more else "")
+
     def to_dict(self) -> dict[str, object]:
         return {"call": self.call, "index": self.index, "passed": self.passed, "status": self.status,
                 "error": self.error, "unverified": self.unverified, "seconds": self.seconds,
@@ -276,12 +285,10 @@ def _call_line(c: CallReplay) -> str:
     value mismatch has none, and "max abs err 0" read as a match); else how many leaves matched."""
     if c.error is not None:
         return c.error
-    worst = c.worst
-    if worst is not None:
-        failing = sum(not leaf.passed for leaf in c.all_leaves)
-        more = f"; {failing - 1} more leaves differ" if failing > 1 else ""
+    worst, where = c.worst, c.where()
+    if worst is not None and where is not None:
         size = f"max abs err {worst.max_abs_error:.3g}  " if worst.max_abs_error != 0 else ""
-        return f"{size}{worst.path}: {worst.message}{more}"
+        return size + where
     worst_abs = max((leaf.max_abs_error for leaf in c.all_leaves), default=0.0)
     if c.status == "unverified" and not c.not_compared:  # every leaf matched, and proves nothing (None, NaN)
         return f"max abs err {worst_abs:.3g}  " + "; ".join(c.unverified)

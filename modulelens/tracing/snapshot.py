@@ -60,13 +60,12 @@ def _memo_key(tensor: torch.Tensor) -> tuple[int, int] | None:
 
 class Snapshotter:
     def __init__(self) -> None:
-        # (identity, version) -> the tensor, its copy and the generation that copied it
-        self._memo: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], torch.Tensor, int]] = {}
-        # The memo trusts a copy only within one generation: the job can write a tensor between two
-        # recorded calls without moving its version counter (``x.data.mul_``, numpy writing into a
-        # tensor from ``torch.from_numpy``, a custom kernel), and a copy from an earlier call was
-        # recorded as the later call's input (docs/fidelity.md, "Shared tensors are stored once").
-        self._generation = 0
+        # (identity, version) -> the tensor and its copy, for one outermost recorded call only (the
+        # tracer clears it when the next begins): the job can write a tensor between two recorded calls without moving its
+        # version counter (``x.data.mul_``, numpy writing into a tensor from ``torch.from_numpy``, a
+        # custom kernel), and a copy from an earlier call was recorded as the later call's input
+        # (docs/fidelity.md, "Shared tensors are stored once").
+        self._memo: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         self.pending_device_copies = False
         # id(DTensor) -> its full tensor, gathered by the tracer on every rank of its mesh before
         # the snapshot (a gather here, on the recording rank only, would hang the job).
@@ -74,14 +73,10 @@ class Snapshotter:
         # a call recorded as vmapped (tracer): a vmap batch is copied as its entries stacked
         self.stacked = False
 
-    def new_generation(self) -> None:
-        """A new outermost recorded call begins: copies memoised before it are not reused."""
-        self._generation += 1
-
     def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         key = _memo_key(tensor)
         hit = self._memo.get(key) if key is not None else None
-        if hit is not None and hit[0]() is tensor and hit[2] == self._generation:
+        if hit is not None and hit[0]() is tensor:
             return hit[1]
         copy = self._copy(tensor)
         if tensor.device.type != "cpu":
@@ -90,7 +85,7 @@ class Snapshotter:
             setattr(copy, ADDRESS_ATTR, offset)
         try:
             if key is not None:
-                self._memo[key] = (weakref.ref(tensor), copy, self._generation)
+                self._memo[key] = (weakref.ref(tensor), copy)
         except TypeError:  # some tensor subclasses refuse weak references: just don't memoise
             pass
         return copy
@@ -149,8 +144,7 @@ class Snapshotter:
         """Copy each storage that several distinct tensors view as one span; memoise the views."""
         groups: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
         for tensor in tensors:
-            hit = self._memo.get(_memo_key(tensor))  # type: ignore[arg-type]  # (None is no key: no hit)
-            if hit is not None and hit[2] == self._generation:
+            if _memo_key(tensor) in self._memo:
                 continue  # copied already (the memo is looked at first: it is the cheaper test)
             key = _storage_key(tensor)
             if key is not None:
@@ -176,7 +170,7 @@ class Snapshotter:
                 memo_key = _memo_key(view)
                 try:
                     if memo_key is not None:
-                        self._memo[memo_key] = (weakref.ref(view), copy, self._generation)
+                        self._memo[memo_key] = (weakref.ref(view), copy)
                 except TypeError:
                     pass
 
@@ -187,6 +181,7 @@ class Snapshotter:
             self.pending_device_copies = False
 
     def clear(self) -> None:
+        """Reuse no copy made so far (a new outermost recorded call begins, or the capture ends)."""
         self._memo.clear()
 
     def forget(self, tensors: list[torch.Tensor]) -> None:

@@ -280,7 +280,7 @@ class Tracer:
               kwargs: dict[str, Any], weights: LiveState) -> Any:
         """Record call ``index`` of target ``name`` on entry (callers hold ``self._lock``)."""
         if not any(p for stacks in self._stacks.values() for p in stacks.get(threading.get_ident(), ())):
-            self._snap.new_generation()  # outermost: the job may have written a tensor since, keeping its version
+            self._snap.clear()  # outermost: the job may have written a tensor since, keeping its version
         inputs = Flattened.of((tuple(args), dict(kwargs)))  # once per call: three walkers read it
         gathered = self._gather(name, index, "inputs", inputs, weights)
         if isinstance(gathered, str):
