@@ -147,10 +147,23 @@ def probe_target(family: str, target: Target) -> dict[str, Any]:
 
 class _MethodWatch:
     """Calls ``on_call`` on each call of ``module.<method>`` (wrapped on its class, as capture does:
-    ``__call__`` cannot be wrapped on an instance) until removed; the probe has no modulelens."""
+    ``__call__`` cannot be wrapped on an instance) until removed; the probe has no modulelens. A
+    method bound to the instance in ``__init__`` (torchmetrics' ``update`` and ``compute``) is
+    wrapped where it is: the class's is never called, and the probe said such targets never ran,
+    so the census left them out without a word."""
 
     def __init__(self, module: nn.Module, method: str, on_call: Callable[..., Any]) -> None:
         self.cls, self.method = type(module), method
+        self.instance: nn.Module | None = None
+        bound = vars(module).get(method)
+        if callable(bound) and method != "__call__":
+            self.instance, self.own = module, bound
+
+            def watched_bound(*args: Any, **kwargs: Any) -> Any:
+                on_call()
+                return bound(*args, **kwargs)
+            vars(module)[method] = watched_bound
+            return
         self.own = self.cls.__dict__.get(method)
         original = getattr(self.cls, method)
 
@@ -161,7 +174,9 @@ class _MethodWatch:
         setattr(self.cls, method, watched)
 
     def remove(self) -> None:
-        if self.own is not None:
+        if self.instance is not None:
+            vars(self.instance)[self.method] = self.own
+        elif self.own is not None:
             setattr(self.cls, self.method, self.own)
         else:
             delattr(self.cls, self.method)

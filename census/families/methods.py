@@ -306,7 +306,7 @@ TARGETS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], Job], di
                                                                       "forward": ":forward"}),
     "transformers.BartForConditionalGeneration": (_bart, _bart_job, {"encoder": "model.encoder",
                                                                       "generate": ":generate"}),
-    "torchmetrics.MeanSquaredError": (_metric, _metric_job, {"compute": ":compute", "forward": ""}),
+    "torchmetrics.MeanSquaredError": (_metric, _metric_job, {"update": ":update", "compute": ":compute", "forward": ""}),
     "torchmetrics.RunningMean": (_running_mean, _running_mean_job, {"forward": ""}),
     "user.Standardised": (Standardised, _user_job, {"call": ":__call__"}),
     "user.TwoHeads": (TwoHeads, _user_job, {"forward": ":forward", "embed": ":embed"}),

@@ -198,7 +198,8 @@ class CallEntry(TypedDict):
     # input path -> the value after the call, for inputs the call changed in place (caches, tensors)
     mutated_inputs: NotRequired[EncodedTree]
     # buffer name -> its value after the call, for buffers the call changed (running statistics);
-    # recorded when the capture's settings say "buffers_after": true
+    # recorded when the capture's settings say "buffers_after": true; also torchmetrics metric
+    # states (dotted names) the call changed, when they say "metric_states_after": true
     buffers_after: NotRequired[EncodedTree]
     # format 3: a call inside torch.func.vmap (an ensemble): {"size", "randomness", "inputs", "state", "output"}
     vmap: NotRequired[dict[str, Any]]

@@ -479,6 +479,20 @@ class Capture:
         """
         return self._state_tensors(index, self._open_tensor, persistent_only=persistent_only)
 
+    def fresh_module_state(self, index: int = 0) -> dict[str, object]:
+        """What recorded state ``index`` holds beyond parameters and buffers (torchmetrics' metric
+        states, a dynamically quantized Linear's packed weights; docs/format.md, ``module_state``), by
+        dotted name, freshly mapped.
+
+        Example::
+
+            cap.fresh_module_state(cap.calls[2].state_index)["total"]   # a metric's running count
+        """
+        ctx = self._decode_context(fresh=True)
+        held = self.metadata["states"][index].get("module_state", {})
+        return {f"{path}.{name}" if path else name: decode_value(value, ctx)
+                for path, values in held.items() for name, value in values.items()}
+
     def _state_tensors(self, index: int, open_tensor: Callable[[str], torch.Tensor], *,
                        persistent_only: bool) -> dict[str, torch.Tensor]:
         state = self.metadata["states"][index]

@@ -21,6 +21,7 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # torch's parameter.pyi omits it
 
 from modulelens.errors import CorruptCaptureError, ModulelensError, RestoreError, UsageError
+from modulelens.format.metric_states import metric_versions, own_copy, own_metric_states
 from modulelens.format.module_state import REREGISTERED_HOOKS, reproducible_compile, structure, structure_difference
 from modulelens.format.spec import CaptureMetadata, Construction, StateEntry, TreeEntry, hooks_not_rebuilt
 from modulelens.format.values import DecodeContext, decode_value
@@ -525,7 +526,9 @@ class Rebuilder:
         for path, values in state.get("module_state", {}).items():
             owner = _owner(module, f"{path}.x" if path else "x")[0]
             errors: list[str] = []
-            owner._load_from_state_dict({key: decode_value(v, ctx) for key, v in values.items()}, "",
+            metric = own_metric_states(owner)  # added into in place: copies, or a replay changes the recorded ones
+            owner._load_from_state_dict({key: own_copy(decode_value(v, ctx)) if key in metric else decode_value(v, ctx)
+                                         for key, v in values.items()}, "",
                                         {"version": getattr(type(owner), "_version", None)}, False, [], [], errors)
             if errors:
                 raise RestoreError(f"{self.ref}: the recorded state of {path or '<root>'} does not load into the "
@@ -577,8 +580,10 @@ class _NeedsRealConstructionError(Exception):
 
 
 def state_versions(module: torch.nn.Module) -> tuple[int, ...]:
-    """Identity and version counter of every parameter and buffer: changes on any in-place update."""
-    return tuple(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version))
+    """Identity and version counter of every parameter, buffer and torchmetrics metric state (without
+    them a replayed ``update`` left its sums for the next call of the same state): changes on any write."""
+    return (*(v for t in (*module.parameters(), *module.buffers()) for v in (id(t), t._version)),
+            *metric_versions(module))
 
 
 def _own_buffer(tensor: torch.Tensor) -> torch.Tensor:

@@ -380,7 +380,10 @@ def _replay_call(capture: Capture, position: int, target: torch.nn.Module, devic
     # a leaf with no recorded values (shape-only, unrecorded) can contradict the recording, never prove it
     result.unverified = [f"{leaf.path}: {leaf.message}" for leaf in result.all_leaves if not leaf.compared]
     if not result.unverified:  # None matches None, NaN matches NaN: a match that proves nothing
-        recorded = [call.output, *(call.mutated_inputs or {}).values(), *call.buffers_after.values(),
+        # the buffers after the call count only where they were compared (the run started from the
+        # recorded ones): a metric's update, replayed on other running states, returns None and proves nothing
+        recorded = [call.output, *(call.mutated_inputs or {}).values(),
+                    *(call.buffers_after.values() if buffers is not None else ()),
                     *([expected_grads] if grads_wanted else [])]
         nothing = nothing_to_compare(recorded)
         result.unverified = [nothing] if nothing else []

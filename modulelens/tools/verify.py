@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from modulelens.errors import ToolError
+from modulelens.format.metric_states import metric_states, set_metric_states
 from modulelens.restore.buffer_check import BufferCheck
 from modulelens.restore.compare import LeafResult, UlpTolerance, check_ulps, compare, nothing_to_compare
 from modulelens.restore.divergence import Divergence, DivergenceRule, locate, trace_call
@@ -406,7 +407,8 @@ def verify(
             result.unverified.append("the recorded call raised in the original job: no output to compare")
             continue
         # a training-mode call changes buffers (BatchNorm running stats): give each one its state afresh
-        if call.state_index != current_state or (call.training and has_buffers(module)):
+        # (and a metric's update changes its running states, whatever the mode)
+        if call.state_index != current_state or (call.training and has_buffers(module)) or metric_states(module):
             if built_with == "from_original" and current_state is not None:
                 module, _ = build_candidate(candidate, capture, call.state_index)
             if load_state and not _load_recorded_state(module, capture, call.state_index, report):
@@ -446,9 +448,12 @@ def verify(
 
 
 def _load_recorded_state(module: torch.nn.Module, capture: Capture, state_index: int, report: VerifyReport) -> bool:
-    """Load recorded state ``state_index`` strictly; on a mismatch, record it as the report's error."""
+    """Load recorded state ``state_index`` strictly, and its torchmetrics metric states (they are not
+    in a metric's state dict); on a mismatch, record it as the report's error."""
     mismatch = load_state_strict(module, capture.fresh_state_dict(state_index))
     if mismatch is None:
+        if metric_states(module):
+            set_metric_states(module, capture.fresh_module_state(state_index))
         return True
     report.state_mismatch = mismatch
     report.error = describe_mismatch(mismatch)

@@ -11,16 +11,17 @@ loaded back through the module's own ``_load_from_state_dict``.
   metric, replayed on the state the module had at its first recorded call and FAILed, and every call
   shared one snapshot. They are recorded, and a change of them makes a new snapshot like a weight
   update does (:func:`own_state_key`); ``Metric._load_from_state_dict`` puts them back by name.
-  Looked for only once the job has imported torchmetrics.
+  Looked for only once the job has imported torchmetrics (format/metric_states.py); their values
+  after a call that changes them are recorded too (tracing/buffer_watch.py).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
 
+from modulelens.format.metric_states import metric_states, own_metric_states
 from modulelens.tracing.fingerprint import fingerprints
 
 
@@ -33,7 +34,7 @@ def own_state(module: torch.nn.Module) -> dict[str, object]:
         module._save_to_state_dict(destination, "", keep_vars=True)
         known = {*module._parameters, *module._buffers, "_extra_state"}
         state.update((key, value) for key, value in destination.items() if key not in known)
-    state.update(_metric_states(module))
+    state.update(own_metric_states(module))
     return state
 
 
@@ -42,25 +43,10 @@ def own_state_key(module: torch.nn.Module) -> tuple[object, ...]:
     list lengths and a fingerprint of every tensor's bits (``()`` where there are none). A metric
     replaces its state tensors as often as it changes them in place, so identities alone could
     repeat (a freed tensor's id reused)."""
-    if _metric_class() is None:
-        return ()
     names: list[object] = []
     tensors: list[torch.Tensor] = []
-    for path, sub in module.named_modules():
-        for name, value in _metric_states(sub).items():
-            parts = value if isinstance(value, list) else [value]
-            names.append((path, name, len(parts) if isinstance(value, list) else -1))
-            tensors.extend(p for p in parts if isinstance(p, torch.Tensor))
+    for name, value in metric_states(module).items():
+        parts = value if isinstance(value, list) else [value]
+        names.append((name, len(parts) if isinstance(value, list) else -1))
+        tensors.extend(p for p in parts if isinstance(p, torch.Tensor))
     return (tuple(names), fingerprints(tensors)) if names else ()
-
-
-def _metric_class() -> type | None:
-    metrics = sys.modules.get("torchmetrics")  # never imported here: a job without it pays nothing
-    found = getattr(metrics, "Metric", None)
-    return found if isinstance(found, type) else None
-
-
-def _metric_states(module: torch.nn.Module) -> dict[str, object]:
-    metric = _metric_class()
-    defaults = getattr(module, "_defaults", None) if metric is not None and isinstance(module, metric) else None
-    return {name: getattr(module, name) for name in defaults} if isinstance(defaults, dict) else {}

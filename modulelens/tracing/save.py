@@ -124,7 +124,8 @@ def _save_into(
     if tracer.world_size > 1 and several_recorders(tracer.ranks, tracer.world_size):
         prefix = f"{prefix}/rank{tracer.rank}"
     settings: dict[str, Any] = {"targets": tracer.patterns, "warmup": tracer.warmup, "max_calls": tracer.max_calls,
-                                "backward": tracer.backward, "buffers_after": True}
+                                "backward": tracer.backward, "buffers_after": True,
+                                "metric_states_after": True}
     if tracer.world_size > 1:
         settings["ranks"] = tracer.ranks
     wanted = None if only is None else set(only)

@@ -204,3 +204,29 @@ def test_a_mode_that_fails_without_modulelens_is_could_not_run(tmp_path: Path, u
     assert sorted(plan["called"]) == ["eval"] and "no train mode" in plan["failed"]["train"]
     outcomes = capture_target("torch_nn", target, plan, str(tmp_path / "repo"))
     assert sorted((o.mode, o.category) for o in outcomes) == [("eval", "saved"), ("train", oc.RUN)]
+
+
+class _BindsItsUpdate(nn.Module):
+    """Binds ``update`` to the instance in ``__init__``, as torchmetrics' ``Metric`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = torch.zeros(())
+        inner = self.update
+        self.update = lambda x: inner(x)
+
+    def update(self, x: torch.Tensor) -> None:
+        self.total += x.sum()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_the_probe_sees_a_method_bound_to_the_instance(untracked: None) -> None:
+    """The probe wrapped methods on the class only; a method bound in ``__init__`` never went
+    through it, so torchmetrics' ``:update`` and ``:compute`` targets were said never to run and
+    left out of the census without a word."""
+    target = Target("Binds", _BindsItsUpdate, lambda _m: lambda m: m.update(torch.ones(2)),
+                    submodules=lambda _m: {"update": ":update"})
+    plan = probe_target("methods", target)
+    assert plan["ran"]["called"] == {"train": ["update"], "eval": ["update"]}, plan
